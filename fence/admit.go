@@ -1,0 +1,108 @@
+package fence
+
+import (
+	"encoding"
+	"fmt"
+	"strconv"
+)
+
+// Token is a fencing token: the etcd CreateRevision of the holder's lock key.
+// Zero is never a valid token.
+type Token uint64
+
+// Mark is a fence point's high-water mark for one device: the highest token it
+// has accepted and the last sequence number accepted under that token.
+type Mark struct {
+	Token Token  `json:"token" cbor:"1,keyasint"`
+	Seq   uint64 `json:"seq" cbor:"2,keyasint"`
+}
+
+func (m Mark) String() string { return fmt.Sprintf("%d/%d", m.Token, m.Seq) }
+
+// Verdict is the terminal state of a command at a fence point (and, for
+// Expired, in the agent's outbox).
+type Verdict uint8
+
+// The verdicts. The zero value is not a verdict.
+const (
+	Accepted  Verdict = 1 // applied; the high-water mark moved
+	Duplicate Verdict = 2 // already applied; acknowledged again, not re-applied
+	Stale     Verdict = 3 // token below the high-water mark; refused
+	Invalid   Verdict = 4 // malformed or failed validation; refused
+	Expired   Verdict = 5 // never delivered within its time to live
+)
+
+var verdictNames = [...]string{"", "accepted", "duplicate", "stale", "invalid", "expired"}
+
+func (v Verdict) String() string {
+	if int(v) < len(verdictNames) && v != 0 {
+		return verdictNames[v]
+	}
+	return "verdict(" + strconv.Itoa(int(v)) + ")"
+}
+
+// Valid reports whether v is one of the defined verdicts.
+func (v Verdict) Valid() bool { return v >= Accepted && v <= Expired }
+
+// Err returns nil for Accepted and the matching sentinel error otherwise.
+func (v Verdict) Err() error {
+	switch v {
+	case Accepted:
+		return nil
+	case Duplicate:
+		return ErrDuplicate
+	case Stale:
+		return ErrStale
+	case Expired:
+		return ErrExpired
+	default:
+		return ErrInvalid
+	}
+}
+
+var (
+	_ encoding.TextMarshaler   = Verdict(0)
+	_ encoding.TextUnmarshaler = (*Verdict)(nil)
+)
+
+// MarshalText encodes the verdict by name, for JSON logs.
+func (v Verdict) MarshalText() ([]byte, error) {
+	if !v.Valid() {
+		return nil, fmt.Errorf("fence: marshal %v: unknown verdict", v)
+	}
+	return []byte(v.String()), nil
+}
+
+// UnmarshalText parses a verdict name.
+func (v *Verdict) UnmarshalText(b []byte) error {
+	for i, n := range verdictNames {
+		if i > 0 && n == string(b) {
+			*v = Verdict(i)
+			return nil
+		}
+	}
+	return fmt.Errorf("fence: unknown verdict %q", b)
+}
+
+// Admit is the admit rule, the single decision every fence point makes. Given
+// the current high-water mark m and a command stamped with token t and
+// sequence seq, it returns the verdict and the mark after the decision.
+//
+// Only an Accepted verdict moves the mark; the caller must persist the new
+// mark durably before the command takes effect. Token 0 and seq 0 are
+// Invalid: tokens are etcd revisions (≥ 1) and seqs start at 1 under each
+// token.
+func Admit(m Mark, t Token, seq uint64) (Verdict, Mark) {
+	switch {
+	case t == 0 || seq == 0:
+		return Invalid, m
+	case t > m.Token:
+		return Accepted, Mark{Token: t, Seq: seq}
+	case t < m.Token:
+		return Stale, m
+	case seq > m.Seq:
+		return Accepted, Mark{Token: t, Seq: seq}
+	default:
+		return Duplicate, m
+	}
+}
