@@ -1,0 +1,228 @@
+package agent
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/edgefence/edgefence/fence"
+)
+
+// Sender delivers one envelope to its device's fence point and returns the
+// fence point's Ack. It must return an error (and no Ack) when it cannot tell
+// what happened, e.g. when no Ack arrived before ctx ended. The MQTT
+// transport satisfies it.
+type Sender interface {
+	Send(ctx context.Context, env *fence.Envelope) (*fence.Ack, error)
+}
+
+// Options are the agent's optional knobs.
+type Options struct {
+	Logger *slog.Logger     // nil = discard
+	Now    func() time.Time // nil = time.Now
+
+	// UnsafeIgnoreSessionLoss switches off invariant I6: controllers keep
+	// issuing commands under their old token after the session is lost,
+	// like a process frozen before it could notice. Tests and the demo use
+	// it to show that the fence points alone keep I1. Never in production.
+	UnsafeIgnoreSessionLoss bool
+}
+
+// Agent campaigns for its devices' locks and issues fenced commands for the
+// devices it holds. Create it with New, run it with Run.
+type Agent struct {
+	cfg    Config
+	cli    *clientv3.Client
+	sender Sender
+	log    *slog.Logger
+	now    func() time.Time
+	unsafe bool
+
+	devices map[string]*device // fixed at New; the map is read-only after
+	order   []string
+
+	mu        sync.Mutex
+	lease     clientv3.LeaseID // current session's lease, 0 if none
+	sessions  uint64           // sessions opened so far
+	sessionUp bool
+
+	stats counters
+}
+
+type counters struct {
+	sent, noAck, sendErr            atomic.Uint64
+	accepted, duplicate, stale, inv atomic.Uint64
+	acquired, lost, regressions     atomic.Uint64
+}
+
+// device is the agent's view of one configured device.
+type device struct {
+	id  string
+	sem chan struct{} // serializes commands: seqs must reach the device in order
+
+	mu       sync.Mutex
+	ctl      *controller // nil unless holding
+	state    string      // campaigning, holding, lost, refused
+	since    time.Time
+	maxToken fence.Token // highest token this agent process ever held for the device
+	lastAck  *fence.Ack
+}
+
+// controller is the right to command one device under one token.
+type controller struct {
+	token fence.Token
+	key   string
+	lease clientv3.LeaseID
+	seq   uint64 // last seq issued under token; guarded by device.sem
+	lost  atomic.Bool
+}
+
+// Device states reported by Status.
+const (
+	StateCampaigning = "campaigning" // waiting for the lock (another holder, or starting)
+	StateHolding     = "holding"     // holds the lock; commands are issued under its token
+	StateLost        = "lost"        // the session ended; no commands until re-acquired
+	StateRefused     = "refused"     // etcd granted a token lower than one held before
+)
+
+// New returns an agent for cfg (which must have passed Validate), using cli
+// for locks and s to deliver commands.
+func New(cfg *Config, cli *clientv3.Client, s Sender, o Options) (*Agent, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	a := &Agent{cfg: *cfg, cli: cli, sender: s, log: o.Logger, now: o.Now, unsafe: o.UnsafeIgnoreSessionLoss,
+		devices: make(map[string]*device, len(cfg.Devices))}
+	if a.log == nil {
+		a.log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if a.now == nil {
+		a.now = time.Now
+	}
+	for _, d := range cfg.Devices {
+		a.devices[d.ID] = &device{id: d.ID, sem: make(chan struct{}, 1), state: StateCampaigning, since: a.now()}
+		a.order = append(a.order, d.ID)
+	}
+	if a.unsafe {
+		a.log.Warn("UNSAFE: session loss is ignored (I6 off); only for tests and demos")
+	}
+	return a, nil
+}
+
+// LockPrefix is the etcd prefix of the device's lock: the concurrency.Mutex
+// keys live under it, one per campaigning session.
+func (a *Agent) LockPrefix(dev string) string {
+	return a.cfg.Etcd.Prefix + "/devices/" + dev + "/lock"
+}
+
+// Send issues one command to dev under the current token and returns the
+// fence point's Ack. When an Ack arrived the error is ack.Err(), so callers
+// can test errors.Is(err, fence.ErrStale) and still read the Ack. Without the
+// lease it fails with ErrNotHolder and sends nothing.
+func (a *Agent) Send(ctx context.Context, dev, kind string, body []byte) (*fence.Ack, error) {
+	d, ok := a.devices[dev]
+	if !ok {
+		return nil, fmt.Errorf("send to %q: %w", dev, ErrUnknownDevice)
+	}
+	select {
+	case d.sem <- struct{}{}:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("send to %s: %w", dev, ctx.Err())
+	}
+	defer func() { <-d.sem }()
+
+	d.mu.Lock()
+	ctl := d.ctl
+	d.mu.Unlock()
+	if ctl == nil || (ctl.lost.Load() && !a.unsafe) {
+		return nil, fmt.Errorf("send to %s: %w", dev, ErrNotHolder)
+	}
+	ctl.seq++
+	env := &fence.Envelope{
+		V:        fence.Version,
+		Device:   dev,
+		Token:    ctl.token,
+		Seq:      ctl.seq,
+		ID:       newCommandID(),
+		Kind:     kind,
+		Body:     body,
+		IssuedAt: a.now().UnixMilli(),
+		Holder:   a.cfg.Gateway,
+	}
+	if err := env.Validate(); err != nil {
+		ctl.seq-- // nothing left the agent
+		return nil, fmt.Errorf("send to %s: %w", dev, err)
+	}
+	sctx, cancel := context.WithTimeout(ctx, a.cfg.Command.Timeout)
+	defer cancel()
+	a.stats.sent.Add(1)
+	ack, err := a.sender.Send(sctx, env)
+	if err != nil {
+		if sctx.Err() != nil && ctx.Err() == nil {
+			a.stats.noAck.Add(1)
+			err = fmt.Errorf("%w within %v: %w", ErrNoAck, a.cfg.Command.Timeout, err)
+		} else {
+			a.stats.sendErr.Add(1)
+		}
+		a.log.Warn("command without verdict", "device", dev, "token", env.Token, "seq", env.Seq, "id", env.ID, "err", err)
+		return nil, fmt.Errorf("send to %s (token %d seq %d): %w", dev, env.Token, env.Seq, err)
+	}
+	a.countVerdict(ack.Verdict)
+	d.mu.Lock()
+	d.lastAck = ack
+	d.mu.Unlock()
+	if ack.Verdict == fence.Stale {
+		// A newer holder has reached the device. Stop issuing (I6); the
+		// session loop will notice its loss and campaign again.
+		a.log.Warn("deposed: fence point holds a newer token", "device", dev, "token", env.Token, "fence_token", ack.MaxToken)
+		if !a.unsafe {
+			ctl.lost.Store(true)
+			a.setState(d, ctl, StateLost)
+		}
+	}
+	a.log.Debug("verdict", "device", dev, "token", env.Token, "seq", env.Seq, "id", env.ID, "verdict", ack.Verdict)
+	return ack, ack.Err()
+}
+
+func (a *Agent) countVerdict(v fence.Verdict) {
+	switch v {
+	case fence.Accepted:
+		a.stats.accepted.Add(1)
+	case fence.Duplicate:
+		a.stats.duplicate.Add(1)
+	case fence.Stale:
+		a.stats.stale.Add(1)
+	default:
+		a.stats.inv.Add(1)
+	}
+}
+
+// setState records a device state change if ctl is still the device's
+// controller (or ctl is nil).
+func (a *Agent) setState(d *device, ctl *controller, state string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if ctl != nil && d.ctl != ctl {
+		return
+	}
+	if d.state != state {
+		d.state, d.since = state, a.now()
+	}
+}
+
+func newCommandID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on Linux (go1.24+)
+	return hex.EncodeToString(b[:])
+}
+
+// sessionTTL is the lease TTL in whole seconds.
+func (a *Agent) sessionTTL() int64 { return int64(a.cfg.Etcd.LeaseTTL / time.Second) }

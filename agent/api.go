@@ -1,0 +1,226 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/edgefence/edgefence/fence"
+)
+
+// The local control API: HTTP over a unix socket, for `edgefence status` and
+// `edgefence send` and for local integrations.
+//
+//	GET  /v1/status                       → Status
+//	POST /v1/send {device, kind, body}    → SendResult (body is any JSON value; sent as CBOR)
+
+// SendRequest is the body of POST /v1/send.
+type SendRequest struct {
+	Device string          `json:"device"`
+	Kind   string          `json:"kind"`
+	Body   json.RawMessage `json:"body,omitempty"`
+}
+
+// SendResult is the answer of POST /v1/send.
+type SendResult struct {
+	Device  string     `json:"device"`
+	Token   uint64     `json:"token,omitempty"`
+	Seq     uint64     `json:"seq,omitempty"`
+	Verdict string     `json:"verdict,omitempty"` // empty when no ack arrived
+	Ack     *AckStatus `json:"ack,omitempty"`
+	Error   string     `json:"error,omitempty"`
+}
+
+const maxRequestBody = 1 << 20
+
+// ServeAPI serves the local API on a unix socket at path until ctx ends. A
+// stale socket file from an earlier run is replaced.
+func (a *Agent) ServeAPI(ctx context.Context, path string) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
+		return fmt.Errorf("api socket dir: %w", err)
+	}
+	if err := removeStaleSocket(path); err != nil {
+		return err
+	}
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		return fmt.Errorf("api: listen %s: %w", path, err)
+	}
+	_ = os.Chmod(path, 0o660)
+	srv := &http.Server{Handler: a.APIHandler(), ReadHeaderTimeout: 5 * time.Second}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	err = srv.Serve(l)
+	<-done
+	_ = os.Remove(path)
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return fmt.Errorf("api: %w", err)
+}
+
+// removeStaleSocket removes path if it is a socket nobody listens on, and
+// fails if another agent is serving there.
+func removeStaleSocket(path string) error {
+	fi, err := os.Lstat(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("api socket: %w", err)
+	}
+	if fi.Mode()&os.ModeSocket == 0 {
+		return fmt.Errorf("api socket: %s exists and is not a socket", path)
+	}
+	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+		c.Close()
+		return fmt.Errorf("api socket: %s is in use by a running agent", path)
+	}
+	return os.Remove(path)
+}
+
+// APIHandler returns the local API's HTTP handler.
+func (a *Agent) APIHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, a.Status())
+	})
+	mux.HandleFunc("POST /v1/send", a.handleSend)
+	return mux
+}
+
+func (a *Agent) handleSend(w http.ResponseWriter, r *http.Request) {
+	var req SendRequest
+	dec := json.NewDecoder(io.LimitReader(r.Body, maxRequestBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		writeJSON(w, http.StatusBadRequest, SendResult{Error: "bad request: " + err.Error()})
+		return
+	}
+	body, err := JSONToBody(req.Body)
+	if err != nil {
+		writeJSON(w, http.StatusBadRequest, SendResult{Device: req.Device, Error: err.Error()})
+		return
+	}
+	ack, err := a.Send(r.Context(), req.Device, req.Kind, body)
+	res := SendResult{Device: req.Device}
+	if ack != nil {
+		res.Token, res.Seq, res.Verdict, res.Ack = uint64(ack.Token), ack.Seq, ack.Verdict.String(), NewAckStatus(ack)
+		writeJSON(w, http.StatusOK, res) // a verdict, even stale, is an answer
+		return
+	}
+	res.Error = err.Error()
+	code := http.StatusBadGateway
+	switch {
+	case errors.Is(err, ErrUnknownDevice):
+		code = http.StatusNotFound
+	case errors.Is(err, ErrNotHolder):
+		code = http.StatusConflict
+	case errors.Is(err, fence.ErrInvalid):
+		code = http.StatusBadRequest
+	case errors.Is(err, ErrNoAck):
+		code = http.StatusGatewayTimeout
+	}
+	writeJSON(w, code, res)
+}
+
+// JSONToBody converts a JSON value to a CBOR command body. Empty input means
+// no body. Numbers become float64.
+func JSONToBody(js []byte) ([]byte, error) {
+	if len(bytes.TrimSpace(js)) == 0 {
+		return nil, nil
+	}
+	var v any
+	if err := json.Unmarshal(js, &v); err != nil {
+		return nil, fmt.Errorf("%w: body is not JSON: %v", fence.ErrInvalid, err)
+	}
+	return fence.EncodeBody(v)
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+// APIClient talks to a running agent's local API.
+type APIClient struct {
+	Socket string
+	http   *http.Client
+}
+
+// NewAPIClient returns a client for the agent listening on socket.
+func NewAPIClient(socket string) *APIClient {
+	tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", socket)
+	}}
+	return &APIClient{Socket: socket, http: &http.Client{Transport: tr}}
+}
+
+// Status fetches the agent's status.
+func (c *APIClient) Status(ctx context.Context) (*Status, error) {
+	var s Status
+	if err := c.do(ctx, http.MethodGet, "/v1/status", nil, &s); err != nil {
+		return nil, err
+	}
+	return &s, nil
+}
+
+// Send asks the agent to issue a command and returns the device's verdict.
+// A non-nil SendResult is returned whenever the agent answered.
+func (c *APIClient) Send(ctx context.Context, device, kind string, body json.RawMessage) (*SendResult, error) {
+	var res SendResult
+	err := c.do(ctx, http.MethodPost, "/v1/send", SendRequest{Device: device, Kind: kind, Body: body}, &res)
+	if err != nil && res.Device == "" && res.Error == "" {
+		return nil, err
+	}
+	return &res, err
+}
+
+func (c *APIClient) do(ctx context.Context, method, path string, in, out any) error {
+	var rd io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, "http://edgefence"+path, rd)
+	if err != nil {
+		return err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("agent api at %s: %w", c.Socket, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxRequestBody))
+	if err != nil {
+		return fmt.Errorf("agent api: %w", err)
+	}
+	if err := json.Unmarshal(b, out); err != nil {
+		return fmt.Errorf("agent api: %s: %w", resp.Status, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("agent api: %s", resp.Status)
+	}
+	return nil
+}

@@ -1,0 +1,248 @@
+package agent
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/edgefence/edgefence/fence"
+)
+
+// Defaults and limits of the configuration.
+const (
+	DefaultEtcdPrefix     = "/edgefence/v1"
+	DefaultMQTTPrefix     = "edgefence/v1"
+	DefaultLeaseTTL       = 10 * time.Second
+	MinLeaseTTL           = 2 * time.Second
+	DefaultCommandTimeout = 10 * time.Second
+	DefaultSocket         = "/run/edgefence/edgefence.sock"
+	DefaultStateDir       = "/var/lib/edgefence"
+)
+
+// Fence point kinds of a device.
+const (
+	FenceDevice  = "device"  // the device firmware runs the shim
+	FenceGateway = "gateway" // the home gateway's fence table guards the device (not yet supported)
+)
+
+// Config is the agent's configuration, read from YAML. The zero value of an
+// optional field means its default; Validate fills defaults in.
+type Config struct {
+	Gateway  string         `yaml:"gateway"`   // this gateway's id, unique in the fleet
+	StateDir string         `yaml:"state_dir"` // local durable state
+	Etcd     EtcdConfig     `yaml:"etcd"`
+	MQTT     MQTTConfig     `yaml:"mqtt"`
+	API      APIConfig      `yaml:"api"`
+	Command  CommandConfig  `yaml:"command"`
+	Log      LogConfig      `yaml:"log"`
+	Devices  []DeviceConfig `yaml:"devices"`
+}
+
+// EtcdConfig says where the lock service is.
+type EtcdConfig struct {
+	Endpoints   []string      `yaml:"endpoints"`
+	Prefix      string        `yaml:"prefix"`       // key prefix, default /edgefence/v1
+	DialTimeout time.Duration `yaml:"dial_timeout"` // default 5s
+	LeaseTTL    time.Duration `yaml:"lease_ttl"`    // session TTL, default 10s, minimum 2s, whole seconds
+}
+
+// MQTTConfig says where the broker is.
+type MQTTConfig struct {
+	Brokers       []string      `yaml:"brokers"`
+	Prefix        string        `yaml:"prefix"`         // topic prefix, default edgefence/v1
+	ClientID      string        `yaml:"client_id"`      // default edgefence-<gateway>
+	KeepAlive     time.Duration `yaml:"keep_alive"`     // default 30s
+	SessionExpiry time.Duration `yaml:"session_expiry"` // default 5m
+}
+
+// APIConfig is the local control API (a unix socket).
+type APIConfig struct {
+	Socket string `yaml:"socket"` // default /run/edgefence/edgefence.sock
+}
+
+// CommandConfig tunes the command path.
+type CommandConfig struct {
+	Timeout time.Duration `yaml:"timeout"` // how long to wait for an ack, default 10s
+}
+
+// LogConfig selects the log output.
+type LogConfig struct {
+	Level  string `yaml:"level"`  // debug, info, warn, error; default info
+	Format string `yaml:"format"` // json, text or auto (json unless stderr is a terminal)
+}
+
+// DeviceConfig is one device this agent campaigns for.
+type DeviceConfig struct {
+	ID    string `yaml:"id"`
+	Fence string `yaml:"fence"` // "device" (default)
+}
+
+// LoadConfig reads and validates a YAML config file. Unknown keys are errors.
+func LoadConfig(path string) (*Config, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	c, err := ParseConfig(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return c, nil
+}
+
+// ParseConfig decodes and validates YAML config bytes.
+func ParseConfig(b []byte) (*Config, error) {
+	var c Config
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return &c, nil
+}
+
+func fieldErr(field, format string, args ...any) error {
+	return fmt.Errorf("%w: %s: %s", ErrConfig, field, fmt.Sprintf(format, args...))
+}
+
+// Validate checks every field, fills in defaults, and returns an error
+// wrapping ErrConfig that names the first bad field.
+func (c *Config) Validate() error {
+	if c.Gateway == "" {
+		return fieldErr("gateway", "required")
+	}
+	if err := fence.ValidateDeviceID(c.Gateway); err != nil {
+		return fieldErr("gateway", "%q: use [A-Za-z0-9._-]", c.Gateway)
+	}
+	if c.StateDir == "" {
+		c.StateDir = DefaultStateDir
+	}
+	if len(c.Etcd.Endpoints) == 0 {
+		return fieldErr("etcd.endpoints", "at least one endpoint required")
+	}
+	for i, e := range c.Etcd.Endpoints {
+		if err := checkURL(e, "http", "https"); err != nil {
+			return fieldErr(fmt.Sprintf("etcd.endpoints[%d]", i), "%v", err)
+		}
+	}
+	if c.Etcd.Prefix == "" {
+		c.Etcd.Prefix = DefaultEtcdPrefix
+	}
+	if !strings.HasPrefix(c.Etcd.Prefix, "/") || strings.HasSuffix(c.Etcd.Prefix, "/") {
+		return fieldErr("etcd.prefix", "%q must start with / and not end with /", c.Etcd.Prefix)
+	}
+	if c.Etcd.DialTimeout == 0 {
+		c.Etcd.DialTimeout = 5 * time.Second
+	}
+	if c.Etcd.DialTimeout < 0 {
+		return fieldErr("etcd.dial_timeout", "must be positive")
+	}
+	switch ttl := c.Etcd.LeaseTTL; {
+	case ttl == 0:
+		c.Etcd.LeaseTTL = DefaultLeaseTTL
+	case ttl < MinLeaseTTL:
+		return fieldErr("etcd.lease_ttl", "%v is below the minimum %v", ttl, MinLeaseTTL)
+	case ttl%time.Second != 0:
+		return fieldErr("etcd.lease_ttl", "%v: etcd leases are whole seconds", ttl)
+	}
+	if len(c.MQTT.Brokers) == 0 {
+		return fieldErr("mqtt.brokers", "at least one broker URL required")
+	}
+	for i, b := range c.MQTT.Brokers {
+		if err := checkURL(b, "mqtt", "tcp", "mqtts", "ssl", "tls", "ws", "wss"); err != nil {
+			return fieldErr(fmt.Sprintf("mqtt.brokers[%d]", i), "%v", err)
+		}
+	}
+	if c.MQTT.Prefix == "" {
+		c.MQTT.Prefix = DefaultMQTTPrefix
+	}
+	if strings.ContainsAny(c.MQTT.Prefix, "+#") || strings.HasPrefix(c.MQTT.Prefix, "/") || strings.HasSuffix(c.MQTT.Prefix, "/") {
+		return fieldErr("mqtt.prefix", "%q: no wildcards, no leading or trailing /", c.MQTT.Prefix)
+	}
+	if c.MQTT.ClientID == "" {
+		c.MQTT.ClientID = "edgefence-" + c.Gateway
+	}
+	if c.MQTT.KeepAlive == 0 {
+		c.MQTT.KeepAlive = 30 * time.Second
+	}
+	if c.MQTT.SessionExpiry == 0 {
+		c.MQTT.SessionExpiry = 5 * time.Minute
+	}
+	if c.MQTT.KeepAlive < time.Second || c.MQTT.SessionExpiry < 0 {
+		return fieldErr("mqtt.keep_alive", "keep_alive must be at least 1s and session_expiry not negative")
+	}
+	if c.API.Socket == "" {
+		c.API.Socket = DefaultSocket
+	}
+	if c.Command.Timeout == 0 {
+		c.Command.Timeout = DefaultCommandTimeout
+	}
+	if c.Command.Timeout < 0 {
+		return fieldErr("command.timeout", "must be positive")
+	}
+	switch c.Log.Level {
+	case "":
+		c.Log.Level = "info"
+	case "debug", "info", "warn", "error":
+	default:
+		return fieldErr("log.level", "%q: want debug, info, warn or error", c.Log.Level)
+	}
+	switch c.Log.Format {
+	case "":
+		c.Log.Format = "auto"
+	case "auto", "json", "text":
+	default:
+		return fieldErr("log.format", "%q: want auto, json or text", c.Log.Format)
+	}
+	if len(c.Devices) == 0 {
+		return fieldErr("devices", "at least one device required")
+	}
+	seen := make(map[string]bool, len(c.Devices))
+	for i := range c.Devices {
+		d := &c.Devices[i]
+		f := fmt.Sprintf("devices[%d]", i)
+		if err := fence.ValidateDeviceID(d.ID); err != nil {
+			return fieldErr(f+".id", "%v", err)
+		}
+		if seen[d.ID] {
+			return fieldErr(f+".id", "%q listed twice", d.ID)
+		}
+		seen[d.ID] = true
+		switch d.Fence {
+		case "":
+			d.Fence = FenceDevice
+		case FenceDevice:
+		case FenceGateway:
+			return fieldErr(f+".fence", "%q is not supported by this version (the gateway fence table comes later)", d.Fence)
+		default:
+			return fieldErr(f+".fence", "%q: want %q", d.Fence, FenceDevice)
+		}
+	}
+	return nil
+}
+
+func checkURL(s string, schemes ...string) error {
+	u, err := url.Parse(s)
+	if err != nil {
+		return err
+	}
+	for _, sc := range schemes {
+		if u.Scheme == sc {
+			if u.Host == "" {
+				return fmt.Errorf("%q has no host", s)
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("%q: scheme must be one of %s", s, strings.Join(schemes, ", "))
+}

@@ -1,0 +1,93 @@
+package agent
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+const goodConfig = `
+gateway: gw-a
+etcd:
+  endpoints: [http://127.0.0.1:2379]
+mqtt:
+  brokers: [mqtt://127.0.0.1:1883]
+devices:
+  - id: dev-1
+  - id: dev-2
+    fence: device
+`
+
+func TestParseConfigDefaults(t *testing.T) {
+	c, err := ParseConfig([]byte(goodConfig))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Etcd.LeaseTTL != DefaultLeaseTTL || c.Etcd.Prefix != DefaultEtcdPrefix || c.MQTT.Prefix != DefaultMQTTPrefix ||
+		c.MQTT.ClientID != "edgefence-gw-a" || c.API.Socket != DefaultSocket || c.Command.Timeout != DefaultCommandTimeout ||
+		c.Devices[0].Fence != FenceDevice || c.MQTT.SessionExpiry != 5*time.Minute || c.Log.Format != "auto" {
+		t.Fatalf("defaults not filled in: %+v", c)
+	}
+}
+
+func TestParseConfigErrorsNameTheField(t *testing.T) {
+	for _, tc := range []struct {
+		name, edit, field string
+	}{
+		{"unknown key", "gateway: gw-a\nbogus: 1", "bogus"},
+		{"unknown nested key", "etcd:\n  endpoints: [http://127.0.0.1:2379]\n  ttl: 3s", "ttl"},
+		{"no gateway", "gateway: ''", "gateway"},
+		{"bad gateway", "gateway: 'gw a'", "gateway"},
+		{"ttl too short", "etcd:\n  endpoints: [http://127.0.0.1:2379]\n  lease_ttl: 1s", "etcd.lease_ttl"},
+		{"ttl fraction", "etcd:\n  endpoints: [http://127.0.0.1:2379]\n  lease_ttl: 2500ms", "etcd.lease_ttl"},
+		{"bad ttl type", "etcd:\n  endpoints: [http://127.0.0.1:2379]\n  lease_ttl: soon", "line 4"}, // type errors name the line
+		{"etcd scheme", "etcd:\n  endpoints: [ftp://x]", "etcd.endpoints[0]"},
+		{"no brokers", "mqtt:\n  brokers: []", "mqtt.brokers"},
+		{"mqtt prefix", "mqtt:\n  brokers: [mqtt://127.0.0.1:1883]\n  prefix: 'a/#'", "mqtt.prefix"},
+		{"no devices", "devices: []", "devices"},
+		{"device id", "devices:\n  - id: 'dev/1'", "devices[0].id"},
+		{"duplicate device", "devices:\n  - id: d\n  - id: d", "devices[1].id"},
+		{"fence kind", "devices:\n  - id: d\n    fence: magic", "devices[0].fence"},
+		{"log level", "log:\n  level: loud", "log.level"},
+		{"not yaml", "gateway: [", "yaml"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ParseConfig([]byte(override(goodConfig, tc.edit)))
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), tc.field) {
+				t.Fatalf("error %q does not name %q or wrap ErrConfig", err, tc.field)
+			}
+		})
+	}
+}
+
+// override replaces top-level sections of base with those in edit.
+func override(base, edit string) string {
+	sections := map[string]string{}
+	var order []string
+	parse := func(s string, keepOrder bool) {
+		var cur string
+		for _, line := range strings.Split(strings.TrimSpace(s), "\n") {
+			if line != "" && line[0] != ' ' {
+				cur = strings.SplitN(line, ":", 2)[0]
+				if keepOrder {
+					order = append(order, cur)
+				} else if _, ok := sections[cur]; !ok {
+					order = append(order, cur)
+				}
+				sections[cur] = ""
+			}
+			sections[cur] += line + "\n"
+		}
+	}
+	parse(base, true)
+	parse(edit, false)
+	var b strings.Builder
+	for _, k := range order {
+		b.WriteString(sections[k])
+	}
+	return b.String()
+}

@@ -1,0 +1,17 @@
+package agent
+
+import "errors"
+
+// Sentinel errors, for errors.Is.
+var (
+	// ErrNotHolder means the agent does not hold the device's lease now
+	// (still campaigning, or the session was lost).
+	ErrNotHolder = errors.New("agent: not the lease holder")
+	// ErrUnknownDevice means the device is not in the agent's configuration.
+	ErrUnknownDevice = errors.New("agent: unknown device")
+	// ErrConfig means the configuration is invalid; the message names the field.
+	ErrConfig = errors.New("agent: invalid config")
+	// ErrNoAck means no acknowledgement arrived within the command timeout:
+	// the command's fate at the device is unknown.
+	ErrNoAck = errors.New("agent: no ack")
+)

@@ -1,0 +1,257 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+
+	"github.com/edgefence/edgefence/fence"
+)
+
+// Run campaigns for every configured device until ctx ends. It opens one
+// etcd session (one lease, one keep-alive stream) for all devices; when the
+// session ends it stops that session's controllers at once, opens a new
+// session and campaigns again. On return (ctx done) it has released every
+// lock it held and revoked its lease. Run returns nil on a clean shutdown.
+func (a *Agent) Run(ctx context.Context) error {
+	backoff := newBackoff(100*time.Millisecond, 5*time.Second)
+	for ctx.Err() == nil {
+		sess, err := a.openSession(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			d := backoff.next()
+			a.log.Warn("etcd session", "err", err, "retry_in", d)
+			if !sleepCtx(ctx, d) {
+				break
+			}
+			continue
+		}
+		backoff.reset()
+		a.runSession(ctx, sess)
+	}
+	return nil
+}
+
+// openSession grants a lease with a bounded wait (NewSession alone would wait
+// for etcd forever) and starts its keep-alive.
+func (a *Agent) openSession(ctx context.Context) (*concurrency.Session, error) {
+	gctx, cancel := context.WithTimeout(ctx, a.cfg.Etcd.DialTimeout)
+	defer cancel()
+	g, err := a.cli.Grant(gctx, a.sessionTTL())
+	if err != nil {
+		return nil, fmt.Errorf("grant lease: %w", err)
+	}
+	// The session's own context must outlive ctx, so that a clean shutdown
+	// can still unlock and revoke; runSession closes the session.
+	sess, err := concurrency.NewSession(a.cli, concurrency.WithLease(g.ID), concurrency.WithTTL(int(a.sessionTTL())))
+	if err != nil {
+		return nil, fmt.Errorf("start keep-alive: %w", err)
+	}
+	a.mu.Lock()
+	a.lease, a.sessionUp = g.ID, true
+	a.sessions++
+	n := a.sessions
+	a.mu.Unlock()
+	a.log.Info("etcd session open", "lease", fmt.Sprintf("%x", int64(g.ID)), "ttl_s", a.sessionTTL(), "session", n)
+	return sess, nil
+}
+
+// runSession campaigns for all devices under sess until the session ends or
+// ctx is done.
+func (a *Agent) runSession(ctx context.Context, sess *concurrency.Session) {
+	sctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	mutexes := make([]*concurrency.Mutex, len(a.order))
+	for i, id := range a.order {
+		m := concurrency.NewMutex(sess, a.LockPrefix(id))
+		mutexes[i] = m
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			a.campaign(sctx, sess, a.devices[id], m)
+		}()
+	}
+	lost := false
+	select {
+	case <-ctx.Done():
+	case <-sess.Done():
+		lost = true
+	}
+	if lost {
+		// I6: stop this session's controllers before anything else.
+		a.dropSession(sess.Lease())
+	}
+	cancel()
+	wg.Wait()
+
+	a.mu.Lock()
+	a.sessionUp = false
+	a.mu.Unlock()
+	if lost {
+		a.log.Warn("etcd session lost; campaigning again under a new session", "lease", fmt.Sprintf("%x", int64(sess.Lease())))
+		sess.Orphan()
+		return
+	}
+	a.release(sess, mutexes)
+}
+
+// dropSession removes every controller that belongs to lease.
+func (a *Agent) dropSession(lease clientv3.LeaseID) {
+	for _, id := range a.order {
+		d := a.devices[id]
+		d.mu.Lock()
+		if d.ctl != nil && d.ctl.lease == lease {
+			if a.unsafe {
+				// Keep the controller: the demo's frozen holder that never
+				// noticed. Fence points must refuse it.
+				d.mu.Unlock()
+				continue
+			}
+			d.ctl.lost.Store(true)
+			d.ctl = nil
+			d.state, d.since = StateLost, a.now()
+			a.stats.lost.Add(1)
+		} else if d.ctl == nil {
+			d.state, d.since = StateCampaigning, a.now()
+		}
+		d.mu.Unlock()
+	}
+}
+
+// release unlocks every device lock held under sess and revokes its lease,
+// so that another gateway can take over at once instead of after the TTL.
+func (a *Agent) release(sess *concurrency.Session, mutexes []*concurrency.Mutex) {
+	for _, id := range a.order {
+		d := a.devices[id]
+		d.mu.Lock()
+		if d.ctl != nil && d.ctl.lease == sess.Lease() {
+			d.ctl.lost.Store(true)
+			d.ctl = nil
+		}
+		d.state, d.since = StateCampaigning, a.now()
+		d.mu.Unlock()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), a.cfg.Etcd.DialTimeout)
+	defer cancel()
+	held := 0
+	for _, m := range mutexes {
+		if m.Key() == "" || m.Key() == "\x00" {
+			continue
+		}
+		if err := m.Unlock(ctx); err == nil {
+			held++
+		}
+	}
+	if err := sess.Close(); err != nil { // revokes the lease: deletes every key under it
+		a.log.Warn("revoke lease on shutdown", "err", err)
+	}
+	a.log.Info("released locks", "keys", held, "lease", fmt.Sprintf("%x", int64(sess.Lease())))
+}
+
+// campaign acquires dev's lock under sess (waiting while another holder has
+// it), reads the token and installs a controller.
+func (a *Agent) campaign(ctx context.Context, sess *concurrency.Session, d *device, m *concurrency.Mutex) {
+	backoff := newBackoff(50*time.Millisecond, 2*time.Second)
+	d.mu.Lock()
+	if d.ctl == nil && d.state != StateRefused {
+		d.state, d.since = StateCampaigning, a.now()
+	}
+	d.mu.Unlock()
+	for {
+		err := m.Lock(ctx)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil || errors.Is(err, concurrency.ErrSessionExpired) {
+			return
+		}
+		wait := backoff.next()
+		a.log.Warn("lock", "device", d.id, "err", err, "retry_in", wait)
+		if !sleepCtx(ctx, wait) {
+			return
+		}
+	}
+	var token fence.Token
+	for {
+		t, err := a.readToken(ctx, m, sess.Lease())
+		if err == nil {
+			token = t
+			break
+		}
+		if ctx.Err() != nil || errors.Is(err, concurrency.ErrSessionExpired) {
+			return
+		}
+		a.log.Warn("read token", "device", d.id, "err", err)
+		if !sleepCtx(ctx, backoff.next()) {
+			return
+		}
+	}
+
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if token <= d.maxToken {
+		// etcd handed out a revision not above one we held before: the
+		// cluster was rebuilt from an old snapshot. Commanding would be
+		// refused at best; say why and hold off.
+		a.stats.regressions.Add(1)
+		d.state, d.since = StateRefused, a.now()
+		a.log.Error("token regression: etcd granted a token not above one held before; refusing to command",
+			"device", d.id, "token", token, "max_held", d.maxToken)
+		return
+	}
+	if old := d.ctl; old != nil {
+		old.lost.Store(true)
+	}
+	d.ctl = &controller{token: token, key: m.Key(), lease: sess.Lease()}
+	d.maxToken = token
+	d.state, d.since = StateHolding, a.now()
+	a.stats.acquired.Add(1)
+	a.log.Info("holding device", "device", d.id, "token", token, "key", m.Key())
+}
+
+// readToken returns the CreateRevision of our own lock key: the fencing
+// token. Not Header().Revision — after a contended acquisition that is a later
+// revision than the key's.
+func (a *Agent) readToken(ctx context.Context, m *concurrency.Mutex, lease clientv3.LeaseID) (fence.Token, error) {
+	resp, err := a.cli.Get(ctx, m.Key())
+	if err != nil {
+		return 0, fmt.Errorf("get %s: %w", m.Key(), err)
+	}
+	if len(resp.Kvs) == 0 || clientv3.LeaseID(resp.Kvs[0].Lease) != lease {
+		return 0, concurrency.ErrSessionExpired
+	}
+	return fence.Token(resp.Kvs[0].CreateRevision), nil
+}
+
+type backoff struct{ cur, min, max time.Duration }
+
+func newBackoff(min, max time.Duration) *backoff { return &backoff{min: min, max: max} }
+
+func (b *backoff) next() time.Duration {
+	if b.cur == 0 {
+		b.cur = b.min
+	} else if b.cur *= 2; b.cur > b.max {
+		b.cur = b.max
+	}
+	return b.cur
+}
+
+func (b *backoff) reset() { b.cur = 0 }
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

@@ -1,0 +1,130 @@
+package agent
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/edgefence/edgefence/fence"
+)
+
+// Status is a snapshot of the agent, as `edgefence status` shows it.
+type Status struct {
+	Gateway   string         `json:"gateway"`
+	Etcd      EtcdStatus     `json:"etcd"`
+	Transport map[string]any `json:"transport,omitempty"`
+	Devices   []DeviceStatus `json:"devices"`
+	Counters  Counters       `json:"counters"`
+}
+
+// EtcdStatus describes the agent's session.
+type EtcdStatus struct {
+	Endpoints []string `json:"endpoints"`
+	Session   bool     `json:"session"`         // a session is open
+	Lease     string   `json:"lease,omitempty"` // its lease id, hex
+	Sessions  uint64   `json:"sessions"`        // sessions opened since start
+	TTL       string   `json:"ttl"`
+}
+
+// DeviceStatus describes one device.
+type DeviceStatus struct {
+	ID       string      `json:"id"`
+	State    string      `json:"state"`
+	Since    time.Time   `json:"since"`
+	Token    fence.Token `json:"token,omitempty"` // current token while holding
+	Seq      uint64      `json:"seq,omitempty"`   // last seq issued under it
+	LockKey  string      `json:"lock_key,omitempty"`
+	MaxToken fence.Token `json:"max_token_held,omitempty"`
+	LastAck  *AckStatus  `json:"last_ack,omitempty"`
+}
+
+// AckStatus is an Ack in JSON form.
+type AckStatus struct {
+	ID       string        `json:"id"`
+	Verdict  fence.Verdict `json:"verdict"`
+	Token    fence.Token   `json:"token"`
+	Seq      uint64        `json:"seq"`
+	MaxToken fence.Token   `json:"max_token"`
+	LastSeq  uint64        `json:"last_seq"`
+	Reason   string        `json:"reason,omitempty"`
+}
+
+// NewAckStatus converts an Ack for JSON output.
+func NewAckStatus(a *fence.Ack) *AckStatus {
+	if a == nil {
+		return nil
+	}
+	return &AckStatus{ID: a.ID, Verdict: a.Verdict, Token: a.Token, Seq: a.Seq, MaxToken: a.MaxToken, LastSeq: a.LastSeq, Reason: a.Reason}
+}
+
+// Counters are the agent's running totals (they double as metrics).
+type Counters struct {
+	Sent        uint64 `json:"commands_sent"`
+	NoAck       uint64 `json:"commands_no_ack"`
+	SendErrors  uint64 `json:"send_errors"`
+	Accepted    uint64 `json:"acks_accepted"`
+	Duplicate   uint64 `json:"acks_duplicate"`
+	Stale       uint64 `json:"acks_stale"`
+	Invalid     uint64 `json:"acks_invalid"`
+	Acquired    uint64 `json:"locks_acquired"`
+	Lost        uint64 `json:"locks_lost"`
+	Regressions uint64 `json:"token_regressions"`
+}
+
+// transportStatus is implemented by senders that can describe themselves.
+type transportStatus interface {
+	Status() map[string]any
+}
+
+// Status returns a snapshot of the agent.
+func (a *Agent) Status() Status {
+	s := Status{Gateway: a.cfg.Gateway}
+	a.mu.Lock()
+	s.Etcd = EtcdStatus{Endpoints: a.cfg.Etcd.Endpoints, Session: a.sessionUp, Sessions: a.sessions, TTL: a.cfg.Etcd.LeaseTTL.String()}
+	if a.sessionUp {
+		s.Etcd.Lease = fmt.Sprintf("%x", int64(a.lease))
+	}
+	a.mu.Unlock()
+	if ts, ok := a.sender.(transportStatus); ok {
+		s.Transport = ts.Status()
+	}
+	for _, id := range a.order {
+		d := a.devices[id]
+		d.mu.Lock()
+		ds := DeviceStatus{ID: id, State: d.state, Since: d.since, MaxToken: d.maxToken, LastAck: NewAckStatus(d.lastAck)}
+		if d.ctl != nil {
+			ds.Token, ds.LockKey = d.ctl.token, d.ctl.key
+		}
+		ctl := d.ctl
+		d.mu.Unlock()
+		if ctl != nil {
+			// seq is guarded by the device's command semaphore; take it
+			// briefly if free, else leave Seq out rather than block.
+			select {
+			case d.sem <- struct{}{}:
+				ds.Seq = ctl.seq
+				<-d.sem
+			default:
+			}
+		}
+		s.Devices = append(s.Devices, ds)
+	}
+	st := &a.stats
+	s.Counters = Counters{Sent: st.sent.Load(), NoAck: st.noAck.Load(), SendErrors: st.sendErr.Load(),
+		Accepted: st.accepted.Load(), Duplicate: st.duplicate.Load(), Stale: st.stale.Load(), Invalid: st.inv.Load(),
+		Acquired: st.acquired.Load(), Lost: st.lost.Load(), Regressions: st.regressions.Load()}
+	return s
+}
+
+// Holding reports the device's current token, if the agent holds it.
+func (a *Agent) Holding(dev string) (fence.Token, bool) {
+	d, ok := a.devices[dev]
+	if !ok {
+		return 0, false
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.ctl == nil || (d.ctl.lost.Load() && !a.unsafe) {
+		return 0, false
+	}
+	return d.ctl.token, true
+}
