@@ -15,8 +15,9 @@ const (
 )
 
 var (
-	encMode cbor.EncMode
-	decMode cbor.DecMode
+	encMode  cbor.EncMode
+	decMode  cbor.DecMode
+	bodyMode cbor.DecMode // decMode's rules for a body on its own; see validateBody
 )
 
 func init() {
@@ -39,6 +40,36 @@ func init() {
 	if err != nil {
 		panic(err)
 	}
+	bodyMode, err = cbor.DecOptions{
+		DupMapKey:        cbor.DupMapKeyEnforcedAPF,
+		IndefLength:      cbor.IndefLengthForbidden,
+		TagsMd:           cbor.TagsForbidden,
+		MaxNestedLevels:  MaxNesting - 1, // the envelope map is the first level
+		MaxArrayElements: MaxArrayElems,
+		MaxMapPairs:      MaxMapPairs,
+		UTF8:             cbor.UTF8RejectInvalid,
+	}.DecMode()
+	if err != nil {
+		panic(err)
+	}
+}
+
+// validateBody checks that a non-empty body is one CBOR data item that
+// UnmarshalEnvelope accepts inside an envelope: within the limits, with no
+// tags, indefinite lengths, duplicate map keys or invalid UTF-8 text at any
+// depth. The envelope decoder keeps the body raw and checks it only for
+// well-formedness, so without this a fence point would admit a command whose
+// body no decoder can read, and MarshalEnvelope would produce envelopes that
+// UnmarshalEnvelope rejects.
+func validateBody(b cbor.RawMessage) error {
+	if len(b) == 0 {
+		return nil
+	}
+	var v any
+	if err := bodyMode.Unmarshal(b, &v); err != nil {
+		return invalidf("body: %v", err)
+	}
+	return nil
 }
 
 // MarshalEnvelope validates e and encodes it in deterministic CBOR.

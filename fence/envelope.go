@@ -76,7 +76,10 @@ func (e *Envelope) Validate() error {
 	if err := validateName("id", e.ID, MaxIDLen); err != nil {
 		return err
 	}
-	return validateName("kind", e.Kind, MaxKindLen)
+	if err := validateName("kind", e.Kind, MaxKindLen); err != nil {
+		return err
+	}
+	return validateBody(e.Body)
 }
 
 // ValidateDeviceID checks that id can name a device: 1 to MaxDeviceIDLen
