@@ -91,3 +91,14 @@ func override(base, edit string) string {
 	}
 	return b.String()
 }
+
+// The shipped example must stay valid.
+func TestExampleConfigParses(t *testing.T) {
+	c, err := LoadConfig("../configs/edgefence.example.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Gateway != "gw-01" || len(c.Devices) != 2 || c.Devices[1].Fence != FenceDevice {
+		t.Fatalf("%+v", c)
+	}
+}

@@ -1,0 +1,12 @@
+package sandbox
+
+import "errors"
+
+var (
+	// ErrNoMosquitto is returned by StartMosquitto when the mosquitto binary
+	// is not installed (apt-get install mosquitto).
+	ErrNoMosquitto = errors.New("sandbox: mosquitto not installed")
+
+	// ErrClosed is returned by Start and Restart after Close.
+	ErrClosed = errors.New("sandbox: closed")
+)
