@@ -159,7 +159,7 @@ func (c *Config) Validate() error {
 		return fieldErr("mqtt.brokers", "at least one broker URL required")
 	}
 	for i, b := range c.MQTT.Brokers {
-		if err := checkURL(b, "mqtt", "tcp", "mqtts", "ssl", "tls", "ws", "wss"); err != nil {
+		if err := checkURL(b, "mqtt", "tcp", "mqtts", "ssl", "tls", "tcps"); err != nil {
 			return fieldErr(fmt.Sprintf("mqtt.brokers[%d]", i), "%v", err)
 		}
 	}

@@ -38,6 +38,7 @@ var errUsage = errors.New("usage")
 func commands() map[string]command {
 	return map[string]command{
 		"serve": {"run etcd and an MQTT v5 broker on loopback until interrupted (default)", serve},
+		"demo":  {"replay the article's Figure 1 (frozen holder) on real etcd, MQTT and devices", demo},
 	}
 }
 

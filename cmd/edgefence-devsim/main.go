@@ -1,0 +1,145 @@
+// Command edgefence-devsim runs simulated devices behind fence points on an
+// MQTT v5 broker: each device takes fenced commands on <prefix>/dev/<id>/cmd,
+// acks them on <prefix>/dev/<id>/ack and publishes its state on
+// <prefix>/dev/<id>/state. Marks and states live in a bbolt file in --dir,
+// so a re-run on the same directory resumes them.
+//
+// Usage:
+//
+//	edgefence-devsim --mqtt mqtt://127.0.0.1:1883 --devices dev-1,dev-2 --dir /var/lib/devsim
+//	edgefence-devsim --mqtt mqtt://127.0.0.1:1883 --count 100 --id-prefix dev- --dir ./data --log verdicts.jsonl
+//
+// Logs go to stderr (slog text); one line with msg=ready is logged once the
+// broker has acknowledged every subscription. The verdict log (one JSON line
+// per decision, see sim.VerdictRecord) goes to --log, appended, or stdout.
+// SIGINT or SIGTERM shuts down cleanly.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/edgefence/edgefence/devices/sim"
+	"github.com/edgefence/edgefence/transport/mqtt"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// run is the whole program; it returns the exit code: 0 after a clean
+// shutdown, 1 on a runtime error, 2 on a usage error.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("edgefence-devsim", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		broker   = fs.String("mqtt", "", "MQTT broker URL, e.g. mqtt://127.0.0.1:1883 (required)")
+		prefix   = fs.String("prefix", mqtt.DefaultPrefix, "MQTT topic prefix")
+		devices  = fs.String("devices", "", "comma-separated device ids (or use --count)")
+		count    = fs.Int("count", 0, "number of devices <id-prefix>1..<id-prefix>N (instead of --devices)")
+		idPrefix = fs.String("id-prefix", "dev-", "device id prefix for --count")
+		dir      = fs.String("dir", "", "data directory for the marks and states (required)")
+		logPath  = fs.String("log", "", "verdict log file, JSON lines, appended (default stdout)")
+		clientID = fs.String("client-id", "", "MQTT client id (default derived from the host name and --dir)")
+		noFence  = fs.Bool("unsafe-no-fence", false, "DISABLE THE FENCE: apply stale and duplicate commands (tests and demos only)")
+	)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+	usage := func(msg string) int {
+		fmt.Fprintf(stderr, "edgefence-devsim: %s\n", msg)
+		fs.Usage()
+		return 2
+	}
+	ids, err := deviceIDs(*devices, *count, *idPrefix)
+	switch {
+	case fs.NArg() > 0:
+		return usage("unexpected arguments: " + strings.Join(fs.Args(), " "))
+	case *broker == "":
+		return usage("--mqtt is required")
+	case *dir == "":
+		return usage("--dir is required")
+	case err != nil:
+		return usage(err.Error())
+	}
+
+	var vlog io.Writer = stdout
+	if *logPath != "" {
+		f, err := os.OpenFile(*logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+		if err != nil {
+			log.Error("open verdict log", "err", err)
+			return 1
+		}
+		defer f.Close()
+		vlog = f
+	}
+
+	fleet, err := sim.NewFleet(ctx, sim.FleetConfig{Devices: ids, DataDir: *dir, Broker: *broker, Prefix: *prefix,
+		ClientID: *clientID, VerdictLog: vlog, DisableFence: *noFence, Logger: log})
+	if err != nil {
+		log.Error("start", "err", err)
+		return 1
+	}
+	code := 0
+	if err := fleet.AwaitReady(ctx); err == nil {
+		log.Info("ready", "devices", len(ids), "broker", *broker, "prefix", *prefix)
+		<-ctx.Done()
+	} else if ctx.Err() == nil {
+		log.Error("await broker", "err", err)
+		code = 1
+	}
+	log.Info("shutting down")
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := fleet.Close(sctx); err != nil {
+		log.Error("shutdown", "err", err)
+		return 1
+	}
+	st := fleet.Stats()
+	log.Info("stopped", "accepted", st.Accepted, "duplicate", st.Duplicate, "stale", st.Stale, "invalid", st.Invalid)
+	return code
+}
+
+// deviceIDs returns the ids from --devices or --count (exactly one of them).
+func deviceIDs(list string, count int, prefix string) ([]string, error) {
+	switch {
+	case list != "" && count != 0:
+		return nil, errors.New("use --devices or --count, not both")
+	case list != "":
+		var ids []string
+		for _, id := range strings.Split(list, ",") {
+			if id = strings.TrimSpace(id); id != "" {
+				ids = append(ids, id)
+			}
+		}
+		if len(ids) == 0 {
+			return nil, errors.New("--devices lists no device")
+		}
+		return ids, nil
+	case count > 0:
+		ids := make([]string, count)
+		for i := range ids {
+			ids[i] = fmt.Sprintf("%s%d", prefix, i+1)
+		}
+		return ids, nil
+	case count < 0:
+		return nil, errors.New("--count must be positive")
+	}
+	return nil, errors.New("--devices or --count is required")
+}

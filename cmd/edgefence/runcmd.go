@@ -1,0 +1,133 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/edgefence/edgefence/agent"
+	"github.com/edgefence/edgefence/transport/mqtt"
+)
+
+// Failpoints are test-only switches, set in the environment as a comma list:
+// EDGEFENCE_FAILPOINTS=ignore-session-loss. They exist so that tests and the
+// demo can run the agent as a frozen process that never notices it was
+// deposed (invariant I6 off) and show the fence points keep I1 alone.
+const failpointsEnv = "EDGEFENCE_FAILPOINTS"
+
+func failpoint(name string) bool {
+	return slices.Contains(strings.Split(os.Getenv(failpointsEnv), ","), name)
+}
+
+func cmdRun(args []string, stderr io.Writer) error {
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	configPath := fs.String("config", "/etc/edgefence/edgefence.yaml", "config file (YAML)")
+	etcdURL := fs.String("etcd", "", "override etcd.endpoints (comma-separated)")
+	mqttURL := fs.String("mqtt", "", "override mqtt.brokers (comma-separated)")
+	socket := fs.String("socket", "", "override api.socket")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cfg, err := agent.LoadConfig(*configPath)
+	if err != nil {
+		return err
+	}
+	if *etcdURL != "" {
+		cfg.Etcd.Endpoints = strings.Split(*etcdURL, ",")
+	}
+	if *mqttURL != "" {
+		cfg.MQTT.Brokers = strings.Split(*mqttURL, ",")
+	}
+	if *socket != "" {
+		cfg.API.Socket = *socket
+	}
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	log := newLogger(cfg.Log, os.Stderr)
+	ctx, stop := signalContext()
+	defer stop()
+
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:   cfg.Etcd.Endpoints,
+		DialTimeout: cfg.Etcd.DialTimeout,
+		Logger:      zap.NewNop(),
+	})
+	if err != nil {
+		return fmt.Errorf("etcd client: %w", err)
+	}
+	defer cli.Close()
+
+	devices := make([]string, len(cfg.Devices))
+	for i, d := range cfg.Devices {
+		devices[i] = d.ID
+	}
+	// The MQTT client lives until the agent has released its locks, so it
+	// gets its own context, closed below.
+	mctx, mcancel := context.WithCancel(context.Background())
+	defer mcancel()
+	cmdr, err := mqtt.NewCommander(mctx, mqtt.Config{
+		Brokers:       cfg.MQTT.Brokers,
+		ClientID:      cfg.MQTT.ClientID,
+		KeepAlive:     cfg.MQTT.KeepAlive,
+		SessionExpiry: cfg.MQTT.SessionExpiry,
+		Logger:        log.With("component", "mqtt"),
+	}, mqtt.Topics{Prefix: cfg.MQTT.Prefix}, devices)
+	if err != nil {
+		return fmt.Errorf("mqtt: %w", err)
+	}
+
+	ag, err := agent.New(cfg, cli, cmdr, agent.Options{
+		Logger:                  log,
+		UnsafeIgnoreSessionLoss: failpoint("ignore-session-loss"),
+	})
+	if err != nil {
+		return err
+	}
+	log.Info("edgefence starting", "version", version, "gateway", cfg.Gateway, "devices", len(cfg.Devices),
+		"etcd", cfg.Etcd.Endpoints, "mqtt", cfg.MQTT.Brokers, "socket", cfg.API.Socket)
+
+	var wg sync.WaitGroup
+	errc := make(chan error, 2)
+	actx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		errc <- ag.Run(actx)
+	}()
+	go func() {
+		defer wg.Done()
+		if err := ag.ServeAPI(actx, cfg.API.Socket); err != nil {
+			errc <- err
+			cancel() // the agent is unusable without its API
+		}
+	}()
+	wg.Wait()
+	close(errc)
+
+	cctx, ccancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer ccancel()
+	if err := cmdr.Close(cctx); err != nil && !errors.Is(err, mqtt.ErrClosed) {
+		log.Warn("mqtt close", "err", err)
+	}
+	var first error
+	for err := range errc {
+		if err != nil && first == nil {
+			first = err
+		}
+	}
+	log.Info("edgefence stopped")
+	return first
+}

@@ -1,0 +1,444 @@
+package sandbox
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/edgefence/edgefence/devices/sim"
+	"github.com/edgefence/edgefence/fence"
+)
+
+// Figure1Config sets up a replay of Figure 1 of the fencing article on real
+// parts: two agent processes contend for the same devices, the holder is
+// frozen past its lease, the other takes over, and the frozen one wakes up
+// and sends the command it had queued.
+type Figure1Config struct {
+	AgentBin  string // the edgefence binary
+	DevsimBin string // the edgefence-devsim binary
+	Dir       string // work dir: configs, data, logs, sockets (required)
+	Etcd      string // etcd endpoint URL (required)
+	MQTT      string // broker URL (required)
+
+	Devices    []string      // default dev-1, dev-2, dev-3
+	LeaseTTL   time.Duration // default 2s (the minimum)
+	EtcdPrefix string        // default /edgefence/v1; distinct per run when runs share an etcd
+	MQTTPrefix string        // default edgefence/v1
+
+	// NoFence runs the device simulator with --unsafe-no-fence, to show
+	// that without the fence the same schedule corrupts the devices.
+	NoFence bool
+	// AgentAFailpoints is EDGEFENCE_FAILPOINTS for agent A; default
+	// "ignore-session-loss", the frozen holder that never notices it was
+	// deposed. Set to "none" for a normal agent.
+	AgentAFailpoints string
+	// RestartDevicesBeforeLate kills the device simulator with SIGKILL and
+	// starts it again on the same data before A's late command arrives.
+	RestartDevicesBeforeLate bool
+
+	Narrate io.Writer // the timeline in plain words; nil = discard
+}
+
+// Values the scenario writes to each device's setpoint.
+const (
+	SetpointA    = 21.0 // A's first command, while it holds the lease
+	SetpointB    = 25.0 // B's command after taking over
+	SetpointLate = 99.0 // A's command, queued before the freeze, sent after it
+)
+
+// Figure1Result is what happened, read back from the agents' answers and the
+// devices' verdict log.
+type Figure1Result struct {
+	TokenA, TokenB map[string]fence.Token // per device
+	First          map[string]SendResult  // A's first command per device
+	Takeover       map[string]SendResult  // B's command per device
+	Late           map[string]SendResult  // A's late command per device
+	Verdicts       []sim.VerdictRecord    // the devices' verdict log, in order
+	Final          map[string]sim.State   // each device's state at the end
+	Frozen         time.Duration          // how long A was frozen
+}
+
+// SendResult is the output of `edgefence send`.
+type SendResult struct {
+	Device  string `json:"device"`
+	Token   uint64 `json:"token,omitempty"`
+	Seq     uint64 `json:"seq,omitempty"`
+	Verdict string `json:"verdict,omitempty"`
+	Error   string `json:"error,omitempty"`
+	Exit    int    `json:"-"`
+}
+
+type agentStatus struct {
+	Devices []struct {
+		ID    string      `json:"id"`
+		State string      `json:"state"`
+		Token fence.Token `json:"token"`
+	} `json:"devices"`
+}
+
+type figure1 struct {
+	cfg   Figure1Config
+	start time.Time
+	procs []*Proc
+}
+
+// RunFigure1 runs the scenario and returns what happened. It stops every
+// process it started before returning.
+func RunFigure1(ctx context.Context, cfg Figure1Config) (*Figure1Result, error) {
+	if cfg.Dir == "" || cfg.Etcd == "" || cfg.MQTT == "" || cfg.AgentBin == "" || cfg.DevsimBin == "" {
+		return nil, errors.New("sandbox: figure 1: Dir, Etcd, MQTT, AgentBin and DevsimBin are required")
+	}
+	if len(cfg.Devices) == 0 {
+		cfg.Devices = []string{"dev-1", "dev-2", "dev-3"}
+	}
+	if cfg.LeaseTTL == 0 {
+		cfg.LeaseTTL = 2 * time.Second
+	}
+	if cfg.EtcdPrefix == "" {
+		cfg.EtcdPrefix = "/edgefence/v1"
+	}
+	if cfg.MQTTPrefix == "" {
+		cfg.MQTTPrefix = "edgefence/v1"
+	}
+	if cfg.AgentAFailpoints == "" {
+		cfg.AgentAFailpoints = "ignore-session-loss"
+	}
+	if cfg.Narrate == nil {
+		cfg.Narrate = io.Discard
+	}
+	f := &figure1{cfg: cfg, start: time.Now()}
+	defer f.stopAll()
+	return f.run(ctx)
+}
+
+func (f *figure1) say(format string, args ...any) {
+	fmt.Fprintf(f.cfg.Narrate, "[%6.2fs] %s\n", time.Since(f.start).Seconds(), fmt.Sprintf(format, args...))
+}
+
+func (f *figure1) stopAll() {
+	for i := len(f.procs) - 1; i >= 0; i-- {
+		_ = f.procs[i].Stop(10 * time.Second)
+	}
+}
+
+func (f *figure1) path(name string) string { return filepath.Join(f.cfg.Dir, name) }
+
+func (f *figure1) startDevices(ctx context.Context) (*Proc, error) {
+	args := []string{"--mqtt", f.cfg.MQTT, "--prefix", f.cfg.MQTTPrefix, "--devices", strings.Join(f.cfg.Devices, ","),
+		"--dir", f.path("devices"), "--log", f.path("verdicts.jsonl"), "--client-id", "devsim-" + filepath.Base(f.cfg.Dir)}
+	if f.cfg.NoFence {
+		args = append(args, "--unsafe-no-fence")
+	}
+	p, err := StartProc("devsim", f.path("devsim.log"), nil, f.cfg.DevsimBin, args...)
+	if err != nil {
+		return nil, err
+	}
+	f.procs = append(f.procs, p)
+	if err := p.WaitLine(ctx, "ready"); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+func (f *figure1) startAgent(ctx context.Context, gw, failpoints string) (*Proc, string, error) {
+	sock := f.path(gw + ".sock")
+	var devs strings.Builder
+	for _, d := range f.cfg.Devices {
+		fmt.Fprintf(&devs, "  - id: %s\n", d)
+	}
+	conf := fmt.Sprintf(`gateway: %s
+state_dir: %s
+etcd:
+  endpoints: [%s]
+  prefix: %s
+  lease_ttl: %s
+mqtt:
+  brokers: [%s]
+  prefix: %s
+  client_id: %s
+api:
+  socket: %s
+command:
+  timeout: 20s
+log:
+  level: info
+  format: json
+devices:
+%s`, gw, f.path(gw+"-state"), f.cfg.Etcd, f.cfg.EtcdPrefix, f.cfg.LeaseTTL, f.cfg.MQTT, f.cfg.MQTTPrefix,
+		gw+"-"+filepath.Base(f.cfg.Dir), sock, devs.String())
+	cpath := f.path(gw + ".yaml")
+	if err := os.WriteFile(cpath, []byte(conf), 0o644); err != nil {
+		return nil, "", err
+	}
+	var env []string
+	if failpoints != "" && failpoints != "none" {
+		env = append(env, "EDGEFENCE_FAILPOINTS="+failpoints)
+	}
+	p, err := StartProc(gw, f.path(gw+".log"), env, f.cfg.AgentBin, "run", "--config", cpath)
+	if err != nil {
+		return nil, "", err
+	}
+	f.procs = append(f.procs, p)
+	return p, sock, nil
+}
+
+// status runs `edgefence status --json`.
+func (f *figure1) status(ctx context.Context, sock string) (*agentStatus, error) {
+	out, err := exec.CommandContext(ctx, f.cfg.AgentBin, "status", "--json", "--socket", sock).Output()
+	if err != nil {
+		return nil, err
+	}
+	var st agentStatus
+	if err := json.Unmarshal(out, &st); err != nil {
+		return nil, fmt.Errorf("status output: %w", err)
+	}
+	return &st, nil
+}
+
+// waitHolding polls the agent until it holds every device, and returns the
+// tokens.
+func (f *figure1) waitHolding(ctx context.Context, p *Proc, sock string) (map[string]fence.Token, error) {
+	for {
+		if st, err := f.status(ctx, sock); err == nil {
+			toks := map[string]fence.Token{}
+			for _, d := range st.Devices {
+				if d.State == "holding" {
+					toks[d.ID] = d.Token
+				}
+			}
+			if len(toks) == len(f.cfg.Devices) {
+				return toks, nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%s does not hold every device: %w", p.Name, ctx.Err())
+		case <-p.Done():
+			return nil, fmt.Errorf("%s exited", p.Name)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// send runs `edgefence send` and parses its answer.
+func (f *figure1) send(ctx context.Context, sock, dev string, setpoint float64) (SendResult, error) {
+	body := fmt.Sprintf(`{"setpoint": %g}`, setpoint)
+	cmd := exec.CommandContext(ctx, f.cfg.AgentBin, "send", "--socket", sock, dev, "set", body)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	var res SendResult
+	if jerr := json.Unmarshal(out, &res); jerr != nil {
+		return res, fmt.Errorf("edgefence send %s: %v: %s%s", dev, err, out, stderr.String())
+	}
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		res.Exit = ee.ExitCode()
+	}
+	return res, nil
+}
+
+func (f *figure1) run(ctx context.Context) (*Figure1Result, error) {
+	c := f.cfg
+	res := &Figure1Result{First: map[string]SendResult{}, Takeover: map[string]SendResult{}, Late: map[string]SendResult{}}
+	fenceWord := "fenced"
+	if c.NoFence {
+		fenceWord = "UNFENCED (--unsafe-no-fence: they apply whatever arrives)"
+	}
+	devsim, err := f.startDevices(ctx)
+	if err != nil {
+		return nil, err
+	}
+	f.say("devices %s are up, %s", strings.Join(c.Devices, ", "), fenceWord)
+
+	a, sockA, err := f.startAgent(ctx, "gw-a", c.AgentAFailpoints)
+	if err != nil {
+		return nil, err
+	}
+	if res.TokenA, err = f.waitHolding(ctx, a, sockA); err != nil {
+		return nil, err
+	}
+	f.say("agent A holds the lease of every device (lease TTL %v), tokens %s", c.LeaseTTL, fmtTokens(c.Devices, res.TokenA))
+
+	b, sockB, err := f.startAgent(ctx, "gw-b", "")
+	if err != nil {
+		return nil, err
+	}
+	if err := b.WaitLine(ctx, "etcd session open"); err != nil {
+		return nil, err
+	}
+	f.say("agent B is up and campaigning for the same devices")
+
+	for _, d := range c.Devices {
+		r, err := f.send(ctx, sockA, d, SetpointA)
+		if err != nil {
+			return nil, err
+		}
+		res.First[d] = r
+	}
+	f.say("A sets setpoint=%g on each device: %s", SetpointA, fmtVerdicts(c.Devices, res.First))
+
+	if err := a.Freeze(); err != nil {
+		return nil, err
+	}
+	frozeAt := time.Now()
+	f.say("A is frozen (SIGSTOP) — a GC pause, a throttled container; its lease will expire while it sleeps")
+
+	// A's commands are queued in its API socket while it is frozen: they
+	// were decided while A still believed it held the lease.
+	type late struct {
+		dev string
+		r   SendResult
+		err error
+	}
+	lateC := make(chan late, len(c.Devices))
+	for _, d := range c.Devices {
+		go func() {
+			r, err := f.send(ctx, sockA, d, SetpointLate)
+			lateC <- late{d, r, err}
+		}()
+	}
+	f.say("A's next command (setpoint=%g) is queued inside the frozen A", SetpointLate)
+
+	if res.TokenB, err = f.waitHolding(ctx, b, sockB); err != nil {
+		return nil, err
+	}
+	f.say("A's lease expired; B acquired every device with higher tokens %s", fmtTokens(c.Devices, res.TokenB))
+	for _, d := range c.Devices {
+		r, err := f.send(ctx, sockB, d, SetpointB)
+		if err != nil {
+			return nil, err
+		}
+		res.Takeover[d] = r
+	}
+	f.say("B sets setpoint=%g: %s", SetpointB, fmtVerdicts(c.Devices, res.Takeover))
+
+	if c.RestartDevicesBeforeLate {
+		if err := devsim.Kill(); err != nil {
+			return nil, err
+		}
+		f.say("the devices crash (SIGKILL) and restart on their stored state")
+		if _, err := f.startDevices(ctx); err != nil {
+			return nil, err
+		}
+	}
+
+	if err := a.Resume(); err != nil {
+		return nil, err
+	}
+	res.Frozen = time.Since(frozeAt)
+	f.say("A wakes up (SIGCONT) after %.1fs, still believing it holds the lease, and sends its queued command", res.Frozen.Seconds())
+	for range c.Devices {
+		select {
+		case l := <-lateC:
+			if l.err != nil {
+				return nil, l.err
+			}
+			res.Late[l.dev] = l.r
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	f.say("A's late command (token %s): %s", fmtTokens(c.Devices, res.TokenA), fmtVerdicts(c.Devices, res.Late))
+
+	// Stop everything so the verdict log is complete, then read it.
+	f.stopAll()
+	f.procs = nil
+	lf, err := os.Open(f.path("verdicts.jsonl"))
+	if err != nil {
+		return nil, err
+	}
+	defer lf.Close()
+	if res.Verdicts, err = sim.ReadVerdictLog(lf); err != nil {
+		return nil, err
+	}
+	res.Final = map[string]sim.State{}
+	for _, v := range res.Verdicts {
+		if v.State != nil {
+			res.Final[v.Device] = *v.State
+		}
+	}
+	var finals []string
+	for _, d := range c.Devices {
+		finals = append(finals, fmt.Sprintf("%s=%g", d, res.Final[d].Setpoint))
+	}
+	f.say("final setpoints: %s", strings.Join(finals, " "))
+	return res, nil
+}
+
+func fmtTokens(devs []string, t map[string]fence.Token) string {
+	var s []string
+	for _, d := range devs {
+		s = append(s, fmt.Sprintf("%s:%d", d, t[d]))
+	}
+	return strings.Join(s, " ")
+}
+
+func fmtVerdicts(devs []string, r map[string]SendResult) string {
+	var s []string
+	for _, d := range devs {
+		v := r[d].Verdict
+		if v == "" {
+			v = "refused by agent: " + r[d].Error
+		}
+		s = append(s, d+" "+v)
+	}
+	return strings.Join(s, ", ")
+}
+
+// CheckFenced verifies the outcome a fenced run must have: B's tokens are
+// above A's; every command of A before the freeze and of B was accepted;
+// every late command of A was refused (stale at the device, or by A itself
+// if it noticed its loss); no device holds the late value; and every command
+// in the verdict log has a verdict.
+func (r *Figure1Result) CheckFenced() error {
+	var errs []error
+	for d, tb := range r.TokenB {
+		if tb <= r.TokenA[d] {
+			errs = append(errs, fmt.Errorf("%s: B's token %d not above A's %d", d, tb, r.TokenA[d]))
+		}
+		if v := r.First[d].Verdict; v != "accepted" {
+			errs = append(errs, fmt.Errorf("%s: A's first command: %q %s", d, v, r.First[d].Error))
+		}
+		if v := r.Takeover[d].Verdict; v != "accepted" {
+			errs = append(errs, fmt.Errorf("%s: B's command: %q %s", d, v, r.Takeover[d].Error))
+		}
+		if v := r.Late[d].Verdict; v == "accepted" || v == "duplicate" {
+			errs = append(errs, fmt.Errorf("%s: A's late command was %s", d, v))
+		}
+		if s := r.Final[d].Setpoint; s != SetpointB {
+			errs = append(errs, fmt.Errorf("%s: final setpoint %g, want B's %g", d, s, SetpointB))
+		}
+	}
+	// I1 on the device's own history: accepted tokens never decrease.
+	max := map[string]fence.Token{}
+	for _, v := range r.Verdicts {
+		if v.Verdict != fence.Accepted {
+			continue
+		}
+		if v.Token < max[v.Device] {
+			errs = append(errs, fmt.Errorf("%s: accepted token %d after %d", v.Device, v.Token, max[v.Device]))
+		}
+		max[v.Device] = v.Token
+	}
+	return errors.Join(errs...)
+}
+
+// Corrupted counts the devices whose final setpoint is the stale holder's.
+func (r *Figure1Result) Corrupted() int {
+	n := 0
+	for _, s := range r.Final {
+		if s.Setpoint == SetpointLate {
+			n++
+		}
+	}
+	return n
+}

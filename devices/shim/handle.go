@@ -1,0 +1,209 @@
+package shim
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"go.etcd.io/bbolt"
+
+	"github.com/edgefence/edgefence/fence"
+)
+
+// Result is the full outcome of one command at the fence point.
+type Result struct {
+	Ack fence.Ack
+	// Envelope is the decoded command, nil if it could not be decoded.
+	Envelope *fence.Envelope
+	// Applied reports that the command took effect (its ApplyTx committed,
+	// or its Apply returned nil).
+	Applied bool
+}
+
+// Handle decides one command addressed to device (for instance the device
+// named by the MQTT topic it arrived on) and returns the ack to send back.
+//
+// raw is decoded with fence.UnmarshalEnvelope; an undecodable envelope, one
+// naming another device, or one d.Check refuses is Invalid and leaves the
+// mark unchanged. Otherwise fence.Admit decides, inside one bbolt write
+// transaction that also stores the new mark (and, for a TxApplier, the
+// effect), committed with fsync before Apply runs. Duplicates are
+// acknowledged again and never re-applied. The ack carries the mark after the
+// decision. Handle never panics.
+func (s *Shim) Handle(device string, raw []byte, d Device) fence.Ack {
+	return s.Process(device, raw, d).Ack
+}
+
+// Process is Handle returning the decoded envelope and whether the command
+// took effect as well.
+func (s *Shim) Process(device string, raw []byte, d Device) Result {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return s.refuse(device, nil, fence.Mark{}, ErrClosed.Error())
+	}
+	if err := fence.ValidateDeviceID(device); err != nil {
+		return s.refuse("", nil, fence.Mark{}, "addressed device: "+err.Error())
+	}
+	env, err := fence.UnmarshalEnvelope(raw)
+	if err != nil {
+		return s.refuse(device, nil, s.markOrZero(device), err.Error())
+	}
+	if env.Device != device {
+		return s.refuse(device, env, s.markOrZero(device),
+			fmt.Sprintf("envelope names device %q but was addressed to %q", env.Device, device))
+	}
+	if d == nil {
+		return s.refuse(device, env, s.markOrZero(device), "no device handler")
+	}
+	if err := guard("check", func() error { return d.Check(env) }); err != nil {
+		return s.refuse(device, env, s.markOrZero(device), err.Error())
+	}
+
+	live, stored, err := s.current(device)
+	if err != nil {
+		s.stats.storage.Add(1)
+		return s.refuse(device, env, fence.Mark{}, err.Error())
+	}
+	verdict, next := fence.Admit(live.Mark, env.Token, env.Seq)
+	unfenced := false
+	switch verdict {
+	case fence.Accepted:
+	case fence.Stale, fence.Duplicate:
+		if !s.opts.DisableFence {
+			return s.refused(env, verdict, live.Mark)
+		}
+		unfenced, next = true, live.Mark // apply anyway; the mark only rises
+	default: // Envelope.Validate already refused token 0 and seq 0
+		return s.refuse(device, env, live.Mark, "admit: "+verdict.String())
+	}
+
+	txa, isTx := d.(TxApplier)
+	rec := Record{Mark: next, At: time.Now(), Holder: env.Holder, ID: env.ID}
+
+	if s.opts.PersistOnTokenChangeOnly && !isTx && !unfenced && next.Token == stored.Mark.Token {
+		// Seq-only advance under the durable token: no write, no fsync.
+		s.pending[device] = rec
+		s.stats.deferred.Add(1)
+	} else {
+		err := s.db.Update(func(tx *bbolt.Tx) error {
+			b := tx.Bucket(marksBucket)
+			cur, err := getRecord(b, device)
+			if err != nil {
+				return err
+			}
+			if p, ok := s.pending[device]; ok && markLess(cur.Mark, p.Mark) {
+				cur = p
+			}
+			// The authoritative check-and-update, atomic in this transaction.
+			v, n := fence.Admit(cur.Mark, env.Token, env.Seq)
+			switch {
+			case v == fence.Accepted:
+				rec.Mark = n
+				if err := putRecord(b, device, rec); err != nil {
+					return err
+				}
+			case !unfenced:
+				return fmt.Errorf("%w: mark moved to %s during the decision", ErrStorage, cur.Mark)
+			}
+			if isTx {
+				if err := guard("apply", func() error { return txa.ApplyTx(tx, env) }); err != nil {
+					return &applyError{err}
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			if ae := (*applyError)(nil); errors.As(err, &ae) {
+				s.stats.applyFailed.Add(1)
+				return s.refuse(device, env, live.Mark, ae.err.Error())
+			}
+			s.stats.storage.Add(1)
+			return s.refuse(device, env, live.Mark, storageErr(err).Error())
+		}
+		delete(s.pending, device)
+	}
+
+	if !isTx {
+		// Durable before effect: the mark is committed (or, by the caller's
+		// choice, deferred for a same-token seq); the command is consumed.
+		if err := guard("apply", func() error { return d.Apply(env) }); err != nil {
+			s.stats.applyFailed.Add(1)
+			return s.refuse(device, env, next,
+				"effect failed after the mark moved; the command is consumed, send a new one: "+err.Error())
+		}
+	}
+
+	s.stats.accepted.Add(1)
+	reason := ""
+	if unfenced {
+		s.stats.unfenced.Add(1)
+		reason = "FENCE DISABLED: applied although the fence says " + verdict.String()
+		s.log.Warn("unfenced apply", "device", device, "id", env.ID, "token", env.Token, "seq", env.Seq,
+			"would_be", verdict.String(), "mark", live.Mark.String())
+	}
+	return Result{Ack: fence.NewAck(env, fence.Accepted, next, reason), Envelope: env, Applied: true}
+}
+
+// refused answers a stale or duplicate command.
+func (s *Shim) refused(env *fence.Envelope, v fence.Verdict, m fence.Mark) Result {
+	var reason string
+	switch v {
+	case fence.Stale:
+		s.stats.stale.Add(1)
+		reason = fmt.Sprintf("token %d below the high-water mark %s", env.Token, m)
+		s.log.Info("stale command refused", "device", env.Device, "id", env.ID, "token", env.Token,
+			"seq", env.Seq, "holder", env.Holder, "mark", m.String())
+	case fence.Duplicate:
+		s.stats.duplicate.Add(1)
+		reason = fmt.Sprintf("already applied: %d/%d not above %s", env.Token, env.Seq, m)
+	}
+	return Result{Ack: fence.NewAck(env, v, m, reason), Envelope: env}
+}
+
+// refuse answers an Invalid verdict. env may be nil (undecodable) and device
+// empty (not a valid device id). m is the device's mark, unchanged.
+func (s *Shim) refuse(device string, env *fence.Envelope, m fence.Mark, reason string) Result {
+	s.stats.invalid.Add(1)
+	reason = strings.ToValidUTF8(reason, "?")
+	s.log.Warn("invalid command refused", "device", device, "reason", reason)
+	e := env
+	if e == nil {
+		e = &fence.Envelope{}
+	}
+	ack := fence.NewAck(e, fence.Invalid, m, reason)
+	ack.Device = device // the addressed device, which may differ from env.Device
+	if fence.ValidateDeviceID(device) != nil {
+		ack.Device = ""
+	}
+	return Result{Ack: ack, Envelope: env}
+}
+
+// markOrZero reads the device's live mark for an Invalid ack; a storage
+// error there is reported by the next real decision, not here.
+func (s *Shim) markOrZero(device string) fence.Mark {
+	live, _, err := s.current(device)
+	if err != nil {
+		return fence.Mark{}
+	}
+	return live.Mark
+}
+
+type applyError struct{ err error }
+
+func (e *applyError) Error() string { return e.err.Error() }
+func (e *applyError) Unwrap() error { return e.err }
+
+// guard calls device code, turning a panic into an error.
+func guard(what string, f func() error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%s panicked: %v", what, r)
+		}
+	}()
+	if err := f(); err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	return nil
+}

@@ -1,0 +1,257 @@
+package shim
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.etcd.io/bbolt"
+	bberrors "go.etcd.io/bbolt/errors"
+
+	"github.com/edgefence/edgefence/fence"
+)
+
+// DefaultLockTimeout is how long Open waits for the database file lock.
+const DefaultLockTimeout = time.Second
+
+// marksBucket holds one Record per device id.
+var marksBucket = []byte("shim.marks")
+
+// Options configure a Shim. A nil *Options means the defaults.
+type Options struct {
+	// PersistOnTokenChangeOnly saves flash on devices whose commands are all
+	// idempotent. A command that raises the token is still committed with
+	// fsync before it takes effect (the token is always durable first), but
+	// a command that only advances the seq under the current token is
+	// admitted against an in-memory mark and not written at all; the
+	// in-memory seqs are written on Close.
+	//
+	// The trade-off: after a crash or power loss the device comes back with
+	// the last durable seq of its current token, so a redelivered command of
+	// that same token may be applied a second time (a same-token duplicate).
+	// Stale tokens are still refused, exactly as without the option.
+	//
+	// It has no effect for devices that implement TxApplier: their effect
+	// is committed in a write transaction anyway, and the mark rides along
+	// for free.
+	PersistOnTokenChangeOnly bool
+
+	// DisableFence is for tests and demonstrations ONLY. The shim accepts
+	// every decodable, checked command and applies it, even stale ones and
+	// duplicates, so that a test can show the same schedule corrupting the
+	// state that the fence protects. The recorded mark still only rises.
+	// Open logs a loud warning (to slog.Default if Logger is nil).
+	DisableFence bool
+
+	// LockTimeout bounds the wait for the database file lock; zero means
+	// DefaultLockTimeout. A second process opening the same file gets an
+	// error wrapping ErrLocked instead of hanging.
+	LockTimeout time.Duration
+
+	// Logger receives the shim's log lines; nil means none (except the
+	// DisableFence warning).
+	Logger *slog.Logger
+}
+
+// Shim is a fence point backed by one bbolt file. Its methods are safe for
+// concurrent use; decisions are serialized.
+type Shim struct {
+	db   *bbolt.DB
+	path string
+	opts Options
+	log  *slog.Logger
+
+	mu      sync.Mutex // serializes decisions, apply calls and Close
+	closed  bool
+	pending map[string]Record // PersistOnTokenChangeOnly: seq advances not yet written
+
+	stats struct {
+		accepted, duplicate, stale, invalid      atomic.Uint64
+		unfenced, applyFailed, storage, deferred atomic.Uint64
+	}
+}
+
+// Open opens (creating if needed) the fence point's database at path. The
+// directory must exist.
+func Open(path string, opts *Options) (*Shim, error) {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	if o.LockTimeout <= 0 {
+		o.LockTimeout = DefaultLockTimeout
+	}
+	log := o.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	db, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: o.LockTimeout})
+	if err != nil {
+		if errors.Is(err, bberrors.ErrTimeout) {
+			return nil, fmt.Errorf("%w: %s held by another process for %v: %w", ErrLocked, path, o.LockTimeout, err)
+		}
+		return nil, fmt.Errorf("shim: open %s: %w", path, err)
+	}
+	if err := db.Update(func(tx *bbolt.Tx) error {
+		_, err := tx.CreateBucketIfNotExists(marksBucket)
+		return err
+	}); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("shim: init %s: %w", path, err)
+	}
+	s := &Shim{db: db, path: path, opts: o, log: log, pending: make(map[string]Record)}
+	if o.DisableFence {
+		warn := o.Logger
+		if warn == nil {
+			warn = slog.Default()
+		}
+		warn.Warn("FENCE DISABLED: this fence point accepts and applies stale and duplicate commands; for tests and demos only, never in production",
+			"path", path)
+	}
+	if o.PersistOnTokenChangeOnly {
+		log.Info("fence point persists seq advances lazily; same-token duplicates may be re-applied after a crash",
+			"path", path)
+	}
+	return s, nil
+}
+
+// Close writes any in-memory seq advances (PersistOnTokenChangeOnly) with
+// fsync and closes the database. Calling Close again returns nil.
+func (s *Shim) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	var flushErr error
+	if len(s.pending) > 0 {
+		flushErr = s.db.Update(func(tx *bbolt.Tx) error {
+			b := tx.Bucket(marksBucket)
+			for dev, r := range s.pending {
+				if err := putRecord(b, dev, r); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if flushErr != nil {
+			flushErr = fmt.Errorf("shim: flush marks: %w", flushErr)
+		}
+		clear(s.pending)
+	}
+	return errors.Join(flushErr, s.db.Close())
+}
+
+// Path returns the database file's path.
+func (s *Shim) Path() string { return s.path }
+
+// Mark returns the device's current high-water mark (the zero Mark if it has
+// never accepted a command). With PersistOnTokenChangeOnly it may be ahead
+// of what is on disk.
+func (s *Shim) Mark(device string) (fence.Mark, error) {
+	r, err := s.Record(device)
+	return r.Mark, err
+}
+
+// Record returns the device's current mark with when and by whom it was set.
+func (s *Shim) Record(device string) (Record, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return Record{}, ErrClosed
+	}
+	r, _, err := s.current(device)
+	return r, err
+}
+
+// View runs fn in a read-only transaction on the shim's database, for
+// devices (TxApplier) to read the state they write.
+func (s *Shim) View(fn func(tx *bbolt.Tx) error) error {
+	err := s.db.View(fn)
+	if errors.Is(err, bberrors.ErrDatabaseNotOpen) {
+		return ErrClosed
+	}
+	return err
+}
+
+// Stats are the shim's counters since Open.
+type Stats struct {
+	Accepted  uint64 // commands that took effect (including Unfenced)
+	Duplicate uint64
+	Stale     uint64
+	Invalid   uint64 // bad input, failed checks and failed effects: the bad-input metric
+
+	Unfenced      uint64 // accepted only because DisableFence is set
+	ApplyFailed   uint64 // effects that failed (also counted in Invalid)
+	StorageErrors uint64 // decisions refused because the marks could not be read or written (also in Invalid)
+	Deferred      uint64 // seq advances not fsynced (PersistOnTokenChangeOnly)
+}
+
+// Stats returns a snapshot of the counters.
+func (s *Shim) Stats() Stats {
+	return Stats{
+		Accepted:      s.stats.accepted.Load(),
+		Duplicate:     s.stats.duplicate.Load(),
+		Stale:         s.stats.stale.Load(),
+		Invalid:       s.stats.invalid.Load(),
+		Unfenced:      s.stats.unfenced.Load(),
+		ApplyFailed:   s.stats.applyFailed.Load(),
+		StorageErrors: s.stats.storage.Load(),
+		Deferred:      s.stats.deferred.Load(),
+	}
+}
+
+// current returns the live record for device (pending, else stored) and the
+// stored one. Call with s.mu held.
+func (s *Shim) current(device string) (live, stored Record, err error) {
+	err = s.db.View(func(tx *bbolt.Tx) error {
+		stored, err = getRecord(tx.Bucket(marksBucket), device)
+		return err
+	})
+	if err != nil {
+		return Record{}, Record{}, storageErr(err)
+	}
+	live = stored
+	if p, ok := s.pending[device]; ok && markLess(stored.Mark, p.Mark) {
+		live = p
+	}
+	return live, stored, nil
+}
+
+func getRecord(b *bbolt.Bucket, device string) (Record, error) {
+	if b == nil {
+		return Record{}, fmt.Errorf("%w: bucket %s missing", ErrStorage, marksBucket)
+	}
+	v := b.Get([]byte(device))
+	if v == nil {
+		return Record{}, nil
+	}
+	return decodeRecord(v)
+}
+
+func putRecord(b *bbolt.Bucket, device string, r Record) error {
+	v, err := r.encode()
+	if err != nil {
+		return fmt.Errorf("%w: encode mark record: %v", ErrStorage, err)
+	}
+	return b.Put([]byte(device), v)
+}
+
+func storageErr(err error) error {
+	if errors.Is(err, ErrStorage) {
+		return err
+	}
+	if errors.Is(err, bberrors.ErrDatabaseNotOpen) {
+		return ErrClosed
+	}
+	return fmt.Errorf("%w: %w", ErrStorage, err)
+}
+
+// markLess orders marks as the admit rule does.
+func markLess(a, b fence.Mark) bool {
+	return a.Token < b.Token || a.Token == b.Token && a.Seq < b.Seq
+}

@@ -1,0 +1,28 @@
+// Package sim simulates devices behind a fence point (package shim), alone
+// (Host) or as an MQTT fleet (Fleet), for tests, demonstrations and the
+// edgefence-devsim command.
+//
+// Every simulated device is a small thermostat (Thermostat): a setpoint, a
+// mode ("off", "heat", "cool" or "auto"), a relay, the number of commands
+// applied, and the token, seq and id of the last one. Its state lives in the
+// same bbolt file as the shim's marks and is written in the same transaction
+// as the mark (shim.TxApplier), so every accepted command takes effect
+// exactly once, even across kill -9.
+//
+// Commands (Envelope.Kind):
+//
+//	set   body: CBOR map with any of "setpoint" (number, -50..150),
+//	      "mode" (text) and "relay" (bool); at least one; anything else,
+//	      or a wrong type, is Invalid
+//	ping  no body (or CBOR null); no change but the applied count
+//
+// After every verdict a Host appends one JSON line (VerdictRecord) to its
+// verdict log, with the device state after the decision, in one Write;
+// ReadVerdictLog parses such a log.
+//
+// A Fleet serves a set of devices over one MQTT v5 client: commands arrive
+// on <prefix>/dev/<id>/cmd, acks (CBOR fence.Ack, QoS 1, correlation data
+// copied from the command) go to <prefix>/dev/<id>/ack or to the command's
+// response topic, and the state (CBOR map, see State) goes to
+// <prefix>/dev/<id>/state after every applied command.
+package sim

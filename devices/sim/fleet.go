@@ -1,0 +1,267 @@
+package sim
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/edgefence/edgefence/devices/shim"
+	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/transport/mqtt"
+)
+
+// DBFile is the name of the bbolt file a Fleet keeps in its DataDir.
+const DBFile = "devsim.db"
+
+// publishTimeout bounds one ack or state publish from a handler.
+const publishTimeout = 10 * time.Second
+
+// FleetConfig configures a Fleet.
+type FleetConfig struct {
+	Devices  []string // device ids, at least one (fence.ValidateDeviceID)
+	DataDir  string   // directory of the bbolt file (DBFile), created if missing
+	Broker   string   // MQTT broker URL, e.g. mqtt://127.0.0.1:1883
+	Prefix   string   // topic prefix; empty means mqtt.DefaultPrefix
+	ClientID string   // MQTT client id; empty means one derived from the host name and DataDir
+
+	// VerdictLog receives one JSON line per decision; nil means none.
+	VerdictLog io.Writer
+	// DisableFence turns the fence off: TEST AND DEMO ONLY.
+	DisableFence bool
+	// Logger receives log lines (the MQTT client's too); nil means none.
+	Logger *slog.Logger
+
+	// MQTT overrides the client settings other than Brokers, ClientID and
+	// Logger; the zero value means the transport's defaults (a persistent
+	// session, so commands sent while the fleet is down wait at the broker).
+	MQTT mqtt.Config
+}
+
+// Fleet serves simulated devices over MQTT: one client for all of them,
+// one Host (fence point and state) behind it.
+//
+// Each command is decided, and if admitted applied and committed, inside
+// the MQTT handler, so before the PUBACK: a broker redelivery is a
+// Duplicate, never a lost command. The ack is published from the handler
+// too; if that fails, the command's own PUBACK is usually lost with the
+// connection and the broker redelivers it, and a redelivery (or the agent's
+// retry) is acknowledged again as Duplicate.
+type Fleet struct {
+	host    *Host
+	client  *mqtt.Client
+	topics  mqtt.Topics
+	tree    string // <prefix>/dev/
+	devices []string
+	member  map[string]bool
+	log     *slog.Logger
+	ctx     context.Context // cancelled by Close
+	cancel  context.CancelFunc
+	closed  atomic.Bool
+
+	acks, ackErrors, states, stateErrors, badResponseTopics atomic.Uint64
+}
+
+// NewFleet opens the fleet's database, dials the broker and subscribes to
+// every device's command topic. It does not wait for the broker: use
+// AwaitReady. ctx is only checked here; the fleet runs until Close.
+func NewFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("sim: fleet: %w", err)
+	}
+	if len(cfg.Devices) == 0 {
+		return nil, errors.New("sim: fleet: no devices")
+	}
+	member := make(map[string]bool, len(cfg.Devices))
+	for _, d := range cfg.Devices {
+		if err := fence.ValidateDeviceID(d); err != nil {
+			return nil, fmt.Errorf("sim: fleet: %w", err)
+		}
+		if member[d] {
+			return nil, fmt.Errorf("sim: fleet: device %q listed twice", d)
+		}
+		member[d] = true
+	}
+	if cfg.DataDir == "" || cfg.Broker == "" {
+		return nil, errors.New("sim: fleet: DataDir and Broker are required")
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("sim: fleet: %w", err)
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	host, err := OpenHost(filepath.Join(cfg.DataDir, DBFile),
+		HostConfig{VerdictLog: cfg.VerdictLog, DisableFence: cfg.DisableFence, Logger: cfg.Logger})
+	if err != nil {
+		return nil, fmt.Errorf("sim: fleet: %w", err)
+	}
+	mc := cfg.MQTT
+	mc.Brokers = []string{cfg.Broker}
+	mc.ClientID = cfg.ClientID
+	if mc.ClientID == "" {
+		mc.ClientID = defaultClientID(cfg.DataDir)
+	}
+	mc.Logger = cfg.Logger
+	fctx, cancel := context.WithCancel(context.Background())
+	client, err := mqtt.Dial(fctx, mc)
+	if err != nil {
+		cancel()
+		host.Close()
+		return nil, fmt.Errorf("sim: fleet: %w", err)
+	}
+	topics := mqtt.Topics{Prefix: cfg.Prefix}
+	f := &Fleet{host: host, client: client, topics: topics, tree: strings.TrimSuffix(topics.Cmd("x"), "x/cmd"),
+		devices: append([]string(nil), cfg.Devices...), member: member, log: log, ctx: fctx, cancel: cancel}
+	for _, d := range f.devices {
+		f.client.Subscribe(f.topics.Cmd(d), func(m mqtt.Message) { f.handle(d, m) })
+	}
+	log.Info("device fleet starting", "devices", len(f.devices), "broker", cfg.Broker,
+		"client_id", mc.ClientID, "db", filepath.Join(cfg.DataDir, DBFile), "fence", !cfg.DisableFence)
+	return f, nil
+}
+
+// defaultClientID is stable for a data directory (so the broker session,
+// with the commands queued while the fleet was down, survives a restart) and
+// unique per host and directory (a directory is used by one process at a
+// time: the bbolt file is locked).
+func defaultClientID(dir string) string {
+	host, _ := os.Hostname()
+	if abs, err := filepath.Abs(dir); err == nil {
+		dir = abs
+	}
+	sum := sha256.Sum256([]byte(host + "\x00" + dir))
+	return "edgefence-devsim-" + hex.EncodeToString(sum[:6])
+}
+
+// AwaitReady waits until the broker connection is up and every command
+// topic is subscribed.
+func (f *Fleet) AwaitReady(ctx context.Context) error {
+	if err := f.client.AwaitSubscribed(ctx); err != nil {
+		return fmt.Errorf("sim: fleet: %w", err)
+	}
+	return nil
+}
+
+// Close disconnects from the broker (waiting for a handler in progress) and
+// closes the database. It returns ctx's error if the MQTT client does not
+// stop in time.
+func (f *Fleet) Close(ctx context.Context) error {
+	if f.closed.Swap(true) {
+		return nil
+	}
+	f.cancel()
+	cerr := f.client.Close(ctx)
+	return errors.Join(cerr, f.host.Close())
+}
+
+// Devices returns the fleet's device ids.
+func (f *Fleet) Devices() []string { return append([]string(nil), f.devices...) }
+
+// Topics returns the fleet's topic names.
+func (f *Fleet) Topics() mqtt.Topics { return f.topics }
+
+// State returns a device's current state.
+func (f *Fleet) State(device string) (State, error) {
+	if !f.member[device] {
+		return State{}, fmt.Errorf("sim: fleet has no device %q", device)
+	}
+	return f.host.State(device)
+}
+
+// Mark returns a device's fence mark.
+func (f *Fleet) Mark(device string) (fence.Mark, error) {
+	if !f.member[device] {
+		return fence.Mark{}, fmt.Errorf("sim: fleet has no device %q", device)
+	}
+	return f.host.Mark(device)
+}
+
+// FleetStats are a fleet's counters since NewFleet.
+type FleetStats struct {
+	shim.Stats               // verdicts; Invalid counts bad input
+	AcksPublished     uint64 // acks the broker acknowledged
+	AckErrors         uint64 // acks that could not be published (the command is acked again on redelivery)
+	StatesPublished   uint64
+	StateErrors       uint64
+	BadResponseTopics uint64 // response topics refused (acks went to the ack topic instead)
+}
+
+// Stats returns a snapshot of the counters.
+func (f *Fleet) Stats() FleetStats {
+	return FleetStats{Stats: f.host.Stats(), AcksPublished: f.acks.Load(), AckErrors: f.ackErrors.Load(),
+		StatesPublished: f.states.Load(), StateErrors: f.stateErrors.Load(), BadResponseTopics: f.badResponseTopics.Load()}
+}
+
+// handle runs on the MQTT client's delivery goroutine, one message at a
+// time; the command's PUBACK goes out when it returns.
+func (f *Fleet) handle(device string, m mqtt.Message) {
+	out := f.host.Handle(device, m.Payload) // committed (fsync) before we return
+	ack, err := fence.MarshalAck(&out.Ack)
+	if err != nil { // the shim builds valid acks; this would be a bug
+		f.log.Error("ack does not encode", "device", device, "err", err)
+		return
+	}
+	topic := f.topics.Ack(device)
+	if rt := m.ResponseTopic; rt != "" {
+		if f.responseTopicOK(device, rt) {
+			topic = rt
+		} else {
+			f.badResponseTopics.Add(1)
+			f.log.Warn("response topic refused; acking on the ack topic", "device", device, "response_topic", shorten(rt))
+		}
+	}
+	ctx, cancel := context.WithTimeout(f.ctx, publishTimeout)
+	defer cancel()
+	if err := f.client.Publish(ctx, mqtt.Message{Topic: topic, Payload: ack, CorrelationData: m.CorrelationData}); err != nil {
+		f.ackErrors.Add(1)
+		f.log.Warn("ack not published; a redelivery will be acked as duplicate", "device", device,
+			"id", out.Ack.ID, "verdict", out.Ack.Verdict.String(), "err", err)
+		return
+	}
+	f.acks.Add(1)
+	if !out.Applied || out.Record.State == nil {
+		return
+	}
+	st, err := MarshalState(*out.Record.State)
+	if err == nil {
+		err = f.client.Publish(ctx, mqtt.Message{Topic: f.topics.State(device), Payload: st})
+	}
+	if err != nil {
+		f.stateErrors.Add(1)
+		f.log.Warn("state not published", "device", device, "err", err)
+		return
+	}
+	f.states.Add(1)
+}
+
+// responseTopicOK refuses response topics that are not plain topic names or
+// that point into the fleet's own tree anywhere but this device's ack topic:
+// a command must not make a device publish onto another device's command or
+// state topic.
+func (f *Fleet) responseTopicOK(device, rt string) bool {
+	if len(rt) > 65535 || !utf8.ValidString(rt) || strings.ContainsAny(rt, "+#\x00") || strings.HasPrefix(rt, "$") {
+		return false
+	}
+	if d, leaf, ok := f.topics.Parse(rt); ok {
+		return d == device && leaf == mqtt.LeafAck
+	}
+	return !strings.HasPrefix(rt, f.tree)
+}
+
+func shorten(s string) string {
+	if len(s) > 80 {
+		return strings.ToValidUTF8(s[:80], "?") + "..."
+	}
+	return strings.ToValidUTF8(s, "?")
+}

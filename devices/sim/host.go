@@ -1,0 +1,106 @@
+package sim
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/edgefence/edgefence/devices/shim"
+	"github.com/edgefence/edgefence/fence"
+)
+
+// HostConfig configures a Host. The zero value is valid.
+type HostConfig struct {
+	// VerdictLog receives one JSON line per decision (see VerdictRecord);
+	// nil means none. Write errors are logged, never fatal.
+	VerdictLog io.Writer
+	// DisableFence turns the fence off (shim.Options.DisableFence): TEST
+	// AND DEMO ONLY.
+	DisableFence bool
+	// Logger receives log lines; nil means none.
+	Logger *slog.Logger
+	// Now is the clock for verdict log times; nil means time.Now.
+	Now func() time.Time
+}
+
+// Host runs simulated thermostats behind one fence point (one bbolt file),
+// with no network: a Fleet puts one on MQTT, tests may drive one directly.
+type Host struct {
+	shim *shim.Shim
+	vlog *verdictLog
+	log  *slog.Logger
+	now  func() time.Time
+}
+
+// OpenHost opens (creating if needed) the bbolt file at path, which holds
+// both the fence marks and the device states; a re-open resumes both.
+func OpenHost(path string, cfg HostConfig) (*Host, error) {
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s, err := shim.Open(path, &shim.Options{DisableFence: cfg.DisableFence, Logger: cfg.Logger})
+	if err != nil {
+		return nil, err
+	}
+	now := cfg.Now
+	if now == nil {
+		now = time.Now
+	}
+	return &Host{shim: s, vlog: &verdictLog{w: cfg.VerdictLog}, log: log, now: now}, nil
+}
+
+// Close closes the database.
+func (h *Host) Close() error { return h.shim.Close() }
+
+// Outcome is what handling one command produced.
+type Outcome struct {
+	Ack     fence.Ack
+	Record  VerdictRecord // as written to the verdict log
+	Applied bool          // the command took effect; Record.State is the new state
+}
+
+// Handle decides one command addressed to device (raw is the encoded
+// envelope), applies it if admitted, and appends the verdict log line. It
+// never panics.
+func (h *Host) Handle(device string, raw []byte) Outcome {
+	res := h.shim.Process(device, raw, Thermostat{})
+	a := res.Ack
+	rec := VerdictRecord{Time: h.now().UTC(), Device: a.Device, Token: a.Token, Seq: a.Seq, ID: a.ID,
+		Verdict: a.Verdict, MaxToken: a.MaxToken, LastSeq: a.LastSeq, Reason: a.Reason}
+	if env := res.Envelope; env != nil {
+		rec.Kind, rec.Holder = env.Kind, env.Holder
+	}
+	if a.Device != "" {
+		st, err := readState(h.shim, a.Device)
+		if err != nil {
+			h.log.Error("read device state", "device", a.Device, "err", err)
+		} else {
+			rec.State = &st
+		}
+	}
+	if err := h.vlog.write(&rec); err != nil {
+		h.log.Error("verdict log", "err", err)
+	}
+	return Outcome{Ack: a, Record: rec, Applied: res.Applied}
+}
+
+// State returns a device's current state (InitialState if it has applied
+// nothing).
+func (h *Host) State(device string) (State, error) {
+	if err := fence.ValidateDeviceID(device); err != nil {
+		return State{}, err
+	}
+	st, err := readState(h.shim, device)
+	if err != nil {
+		return State{}, fmt.Errorf("sim: state of %s: %w", device, err)
+	}
+	return st, nil
+}
+
+// Mark returns a device's fence mark.
+func (h *Host) Mark(device string) (fence.Mark, error) { return h.shim.Mark(device) }
+
+// Stats returns the fence point's counters; Invalid counts bad input.
+func (h *Host) Stats() shim.Stats { return h.shim.Stats() }

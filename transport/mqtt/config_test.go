@@ -1,0 +1,101 @@
+package mqtt
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestConfigDefaults(t *testing.T) {
+	cfg, brokers, err := Config{Brokers: []string{"mqtt://h"}, ClientID: "c"}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.KeepAlive != DefaultKeepAlive || cfg.SessionExpiry != DefaultSessionExpiry ||
+		cfg.ConnectTimeout != DefaultConnectTimeout || cfg.MinBackoff != DefaultMinBackoff ||
+		cfg.MaxBackoff != DefaultMaxBackoff || cfg.Logger == nil || cfg.CleanStart {
+		t.Errorf("defaults not applied: %+v", cfg)
+	}
+	if cfg.keepAliveSeconds() != 30 || cfg.sessionExpirySeconds() != 300 {
+		t.Errorf("keepalive %d, session expiry %d", cfg.keepAliveSeconds(), cfg.sessionExpirySeconds())
+	}
+	if brokers[0].addr != "h:1883" || brokers[0].tls {
+		t.Errorf("broker %+v", brokers[0])
+	}
+
+	cfg, _, err = Config{Brokers: []string{"tcp://h:1"}, ClientID: "c", SessionExpiry: -1, KeepAlive: 1500 * time.Millisecond, MinBackoff: 20 * time.Second}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.sessionExpirySeconds() != 0 || cfg.keepAliveSeconds() != 2 || cfg.MaxBackoff != 20*time.Second {
+		t.Errorf("got session expiry %d, keepalive %d, max backoff %v", cfg.sessionExpirySeconds(), cfg.keepAliveSeconds(), cfg.MaxBackoff)
+	}
+	for in, want := range map[string]string{
+		"mqtts://h": "h:8883", "TLS://h:1": "h:1", "ssl://[::1]": "[::1]:8883", "tcp://h:2": "h:2",
+	} {
+		b, err := parseBroker(in)
+		if err != nil || b.addr != want {
+			t.Errorf("parseBroker(%q) = %+v, %v; want addr %s", in, b, err, want)
+		}
+	}
+}
+
+func TestConfigInvalid(t *testing.T) {
+	ok := Config{Brokers: []string{"mqtt://127.0.0.1:1883"}, ClientID: "c"}
+	for name, mod := range map[string]func(*Config){
+		"no brokers":       func(c *Config) { c.Brokers = nil },
+		"bad scheme":       func(c *Config) { c.Brokers = []string{"http://h"} },
+		"websocket":        func(c *Config) { c.Brokers = []string{"ws://h"} },
+		"no host":          func(c *Config) { c.Brokers = []string{"mqtt://"} },
+		"no scheme":        func(c *Config) { c.Brokers = []string{"127.0.0.1:1883"} },
+		"bad url":          func(c *Config) { c.Brokers = []string{"mqtt://h:port\x7f"} },
+		"no client id":     func(c *Config) { c.ClientID = "" },
+		"bad client id":    func(c *Config) { c.ClientID = "a\x00" },
+		"long client id":   func(c *Config) { c.ClientID = strings.Repeat("a", 65536) },
+		"negative ka":      func(c *Config) { c.KeepAlive = -time.Second },
+		"huge ka":          func(c *Config) { c.KeepAlive = 70000 * time.Second },
+		"negative timeout": func(c *Config) { c.ConnectTimeout = -1 },
+		"backoff inverted": func(c *Config) { c.MinBackoff, c.MaxBackoff = time.Second, time.Millisecond },
+		"negative backoff": func(c *Config) { c.MinBackoff = -1 },
+		"bad subscription": func(c *Config) { c.Subscriptions = []Subscription{{Filter: "a/#/b", Handler: func(Message) {}}} },
+		"nil sub handler":  func(c *Config) { c.Subscriptions = []Subscription{{Filter: "a"}} },
+		"empty sub filter": func(c *Config) { c.Subscriptions = []Subscription{{Handler: func(Message) {}}} },
+	} {
+		cfg := ok
+		mod(&cfg)
+		c, err := Dial(context.Background(), cfg)
+		if !errors.Is(err, ErrInvalidConfig) || c != nil {
+			t.Errorf("%s: Dial = %v, %v; want ErrInvalidConfig", name, c, err)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := Dial(ctx, ok); !errors.Is(err, context.Canceled) {
+		t.Errorf("Dial with cancelled ctx: %v", err)
+	}
+}
+
+func TestBackoffDelay(t *testing.T) {
+	lo, hi := 250*time.Millisecond, 10*time.Second
+	zero := func(int64) int64 { return 0 }
+	top := func(n int64) int64 { return n - 1 }
+	for attempt, wantMax := range []time.Duration{500 * time.Millisecond, time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second, hi, hi} {
+		if got := backoffDelay(attempt, lo, hi, zero); got != lo {
+			t.Errorf("attempt %d: min delay %v, want %v", attempt, got, lo)
+		}
+		if got := backoffDelay(attempt, lo, hi, top); got != wantMax {
+			t.Errorf("attempt %d: max delay %v, want %v", attempt, got, wantMax)
+		}
+	}
+	if got := backoffDelay(1<<20, lo, hi, top); got != hi {
+		t.Errorf("huge attempt: %v", got)
+	}
+	if got := backoffDelay(3, time.Second, time.Second, top); got != time.Second {
+		t.Errorf("lo == hi: %v", got)
+	}
+	if got := backoffDelay(200, time.Nanosecond, time.Duration(1<<62), top); got <= 0 || got > time.Duration(1<<62) {
+		t.Errorf("overflow: %v", got)
+	}
+}

@@ -1,0 +1,107 @@
+package mqtt
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"net"
+	"net/url"
+	"sync"
+
+	"github.com/eclipse/paho.golang/autopaho"
+)
+
+// link is one network connection to a broker. Its context is cancelled (with
+// cause ErrConnectionLost) the moment paho closes the connection, which
+// happens before paho waits for its handlers to return; so a Publish waiting
+// for a PUBACK, or a SUBSCRIBE waiting for a SUBACK, on a dead connection
+// returns at once instead of waiting for paho's packet timeout.
+type link struct {
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	broker string // redacted URL, for logs
+}
+
+// trackedConn reports Close to its link. paho writes to the connection from
+// several goroutines and serialises each packet only if the connection is a
+// sync.Locker, hence the mutex. Embedding *net.TCPConn (rather than
+// net.Conn) keeps net.Buffers.WriteTo on the writev path: one syscall per
+// packet, as with the bare connection autopaho would dial itself.
+type trackedConn struct {
+	*net.TCPConn
+	sync.Mutex
+	once    sync.Once
+	onClose func()
+}
+
+func (c *trackedConn) Close() error {
+	c.once.Do(c.onClose)
+	return c.TCPConn.Close()
+}
+
+// tlsTrackedConn is trackedConn for TLS connections.
+type tlsTrackedConn struct {
+	*tls.Conn
+	sync.Mutex
+	once    sync.Once
+	onClose func()
+}
+
+func (c *tlsTrackedConn) Close() error {
+	c.once.Do(c.onClose)
+	return c.Conn.Close()
+}
+
+// attemptConnection is autopaho's AttemptConnection hook: it dials u and
+// registers the connection as the pending link, which OnConnectionUp
+// promotes to the current one once CONNACK arrives.
+func (c *Client) attemptConnection(ctx context.Context, _ autopaho.ClientConfig, u *url.URL) (net.Conn, error) {
+	b, err := parseBroker(u.String()) // validated by Dial already
+	if err != nil {
+		return nil, err
+	}
+	// autopaho passes its long-lived context here, not the per-attempt one,
+	// so dial and TLS handshake need their own timeout.
+	ctx, cancelDial := context.WithTimeout(ctx, c.cfg.ConnectTimeout)
+	defer cancelDial()
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "tcp", b.addr)
+	if err != nil {
+		return nil, err
+	}
+	tcp, ok := nc.(*net.TCPConn)
+	if !ok {
+		nc.Close()
+		return nil, fmt.Errorf("dial %s: unexpected connection type %T", b.addr, nc)
+	}
+
+	lctx, cancel := context.WithCancelCause(c.ctx)
+	l := &link{ctx: lctx, cancel: cancel, broker: u.Redacted()}
+	onClose := func() {
+		cancel(ErrConnectionLost)
+		c.linkClosed(l)
+	}
+
+	var conn net.Conn = &trackedConn{TCPConn: tcp, onClose: onClose}
+	if b.tls {
+		cfg := c.cfg.TLSConfig.Clone()
+		if cfg == nil {
+			cfg = &tls.Config{}
+		}
+		if cfg.ServerName == "" {
+			cfg.ServerName = b.server
+		}
+		tc := tls.Client(tcp, cfg)
+		if err := tc.HandshakeContext(ctx); err != nil {
+			tc.Close()
+			cancel(err)
+			return nil, fmt.Errorf("tls handshake with %s: %w", b.addr, err)
+		}
+		conn = &tlsTrackedConn{Conn: tc, onClose: onClose}
+	}
+
+	c.mu.Lock()
+	c.pending = l
+	c.mu.Unlock()
+	return conn, nil
+}

@@ -1,0 +1,177 @@
+package mqtt
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+
+	"github.com/eclipse/paho.golang/paho"
+)
+
+// subscribeBatch bounds the number of filters in one SUBSCRIBE packet.
+const subscribeBatch = 64
+
+type subscription struct {
+	filter string
+	h      Handler
+}
+
+// Subscribe registers h for messages whose topic matches filter ('+' and '#'
+// wildcards, $share/<group>/ prefix) at QoS 1. The registration lasts for
+// the client's life: the filter is subscribed in the background now if a
+// connection is up, and again on every new connection (with Retain Handling
+// 1, so resubscribing to a live session does not resend retained messages).
+// It may be called before the first connection. Use AwaitSubscribed to wait
+// until the broker has acknowledged every filter.
+//
+// With a persistent session (the default) the broker may deliver messages it
+// queued while this client was away as soon as the connection is up, which
+// can be before Subscribe is called; a message that matches no registered
+// filter is acknowledged and dropped (logged at Warn). Register such filters
+// in Config.Subscriptions instead.
+//
+// Every handler whose filter matches is called, in registration order, even
+// if the filters overlap. An invalid filter or a nil handler is logged at
+// Error and ignored.
+func (c *Client) Subscribe(filter string, h Handler) {
+	if h == nil || !validFilter(filter) {
+		c.log.Error("mqtt subscribe ignored: invalid filter or nil handler", "filter", shorten(filter), "nil_handler", h == nil)
+		return
+	}
+	c.mu.Lock()
+	c.subs = append(c.subs, subscription{filter: filter, h: h})
+	c.notifyLocked()
+	c.mu.Unlock()
+	c.kickRun()
+}
+
+// AwaitSubscribed returns nil once a connection is up and the broker has
+// acknowledged (SUBACK) every filter registered so far on it, ctx's error if
+// ctx ends first, or ErrClosed.
+func (c *Client) AwaitSubscribed(ctx context.Context) error {
+	return c.await(ctx, "await subscribed", func() bool {
+		if !c.upLocked() {
+			return false
+		}
+		for _, s := range c.subs {
+			if c.acked[s.filter] != c.gen {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// unsubscribed returns the current link, its generation and the filters not
+// yet acknowledged on it; l is nil while down.
+func (c *Client) unsubscribed() (l *link, gen uint64, filters []string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.upLocked() {
+		return nil, 0, nil
+	}
+	seen := make(map[string]bool)
+	for _, s := range c.subs {
+		if c.acked[s.filter] != c.gen && !seen[s.filter] {
+			seen[s.filter] = true
+			filters = append(filters, s.filter)
+		}
+	}
+	return c.cur, c.gen, filters
+}
+
+// subscribe sends SUBSCRIBE packets for filters on link l (generation gen)
+// and records the granted ones.
+func (c *Client) subscribe(l *link, gen uint64, filters []string) error {
+	var errs []error
+	for len(filters) > 0 {
+		batch := filters[:min(len(filters), subscribeBatch)]
+		filters = filters[len(batch):]
+
+		s := &paho.Subscribe{Subscriptions: make([]paho.SubscribeOptions, len(batch))}
+		for i, f := range batch {
+			s.Subscriptions[i] = paho.SubscribeOptions{Topic: f, QoS: 1, RetainHandling: 1}
+		}
+		sa, err := c.cm.Subscribe(l.ctx, s)
+		var granted []string
+		if sa != nil && len(sa.Reasons) == len(batch) {
+			for i, code := range sa.Reasons {
+				if code < 0x80 { // 0x00 (granted QoS 0) counts: the filter is live
+					granted = append(granted, batch[i])
+				} else {
+					errs = append(errs, fmt.Errorf("%w: filter %q: SUBACK reason code 0x%02x", ErrRejected, batch[i], code))
+				}
+			}
+			err = nil // paho's error for rejected filters is less precise than ours
+		} else if err == nil { // paho returns a SUBACK with every nil error
+			err = fmt.Errorf("malformed SUBACK for %d filters", len(batch))
+		}
+		if len(granted) > 0 {
+			c.mu.Lock()
+			if c.gen == gen {
+				for _, f := range granted {
+					c.acked[f] = gen
+				}
+				c.notifyLocked()
+			}
+			c.mu.Unlock()
+			c.log.Debug("mqtt subscribed", "filters", granted)
+		}
+		if err != nil {
+			errs = append(errs, err)
+		}
+		if l.ctx.Err() != nil {
+			break
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// onPublishReceived is paho's OnPublishReceived callback. paho calls it on
+// its single delivery goroutine, one message at a time, and sends the PUBACK
+// when it returns.
+func (c *Client) onPublishReceived(pr paho.PublishReceived) (bool, error) {
+	p := pr.Packet
+	c.received.Add(1)
+	m := Message{Topic: p.Topic, Payload: p.Payload, Duplicate: p.Duplicate()}
+	if p.Properties != nil {
+		m.CorrelationData = p.Properties.CorrelationData
+		m.ResponseTopic = p.Properties.ResponseTopic
+	}
+	hs := c.handlersFor(m.Topic)
+	if len(hs) == 0 {
+		// Only possible for messages of a session resumed before Subscribe
+		// was called: paho acknowledges it when we return, so it is lost.
+		c.log.Warn("mqtt message matches no registered filter; dropped", "topic", m.Topic, "duplicate", m.Duplicate)
+		return false, nil
+	}
+	for _, h := range hs {
+		c.callHandler(h, m)
+	}
+	return true, nil
+}
+
+func (c *Client) handlersFor(topic string) []Handler {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var hs []Handler
+	for _, s := range c.subs {
+		if matchFilter(s.filter, topic) {
+			hs = append(hs, s.h)
+		}
+	}
+	return hs
+}
+
+// callHandler runs h, turning a panic into an Error log (as net/http does)
+// so that one bad message cannot crash the agent or, unacknowledged, be
+// redelivered forever.
+func (c *Client) callHandler(h Handler, m Message) {
+	defer func() {
+		if r := recover(); r != nil {
+			c.log.Error("mqtt handler panicked", "topic", m.Topic, "panic", r, "stack", string(debug.Stack()))
+		}
+	}()
+	h(m)
+}
