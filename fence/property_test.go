@@ -165,16 +165,6 @@ func checkI1(t *rapid.T, accepted []command) {
 	}
 }
 
-func acceptedOf(hist []delivery) []command {
-	var acc []command
-	for _, d := range hist {
-		if d.verdict == fence.Accepted {
-			acc = append(acc, d.command)
-		}
-	}
-	return acc
-}
-
 // checkHistory checks a fence point's decisions against a specification
 // written in terms of the history only (not of the mark): a command is stale
 // iff a higher token was accepted before it, a duplicate iff (not stale and)

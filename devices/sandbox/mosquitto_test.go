@@ -50,7 +50,7 @@ func TestMosquittoRestart(t *testing.T) {
 	m := startMosquitto(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
-	c := mqttClient(t, ctx, m.Addr(), "victim", nil)
+	mqttClient(t, ctx, m.Addr(), "victim", nil)
 
 	start := time.Now()
 	if err := m.Stop(); err != nil {
@@ -60,7 +60,7 @@ func TestMosquittoRestart(t *testing.T) {
 	if err := m.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	c = mqttClient(t, ctx, m.Addr(), "victim2", nil)
+	c := mqttClient(t, ctx, m.Addr(), "victim2", nil)
 
 	start = time.Now()
 	if err := m.Restart(ctx); err != nil {

@@ -37,9 +37,8 @@ func envelope(tb testing.TB, dev string, token fence.Token, seq uint64, kind str
 
 // recorder is a Device that records what it applied, in memory.
 type recorder struct {
-	mu       sync.Mutex
-	applied  []fence.Mark
-	applyErr error
+	mu      sync.Mutex
+	applied []fence.Mark
 }
 
 func (r *recorder) Check(env *fence.Envelope) error {
