@@ -10,6 +10,7 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/goleak"
 
 	"github.com/edgefence/edgefence/devices/sandbox"
 	"github.com/edgefence/edgefence/fence"
@@ -55,6 +56,12 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	testEtcd.Close()
 	os.RemoveAll(dir)
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
 	os.Exit(code)
 }
 

@@ -41,21 +41,41 @@ type SendResult struct {
 
 const maxRequestBody = 1 << 20
 
-// ServeAPI serves the local API on a unix socket at path until ctx ends. A
-// stale socket file from an earlier run is replaced.
+// ServeAPI serves the local API on a unix socket at path until ctx ends: it
+// is ListenAPI, then ServeAPIListener.
 func (a *Agent) ServeAPI(ctx context.Context, path string) error {
+	l, err := ListenAPI(path)
+	if err != nil {
+		return err
+	}
+	return a.ServeAPIListener(ctx, l)
+}
+
+// ListenAPI claims the API socket at path, creating its directory. A stale
+// socket file from an earlier run is replaced; a socket another agent
+// serves is an error. A daemon calls it before it connects to anything, so
+// that a second agent started on the same config fails before it can
+// campaign for the devices or take over the first one's MQTT session.
+func ListenAPI(path string) (net.Listener, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
-		return fmt.Errorf("api socket dir: %w", err)
+		return nil, fmt.Errorf("api socket dir: %w", err)
 	}
 	if err := removeStaleSocket(path); err != nil {
-		return err
+		return nil, err
 	}
 	l, err := net.Listen("unix", path)
 	if err != nil {
-		return fmt.Errorf("api: listen %s: %w", path, err)
+		return nil, fmt.Errorf("api: listen %s: %w", path, err)
 	}
 	_ = os.Chmod(path, 0o660)
+	return l, nil
+}
+
+// ServeAPIListener serves the local API on l (from ListenAPI) until ctx
+// ends, then closes l, which removes its socket file.
+func (a *Agent) ServeAPIListener(ctx context.Context, l net.Listener) error {
 	srv := &http.Server{Handler: a.APIHandler(), ReadHeaderTimeout: 5 * time.Second}
+	ctx, stop := context.WithCancel(ctx) // stop: Serve failed on its own
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -64,9 +84,9 @@ func (a *Agent) ServeAPI(ctx context.Context, path string) error {
 		defer cancel()
 		_ = srv.Shutdown(sctx)
 	}()
-	err = srv.Serve(l)
+	err := srv.Serve(l) // closes l
+	stop()
 	<-done
-	_ = os.Remove(path)
 	if errors.Is(err, http.ErrServerClosed) {
 		return nil
 	}
@@ -209,6 +229,10 @@ func (c *APIClient) do(ctx context.Context, method, path string, in, out any) er
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
+		if op, ok := errors.AsType[*net.OpError](err); ok && op.Op == "dial" {
+			// Nobody listens there: say so, not "Post http://edgefence/...".
+			return fmt.Errorf("cannot reach the agent at %s (is it running?): %w", c.Socket, op.Err)
+		}
 		return fmt.Errorf("agent api at %s: %w", c.Socket, err)
 	}
 	defer resp.Body.Close()

@@ -309,9 +309,20 @@ func TestDevsimKill9(t *testing.T) {
 		sent++
 		return fence.Token(1000 + i/4), uint64(i%4 + 1), sim.SetBody{Setpoint: ptr(float64(i % 100))}
 	}
+	inflight := ""
 	for round := range 5 {
 		d := startDevsim(t, args...)
 		d.awaitReady(t)
+		if inflight != "" {
+			// Like the agent, keep one command in flight per device: the
+			// one left in flight by the kill is answered (applied before
+			// the kill, or redelivered now) before the next is sent. A
+			// later command overtaking it would make it stale or a
+			// duplicate never applied.
+			if a := k.await(t, inflight); a.Verdict != fence.Accepted && a.Verdict != fence.Duplicate {
+				t.Fatalf("round %d: in-flight command: %+v", round, a)
+			}
+		}
 		for range 3 + rng.IntN(15) {
 			tok, seq, set := next()
 			if a := k.send(t, "dev-k", tok, seq, set); a.Verdict != fence.Accepted && a.Verdict != fence.Duplicate {
@@ -319,13 +330,16 @@ func TestDevsimKill9(t *testing.T) {
 			}
 		}
 		tok, seq, set := next()
-		k.publish(t, "dev-k", tok, seq, set) // left in flight
+		inflight = k.publish(t, "dev-k", tok, seq, set) // left in flight
 		time.Sleep(time.Duration(rng.IntN(3000)) * time.Microsecond)
 		d.cmd.Process.Signal(syscall.SIGKILL)
 		d.wait(t)
 	}
 	d := startDevsim(t, args...)
 	d.awaitReady(t)
+	if a := k.await(t, inflight); a.Verdict != fence.Accepted && a.Verdict != fence.Duplicate {
+		t.Fatalf("last in-flight command: %+v", a)
+	}
 	tok, seq, set := next()
 	if a := k.send(t, "dev-k", tok, seq, set); a.Verdict != fence.Accepted {
 		t.Fatalf("last command: %+v", a)

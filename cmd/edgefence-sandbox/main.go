@@ -1,16 +1,20 @@
 // Command edgefence-sandbox runs the embedded default world — a single-node
-// etcd and an MQTT v5 broker on loopback — for `make demo` and for trying
-// the agent by hand.
+// etcd and an MQTT v5 broker on loopback, plus simulated devices — for
+// `make demo` and for trying the agent by hand.
 //
 // Usage:
 //
 //	edgefence-sandbox [serve] [--dir DIR] [--fast] [--etcd-addr HOST:PORT]
 //	                  [--mqtt-addr HOST:PORT] [--env FILE]
+//	                  [--devices N] [--verdict-log FILE]
 //
-// serve (the default) starts both servers, prints their addresses in words
-// and as one JSON line on stdout, writes EDGEFENCE_ETCD=... and
-// EDGEFENCE_MQTT=... to the --env file once ready, and runs until SIGINT or
-// SIGTERM. The logic lives in package devices/sandbox.
+// serve (the default) starts both servers and N simulated devices dev-1..dev-N
+// (default 3) with their verdict log in DIR/verdicts.jsonl, writes an agent
+// config for them to DIR/gw-1.yaml, prints the addresses in words and as one
+// JSON line on stdout followed by the commands to try, writes
+// EDGEFENCE_ETCD=... and EDGEFENCE_MQTT=... to the --env file once ready, and
+// runs until SIGINT or SIGTERM. The logic lives in packages devices/sandbox
+// and devices/sim.
 package main
 
 import (
@@ -37,7 +41,7 @@ var errUsage = errors.New("usage")
 
 func commands() map[string]command {
 	return map[string]command{
-		"serve": {"run etcd and an MQTT v5 broker on loopback until interrupted (default)", serve},
+		"serve": {"run etcd, an MQTT v5 broker and simulated devices on loopback until interrupted (default)", serve},
 		"demo":  {"replay the article's Figure 1 (frozen holder) on real etcd, MQTT and devices", demo},
 	}
 }

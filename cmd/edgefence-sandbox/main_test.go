@@ -5,17 +5,26 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"net"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
+	"go.uber.org/zap"
+
+	"github.com/edgefence/edgefence/agent"
+	"github.com/edgefence/edgefence/devices/sim"
+	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/transport/mqtt"
 )
 
 // beMain makes the test binary act as edgefence-sandbox, so the tests run
@@ -39,6 +48,8 @@ func TestUsage(t *testing.T) {
 		{[]string{"bogus"}, 2},
 		{[]string{"serve", "--no-such-flag"}, 2},
 		{[]string{"serve", "extra"}, 2},
+		{[]string{"serve", "--devices", "-1"}, 2},
+		{[]string{"serve", "--devices", "many"}, 2},
 	} {
 		var out, errOut bytes.Buffer
 		if code := run(tc.args, &out, &errOut); code != tc.code {
@@ -47,18 +58,29 @@ func TestUsage(t *testing.T) {
 	}
 }
 
-func TestServeSubprocess(t *testing.T) {
-	dir := t.TempDir()
-	envFile := filepath.Join(dir, "sandbox.env")
-	if err := os.WriteFile(envFile, []byte("EDGEFENCE_ETCD=stale\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+// served is a running `edgefence-sandbox serve` subprocess.
+type served struct {
+	cmd    *exec.Cmd
+	info   readyInfo
+	words  string // the first line
+	try    string // the rest of stdout up to the interrupt hint
+	stderr *bytes.Buffer
+}
+
+// startServe runs serve with args in a subprocess and reads its ready
+// output. The test must stop it (stop).
+func startServe(t *testing.T, args ...string) *served {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "serve", "--fast", "--dir", dir, "--env", envFile)
+	t.Cleanup(cancel)
+	cmd := exec.CommandContext(ctx, os.Args[0], append([]string{"serve"}, args...)...)
 	cmd.Env = append(os.Environ(), beMain+"=1")
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
+	if g := os.Getenv("GORACE"); !strings.Contains(g, "atexit_sleep_ms") {
+		// Under -race, skip the detector's 1 s sleep at exit.
+		cmd.Env = append(cmd.Env, strings.TrimSpace("GORACE="+g+" atexit_sleep_ms=0"))
+	}
+	s := &served{cmd: cmd, stderr: new(bytes.Buffer)}
+	cmd.Stderr = s.stderr
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -67,33 +89,63 @@ func TestServeSubprocess(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer func() {
-		if t.Failed() {
-			t.Logf("stderr:\n%s", stderr.String())
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil { // a failed test left it running
+			cmd.Process.Kill()
+			cmd.Wait()
 		}
-	}()
+		if t.Failed() {
+			t.Logf("serve stderr:\n%s", s.stderr.String())
+		}
+	})
 
 	sc := bufio.NewScanner(stdout)
 	var lines []string
-	for len(lines) < 2 && sc.Scan() {
+	for sc.Scan() {
 		lines = append(lines, sc.Text())
+		if strings.HasPrefix(sc.Text(), "Interrupt") {
+			break
+		}
 	}
-	if len(lines) < 2 {
-		cmd.Process.Kill()
-		cmd.Wait()
+	if len(lines) < 3 || !strings.HasPrefix(lines[len(lines)-1], "Interrupt") {
 		t.Fatalf("stdout %q, scan err %v", lines, sc.Err())
 	}
-	t.Logf("ready after %v:\n%s\n%s", time.Since(start), lines[0], lines[1])
-	var info readyInfo
-	if err := json.Unmarshal([]byte(lines[1]), &info); err != nil {
+	go io.Copy(io.Discard, stdout) // nothing more is expected; never block serve
+	t.Logf("ready after %v:\n%s", time.Since(start), strings.Join(lines, "\n"))
+	s.words, s.try = lines[0], strings.Join(lines[2:], "\n")
+	if err := json.Unmarshal([]byte(lines[1]), &s.info); err != nil {
 		t.Fatalf("JSON line %q: %v", lines[1], err)
 	}
+	return s
+}
+
+// stop sends SIGTERM and expects a clean exit.
+func (s *served) stop(t *testing.T) {
+	t.Helper()
+	stopAt := time.Now()
+	if err := s.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.cmd.Wait(); err != nil {
+		t.Fatalf("exit after SIGTERM: %v", err)
+	}
+	t.Logf("exited cleanly %v after SIGTERM", time.Since(stopAt))
+}
+
+func TestServeSubprocess(t *testing.T) {
+	dir := t.TempDir()
+	envFile := filepath.Join(dir, "sandbox.env")
+	if err := os.WriteFile(envFile, []byte("EDGEFENCE_ETCD=stale\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s := startServe(t, "--fast", "--dir", dir, "--env", envFile)
+	info := s.info
 	if info.Dir != dir || info.Env != envFile ||
 		!strings.HasPrefix(info.Etcd, "http://127.0.0.1:") || !strings.HasPrefix(info.MQTT, "mqtt://127.0.0.1:") {
 		t.Fatalf("ready info %+v", info)
 	}
-	if !strings.Contains(lines[0], info.Etcd) || !strings.Contains(lines[0], info.MQTT) {
-		t.Fatalf("words line %q lacks the addresses", lines[0])
+	if !strings.Contains(s.words, info.Etcd) || !strings.Contains(s.words, info.MQTT) {
+		t.Fatalf("words line %q lacks the addresses", s.words)
 	}
 
 	// The env file is written before the ready lines.
@@ -110,18 +162,182 @@ func TestServeSubprocess(t *testing.T) {
 		c.Close()
 	}
 
-	stopAt := time.Now()
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	// Three devices by default, and a config for an agent to command them.
+	wantDevs := []string{"dev-1", "dev-2", "dev-3"}
+	if !slices.Equal(info.Devices, wantDevs) || info.VerdictLog != filepath.Join(dir, "verdicts.jsonl") ||
+		info.Config != filepath.Join(dir, "gw-1.yaml") || info.Socket != filepath.Join(dir, "gw-1.sock") {
+		t.Fatalf("ready info %+v", info)
+	}
+	u, _ := url.Parse(info.MQTT)
+	for _, cmd := range []string{
+		"edgefence run --config " + info.Config,
+		"edgefence status --socket " + info.Socket,
+		"edgefence send --socket " + info.Socket + ` dev-1 set '{"setpoint":22}'`,
+		"mosquitto_sub -V mqttv5 -h 127.0.0.1 -p " + u.Port() + " -t 'edgefence/v1/dev/#' -v",
+		"etcdctl --endpoints " + info.Etcd + " get --prefix /edgefence/v1",
+	} {
+		if !strings.Contains(s.try, "\n  "+cmd+"\n") {
+			t.Errorf("the hints lack the command %s", cmd)
+		}
+	}
+	cfg, err := agent.LoadConfig(info.Config)
+	if err != nil {
+		t.Fatalf("agent config: %v", err)
+	}
+	if cfg.Gateway != "gw-1" || !slices.Equal(cfg.Etcd.Endpoints, []string{info.Etcd}) ||
+		!slices.Equal(cfg.MQTT.Brokers, []string{info.MQTT}) || cfg.API.Socket != info.Socket ||
+		cfg.Etcd.LeaseTTL != 10*time.Second || len(cfg.Devices) != 3 || cfg.Devices[2].ID != "dev-3" {
+		t.Fatalf("agent config %+v", cfg)
+	}
+
+	// A real agent, run from that config, commands a served device.
+	res := runAgent(t, cfg, func(c *agent.APIClient) (*agent.SendResult, error) {
+		return c.Send(t.Context(), "dev-1", "set", json.RawMessage(`{"setpoint":22}`))
+	})
+	if res.Verdict != "accepted" || res.Seq != 1 || res.Token == 0 {
+		t.Fatalf("send through the agent: %+v", res)
+	}
+	// And a raw envelope with a lower token is refused as stale.
+	body, err := fence.EncodeBody(map[string]any{"setpoint": 99.0})
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cmd.Wait(); err != nil {
-		t.Fatalf("exit after SIGTERM: %v", err)
+	ack := sendRaw(t, info.MQTT, &fence.Envelope{V: fence.Version, Device: "dev-1", Token: fence.Token(res.Token - 1),
+		Seq: 1, ID: "raw-1", Kind: "set", Body: body, Holder: "test"})
+	if ack.Verdict != fence.Stale || ack.MaxToken != fence.Token(res.Token) {
+		t.Fatalf("raw stale envelope: %+v", ack)
 	}
-	t.Logf("exited cleanly %v after SIGTERM", time.Since(stopAt))
+
+	s.stop(t)
 	if _, err := os.Stat(envFile); !os.IsNotExist(err) {
 		t.Fatalf("env file left after exit: %v", err)
 	}
 	if _, err := os.Stat(filepath.Join(dir, "etcd", "member")); err != nil {
 		t.Fatalf("--dir data not kept: %v", err)
 	}
+	f, err := os.Open(info.VerdictLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	recs, err := sim.ReadVerdictLog(f)
+	if err != nil || len(recs) != 2 {
+		t.Fatalf("verdict log: %d records, %v; want 2", len(recs), err)
+	}
+	if r := recs[0]; r.Device != "dev-1" || r.Verdict != fence.Accepted || r.Holder != "gw-1" || r.State == nil || r.State.Setpoint != 22 {
+		t.Errorf("first verdict %+v", r)
+	}
+	if r := recs[1]; r.ID != "raw-1" || r.Verdict != fence.Stale {
+		t.Errorf("second verdict %+v", r)
+	}
+}
+
+func TestServeNoDevices(t *testing.T) {
+	dir := t.TempDir()
+	s := startServe(t, "--fast", "--dir", dir, "--devices", "0")
+	if len(s.info.Devices) != 0 || s.info.Config != "" || s.info.VerdictLog != "" {
+		t.Errorf("ready info %+v, want no devices", s.info)
+	}
+	if !strings.Contains(s.try, "--devices 0") || strings.Contains(s.try, "edgefence run") {
+		t.Errorf("hints without devices:\n%s", s.try)
+	}
+	s.stop(t)
+	for _, name := range []string{"gw-1.yaml", "verdicts.jsonl", "devices"} {
+		if _, err := os.Stat(filepath.Join(dir, name)); !os.IsNotExist(err) {
+			t.Errorf("%s exists with --devices 0 (%v)", name, err)
+		}
+	}
+}
+
+// runAgent runs an agent in-process from cfg, as `edgefence run` wires it,
+// waits until it holds every device, calls send with a client of its API
+// socket, and stops the agent.
+func runAgent(t *testing.T, cfg *agent.Config, send func(*agent.APIClient) (*agent.SendResult, error)) *agent.SendResult {
+	t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: cfg.Etcd.Endpoints, DialTimeout: cfg.Etcd.DialTimeout, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	ids := make([]string, len(cfg.Devices))
+	for i, d := range cfg.Devices {
+		ids[i] = d.ID
+	}
+	cmdr, err := mqtt.NewCommander(t.Context(), mqtt.Config{Brokers: cfg.MQTT.Brokers, ClientID: cfg.MQTT.ClientID},
+		mqtt.Topics{Prefix: cfg.MQTT.Prefix}, ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := cmdr.Close(ctx); err != nil {
+			t.Error(err)
+		}
+	}()
+	ag, err := agent.New(cfg, cli, cmdr, agent.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	errc := make(chan error, 2)
+	go func() { errc <- ag.Run(ctx) }()
+	go func() { errc <- ag.ServeAPI(ctx, cfg.API.Socket) }()
+	defer func() {
+		cancel()
+		for range 2 {
+			if err := <-errc; err != nil {
+				t.Error(err)
+			}
+		}
+	}()
+
+	client := agent.NewAPIClient(cfg.API.Socket)
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		held := 0
+		if st, err := client.Status(t.Context()); err == nil && st.Transport["connected"] == true {
+			for _, d := range st.Devices {
+				if d.State == agent.StateHolding {
+					held++
+				}
+			}
+		}
+		if held == len(ids) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the agent does not hold every device")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	res, err := send(client)
+	if err != nil {
+		t.Fatalf("send: %+v, %v", res, err)
+	}
+	return res
+}
+
+// sendRaw publishes env on its device's command topic and returns the ack.
+func sendRaw(t *testing.T, broker string, env *fence.Envelope) *fence.Ack {
+	t.Helper()
+	cmdr, err := mqtt.NewCommander(t.Context(), mqtt.Config{Brokers: []string{broker}, ClientID: "raw-" + t.Name(), CleanStart: true},
+		mqtt.Topics{}, []string{env.Device})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		cmdr.Close(ctx)
+	}()
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	if err := cmdr.Client().AwaitSubscribed(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ack, err := cmdr.Send(ctx, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ack
 }

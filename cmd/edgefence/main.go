@@ -21,6 +21,8 @@ import (
 	"syscall"
 	"time"
 
+	"gopkg.in/yaml.v3"
+
 	"github.com/edgefence/edgefence/agent"
 	"github.com/edgefence/edgefence/fence"
 )
@@ -56,7 +58,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "status":
 		err = cmdStatus(args[1:], stdout)
 	case "send":
-		err = cmdSend(args[1:], stdout)
+		err = cmdSend(args[1:], stdout, stderr)
 	case "check-config":
 		err = cmdCheckConfig(args[1:], stdout)
 	case "version", "--version":
@@ -160,7 +162,7 @@ func printStatus(w io.Writer, st *agent.Status) {
 		c.Sent, c.Accepted, c.Duplicate, c.Stale, c.Invalid, c.NoAck, c.SendErrors)
 }
 
-func cmdSend(args []string, stdout io.Writer) error {
+func cmdSend(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("send", flag.ContinueOnError)
 	sock := socketFlags(fs)
 	timeout := fs.Duration("timeout", 30*time.Second, "give up after this long")
@@ -199,22 +201,44 @@ func cmdSend(args []string, stdout io.Writer) error {
 			}
 			return nil
 		}
+		// No verdict: the agent refused (unknown device, not the holder)
+		// or no ack came. The JSON on stdout says so for scripts; say it
+		// on stderr for people.
+		if res.Error != "" {
+			fmt.Fprintln(stderr, "edgefence:", res.Error)
+		} else if err != nil {
+			fmt.Fprintln(stderr, "edgefence:", err)
+		}
 		return exitError{1}
 	}
 	return err
 }
 
 func cmdCheckConfig(args []string, stdout io.Writer) error {
-	if len(args) != 1 {
-		return fmt.Errorf("usage: edgefence check-config FILE")
+	fs := flag.NewFlagSet("check-config", flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: edgefence check-config FILE\n\nValidates FILE and prints it, with the defaults filled in, as a config file.")
 	}
-	c, err := agent.LoadConfig(args[0])
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return exitError{2}
+	}
+	if fs.NArg() != 1 {
+		fs.Usage()
+		return exitError{2}
+	}
+	c, err := agent.LoadConfig(fs.Arg(0))
 	if err != nil {
 		return err
 	}
-	enc := json.NewEncoder(stdout)
-	enc.SetIndent("", "  ")
-	return enc.Encode(c)
+	enc := yaml.NewEncoder(stdout)
+	enc.SetIndent(2)
+	if err := enc.Encode(c); err != nil {
+		return err
+	}
+	return enc.Close()
 }
 
 func newLogger(c agent.LogConfig, w *os.File) *slog.Logger {

@@ -59,6 +59,14 @@ func cmdRun(args []string, stderr io.Writer) error {
 	ctx, stop := signalContext()
 	defer stop()
 
+	// Claim the API socket first: a second agent on the same config must
+	// fail here, before it campaigns or takes over our MQTT client id.
+	apiListener, err := agent.ListenAPI(cfg.API.Socket)
+	if err != nil {
+		return err
+	}
+	defer apiListener.Close() // closed by ServeAPIListener once it runs
+
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints:   cfg.Etcd.Endpoints,
 		DialTimeout: cfg.Etcd.DialTimeout,
@@ -109,7 +117,7 @@ func cmdRun(args []string, stderr io.Writer) error {
 	}()
 	go func() {
 		defer wg.Done()
-		if err := ag.ServeAPI(actx, cfg.API.Socket); err != nil {
+		if err := ag.ServeAPIListener(actx, apiListener); err != nil {
 			errc <- err
 			cancel() // the agent is unusable without its API
 		}

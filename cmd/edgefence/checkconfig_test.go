@@ -1,0 +1,131 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/edgefence/edgefence/agent"
+)
+
+const goodConfig = `gateway: gw-1
+etcd:
+  endpoints: [http://127.0.0.1:2379]
+mqtt:
+  brokers: [mqtt://127.0.0.1:1883]
+api:
+  socket: /tmp/edgefence-test.sock
+devices:
+  - id: dev-1
+  - id: dev-2
+`
+
+func TestCheckConfig(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		name string
+		yaml string // goodConfig with edits
+		code int
+		want []string // in stderr
+	}{
+		{"good", goodConfig, 0, nil},
+		{"unknown top-level key", goodConfig + "bogus_key: 1\n", 1, []string{"bogus_key", "not found"}},
+		{"unknown nested key", strings.Replace(goodConfig, "etcd:\n", "etcd:\n  lease_tll: 10s\n", 1), 1, []string{"lease_tll"}},
+		{"lease_ttl below minimum", strings.Replace(goodConfig, "etcd:\n", "etcd:\n  lease_ttl: 1s\n", 1), 1, []string{"etcd.lease_ttl", "1s", "minimum"}},
+		{"lease_ttl not whole seconds", strings.Replace(goodConfig, "etcd:\n", "etcd:\n  lease_ttl: 2500ms\n", 1), 1, []string{"etcd.lease_ttl", "whole seconds"}},
+		{"bad device id", strings.Replace(goodConfig, "id: dev-2", "id: dev/2", 1), 1, []string{"devices[1].id", "dev/2"}},
+		{"device listed twice", strings.Replace(goodConfig, "id: dev-2", "id: dev-1", 1), 1, []string{"devices[1].id", "twice"}},
+		{"no gateway", strings.Replace(goodConfig, "gateway: gw-1\n", "", 1), 1, []string{"gateway", "required"}},
+		{"bad etcd url", strings.Replace(goodConfig, "http://127.0.0.1:2379", "127.0.0.1:2379", 1), 1, []string{"etcd.endpoints[0]"}},
+		{"gateway fence", strings.Replace(goodConfig, "id: dev-2", "id: dev-2\n    fence: gateway", 1), 1, []string{"devices[1].fence", "not supported"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "-")+".yaml")
+			if err := os.WriteFile(path, []byte(tc.yaml), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			r := edgefence(t, "check-config", path)
+			if r.code != tc.code {
+				t.Fatalf("exit %d, want %d\n%s", r.code, tc.code, r)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(r.stderr, w) {
+					t.Errorf("stderr lacks %q\n%s", w, r)
+				}
+			}
+			if tc.code != 0 {
+				if !strings.Contains(r.stderr, path) {
+					t.Errorf("stderr does not name the file\n%s", r)
+				}
+				if r.stdout != "" {
+					t.Errorf("stdout not empty on error\n%s", r)
+				}
+			}
+		})
+	}
+}
+
+// The example config is valid, and check-config prints it with the defaults
+// filled in as a config file that reads back the same.
+func TestCheckConfigExample(t *testing.T) {
+	example := filepath.Join("..", "..", "configs", "edgefence.example.yaml")
+	r := edgefence(t, "check-config", example)
+	if r.code != 0 || r.stderr != "" {
+		t.Fatalf("example config rejected\n%s", r)
+	}
+	want, err := agent.LoadConfig(example)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := agent.ParseConfig([]byte(r.stdout))
+	if err != nil {
+		t.Fatalf("check-config output is not a valid config: %v\n%s", err, r)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("check-config output reads back as\n%+v\nwant\n%+v", got, want)
+	}
+	for _, s := range []string{"lease_ttl: 10s", "thermostat-1", "client_id: edgefence-gw-01"} {
+		if !strings.Contains(r.stdout, s) {
+			t.Errorf("output lacks %q:\n%s", s, r.stdout)
+		}
+	}
+}
+
+func TestCheckConfigUsage(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string // in stdout or stderr
+	}{
+		{[]string{"check-config"}, 2, "usage"},
+		{[]string{"check-config", "a.yaml", "b.yaml"}, 2, "usage"},
+		{[]string{"check-config", "-h"}, 0, "usage"},
+		{[]string{"check-config", filepath.Join(t.TempDir(), "missing.yaml")}, 1, "missing.yaml"},
+	} {
+		r := edgefence(t, tc.args...)
+		if r.code != tc.code || !strings.Contains(r.stdout+r.stderr, tc.want) {
+			t.Errorf("want exit %d and %q\n%s", tc.code, tc.want, r)
+		}
+	}
+}
+
+// run validates the config like check-config, before it connects to
+// anything.
+func TestRunBadConfig(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "bad.yaml")
+	if err := os.WriteFile(path, []byte(strings.Replace(goodConfig, "etcd:\n", "etcd:\n  lease_ttl: 1s\n", 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"run", "--config", path},
+		{"run", "--config", filepath.Join(t.TempDir(), "missing.yaml")},
+		{"run", "--config", filepath.Join("..", "..", "configs", "edgefence.example.yaml"), "--etcd", "127.0.0.1:2379"},
+	} {
+		r := edgefence(t, args...)
+		if r.code != 1 || !strings.Contains(r.stderr, "invalid config") {
+			t.Errorf("want exit 1 and invalid config\n%s", r)
+		}
+	}
+}

@@ -1,0 +1,162 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/edgefence/edgefence/agent"
+	"github.com/edgefence/edgefence/fence"
+)
+
+// sendResult parses the JSON line `edgefence send` prints.
+func sendResult(t *testing.T, r result) agent.SendResult {
+	t.Helper()
+	var res agent.SendResult
+	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil {
+		t.Fatalf("send output does not parse: %v\n%s", err, r)
+	}
+	return res
+}
+
+// One agent: run, status (JSON and text), send with every kind of answer.
+func TestRunStatusSend(t *testing.T) {
+	e := newEnv(t, "dev-1", "dev-2", "dev-3")
+	cfg, sock := e.config("gw-1", 10*time.Second)
+	p := e.startAgent("gw-1", cfg)
+
+	st := e.waitHolding(p, sock)
+	if st.Gateway != "gw-1" || !st.Etcd.Session {
+		t.Fatalf("status %+v", st)
+	}
+	for i, d := range st.Devices {
+		if d.ID != e.devices[i] || d.State != agent.StateHolding || d.Token == 0 || d.LockKey == "" {
+			t.Errorf("device %d: %+v, want %s holding with a token", i, d, e.devices[i])
+		}
+	}
+
+	t.Run("send accepted", func(t *testing.T) {
+		r := edgefence(t, "send", "--socket", sock, "dev-1", "set", `{"setpoint":22}`)
+		res := sendResult(t, r)
+		if r.code != 0 || res.Verdict != "accepted" || res.Device != "dev-1" || res.Seq != 1 || res.Token != uint64(st.Devices[0].Token) {
+			t.Fatalf("got %+v, want accepted seq 1 under token %d\n%s", res, st.Devices[0].Token, r)
+		}
+		if s, err := e.fleet.State("dev-1"); err != nil || s.Setpoint != 22 {
+			t.Fatalf("device state %+v, %v: want setpoint 22", s, err)
+		}
+		r = edgefence(t, "send", "--config", cfg, "dev-1", "set", `{"setpoint":23}`)
+		if res := sendResult(t, r); r.code != 0 || res.Verdict != "accepted" || res.Seq != 2 {
+			t.Fatalf("second send: %+v, want accepted seq 2\n%s", res, r)
+		}
+	})
+
+	t.Run("bad body is invalid", func(t *testing.T) {
+		r := edgefence(t, "send", "--socket", sock, "dev-2", "set", `{"mode":"warp"}`)
+		res := sendResult(t, r)
+		if r.code != 3 || res.Verdict != "invalid" || res.Ack == nil || res.Ack.Verdict != fence.Invalid {
+			t.Fatalf("got %+v, want verdict invalid and exit 3\n%s", res, r)
+		}
+		if s, err := e.fleet.State("dev-2"); err != nil || s.Mode == "warp" {
+			t.Fatalf("device state %+v, %v: the invalid command was applied", s, err)
+		}
+	})
+
+	t.Run("unknown device", func(t *testing.T) {
+		r := edgefence(t, "send", "--socket", sock, "dev-9", "set", `{"setpoint":22}`)
+		res := sendResult(t, r)
+		if r.code != 1 || res.Verdict != "" || !strings.Contains(res.Error, "unknown device") {
+			t.Fatalf("got %+v, want an unknown device error and exit 1\n%s", res, r)
+		}
+		if !strings.Contains(r.stderr, "unknown device") {
+			t.Errorf("stderr does not say why\n%s", r)
+		}
+	})
+
+	t.Run("usage errors", func(t *testing.T) {
+		for _, args := range [][]string{
+			{"send", "--socket", sock, "dev-1"},
+			{"send", "--socket", sock, "dev-1", "set", "{}", "extra"},
+		} {
+			if r := edgefence(t, args...); r.code != 2 {
+				t.Errorf("want exit 2\n%s", r)
+			}
+		}
+		if r := edgefence(t, "send", "--socket", sock, "dev-1", "set", `{"setpoint":`); r.code != 1 || !strings.Contains(r.stderr, "not valid JSON") {
+			t.Errorf("want exit 1 and not valid JSON\n%s", r)
+		}
+	})
+
+	t.Run("status text", func(t *testing.T) {
+		js, r := status(t, sock)
+		if js == nil {
+			t.Fatalf("status --json failed\n%s", r)
+		}
+		r = edgefence(t, "status", "--socket", sock)
+		if r.code != 0 {
+			t.Fatalf("status failed\n%s", r)
+		}
+		c := js.Counters
+		for _, s := range []string{"gateway  gw-1", "DEVICE", "STATE", "TOKEN", "SEQ", "LAST VERDICT",
+			fmt.Sprintf("sent %d: accepted %d, duplicate %d, stale %d, invalid %d", c.Sent, c.Accepted, c.Duplicate, c.Stale, c.Invalid)} {
+			if !strings.Contains(r.stdout, s) {
+				t.Errorf("status text lacks %q:\n%s", s, r.stdout)
+			}
+		}
+		rows := map[string][]string{}
+		for _, line := range strings.Split(r.stdout, "\n") {
+			if f := strings.Fields(line); len(f) > 0 && strings.HasPrefix(f[0], "dev-") {
+				rows[f[0]] = f
+			}
+		}
+		if len(rows) != len(e.devices) {
+			t.Errorf("status text has %d device rows, want %d:\n%s", len(rows), len(e.devices), r.stdout)
+		}
+		for _, d := range js.Devices {
+			last := "-"
+			if d.LastAck != nil {
+				last = d.LastAck.Verdict.String()
+			}
+			want := []string{d.ID, d.State, fmt.Sprint(d.Token), fmt.Sprint(d.Seq), last}
+			if f := rows[d.ID]; len(f) < len(want) || !slices.Equal(f[:len(want)], want) {
+				t.Errorf("row %q, want it to start with %q", f, want)
+			}
+		}
+	})
+
+	// Stopping the agent is checked by the cleanup: SIGTERM, exit 0.
+}
+
+// Without a running agent, status and send fail at once with a clear
+// error: no socket file, or a stale one nobody listens on.
+func TestNoAgent(t *testing.T) {
+	dir := t.TempDir()
+	missing, stale := filepath.Join(dir, "none.sock"), filepath.Join(dir, "stale.sock")
+	l, err := net.Listen("unix", stale)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	l.Close()
+	for _, args := range [][]string{
+		{"send", "--socket", missing, "dev-1", "set", `{"setpoint":22}`},
+		{"status", "--socket", missing},
+		{"send", "--socket", stale, "dev-1", "set", `{"setpoint":22}`},
+		{"status", "--socket", stale},
+	} {
+		sock := args[2]
+		start := time.Now()
+		r := edgefence(t, args...)
+		if r.code != 1 || !strings.Contains(r.stderr, sock) || !strings.Contains(r.stderr, "is it running") {
+			t.Errorf("want exit 1 and an error naming the socket\n%s", r)
+		}
+		if r.stdout != "" {
+			t.Errorf("stdout not empty\n%s", r)
+		}
+		t.Logf("%s failed in %v: %s", args[0], time.Since(start), strings.TrimSpace(r.stderr))
+	}
+}

@@ -1,0 +1,123 @@
+package sandbox
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// AgentConfig is an edgefence agent configuration for a sandbox world, as
+// the YAML file `edgefence run --config` reads. Only the fields the sandbox
+// needs are here; an empty field is left out of the file, so the agent's
+// default applies. (This package does not import package agent, whose tests
+// import it; the cmd tests parse the output with agent.LoadConfig.)
+type AgentConfig struct {
+	Gateway  string   // required
+	Etcd     string   // etcd endpoint URL, required
+	MQTT     string   // broker URL, required
+	Devices  []string // at least one
+	Socket   string   // API socket path, required: the default is a system path
+	StateDir string   // required: the default is a system path
+
+	EtcdPrefix     string
+	MQTTPrefix     string
+	ClientID       string
+	LeaseTTL       time.Duration
+	CommandTimeout time.Duration
+	LogLevel       string
+	LogFormat      string
+}
+
+// AgentConfig returns a config for an agent of this world named gateway,
+// with its socket and state dir in dir: dir/<gateway>.sock and
+// dir/<gateway>-state.
+func (w *World) AgentConfig(gateway, dir string, devices []string) AgentConfig {
+	return AgentConfig{
+		Gateway:  gateway,
+		Etcd:     w.Etcd.Endpoint(),
+		MQTT:     w.Broker.URL(),
+		Devices:  append([]string(nil), devices...),
+		Socket:   filepath.Join(dir, gateway+".sock"),
+		StateDir: filepath.Join(dir, gateway+"-state"),
+	}
+}
+
+// YAML renders the config file. Strings are written as JSON strings, which
+// YAML reads as double-quoted scalars, so any path or id survives.
+func (c AgentConfig) YAML() ([]byte, error) {
+	switch {
+	case c.Gateway == "" || c.Etcd == "" || c.MQTT == "" || c.Socket == "" || c.StateDir == "":
+		return nil, errors.New("sandbox: agent config: Gateway, Etcd, MQTT, Socket and StateDir are required")
+	case len(c.Devices) == 0:
+		return nil, errors.New("sandbox: agent config: no devices")
+	}
+	var b bytes.Buffer
+	line := func(indent, key, val string) {
+		if val != "" {
+			fmt.Fprintf(&b, "%s%s: %s\n", indent, key, val)
+		}
+	}
+	dur := func(d time.Duration) string {
+		if d == 0 {
+			return ""
+		}
+		return d.String()
+	}
+	fmt.Fprintf(&b, "# edgefence agent config for the sandbox; check with: edgefence check-config FILE\n")
+	line("", "gateway", yamlQuote(c.Gateway))
+	line("", "state_dir", yamlQuote(c.StateDir))
+	b.WriteString("etcd:\n")
+	line("  ", "endpoints", "["+yamlQuote(c.Etcd)+"]")
+	line("  ", "prefix", yamlQuote(c.EtcdPrefix))
+	line("  ", "lease_ttl", dur(c.LeaseTTL))
+	b.WriteString("mqtt:\n")
+	line("  ", "brokers", "["+yamlQuote(c.MQTT)+"]")
+	line("  ", "prefix", yamlQuote(c.MQTTPrefix))
+	line("  ", "client_id", yamlQuote(c.ClientID))
+	b.WriteString("api:\n")
+	line("  ", "socket", yamlQuote(c.Socket))
+	if c.CommandTimeout != 0 {
+		b.WriteString("command:\n")
+		line("  ", "timeout", dur(c.CommandTimeout))
+	}
+	if c.LogLevel != "" || c.LogFormat != "" {
+		b.WriteString("log:\n")
+		line("  ", "level", yamlQuote(c.LogLevel))
+		line("  ", "format", yamlQuote(c.LogFormat))
+	}
+	b.WriteString("devices:\n")
+	for _, d := range c.Devices {
+		line("  - ", "id", yamlQuote(d))
+	}
+	return b.Bytes(), nil
+}
+
+// Write writes the YAML to path (mode 0644).
+func (c AgentConfig) Write(path string) error {
+	b, err := c.YAML()
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		return fmt.Errorf("sandbox: agent config: %w", err)
+	}
+	return nil
+}
+
+// yamlQuote quotes s as a YAML double-quoted scalar (a JSON string is one); ""
+// stays "", so that its key is left out.
+func yamlQuote(s string) string {
+	if s == "" {
+		return ""
+	}
+	var b strings.Builder
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(s) // a string always encodes
+	return strings.TrimSuffix(b.String(), "\n")
+}
