@@ -283,3 +283,22 @@ func TestUnknownDevice(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestDevicesHeldElsewhereDoNotStarveOthers: campaigns for devices another
+// agent holds wait without holding one of the session's etcd slots, so more
+// such devices than slots do not stop the free ones from being acquired.
+func TestDevicesHeldElsewhereDoNotStarveOthers(t *testing.T) {
+	prefix := "/t/" + t.Name()
+	var held, free []string
+	for i := range campaignSlots + 4 {
+		held = append(held, fmt.Sprintf("held-%02d", i))
+		free = append(free, fmt.Sprintf("free-%02d", i))
+	}
+	fp := newFencePoint()
+	a := startAgent(t, "gw-a", prefix, held, fp, Options{})
+	waitFor(t, "a holds its devices", holdingAll(a, held))
+	b := startAgent(t, "gw-b", prefix, append(append([]string{}, held...), free...), fp, Options{})
+	waitFor(t, "b holds the free devices", holdingAll(b, free))
+	a.stop()
+	waitFor(t, "b holds the rest after a leaves", holdingAll(b, held))
+}

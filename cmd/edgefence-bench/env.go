@@ -1,0 +1,97 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+
+	"github.com/edgefence/edgefence/agent"
+	"github.com/edgefence/edgefence/devices/sandbox"
+	"github.com/edgefence/edgefence/fence"
+)
+
+// Broker names accepted by --broker.
+const (
+	brokerMochi     = "mochi"
+	brokerMosquitto = "mosquitto"
+)
+
+// broker is a running MQTT broker.
+type broker struct {
+	name string
+	url  string
+	stop func()
+}
+
+// startBroker starts mochi in process or Mosquitto as a subprocess.
+func startBroker(ctx context.Context, name, dir string) (*broker, error) {
+	switch name {
+	case brokerMochi:
+		b, err := sandbox.StartBroker(sandbox.BrokerConfig{})
+		if err != nil {
+			return nil, err
+		}
+		return &broker{name: name, url: b.URL(), stop: func() { _ = b.Close() }}, nil
+	case brokerMosquitto:
+		d := filepath.Join(dir, "mosquitto")
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, err
+		}
+		m, err := sandbox.StartMosquitto(ctx, d)
+		if err != nil {
+			return nil, err
+		}
+		return &broker{name: name, url: m.URL(), stop: func() { _ = m.Close() }}, nil
+	}
+	return nil, fmt.Errorf("unknown broker %q (want %s or %s)", name, brokerMochi, brokerMosquitto)
+}
+
+// startEtcd starts an embedded single-node etcd with the fast timings the
+// tests use (TickMs=10, ElectionMs=100), data under dir.
+func startEtcd(ctx context.Context, dir string) (*sandbox.Etcd, error) {
+	d := filepath.Join(dir, "etcd")
+	if err := os.MkdirAll(d, 0o700); err != nil {
+		return nil, err
+	}
+	return sandbox.StartEtcd(ctx, sandbox.EtcdConfig{Dir: d, Fast: true})
+}
+
+// dupSender wraps the agent's real Sender. While dup is set it rewrites every
+// envelope's seq to 1, which the device has already accepted under the
+// current token: the fence point answers Duplicate without writing (no
+// fsync, no state change, no state publish). Everything else on the path —
+// agent.Send, the Commander, the broker, the device's decode and admit, the
+// ack — is unchanged. It is how the benchmarks isolate the fsync.
+type dupSender struct {
+	next agent.Sender
+	dup  atomic.Bool
+}
+
+func (s *dupSender) Send(ctx context.Context, env *fence.Envelope) (*fence.Ack, error) {
+	if s.dup.Load() {
+		e := *env
+		e.Seq = 1
+		env = &e
+	}
+	return s.next.Send(ctx, env)
+}
+
+// nopSender is the Sender of agents that never send (lock benchmarks).
+type nopSender struct{}
+
+func (nopSender) Send(context.Context, *fence.Envelope) (*fence.Ack, error) {
+	return nil, fmt.Errorf("nopSender: sending is not part of this benchmark")
+}
+
+// deviceIDs returns n device ids prefix000, prefix001, ...
+func deviceIDs(prefix string, n int) []string {
+	w := len(fmt.Sprint(max(n-1, 0)))
+	w = max(w, 3)
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("%s%0*d", prefix, w, i)
+	}
+	return ids
+}

@@ -1,0 +1,193 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+
+	"github.com/edgefence/edgefence/agent"
+	"github.com/edgefence/edgefence/devices/sandbox"
+)
+
+// locksConfig configures the lock acquisition benchmark.
+type locksConfig struct {
+	N    int // devices
+	Runs int
+	Log  io.Writer
+}
+
+// Lock benchmark variants, as printed.
+const (
+	locksAgent     = "agent.Run: start → all held (1 goroutine per device: Lock + Get)"
+	locksRelease   = "agent shutdown: release all (sequential Unlock + revoke)"
+	locksBare16    = "bare: 16 goroutines, Mutex.Lock"
+	locksBare16Get = "bare: 16 goroutines, Mutex.Lock + Get (the agent's work)"
+	locksBareAll   = "bare: 1 goroutine per device, Mutex.Lock + Get (the agent's shape)"
+)
+
+var locksVariants = []string{locksAgent, locksRelease, locksBare16, locksBare16Get, locksBareAll}
+
+type locksResult struct {
+	N     int
+	Times map[string][]time.Duration // per variant, one per run
+}
+
+func runLocks(ctx context.Context, etcd *sandbox.Etcd, cfg locksConfig) (*locksResult, error) {
+	cli, err := etcd.Client()
+	if err != nil {
+		return nil, err
+	}
+	defer cli.Close()
+	res := &locksResult{N: cfg.N, Times: map[string][]time.Duration{}}
+	fmt.Fprintf(cfg.Log, "locks: %d devices, %d runs\n", cfg.N, cfg.Runs)
+	for r := range cfg.Runs {
+		// The variants take turns within each run.
+		acq, rel, err := agentAcquire(ctx, etcd, cfg.N, r)
+		if err != nil {
+			return nil, err
+		}
+		res.Times[locksAgent] = append(res.Times[locksAgent], acq)
+		res.Times[locksRelease] = append(res.Times[locksRelease], rel)
+		for _, v := range []struct {
+			name    string
+			workers int
+			get     bool
+		}{{locksBare16, 16, false}, {locksBare16Get, 16, true}, {locksBareAll, cfg.N, true}} {
+			d, err := bareAcquire(ctx, cli, cfg.N, v.workers, v.get, fmt.Sprintf("/bench/locks/bare-%d-%v-%d-%d", v.workers, v.get, r, time.Now().UnixNano()))
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", v.name, err)
+			}
+			res.Times[v.name] = append(res.Times[v.name], d)
+		}
+		fmt.Fprintf(cfg.Log, "locks: run %d: agent %v (release %v)\n", r+1, acq.Round(time.Millisecond), rel.Round(time.Millisecond))
+	}
+	return res, nil
+}
+
+// heldCounter is a slog handler that counts the agent's "holding device"
+// records and closes all when n have been seen: the exact moment the last
+// device is held, without polling Status.
+type heldCounter struct {
+	n    int64
+	seen atomic.Int64
+	all  chan struct{}
+	at   atomic.Int64 // UnixNano of the n-th record
+}
+
+func (h *heldCounter) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelInfo }
+func (h *heldCounter) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == "holding device" && h.seen.Add(1) == h.n {
+		h.at.Store(time.Now().UnixNano())
+		close(h.all)
+	}
+	return nil
+}
+func (h *heldCounter) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *heldCounter) WithGroup(string) slog.Handler      { return h }
+
+// agentAcquire runs a fresh agent for n devices and returns the time from
+// Run's start to the last device held, and the time its clean shutdown took.
+func agentAcquire(ctx context.Context, etcd *sandbox.Etcd, n, run int) (acquire, release time.Duration, err error) {
+	cli, err := etcd.Client()
+	if err != nil {
+		return 0, 0, err
+	}
+	defer cli.Close()
+	cfg := &agent.Config{Gateway: "bench-locks",
+		Etcd:    agent.EtcdConfig{Endpoints: etcd.Endpoints(), Prefix: fmt.Sprintf("/bench/locks/agent-%d-%d", run, time.Now().UnixNano()), LeaseTTL: 10 * time.Second},
+		MQTT:    agent.MQTTConfig{Brokers: []string{"mqtt://127.0.0.1:1"}},
+		Command: agent.CommandConfig{Timeout: time.Second}}
+	for _, d := range deviceIDs("dev-", n) {
+		cfg.Devices = append(cfg.Devices, agent.DeviceConfig{ID: d})
+	}
+	hc := &heldCounter{n: int64(n), all: make(chan struct{})}
+	a, err := agent.New(cfg, cli, nopSender{}, agent.Options{Logger: slog.New(hc)})
+	if err != nil {
+		return 0, 0, err
+	}
+	actx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	start := time.Now()
+	go func() { defer close(done); _ = a.Run(actx) }()
+
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	limit := time.After(60 * time.Second)
+wait:
+	for {
+		select {
+		case <-hc.all:
+			acquire = time.Unix(0, hc.at.Load()).Sub(start)
+			break wait
+		case <-tick.C:
+			// Fallback should the log message ever change.
+			if st := a.Status(); st.Counters.Acquired >= uint64(n) {
+				acquire = time.Since(start)
+				break wait
+			}
+		case <-limit:
+			cancel()
+			<-done
+			return 0, 0, fmt.Errorf("agent holds %d of %d devices after 60s", a.Status().Counters.Acquired, n)
+		}
+	}
+	if got := a.Status().Counters.Acquired; got != uint64(n) {
+		cancel()
+		<-done
+		return 0, 0, fmt.Errorf("agent acquired %d locks, want %d", got, n)
+	}
+	t0 := time.Now()
+	cancel()
+	<-done
+	return acquire, time.Since(t0), nil
+}
+
+// bareAcquire takes n locks on one new session with workers goroutines
+// (each device's concurrency.Mutex.Lock, then, if get, a Get of its key
+// as the agent does for the token), from session creation to the last lock,
+// then revokes the session.
+func bareAcquire(ctx context.Context, cli *clientv3.Client, n, workers int, get bool, prefix string) (time.Duration, error) {
+	start := time.Now()
+	sess, err := concurrency.NewSession(cli, concurrency.WithTTL(10))
+	if err != nil {
+		return 0, err
+	}
+	defer sess.Close()
+	next := make(chan int, n)
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	var wg sync.WaitGroup
+	var failed atomic.Value
+	for range min(workers, n) {
+		wg.Go(func() {
+			for i := range next {
+				m := concurrency.NewMutex(sess, fmt.Sprintf("%s/devices/dev-%04d/lock", prefix, i))
+				if err := m.Lock(ctx); err != nil {
+					failed.Store(err)
+					return
+				}
+				if get {
+					if _, err := cli.Get(ctx, m.Key()); err != nil {
+						failed.Store(err)
+						return
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	d := time.Since(start)
+	if err, ok := failed.Load().(error); ok {
+		return 0, err
+	}
+	return d, nil
+}

@@ -1,0 +1,372 @@
+// Command edgefence-bench measures the performance figures edgefence
+// promises, on real components, and prints them as Markdown tables for
+// docs/BENCHMARKS.md:
+//
+//	roundtrip  command round trip agent → broker → shim → ack (p50/p99,
+//	           sequential and concurrent), beside bare paho QoS 1 round trips
+//	           on the same broker in the same run; mochi and/or Mosquitto
+//	locks      time for one agent to hold 1,000 devices on one etcd session,
+//	           beside bare concurrency.Mutex acquisition
+//	rss        resident memory of the real `edgefence run` binary (a
+//	           subprocess) at 10 and 1,000 devices
+//	all        the three above
+//
+// Usage (from the module root, so that rss can build the agent):
+//
+//	go run ./cmd/edgefence-bench all
+//	go run ./cmd/edgefence-bench roundtrip --broker both --n 5000 --conc 32
+//	go run ./cmd/edgefence-bench locks --devices 1000 --runs 5
+//	go run ./cmd/edgefence-bench rss --sizes 10,1000
+//
+// It starts everything it needs (embedded etcd with fast timings, mochi in
+// process, Mosquitto from /usr/sbin/mosquitto) in a temp dir and removes it.
+// It measures and reports; targets are printed as met or not, and the exit
+// code does not depend on them. Linux only (/proc).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/edgefence/edgefence/devices/sandbox"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+const usage = `usage: edgefence-bench [flags] roundtrip|locks|rss|all [flags]
+
+Measures edgefence's performance figures on real components and prints
+Markdown tables (progress goes to stderr). Flags:
+`
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("edgefence-bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprint(stderr, usage); fs.PrintDefaults() }
+	var (
+		brokers  = fs.String("broker", "both", "roundtrip: mochi, mosquitto or both")
+		n        = fs.Int("n", 5000, "roundtrip: sequential operations per path")
+		rounds   = fs.Int("rounds", 10, "roundtrip: interleave the sequential paths in this many rounds")
+		warmup   = fs.Int("warmup", 200, "roundtrip: unmeasured operations per path first")
+		conc     = fs.Int("conc", 32, "roundtrip: devices in parallel for the concurrent variant (1 = none)")
+		concN    = fs.Int("conc-n", 20000, "roundtrip: operations per concurrent path")
+		fleets   = fs.String("fleets", "1,32", "roundtrip: comma-separated; run the concurrent variant with the devices split over this many sim.Fleets (an MQTT client + bbolt file each); the sequential one uses the first")
+		devices  = fs.Int("devices", 1000, "locks: devices")
+		runs     = fs.Int("runs", 5, "locks: repetitions")
+		sizes    = fs.String("sizes", "10,1000", "rss: device counts, comma-separated")
+		agentBin = fs.String("agent-bin", "", "rss: the edgefence binary (default: go build it from the module in the working directory)")
+		cmds     = fs.Int("commands", 20, "rss: commands sent through the agent's API before measuring")
+		agentEnv = fs.String("agent-env", "", "rss: extra environment for the agent, comma-separated (e.g. GOGC=50,GODEBUG=gctrace=1; see --keep for its log)")
+		settle   = fs.Duration("settle", 2*time.Second, "rss: wait after the commands before the last sample")
+		keep     = fs.Bool("keep", false, "keep the temp dir (logs, configs, data)")
+		cpuprof  = fs.String("cpuprofile", "", "write a CPU profile of this process (etcd, mochi, devices and the in-process agent) to FILE")
+	)
+	// Flags may come before or after the subcommand.
+	var what string
+	rest := args
+	for {
+		if err := fs.Parse(rest); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return 0
+			}
+			return 2
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		if what != "" {
+			fmt.Fprintf(stderr, "edgefence-bench: more than one benchmark given: %q and %q\n", what, fs.Arg(0))
+			return 2
+		}
+		what, rest = fs.Arg(0), fs.Args()[1:]
+	}
+	switch what {
+	case "roundtrip", "locks", "rss", "all":
+	case "":
+		fs.Usage()
+		return 2
+	default:
+		fmt.Fprintf(stderr, "edgefence-bench: unknown benchmark %q\n", what)
+		fs.Usage()
+		return 2
+	}
+	var brokerList []string
+	switch *brokers {
+	case "both":
+		brokerList = []string{brokerMochi, brokerMosquitto}
+	case brokerMochi, brokerMosquitto:
+		brokerList = []string{*brokers}
+	default:
+		fmt.Fprintf(stderr, "edgefence-bench: --broker %q: want mochi, mosquitto or both\n", *brokers)
+		return 2
+	}
+	sizeList, err := intList(*sizes)
+	if err != nil {
+		fmt.Fprintln(stderr, "edgefence-bench: --sizes:", err)
+		return 2
+	}
+	fleetList, err := intList(*fleets)
+	if err != nil {
+		fmt.Fprintln(stderr, "edgefence-bench: --fleets:", err)
+		return 2
+	}
+	if *n < 1 || *conc < 1 || *devices < 1 || *runs < 1 {
+		fmt.Fprintln(stderr, "edgefence-bench: --n, --conc, --devices and --runs must be at least 1")
+		return 2
+	}
+
+	dir, err := os.MkdirTemp("", "edgefence-bench-")
+	if err != nil {
+		fmt.Fprintln(stderr, "edgefence-bench:", err)
+		return 1
+	}
+	if *keep {
+		fmt.Fprintln(stderr, "keeping", dir)
+	} else {
+		defer os.RemoveAll(dir)
+	}
+	if *cpuprof != "" {
+		f, err := os.Create(*cpuprof)
+		if err != nil {
+			fmt.Fprintln(stderr, "edgefence-bench:", err)
+			return 1
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintln(stderr, "edgefence-bench:", err)
+			return 1
+		}
+		defer pprof.StopCPUProfile()
+	}
+
+	printMachine(stdout)
+	etcd, err := startEtcd(ctx, dir)
+	if err != nil {
+		fmt.Fprintln(stderr, "edgefence-bench:", err)
+		return 1
+	}
+	defer etcd.Close()
+
+	all := what == "all"
+	failed := false
+	fail := func(err error) {
+		failed = true
+		fmt.Fprintln(stderr, "edgefence-bench:", err)
+	}
+	if what == "roundtrip" || all {
+		var bl []string
+		for _, b := range brokerList {
+			if b == brokerMosquitto && !haveMosquitto() {
+				fmt.Fprintf(stderr, "roundtrip: mosquitto not installed (%s): skipped; apt-get install mosquitto\n", sandbox.MosquittoPath)
+				continue
+			}
+			bl = append(bl, b)
+		}
+		res, err := runRoundTrip(ctx, etcd, rtConfig{Brokers: bl, N: *n, Rounds: *rounds, Warmup: *warmup, Conc: *conc,
+			ConcN: *concN, Fleets: fleetList, Dir: dir, Log: stderr})
+		printRoundTrip(stdout, res)
+		if err != nil {
+			fail(err)
+		}
+	}
+	if what == "locks" || all {
+		res, err := runLocks(ctx, etcd, locksConfig{N: *devices, Runs: *runs, Log: stderr})
+		if err != nil {
+			fail(err)
+		} else {
+			printLocks(stdout, res)
+		}
+	}
+	if what == "rss" || all {
+		res, err := runRSS(ctx, etcd, rssConfig{Sizes: sizeList, AgentBin: *agentBin, Commands: *cmds, Settle: *settle, Env: splitNonEmpty(*agentEnv), Dir: dir, Log: stderr})
+		if err != nil {
+			fail(err)
+		} else {
+			printRSS(stdout, res)
+		}
+	}
+	printLoad(stdout, "after")
+	if failed {
+		return 1
+	}
+	return 0
+}
+
+// intList parses a comma-separated list of positive integers.
+func intList(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		v, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || v < 1 {
+			return nil, fmt.Errorf("bad count %q", f)
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+func splitNonEmpty(s string) []string {
+	if s == "" {
+		return nil
+	}
+	return strings.Split(s, ",")
+}
+
+func haveMosquitto() bool {
+	if _, err := os.Stat(sandbox.MosquittoPath); err == nil {
+		return true
+	}
+	return false
+}
+
+// printMachine prints what the figures were measured on and how busy the
+// machine was just before.
+func printMachine(w io.Writer) {
+	cpu := "?"
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(l, "model name"); ok {
+				cpu = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(v), ":"))
+				break
+			}
+		}
+	}
+	fmt.Fprintf(w, "machine: %d CPUs (GOMAXPROCS %d), %s, %s %s/%s, %s\n",
+		runtime.NumCPU(), runtime.GOMAXPROCS(0), cpu, runtime.Version(), runtime.GOOS, runtime.GOARCH,
+		time.Now().UTC().Format(time.RFC3339))
+	printLoad(w, "before")
+}
+
+// printLoad prints the load average and the CPU and I/O pressure (PSI
+// avg10: share of the last 10 s in which some task waited), to tell a quiet
+// run from one that shared the machine.
+func printLoad(w io.Writer, when string) {
+	load := "?"
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		if f := strings.Fields(string(b)); len(f) >= 3 {
+			load = strings.Join(f[:3], " ")
+		}
+	}
+	psi := func(res string) string {
+		b, err := os.ReadFile("/proc/pressure/" + res)
+		if err != nil {
+			return "?"
+		}
+		for _, f := range strings.Fields(string(b)) {
+			if v, ok := strings.CutPrefix(f, "avg10="); ok {
+				return v + "%"
+			}
+		}
+		return "?"
+	}
+	fmt.Fprintf(w, "load %s: loadavg %s, PSI avg10 cpu %s io %s\n\n", when, load, psi("cpu"), psi("io"))
+}
+
+func printRoundTrip(w io.Writer, results []*rtResult) {
+	for _, r := range results {
+		fmt.Fprintf(w, "### Command round trip on %s (envelope %d B, ack %d B)\n\n", r.Broker, r.EnvBytes, r.AckBytes)
+		fmt.Fprintln(w, "| path | parallel | fleets | n | p50 µs | p90 µs | p99 µs | p99.9 µs | max µs | ops/s |")
+		fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+		for _, x := range r.Rows {
+			fmt.Fprintf(w, "| %s | %d | %d | %d | %s | %s | %s | %s | %s | %.0f |\n", x.Path, x.Conc, x.Fleets, x.S.N,
+				us(x.S.P50), us(x.S.P90), us(x.S.P99), us(x.S.P999), us(x.S.Max), x.Rate)
+		}
+		fmt.Fprintln(w)
+		one, ok1 := r.row(pathOneHop, 1)
+		echo, ok2 := r.row(pathEcho, 1)
+		for _, p := range []string{pathAccepted, pathDuplicate} {
+			x, ok := r.row(p, 1)
+			if !ok {
+				continue
+			}
+			if ok1 {
+				ratio := float64(x.S.P99) / float64(one.S.P99)
+				fmt.Fprintf(w, "- %s: p99 %s µs = **%.2f×** the bare 1-hop p99 (%s µs); target ≤ 1.5×: **%s**",
+					p, us(x.S.P99), ratio, us(one.S.P99), metOrNot(ratio <= 1.5))
+			}
+			if ok2 {
+				fmt.Fprintf(w, "; %.2f× the bare 2-hop p99 (%s µs)", float64(x.S.P99)/float64(echo.S.P99), us(echo.S.P99))
+			}
+			fmt.Fprintln(w)
+		}
+		acc, ok3 := r.row(pathAccepted, 1)
+		dup, ok4 := r.row(pathDuplicate, 1)
+		hacc, ok5 := r.row(pathHostAcc, 1)
+		hdup, ok6 := r.row(pathHostDup, 1)
+		if ok2 && ok3 && ok4 && ok5 && ok6 {
+			fmt.Fprintf(w, "- p50 decomposition: bare 2 hops %s µs; + agent, Commander and shim decode/admit (duplicate − 2 hops) %s µs; "+
+				"+ commit and state publish (accepted − duplicate) %s µs, of which Host.Handle's commit alone (accepted − duplicate) %s µs\n",
+				us(echo.S.P50), us(dup.S.P50-echo.S.P50), us(acc.S.P50-dup.S.P50), us(hacc.S.P50-hdup.S.P50))
+		}
+		fmt.Fprintln(w)
+	}
+}
+
+func metOrNot(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "NOT met"
+}
+
+func printLocks(w io.Writer, r *locksResult) {
+	fmt.Fprintf(w, "### Lock acquisition, %d devices on one etcd session (%d runs)\n\n", r.N, len(r.Times[locksAgent]))
+	fmt.Fprintln(w, "| what | min ms | median ms | max ms | runs ms |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---|")
+	for _, v := range locksVariants {
+		ts := r.Times[v]
+		if len(ts) == 0 {
+			continue
+		}
+		var each []string
+		lo, hi := ts[0], ts[0]
+		for _, t := range ts {
+			lo, hi = min(lo, t), max(hi, t)
+			each = append(each, ms(t))
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s |\n", v, ms(lo), ms(median(ts)), ms(hi), strings.Join(each, ", "))
+	}
+	fmt.Fprintln(w)
+	if ts := r.Times[locksAgent]; len(ts) > 0 {
+		m := median(ts)
+		fmt.Fprintf(w, "- agent, all %d held: median %s ms; target ≤ 500 ms: **%s** (worst run %s ms: %s)\n\n",
+			r.N, ms(m), metOrNot(m <= 500*time.Millisecond), ms(slicesMax(ts)), metOrNot(slicesMax(ts) <= 500*time.Millisecond))
+	}
+}
+
+func slicesMax(ts []time.Duration) time.Duration {
+	m := ts[0]
+	for _, t := range ts {
+		m = max(m, t)
+	}
+	return m
+}
+
+func printRSS(w io.Writer, r *rssResult) {
+	fmt.Fprintf(w, "### Agent memory: `edgefence run` subprocess (binary %.1f MiB; %s)\n\n", float64(r.BinSize)/(1<<20), r.Built)
+	fmt.Fprintln(w, "| devices | all held after | VmRSS held | VmRSS after cmds | VmRSS +settle | RssAnon | RssFile | VmHWM | sampled peak (at) | threads | target | met (VmHWM) |")
+	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+	for _, x := range r.Rows {
+		t := rssTarget(x.Devices)
+		fmt.Fprintf(w, "| %d | %s ms | %s MiB | %s MiB | %s MiB | %s MiB | %s MiB | %s MiB | %s MiB (%s ms) | %d | ≤ %.0f MiB | **%s** |\n",
+			x.Devices, ms(x.Held), mib(x.AtHeld.VmRSS), mib(x.AtCmds.VmRSS), mib(x.AtIdle.VmRSS), mib(x.AtIdle.RssAnon),
+			mib(x.AtIdle.RssFile), mib(x.AtIdle.VmHWM), mib(x.Peak), ms(x.PeakAt), x.Threads, t, metOrNot(float64(x.AtIdle.VmHWM)/1024 <= t))
+	}
+	fmt.Fprintln(w)
+}

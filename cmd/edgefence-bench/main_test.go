@@ -1,0 +1,63 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The benchmarks themselves are run by hand (docs/BENCHMARKS.md); these
+// tests only cover what needs no servers.
+
+func TestUsageErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{nil, 2, "usage"},
+		{[]string{"nope"}, 2, "unknown benchmark"},
+		{[]string{"roundtrip", "locks"}, 2, "more than one"},
+		{[]string{"roundtrip", "--broker", "rabbit"}, 2, "--broker"},
+		{[]string{"rss", "--sizes", "10,x"}, 2, "--sizes"},
+		{[]string{"--fleets", "0", "roundtrip"}, 2, "--fleets"},
+		{[]string{"locks", "--runs", "0"}, 2, "at least 1"},
+		{[]string{"-h"}, 0, "usage"},
+	} {
+		var out, errb bytes.Buffer
+		if code := run(context.Background(), tc.args, &out, &errb); code != tc.code {
+			t.Errorf("%q: exit %d, want %d (stderr %q)", tc.args, code, tc.code, errb.String())
+		}
+		if !strings.Contains(errb.String(), tc.want) {
+			t.Errorf("%q: stderr %q does not mention %q", tc.args, errb.String(), tc.want)
+		}
+	}
+}
+
+func TestSummarize(t *testing.T) {
+	var lat []time.Duration
+	for i := 100; i >= 1; i-- {
+		lat = append(lat, time.Duration(i)*time.Microsecond)
+	}
+	s := summarize(lat)
+	if s.N != 100 || s.P50 != 50*time.Microsecond || s.P99 != 99*time.Microsecond || s.Max != 100*time.Microsecond {
+		t.Fatalf("%+v", s)
+	}
+	if s.Mean != 50500*time.Nanosecond {
+		t.Fatalf("mean %v", s.Mean)
+	}
+	if (summarize(nil) != summary{}) {
+		t.Fatal("empty sample")
+	}
+}
+
+func TestDeviceIDs(t *testing.T) {
+	if got := deviceIDs("d-", 3); strings.Join(got, ",") != "d-000,d-001,d-002" {
+		t.Fatal(got)
+	}
+	if got := deviceIDs("d-", 1001); got[1000] != "d-1000" || got[0] != "d-0000" {
+		t.Fatal(got[0], got[1000])
+	}
+}
