@@ -3,9 +3,11 @@ module github.com/edgefence/edgefence
 go 1.26.8
 
 require (
+	github.com/creack/pty v1.1.24
 	github.com/eclipse/paho.golang v0.23.0
 	github.com/fxamacker/cbor/v2 v2.10.0
 	github.com/mochi-mqtt/server/v2 v2.7.9
+	github.com/tarm/serial v0.0.0-20180830185346-98f6abe2eb07
 	go.etcd.io/bbolt v1.5.0
 	go.etcd.io/etcd/client/v3 v3.7.3
 	go.etcd.io/etcd/server/v3 v3.7.3
