@@ -54,6 +54,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		logPath  = fs.String("log", "", "verdict log file, JSON lines, appended (default stdout)")
 		clientID = fs.String("client-id", "", "MQTT client id (default derived from the host name and --dir)")
 		noFence  = fs.Bool("unsafe-no-fence", false, "DISABLE THE FENCE: apply stale and duplicate commands (tests and demos only)")
+		port     = fs.String("serial", "", "run ONE legacy register device (no fence of its own) on this serial port instead of MQTT devices")
+		regs     = fs.Int("registers", 0, "with --serial: number of holding registers (default 256)")
 	)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -66,6 +68,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "edgefence-devsim: %s\n", msg)
 		fs.Usage()
 		return 2
+	}
+	if *port != "" {
+		if *broker != "" || *count != 0 || *noFence || *dir != "" {
+			return usage("--serial runs a legacy device: it takes --devices ID (one), --registers, --log; not --mqtt, --count, --dir or --unsafe-no-fence")
+		}
+		id := "plc-1"
+		if *devices != "" {
+			id = strings.TrimSpace(*devices)
+		}
+		return runSerial(ctx, log, *port, id, *regs, *logPath, stdout)
 	}
 	ids, err := deviceIDs(*devices, *count, *idPrefix)
 	switch {
