@@ -34,6 +34,10 @@ type Options struct {
 	// like a process frozen before it could notice. Tests and the demo use
 	// it to show that the fence points alone keep I1. Never in production.
 	UnsafeIgnoreSessionLoss bool
+
+	// BridgeStatus, if set, reports the gateway fence bridge's counters in
+	// Status (the bridge runs beside the agent on a home gateway).
+	BridgeStatus func() any
 }
 
 // Agent campaigns for its devices' locks and issues fenced commands for the
@@ -45,6 +49,7 @@ type Agent struct {
 	log    *slog.Logger
 	now    func() time.Time
 	unsafe bool
+	bridge func() any
 
 	devices map[string]*device // fixed at New; the map is read-only after
 	order   []string
@@ -99,7 +104,7 @@ func New(cfg *Config, cli *clientv3.Client, s Sender, o Options) (*Agent, error)
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	a := &Agent{cfg: *cfg, cli: cli, sender: s, log: o.Logger, now: o.Now, unsafe: o.UnsafeIgnoreSessionLoss,
+	a := &Agent{cfg: *cfg, cli: cli, sender: s, log: o.Logger, now: o.Now, unsafe: o.UnsafeIgnoreSessionLoss, bridge: o.BridgeStatus,
 		devices: make(map[string]*device, len(cfg.Devices))}
 	if a.log == nil {
 		a.log = slog.New(slog.NewTextHandler(io.Discard, nil))

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/edgefence/edgefence/fence"
@@ -159,16 +160,46 @@ func (a *Agent) handleSend(w http.ResponseWriter, r *http.Request) {
 }
 
 // JSONToBody converts a JSON value to a CBOR command body. Empty input means
-// no body. Numbers become float64.
+// no body. Integral numbers become CBOR integers (a register address, a
+// count), others floats.
 func JSONToBody(js []byte) ([]byte, error) {
 	if len(bytes.TrimSpace(js)) == 0 {
 		return nil, nil
 	}
+	dec := json.NewDecoder(bytes.NewReader(js))
+	dec.UseNumber()
 	var v any
-	if err := json.Unmarshal(js, &v); err != nil {
+	if err := dec.Decode(&v); err != nil {
 		return nil, fmt.Errorf("%w: body is not JSON: %v", fence.ErrInvalid, err)
 	}
-	return fence.EncodeBody(v)
+	if dec.More() {
+		return nil, fmt.Errorf("%w: body has more than one JSON value", fence.ErrInvalid)
+	}
+	return fence.EncodeBody(numbers(v))
+}
+
+// numbers replaces json.Numbers with int64, uint64 or float64.
+func numbers(v any) any {
+	switch x := v.(type) {
+	case json.Number:
+		if i, err := x.Int64(); err == nil {
+			return i
+		}
+		if u, err := strconv.ParseUint(string(x), 10, 64); err == nil {
+			return u
+		}
+		f, _ := x.Float64()
+		return f
+	case map[string]any:
+		for k, e := range x {
+			x[k] = numbers(e)
+		}
+	case []any:
+		for i, e := range x {
+			x[i] = numbers(e)
+		}
+	}
+	return v
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

@@ -29,7 +29,7 @@ const (
 // Fence point kinds of a device.
 const (
 	FenceDevice  = "device"  // the device firmware runs the shim
-	FenceGateway = "gateway" // the home gateway's fence table guards the device (not yet supported)
+	FenceGateway = "gateway" // the home gateway's fence table guards the device (legacy serial devices)
 )
 
 // Config is the agent's configuration, read from YAML. The zero value of an
@@ -81,7 +81,33 @@ type LogConfig struct {
 // DeviceConfig is one device this agent campaigns for.
 type DeviceConfig struct {
 	ID    string `yaml:"id"`
-	Fence string `yaml:"fence"` // "device" (default)
+	Fence string `yaml:"fence"` // "device" (default) or "gateway"
+	// Home is the gateway whose fence table guards a `fence: gateway`
+	// device: the one it is wired to. Required for `fence: gateway`.
+	Home string `yaml:"home,omitempty"`
+	// Serial is the device's serial line; only on its home gateway.
+	Serial *SerialConfig `yaml:"serial,omitempty"`
+}
+
+// SerialConfig is a device's serial line (see transport/serial.PortConfig).
+type SerialConfig struct {
+	Port        string        `yaml:"port"`         // e.g. /dev/ttyUSB0 or /dev/serial/by-id/...
+	Baud        int           `yaml:"baud"`         // default 115200
+	DataBits    int           `yaml:"data_bits"`    // default 8
+	Parity      string        `yaml:"parity"`       // N (default), E or O
+	StopBits    int           `yaml:"stop_bits"`    // 1 (default) or 2
+	ReadTimeout time.Duration `yaml:"read_timeout"` // default 100ms; multiples of 100ms up to 25.5s
+}
+
+// Bridged returns the devices this gateway is home for.
+func (c *Config) Bridged() []DeviceConfig {
+	var out []DeviceConfig
+	for _, d := range c.Devices {
+		if d.Fence == FenceGateway && d.Home == c.Gateway {
+			out = append(out, d)
+		}
+	}
+	return out
 }
 
 // LoadConfig reads and validates a YAML config file. Unknown keys are errors.
@@ -221,11 +247,22 @@ func (c *Config) Validate() error {
 		switch d.Fence {
 		case "":
 			d.Fence = FenceDevice
-		case FenceDevice:
-		case FenceGateway:
-			return fieldErr(f+".fence", "%q is not supported by this version (the gateway fence table comes later)", d.Fence)
+		case FenceDevice, FenceGateway:
 		default:
-			return fieldErr(f+".fence", "%q: want %q", d.Fence, FenceDevice)
+			return fieldErr(f+".fence", "%q: want %q or %q", d.Fence, FenceDevice, FenceGateway)
+		}
+		switch {
+		case d.Fence == FenceDevice && (d.Home != "" || d.Serial != nil):
+			return fieldErr(f+".home", "home and serial are for `fence: gateway` devices")
+		case d.Fence == FenceGateway && d.Home == "":
+			return fieldErr(f+".home", "a `fence: gateway` device needs its home gateway")
+		case d.Fence == FenceGateway && d.Home == c.Gateway && d.Serial == nil:
+			return fieldErr(f+".serial", "this gateway is %q's home: say which serial port it is on", d.ID)
+		case d.Fence == FenceGateway && d.Home != c.Gateway && d.Serial != nil:
+			return fieldErr(f+".serial", "only the home gateway %q opens %q's serial port", d.Home, d.ID)
+		}
+		if d.Serial != nil && d.Serial.Port == "" {
+			return fieldErr(f+".serial.port", "required")
 		}
 	}
 	return nil

@@ -49,6 +49,11 @@ func TestParseConfigErrorsNameTheField(t *testing.T) {
 		{"device id", "devices:\n  - id: 'dev/1'", "devices[0].id"},
 		{"duplicate device", "devices:\n  - id: d\n  - id: d", "devices[1].id"},
 		{"fence kind", "devices:\n  - id: d\n    fence: magic", "devices[0].fence"},
+		{"gateway fence without home", "devices:\n  - id: d\n    fence: gateway", "devices[0].home"},
+		{"home without serial", "devices:\n  - id: d\n    fence: gateway\n    home: gw-a", "devices[0].serial"},
+		{"serial on a non-home gateway", "devices:\n  - id: d\n    fence: gateway\n    home: gw-b\n    serial: {port: /dev/ttyUSB0}", "devices[0].serial"},
+		{"serial without port", "devices:\n  - id: d\n    fence: gateway\n    home: gw-a\n    serial: {baud: 9600}", "devices[0].serial.port"},
+		{"home on a device fence", "devices:\n  - id: d\n    home: gw-a", "devices[0].home"},
 		{"log level", "log:\n  level: loud", "log.level"},
 		{"not yaml", "gateway: [", "yaml"},
 	} {
@@ -92,13 +97,32 @@ func override(base, edit string) string {
 	return b.String()
 }
 
+func TestBridgedDevices(t *testing.T) {
+	c, err := ParseConfig([]byte(override(goodConfig, `devices:
+  - id: thermo
+  - id: plc-1
+    fence: gateway
+    home: gw-a
+    serial: {port: /dev/ttyUSB0, baud: 9600, parity: E}
+  - id: plc-2
+    fence: gateway
+    home: gw-b`)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := c.Bridged()
+	if len(b) != 1 || b[0].ID != "plc-1" || b[0].Serial.Baud != 9600 || b[0].Serial.Parity != "E" {
+		t.Fatalf("bridged %+v", b)
+	}
+}
+
 // The shipped example must stay valid.
 func TestExampleConfigParses(t *testing.T) {
 	c, err := LoadConfig("../configs/edgefence.example.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Gateway != "gw-01" || len(c.Devices) != 2 || c.Devices[1].Fence != FenceDevice {
+	if c.Gateway != "gw-01" || len(c.Devices) != 4 || c.Devices[1].Fence != FenceDevice || len(c.Bridged()) != 1 {
 		t.Fatalf("%+v", c)
 	}
 }

@@ -12,6 +12,7 @@ type Status struct {
 	Gateway   string         `json:"gateway"`
 	Etcd      EtcdStatus     `json:"etcd"`
 	Transport map[string]any `json:"transport,omitempty"`
+	Bridge    any            `json:"bridge,omitempty"` // gateway fence bridge counters, on a home gateway
 	Devices   []DeviceStatus `json:"devices"`
 	Counters  Counters       `json:"counters"`
 }
@@ -86,6 +87,9 @@ func (a *Agent) Status() Status {
 	a.mu.Unlock()
 	if ts, ok := a.sender.(transportStatus); ok {
 		s.Transport = ts.Status()
+	}
+	if a.bridge != nil {
+		s.Bridge = a.bridge()
 	}
 	for _, id := range a.order {
 		d := a.devices[id]

@@ -88,7 +88,7 @@ func demo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		if n := res.Corrupted(); n > 0 {
 			fmt.Fprintf(stdout, "\n=> without the fence: %d of %d devices ended with the stale holder's setpoint %g, overwriting B's %g.\n",
-				n, len(res.Final), sandbox.SetpointLate, sandbox.SetpointB)
+				n, len(res.Values), sandbox.SetpointLate, sandbox.SetpointB)
 		} else {
 			fmt.Fprintf(stdout, "\n=> without the fence the late commands did not land this time (the agent noticed first)\n")
 		}

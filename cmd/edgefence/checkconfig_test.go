@@ -39,7 +39,8 @@ func TestCheckConfig(t *testing.T) {
 		{"device listed twice", strings.Replace(goodConfig, "id: dev-2", "id: dev-1", 1), 1, []string{"devices[1].id", "twice"}},
 		{"no gateway", strings.Replace(goodConfig, "gateway: gw-1\n", "", 1), 1, []string{"gateway", "required"}},
 		{"bad etcd url", strings.Replace(goodConfig, "http://127.0.0.1:2379", "127.0.0.1:2379", 1), 1, []string{"etcd.endpoints[0]"}},
-		{"gateway fence", strings.Replace(goodConfig, "id: dev-2", "id: dev-2\n    fence: gateway", 1), 1, []string{"devices[1].fence", "not supported"}},
+		{"gateway fence without home", strings.Replace(goodConfig, "id: dev-2", "id: dev-2\n    fence: gateway", 1), 1, []string{"devices[1].home", "home gateway"}},
+		{"bad serial parity", strings.Replace(goodConfig, "id: dev-2", "id: dev-2\n    fence: gateway\n    home: gw-1\n    serial: {port: /dev/ttyUSB9, parity: X}", 1), 1, []string{"devices[1].serial", "arity"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "-")+".yaml")

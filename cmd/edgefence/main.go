@@ -4,6 +4,7 @@
 //	edgefence status [--socket PATH]   leases held, token per device, connections
 //	edgefence send DEVICE KIND [JSON]  issue one command via the running agent; prints the verdict
 //	edgefence check-config FILE        validate a config file
+//	edgefence fence list|show          read the gateway's fence table file
 //	edgefence version
 package main
 
@@ -41,6 +42,7 @@ commands:
   status                     show leases, tokens and connections of the running agent
   send DEVICE KIND [JSON]    issue one command via the running agent and print the verdict
   check-config FILE          validate a config file and print it with defaults filled in
+  fence list | show DEVICE   print the fence table's marks (read from its file)
   version                    print the version
 
 Run 'edgefence <command> -h' for the flags of a command.
@@ -61,6 +63,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = cmdSend(args[1:], stdout, stderr)
 	case "check-config":
 		err = cmdCheckConfig(args[1:], stdout)
+	case "fence":
+		err = cmdFence(args[1:], stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintln(stdout, "edgefence", version)
 	case "help", "-h", "--help":
@@ -232,6 +236,9 @@ func cmdCheckConfig(args []string, stdout io.Writer) error {
 	c, err := agent.LoadConfig(fs.Arg(0))
 	if err != nil {
 		return err
+	}
+	if _, err := bridgeDevices(c); err != nil { // serial port settings
+		return fmt.Errorf("%s: %w", fs.Arg(0), err)
 	}
 	enc := yaml.NewEncoder(stdout)
 	enc.SetIndent(2)

@@ -67,6 +67,14 @@ func cmdRun(args []string, stderr io.Writer) error {
 	}
 	defer apiListener.Close() // closed by ServeAPIListener once it runs
 
+	// On a home gateway, the fence table and the bridge for its
+	// `fence: gateway` devices (the table is locked by one process).
+	br, closeBridge, err := openBridge(cfg, log)
+	if err != nil {
+		return err
+	}
+	defer closeBridge()
+
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints:   cfg.Etcd.Endpoints,
 		DialTimeout: cfg.Etcd.DialTimeout,
@@ -85,21 +93,31 @@ func cmdRun(args []string, stderr io.Writer) error {
 	// gets its own context, closed below.
 	mctx, mcancel := context.WithCancel(context.Background())
 	defer mcancel()
-	cmdr, err := mqtt.NewCommander(mctx, mqtt.Config{
+	mcfg := mqtt.Config{
 		Brokers:       cfg.MQTT.Brokers,
 		ClientID:      cfg.MQTT.ClientID,
 		KeepAlive:     cfg.MQTT.KeepAlive,
 		SessionExpiry: cfg.MQTT.SessionExpiry,
 		Logger:        log.With("component", "mqtt"),
-	}, mqtt.Topics{Prefix: cfg.MQTT.Prefix}, devices)
+	}
+	var opts agent.Options
+	if br != nil {
+		mcfg.Subscriptions = br.Subscriptions()
+		opts.BridgeStatus = func() any { return br.Stats() }
+	}
+	cmdr, err := mqtt.NewCommander(mctx, mcfg, mqtt.Topics{Prefix: cfg.MQTT.Prefix}, devices)
 	if err != nil {
 		return fmt.Errorf("mqtt: %w", err)
 	}
+	if br != nil {
+		if err := br.Start(mctx, cmdr.Client()); err != nil {
+			return err
+		}
+	}
 
-	ag, err := agent.New(cfg, cli, cmdr, agent.Options{
-		Logger:                  log,
-		UnsafeIgnoreSessionLoss: failpoint("ignore-session-loss"),
-	})
+	opts.Logger = log
+	opts.UnsafeIgnoreSessionLoss = failpoint("ignore-session-loss")
+	ag, err := agent.New(cfg, cli, cmdr, opts)
 	if err != nil {
 		return err
 	}
@@ -127,6 +145,7 @@ func cmdRun(args []string, stderr io.Writer) error {
 
 	cctx, ccancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer ccancel()
+	closeBridge() // before the MQTT client it acks through
 	if err := cmdr.Close(cctx); err != nil && !errors.Is(err, mqtt.ErrClosed) {
 		log.Warn("mqtt close", "err", err)
 	}

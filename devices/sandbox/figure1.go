@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/edgefence/edgefence/devices/legacy"
 	"github.com/edgefence/edgefence/devices/sim"
 	"github.com/edgefence/edgefence/fence"
 )
@@ -40,6 +41,13 @@ type Figure1Config struct {
 	// "ignore-session-loss", the frozen holder that never notices it was
 	// deposed. Set to "none" for a normal agent.
 	AgentAFailpoints string
+	// Serial runs the scenario against a legacy device that cannot check
+	// tokens: one register device (edgefence-devsim --serial) on a pty pair,
+	// wired to agent B, its home gateway, whose fence table is the fence.
+	// Commands are write_register to register 0; Devices must be one id.
+	// With NoFence, B runs with its fence table off.
+	Serial bool
+
 	// RestartDevicesBeforeLate kills the device simulator with SIGKILL and
 	// starts it again on the same data before A's late command arrives.
 	RestartDevicesBeforeLate bool
@@ -62,7 +70,9 @@ type Figure1Result struct {
 	Takeover       map[string]SendResult  // B's command per device
 	Late           map[string]SendResult  // A's late command per device
 	Verdicts       []sim.VerdictRecord    // the devices' verdict log, in order
-	Final          map[string]sim.State   // each device's state at the end
+	Final          map[string]sim.State   // each device's state at the end (MQTT devices)
+	Values         map[string]float64     // each device's final value: setpoint, or register 0 (Serial)
+	Applied        []legacy.Applied       // the legacy device's applied writes (Serial)
 	Frozen         time.Duration          // how long A was frozen
 }
 
@@ -88,6 +98,7 @@ type figure1 struct {
 	cfg   Figure1Config
 	start time.Time
 	procs []*Proc
+	pair  *PtyPair // Serial: gateway end A... device end B
 }
 
 // RunFigure1 runs the scenario and returns what happened. It stops every
@@ -114,8 +125,19 @@ func RunFigure1(ctx context.Context, cfg Figure1Config) (*Figure1Result, error) 
 	if cfg.Narrate == nil {
 		cfg.Narrate = io.Discard
 	}
+	if cfg.Serial && len(cfg.Devices) != 1 {
+		return nil, errors.New("sandbox: figure 1 over serial takes one device")
+	}
 	f := &figure1{cfg: cfg, start: time.Now()}
 	defer f.stopAll()
+	if cfg.Serial {
+		pair, err := NewPtyPair()
+		if err != nil {
+			return nil, err
+		}
+		f.pair = pair
+		defer pair.Close()
+	}
 	return f.run(ctx)
 }
 
@@ -132,6 +154,15 @@ func (f *figure1) stopAll() {
 func (f *figure1) path(name string) string { return filepath.Join(f.cfg.Dir, name) }
 
 func (f *figure1) startDevices(ctx context.Context) (*Proc, error) {
+	if f.cfg.Serial {
+		p, err := StartProc("devsim", f.path("devsim.log"), nil, f.cfg.DevsimBin,
+			"--serial", f.pair.B, "--devices", f.cfg.Devices[0], "--log", f.path("applied.jsonl"))
+		if err != nil {
+			return nil, err
+		}
+		f.procs = append(f.procs, p)
+		return p, p.WaitLine(ctx, "ready")
+	}
 	args := []string{"--mqtt", f.cfg.MQTT, "--prefix", f.cfg.MQTTPrefix, "--devices", strings.Join(f.cfg.Devices, ","),
 		"--dir", f.path("devices"), "--log", f.path("verdicts.jsonl"), "--client-id", "devsim-" + filepath.Base(f.cfg.Dir)}
 	if f.cfg.NoFence {
@@ -153,6 +184,13 @@ func (f *figure1) startAgent(ctx context.Context, gw, failpoints string) (*Proc,
 	var devs strings.Builder
 	for _, d := range f.cfg.Devices {
 		fmt.Fprintf(&devs, "  - id: %s\n", d)
+		if f.cfg.Serial {
+			// B is the home gateway: the device is wired to it.
+			fmt.Fprintf(&devs, "    fence: gateway\n    home: gw-b\n")
+			if gw == "gw-b" {
+				fmt.Fprintf(&devs, "    serial:\n      port: %s\n", f.pair.A)
+			}
+		}
 	}
 	conf := fmt.Sprintf(`gateway: %s
 state_dir: %s
@@ -230,8 +268,11 @@ func (f *figure1) waitHolding(ctx context.Context, p *Proc, sock string) (map[st
 
 // send runs `edgefence send` and parses its answer.
 func (f *figure1) send(ctx context.Context, sock, dev string, setpoint float64) (SendResult, error) {
-	body := fmt.Sprintf(`{"setpoint": %g}`, setpoint)
-	cmd := exec.CommandContext(ctx, f.cfg.AgentBin, "send", "--socket", sock, dev, "set", body)
+	kind, body := "set", fmt.Sprintf(`{"setpoint": %g}`, setpoint)
+	if f.cfg.Serial {
+		kind, body = legacy.KindWriteRegister, fmt.Sprintf(`{"addr": 0, "value": %g}`, setpoint)
+	}
+	cmd := exec.CommandContext(ctx, f.cfg.AgentBin, "send", "--socket", sock, dev, kind, body)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -250,7 +291,12 @@ func (f *figure1) run(ctx context.Context) (*Figure1Result, error) {
 	c := f.cfg
 	res := &Figure1Result{First: map[string]SendResult{}, Takeover: map[string]SendResult{}, Late: map[string]SendResult{}}
 	fenceWord := "fenced"
-	if c.NoFence {
+	switch {
+	case c.Serial && c.NoFence:
+		fenceWord = "a legacy serial device wired to gateway B, whose fence table is OFF"
+	case c.Serial:
+		fenceWord = "a legacy serial device (no fence of its own) wired to gateway B, whose fence table guards it"
+	case c.NoFence:
 		fenceWord = "UNFENCED (--unsafe-no-fence: they apply whatever arrives)"
 	}
 	devsim, err := f.startDevices(ctx)
@@ -268,7 +314,11 @@ func (f *figure1) run(ctx context.Context) (*Figure1Result, error) {
 	}
 	f.say("agent A holds the lease of every device (lease TTL %v), tokens %s", c.LeaseTTL, fmtTokens(c.Devices, res.TokenA))
 
-	b, sockB, err := f.startAgent(ctx, "gw-b", "")
+	bFailpoints := ""
+	if c.Serial && c.NoFence {
+		bFailpoints = "no-fence-table" // B is the device's home: its table is the fence
+	}
+	b, sockB, err := f.startAgent(ctx, "gw-b", bFailpoints)
 	if err != nil {
 		return nil, err
 	}
@@ -349,29 +399,59 @@ func (f *figure1) run(ctx context.Context) (*Figure1Result, error) {
 	}
 	f.say("A's late command (token %s): %s", fmtTokens(c.Devices, res.TokenA), fmtVerdicts(c.Devices, res.Late))
 
-	// Stop everything so the verdict log is complete, then read it.
+	// Stop everything so the device logs are complete, then read them.
 	f.stopAll()
 	f.procs = nil
+	res.Values = map[string]float64{}
+	if c.Serial {
+		if err := f.readApplied(res); err != nil {
+			return nil, err
+		}
+	} else if err := f.readVerdicts(res); err != nil {
+		return nil, err
+	}
+	var finals []string
+	for _, d := range c.Devices {
+		finals = append(finals, fmt.Sprintf("%s=%g", d, res.Values[d]))
+	}
+	f.say("final values: %s", strings.Join(finals, " "))
+	return res, nil
+}
+
+func (f *figure1) readVerdicts(res *Figure1Result) error {
 	lf, err := os.Open(f.path("verdicts.jsonl"))
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer lf.Close()
 	if res.Verdicts, err = sim.ReadVerdictLog(lf); err != nil {
-		return nil, err
+		return err
 	}
 	res.Final = map[string]sim.State{}
 	for _, v := range res.Verdicts {
 		if v.State != nil {
 			res.Final[v.Device] = *v.State
+			res.Values[v.Device] = v.State.Setpoint
 		}
 	}
-	var finals []string
-	for _, d := range c.Devices {
-		finals = append(finals, fmt.Sprintf("%s=%g", d, res.Final[d].Setpoint))
+	return nil
+}
+
+func (f *figure1) readApplied(res *Figure1Result) error {
+	lf, err := os.Open(f.path("applied.jsonl"))
+	if err != nil {
+		return err
 	}
-	f.say("final setpoints: %s", strings.Join(finals, " "))
-	return res, nil
+	defer lf.Close()
+	if res.Applied, err = legacy.ReadApplied(lf); err != nil {
+		return err
+	}
+	for _, a := range res.Applied {
+		if a.Addr == 0 && len(a.Values) > 0 {
+			res.Values[a.Device] = float64(a.Values[0])
+		}
+	}
+	return nil
 }
 
 func fmtTokens(devs []string, t map[string]fence.Token) string {
@@ -414,8 +494,8 @@ func (r *Figure1Result) CheckFenced() error {
 		if v := r.Late[d].Verdict; v == "accepted" || v == "duplicate" {
 			errs = append(errs, fmt.Errorf("%s: A's late command was %s", d, v))
 		}
-		if s := r.Final[d].Setpoint; s != SetpointB {
-			errs = append(errs, fmt.Errorf("%s: final setpoint %g, want B's %g", d, s, SetpointB))
+		if s := r.Values[d]; s != SetpointB {
+			errs = append(errs, fmt.Errorf("%s: final value %g, want B's %g", d, s, SetpointB))
 		}
 	}
 	// I1 on the device's own history: accepted tokens never decrease.
@@ -435,8 +515,8 @@ func (r *Figure1Result) CheckFenced() error {
 // Corrupted counts the devices whose final setpoint is the stale holder's.
 func (r *Figure1Result) Corrupted() int {
 	n := 0
-	for _, s := range r.Final {
-		if s.Setpoint == SetpointLate {
+	for _, v := range r.Values {
+		if v == SetpointLate {
 			n++
 		}
 	}

@@ -69,6 +69,9 @@ func runFigure1(t *testing.T, mutate func(*Figure1Config)) *Figure1Result {
 	}
 	res, err := RunFigure1(ctx, cfg)
 	t.Logf("timeline:\n%s", narration.String())
+	if os.Getenv("FIG1_DUMP") != "" {
+		dumpLogs(t, cfg.Dir)
+	}
 	if err != nil {
 		dumpLogs(t, cfg.Dir)
 		t.Fatal(err)
@@ -118,8 +121,8 @@ func TestFigure1FrozenHolderIsFenced(t *testing.T) {
 // shows the test above would fail without the fence.
 func TestFigure1WithoutFenceCorrupts(t *testing.T) {
 	res := runFigure1(t, func(c *Figure1Config) { c.NoFence = true })
-	if n := res.Corrupted(); n != len(res.Final) || n == 0 {
-		t.Fatalf("%d of %d devices corrupted without the fence; want all", n, len(res.Final))
+	if n := res.Corrupted(); n != len(res.Values) || n == 0 {
+		t.Fatalf("%d of %d devices corrupted without the fence; want all", n, len(res.Values))
 	}
 	if err := res.CheckFenced(); err == nil {
 		t.Fatal("CheckFenced passed without the fence: the check cannot fail")
@@ -193,5 +196,43 @@ func checkEveryCommandHasOneVerdict(t *testing.T, res *Figure1Result) {
 	want := 3 * len(res.TokenA)
 	if len(ids) != want {
 		t.Errorf("%d distinct commands in the device log, want %d", len(ids), want)
+	}
+}
+
+// TestFigure1SerialGatewayFence: the same timeline against a legacy device
+// on a serial line that cannot check tokens. B is its home gateway; A's late
+// write goes through B's fence table, is refused as stale, and never reaches
+// the wire: the device's applied log has no write of A after B's first.
+func TestFigure1SerialGatewayFence(t *testing.T) {
+	res := runFigure1(t, func(c *Figure1Config) { c.Serial = true; c.Devices = []string{"plc-1"} })
+	if err := res.CheckFenced(); err != nil {
+		t.Fatal(err)
+	}
+	if v := res.Late["plc-1"].Verdict; v != "stale" {
+		t.Fatalf("late write: %+v", res.Late["plc-1"])
+	}
+	sawB := false
+	for _, a := range res.Applied {
+		if a.Values[0] == uint16(SetpointB) {
+			sawB = true
+		}
+		if sawB && a.Values[0] == uint16(SetpointLate) {
+			t.Fatalf("A's write applied after B's: %+v", res.Applied)
+		}
+	}
+	if len(res.Applied) != 2 {
+		t.Fatalf("applied %+v, want A's first and B's", res.Applied)
+	}
+}
+
+// TestFigure1SerialWithoutTableCorrupts: B's fence table switched off, the
+// same schedule lands A's stale write on the device.
+func TestFigure1SerialWithoutTableCorrupts(t *testing.T) {
+	res := runFigure1(t, func(c *Figure1Config) { c.Serial = true; c.Devices = []string{"plc-1"}; c.NoFence = true })
+	if res.Corrupted() != 1 {
+		t.Fatalf("final %v, want the stale holder's %g", res.Values, SetpointLate)
+	}
+	if err := res.CheckFenced(); err == nil {
+		t.Fatal("CheckFenced passed without the table")
 	}
 }

@@ -1,0 +1,350 @@
+// Package bridge is the home gateway's fence point for devices that cannot
+// check tokens (`fence: gateway` in the agent config): PLCs, meters and
+// drives on a serial line.
+//
+// A holder anywhere — another gateway, a central synchronizer, this
+// gateway's own controller — publishes fenced envelopes to the device's
+// command topic. The bridge takes each from the broker and:
+//
+//  1. decodes it and turns its kind and body into the device's request
+//     (devices/legacy: Modbus PDUs); anything malformed is answered Invalid
+//     and never reaches the table or the wire;
+//  2. admits it through the gateway's fence.Table, committed with fsync,
+//     inside the MQTT handler, so before the broker's PUBACK: stale and
+//     duplicate commands are answered there and never written to the line;
+//  3. hands admitted commands to the device's own worker, which sends them
+//     over the serial link in admission order and acks each one.
+//
+// The gateway's own controller takes the same path through the broker:
+// there is no shortcut around the table.
+//
+// A command admitted but not yet answered by the device when the process
+// dies is lost (its mark has moved, so a redelivery is a Duplicate): at
+// most once, never twice. The durable outbox of a later issue closes that.
+package bridge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/edgefence/edgefence/devices/legacy"
+	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/transport/mqtt"
+	"github.com/edgefence/edgefence/transport/serial"
+)
+
+// Defaults.
+const (
+	DefaultQueue          = 256
+	DefaultCommandTimeout = 30 * time.Second
+)
+
+// ErrConfig means the bridge configuration is unusable.
+var ErrConfig = errors.New("bridge: invalid config")
+
+// Device is one device the bridge fronts.
+type Device struct {
+	ID   string
+	Port serial.PortConfig
+}
+
+// Config configures a Bridge.
+type Config struct {
+	Table   *fence.Table // the gateway's fence table (required)
+	Topics  mqtt.Topics
+	Devices []Device
+	// CommandTimeout bounds one command on the serial link, retries and
+	// waiting for an unplugged port included. Default 30s.
+	CommandTimeout time.Duration
+	// Queue is how many admitted commands may wait per device; when full,
+	// new commands are refused (Invalid, "busy") before admission.
+	Queue  int
+	Logger *slog.Logger
+	// UnsafeNoTable skips the fence table and forwards every command: TEST
+	// AND DEMO ONLY, to show what the table prevents.
+	UnsafeNoTable bool
+}
+
+// Stats are the bridge's counters.
+type Stats struct {
+	Accepted     uint64 `json:"accepted"`
+	Duplicate    uint64 `json:"duplicate"`
+	Stale        uint64 `json:"stale"`
+	Invalid      uint64 `json:"invalid"`
+	Busy         uint64 `json:"busy"`
+	TableErrors  uint64 `json:"table_errors"`
+	SerialErrors uint64 `json:"serial_errors"`
+	DeviceErrors uint64 `json:"device_exceptions"`
+	AckErrors    uint64 `json:"ack_errors"`
+}
+
+// Bridge forwards fenced commands to serial devices through the fence table.
+type Bridge struct {
+	cfg     Config
+	log     *slog.Logger
+	devices map[string]*port
+
+	mu     sync.Mutex
+	client *mqtt.Client
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	accepted, duplicate, stale, invalid, busy, tableErr, serialErr, devErr, ackErr atomic.Uint64
+}
+
+type port struct {
+	dev   Device
+	queue chan *job
+	conn  *serial.Conn
+	link  *serial.Link
+}
+
+type job struct {
+	env *fence.Envelope
+	req *legacy.Request
+	m   fence.Mark
+}
+
+// New checks cfg and prepares the bridge. Register Subscriptions with the
+// MQTT client before it connects, then call Start.
+func New(cfg Config) (*Bridge, error) {
+	if cfg.Table == nil && !cfg.UnsafeNoTable {
+		return nil, fmt.Errorf("%w: no fence table", ErrConfig)
+	}
+	if cfg.CommandTimeout <= 0 {
+		cfg.CommandTimeout = DefaultCommandTimeout
+	}
+	if cfg.Queue <= 0 {
+		cfg.Queue = DefaultQueue
+	}
+	b := &Bridge{cfg: cfg, log: cfg.Logger, devices: make(map[string]*port, len(cfg.Devices))}
+	if b.log == nil {
+		b.log = slog.New(slog.DiscardHandler)
+	}
+	for _, d := range cfg.Devices {
+		if err := fence.ValidateDeviceID(d.ID); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+		}
+		if err := d.Port.Validate(); err != nil {
+			return nil, fmt.Errorf("%w: device %s: %w", ErrConfig, d.ID, err)
+		}
+		b.devices[d.ID] = &port{dev: d, queue: make(chan *job, cfg.Queue)}
+	}
+	if cfg.UnsafeNoTable {
+		b.log.Warn("UNSAFE: the fence table is off; every command reaches the devices (tests and demos only)")
+	}
+	return b, nil
+}
+
+// Subscriptions returns the command-topic subscriptions to register with
+// the MQTT client (mqtt.Config.Subscriptions), so that commands the broker
+// queued for a resumed session are not dropped before Start.
+func (b *Bridge) Subscriptions() []mqtt.Subscription {
+	subs := make([]mqtt.Subscription, 0, len(b.devices))
+	for id := range b.devices {
+		subs = append(subs, mqtt.Subscription{Filter: b.cfg.Topics.Cmd(id), Handler: b.onCommand})
+	}
+	return subs
+}
+
+// Start opens the serial ports (a missing port is logged and retried in the
+// background: the other devices keep being served) and starts one worker per
+// device, publishing acks through client. Close stops it.
+func (b *Bridge) Start(ctx context.Context, client *mqtt.Client) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.client != nil {
+		return errors.New("bridge: already started")
+	}
+	b.client = client
+	b.ctx, b.cancel = context.WithCancel(ctx)
+	for _, p := range b.devices {
+		conn, err := serial.OpenConn(serial.ConnConfig{Port: p.dev.Port, Logger: b.log.With("device", p.dev.ID)})
+		if conn == nil {
+			b.cancel()
+			return fmt.Errorf("bridge: device %s: %w", p.dev.ID, err)
+		}
+		if err != nil {
+			b.log.Warn("serial port not there; commands wait for it", "device", p.dev.ID, "port", p.dev.Port.Path, "err", err)
+		}
+		link, err := serial.NewLink(conn, serial.LinkConfig{Timeout: time.Second, Retries: 3, Logger: b.log.With("device", p.dev.ID)})
+		if err != nil {
+			conn.Close()
+			b.cancel()
+			return fmt.Errorf("bridge: device %s: %w", p.dev.ID, err)
+		}
+		p.conn, p.link = conn, link
+		b.wg.Add(1)
+		go func() {
+			defer b.wg.Done()
+			b.work(p)
+		}()
+	}
+	b.log.Info("bridge started", "devices", len(b.devices))
+	return nil
+}
+
+// Close stops the workers and closes the ports. Commands still queued are
+// not sent (their fate is unknown to their senders, who got no ack).
+func (b *Bridge) Close() error {
+	b.mu.Lock()
+	cancel := b.cancel
+	b.mu.Unlock()
+	if cancel == nil {
+		return nil
+	}
+	cancel()
+	b.wg.Wait()
+	for _, p := range b.devices {
+		if p.link != nil {
+			p.link.Close()
+			p.conn.Close()
+		}
+	}
+	return nil
+}
+
+// Stats returns the counters.
+func (b *Bridge) Stats() Stats {
+	return Stats{Accepted: b.accepted.Load(), Duplicate: b.duplicate.Load(), Stale: b.stale.Load(),
+		Invalid: b.invalid.Load(), Busy: b.busy.Load(), TableErrors: b.tableErr.Load(),
+		SerialErrors: b.serialErr.Load(), DeviceErrors: b.devErr.Load(), AckErrors: b.ackErr.Load()}
+}
+
+// onCommand runs on the MQTT client's delivery goroutine: decide and
+// persist here (before the PUBACK), queue the wire work for the device.
+func (b *Bridge) onCommand(msg mqtt.Message) {
+	dev, leaf, ok := b.cfg.Topics.Parse(msg.Topic)
+	p := b.devices[dev]
+	if !ok || leaf != mqtt.LeafCmd || p == nil {
+		b.invalid.Add(1)
+		b.log.Warn("command on a topic this bridge does not serve", "topic", msg.Topic)
+		return
+	}
+	env, err := fence.UnmarshalEnvelope(msg.Payload)
+	if err != nil {
+		b.refuse(dev, nil, fence.Invalid, fence.Mark{}, err.Error())
+		return
+	}
+	if env.Device != dev {
+		b.refuse(dev, env, fence.Invalid, fence.Mark{}, fmt.Sprintf("envelope for %q on %q's topic", env.Device, dev))
+		return
+	}
+	req, err := legacy.CommandPDU(env)
+	if err != nil {
+		b.refuse(dev, env, fence.Invalid, fence.Mark{}, err.Error())
+		return
+	}
+	if len(p.queue) == cap(p.queue) {
+		b.busy.Add(1)
+		b.refuse(dev, env, fence.Invalid, fence.Mark{}, "busy: too many commands waiting for the device; not admitted")
+		return
+	}
+	v, m := fence.Accepted, fence.Mark{Token: env.Token, Seq: env.Seq}
+	if !b.cfg.UnsafeNoTable {
+		v, m, err = b.cfg.Table.Admit(context.Background(), env)
+		if v == fence.Invalid {
+			b.refuse(dev, env, fence.Invalid, m, err.Error())
+			return
+		}
+		if err != nil {
+			b.tableErr.Add(1)
+			b.log.Error("fence table", "device", dev, "err", err)
+			b.refuse(dev, env, fence.Invalid, m, "fence table: "+err.Error())
+			return
+		}
+	}
+	if v != fence.Accepted {
+		b.refuse(dev, env, v, m, "")
+		return
+	}
+	p.queue <- &job{env: env, req: req, m: m} // a free slot was checked above; only this goroutine adds
+}
+
+// refuse answers a command that will not reach the device.
+func (b *Bridge) refuse(dev string, env *fence.Envelope, v fence.Verdict, m fence.Mark, reason string) {
+	switch v {
+	case fence.Duplicate:
+		b.duplicate.Add(1)
+	case fence.Stale:
+		b.stale.Add(1)
+		reason = fmt.Sprintf("token below the gateway fence table's %d", m.Token)
+	default:
+		b.invalid.Add(1)
+	}
+	b.log.Info("refused", "device", dev, "verdict", v, "reason", reason)
+	if env == nil {
+		env = &fence.Envelope{Device: dev}
+	}
+	b.ack(dev, env, v, m, reason)
+}
+
+func (b *Bridge) ack(dev string, env *fence.Envelope, v fence.Verdict, m fence.Mark, reason string) {
+	a := fence.NewAck(env, v, m, reason)
+	a.Device = dev
+	payload, err := fence.MarshalAck(&a)
+	if err != nil {
+		b.ackErr.Add(1)
+		b.log.Error("encode ack", "device", dev, "err", err)
+		return
+	}
+	b.mu.Lock()
+	client, ctx := b.client, b.ctx
+	b.mu.Unlock()
+	if client == nil {
+		b.ackErr.Add(1)
+		return
+	}
+	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := client.Publish(actx, mqtt.Message{Topic: b.cfg.Topics.Ack(dev), Payload: payload, CorrelationData: []byte(env.ID)}); err != nil {
+		b.ackErr.Add(1)
+		b.log.Warn("publish ack", "device", dev, "id", env.ID, "err", err)
+	}
+}
+
+// work sends one device's admitted commands over its link, in order.
+func (b *Bridge) work(p *port) {
+	for {
+		select {
+		case <-b.ctx.Done():
+			return
+		case j := <-p.queue:
+			b.send(p, j)
+		}
+	}
+}
+
+func (b *Bridge) send(p *port, j *job) {
+	pdu, err := j.req.Encode()
+	if err != nil { // CommandPDU validated it
+		b.ack(p.dev.ID, j.env, fence.Invalid, j.m, err.Error())
+		return
+	}
+	ctx, cancel := context.WithTimeout(b.ctx, b.cfg.CommandTimeout)
+	defer cancel()
+	resp, err := p.link.Do(ctx, pdu)
+	if err != nil {
+		b.serialErr.Add(1)
+		b.log.Warn("device did not answer", "device", p.dev.ID, "id", j.env.ID, "err", err)
+		b.ack(p.dev.ID, j.env, fence.Invalid, j.m, "admitted, but the device did not answer (fate unknown): "+err.Error())
+		return
+	}
+	r, err := legacy.DecodeResponse(j.req, resp)
+	if err == nil {
+		err = r.Err()
+	}
+	if err != nil {
+		b.devErr.Add(1)
+		b.ack(p.dev.ID, j.env, fence.Invalid, j.m, "device: "+err.Error())
+		return
+	}
+	b.accepted.Add(1)
+	b.ack(p.dev.ID, j.env, fence.Accepted, j.m, "")
+}

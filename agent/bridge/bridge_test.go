@@ -1,0 +1,307 @@
+package bridge
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/creack/pty"
+	"go.uber.org/goleak"
+
+	"github.com/edgefence/edgefence/devices/legacy"
+	"github.com/edgefence/edgefence/devices/sandbox"
+	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/transport/mqtt"
+	"github.com/edgefence/edgefence/transport/serial"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// legacyDevice serves a register device with no fence on the master side of
+// a real pty; the bridge opens the slave's path like a USB-serial adapter.
+type legacyDevice struct {
+	path string
+	regs *legacy.Registers
+	log  *syncBuffer
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) applied(t *testing.T) []legacy.Applied {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a, err := legacy.ReadApplied(bytes.NewReader(s.b.Bytes()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+func startLegacyDevice(t *testing.T, id string) *legacyDevice {
+	t.Helper()
+	m, s, err := pty.Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd, err := syscall.Dup(int(m.Fd()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	syscall.CloseOnExec(fd)
+	if err := syscall.SetNonblock(fd, true); err != nil {
+		t.Fatal(err)
+	}
+	master := os.NewFile(uintptr(fd), m.Name())
+	m.Close()
+	d := &legacyDevice{path: s.Name(), log: &syncBuffer{}}
+	d.regs = legacy.NewRegisters(id, 16, d.log)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = serial.Serve(ctx, master, d.regs.Handle)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		master.Close()
+		<-done
+		s.Close()
+	})
+	return d
+}
+
+type rig struct {
+	t      *testing.T
+	topics mqtt.Topics
+	broker *sandbox.Broker
+	dev    *legacyDevice
+	cmdr   *mqtt.Commander
+}
+
+func newRig(t *testing.T) *rig {
+	t.Helper()
+	b, err := sandbox.StartBroker(sandbox.BrokerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	r := &rig{t: t, topics: mqtt.Topics{Prefix: "bridge-test"}, broker: b, dev: startLegacyDevice(t, "plc-1")}
+	r.cmdr, err = mqtt.NewCommander(context.Background(), mqtt.Config{Brokers: []string{b.URL()}, ClientID: "holder", CleanStart: true},
+		r.topics, []string{"plc-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { closeCtx(r.cmdr.Close) })
+	return r
+}
+
+func closeCtx(f func(context.Context) error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = f(ctx)
+}
+
+// startBridge runs a bridge for plc-1 with its own MQTT client; the returned
+// func stops it.
+func (r *rig) startBridge(tablePath string, unsafe bool) (*Bridge, func()) {
+	t := r.t
+	t.Helper()
+	var tbl *fence.Table
+	if !unsafe {
+		var err error
+		if tbl, err = fence.OpenTable(tablePath, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	br, err := New(Config{Table: tbl, Topics: r.topics, UnsafeNoTable: unsafe, CommandTimeout: 10 * time.Second,
+		Devices: []Device{{ID: "plc-1", Port: serial.PortConfig{Path: r.dev.path}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := mqtt.Dial(context.Background(), mqtt.Config{Brokers: []string{r.broker.URL()}, ClientID: "home-gw",
+		CleanStart: true, Subscriptions: br.Subscriptions()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := c.AwaitSubscribed(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := br.Start(context.Background(), c); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			br.Close()
+			closeCtx(c.Close)
+			if tbl != nil {
+				tbl.Close()
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return br, stop
+}
+
+func (r *rig) write(token fence.Token, seq uint64, value uint16) *fence.Ack {
+	r.t.Helper()
+	body, err := fence.EncodeBody(map[string]any{"addr": 0, "value": value})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return r.send(&fence.Envelope{V: fence.Version, Device: "plc-1", Token: token, Seq: seq,
+		ID: "c-" + string(rune('a'+token)) + "-" + string(rune('0'+seq)), Kind: legacy.KindWriteRegister, Body: body, Holder: "gw"})
+}
+
+func (r *rig) send(env *fence.Envelope) *fence.Ack {
+	r.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ack, err := r.cmdr.Send(ctx, env)
+	if err != nil {
+		r.t.Fatalf("send %+v: %v", env, err)
+	}
+	return ack
+}
+
+func (r *rig) register() uint16 {
+	v, err := r.dev.regs.Register(0)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return v
+}
+
+// The Figure 1 schedule against a device that cannot check: A (token 7)
+// writes, B (token 9) takes over and writes, A's late write arrives. The
+// gateway's table refuses it before the wire.
+func TestFrozenHolderRefusedBeforeTheWire(t *testing.T) {
+	r := newRig(t)
+	table := filepath.Join(t.TempDir(), "fence.db")
+	br, stop := r.startBridge(table, false)
+	if a := r.write(7, 1, 100); a.Verdict != fence.Accepted {
+		t.Fatalf("A: %+v", a)
+	}
+	if a := r.write(9, 1, 200); a.Verdict != fence.Accepted {
+		t.Fatalf("B: %+v", a)
+	}
+	late := r.write(7, 2, 999)
+	if late.Verdict != fence.Stale || late.MaxToken != 9 || !errors.Is(late.Err(), fence.ErrStale) {
+		t.Fatalf("A late: %+v", late)
+	}
+	if a := r.write(9, 1, 200); a.Verdict != fence.Duplicate {
+		t.Fatalf("B redelivered: %+v", a)
+	}
+	if v := r.register(); v != 200 {
+		t.Fatalf("register %d, want B's 200", v)
+	}
+	applied := r.dev.log.applied(t)
+	if len(applied) != 2 || applied[1].Values[0] != 200 {
+		t.Fatalf("applied %+v", applied)
+	}
+	if st := br.Stats(); st.Accepted != 2 || st.Stale != 1 || st.Duplicate != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+	// The gateway restarts: the table keeps the mark.
+	stop()
+	r.startBridge(table, false)
+	if a := r.write(7, 3, 998); a.Verdict != fence.Stale {
+		t.Fatalf("after restart: %+v", a)
+	}
+	if a := r.write(9, 2, 201); a.Verdict != fence.Accepted {
+		t.Fatalf("B after restart: %+v", a)
+	}
+	if v := r.register(); v != 201 {
+		t.Fatalf("register %d", v)
+	}
+}
+
+// Without the table the same schedule corrupts the device: the test above
+// would fail without the fence.
+func TestWithoutTableCorrupts(t *testing.T) {
+	r := newRig(t)
+	r.startBridge("", true)
+	r.write(7, 1, 100)
+	r.write(9, 1, 200)
+	if a := r.write(7, 2, 999); a.Verdict != fence.Accepted {
+		t.Fatalf("unfenced late write: %+v", a)
+	}
+	if v := r.register(); v != 999 {
+		t.Fatalf("register %d: expected the stale holder's 999 without the table", v)
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	r := newRig(t)
+	br, _ := r.startBridge(filepath.Join(t.TempDir(), "fence.db"), false)
+	if a := r.write(5, 1, 1); a.Verdict != fence.Accepted {
+		t.Fatal(a)
+	}
+	body := func(v any) []byte {
+		b, err := fence.EncodeBody(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	env := func(id, kind string, b []byte) *fence.Envelope {
+		return &fence.Envelope{V: fence.Version, Device: "plc-1", Token: 6, Seq: 1, ID: id, Kind: kind, Body: b}
+	}
+	for _, e := range []*fence.Envelope{
+		env("k1", "set", body(map[string]any{"setpoint": 1})),
+		env("k2", legacy.KindWriteRegister, body(map[string]any{"addr": 0, "value": 70000})),
+		env("k3", legacy.KindWriteRegisters, body(map[string]any{"addr": 0, "values": make([]int, 200)})),
+	} {
+		if a := r.send(e); a.Verdict != fence.Invalid || a.Reason == "" {
+			t.Fatalf("%s: %+v", e.ID, a)
+		}
+	}
+	// A register beyond the device's bank: admitted by the table, refused
+	// by the device with a Modbus exception.
+	if a := r.send(env("k4", legacy.KindWriteRegister, body(map[string]any{"addr": 100, "value": 1}))); a.Verdict != fence.Invalid {
+		t.Fatalf("device exception: %+v", a)
+	}
+	// Garbage on the command topic: answered Invalid, nothing reaches the
+	// device, and the bridge keeps serving.
+	c := r.cmdr.Client()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, p := range [][]byte{{0xff, 0x00}, {0xa1}, bytes.Repeat([]byte{0x9f}, 64)} {
+		if err := c.Publish(ctx, mqtt.Message{Topic: r.topics.Cmd("plc-1"), Payload: p}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if a := r.write(6, 2, 7); a.Verdict != fence.Accepted {
+		t.Fatalf("after bad input: %+v", a)
+	}
+	if v := r.register(); v != 7 {
+		t.Fatalf("register %d", v)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for br.Stats().Invalid < 6 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if st := br.Stats(); st.Invalid != 6 || st.DeviceErrors != 1 || st.Accepted != 2 {
+		t.Fatalf("stats %+v", st)
+	}
+	if n := len(r.dev.log.applied(t)); n != 2 {
+		t.Fatalf("%d writes applied, want 2", n)
+	}
+}

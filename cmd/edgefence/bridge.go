@@ -1,0 +1,70 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/edgefence/edgefence/agent"
+	"github.com/edgefence/edgefence/agent/bridge"
+	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/transport/mqtt"
+	"github.com/edgefence/edgefence/transport/serial"
+)
+
+// bridgeDevices returns the serial devices this gateway is home for, with
+// their ports validated (errors name the config field).
+func bridgeDevices(cfg *agent.Config) ([]bridge.Device, error) {
+	var out []bridge.Device
+	for i, d := range cfg.Devices {
+		if d.Fence != agent.FenceGateway || d.Home != cfg.Gateway {
+			continue
+		}
+		s := d.Serial
+		pc := serial.PortConfig{Path: s.Port, Baud: s.Baud, DataBits: s.DataBits, Parity: s.Parity, StopBits: s.StopBits, ReadTimeout: s.ReadTimeout}
+		if err := pc.Validate(); err != nil {
+			return nil, fmt.Errorf("%w: devices[%d].serial: %w", agent.ErrConfig, i, err)
+		}
+		out = append(out, bridge.Device{ID: d.ID, Port: pc})
+	}
+	return out, nil
+}
+
+// openBridge opens the fence table and prepares the bridge when this
+// gateway is home for `fence: gateway` devices. The returned func closes
+// both; it is safe to call twice.
+func openBridge(cfg *agent.Config, log *slog.Logger) (*bridge.Bridge, func(), error) {
+	devs, err := bridgeDevices(cfg)
+	if err != nil || len(devs) == 0 {
+		return nil, func() {}, err
+	}
+	if err := os.MkdirAll(cfg.StateDir, 0o750); err != nil {
+		return nil, nil, fmt.Errorf("state dir: %w", err)
+	}
+	unsafe := failpoint("no-fence-table")
+	var tbl *fence.Table
+	if !unsafe {
+		if tbl, err = fence.OpenTable(filepath.Join(cfg.StateDir, fence.TableFile), nil); err != nil {
+			return nil, nil, err
+		}
+	}
+	br, err := bridge.New(bridge.Config{Table: tbl, Topics: mqtt.Topics{Prefix: cfg.MQTT.Prefix}, Devices: devs,
+		Logger: log.With("component", "bridge"), UnsafeNoTable: unsafe})
+	if err != nil {
+		if tbl != nil {
+			tbl.Close()
+		}
+		return nil, nil, err
+	}
+	var once sync.Once
+	return br, func() {
+		once.Do(func() {
+			br.Close()
+			if tbl != nil {
+				tbl.Close()
+			}
+		})
+	}, nil
+}

@@ -1,0 +1,191 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"path/filepath"
+	"text/tabwriter"
+	"time"
+
+	"github.com/edgefence/edgefence/agent"
+	"github.com/edgefence/edgefence/fence"
+)
+
+const fenceUsage = `usage: edgefence fence <command> [flags]
+
+Inspect the gateway's fence table (the high-water marks of the devices this
+gateway fences) by reading its file. While an agent runs it holds the file
+and these commands time out: ask the agent instead.
+
+commands:
+  list [--table FILE | --config FILE] [--json]           every device's mark
+  show [--table FILE | --config FILE] [--json] DEVICE... the named devices' marks
+
+The table file is --table, or <state_dir>/` + fence.TableFile + ` of the --config file's
+agent, or ` + agent.DefaultStateDir + `/` + fence.TableFile + `.
+`
+
+func cmdFence(args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, fenceUsage)
+		return exitError{2}
+	}
+	switch args[0] {
+	case "list":
+		return cmdFenceList(args[1:], stdout, stderr)
+	case "show":
+		return cmdFenceShow(args[1:], stdout, stderr)
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, fenceUsage)
+		return nil
+	}
+	fmt.Fprintf(stderr, "edgefence fence: unknown command %q\n\n%s", args[0], fenceUsage)
+	return exitError{2}
+}
+
+// fenceFlags are the flags of the fence commands.
+type fenceFlags struct {
+	fs      *flag.FlagSet
+	table   string
+	config  string
+	asJSON  bool
+	timeout time.Duration
+}
+
+func newFenceFlags(name, args string, stderr io.Writer) *fenceFlags {
+	f := &fenceFlags{fs: flag.NewFlagSet("fence "+name, flag.ContinueOnError)}
+	f.fs.SetOutput(stderr)
+	f.fs.StringVar(&f.table, "table", "", "fence table file")
+	f.fs.StringVar(&f.config, "config", "", "agent config file: the table is <state_dir>/"+fence.TableFile)
+	f.fs.BoolVar(&f.asJSON, "json", false, "print JSON")
+	f.fs.DurationVar(&f.timeout, "timeout", fence.DefaultTableTimeout, "give up waiting for the file lock after this long")
+	f.fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: edgefence fence %s [flags]%s\n", name, args)
+		f.fs.PrintDefaults()
+	}
+	return f
+}
+
+// parse parses flags placed before, between and after the arguments, and
+// returns the arguments.
+func (f *fenceFlags) parse(args []string) ([]string, error) {
+	var rest []string
+	for {
+		if err := f.fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, err
+			}
+			return nil, exitError{2}
+		}
+		args = f.fs.Args()
+		if len(args) == 0 {
+			return rest, nil
+		}
+		rest = append(rest, args[0])
+		args = args[1:]
+	}
+}
+
+// open opens the table file read-only.
+func (f *fenceFlags) open() (*fence.Table, error) {
+	path := f.table
+	switch {
+	case f.table != "" && f.config != "":
+		f.fs.Usage()
+		return nil, exitError{2}
+	case f.config != "":
+		c, err := agent.LoadConfig(f.config)
+		if err != nil {
+			return nil, err
+		}
+		path = filepath.Join(c.StateDir, fence.TableFile)
+	case path == "":
+		path = filepath.Join(agent.DefaultStateDir, fence.TableFile)
+	}
+	return fence.OpenTable(path, &fence.TableOptions{ReadOnly: true, Timeout: f.timeout})
+}
+
+func cmdFenceList(args []string, stdout, stderr io.Writer) error {
+	f := newFenceFlags("list", "", stderr)
+	rest, err := f.parse(args)
+	if err != nil {
+		return err
+	}
+	if len(rest) > 0 {
+		f.fs.Usage()
+		return exitError{2}
+	}
+	tab, err := f.open()
+	if err != nil {
+		return err
+	}
+	defer tab.Close()
+	recs, listErr := tab.List() // the readable records even if some are not
+	if err := printRecords(stdout, recs, f.asJSON); err != nil {
+		return err
+	}
+	return listErr
+}
+
+func cmdFenceShow(args []string, stdout, stderr io.Writer) error {
+	f := newFenceFlags("show", " DEVICE...", stderr)
+	devices, err := f.parse(args)
+	if err != nil {
+		return err
+	}
+	if len(devices) == 0 {
+		f.fs.Usage()
+		return exitError{2}
+	}
+	tab, err := f.open()
+	if err != nil {
+		return err
+	}
+	defer tab.Close()
+	var recs []fence.Record
+	var errs []error
+	for _, dev := range devices {
+		r, found, err := tab.Get(dev)
+		switch {
+		case err != nil:
+			errs = append(errs, err)
+		case !found:
+			errs = append(errs, fmt.Errorf("%s: no mark: the table never accepted a command for it", dev))
+		default:
+			recs = append(recs, r)
+		}
+	}
+	if err := printRecords(stdout, recs, f.asJSON); err != nil {
+		return err
+	}
+	return errors.Join(errs...)
+}
+
+// printRecords writes records as an aligned table or as a JSON array.
+func printRecords(w io.Writer, recs []fence.Record, asJSON bool) error {
+	if asJSON {
+		if recs == nil {
+			recs = []fence.Record{}
+		}
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(recs)
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "DEVICE\tTOKEN\tSEQ\tHOLDER\tWHEN\tCOMMAND")
+	for _, r := range recs {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\n", r.Device, r.Mark.Token, r.Mark.Seq,
+			orDash(r.Holder), r.At.UTC().Format("2006-01-02T15:04:05.000Z"), orDash(r.ID))
+	}
+	return tw.Flush()
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

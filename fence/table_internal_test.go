@@ -1,0 +1,122 @@
+package fence
+
+import (
+	"bytes"
+	"path/filepath"
+	"testing"
+
+	"go.etcd.io/bbolt"
+)
+
+// The function a group commit hands to bbolt may run more than once: after
+// a rollback, in a fresh transaction (Batch retries a group without a member
+// that failed), which is replayed here step by step; and, should bbolt ever
+// do it, twice in the same transaction. Each caller must get the verdict of
+// the run that committed, and the table must hold exactly that.
+func TestAdmitCallIdempotent(t *testing.T) {
+	tab, err := OpenTable(filepath.Join(t.TempDir(), TableFile), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tab.Close()
+	env := func(tok Token, seq uint64) *Envelope {
+		return &Envelope{V: Version, Device: "dev-1", Token: tok, Seq: seq, ID: "c", Kind: "set"}
+	}
+	a := newAdmitCall(env(5, 1), 1000)
+	b := newAdmitCall(env(5, 1), 2000) // the same command, redelivered into the same group
+	c := newAdmitCall(env(4, 9), 3000) // an older holder
+
+	// First attempt: the group is rolled back (another member failed).
+	tx, err := tab.db.Begin(true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, call := range []*admitCall{a, b, c} {
+		if err := call.run(tx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if a.v != Accepted || b.v != Duplicate || c.v != Stale {
+		t.Fatalf("first attempt: %v %v %v", a.v, b.v, c.v)
+	}
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+
+	// Retry without the failed member, in the order bbolt keeps (it swaps
+	// the failed call with the last): b now runs first.
+	if err := tab.db.Update(func(tx *bbolt.Tx) error {
+		for _, call := range []*admitCall{b, a, c, a, b} { // a and b twice in one tx
+			if err := call.run(tx); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if b.v != Accepted || a.v != Duplicate || c.v != Stale {
+		t.Fatalf("committed run: a %v, b %v, c %v; want b accepted, a duplicate, c stale", a.v, b.v, c.v)
+	}
+	r, found, err := tab.Get("dev-1")
+	if err != nil || !found || r.Mark != (Mark{Token: 5, Seq: 1}) || r.At.UnixMilli() != 2000 {
+		t.Fatalf("stored %+v %v %v; want 5/1 written by b (at 2000)", r, found, err)
+	}
+}
+
+// recordSeeds are valid encodings and near misses.
+func recordSeeds() [][]byte {
+	valid := [][]byte{
+		appendRecord(nil, Mark{Token: 1, Seq: 1}, 0, "", ""),
+		appendRecord(nil, Mark{Token: 1 << 40, Seq: 7}, 1700000000123, "gw-1.example", "01J9ZK3T8QW5R2M6X4N0B7C1DE"),
+		appendRecord(nil, Mark{Token: ^Token(0), Seq: ^uint64(0)}, -1, string(bytes.Repeat([]byte("h"), MaxHolderLen)), string(bytes.Repeat([]byte("i"), MaxIDLen))),
+		appendRecord(nil, Mark{Token: 3, Seq: 2}, 5, "holder-é", "c:1/2"),
+	}
+	seeds := append([][]byte(nil), valid...)
+	for _, v := range valid {
+		seeds = append(seeds, v[:len(v)-1], append(bytes.Clone(v), 0))
+		for _, i := range []int{0, 1, 9, 25, len(v) - 1} {
+			x := bytes.Clone(v)
+			x[i] ^= 0x10
+			seeds = append(seeds, x)
+		}
+	}
+	return append(seeds, nil, []byte{1}, appendRecord(nil, Mark{}, 0, "", ""))
+}
+
+func TestRecordRoundTrip(t *testing.T) {
+	for _, s := range recordSeeds()[:4] {
+		m, at, h, id, err := parseRecord(s)
+		if err != nil {
+			t.Fatalf("%x: %v", s, err)
+		}
+		if re := appendRecord(nil, m, at, string(h), string(id)); !bytes.Equal(re, s) {
+			t.Fatalf("re-encoded %x, want %x", re, s)
+		}
+	}
+	for _, s := range recordSeeds()[4:] {
+		if _, _, _, _, err := parseRecord(s); err == nil {
+			t.Errorf("%x parsed", s)
+		}
+	}
+}
+
+// FuzzParseRecord: the stored-record parser never panics, accepts only
+// canonical encodings of a real mark, and everything it accepts round-trips.
+func FuzzParseRecord(f *testing.F) {
+	for _, s := range recordSeeds() {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, at, h, id, err := parseRecord(b)
+		if err != nil {
+			return
+		}
+		if m.Token == 0 || m.Seq == 0 {
+			t.Fatalf("parsed a zero mark %v", m)
+		}
+		if re := appendRecord(nil, m, at, string(h), string(id)); !bytes.Equal(re, b) {
+			t.Fatalf("parsed %x, re-encoded %x", b, re)
+		}
+	})
+}
