@@ -42,7 +42,7 @@ func (s *syncBuffer) Write(p []byte) (int, error) {
 	return s.b.Write(p)
 }
 
-func (s *syncBuffer) applied(t *testing.T) []legacy.Applied {
+func (s *syncBuffer) applied(t testing.TB) []legacy.Applied {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	a, err := legacy.ReadApplied(bytes.NewReader(s.b.Bytes()))
@@ -52,7 +52,7 @@ func (s *syncBuffer) applied(t *testing.T) []legacy.Applied {
 	return a
 }
 
-func startLegacyDevice(t *testing.T, id string) *legacyDevice {
+func startLegacyDevice(t testing.TB, id string) *legacyDevice {
 	t.Helper()
 	m, s, err := pty.Open()
 	if err != nil {
@@ -86,14 +86,14 @@ func startLegacyDevice(t *testing.T, id string) *legacyDevice {
 }
 
 type rig struct {
-	t      *testing.T
+	t      testing.TB
 	topics mqtt.Topics
 	broker *sandbox.Broker
 	dev    *legacyDevice
 	cmdr   *mqtt.Commander
 }
 
-func newRig(t *testing.T) *rig {
+func newRig(t testing.TB) *rig {
 	t.Helper()
 	b, err := sandbox.StartBroker(sandbox.BrokerConfig{})
 	if err != nil {
@@ -303,5 +303,86 @@ func TestBadInput(t *testing.T) {
 	}
 	if n := len(r.dev.log.applied(t)); n != 2 {
 		t.Fatalf("%d writes applied, want 2", n)
+	}
+}
+
+// A device whose port is missing (the adapter unplugged at start, a config
+// pointing at the wrong path) does not stop the bridge from serving the
+// others; its commands are answered once their time runs out, and it is
+// served as soon as the port appears.
+func TestMissingPortKeepsOthersServed(t *testing.T) {
+	r := newRig(t)
+	dir := t.TempDir()
+	missing := filepath.Join(dir, "ttyUSB7") // a symlink that does not exist yet
+	tbl, err := fence.OpenTable(filepath.Join(dir, "fence.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tbl.Close()
+	br, err := New(Config{Table: tbl, Topics: r.topics, CommandTimeout: 2 * time.Second, Devices: []Device{
+		{ID: "plc-1", Port: serial.PortConfig{Path: r.dev.path}},
+		{ID: "plc-9", Port: serial.PortConfig{Path: missing}},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := mqtt.Dial(context.Background(), mqtt.Config{Brokers: []string{r.broker.URL()}, ClientID: "home-gw",
+		CleanStart: true, Subscriptions: br.Subscriptions()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeCtx(c.Close)
+	sctx, scancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer scancel()
+	if err := c.AwaitSubscribed(sctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := br.Start(context.Background(), c); err != nil {
+		t.Fatalf("Start with a missing port: %v", err)
+	}
+	defer br.Close()
+	cmdr, err := mqtt.NewCommander(context.Background(), mqtt.Config{Brokers: []string{r.broker.URL()}, ClientID: "holder-9", CleanStart: true},
+		r.topics, []string{"plc-9"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeCtx(cmdr.Close)
+	body, _ := fence.EncodeBody(map[string]any{"addr": 0, "value": 5})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ack, err := cmdr.Send(ctx, &fence.Envelope{V: fence.Version, Device: "plc-9", Token: 3, Seq: 1, ID: "m1", Kind: legacy.KindWriteRegister, Body: body})
+	if err != nil || ack.Verdict != fence.Invalid || ack.Reason == "" {
+		t.Fatalf("command to the missing device: %+v %v", ack, err)
+	}
+	if a := r.write(4, 1, 42); a.Verdict != fence.Accepted {
+		t.Fatalf("other device: %+v", a)
+	}
+	if v := r.register(); v != 42 {
+		t.Fatalf("register %d", v)
+	}
+	if st := br.Stats(); st.SerialErrors != 1 || st.Accepted != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+	// The adapter appears: the device is served.
+	d9 := startLegacyDevice(t, "plc-9")
+	if err := os.Symlink(d9.path, missing); err != nil {
+		t.Fatal(err)
+	}
+	// The port is reopened on the bridge's backoff (up to seconds): an
+	// operator retries until the device answers, each retry a new command.
+	for seq := uint64(2); ; seq++ {
+		ack, err = cmdr.Send(ctx, &fence.Envelope{V: fence.Version, Device: "plc-9", Token: 3, Seq: seq, ID: "m" + itoa(int(seq)), Kind: legacy.KindWriteRegister, Body: body})
+		if err != nil {
+			t.Fatalf("after the port appeared: %v", err)
+		}
+		if ack.Verdict == fence.Accepted {
+			break
+		}
+		if ack.Verdict != fence.Invalid || ctx.Err() != nil {
+			t.Fatalf("after the port appeared: %+v", ack)
+		}
+	}
+	if v, _ := d9.regs.Register(0); v != 5 {
+		t.Fatalf("plc-9 register %d", v)
 	}
 }

@@ -140,6 +140,16 @@ func cmdRun(args []string, stderr io.Writer) error {
 			cancel() // the agent is unusable without its API
 		}
 	}()
+	if br != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// Say when the broker routes the devices' commands to us.
+			if err := cmdr.Client().AwaitSubscribed(actx); err == nil {
+				log.Info("bridge ready: serving commands for its devices", "devices", len(cfg.Bridged()))
+			}
+		}()
+	}
 	wg.Wait()
 	close(errc)
 

@@ -325,6 +325,11 @@ func (f *figure1) run(ctx context.Context) (*Figure1Result, error) {
 	if err := b.WaitLine(ctx, "etcd session open"); err != nil {
 		return nil, err
 	}
+	if c.Serial {
+		if err := b.WaitLine(ctx, "bridge ready"); err != nil {
+			return nil, err
+		}
+	}
 	f.say("agent B is up and campaigning for the same devices")
 
 	for _, d := range c.Devices {
