@@ -2,6 +2,7 @@ package bridge
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -17,7 +18,7 @@ import (
 // ack → broker → holder. Reports p50/p99 and the admit (table) p50/p99.
 func BenchmarkBridgeCommand(b *testing.B) {
 	r := newRig(b)
-	r.startBridge(filepath.Join(b.TempDir(), "fence.db"), false)
+	r.startBridge(filepath.Join(b.TempDir(), "fence.db"), os.Getenv("BENCH_NO_TABLE") != "")
 	body, err := fence.EncodeBody(map[string]any{"addr": 0, "value": 1})
 	if err != nil {
 		b.Fatal(err)
