@@ -7,11 +7,9 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
-	"github.com/creack/pty"
 	"go.uber.org/goleak"
 
 	"github.com/edgefence/edgefence/devices/legacy"
@@ -54,20 +52,10 @@ func (s *syncBuffer) applied(t testing.TB) []legacy.Applied {
 
 func startLegacyDevice(t testing.TB, id string) *legacyDevice {
 	t.Helper()
-	m, s, err := pty.Open()
+	master, s, err := sandbox.OpenPty()
 	if err != nil {
 		t.Fatal(err)
 	}
-	fd, err := syscall.Dup(int(m.Fd()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	syscall.CloseOnExec(fd)
-	if err := syscall.SetNonblock(fd, true); err != nil {
-		t.Fatal(err)
-	}
-	master := os.NewFile(uintptr(fd), m.Name())
-	m.Close()
 	d := &legacyDevice{path: s.Name(), log: &syncBuffer{}}
 	d.regs = legacy.NewRegisters(id, 16, d.log)
 	ctx, cancel := context.WithCancel(context.Background())

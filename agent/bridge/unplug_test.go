@@ -6,11 +6,10 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
-	"github.com/creack/pty"
+	"github.com/edgefence/edgefence/devices/sandbox"
 
 	"github.com/edgefence/edgefence/devices/legacy"
 	"github.com/edgefence/edgefence/fence"
@@ -37,23 +36,11 @@ type cable struct {
 
 // plug may run on any goroutine: it reports failures with t.Error.
 func (c *cable) plug() {
-	m, s, err := pty.Open()
+	master, s, err := sandbox.OpenPty()
 	if err != nil {
 		c.t.Error(err)
 		return
 	}
-	fd, err := syscall.Dup(int(m.Fd()))
-	if err != nil {
-		c.t.Error(err)
-		return
-	}
-	syscall.CloseOnExec(fd)
-	if err := syscall.SetNonblock(fd, true); err != nil {
-		c.t.Error(err)
-		return
-	}
-	master := os.NewFile(uintptr(fd), m.Name())
-	m.Close()
 	tmp := c.link + ".new"
 	if err := os.Symlink(s.Name(), tmp); err != nil {
 		c.t.Error(err)

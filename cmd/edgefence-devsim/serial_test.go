@@ -9,32 +9,21 @@ import (
 	"testing"
 	"time"
 
-	"github.com/creack/pty"
-
 	"github.com/edgefence/edgefence/devices/legacy"
+	"github.com/edgefence/edgefence/devices/sandbox"
 	"github.com/edgefence/edgefence/transport/serial"
 )
 
-// openMaster returns a pty's master as a pollable file (so Close interrupts
-// a pending Read) and the slave's path; the slave stays open for the test.
+// openMaster returns a pty's pollable master and the slave's path; the
+// slave stays open for the test.
 func openMaster(t *testing.T) (*os.File, string) {
 	t.Helper()
-	m, s, err := pty.Open()
+	m, s, err := sandbox.OpenPty()
 	if err != nil {
-		t.Fatalf("pty.Open: %v", err)
+		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	fd, err := syscall.Dup(int(m.Fd()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	syscall.CloseOnExec(fd)
-	if err := syscall.SetNonblock(fd, true); err != nil {
-		t.Fatal(err)
-	}
-	master := os.NewFile(uintptr(fd), m.Name())
-	m.Close()
-	return master, s.Name()
+	return m, s.Name()
 }
 
 // TestSerialLegacyDevice runs `edgefence-devsim --serial` on a real pty and

@@ -28,30 +28,12 @@ type PtyPair struct {
 func NewPtyPair() (*PtyPair, error) {
 	p := &PtyPair{}
 	for i := range 2 {
-		m, s, err := pty.Open()
+		m, s, err := OpenPty()
 		if err != nil {
-			p.Close()
-			return nil, fmt.Errorf("sandbox: pty: %w", err)
-		}
-		if err := makeRaw(s); err != nil {
-			m.Close()
-			s.Close()
 			p.Close()
 			return nil, err
 		}
-		// A pollable master: Close interrupts the relay's pending Read.
-		fd, err := syscall.Dup(int(m.Fd()))
-		if err == nil {
-			syscall.CloseOnExec(fd)
-			err = syscall.SetNonblock(fd, true)
-		}
-		m.Close()
-		if err != nil {
-			s.Close()
-			p.Close()
-			return nil, fmt.Errorf("sandbox: pty master: %w", err)
-		}
-		p.masters[i] = os.NewFile(uintptr(fd), "ptmx")
+		p.masters[i] = m
 		// Keep the slave open: with no opener the master reads EIO, and the
 		// ends come and go as programs open and close their ports.
 		p.slaves[i] = s
@@ -87,6 +69,35 @@ func (p *PtyPair) Close() error {
 		}
 	})
 	return nil
+}
+
+// OpenPty opens a pseudo-terminal: its master as a pollable file (so that
+// Close and read deadlines interrupt a pending Read) and its slave, in raw
+// mode, whose Name() is the tty path a program opens as its serial port.
+// The caller closes both.
+func OpenPty() (master, slave *os.File, err error) {
+	m, s, err := pty.Open()
+	if err != nil {
+		return nil, nil, fmt.Errorf("sandbox: pty: %w", err)
+	}
+	if err := makeRaw(s); err != nil {
+		m.Close()
+		s.Close()
+		return nil, nil, err
+	}
+	fd, err := syscall.Dup(int(m.Fd()))
+	if err == nil {
+		syscall.CloseOnExec(fd)
+		if err = syscall.SetNonblock(fd, true); err != nil {
+			syscall.Close(fd)
+		}
+	}
+	m.Close()
+	if err != nil {
+		s.Close()
+		return nil, nil, fmt.Errorf("sandbox: pty master: %w", err)
+	}
+	return os.NewFile(uintptr(fd), "ptmx"), s, nil
 }
 
 // makeRaw puts a tty in raw mode (cfmakeraw): nothing echoed or translated.
