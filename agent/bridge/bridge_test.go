@@ -52,17 +52,24 @@ func (s *syncBuffer) applied(t testing.TB) []legacy.Applied {
 
 func startLegacyDevice(t testing.TB, id string) *legacyDevice {
 	t.Helper()
+	log := &syncBuffer{}
+	regs := legacy.NewRegisters(id, 16, log)
+	return &legacyDevice{path: serveDevice(t, regs), regs: regs, log: log}
+}
+
+// serveDevice serves regs on the master of a new pty until the test ends
+// and returns the slave's path, the device's end of the cable.
+func serveDevice(t testing.TB, regs *legacy.Registers) string {
+	t.Helper()
 	master, s, err := sandbox.OpenPty()
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := &legacyDevice{path: s.Name(), log: &syncBuffer{}}
-	d.regs = legacy.NewRegisters(id, 16, d.log)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_ = serial.Serve(ctx, master, d.regs.Handle)
+		_ = serial.Serve(ctx, master, regs.Handle)
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -70,7 +77,7 @@ func startLegacyDevice(t testing.TB, id string) *legacyDevice {
 		<-done
 		s.Close()
 	})
-	return d
+	return s.Name()
 }
 
 type rig struct {
