@@ -38,6 +38,17 @@ type Options struct {
 	// BridgeStatus, if set, reports the gateway fence bridge's counters in
 	// Status (the bridge runs beside the agent on a home gateway).
 	BridgeStatus func() any
+
+	// FenceTable, if set, is the gateway's fence table, served read-only
+	// on the local API (GET /v1/fence, /v1/fence/{device}) for operators:
+	// the agent holds the file's lock, so they cannot open it themselves.
+	FenceTable FenceTable
+}
+
+// FenceTable is the read side of fence.Table the local API needs.
+type FenceTable interface {
+	List() ([]fence.Record, error)
+	Get(device string) (fence.Record, bool, error)
 }
 
 // Agent campaigns for its devices' locks and issues fenced commands for the
@@ -50,6 +61,7 @@ type Agent struct {
 	now    func() time.Time
 	unsafe bool
 	bridge func() any
+	table  FenceTable
 
 	devices map[string]*device // fixed at New; the map is read-only after
 	order   []string
@@ -104,7 +116,7 @@ func New(cfg *Config, cli *clientv3.Client, s Sender, o Options) (*Agent, error)
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	a := &Agent{cfg: *cfg, cli: cli, sender: s, log: o.Logger, now: o.Now, unsafe: o.UnsafeIgnoreSessionLoss, bridge: o.BridgeStatus,
+	a := &Agent{cfg: *cfg, cli: cli, sender: s, log: o.Logger, now: o.Now, unsafe: o.UnsafeIgnoreSessionLoss, bridge: o.BridgeStatus, table: o.FenceTable,
 		devices: make(map[string]*device, len(cfg.Devices))}
 	if a.log == nil {
 		a.log = slog.New(slog.NewTextHandler(io.Discard, nil))

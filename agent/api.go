@@ -9,9 +9,11 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/edgefence/edgefence/fence"
@@ -121,6 +123,33 @@ func (a *Agent) APIHandler() http.Handler {
 		writeJSON(w, http.StatusOK, a.Status())
 	})
 	mux.HandleFunc("POST /v1/send", a.handleSend)
+	mux.HandleFunc("GET /v1/fence", func(w http.ResponseWriter, r *http.Request) {
+		if a.table == nil {
+			writeJSON(w, http.StatusNotFound, apiError{"this agent keeps no fence table (no fence: gateway device has it as home)"})
+			return
+		}
+		recs, err := a.table.List()
+		if err != nil {
+			writeJSON(w, http.StatusInternalServerError, apiError{err.Error()})
+			return
+		}
+		writeJSON(w, http.StatusOK, recs)
+	})
+	mux.HandleFunc("GET /v1/fence/{device}", func(w http.ResponseWriter, r *http.Request) {
+		if a.table == nil {
+			writeJSON(w, http.StatusNotFound, apiError{"this agent keeps no fence table"})
+			return
+		}
+		rec, ok, err := a.table.Get(r.PathValue("device"))
+		switch {
+		case err != nil:
+			writeJSON(w, http.StatusInternalServerError, apiError{err.Error()})
+		case !ok:
+			writeJSON(w, http.StatusNotFound, apiError{"no mark for " + r.PathValue("device")})
+		default:
+			writeJSON(w, http.StatusOK, rec)
+		}
+	})
 	return mux
 }
 
@@ -210,6 +239,10 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	_ = enc.Encode(v)
 }
 
+type apiError struct {
+	Error string `json:"error"`
+}
+
 // APIClient talks to a running agent's local API.
 type APIClient struct {
 	Socket string
@@ -245,6 +278,25 @@ func (c *APIClient) Send(ctx context.Context, device, kind string, body json.Raw
 	return &res, err
 }
 
+// FenceList returns the agent's fence table records.
+func (c *APIClient) FenceList(ctx context.Context) ([]fence.Record, error) {
+	var recs []fence.Record
+	if err := c.do(ctx, http.MethodGet, "/v1/fence", nil, &recs); err != nil {
+		return nil, err
+	}
+	return recs, nil
+}
+
+// FenceGet returns one device's fence table record; found is false if the
+// table has no mark for it.
+func (c *APIClient) FenceGet(ctx context.Context, device string) (rec fence.Record, found bool, err error) {
+	err = c.do(ctx, http.MethodGet, "/v1/fence/"+url.PathEscape(device), nil, &rec)
+	if errors.Is(err, ErrNotFound) && strings.Contains(err.Error(), "no mark for") {
+		return fence.Record{}, false, nil
+	}
+	return rec, err == nil, err
+}
+
 func (c *APIClient) do(ctx context.Context, method, path string, in, out any) error {
 	var rd io.Reader
 	if in != nil {
@@ -271,11 +323,28 @@ func (c *APIClient) do(ctx context.Context, method, path string, in, out any) er
 	if err != nil {
 		return fmt.Errorf("agent api: %w", err)
 	}
+	if resp.StatusCode != http.StatusOK {
+		_ = json.Unmarshal(b, out) // e.g. a SendResult carrying the error
+		var e apiError
+		if json.Unmarshal(b, &e) == nil && e.Error != "" {
+			return fmt.Errorf("%w: %s: %s", errAPIStatus(resp.StatusCode), resp.Status, e.Error)
+		}
+		return fmt.Errorf("%w: %s", errAPIStatus(resp.StatusCode), resp.Status)
+	}
 	if err := json.Unmarshal(b, out); err != nil {
 		return fmt.Errorf("agent api: %s: %w", resp.Status, err)
 	}
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("agent api: %s", resp.Status)
-	}
 	return nil
+}
+
+// ErrNotFound means the agent API answered 404.
+var ErrNotFound = errors.New("agent api: not found")
+
+var errAPI = errors.New("agent api")
+
+func errAPIStatus(code int) error {
+	if code == http.StatusNotFound {
+		return ErrNotFound
+	}
+	return errAPI
 }

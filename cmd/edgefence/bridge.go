@@ -35,19 +35,19 @@ func bridgeDevices(cfg *agent.Config) ([]bridge.Device, error) {
 // openBridge opens the fence table and prepares the bridge when this
 // gateway is home for `fence: gateway` devices. The returned func closes
 // both; it is safe to call twice.
-func openBridge(cfg *agent.Config, log *slog.Logger) (*bridge.Bridge, func(), error) {
+func openBridge(cfg *agent.Config, log *slog.Logger) (*bridge.Bridge, *fence.Table, func(), error) {
 	devs, err := bridgeDevices(cfg)
 	if err != nil || len(devs) == 0 {
-		return nil, func() {}, err
+		return nil, nil, func() {}, err
 	}
 	if err := os.MkdirAll(cfg.StateDir, 0o750); err != nil {
-		return nil, nil, fmt.Errorf("state dir: %w", err)
+		return nil, nil, nil, fmt.Errorf("state dir: %w", err)
 	}
 	unsafe := failpoint("no-fence-table")
 	var tbl *fence.Table
 	if !unsafe {
 		if tbl, err = fence.OpenTable(filepath.Join(cfg.StateDir, fence.TableFile), nil); err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 	}
 	br, err := bridge.New(bridge.Config{Table: tbl, Topics: mqtt.Topics{Prefix: cfg.MQTT.Prefix}, Devices: devs,
@@ -56,10 +56,10 @@ func openBridge(cfg *agent.Config, log *slog.Logger) (*bridge.Bridge, func(), er
 		if tbl != nil {
 			tbl.Close()
 		}
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	var once sync.Once
-	return br, func() {
+	return br, tbl, func() {
 		once.Do(func() {
 			br.Close()
 			if tbl != nil {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -17,12 +18,13 @@ import (
 const fenceUsage = `usage: edgefence fence <command> [flags]
 
 Inspect the gateway's fence table (the high-water marks of the devices this
-gateway fences) by reading its file. While an agent runs it holds the file
-and these commands time out: ask the agent instead.
+gateway fences). With no agent running the file is read directly; while an
+agent runs it holds the file, and with --config (or --socket) the commands
+ask that agent over its local API instead.
 
 commands:
-  list [--table FILE | --config FILE] [--json]           every device's mark
-  show [--table FILE | --config FILE] [--json] DEVICE... the named devices' marks
+  list [--table FILE | --config FILE | --socket PATH] [--json]           every device's mark
+  show [--table FILE | --config FILE | --socket PATH] [--json] DEVICE... the named devices' marks
 
 The table file is --table, or <state_dir>/` + fence.TableFile + ` of the --config file's
 agent, or ` + agent.DefaultStateDir + `/` + fence.TableFile + `.
@@ -51,6 +53,7 @@ type fenceFlags struct {
 	fs      *flag.FlagSet
 	table   string
 	config  string
+	socket  string
 	asJSON  bool
 	timeout time.Duration
 }
@@ -59,7 +62,8 @@ func newFenceFlags(name, args string, stderr io.Writer) *fenceFlags {
 	f := &fenceFlags{fs: flag.NewFlagSet("fence "+name, flag.ContinueOnError)}
 	f.fs.SetOutput(stderr)
 	f.fs.StringVar(&f.table, "table", "", "fence table file")
-	f.fs.StringVar(&f.config, "config", "", "agent config file: the table is <state_dir>/"+fence.TableFile)
+	f.fs.StringVar(&f.config, "config", "", "agent config file: the table is <state_dir>/"+fence.TableFile+"; a running agent is asked over its socket")
+	f.fs.StringVar(&f.socket, "socket", "", "ask the agent listening on this API socket")
 	f.fs.BoolVar(&f.asJSON, "json", false, "print JSON")
 	f.fs.DurationVar(&f.timeout, "timeout", fence.DefaultTableTimeout, "give up waiting for the file lock after this long")
 	f.fs.Usage = func() {
@@ -89,23 +93,61 @@ func (f *fenceFlags) parse(args []string) ([]string, error) {
 	}
 }
 
-// open opens the table file read-only.
-func (f *fenceFlags) open() (*fence.Table, error) {
+// fenceSource is where the records come from: the file, or a running agent.
+type fenceSource interface {
+	List() ([]fence.Record, error)
+	Get(device string) (fence.Record, bool, error)
+	Close() error
+}
+
+// agentSource reads the fence table of a running agent over its API.
+type agentSource struct{ c *agent.APIClient }
+
+func (a agentSource) List() ([]fence.Record, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return a.c.FenceList(ctx)
+}
+
+func (a agentSource) Get(device string) (fence.Record, bool, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return a.c.FenceGet(ctx, device)
+}
+
+func (agentSource) Close() error { return nil }
+
+// open opens the table file read-only, or, when a running agent holds it
+// and its socket is known, asks that agent.
+func (f *fenceFlags) open() (fenceSource, error) {
 	path := f.table
+	socket := f.socket
 	switch {
-	case f.table != "" && f.config != "":
+	case f.table != "" && f.config != "", f.table != "" && f.socket != "":
 		f.fs.Usage()
 		return nil, exitError{2}
+	case f.socket != "" && f.config == "":
+		return agentSource{agent.NewAPIClient(f.socket)}, nil
 	case f.config != "":
 		c, err := agent.LoadConfig(f.config)
 		if err != nil {
 			return nil, err
 		}
 		path = filepath.Join(c.StateDir, fence.TableFile)
+		if socket == "" {
+			socket = c.API.Socket
+		}
 	case path == "":
 		path = filepath.Join(agent.DefaultStateDir, fence.TableFile)
 	}
-	return fence.OpenTable(path, &fence.TableOptions{ReadOnly: true, Timeout: f.timeout})
+	t, err := fence.OpenTable(path, &fence.TableOptions{ReadOnly: true, Timeout: f.timeout})
+	if errors.Is(err, fence.ErrTableLocked) && socket != "" {
+		return agentSource{agent.NewAPIClient(socket)}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return t, nil
 }
 
 func cmdFenceList(args []string, stdout, stderr io.Writer) error {

@@ -69,7 +69,7 @@ func cmdRun(args []string, stderr io.Writer) error {
 
 	// On a home gateway, the fence table and the bridge for its
 	// `fence: gateway` devices (the table is locked by one process).
-	br, closeBridge, err := openBridge(cfg, log)
+	br, table, closeBridge, err := openBridge(cfg, log)
 	if err != nil {
 		return err
 	}
@@ -104,6 +104,9 @@ func cmdRun(args []string, stderr io.Writer) error {
 	if br != nil {
 		mcfg.Subscriptions = br.Subscriptions()
 		opts.BridgeStatus = func() any { return br.Stats() }
+		if table != nil {
+			opts.FenceTable = table
+		}
 	}
 	cmdr, err := mqtt.NewCommander(mctx, mcfg, mqtt.Topics{Prefix: cfg.MQTT.Prefix}, devices)
 	if err != nil {
