@@ -87,6 +87,10 @@ type DeviceConfig struct {
 	Home string `yaml:"home,omitempty"`
 	// Serial is the device's serial line; only on its home gateway.
 	Serial *SerialConfig `yaml:"serial,omitempty"`
+	// MQTTTopic is, instead of Serial, the topic of a legacy device that
+	// speaks plain MQTT (no shim): admitted commands are published as JSON
+	// on <mqtt_topic>/<kind>. Only on its home gateway.
+	MQTTTopic string `yaml:"mqtt_topic,omitempty"`
 }
 
 // SerialConfig is a device's serial line (see transport/serial.PortConfig).
@@ -251,15 +255,20 @@ func (c *Config) Validate() error {
 		default:
 			return fieldErr(f+".fence", "%q: want %q or %q", d.Fence, FenceDevice, FenceGateway)
 		}
+		link := d.Serial != nil || d.MQTTTopic != ""
 		switch {
-		case d.Fence == FenceDevice && (d.Home != "" || d.Serial != nil):
-			return fieldErr(f+".home", "home and serial are for `fence: gateway` devices")
+		case d.Fence == FenceDevice && (d.Home != "" || link):
+			return fieldErr(f+".home", "home, serial and mqtt_topic are for `fence: gateway` devices")
 		case d.Fence == FenceGateway && d.Home == "":
 			return fieldErr(f+".home", "a `fence: gateway` device needs its home gateway")
-		case d.Fence == FenceGateway && d.Home == c.Gateway && d.Serial == nil:
-			return fieldErr(f+".serial", "this gateway is %q's home: say which serial port it is on", d.ID)
-		case d.Fence == FenceGateway && d.Home != c.Gateway && d.Serial != nil:
-			return fieldErr(f+".serial", "only the home gateway %q opens %q's serial port", d.Home, d.ID)
+		case d.Fence == FenceGateway && d.Home == c.Gateway && !link:
+			return fieldErr(f+".serial", "this gateway is %q's home: give its serial port or its mqtt_topic", d.ID)
+		case d.Serial != nil && d.MQTTTopic != "":
+			return fieldErr(f+".mqtt_topic", "a device is on serial or on mqtt_topic, not both")
+		case d.Fence == FenceGateway && d.Home != c.Gateway && link:
+			return fieldErr(f+".serial", "only the home gateway %q reaches %q's link (serial or mqtt_topic)", d.Home, d.ID)
+		case strings.ContainsAny(d.MQTTTopic, "+#") || strings.HasPrefix(d.MQTTTopic, c.MQTT.Prefix+"/"):
+			return fieldErr(f+".mqtt_topic", "%q: no wildcards, and not under mqtt.prefix", d.MQTTTopic)
 		}
 		if d.Serial != nil && d.Serial.Port == "" {
 			return fieldErr(f+".serial.port", "required")

@@ -54,6 +54,9 @@ func TestParseConfigErrorsNameTheField(t *testing.T) {
 		{"serial on a non-home gateway", "devices:\n  - id: d\n    fence: gateway\n    home: gw-b\n    serial: {port: /dev/ttyUSB0}", "devices[0].serial"},
 		{"serial without port", "devices:\n  - id: d\n    fence: gateway\n    home: gw-a\n    serial: {baud: 9600}", "devices[0].serial.port"},
 		{"home on a device fence", "devices:\n  - id: d\n    home: gw-a", "devices[0].home"},
+		{"serial and mqtt_topic", "devices:\n  - id: d\n    fence: gateway\n    home: gw-a\n    serial: {port: /dev/ttyS0}\n    mqtt_topic: site/d", "devices[0].mqtt_topic"},
+		{"mqtt_topic wildcard", "devices:\n  - id: d\n    fence: gateway\n    home: gw-a\n    mqtt_topic: site/+", "devices[0].mqtt_topic"},
+		{"mqtt_topic under the prefix", "devices:\n  - id: d\n    fence: gateway\n    home: gw-a\n    mqtt_topic: edgefence/v1/x", "devices[0].mqtt_topic"},
 		{"log level", "log:\n  level: loud", "log.level"},
 		{"not yaml", "gateway: [", "yaml"},
 	} {
@@ -106,12 +109,16 @@ func TestBridgedDevices(t *testing.T) {
     serial: {port: /dev/ttyUSB0, baud: 9600, parity: E}
   - id: plc-2
     fence: gateway
-    home: gw-b`)))
+    home: gw-b
+  - id: meter-3
+    fence: gateway
+    home: gw-a
+    mqtt_topic: site/meter-3`)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	b := c.Bridged()
-	if len(b) != 1 || b[0].ID != "plc-1" || b[0].Serial.Baud != 9600 || b[0].Serial.Parity != "E" {
+	if len(b) != 2 || b[0].ID != "plc-1" || b[0].Serial.Baud != 9600 || b[0].Serial.Parity != "E" || b[1].MQTTTopic != "site/meter-3" {
 		t.Fatalf("bridged %+v", b)
 	}
 }
@@ -122,7 +129,7 @@ func TestExampleConfigParses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Gateway != "gw-01" || len(c.Devices) != 4 || c.Devices[1].Fence != FenceDevice || len(c.Bridged()) != 1 {
+	if c.Gateway != "gw-01" || len(c.Devices) != 5 || c.Devices[1].Fence != FenceDevice || len(c.Bridged()) != 2 {
 		t.Fatalf("%+v", c)
 	}
 }

@@ -25,9 +25,11 @@ package bridge
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -47,10 +49,15 @@ const (
 // ErrConfig means the bridge configuration is unusable.
 var ErrConfig = errors.New("bridge: invalid config")
 
-// Device is one device the bridge fronts.
+// Device is one device the bridge fronts, on a serial line (Port) or, for
+// a legacy device that speaks plain MQTT (Topic), on the broker.
 type Device struct {
 	ID   string
 	Port serial.PortConfig
+	// Topic, if set, makes the device an MQTT-link device: an admitted
+	// command's body is published as JSON, QoS 1, on Topic/<kind>, and the
+	// broker's PUBACK counts as delivery (the device acks nothing).
+	Topic string
 }
 
 // Config configures a Bridge.
@@ -106,9 +113,10 @@ type port struct {
 }
 
 type job struct {
-	env *fence.Envelope
-	req *legacy.Request
-	m   fence.Mark
+	env  *fence.Envelope
+	req  *legacy.Request // serial devices
+	json []byte          // MQTT-link devices: the body as JSON
+	m    fence.Mark
 }
 
 // New checks cfg and prepares the bridge. Register Subscriptions with the
@@ -131,7 +139,11 @@ func New(cfg Config) (*Bridge, error) {
 		if err := fence.ValidateDeviceID(d.ID); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 		}
-		if err := d.Port.Validate(); err != nil {
+		if d.Topic != "" {
+			if strings.ContainsAny(d.Topic, "+#") || strings.HasPrefix(d.Topic, cfg.Topics.Prefix+"/") {
+				return nil, fmt.Errorf("%w: device %s: topic %q: no wildcards, and not under the fenced prefix", ErrConfig, d.ID, d.Topic)
+			}
+		} else if err := d.Port.Validate(); err != nil {
 			return nil, fmt.Errorf("%w: device %s: %w", ErrConfig, d.ID, err)
 		}
 		b.devices[d.ID] = &port{dev: d, queue: make(chan *job, cfg.Queue)}
@@ -165,6 +177,14 @@ func (b *Bridge) Start(ctx context.Context, client *mqtt.Client) error {
 	b.client = client
 	b.ctx, b.cancel = context.WithCancel(ctx)
 	for _, p := range b.devices {
+		if p.dev.Topic != "" {
+			b.wg.Add(1)
+			go func() {
+				defer b.wg.Done()
+				b.work(p)
+			}()
+			continue
+		}
 		conn, err := serial.OpenConn(serial.ConnConfig{Port: p.dev.Port, Logger: b.log.With("device", p.dev.ID)})
 		if conn == nil {
 			b.cancel()
@@ -236,7 +256,12 @@ func (b *Bridge) onCommand(msg mqtt.Message) {
 		b.refuse(dev, env, fence.Invalid, fence.Mark{}, fmt.Sprintf("envelope for %q on %q's topic", env.Device, dev))
 		return
 	}
-	req, err := legacy.CommandPDU(env)
+	j := &job{env: env}
+	if p.dev.Topic != "" {
+		j.json, err = bodyJSON(env)
+	} else {
+		j.req, err = legacy.CommandPDU(env)
+	}
 	if err != nil {
 		b.refuse(dev, env, fence.Invalid, fence.Mark{}, err.Error())
 		return
@@ -264,7 +289,8 @@ func (b *Bridge) onCommand(msg mqtt.Message) {
 		b.refuse(dev, env, v, m, "")
 		return
 	}
-	p.queue <- &job{env: env, req: req, m: m} // a free slot was checked above; only this goroutine adds
+	j.m = m
+	p.queue <- j // a free slot was checked above; only this goroutine adds
 }
 
 // refuse answers a command that will not reach the device.
@@ -322,6 +348,10 @@ func (b *Bridge) work(p *port) {
 }
 
 func (b *Bridge) send(p *port, j *job) {
+	if p.dev.Topic != "" {
+		b.publish(p, j)
+		return
+	}
 	pdu, err := j.req.Encode()
 	if err != nil { // CommandPDU validated it
 		b.ack(p.dev.ID, j.env, fence.Invalid, j.m, err.Error())
@@ -347,4 +377,44 @@ func (b *Bridge) send(p *port, j *job) {
 	}
 	b.accepted.Add(1)
 	b.ack(p.dev.ID, j.env, fence.Accepted, j.m, "")
+}
+
+// publish delivers an admitted command to an MQTT-link device.
+func (b *Bridge) publish(p *port, j *job) {
+	ctx, cancel := context.WithTimeout(b.ctx, b.cfg.CommandTimeout)
+	defer cancel()
+	topic := p.dev.Topic + "/" + j.env.Kind
+	for {
+		err := b.client.Publish(ctx, mqtt.Message{Topic: topic, Payload: j.json})
+		if err == nil {
+			break
+		}
+		if errors.Is(err, mqtt.ErrNotConnected) && b.client.AwaitConnection(ctx) == nil {
+			continue // not sent, or outcome unknown: send again (a legacy write is a value, not a delta)
+		}
+		b.serialErr.Add(1)
+		b.log.Warn("device topic publish failed", "device", p.dev.ID, "topic", topic, "err", err)
+		b.ack(p.dev.ID, j.env, fence.Invalid, j.m, "admitted, but not delivered to the device topic (fate unknown): "+err.Error())
+		return
+	}
+	b.accepted.Add(1)
+	b.ack(p.dev.ID, j.env, fence.Accepted, j.m, "")
+}
+
+// bodyJSON turns a command body into the JSON an MQTT-link device gets.
+func bodyJSON(env *fence.Envelope) ([]byte, error) {
+	if strings.ContainsAny(env.Kind, "/:") {
+		return nil, fmt.Errorf("%w: kind %q must be one topic level", fence.ErrInvalid, env.Kind)
+	}
+	var v any
+	if len(env.Body) > 0 {
+		if err := fence.DecodeBody(env.Body, &v); err != nil {
+			return nil, err
+		}
+	}
+	out, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("%w: body has no JSON form: %v", fence.ErrInvalid, err)
+	}
+	return out, nil
 }

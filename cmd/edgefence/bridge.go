@@ -22,6 +22,10 @@ func bridgeDevices(cfg *agent.Config) ([]bridge.Device, error) {
 		if d.Fence != agent.FenceGateway || d.Home != cfg.Gateway {
 			continue
 		}
+		if d.MQTTTopic != "" {
+			out = append(out, bridge.Device{ID: d.ID, Topic: d.MQTTTopic})
+			continue
+		}
 		s := d.Serial
 		pc := serial.PortConfig{Path: s.Port, Baud: s.Baud, DataBits: s.DataBits, Parity: s.Parity, StopBits: s.StopBits, ReadTimeout: s.ReadTimeout}
 		if err := pc.Validate(); err != nil {
