@@ -376,7 +376,31 @@ func (b *Bridge) send(p *port, j *job) {
 		return
 	}
 	b.accepted.Add(1)
+	if j.req.Func == legacy.FuncReadHolding {
+		b.publishRead(p.dev.ID, j.env, r)
+	}
 	b.ack(p.dev.ID, j.env, fence.Accepted, j.m, "")
+}
+
+// ReadResult is what a read_registers command yields, published (CBOR) on
+// the device's state topic before the command's ack.
+type ReadResult struct {
+	ID     string   `cbor:"id"`
+	Addr   uint16   `cbor:"addr"`
+	Values []uint16 `cbor:"values"`
+}
+
+func (b *Bridge) publishRead(dev string, env *fence.Envelope, r *legacy.Response) {
+	payload, err := fence.EncodeBody(ReadResult{ID: env.ID, Addr: r.Addr, Values: r.Values})
+	if err == nil {
+		ctx, cancel := context.WithTimeout(b.ctx, 10*time.Second)
+		defer cancel()
+		err = b.client.Publish(ctx, mqtt.Message{Topic: b.cfg.Topics.State(dev), Payload: payload, CorrelationData: []byte(env.ID)})
+	}
+	if err != nil {
+		b.ackErr.Add(1)
+		b.log.Warn("publish read result", "device", dev, "id", env.ID, "err", err)
+	}
 }
 
 // publish delivers an admitted command to an MQTT-link device.

@@ -289,11 +289,38 @@ func TestBadInput(t *testing.T) {
 	if v := r.register(); v != 7 {
 		t.Fatalf("register %d", v)
 	}
+	// A read: its values come on the state topic, before its ack.
+	results := make(chan ReadResult, 1)
+	c.Subscribe(r.topics.State("plc-1"), func(m mqtt.Message) {
+		var rr ReadResult
+		if fence.DecodeBody(m.Payload, &rr) == nil {
+			results <- rr
+		}
+	})
+	if err := c.AwaitSubscribed(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if a := r.send(env("k5", legacy.KindReadRegisters, body(map[string]any{"addr": 0, "count": 2}))); a.Verdict != fence.Duplicate {
+		t.Fatalf("read with a used seq: %+v", a)
+	}
+	e := env("k6", legacy.KindReadRegisters, body(map[string]any{"addr": 0, "count": 2}))
+	e.Seq = 3
+	if a := r.send(e); a.Verdict != fence.Accepted {
+		t.Fatalf("read: %+v", a)
+	}
+	select {
+	case rr := <-results:
+		if rr.ID != "k6" || rr.Addr != 0 || len(rr.Values) != 2 || rr.Values[0] != 7 {
+			t.Fatalf("read result %+v", rr)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no read result")
+	}
 	deadline := time.Now().Add(10 * time.Second)
 	for br.Stats().Invalid < 6 && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
 	}
-	if st := br.Stats(); st.Invalid != 6 || st.DeviceErrors != 1 || st.Accepted != 2 {
+	if st := br.Stats(); st.Invalid != 6 || st.DeviceErrors != 1 || st.Accepted != 3 || st.Duplicate != 1 {
 		t.Fatalf("stats %+v", st)
 	}
 	if n := len(r.dev.log.applied(t)); n != 2 {
