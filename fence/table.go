@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"go.etcd.io/bbolt"
@@ -19,29 +19,18 @@ const TableFile = "fence.db"
 const (
 	// DefaultTableTimeout bounds the wait for the table file's lock.
 	DefaultTableTimeout = time.Second
-	// DefaultMaxBatchSize commits a group as soon as this many admits are
-	// waiting, and DefaultMaxBatchDelay after its first admit otherwise.
+	// DefaultMaxGroup caps the admits decided and committed in one
+	// transaction (TableOptions.MaxGroup).
 	//
-	// bbolt groups by size or by timer only, so with fewer concurrent
-	// admits than MaxBatchSize every group waits the delay: throughput is
-	// about concurrency / (delay + one commit). Measured on the reference
-	// disk (a commit, two fdatasyncs, ≈ 0.13 ms; medians of 3), admits/s by
-	// number of devices admitting at once:
-	//
-	//	size  delay  1     2     8     16    32    64     256
-	//	16    1ms    7.4k  1.5k  5.9k  76k   49k   72k    41k
-	//	64    1ms    7.4k  1.5k  5.8k  11k   19k   160k   180k
-	//
-	// A gateway's concurrency is its devices with a command in flight, a
-	// few to a few dozen: 16 serves 16 and more at 40–80k/s, where 64 drops
-	// to 11–19k/s until 64 admits are in flight. A delay below 1 ms is not
-	// honoured (an idle Go runtime's timers wake after about 1 ms: 500µs
-	// measured as 1.3 ms per group), and 2 ms halves every rate below the
-	// size. On storage that commits slower than 1 ms (SD cards, eMMC), set
-	// MaxBatchDelay to about one commit. An admit that finds no other admit
-	// in flight commits alone at once (the 7.4k at 1).
-	DefaultMaxBatchSize  = 16
-	DefaultMaxBatchDelay = time.Millisecond
+	// Group commit uses no timer: an admit that finds no commit in progress
+	// commits at once (alone, if no one else is admitting); admits that
+	// arrive while a commit runs form the next group, which commits as soon
+	// as the one before it returned. Every group thus waits at most one
+	// commit, and a group's size follows the load: about the number of
+	// admits that arrived during the commit before it. The cap bounds one
+	// transaction's work (and the wait of its last member); beyond it the
+	// next group forms behind it. See docs/BENCHMARKS.md §5 for rates.
+	DefaultMaxGroup = 256
 )
 
 // Errors of the fence table. Callers test them with errors.Is.
@@ -82,12 +71,10 @@ type TableOptions struct {
 	// own fsyncs, instead of grouping concurrent admits.
 	NoGroupCommit bool
 
-	// MaxBatchSize and MaxBatchDelay tune group commit (bbolt's
-	// DB.MaxBatchSize and DB.MaxBatchDelay): a group commits when it holds
-	// MaxBatchSize admits or MaxBatchDelay after its first one, whichever
-	// comes first. Defaults DefaultMaxBatchSize and DefaultMaxBatchDelay.
-	MaxBatchSize  int
-	MaxBatchDelay time.Duration
+	// MaxGroup caps the number of admits decided and committed in one
+	// transaction (default DefaultMaxGroup). There is no delay to tune: a
+	// group commits as soon as the commit before it returned.
+	MaxGroup int
 
 	// Now is the clock stamped on records (information only, never used for
 	// a decision); nil means time.Now.
@@ -125,7 +112,11 @@ type Table struct {
 	mu     sync.RWMutex // shared by operations, exclusive in Close
 	closed bool
 
-	inflight atomic.Int64 // admits in their write path
+	// Group commit: open is the group admits join, nil when none is
+	// forming; last is the newest group, the one a new group commits after.
+	groupMu sync.Mutex
+	open    *admitGroup
+	last    *admitGroup
 
 	// cache holds each device's mark as of a commit that returned: marks
 	// known durable. A read transaction would not do: bbolt publishes a
@@ -146,11 +137,8 @@ func OpenTable(path string, opts *TableOptions) (*Table, error) {
 	if o.Timeout <= 0 {
 		o.Timeout = DefaultTableTimeout
 	}
-	if o.MaxBatchSize <= 0 {
-		o.MaxBatchSize = DefaultMaxBatchSize
-	}
-	if o.MaxBatchDelay <= 0 {
-		o.MaxBatchDelay = DefaultMaxBatchDelay
+	if o.MaxGroup <= 0 {
+		o.MaxGroup = DefaultMaxGroup
 	}
 	if o.Now == nil {
 		o.Now = time.Now
@@ -159,8 +147,6 @@ func OpenTable(path string, opts *TableOptions) (*Table, error) {
 	if err != nil {
 		return nil, openErr(path, &o, err)
 	}
-	db.MaxBatchSize = o.MaxBatchSize
-	db.MaxBatchDelay = o.MaxBatchDelay
 	t := &Table{db: db, path: path, opts: o, cache: make(map[string]Mark)}
 	if o.ReadOnly {
 		return t, nil
@@ -272,15 +258,12 @@ func (t *Table) Admit(ctx context.Context, env *Envelope) (Verdict, Mark, error)
 	}
 
 	c := newAdmitCall(env, t.opts.Now().UnixMilli())
-	// Group only when others are admitting: alone, a group would wait
-	// MaxBatchDelay for company that is not coming.
 	var err error
-	if t.inflight.Add(1) == 1 || t.opts.NoGroupCommit {
+	if t.opts.NoGroupCommit {
 		err = t.db.Update(c.run)
 	} else {
-		err = t.db.Batch(c.run)
+		err = t.groupCommit(c)
 	}
-	t.inflight.Add(-1)
 	if err != nil {
 		return 0, Mark{}, t.storageErr(env.Device, err)
 	}
@@ -314,11 +297,116 @@ func markLess(a, b Mark) bool {
 	return a.Token < b.Token || a.Token == b.Token && a.Seq < b.Seq
 }
 
-// admitCall is one admit's decision inside a write transaction. bbolt may
-// run it more than once (Batch retries a group without a member whose
-// function failed, and reruns that member alone), each time in a fresh
-// transaction after a rollback: every run decides again from what that
-// transaction holds and overwrites the outcome, so the outcome kept is the
+// maxIdleYields is how many yields in a row that brought no admit into a
+// group end its leader's wait for company (see groupCommit).
+const maxIdleYields = 16
+
+// admitGroup is the admits committed in one transaction.
+type admitGroup struct {
+	calls []*admitCall  // in enqueue order
+	prev  *admitGroup   // the group committed before this one; nil once it has
+	done  chan struct{} // closed when the commit returned and every call's err is set
+}
+
+// groupCommit enqueues c, waits until the transaction holding its decision
+// has committed (or failed), and returns c's error.
+//
+// The first admit of a group leads it: it waits for the commit of the group
+// before (if one is in progress; every admit that arrives meanwhile joins its
+// group), then closes the group to newcomers and commits all its calls in one
+// transaction, in enqueue order, so that each decides from the state the
+// calls before it left (admits for one device are decided one after the
+// other). Before closing the group the leader yields (runtime.Gosched, no
+// timer) until the group stops growing: the admits just woken by the previous commit come straight
+// back with their next command and join, instead of forming a group of
+// their own behind this one. A full group (MaxGroup calls) is closed at
+// once: the next admit leads a new group, committed after it. A lone admit
+// commits at once.
+func (t *Table) groupCommit(c *admitCall) error {
+	t.groupMu.Lock()
+	g := t.open
+	lead := g == nil
+	if lead {
+		g = &admitGroup{prev: t.last, done: make(chan struct{})}
+		t.open, t.last = g, g
+	}
+	g.calls = append(g.calls, c)
+	if len(g.calls) >= t.opts.MaxGroup {
+		t.open = nil // full: later admits form the next group
+	}
+	t.groupMu.Unlock()
+
+	if !lead {
+		<-g.done
+		return c.err
+	}
+	if g.prev != nil {
+		<-g.prev.done // one commit at a time, in group order
+		g.prev = nil
+	}
+	// Let the admits just woken by that commit (or arriving with this one)
+	// run up to here and join before the group closes: yield while the
+	// group grows, and stop after maxIdleYields yields in a row that
+	// brought no one. Yields, not a timer: alone, they cost a few
+	// microseconds against a commit's 130 or more. Fewer do not do: the
+	// woken admits queue on the P that woke them, and a yield on the other
+	// P comes straight back to the leader.
+	for n, idle := 0, 0; idle < maxIdleYields; {
+		runtime.Gosched()
+		t.groupMu.Lock()
+		if t.open != g {
+			idle = maxIdleYields
+		} else if len(g.calls) > n {
+			idle = 0
+		} else {
+			idle++
+		}
+		n = len(g.calls)
+		t.groupMu.Unlock()
+	}
+	t.groupMu.Lock()
+	if t.open == g {
+		t.open = nil
+	}
+	calls := g.calls // no more appends: the group is closed
+	t.groupMu.Unlock()
+	t.commitGroup(calls)
+	t.groupMu.Lock()
+	g.calls = nil // t.last must not keep the calls (and their tx) alive
+	t.groupMu.Unlock()
+	close(g.done)
+	return c.err
+}
+
+// commitGroup decides and commits calls in one transaction and sets each
+// call's err. If that transaction fails (a call's error, or the commit's),
+// bbolt has rolled it back and no call's decision was stored: each call is
+// then run again alone, in its own transaction, so that one bad call (a
+// corrupt record) fails only its own admit.
+func (t *Table) commitGroup(calls []*admitCall) {
+	err := t.db.Update(func(tx *bbolt.Tx) error {
+		for _, c := range calls {
+			if err := c.run(tx); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err == nil || len(calls) == 1 {
+		for _, c := range calls {
+			c.err = err
+		}
+		return
+	}
+	for _, c := range calls {
+		c.err = t.db.Update(c.run)
+	}
+}
+
+// admitCall is one admit's decision inside a write transaction. It may run
+// more than once (a group whose transaction failed is rerun one call at a
+// time), each time in a fresh transaction after a rollback: every run
+// decides again from what that transaction holds and overwrites the outcome, so the outcome kept is the
 // one of the transaction that committed. A second run inside the same
 // transaction returns the recorded decision without deciding again.
 type admitCall struct {
@@ -331,6 +419,8 @@ type admitCall struct {
 	tx *bbolt.Tx
 	v  Verdict
 	m  Mark
+
+	err error // of the transaction that decided the call (group commit)
 }
 
 func newAdmitCall(env *Envelope, at int64) *admitCall {

@@ -2,15 +2,16 @@ package fence
 
 import (
 	"bytes"
+	"errors"
 	"path/filepath"
 	"testing"
 
 	"go.etcd.io/bbolt"
 )
 
-// The function a group commit hands to bbolt may run more than once: after
-// a rollback, in a fresh transaction (Batch retries a group without a member
-// that failed), which is replayed here step by step; and, should bbolt ever
+// An admit's transaction function may run more than once: after a
+// rollback, in a fresh transaction (a failed group is rerun one call at a
+// time), which is replayed here step by step; and, should bbolt ever
 // do it, twice in the same transaction. Each caller must get the verdict of
 // the run that committed, and the table must hold exactly that.
 func TestAdmitCallIdempotent(t *testing.T) {
@@ -43,8 +44,8 @@ func TestAdmitCallIdempotent(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// Retry without the failed member, in the order bbolt keeps (it swaps
-	// the failed call with the last): b now runs first.
+	// A rerun in another order (calls rerun alone may commit in any
+	// order relative to each other): b now runs first.
 	if err := tab.db.Update(func(tx *bbolt.Tx) error {
 		for _, call := range []*admitCall{b, a, c, a, b} { // a and b twice in one tx
 			if err := call.run(tx); err != nil {
@@ -119,4 +120,58 @@ func FuzzParseRecord(f *testing.F) {
 			t.Fatalf("parsed %x, re-encoded %x", b, re)
 		}
 	})
+}
+
+// A group whose transaction fails (here: a member's record is corrupt) is
+// rolled back and every call rerun alone: only the bad call fails, and the
+// others get the verdicts that were committed, decided in enqueue order.
+func TestCommitGroupRerunsAlone(t *testing.T) {
+	tab, err := OpenTable(filepath.Join(t.TempDir(), TableFile), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tab.Close()
+	if err := tab.db.Update(func(tx *bbolt.Tx) error {
+		return tx.Bucket(tableBucket).Put([]byte("dev-bad"), []byte("corrupt"))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	env := func(dev string, tok Token, seq uint64) *Envelope {
+		return &Envelope{V: Version, Device: dev, Token: tok, Seq: seq, ID: "c", Kind: "set"}
+	}
+	calls := []*admitCall{
+		newAdmitCall(env("dev-1", 5, 1), 1),
+		newAdmitCall(env("dev-1", 5, 1), 2), // the same command: duplicate of the first
+		newAdmitCall(env("dev-bad", 5, 1), 3),
+		newAdmitCall(env("dev-1", 4, 9), 4), // an older holder
+		newAdmitCall(env("dev-2", 1, 1), 5),
+	}
+	tab.commitGroup(calls)
+	want := []Verdict{Accepted, Duplicate, 0, Stale, Accepted}
+	for i, c := range calls {
+		if bad := i == 2; bad != errors.Is(c.err, ErrTableCorrupt) || !bad && (c.err != nil || c.v != want[i]) {
+			t.Errorf("call %d: %v %v, want %v", i, c.v, c.err, want[i])
+		}
+	}
+	for dev, m := range map[string]Mark{"dev-1": {Token: 5, Seq: 1}, "dev-2": {Token: 1, Seq: 1}} {
+		if r, found, err := tab.Get(dev); err != nil || !found || r.Mark != m {
+			t.Errorf("%s: stored %+v %v %v, want %v", dev, r, found, err, m)
+		}
+	}
+
+	// A group that commits: same-device calls decide in enqueue order.
+	calls = []*admitCall{
+		newAdmitCall(env("dev-3", 2, 1), 1),
+		newAdmitCall(env("dev-3", 2, 2), 2),
+		newAdmitCall(env("dev-3", 2, 1), 3),
+		newAdmitCall(env("dev-3", 3, 1), 4),
+		newAdmitCall(env("dev-3", 2, 3), 5),
+	}
+	tab.commitGroup(calls)
+	want = []Verdict{Accepted, Accepted, Duplicate, Accepted, Stale}
+	for i, c := range calls {
+		if c.err != nil || c.v != want[i] {
+			t.Errorf("dev-3 call %d: %v %v, want %v", i, c.v, c.err, want[i])
+		}
+	}
 }

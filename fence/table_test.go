@@ -209,7 +209,7 @@ func TestTableConcurrentAdmits(t *testing.T) {
 		opts fence.TableOptions
 	}{
 		{"groupcommit", fence.TableOptions{}},
-		{"groupcommit-small-batches", fence.TableOptions{MaxBatchSize: 3, MaxBatchDelay: 50 * time.Microsecond}},
+		{"groupcommit-small-batches", fence.TableOptions{MaxGroup: 3}},
 		{"no-groupcommit", fence.TableOptions{NoGroupCommit: true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -476,8 +476,8 @@ func TestTableCorruptRecord(t *testing.T) {
 }
 
 // Admits in one group as a member whose record is corrupt: bbolt rolls the
-// group back, reruns the others (their functions run twice) and the corrupt
-// one alone. Every good admit must still get the verdict that was committed.
+// group back, and the table reruns every call alone (the good ones run
+// twice). Every good admit must still get the verdict that was committed.
 func TestTableGroupWithCorruptMember(t *testing.T) {
 	path := tablePath(t)
 	tab := openTable(t, path, nil)
@@ -486,10 +486,10 @@ func TestTableGroupWithCorruptMember(t *testing.T) {
 	}
 	tab.Close()
 	rawPut(t, path, "dev-bad", []byte("corrupt"))
-	// A long delay and a size that the group reaches only with everyone
-	// in it: most rounds, all admits and the bad one share a group.
+	// A cap that never splits a round: admits arriving during a commit
+	// share the next group, so most rounds group the bad one with others.
 	const n = 12
-	tab = openTable(t, path, &fence.TableOptions{MaxBatchSize: 2 * n, MaxBatchDelay: 20 * time.Millisecond})
+	tab = openTable(t, path, &fence.TableOptions{MaxGroup: 2 * n})
 	for round := range 20 {
 		var wg sync.WaitGroup
 		verdicts := make([]fence.Verdict, 2*n)
