@@ -1,0 +1,511 @@
+package offline
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"go.etcd.io/bbolt"
+	bberrors "go.etcd.io/bbolt/errors"
+
+	"github.com/edgefence/edgefence/fence"
+)
+
+// File is the outbox's file name in the agent's state directory.
+const File = "outbox.db"
+
+// Defaults of Options.
+const (
+	DefaultTimeout           = time.Second
+	DefaultTTL               = time.Hour
+	DefaultRetention         = 24 * time.Hour
+	DefaultMaxPerDevice      = 10_000
+	DefaultMaxBytesPerDevice = 16 << 20
+	DefaultMaxTotal          = 100_000
+	DefaultMaxTotalBytes     = 256 << 20
+)
+
+var (
+	entriesBucket = []byte("outbox.entries") // command id → record
+	queueBucket   = []byte("outbox.queue")   // device, 0, pos → command id; pending entries only
+	doneBucket    = []byte("outbox.done")    // resolved time, id → nil; terminal entries only
+	seqBucket     = []byte("outbox.seq")     // device → last queue position handed out
+)
+
+// Options configure an Outbox. A nil *Options, and the zero value (or a
+// negative value) of each field, mean the defaults.
+//
+// The limits count pending entries and the bytes of their encoded
+// envelopes; terminal entries are bounded by Retention instead.
+type Options struct {
+	// Timeout bounds the wait for the file lock (default DefaultTimeout).
+	// A second process gets an error wrapping ErrLocked.
+	Timeout time.Duration
+	// Now is the clock for creation, expiry and retention (default
+	// time.Now).
+	Now func() time.Time
+
+	MaxPerDevice      int   // pending entries per device
+	MaxBytesPerDevice int64 // pending envelope bytes per device
+	MaxTotal          int   // pending entries in all
+	MaxTotalBytes     int64 // pending envelope bytes in all
+
+	// TTL is the time to live of an entry that does not set its own
+	// (default DefaultTTL): ExpireDue ends it as fence.Expired after that.
+	TTL time.Duration
+	// Retention is how long a terminal entry is kept before Compact
+	// deletes it (default DefaultRetention).
+	Retention time.Duration
+	// Logger, if set, receives a warning for every Append refused with
+	// ErrFull and for unreadable records met by ExpireDue, and an info
+	// record for every entry ExpireDue ends. The outbox logs nothing
+	// without one.
+	Logger *slog.Logger
+}
+
+func (o *Options) withDefaults() Options {
+	var r Options
+	if o != nil {
+		r = *o
+	}
+	if r.Timeout <= 0 {
+		r.Timeout = DefaultTimeout
+	}
+	if r.Now == nil {
+		r.Now = time.Now
+	}
+	if r.MaxPerDevice <= 0 {
+		r.MaxPerDevice = DefaultMaxPerDevice
+	}
+	if r.MaxBytesPerDevice <= 0 {
+		r.MaxBytesPerDevice = DefaultMaxBytesPerDevice
+	}
+	if r.MaxTotal <= 0 {
+		r.MaxTotal = DefaultMaxTotal
+	}
+	if r.MaxTotalBytes <= 0 {
+		r.MaxTotalBytes = DefaultMaxTotalBytes
+	}
+	if r.TTL <= 0 {
+		r.TTL = DefaultTTL
+	}
+	if r.Retention <= 0 {
+		r.Retention = DefaultRetention
+	}
+	return r
+}
+
+// Entry is one command in the outbox. Append reads Envelope, Created and
+// TTL, and sets Raw, Created, Deadline and Pos.
+type Entry struct {
+	// Envelope is the command as it will be sent, with its original token,
+	// seq and id. Append validates and encodes it.
+	Envelope fence.Envelope
+	// Raw is the encoded envelope (fence.MarshalEnvelope), as stored: what
+	// a transport sends. Set by Append and Next.
+	Raw []byte
+	// Created is when the command was created; zero means now (Options.Now)
+	// at Append.
+	Created time.Time
+	// TTL overrides Options.TTL for this entry when positive.
+	TTL time.Duration
+	// Deadline is Created + TTL; set by Append and Next.
+	Deadline time.Time
+	// Pos is the entry's position in its device's queue, from 1; set by
+	// Append and Next.
+	Pos uint64
+}
+
+// usage is what the pending entries of a device (or all) take.
+type usage struct {
+	n     int
+	bytes int64
+}
+
+// Outbox is a durable, bounded, per-device FIFO of fenced commands in which
+// every entry ends in exactly one recorded terminal state (invariant I4).
+// It is safe for concurrent use; writes are serialized, each durable
+// (fsync) before it returns.
+type Outbox struct {
+	db   *bbolt.DB
+	path string
+	opts Options
+
+	mu      sync.RWMutex // writers Lock (across their commit), readers RLock
+	closed  bool
+	devs    map[string]usage // pending, per device
+	total   usage            // pending, all devices
+	refused uint64           // Appends refused with ErrFull since Open
+}
+
+// Open opens (creating if need be) the outbox file at path.
+func Open(path string, opts *Options) (*Outbox, error) {
+	o := opts.withDefaults()
+	db, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: o.Timeout})
+	if err != nil {
+		if errors.Is(err, bberrors.ErrTimeout) {
+			return nil, fmt.Errorf("%w: %s not free after %v: %w", ErrLocked, path, o.Timeout, err)
+		}
+		return nil, fmt.Errorf("offline: open %s: %w", path, err)
+	}
+	ob := &Outbox{db: db, path: path, opts: o, devs: make(map[string]usage)}
+	// Create the buckets and count the pending entries. This commit's
+	// fdatasync also flushes whatever a previous process left in the page
+	// cache. An unreadable pending record counts as one entry of 0 bytes;
+	// Next and Get report it.
+	err = db.Update(func(tx *bbolt.Tx) error {
+		for _, name := range [][]byte{entriesBucket, queueBucket, doneBucket, seqBucket} {
+			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
+				return err
+			}
+		}
+		entries := tx.Bucket(entriesBucket)
+		return tx.Bucket(queueBucket).ForEach(func(k, id []byte) error {
+			dev, _, ok := splitQueueKey(k)
+			if !ok {
+				return nil
+			}
+			var size int64
+			if r, err := parseRecord(entries.Get(id)); err == nil {
+				size = int64(len(r.env))
+			}
+			ob.add(dev, 1, size)
+			return nil
+		})
+	})
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("offline: init %s: %w", path, err)
+	}
+	return ob, nil
+}
+
+// Close closes the file. It waits for operations in progress.
+func (ob *Outbox) Close() error {
+	ob.mu.Lock()
+	defer ob.mu.Unlock()
+	if ob.closed {
+		return nil
+	}
+	ob.closed = true
+	return ob.db.Close()
+}
+
+// Path returns the file's path.
+func (ob *Outbox) Path() string { return ob.path }
+
+func (ob *Outbox) add(dev string, n int, bytes int64) {
+	u := ob.devs[dev]
+	u.n += n
+	u.bytes += bytes
+	if u.n <= 0 {
+		delete(ob.devs, dev)
+	} else {
+		ob.devs[dev] = u
+	}
+	ob.total.n += n
+	ob.total.bytes += bytes
+}
+
+// update runs fn in a write transaction with the outbox locked for writing.
+func (ob *Outbox) update(fn func(tx *bbolt.Tx) error) error {
+	if ob.closed {
+		return ErrClosed
+	}
+	return ob.db.Update(fn)
+}
+
+// Append stores e as the newest pending entry of its device, durably (the
+// commit is fsynced) before it returns. It sets e.Raw, e.Created (if zero),
+// e.Deadline and e.Pos. If a limit would be exceeded it returns an error
+// wrapping ErrFull and appends nothing; an id already in the outbox gives
+// ErrExists.
+func (ob *Outbox) Append(ctx context.Context, e *Entry) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	raw, err := fence.MarshalEnvelope(&e.Envelope)
+	if err != nil {
+		return fmt.Errorf("offline: append: %w", err)
+	}
+	dev, id := e.Envelope.Device, e.Envelope.ID
+	ob.mu.Lock()
+	defer ob.mu.Unlock()
+	if ob.closed {
+		return fmt.Errorf("offline: append %s: %w", id, ErrClosed)
+	}
+	created := e.Created
+	if created.IsZero() {
+		created = ob.opts.Now()
+	}
+	ttl := e.TTL
+	if ttl <= 0 {
+		ttl = ob.opts.TTL
+	}
+	size := int64(len(raw))
+	u := ob.devs[dev]
+	switch {
+	case u.n+1 > ob.opts.MaxPerDevice:
+		err = fmt.Errorf("%d pending entries for device %s, limit %d", u.n, dev, ob.opts.MaxPerDevice)
+	case u.bytes+size > ob.opts.MaxBytesPerDevice:
+		err = fmt.Errorf("%d pending bytes for device %s, +%d over limit %d", u.bytes, dev, size, ob.opts.MaxBytesPerDevice)
+	case ob.total.n+1 > ob.opts.MaxTotal:
+		err = fmt.Errorf("%d pending entries, limit %d", ob.total.n, ob.opts.MaxTotal)
+	case ob.total.bytes+size > ob.opts.MaxTotalBytes:
+		err = fmt.Errorf("%d pending bytes, +%d over limit %d", ob.total.bytes, size, ob.opts.MaxTotalBytes)
+	}
+	if err != nil {
+		ob.refused++
+		if ob.opts.Logger != nil {
+			ob.opts.Logger.Warn("outbox full: append refused", "device", dev, "id", id, "reason", err.Error())
+		}
+		return fmt.Errorf("offline: append %s: %w: %v", id, ErrFull, err)
+	}
+	r := record{created: created.UnixMilli(), deadline: created.Add(ttl).UnixMilli(), env: raw}
+	err = ob.update(func(tx *bbolt.Tx) error {
+		entries := tx.Bucket(entriesBucket)
+		if entries.Get([]byte(id)) != nil {
+			return ErrExists
+		}
+		seqs := tx.Bucket(seqBucket)
+		if v := seqs.Get([]byte(dev)); v != nil {
+			if len(v) != 8 {
+				return corruptf("queue position of device %s", dev)
+			}
+			r.pos = binary.BigEndian.Uint64(v)
+		}
+		r.pos++
+		if err := seqs.Put([]byte(dev), binary.BigEndian.AppendUint64(nil, r.pos)); err != nil {
+			return err
+		}
+		if err := tx.Bucket(queueBucket).Put(queueKey(dev, r.pos), []byte(id)); err != nil {
+			return err
+		}
+		return entries.Put([]byte(id), r.encode())
+	})
+	if err != nil {
+		return fmt.Errorf("offline: append %s: %w", id, err)
+	}
+	ob.add(dev, 1, size)
+	e.Raw, e.Created, e.Deadline, e.Pos = raw, time.UnixMilli(r.created), time.UnixMilli(r.deadline), r.pos
+	return nil
+}
+
+// Next returns the oldest pending entry of device; ok is false if it has
+// none. An unreadable record is an error wrapping ErrCorrupt: the device's
+// queue stops there (fail closed) rather than skip a command.
+func (ob *Outbox) Next(device string) (e *Entry, ok bool, err error) {
+	err = ob.view(func(tx *bbolt.Tx) error {
+		prefix := queuePrefix(device)
+		c := tx.Bucket(queueBucket).Cursor()
+		k, id := c.Seek(prefix)
+		if k == nil || len(k) != len(prefix)+8 || string(k[:len(prefix)]) != string(prefix) {
+			return nil
+		}
+		r, err := getRecord(tx, id)
+		if err != nil {
+			return err
+		}
+		env, err := fence.UnmarshalEnvelope(r.env)
+		if err != nil {
+			return corruptf("envelope of %s: %v", id, err)
+		}
+		ok = true
+		e = &Entry{Envelope: *env, Raw: append([]byte(nil), r.env...), Created: time.UnixMilli(r.created),
+			Deadline: time.UnixMilli(r.deadline), TTL: time.Duration(r.deadline-r.created) * time.Millisecond, Pos: r.pos}
+		return nil
+	})
+	if err != nil {
+		return nil, false, fmt.Errorf("offline: next of %s: %w", device, err)
+	}
+	return e, ok, nil
+}
+
+// Resolve records ack as the terminal state of the entry with command id
+// id, durably. The ack's verdict must be one a fence point gives (accepted,
+// duplicate, stale or invalid; expired is ExpireDue's) and its id, if set,
+// must be id. An entry has exactly one terminal state: resolving it again
+// returns an error wrapping ErrResolved and changes nothing.
+func (ob *Outbox) Resolve(id string, ack *fence.Ack) error {
+	if ack == nil || ack.Verdict == fence.Expired || (ack.ID != "" && ack.ID != id) {
+		return fmt.Errorf("offline: resolve %s: %w: ack does not resolve this command", id, fence.ErrInvalid)
+	}
+	rawAck, err := fence.MarshalAck(ack)
+	if err != nil {
+		return fmt.Errorf("offline: resolve %s: %w", id, err)
+	}
+	ob.mu.Lock()
+	defer ob.mu.Unlock()
+	var dev string
+	var size int64
+	now := ob.opts.Now().UnixMilli()
+	err = ob.update(func(tx *bbolt.Tx) error {
+		var err error
+		dev, size, err = terminate(tx, id, ack.Device, ack.Verdict, rawAck, now)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("offline: resolve %s: %w", id, err)
+	}
+	ob.add(dev, -1, -size)
+	return nil
+}
+
+// terminate gives the pending entry id its terminal state v in tx. It
+// returns the entry's device and envelope size.
+// ackDev, if set, must be the entry's device.
+func terminate(tx *bbolt.Tx, id, ackDev string, v fence.Verdict, ack []byte, now int64) (string, int64, error) {
+	r, err := getRecord(tx, []byte(id))
+	if err != nil {
+		return "", 0, err
+	}
+	env, err := fence.UnmarshalEnvelope(r.env)
+	if err != nil {
+		return "", 0, corruptf("envelope of %s: %v", id, err)
+	}
+	if ackDev != "" && ackDev != env.Device {
+		return "", 0, fmt.Errorf("%w: ack from device %s for a command to %s", fence.ErrInvalid, ackDev, env.Device)
+	}
+	if r.state != 0 {
+		return "", 0, fmt.Errorf("%w: %v", ErrResolved, r.state)
+	}
+	if now <= 0 {
+		now = 1 // resolved 0 means pending
+	}
+	r.state, r.resolved, r.ack = v, now, ack
+	r.env = append([]byte(nil), r.env...) // it aliases the page we overwrite
+	if err := tx.Bucket(queueBucket).Delete(queueKey(env.Device, r.pos)); err != nil {
+		return "", 0, err
+	}
+	if err := tx.Bucket(doneBucket).Put(doneKey(r.resolved, id), nil); err != nil {
+		return "", 0, err
+	}
+	if err := tx.Bucket(entriesBucket).Put([]byte(id), r.encode()); err != nil {
+		return "", 0, err
+	}
+	return env.Device, int64(len(r.env)), nil
+}
+
+// ExpireDue ends every pending entry whose deadline has passed as
+// fence.Expired, durably, in one transaction, and returns how many it
+// ended; the caller logs and counts them. Unreadable records are left
+// pending and reported in the error, together with the count of the rest.
+func (ob *Outbox) ExpireDue() (n int, err error) {
+	ob.mu.Lock()
+	defer ob.mu.Unlock()
+	now := ob.opts.Now().UnixMilli()
+	type done struct {
+		dev, id string
+		size    int64
+	}
+	var ended []done
+	var bad []error
+	err = ob.update(func(tx *bbolt.Tx) error {
+		ended, bad = ended[:0], bad[:0]
+		var due []string
+		entries := tx.Bucket(entriesBucket)
+		err := tx.Bucket(queueBucket).ForEach(func(k, id []byte) error {
+			r, err := parseRecord(entries.Get(id))
+			if err != nil {
+				bad = append(bad, fmt.Errorf("%s: %w", id, err))
+				return nil
+			}
+			if now >= r.deadline {
+				due = append(due, string(id))
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		for _, id := range due {
+			dev, size, err := terminate(tx, id, "", fence.Expired, nil, now)
+			if err != nil {
+				bad = append(bad, fmt.Errorf("%s: %w", id, err))
+				continue
+			}
+			ended = append(ended, done{dev, id, size})
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("offline: expire: %w", err)
+	}
+	for _, d := range ended {
+		ob.add(d.dev, -1, -d.size)
+		if ob.opts.Logger != nil {
+			ob.opts.Logger.Info("outbox entry expired", "device", d.dev, "id", d.id)
+		}
+	}
+	if len(bad) > 0 {
+		if ob.opts.Logger != nil {
+			ob.opts.Logger.Warn("outbox records unreadable", "count", len(bad), "err", errors.Join(bad...).Error())
+		}
+		return len(ended), fmt.Errorf("offline: expire: %d entries unreadable: %w", len(bad), errors.Join(bad...))
+	}
+	return len(ended), nil
+}
+
+// Compact deletes the terminal entries resolved at least Retention ago and
+// returns how many. Pending entries are never deleted.
+func (ob *Outbox) Compact() (n int, err error) {
+	ob.mu.Lock()
+	defer ob.mu.Unlock()
+	cutoff := ob.opts.Now().Add(-ob.opts.Retention).UnixMilli()
+	err = ob.update(func(tx *bbolt.Tx) error {
+		n = 0
+		var keys [][]byte
+		c := tx.Bucket(doneBucket).Cursor()
+		for k, _ := c.First(); k != nil; k, _ = c.Next() {
+			if len(k) < 8 || int64(binary.BigEndian.Uint64(k)) > cutoff {
+				break
+			}
+			keys = append(keys, append([]byte(nil), k...))
+		}
+		entries, doneB := tx.Bucket(entriesBucket), tx.Bucket(doneBucket)
+		for _, k := range keys {
+			id := k[8:]
+			if r, err := parseRecord(entries.Get(id)); err == nil && r.state != 0 {
+				if err := entries.Delete(id); err != nil {
+					return err
+				}
+				n++
+			}
+			if err := doneB.Delete(k); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("offline: compact: %w", err)
+	}
+	return n, nil
+}
+
+// view runs fn in a read transaction.
+func (ob *Outbox) view(fn func(tx *bbolt.Tx) error) error {
+	ob.mu.RLock()
+	defer ob.mu.RUnlock()
+	if ob.closed {
+		return ErrClosed
+	}
+	return ob.db.View(fn)
+}
+
+// getRecord reads the record of id; ErrNotFound if there is none.
+func getRecord(tx *bbolt.Tx, id []byte) (record, error) {
+	v := tx.Bucket(entriesBucket).Get(id)
+	if v == nil {
+		return record{}, ErrNotFound
+	}
+	r, err := parseRecord(v)
+	if err != nil {
+		return record{}, fmt.Errorf("%w (id %s)", err, id)
+	}
+	return r, nil
+}
