@@ -14,6 +14,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/fence/history"
+	"github.com/edgefence/edgefence/offline"
 )
 
 // Sender delivers one envelope to its device's fence point and returns the
@@ -43,6 +45,19 @@ type Options struct {
 	// on the local API (GET /v1/fence, /v1/fence/{device}) for operators:
 	// the agent holds the file's lock, so they cannot open it themselves.
 	FenceTable FenceTable
+
+	// Outbox, if set, makes every command durable before it is sent:
+	// Send appends it, a per-device worker delivers the device's entries
+	// in order (resending the same envelope until an ack comes), and the
+	// ack is recorded as the entry's terminal state (invariant I4). A
+	// caller whose Send times out gets ErrQueued: the command stays queued
+	// and is delivered later. Without an outbox, Send delivers directly.
+	Outbox *offline.Outbox
+
+	// History, if set, receives a "created" event for every command the
+	// outbox accepts and a "terminal" event for every terminal state
+	// (fault-injection tests check these against the fence points').
+	History *history.Writer
 }
 
 // FenceTable is the read side of fence.Table the local API needs.
@@ -62,6 +77,8 @@ type Agent struct {
 	unsafe bool
 	bridge func() any
 	table  FenceTable
+	outbox *offline.Outbox // nil: no durable queue
+	hist   *history.Writer // nil: no history
 
 	devices map[string]*device // fixed at New; the map is read-only after
 	order   []string
@@ -116,7 +133,7 @@ func New(cfg *Config, cli *clientv3.Client, s Sender, o Options) (*Agent, error)
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	a := &Agent{cfg: *cfg, cli: cli, sender: s, log: o.Logger, now: o.Now, unsafe: o.UnsafeIgnoreSessionLoss, bridge: o.BridgeStatus, table: o.FenceTable,
+	a := &Agent{cfg: *cfg, cli: cli, sender: s, log: o.Logger, now: o.Now, unsafe: o.UnsafeIgnoreSessionLoss, bridge: o.BridgeStatus, table: o.FenceTable, outbox: o.Outbox, hist: o.History,
 		devices: make(map[string]*device, len(cfg.Devices))}
 	if a.log == nil {
 		a.log = slog.New(slog.NewTextHandler(io.Discard, nil))

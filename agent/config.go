@@ -41,6 +41,7 @@ type Config struct {
 	MQTT     MQTTConfig     `yaml:"mqtt"`
 	API      APIConfig      `yaml:"api"`
 	Command  CommandConfig  `yaml:"command"`
+	Outbox   OutboxConfig   `yaml:"outbox"`
 	Log      LogConfig      `yaml:"log"`
 	Devices  []DeviceConfig `yaml:"devices"`
 }
@@ -72,6 +73,30 @@ type CommandConfig struct {
 	Timeout time.Duration `yaml:"timeout"` // how long to wait for an ack, default 10s
 }
 
+// OutboxConfig bounds the durable outbox (offline.Options). Zero values
+// mean the offline package's defaults.
+type OutboxConfig struct {
+	MaxPerDevice      int           `yaml:"max_per_device"`       // pending commands per device, default 10000
+	MaxBytesPerDevice int64         `yaml:"max_bytes_per_device"` // pending envelope bytes per device, default 16 MiB
+	MaxTotal          int           `yaml:"max_total"`            // pending commands in all, default 100000
+	MaxTotalBytes     int64         `yaml:"max_total_bytes"`      // pending envelope bytes in all, default 256 MiB
+	TTL               time.Duration `yaml:"ttl"`                  // a command not delivered by then ends as expired, default 1h
+	Retention         time.Duration `yaml:"retention"`            // terminal entries are kept this long, default 24h
+}
+
+// Autonomy policies of a device: what the agent does while etcd is out of
+// reach and its session has ended.
+const (
+	// PolicyStrict stops issuing commands to the device until a lock is
+	// held again (invariant I6's early stop). The default.
+	PolicyStrict = "strict"
+	// PolicyAutonomous keeps issuing commands under the last token held.
+	// Safe because the fence point refuses them once a newer holder has
+	// reached the device; the agent returns to normal when it holds a
+	// lock again.
+	PolicyAutonomous = "autonomous"
+)
+
 // LogConfig selects the log output.
 type LogConfig struct {
 	Level  string `yaml:"level"`  // debug, info, warn, error; default info
@@ -91,6 +116,15 @@ type DeviceConfig struct {
 	// speaks plain MQTT (no shim): admitted commands are published as JSON
 	// on <mqtt_topic>/<kind>. Only on its home gateway.
 	MQTTTopic string `yaml:"mqtt_topic,omitempty"`
+	// Policy is what happens while etcd is unreachable: "strict"
+	// (default) or "autonomous"; see PolicyStrict, PolicyAutonomous.
+	Policy string `yaml:"policy,omitempty"`
+	// ReissueKinds lists the command kinds that may be re-issued under a
+	// new token when a queued command of an older token of this agent is
+	// refused as stale by the fence point. Only for kinds whose effect is
+	// an absolute, idempotent setting that should still win (e.g. a
+	// setpoint); never for relative or one-shot actions. Default: none.
+	ReissueKinds []string `yaml:"reissue_kinds,omitempty"`
 }
 
 // SerialConfig is a device's serial line (see transport/serial.PortConfig).
@@ -220,6 +254,21 @@ func (c *Config) Validate() error {
 	if c.Command.Timeout < 0 {
 		return fieldErr("command.timeout", "must be positive")
 	}
+	o := &c.Outbox
+	switch {
+	case o.MaxPerDevice < 0:
+		return fieldErr("outbox.max_per_device", "must not be negative")
+	case o.MaxBytesPerDevice < 0:
+		return fieldErr("outbox.max_bytes_per_device", "must not be negative")
+	case o.MaxTotal < 0:
+		return fieldErr("outbox.max_total", "must not be negative")
+	case o.MaxTotalBytes < 0:
+		return fieldErr("outbox.max_total_bytes", "must not be negative")
+	case o.TTL < 0:
+		return fieldErr("outbox.ttl", "must not be negative")
+	case o.Retention < 0:
+		return fieldErr("outbox.retention", "must not be negative")
+	}
 	switch c.Log.Level {
 	case "":
 		c.Log.Level = "info"
@@ -272,6 +321,18 @@ func (c *Config) Validate() error {
 		}
 		if d.Serial != nil && d.Serial.Port == "" {
 			return fieldErr(f+".serial.port", "required")
+		}
+		switch d.Policy {
+		case "":
+			d.Policy = PolicyStrict
+		case PolicyStrict, PolicyAutonomous:
+		default:
+			return fieldErr(f+".policy", "%q: want %q or %q", d.Policy, PolicyStrict, PolicyAutonomous)
+		}
+		for j, k := range d.ReissueKinds {
+			if k == "" || len(k) > fence.MaxKindLen {
+				return fieldErr(fmt.Sprintf("%s.reissue_kinds[%d]", f, j), "%q is not a command kind", k)
+			}
 		}
 	}
 	return nil
