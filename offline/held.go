@@ -1,0 +1,66 @@
+package offline
+
+import (
+	"encoding/binary"
+	"fmt"
+
+	"go.etcd.io/bbolt"
+
+	"github.com/edgefence/edgefence/fence"
+)
+
+// heldBucket maps device → the highest fencing token this gateway's agent
+// ever held for it (8 bytes, big-endian). It is the agent's durable token
+// regression guard: a token from etcd at or below it means the cluster was
+// rebuilt from an old snapshot, and the agent refuses to command the device.
+var heldBucket = []byte("agent.held")
+
+// SetHeld records t as held for device, durably, if it is above the token
+// recorded so far; it never lowers the record.
+func (ob *Outbox) SetHeld(device string, t fence.Token) error {
+	ob.mu.Lock()
+	defer ob.mu.Unlock()
+	err := ob.update(func(tx *bbolt.Tx) error {
+		b, err := tx.CreateBucketIfNotExists(heldBucket)
+		if err != nil {
+			return err
+		}
+		cur, err := heldIn(b, device)
+		if err != nil || t <= cur {
+			return err
+		}
+		return b.Put([]byte(device), binary.BigEndian.AppendUint64(nil, uint64(t)))
+	})
+	if err != nil {
+		return fmt.Errorf("offline: record held token of %s: %w", device, err)
+	}
+	return nil
+}
+
+// Held returns the highest token recorded by SetHeld for device, 0 if none.
+func (ob *Outbox) Held(device string) (fence.Token, error) {
+	var t fence.Token
+	err := ob.view(func(tx *bbolt.Tx) error {
+		var err error
+		t, err = heldIn(tx.Bucket(heldBucket), device)
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("offline: held token of %s: %w", device, err)
+	}
+	return t, nil
+}
+
+func heldIn(b *bbolt.Bucket, device string) (fence.Token, error) {
+	if b == nil {
+		return 0, nil
+	}
+	v := b.Get([]byte(device))
+	if v == nil {
+		return 0, nil
+	}
+	if len(v) != 8 {
+		return 0, corruptf("held token of device %s", device)
+	}
+	return fence.Token(binary.BigEndian.Uint64(v)), nil
+}
