@@ -12,6 +12,8 @@
 // Logs go to stderr (slog text); one line with msg=ready is logged once the
 // broker has acknowledged every subscription. The verdict log (one JSON line
 // per decision, see sim.VerdictRecord) goes to --log, appended, or stdout.
+// With --history FILE every decision is also appended to FILE as a
+// fence/history event (source --history-source), for history.Check.
 // SIGINT or SIGTERM shuts down cleanly.
 package main
 
@@ -29,6 +31,7 @@ import (
 	"time"
 
 	"github.com/edgefence/edgefence/devices/sim"
+	"github.com/edgefence/edgefence/fence/history"
 	"github.com/edgefence/edgefence/transport/mqtt"
 )
 
@@ -56,6 +59,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		noFence  = fs.Bool("unsafe-no-fence", false, "DISABLE THE FENCE: apply stale and duplicate commands (tests and demos only)")
 		port     = fs.String("serial", "", "run ONE legacy register device (no fence of its own) on this serial port instead of MQTT devices")
 		regs     = fs.Int("registers", 0, "with --serial: number of holding registers (default 256)")
+		histPath = fs.String("history", "", "append every fence decision to this file as history events (JSON lines, fence/history)")
+		histSrc  = fs.String("history-source", "devsim", "source name of the --history events")
 	)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -70,8 +75,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	if *port != "" {
-		if *broker != "" || *count != 0 || *noFence || *dir != "" {
-			return usage("--serial runs a legacy device: it takes --devices ID (one), --registers, --log; not --mqtt, --count, --dir or --unsafe-no-fence")
+		if *broker != "" || *count != 0 || *noFence || *dir != "" || *histPath != "" {
+			return usage("--serial runs a legacy device: it takes --devices ID (one), --registers, --log; not --mqtt, --count, --dir, --unsafe-no-fence or --history (it has no fence point and never sees command ids)")
 		}
 		id := "plc-1"
 		if *devices != "" {
@@ -102,8 +107,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		vlog = f
 	}
 
+	var hist *history.Writer // nil: none
+	if *histPath != "" {
+		if hist, err = history.Create(*histPath, *histSrc); err != nil {
+			log.Error("open history", "err", err)
+			return 1
+		}
+		defer hist.Close() // after the fleet: deferred calls run last in, first out
+	}
+
 	fleet, err := sim.NewFleet(ctx, sim.FleetConfig{Devices: ids, DataDir: *dir, Broker: *broker, Prefix: *prefix,
-		ClientID: *clientID, VerdictLog: vlog, DisableFence: *noFence, Logger: log})
+		ClientID: *clientID, VerdictLog: vlog, History: hist, DisableFence: *noFence, Logger: log})
 	if err != nil {
 		log.Error("start", "err", err)
 		return 1

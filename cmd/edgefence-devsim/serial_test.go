@@ -92,6 +92,7 @@ func TestSerialUsage(t *testing.T) {
 	for _, args := range [][]string{
 		{"--serial", "/dev/null", "--mqtt", "mqtt://h"},
 		{"--serial", "/dev/null", "--dir", "x"},
+		{"--serial", "/dev/null", "--history", "h.jsonl"},
 	} {
 		d := startDevsim(t, args...)
 		if code := d.wait(t); code != 2 {

@@ -25,4 +25,5 @@
 //
 // Handle never panics, whatever the input, and never moves the mark for input
 // it refuses. Stats counts verdicts; the Invalid count is the bad-input metric.
+// Options.History records every decision for fence/history's checker.
 package shim

@@ -9,6 +9,7 @@ import (
 	"go.etcd.io/bbolt"
 
 	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/fence/history"
 )
 
 // Result is the full outcome of one command at the fence point.
@@ -40,6 +41,30 @@ func (s *Shim) Handle(device string, raw []byte, d Device) fence.Ack {
 func (s *Shim) Process(device string, raw []byte, d Device) Result {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	res := s.process(device, raw, d)
+	s.record(res)
+	return res
+}
+
+// record writes the decision to the history, if any. Call with s.mu held,
+// so that the lines are in decision order.
+func (s *Shim) record(res Result) {
+	if s.opts.History == nil {
+		return
+	}
+	a := res.Ack
+	e := history.Event{Op: history.OpVerdict, Device: a.Device, ID: a.ID, Token: uint64(a.Token), Seq: a.Seq,
+		Verdict: a.Verdict.String(), Reason: a.Reason}
+	if res.Envelope != nil {
+		e.Kind = res.Envelope.Kind
+	}
+	if err := s.opts.History.Record(e); err != nil {
+		s.log.Warn("history not written", "device", a.Device, "id", a.ID, "err", err)
+	}
+}
+
+// process is Process with s.mu held.
+func (s *Shim) process(device string, raw []byte, d Device) Result {
 	if s.closed {
 		return s.refuse(device, nil, fence.Mark{}, ErrClosed.Error())
 	}

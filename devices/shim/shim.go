@@ -12,6 +12,7 @@ import (
 	bberrors "go.etcd.io/bbolt/errors"
 
 	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/fence/history"
 )
 
 // DefaultLockTimeout is how long Open waits for the database file lock.
@@ -54,6 +55,14 @@ type Options struct {
 	// Logger receives the shim's log lines; nil means none (except the
 	// DisableFence warning).
 	Logger *slog.Logger
+
+	// History, if not nil, gets one history.OpVerdict event per decision
+	// (device, id, token, seq, kind, verdict, reason), written in decision
+	// order after the decision is committed, for history.Check. The shim
+	// does not close it. The history is a record of decisions, not part of
+	// them: a write error is logged and the decision stands, and a process
+	// killed between a commit and its history line loses that line.
+	History *history.Writer
 }
 
 // Shim is a fence point backed by one bbolt file. Its methods are safe for

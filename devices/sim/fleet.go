@@ -17,6 +17,7 @@ import (
 
 	"github.com/edgefence/edgefence/devices/shim"
 	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/fence/history"
 	"github.com/edgefence/edgefence/transport/mqtt"
 )
 
@@ -36,6 +37,9 @@ type FleetConfig struct {
 
 	// VerdictLog receives one JSON line per decision; nil means none.
 	VerdictLog io.Writer
+	// History, if not nil, gets every decision as a history event
+	// (shim.Options.History). The Fleet does not close it.
+	History *history.Writer
 	// DisableFence turns the fence off: TEST AND DEMO ONLY.
 	DisableFence bool
 	// Logger receives log lines (the MQTT client's too); nil means none.
@@ -102,7 +106,7 @@ func NewFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	host, err := OpenHost(filepath.Join(cfg.DataDir, DBFile),
-		HostConfig{VerdictLog: cfg.VerdictLog, DisableFence: cfg.DisableFence, Logger: cfg.Logger})
+		HostConfig{VerdictLog: cfg.VerdictLog, DisableFence: cfg.DisableFence, Logger: cfg.Logger, History: cfg.History})
 	if err != nil {
 		return nil, fmt.Errorf("sim: fleet: %w", err)
 	}

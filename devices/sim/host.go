@@ -8,6 +8,7 @@ import (
 
 	"github.com/edgefence/edgefence/devices/shim"
 	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/fence/history"
 )
 
 // HostConfig configures a Host. The zero value is valid.
@@ -22,6 +23,9 @@ type HostConfig struct {
 	Logger *slog.Logger
 	// Now is the clock for verdict log times; nil means time.Now.
 	Now func() time.Time
+	// History, if not nil, gets the fence point's decisions as history
+	// events (shim.Options.History). The Host does not close it.
+	History *history.Writer
 }
 
 // Host runs simulated thermostats behind one fence point (one bbolt file),
@@ -40,7 +44,8 @@ func OpenHost(path string, cfg HostConfig) (*Host, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s, err := shim.Open(path, &shim.Options{DisableFence: cfg.DisableFence, Logger: cfg.Logger})
+	s, err := shim.Open(path, &shim.Options{DisableFence: cfg.DisableFence, Logger: cfg.Logger,
+		History: cfg.History})
 	if err != nil {
 		return nil, err
 	}

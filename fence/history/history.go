@@ -7,7 +7,14 @@
 // Each process appends to its own file (or several to one file opened with
 // O_APPEND: every event is a single write(2), so lines never interleave). A
 // process killed with SIGKILL leaves at most a torn last line, which Read
-// skips.
+// skips; a Writer reopening such a file seals the torn line off first
+// (OpOpened), so a restarted process can keep appending to the same file.
+//
+// Fence points record with a Writer (devices/shim: Options.History;
+// edgefence-devsim: --history). Read loads files, Check (or CheckWith)
+// returns a Report whose Violations name the invariant, device and command.
+// Package fence/history/linear checks the same events for linearizability
+// against a fenced register model (porcupine).
 package history
 
 import (
@@ -31,6 +38,10 @@ const (
 	// OpApplied: the device applied the command's effect (after a
 	// gateway fence table: the serial device answered).
 	OpApplied = "applied"
+	// OpOpened: Create found the file's last line torn (its previous
+	// writer was killed mid-write) and sealed it off; Read skips the torn
+	// line before it. Check ignores it.
+	OpOpened = "opened"
 )
 
 // Event is one line of a history.
@@ -57,12 +68,51 @@ type Writer struct {
 
 // Create opens path for appending (creating it) and returns a Writer whose
 // events carry source when they have none.
+//
+// If the file's last line is torn (no final newline: a writer was killed
+// mid-line), Create first appends a newline and an OpOpened event, so that
+// the torn line stays a line of its own that Read knows to skip.
 func Create(path, source string) (*Writer, error) {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_APPEND|os.O_CREATE, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("history: %w", err)
 	}
-	return &Writer{f: f, source: source}, nil
+	w := &Writer{f: f, source: source}
+	if err := w.seal(); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return w, nil
+}
+
+// seal ends a torn last line with a newline and an OpOpened event. With
+// other writers appending concurrently the worst case is an extra blank
+// line, which Read skips.
+func (w *Writer) seal() error {
+	fi, err := w.f.Stat()
+	if err != nil {
+		return fmt.Errorf("history: %w", err)
+	}
+	if fi.Size() == 0 {
+		return nil
+	}
+	last := make([]byte, 1)
+	if _, err := w.f.ReadAt(last, fi.Size()-1); err != nil {
+		return fmt.Errorf("history: %w", err)
+	}
+	if last[0] == '\n' {
+		return nil
+	}
+	b, err := json.Marshal(Event{Time: time.Now(), Source: w.source, Op: OpOpened,
+		Reason: "last line torn (writer killed mid-write); sealed off"})
+	if err != nil {
+		return fmt.Errorf("history: %w", err)
+	}
+	b = append(append([]byte{'\n'}, b...), '\n')
+	if _, err := w.f.Write(b); err != nil {
+		return fmt.Errorf("history: %w", err)
+	}
+	return nil
 }
 
 // Record appends e as one line; a zero Time becomes now.
