@@ -83,8 +83,16 @@ type Agent struct {
 	devices map[string]*device // fixed at New; the map is read-only after
 	order   []string
 
+	// The outbox's delivery workers (outbox.go).
+	wmu      sync.Mutex
+	waiters  map[string]chan *fence.Ack // command id → its Send, waiting
+	runCtx   context.Context            // set while Run runs; nil: no new workers
+	workers  sync.WaitGroup
+	expireMu sync.RWMutex // expiry (W) vs a worker picking its next entry (R)
+
 	mu        sync.Mutex
 	lease     clientv3.LeaseID // current session's lease, 0 if none
+	lostLease clientv3.LeaseID // lease of the session last lost, to reattach to if it survived
 	sessions  uint64           // sessions opened so far
 	sessionUp bool
 
@@ -95,19 +103,30 @@ type counters struct {
 	sent, noAck, sendErr            atomic.Uint64
 	accepted, duplicate, stale, inv atomic.Uint64
 	acquired, lost, regressions     atomic.Uint64
+	queued, resent, expired, full   atomic.Uint64
+	reissued, outboxErr, reattached atomic.Uint64
 }
 
 // device is the agent's view of one configured device.
 type device struct {
-	id  string
-	sem chan struct{} // serializes commands: seqs must reach the device in order
+	id      string
+	sem     chan struct{} // serializes commands: seqs must reach the device in order
+	policy  string        // PolicyStrict or PolicyAutonomous
+	reissue map[string]bool
 
 	mu       sync.Mutex
 	ctl      *controller // nil unless holding
 	state    string      // campaigning, holding, lost, refused
 	since    time.Time
-	maxToken fence.Token // highest token this agent process ever held for the device
+	maxToken fence.Token // highest token this agent ever held for the device (durable with an outbox)
 	lastAck  *fence.Ack
+	last     *controller // the last controller installed, kept after it is dropped
+	autonomy bool        // the session is lost and ctl carries on under the autonomous policy
+
+	// Outbox delivery (outbox.go).
+	delivering, kicked bool
+	inflight           string      // id of the entry the worker may have sent: never expired locally
+	deposedAt          fence.Token // highest token of ours a fence point refused as stale
 }
 
 // controller is the right to command one device under one token.
@@ -125,6 +144,7 @@ const (
 	StateHolding     = "holding"     // holds the lock; commands are issued under its token
 	StateLost        = "lost"        // the session ended; no commands until re-acquired
 	StateRefused     = "refused"     // etcd granted a token lower than one held before
+	StateAutonomous  = "autonomous"  // session lost; commands go on under the last token (policy autonomous)
 )
 
 // New returns an agent for cfg (which must have passed Validate), using cli
@@ -134,7 +154,7 @@ func New(cfg *Config, cli *clientv3.Client, s Sender, o Options) (*Agent, error)
 		return nil, err
 	}
 	a := &Agent{cfg: *cfg, cli: cli, sender: s, log: o.Logger, now: o.Now, unsafe: o.UnsafeIgnoreSessionLoss, bridge: o.BridgeStatus, table: o.FenceTable, outbox: o.Outbox, hist: o.History,
-		devices: make(map[string]*device, len(cfg.Devices))}
+		devices: make(map[string]*device, len(cfg.Devices)), waiters: make(map[string]chan *fence.Ack)}
 	if a.log == nil {
 		a.log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -142,7 +162,23 @@ func New(cfg *Config, cli *clientv3.Client, s Sender, o Options) (*Agent, error)
 		a.now = time.Now
 	}
 	for _, d := range cfg.Devices {
-		a.devices[d.ID] = &device{id: d.ID, sem: make(chan struct{}, 1), state: StateCampaigning, since: a.now()}
+		dev := &device{id: d.ID, sem: make(chan struct{}, 1), state: StateCampaigning, since: a.now(), policy: d.Policy}
+		if len(d.ReissueKinds) > 0 {
+			dev.reissue = make(map[string]bool, len(d.ReissueKinds))
+			for _, k := range d.ReissueKinds {
+				dev.reissue[k] = true
+			}
+		}
+		if a.outbox != nil {
+			// The durable regression guard: the highest token any run of
+			// this agent held for the device.
+			t, err := a.outbox.Held(d.ID)
+			if err != nil {
+				return nil, fmt.Errorf("agent: %w", err)
+			}
+			dev.maxToken = t
+		}
+		a.devices[d.ID] = dev
 		a.order = append(a.order, d.ID)
 	}
 	if a.unsafe {
@@ -171,7 +207,12 @@ func (a *Agent) Send(ctx context.Context, dev, kind string, body []byte) (*fence
 	case <-ctx.Done():
 		return nil, fmt.Errorf("send to %s: %w", dev, ctx.Err())
 	}
-	defer func() { <-d.sem }()
+	released := false
+	defer func() {
+		if !released {
+			<-d.sem
+		}
+	}()
 
 	d.mu.Lock()
 	ctl := d.ctl
@@ -195,6 +236,10 @@ func (a *Agent) Send(ctx context.Context, dev, kind string, body []byte) (*fence
 		ctl.seq-- // nothing left the agent
 		return nil, fmt.Errorf("send to %s: %w", dev, err)
 	}
+	if a.outbox != nil {
+		released = true // sendQueued releases d.sem once the entry is stored
+		return a.sendQueued(ctx, d, ctl, env)
+	}
 	sctx, cancel := context.WithTimeout(ctx, a.cfg.Command.Timeout)
 	defer cancel()
 	a.stats.sent.Add(1)
@@ -216,11 +261,7 @@ func (a *Agent) Send(ctx context.Context, dev, kind string, body []byte) (*fence
 	if ack.Verdict == fence.Stale {
 		// A newer holder has reached the device. Stop issuing (I6); the
 		// session loop will notice its loss and campaign again.
-		a.log.Warn("deposed: fence point holds a newer token", "device", dev, "token", env.Token, "fence_token", ack.MaxToken)
-		if !a.unsafe {
-			ctl.lost.Store(true)
-			a.setState(d, ctl, StateLost)
-		}
+		a.deposed(d, ctl, env, ack)
 	}
 	a.log.Debug("verdict", "device", dev, "token", env.Token, "seq", env.Seq, "id", env.ID, "verdict", ack.Verdict)
 	return ack, ack.Err()

@@ -14,4 +14,9 @@ var (
 	// ErrNoAck means no acknowledgement arrived within the command timeout:
 	// the command's fate at the device is unknown.
 	ErrNoAck = errors.New("agent: no ack")
+	// ErrQueued comes with ErrNoAck when the agent has an outbox: the
+	// command is stored and will be delivered (resent until the device
+	// answers, or expired if never sent within its time to live); its
+	// terminal state is recorded in the outbox (`edgefence outbox show`).
+	ErrQueued = errors.New("agent: command queued in the outbox")
 )

@@ -19,6 +19,16 @@ import (
 // session and campaigns again. On return (ctx done) it has released every
 // lock it held and revoked its lease. Run returns nil on a clean shutdown.
 func (a *Agent) Run(ctx context.Context) error {
+	if a.outbox != nil {
+		octx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			a.runOutbox(octx)
+		}()
+		// Stop the delivery workers before the locks are released.
+		defer func() { cancel(); <-done }()
+	}
 	backoff := newBackoff(100*time.Millisecond, 5*time.Second)
 	for ctx.Err() == nil {
 		sess, err := a.openSession(ctx)
@@ -44,6 +54,9 @@ func (a *Agent) Run(ctx context.Context) error {
 func (a *Agent) openSession(ctx context.Context) (*concurrency.Session, error) {
 	gctx, cancel := context.WithTimeout(ctx, a.cfg.Etcd.DialTimeout)
 	defer cancel()
+	if sess, err := a.reattach(gctx); sess != nil || err != nil {
+		return sess, err
+	}
 	g, err := a.cli.Grant(gctx, a.sessionTTL())
 	if err != nil {
 		return nil, fmt.Errorf("grant lease: %w", err)
@@ -60,6 +73,49 @@ func (a *Agent) openSession(ctx context.Context) (*concurrency.Session, error) {
 	n := a.sessions
 	a.mu.Unlock()
 	a.log.Info("etcd session open", "lease", fmt.Sprintf("%x", int64(g.ID)), "ttl_s", a.sessionTTL(), "session", n)
+	return sess, nil
+}
+
+// reattach resumes the session lost last, if its lease is still alive: the
+// client gives a session up when no keep-alive answer came for a TTL, but
+// etcd may have kept the lease — it extends every lease when a member
+// restarts or a new leader is elected. Our lock keys then still exist, so
+// the devices are held under the same tokens and their controllers carry
+// on. It returns nil, nil if there is nothing to reattach to.
+func (a *Agent) reattach(ctx context.Context) (*concurrency.Session, error) {
+	a.mu.Lock()
+	old := a.lostLease
+	a.mu.Unlock()
+	if old == 0 {
+		return nil, nil
+	}
+	// The lease lives on for about a TTL after etcd returns: do not let
+	// the gRPC reconnect backoff, grown during the outage, eat it.
+	if cc := a.cli.ActiveConnection(); cc != nil {
+		cc.ResetConnectBackoff()
+	}
+	ttl, err := a.cli.TimeToLive(ctx, old)
+	if err != nil {
+		return nil, fmt.Errorf("lease %x time to live: %w", int64(old), err)
+	}
+	a.mu.Lock()
+	a.lostLease = 0
+	a.mu.Unlock()
+	if ttl.TTL <= 0 {
+		a.log.Info("lost lease expired; opening a new session", "lease", fmt.Sprintf("%x", int64(old)))
+		return nil, nil
+	}
+	sess, err := concurrency.NewSession(a.cli, concurrency.WithLease(old), concurrency.WithTTL(int(a.sessionTTL())))
+	if err != nil {
+		return nil, fmt.Errorf("start keep-alive: %w", err)
+	}
+	a.mu.Lock()
+	a.lease, a.sessionUp = old, true
+	a.sessions++
+	n := a.sessions
+	a.mu.Unlock()
+	a.stats.reattached.Add(1)
+	a.log.Info("etcd session resumed: the lease survived", "lease", fmt.Sprintf("%x", int64(old)), "ttl_left_s", ttl.TTL, "session", n)
 	return sess, nil
 }
 
@@ -107,8 +163,11 @@ func (a *Agent) runSession(ctx context.Context, sess *concurrency.Session) {
 	a.sessionUp = false
 	a.mu.Unlock()
 	if lost {
-		a.log.Warn("etcd session lost; campaigning again under a new session", "lease", fmt.Sprintf("%x", int64(sess.Lease())))
+		a.log.Warn("etcd session lost; campaigning again", "lease", fmt.Sprintf("%x", int64(sess.Lease())))
 		sess.Orphan()
+		a.mu.Lock()
+		a.lostLease = sess.Lease()
+		a.mu.Unlock()
 		return
 	}
 	a.release(sess, mutexes)
@@ -126,10 +185,19 @@ func (a *Agent) dropSession(lease clientv3.LeaseID) {
 				d.mu.Unlock()
 				continue
 			}
+			a.stats.lost.Add(1)
+			if d.policy == PolicyAutonomous {
+				// Keep commanding under the last token: the fence point
+				// refuses it once a newer holder reaches the device.
+				d.autonomy = true
+				d.state, d.since = StateAutonomous, a.now()
+				a.log.Warn("session lost; device stays under the autonomous policy on its last token", "device", d.id, "token", d.ctl.token)
+				d.mu.Unlock()
+				continue
+			}
 			d.ctl.lost.Store(true)
 			d.ctl = nil
 			d.state, d.since = StateLost, a.now()
-			a.stats.lost.Add(1)
 		} else if d.ctl == nil {
 			d.state, d.since = StateCampaigning, a.now()
 		}
@@ -143,7 +211,7 @@ func (a *Agent) release(sess *concurrency.Session, mutexes []*concurrency.Mutex)
 	for _, id := range a.order {
 		d := a.devices[id]
 		d.mu.Lock()
-		if d.ctl != nil && d.ctl.lease == sess.Lease() {
+		if d.ctl != nil {
 			d.ctl.lost.Store(true)
 			d.ctl = nil
 		}
@@ -190,6 +258,10 @@ func (a *Agent) campaign(ctx context.Context, sess *concurrency.Session, d *devi
 	for {
 		err := m.TryLock(ctx)
 		if errors.Is(err, concurrency.ErrLocked) {
+			// Another agent holds the device: an autonomous controller
+			// from a lost session stops here (I6) — the fence would
+			// refuse it anyway once the holder reaches the device.
+			a.endAutonomy(d)
 			release()
 			if err = m.Lock(ctx); err == nil {
 				if !acquireSlot(ctx, slots) {
@@ -232,27 +304,79 @@ func (a *Agent) campaign(ctx context.Context, sess *concurrency.Session, d *devi
 		}
 	}
 	release()
+	if a.install(ctx, d, token, m.Key(), sess.Lease()) && a.outbox != nil {
+		a.kick(d)
+	}
+}
 
+// install makes token the device's controller and reports whether it did.
+// It refuses a token below the highest ever held for the device (etcd was
+// rebuilt from an old snapshot), and one equal to it unless it is the same
+// lock key — the same lease, resumed (reattach) — in which case the
+// controller carries on with its seq.
+func (a *Agent) install(ctx context.Context, d *device, token fence.Token, key string, lease clientv3.LeaseID) bool {
+	// d.sem guards the seq a resumed controller carries on with.
+	select {
+	case d.sem <- struct{}{}:
+	case <-ctx.Done():
+		return false
+	}
+	defer func() { <-d.sem }()
 	d.mu.Lock()
-	defer d.mu.Unlock()
-	if token <= d.maxToken {
+	same := d.last != nil && d.last.token == token && d.last.key == key
+	maxToken := d.maxToken
+	d.mu.Unlock()
+	if token < maxToken || (token == maxToken && !same) {
 		// etcd handed out a revision not above one we held before: the
 		// cluster was rebuilt from an old snapshot. Commanding would be
-		// refused at best; say why and hold off.
+		// refused at best; say why and hold off (README: recovery).
 		a.stats.regressions.Add(1)
-		d.state, d.since = StateRefused, a.now()
-		a.log.Error("token regression: etcd granted a token not above one held before; refusing to command",
-			"device", d.id, "token", token, "max_held", d.maxToken)
-		return
+		a.setState(d, nil, StateRefused)
+		a.log.Error("token regression: etcd granted a token not above one held before; refusing to command this device (see README, token regression)",
+			"device", d.id, "token", token, "max_held", maxToken, "key", key)
+		return false
 	}
-	if old := d.ctl; old != nil {
-		old.lost.Store(true)
+	if a.outbox != nil && !same {
+		// Durable before the first command under it can leave.
+		if err := a.outbox.SetHeld(d.id, token); err != nil {
+			a.stats.outboxErr.Add(1)
+			a.log.Error("cannot record the held token; not commanding the device", "device", d.id, "token", token, "err", err)
+			return false
+		}
 	}
-	d.ctl = &controller{token: token, key: m.Key(), lease: sess.Lease()}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	switch old := d.ctl; {
+	case same && old == d.last && old != nil:
+		// An autonomous controller whose lease survived: it simply
+		// carries on.
+		old.lease = lease
+	case same:
+		d.ctl = &controller{token: token, key: key, lease: lease, seq: d.last.seq}
+	default:
+		if old != nil {
+			old.lost.Store(true)
+		}
+		d.ctl = &controller{token: token, key: key, lease: lease}
+	}
+	d.last, d.autonomy = d.ctl, false
 	d.maxToken = token
 	d.state, d.since = StateHolding, a.now()
 	a.stats.acquired.Add(1)
-	a.log.Info("holding device", "device", d.id, "token", token, "key", m.Key())
+	a.log.Info("holding device", "device", d.id, "token", token, "key", key, "resumed", same)
+	return true
+}
+
+// endAutonomy stops an autonomous controller left from a lost session.
+func (a *Agent) endAutonomy(d *device) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.autonomy && d.ctl != nil {
+		d.ctl.lost.Store(true)
+		d.ctl, d.autonomy = nil, false
+		d.state, d.since = StateCampaigning, a.now()
+		a.log.Info("autonomy ends: another agent holds the device", "device", d.id)
+	}
 }
 
 // campaignSlots bounds how many campaigns talk to etcd at once. A thousand

@@ -36,6 +36,8 @@ type DeviceStatus struct {
 	LockKey  string      `json:"lock_key,omitempty"`
 	MaxToken fence.Token `json:"max_token_held,omitempty"`
 	LastAck  *AckStatus  `json:"last_ack,omitempty"`
+	Policy   string      `json:"policy"`
+	Queued   int         `json:"queued,omitempty"` // commands pending in the outbox
 }
 
 // AckStatus is an Ack in JSON form.
@@ -69,6 +71,14 @@ type Counters struct {
 	Acquired    uint64 `json:"locks_acquired"`
 	Lost        uint64 `json:"locks_lost"`
 	Regressions uint64 `json:"token_regressions"`
+	// With an outbox:
+	Queued     uint64 `json:"commands_queued"`     // appended to the outbox
+	Resent     uint64 `json:"commands_resent"`     // sent again after no ack (or after a restart)
+	Expired    uint64 `json:"commands_expired"`    // ended as expired, never sent
+	Full       uint64 `json:"outbox_full"`         // refused: an outbox limit was reached
+	Reissued   uint64 `json:"commands_reissued"`   // re-queued under a newer token (reissue_kinds)
+	OutboxErr  uint64 `json:"outbox_errors"`       // outbox reads or writes that failed
+	Reattached uint64 `json:"sessions_reattached"` // lost sessions resumed because the lease survived
 }
 
 // transportStatus is implemented by senders that can describe themselves.
@@ -94,7 +104,7 @@ func (a *Agent) Status() Status {
 	for _, id := range a.order {
 		d := a.devices[id]
 		d.mu.Lock()
-		ds := DeviceStatus{ID: id, State: d.state, Since: d.since, MaxToken: d.maxToken, LastAck: NewAckStatus(d.lastAck)}
+		ds := DeviceStatus{ID: id, State: d.state, Since: d.since, MaxToken: d.maxToken, LastAck: NewAckStatus(d.lastAck), Policy: d.policy}
 		if d.ctl != nil {
 			ds.Token, ds.LockKey = d.ctl.token, d.ctl.key
 		}
@@ -110,12 +120,17 @@ func (a *Agent) Status() Status {
 			default:
 			}
 		}
+		if a.outbox != nil {
+			ds.Queued, _ = a.outbox.Pending(id)
+		}
 		s.Devices = append(s.Devices, ds)
 	}
 	st := &a.stats
 	s.Counters = Counters{Sent: st.sent.Load(), NoAck: st.noAck.Load(), SendErrors: st.sendErr.Load(),
 		Accepted: st.accepted.Load(), Duplicate: st.duplicate.Load(), Stale: st.stale.Load(), Invalid: st.inv.Load(),
-		Acquired: st.acquired.Load(), Lost: st.lost.Load(), Regressions: st.regressions.Load()}
+		Acquired: st.acquired.Load(), Lost: st.lost.Load(), Regressions: st.regressions.Load(),
+		Queued: st.queued.Load(), Resent: st.resent.Load(), Expired: st.expired.Load(), Full: st.full.Load(),
+		Reissued: st.reissued.Load(), OutboxErr: st.outboxErr.Load(), Reattached: st.reattached.Load()}
 	return s
 }
 

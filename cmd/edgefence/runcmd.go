@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -16,6 +17,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/edgefence/edgefence/agent"
+	"github.com/edgefence/edgefence/fence/history"
+	"github.com/edgefence/edgefence/offline"
 	"github.com/edgefence/edgefence/transport/mqtt"
 )
 
@@ -36,6 +39,7 @@ func cmdRun(args []string, stderr io.Writer) error {
 	etcdURL := fs.String("etcd", "", "override etcd.endpoints (comma-separated)")
 	mqttURL := fs.String("mqtt", "", "override mqtt.brokers (comma-separated)")
 	socket := fs.String("socket", "", "override api.socket")
+	histPath := fs.String("history", "", "append a JSON-lines history of created and terminal commands to `file` (fault-injection tests)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -74,6 +78,29 @@ func cmdRun(args []string, stderr io.Writer) error {
 		return err
 	}
 	defer closeBridge()
+
+	if err := os.MkdirAll(cfg.StateDir, 0o750); err != nil {
+		return fmt.Errorf("state dir: %w", err)
+	}
+	// The outbox: every command is stored (fsync) before it is sent and
+	// ends in a recorded terminal state. One process holds it.
+	ob, err := offline.Open(filepath.Join(cfg.StateDir, offline.File), &offline.Options{
+		MaxPerDevice: cfg.Outbox.MaxPerDevice, MaxBytesPerDevice: cfg.Outbox.MaxBytesPerDevice,
+		MaxTotal: cfg.Outbox.MaxTotal, MaxTotalBytes: cfg.Outbox.MaxTotalBytes,
+		TTL: cfg.Outbox.TTL, Retention: cfg.Outbox.Retention,
+		Logger: log.With("component", "outbox"),
+	})
+	if err != nil {
+		return err
+	}
+	defer ob.Close()
+	var hist *history.Writer
+	if *histPath != "" {
+		if hist, err = history.Create(*histPath, "outbox:"+cfg.Gateway); err != nil {
+			return err
+		}
+		defer hist.Close()
+	}
 
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints:   cfg.Etcd.Endpoints,
@@ -119,6 +146,7 @@ func cmdRun(args []string, stderr io.Writer) error {
 	}
 
 	opts.Logger = log
+	opts.Outbox, opts.History = ob, hist
 	opts.UnsafeIgnoreSessionLoss = failpoint("ignore-session-loss")
 	ag, err := agent.New(cfg, cli, cmdr, opts)
 	if err != nil {

@@ -1,0 +1,398 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/fence/history"
+	"github.com/edgefence/edgefence/offline"
+)
+
+// The command path with an outbox (Options.Outbox):
+//
+//	Send ─▶ outbox.Append (fsync) ─▶ kick(device) ─▶ worker: Next ─▶ Sender.Send ─▶ Resolve(ack)
+//	  └──────────── waits for its ack, up to command.timeout ◀── notify ◀──────────┘
+//
+// One worker per device with pending entries delivers them one at a time, in
+// queue order, with their original token and seq; a command with no ack is
+// sent again (the same envelope: a fence point answers a repeat as a
+// duplicate and never applies it twice) until an ack comes. Workers exist
+// only while their device has pending entries.
+//
+// Expiry: an entry that has never been handed to the transport ends as
+// expired when its TTL passes. The entry a worker has begun sending (and,
+// after a restart, the head of every queue, which the previous process may
+// have sent) is never expired locally — it may have reached the broker, so
+// only the device can say what became of it; it is resent until the device
+// answers.
+
+const (
+	expireEvery  = time.Second
+	compactEvery = time.Hour
+)
+
+// sendQueued appends env durably, hands it to the device's worker, and
+// waits up to the command timeout for its ack. The caller holds d.sem and
+// sendQueued releases it once the entry is stored.
+func (a *Agent) sendQueued(ctx context.Context, d *device, ctl *controller, env *fence.Envelope) (*fence.Ack, error) {
+	// Wait for the ack from before the append: a running worker may
+	// deliver the entry the moment it is stored.
+	ch := make(chan *fence.Ack, 1)
+	a.wmu.Lock()
+	a.waiters[env.ID] = ch
+	a.wmu.Unlock()
+	defer func() {
+		a.wmu.Lock()
+		delete(a.waiters, env.ID)
+		a.wmu.Unlock()
+	}()
+	e := &offline.Entry{Envelope: *env}
+	if err := a.outbox.Append(ctx, e); err != nil {
+		ctl.seq-- // nothing was created
+		<-d.sem
+		if errors.Is(err, offline.ErrFull) {
+			a.stats.full.Add(1)
+		}
+		return nil, fmt.Errorf("send to %s: %w", d.id, err)
+	}
+	a.stats.queued.Add(1)
+	a.record(history.OpCreated, env, "", "")
+	<-d.sem
+	a.kick(d)
+
+	t := time.NewTimer(a.cfg.Command.Timeout)
+	defer t.Stop()
+	select {
+	case ack := <-ch:
+		return ack, ack.Err()
+	case <-t.C:
+		return nil, fmt.Errorf("send to %s (token %d seq %d): %w within %v: %w", d.id, env.Token, env.Seq, ErrNoAck, a.cfg.Command.Timeout, ErrQueued)
+	case <-ctx.Done():
+		return nil, fmt.Errorf("send to %s (token %d seq %d): %w: %w", d.id, env.Token, env.Seq, ctx.Err(), ErrQueued)
+	}
+}
+
+// record writes a history event for env, if the agent keeps a history.
+func (a *Agent) record(op string, env *fence.Envelope, verdict, reason string) {
+	if a.hist == nil {
+		return
+	}
+	err := a.hist.Record(history.Event{Op: op, Device: env.Device, ID: env.ID, Token: uint64(env.Token), Seq: env.Seq,
+		Kind: env.Kind, Verdict: verdict, Reason: reason})
+	if err != nil {
+		a.log.Warn("history", "err", err)
+	}
+}
+
+// kick makes sure a worker is delivering d's pending entries. Before Run
+// starts and after it stops it does nothing: Run kicks every device with
+// pending entries when it starts.
+func (a *Agent) kick(d *device) {
+	a.wmu.Lock()
+	defer a.wmu.Unlock()
+	if a.runCtx == nil {
+		return
+	}
+	d.mu.Lock()
+	if d.delivering {
+		d.kicked = true
+		d.mu.Unlock()
+		return
+	}
+	d.delivering, d.kicked = true, false
+	d.mu.Unlock()
+	ctx := a.runCtx
+	a.workers.Add(1)
+	go func() {
+		defer a.workers.Done()
+		a.deliver(ctx, d)
+	}()
+}
+
+// mayDeliver reports whether e may be sent to d now. A strict device's
+// queue waits while the agent holds no lock for it — except entries whose
+// token a fence point has already refused, which are sent only to have
+// their refusal recorded.
+func (a *Agent) mayDeliver(d *device, e *offline.Entry) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.policy == PolicyAutonomous || a.unsafe {
+		return true
+	}
+	if d.ctl != nil && !d.ctl.lost.Load() {
+		return true
+	}
+	return e.Envelope.Token <= d.deposedAt
+}
+
+// deliver is a device's worker: it sends the device's pending entries in
+// order until none is left (or the device's policy holds them back, or ctx
+// ends).
+func (a *Agent) deliver(ctx context.Context, d *device) {
+	backoff := newBackoff(100*time.Millisecond, 5*time.Second)
+	for {
+		for ctx.Err() == nil {
+			a.expireMu.RLock()
+			e, ok, err := a.outbox.Next(d.id)
+			if err != nil {
+				a.expireMu.RUnlock()
+				// A corrupt record: the queue stops there (fail closed)
+				// until an operator repairs it; try again later.
+				a.stats.outboxErr.Add(1)
+				a.log.Error("outbox: cannot read the next command; device queue held", "device", d.id, "err", err)
+				if !sleepCtx(ctx, backoff.next()) {
+					break
+				}
+				continue
+			}
+			if !ok || !a.mayDeliver(d, e) {
+				a.expireMu.RUnlock()
+				break
+			}
+			d.mu.Lock()
+			attempted := d.inflight == e.Envelope.ID
+			d.inflight = e.Envelope.ID
+			d.mu.Unlock()
+			a.expireMu.RUnlock()
+			if !attempted && !a.now().Before(e.Deadline) {
+				// Never sent and past its TTL: expire it, not send it.
+				d.mu.Lock()
+				d.inflight = ""
+				d.mu.Unlock()
+				a.expire()
+				continue
+			}
+			if attempted {
+				a.stats.resent.Add(1)
+			}
+			a.stats.sent.Add(1)
+			sctx, cancel := context.WithTimeout(ctx, a.cfg.Command.Timeout)
+			ack, err := a.sender.Send(sctx, &e.Envelope)
+			cancel()
+			if err != nil {
+				if ctx.Err() != nil {
+					break
+				}
+				a.stats.noAck.Add(1)
+				wait := backoff.next()
+				a.log.Warn("no verdict yet; command stays queued and will be resent", "device", d.id, "token", e.Envelope.Token,
+					"seq", e.Envelope.Seq, "id", e.Envelope.ID, "err", err, "retry_in", wait)
+				if !sleepCtx(ctx, wait) {
+					break
+				}
+				continue
+			}
+			if !a.settle(d, e, ack) {
+				if !sleepCtx(ctx, backoff.next()) {
+					break
+				}
+				continue
+			}
+			backoff.reset()
+		}
+		d.mu.Lock()
+		if d.kicked && ctx.Err() == nil {
+			d.kicked = false
+			d.mu.Unlock()
+			continue
+		}
+		d.delivering = false
+		d.mu.Unlock()
+		return
+	}
+}
+
+// settle records ack as e's terminal state and acts on it. It returns false
+// if the outbox could not record it (the entry stays pending and is resent:
+// the fence point will answer duplicate or stale, never apply twice).
+func (a *Agent) settle(d *device, e *offline.Entry, ack *fence.Ack) bool {
+	env := &e.Envelope
+	if err := a.outbox.Resolve(env.ID, ack); err != nil {
+		if !errors.Is(err, offline.ErrResolved) {
+			a.stats.outboxErr.Add(1)
+			a.log.Error("outbox: cannot record verdict; will resend", "device", d.id, "id", env.ID, "verdict", ack.Verdict, "err", err)
+			return false
+		}
+		// Cannot happen while this worker is the only one to resolve
+		// d's entries; say so loudly if it does.
+		a.log.Error("outbox: verdict for a command already terminal", "device", d.id, "id", env.ID, "verdict", ack.Verdict, "err", err)
+	}
+	d.mu.Lock()
+	if d.inflight == env.ID {
+		d.inflight = ""
+	}
+	d.lastAck = ack
+	if ack.Verdict == fence.Stale && env.Token > d.deposedAt {
+		d.deposedAt = env.Token
+	}
+	ctl := d.ctl
+	d.mu.Unlock()
+	a.countVerdict(ack.Verdict)
+	a.record(history.OpTerminal, env, ack.Verdict.String(), ack.Reason)
+	a.notify(env.ID, ack)
+	a.log.Debug("verdict", "device", d.id, "token", env.Token, "seq", env.Seq, "id", env.ID, "verdict", ack.Verdict)
+	if ack.Verdict != fence.Stale {
+		return true
+	}
+	switch {
+	case ctl != nil && ctl.token == env.Token:
+		a.deposed(d, ctl, env, ack)
+	case ctl != nil && ctl.token > env.Token && !ctl.lost.Load() && d.reissue[env.Kind]:
+		a.reissue(d, e)
+	default:
+		a.log.Info("queued command of an old token refused by the fence point", "device", d.id, "token", env.Token,
+			"seq", env.Seq, "id", env.ID, "fence_token", ack.MaxToken)
+	}
+	return true
+}
+
+// deposed stops ctl after a fence point refused its token: a newer holder
+// has reached the device (I6).
+func (a *Agent) deposed(d *device, ctl *controller, env *fence.Envelope, ack *fence.Ack) {
+	a.log.Warn("deposed: fence point holds a newer token", "device", d.id, "token", env.Token, "fence_token", ack.MaxToken)
+	if !a.unsafe {
+		ctl.lost.Store(true)
+		a.setState(d, ctl, StateLost)
+	}
+}
+
+// reissue queues the command of a refused old-token entry again under the
+// device's current token, if no later command of the same kind is pending
+// (a later one supersedes it).
+func (a *Agent) reissue(d *device, e *offline.Entry) {
+	recs, err := a.outbox.List(offline.Filter{Device: d.id, PendingOnly: true})
+	if err != nil {
+		a.log.Warn("reissue: cannot list the queue; not reissued", "device", d.id, "id", e.Envelope.ID, "err", err)
+		return
+	}
+	for _, r := range recs {
+		if r.Kind == e.Envelope.Kind && r.Pos > e.Pos {
+			a.log.Info("reissue: a later command of the same kind is queued; not reissued", "device", d.id, "id", e.Envelope.ID, "later", r.ID)
+			return
+		}
+	}
+	d.sem <- struct{}{}
+	d.mu.Lock()
+	ctl := d.ctl
+	d.mu.Unlock()
+	if ctl == nil || ctl.lost.Load() || ctl.token <= e.Envelope.Token {
+		<-d.sem
+		return
+	}
+	ctl.seq++
+	env := e.Envelope
+	env.Token, env.Seq, env.ID, env.IssuedAt = ctl.token, ctl.seq, newCommandID(), a.now().UnixMilli()
+	ne := &offline.Entry{Envelope: env}
+	err = a.outbox.Append(context.Background(), ne)
+	if err != nil {
+		ctl.seq--
+	}
+	<-d.sem
+	if err != nil {
+		a.log.Error("reissue: not queued", "device", d.id, "id", e.Envelope.ID, "err", err)
+		return
+	}
+	a.stats.reissued.Add(1)
+	a.record(history.OpCreated, &env, "", "reissue of "+e.Envelope.ID)
+	a.log.Info("reissued under the current token", "device", d.id, "kind", env.Kind, "old_id", e.Envelope.ID,
+		"old_token", e.Envelope.Token, "id", env.ID, "token", env.Token, "seq", env.Seq)
+}
+
+func (a *Agent) notify(id string, ack *fence.Ack) {
+	a.wmu.Lock()
+	ch := a.waiters[id]
+	a.wmu.Unlock()
+	if ch != nil {
+		select {
+		case ch <- ack:
+		default:
+		}
+	}
+}
+
+// expire ends the queued commands past their TTL that were never sent.
+func (a *Agent) expire() {
+	a.expireMu.Lock()
+	defer a.expireMu.Unlock()
+	ended, err := a.outbox.ExpireEntries(func(dev, id string) bool {
+		d := a.devices[dev]
+		if d == nil {
+			return false
+		}
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return d.inflight == id
+	})
+	if err != nil {
+		a.stats.outboxErr.Add(1)
+		a.log.Error("outbox: expiry", "err", err)
+	}
+	for _, x := range ended {
+		a.stats.expired.Add(1)
+		env := &fence.Envelope{Device: x.Device, ID: x.ID, Token: x.Token, Seq: x.Seq, Kind: x.Kind}
+		a.record(history.OpTerminal, env, fence.Expired.String(), "time to live passed before it was sent")
+		ack := &fence.Ack{V: fence.Version, Device: x.Device, ID: x.ID, Token: x.Token, Seq: x.Seq, Verdict: fence.Expired,
+			Reason: "time to live passed before it was sent"}
+		a.notify(x.ID, ack)
+		a.log.Warn("command expired in the outbox", "device", x.Device, "token", x.Token, "seq", x.Seq, "id", x.ID, "kind", x.Kind)
+	}
+}
+
+// runOutbox starts delivery of what an earlier run left queued and runs
+// expiry and compaction until ctx ends; then it waits for the workers.
+func (a *Agent) runOutbox(ctx context.Context) {
+	a.wmu.Lock()
+	a.runCtx = ctx
+	a.wmu.Unlock()
+	for _, id := range a.outbox.Devices() {
+		d := a.devices[id]
+		if d == nil {
+			a.log.Warn("outbox holds commands for a device no longer configured; they will expire", "device", id)
+			continue
+		}
+		// The previous process may have sent the head entry: never
+		// expire it locally.
+		if e, ok, err := a.outbox.Next(id); err == nil && ok {
+			d.mu.Lock()
+			d.inflight = e.Envelope.ID
+			d.mu.Unlock()
+		}
+		n, _ := a.outbox.Pending(id)
+		a.log.Info("outbox: resuming queued commands", "device", id, "pending", n)
+		a.kick(d)
+	}
+	a.compact()
+	exp := time.NewTicker(expireEvery)
+	comp := time.NewTicker(compactEvery)
+	defer exp.Stop()
+	defer comp.Stop()
+	for done := false; !done; {
+		select {
+		case <-ctx.Done():
+			done = true
+		case <-exp.C:
+			a.expire()
+		case <-comp.C:
+			a.compact()
+		}
+	}
+	a.wmu.Lock()
+	a.runCtx = nil
+	a.wmu.Unlock()
+	a.workers.Wait()
+}
+
+func (a *Agent) compact() {
+	n, err := a.outbox.Compact()
+	if err != nil {
+		a.stats.outboxErr.Add(1)
+		a.log.Error("outbox: compaction", "err", err)
+		return
+	}
+	if n > 0 {
+		a.log.Info("outbox: compacted terminal entries past retention", "entries", n)
+	}
+}

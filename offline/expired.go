@@ -1,0 +1,91 @@
+package offline
+
+import (
+	"errors"
+	"fmt"
+
+	"go.etcd.io/bbolt"
+
+	"github.com/edgefence/edgefence/fence"
+)
+
+// Expired is an entry ExpireEntries ended.
+type Expired struct {
+	Device string
+	ID     string
+	Token  fence.Token
+	Seq    uint64
+	Kind   string
+}
+
+// ExpireEntries is ExpireDue returning the entries it ended, so that the
+// caller can record and report each one. Entries for which keep returns
+// true stay pending whatever their deadline: the agent keeps a command it
+// may already have sent, whose fate only the device can tell. keep may be
+// nil.
+func (ob *Outbox) ExpireEntries(keep func(device, id string) bool) ([]Expired, error) {
+	ob.mu.Lock()
+	defer ob.mu.Unlock()
+	now := ob.opts.Now().UnixMilli()
+	type done struct {
+		e    Expired
+		size int64
+	}
+	var ended []done
+	var bad []error
+	err := ob.update(func(tx *bbolt.Tx) error {
+		ended, bad = ended[:0], bad[:0]
+		var due []Expired
+		entries := tx.Bucket(entriesBucket)
+		err := tx.Bucket(queueBucket).ForEach(func(k, id []byte) error {
+			r, err := parseRecord(entries.Get(id))
+			if err != nil {
+				bad = append(bad, fmt.Errorf("%s: %w", id, err))
+				return nil
+			}
+			if now < r.deadline {
+				return nil
+			}
+			env, err := fence.UnmarshalEnvelope(r.env)
+			if err != nil {
+				bad = append(bad, fmt.Errorf("%s: %w", id, corruptf("envelope: %v", err)))
+				return nil
+			}
+			if keep != nil && keep(env.Device, string(id)) {
+				return nil
+			}
+			due = append(due, Expired{Device: env.Device, ID: string(id), Token: env.Token, Seq: env.Seq, Kind: env.Kind})
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		for _, e := range due {
+			_, size, err := terminate(tx, e.ID, "", fence.Expired, nil, now)
+			if err != nil {
+				bad = append(bad, fmt.Errorf("%s: %w", e.ID, err))
+				continue
+			}
+			ended = append(ended, done{e, size})
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("offline: expire: %w", err)
+	}
+	out := make([]Expired, len(ended))
+	for i, d := range ended {
+		ob.add(d.e.Device, -1, -d.size)
+		out[i] = d.e
+		if ob.opts.Logger != nil {
+			ob.opts.Logger.Info("outbox entry expired", "device", d.e.Device, "id", d.e.ID, "token", d.e.Token, "seq", d.e.Seq)
+		}
+	}
+	if len(bad) > 0 {
+		if ob.opts.Logger != nil {
+			ob.opts.Logger.Warn("outbox records unreadable", "count", len(bad), "err", errors.Join(bad...).Error())
+		}
+		return out, fmt.Errorf("offline: expire: %d entries unreadable: %w", len(bad), errors.Join(bad...))
+	}
+	return out, nil
+}
