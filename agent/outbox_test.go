@@ -42,11 +42,6 @@ func (g *gate) Send(ctx context.Context, env *fence.Envelope) (*fence.Ack, error
 	return ack, err
 }
 
-type outboxAgent struct {
-	*testAgent
-	ob *offline.Outbox
-}
-
 func openOutbox(t *testing.T, path string, o *offline.Options) *offline.Outbox {
 	t.Helper()
 	ob, err := offline.Open(path, o)
