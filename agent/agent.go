@@ -105,6 +105,7 @@ type counters struct {
 	acquired, lost, regressions     atomic.Uint64
 	queued, resent, expired, full   atomic.Uint64
 	reissued, outboxErr, reattached atomic.Uint64
+	superseded                      atomic.Uint64
 }
 
 // device is the agent's view of one configured device.

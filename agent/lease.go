@@ -261,7 +261,7 @@ func (a *Agent) campaign(ctx context.Context, sess *concurrency.Session, d *devi
 			// Another agent holds the device: an autonomous controller
 			// from a lost session stops here (I6) — the fence would
 			// refuse it anyway once the holder reaches the device.
-			a.endAutonomy(d)
+			a.heldElsewhere(d)
 			release()
 			if err = m.Lock(ctx); err == nil {
 				if !acquireSlot(ctx, slots) {
@@ -367,15 +367,28 @@ func (a *Agent) install(ctx context.Context, d *device, token fence.Token, key s
 	return true
 }
 
-// endAutonomy stops an autonomous controller left from a lost session.
-func (a *Agent) endAutonomy(d *device) {
+// heldElsewhere is called when another session holds d's lock: every
+// token of ours up to the last one is superseded. An autonomous controller
+// left from a lost session stops (I6; the fence would refuse it anyway once
+// the holder reaches the device), and queued commands of those tokens are
+// let out of the queue to be ended as stale (deliver).
+func (a *Agent) heldElsewhere(d *device) {
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	if d.autonomy && d.ctl != nil {
 		d.ctl.lost.Store(true)
 		d.ctl, d.autonomy = nil, false
 		d.state, d.since = StateCampaigning, a.now()
-		a.log.Info("autonomy ends: another agent holds the device", "device", d.id)
+		a.log.Info("autonomy ends: another session holds the device's lock", "device", d.id)
+	}
+	superseded := d.last != nil && d.last.token > d.deposedAt
+	if superseded {
+		d.deposedAt = d.last.token
+	}
+	d.mu.Unlock()
+	if superseded && a.outbox != nil {
+		if n, _ := a.outbox.Pending(d.id); n > 0 {
+			a.kick(d)
+		}
 	}
 }
 

@@ -128,6 +128,17 @@ func (a *Agent) mayDeliver(d *device, e *offline.Entry) bool {
 	return e.Envelope.Token <= d.deposedAt
 }
 
+// superseded reports whether e is a strict device's command of a token
+// another session's lock has superseded.
+func (a *Agent) superseded(d *device, e *offline.Entry) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.policy == PolicyAutonomous || a.unsafe || e.Envelope.Token > d.deposedAt {
+		return false
+	}
+	return d.ctl == nil || d.ctl.lost.Load() || d.ctl.token != e.Envelope.Token
+}
+
 // deliver is a device's worker: it sends the device's pending entries in
 // order until none is left (or the device's policy holds them back, or ctx
 // ends).
@@ -165,6 +176,18 @@ func (a *Agent) deliver(ctx context.Context, d *device) {
 				a.expire()
 				continue
 			}
+			if !attempted && a.superseded(d, e) {
+				// Never sent, and another session holds the lock now:
+				// a strict device does not get old orders late. End it
+				// as stale without sending it.
+				ack := &fence.Ack{V: fence.Version, Device: d.id, ID: e.Envelope.ID, Token: e.Envelope.Token, Seq: e.Envelope.Seq,
+					Verdict: fence.Stale, Reason: "superseded: another session holds the lock; never sent"}
+				a.stats.superseded.Add(1)
+				if !a.settle(d, e, ack, true) && !sleepCtx(ctx, backoff.next()) {
+					break
+				}
+				continue
+			}
 			if attempted {
 				a.stats.resent.Add(1)
 			}
@@ -185,7 +208,7 @@ func (a *Agent) deliver(ctx context.Context, d *device) {
 				}
 				continue
 			}
-			if !a.settle(d, e, ack) {
+			if !a.settle(d, e, ack, false) {
 				if !sleepCtx(ctx, backoff.next()) {
 					break
 				}
@@ -207,8 +230,9 @@ func (a *Agent) deliver(ctx context.Context, d *device) {
 
 // settle records ack as e's terminal state and acts on it. It returns false
 // if the outbox could not record it (the entry stays pending and is resent:
-// the fence point will answer duplicate or stale, never apply twice).
-func (a *Agent) settle(d *device, e *offline.Entry, ack *fence.Ack) bool {
+// the fence point will answer duplicate or stale, never apply twice). local
+// means the agent decided the verdict itself (the command was never sent).
+func (a *Agent) settle(d *device, e *offline.Entry, ack *fence.Ack, local bool) bool {
 	env := &e.Envelope
 	if err := a.outbox.Resolve(env.ID, ack); err != nil {
 		if !errors.Is(err, offline.ErrResolved) {
@@ -230,7 +254,9 @@ func (a *Agent) settle(d *device, e *offline.Entry, ack *fence.Ack) bool {
 	}
 	ctl := d.ctl
 	d.mu.Unlock()
-	a.countVerdict(ack.Verdict)
+	if !local {
+		a.countVerdict(ack.Verdict)
+	}
 	a.record(history.OpTerminal, env, ack.Verdict.String(), ack.Reason)
 	a.notify(env.ID, ack)
 	a.log.Debug("verdict", "device", d.id, "token", env.Token, "seq", env.Seq, "id", env.ID, "verdict", ack.Verdict)

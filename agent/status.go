@@ -77,6 +77,7 @@ type Counters struct {
 	Expired    uint64 `json:"commands_expired"`    // ended as expired, never sent
 	Full       uint64 `json:"outbox_full"`         // refused: an outbox limit was reached
 	Reissued   uint64 `json:"commands_reissued"`   // re-queued under a newer token (reissue_kinds)
+	Superseded uint64 `json:"commands_superseded"` // strict devices: never sent, ended stale once another session held the lock
 	OutboxErr  uint64 `json:"outbox_errors"`       // outbox reads or writes that failed
 	Reattached uint64 `json:"sessions_reattached"` // lost sessions resumed because the lease survived
 }
@@ -130,7 +131,7 @@ func (a *Agent) Status() Status {
 		Accepted: st.accepted.Load(), Duplicate: st.duplicate.Load(), Stale: st.stale.Load(), Invalid: st.inv.Load(),
 		Acquired: st.acquired.Load(), Lost: st.lost.Load(), Regressions: st.regressions.Load(),
 		Queued: st.queued.Load(), Resent: st.resent.Load(), Expired: st.expired.Load(), Full: st.full.Load(),
-		Reissued: st.reissued.Load(), OutboxErr: st.outboxErr.Load(), Reattached: st.reattached.Load()}
+		Reissued: st.reissued.Load(), OutboxErr: st.outboxErr.Load(), Reattached: st.reattached.Load(), Superseded: st.superseded.Load()}
 	return s
 }
 
