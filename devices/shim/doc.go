@@ -25,5 +25,7 @@
 //
 // Handle never panics, whatever the input, and never moves the mark for input
 // it refuses. Stats counts verdicts; the Invalid count is the bad-input metric.
-// Options.History records every decision for fence/history's checker.
+// Options.History records every decision for fence/history's checker, each
+// accept before its commit, and on Open the durable marks that show which
+// recorded accepts a crash kept from committing (history.OpOpened).
 package shim

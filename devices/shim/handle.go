@@ -3,6 +3,7 @@ package shim
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 
@@ -42,11 +43,15 @@ func (s *Shim) Process(device string, raw []byte, d Device) Result {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	res := s.process(device, raw, d)
-	s.record(res)
+	if !res.Applied {
+		// An applied command's accept was recorded before its commit
+		// (recordAccept); every other outcome is recorded now.
+		s.record(res)
+	}
 	return res
 }
 
-// record writes the decision to the history, if any. Call with s.mu held,
+// record writes a decision to the history, if any. Call with s.mu held,
 // so that the lines are in decision order.
 func (s *Shim) record(res Result) {
 	if s.opts.History == nil {
@@ -61,6 +66,42 @@ func (s *Shim) record(res Result) {
 	if err := s.opts.History.Record(e); err != nil {
 		s.log.Warn("history not written", "device", a.Device, "id", a.ID, "err", err)
 	}
+}
+
+// recordAccept writes the accept of env to the history, if any, before the
+// commit that makes it durable (inside the write transaction, or before
+// the effect of a deferred seq advance): a SIGKILL after the commit cannot
+// lose the line. Call with s.mu held.
+func (s *Shim) recordAccept(env *fence.Envelope, m fence.Mark, reason string) {
+	if s.opts.History != nil {
+		s.record(Result{Ack: fence.NewAck(env, fence.Accepted, m, reason), Envelope: env})
+	}
+}
+
+// recordDurable records which recorded accepts did not become durable
+// (history.Writer.Recover): on Open, and after a failed commit. Call with
+// s.mu held, or before the Shim is shared.
+func (s *Shim) recordDurable() {
+	if err := s.opts.History.Recover(s.durable); err != nil {
+		s.log.Warn("history: durable marks not recorded", "err", err)
+	}
+}
+
+// durable returns the device's mark as committed in the store, as
+// history.Writer.Recover wants it. With PersistOnTokenChangeOnly a seq
+// advance is never committed but takes effect all the same, so only the
+// token is durable: the seq returned is the largest there is.
+func (s *Shim) durable(device string) (token, seq uint64, err error) {
+	var r Record
+	err = s.db.View(func(tx *bbolt.Tx) error {
+		var err error
+		r, err = getRecord(tx.Bucket(marksBucket), device)
+		return err
+	})
+	if s.opts.PersistOnTokenChangeOnly {
+		return uint64(r.Mark.Token), math.MaxUint64, err
+	}
+	return uint64(r.Mark.Token), r.Mark.Seq, err
 }
 
 // process is Process with s.mu held.
@@ -106,12 +147,18 @@ func (s *Shim) process(device string, raw []byte, d Device) Result {
 
 	txa, isTx := d.(TxApplier)
 	rec := Record{Mark: next, At: time.Now(), Holder: env.Holder, ID: env.ID}
+	reason := ""
+	if unfenced {
+		reason = "FENCE DISABLED: applied although the fence says " + verdict.String()
+	}
 
 	if s.opts.PersistOnTokenChangeOnly && !isTx && !unfenced && next.Token == stored.Mark.Token {
 		// Seq-only advance under the durable token: no write, no fsync.
 		s.pending[device] = rec
 		s.stats.deferred.Add(1)
+		s.recordAccept(env, next, reason)
 	} else {
+		recorded := false
 		err := s.db.Update(func(tx *bbolt.Tx) error {
 			b := tx.Bucket(marksBucket)
 			cur, err := getRecord(b, device)
@@ -137,9 +184,15 @@ func (s *Shim) process(device string, raw []byte, d Device) Result {
 					return &applyError{err}
 				}
 			}
+			// Decided: on the record before the commit (history).
+			s.recordAccept(env, rec.Mark, reason)
+			recorded = true
 			return nil
 		})
 		if err != nil {
+			if recorded {
+				s.recordDurable() // the commit failed after the accept was recorded
+			}
 			if ae := (*applyError)(nil); errors.As(err, &ae) {
 				s.stats.applyFailed.Add(1)
 				return s.refuse(device, env, live.Mark, ae.err.Error())
@@ -161,10 +214,8 @@ func (s *Shim) process(device string, raw []byte, d Device) Result {
 	}
 
 	s.stats.accepted.Add(1)
-	reason := ""
 	if unfenced {
 		s.stats.unfenced.Add(1)
-		reason = "FENCE DISABLED: applied although the fence says " + verdict.String()
 		s.log.Warn("unfenced apply", "device", device, "id", env.ID, "token", env.Token, "seq", env.Seq,
 			"would_be", verdict.String(), "mark", live.Mark.String())
 	}

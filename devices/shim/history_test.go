@@ -118,3 +118,60 @@ func TestHistoryConcurrent(t *testing.T) {
 		t.Fatalf("%d events:\n%s", len(evs), r)
 	}
 }
+
+// TestHistoryRecover: a crash that keeps an accept recorded in the history
+// from being committed (here: the database as it was before) makes the
+// reopened shim record the durable marks (OpOpened), also for a device the
+// store does not know; the resent commands are accepted again and the
+// history checks clean. A clean reopen records nothing.
+func TestHistoryRecover(t *testing.T) {
+	dir := t.TempDir()
+	db, hpath := filepath.Join(dir, "fence.db"), filepath.Join(dir, "history.jsonl")
+	s := open(t, db, &shim.Options{History: createHistory(t, hpath, "shim")})
+	s.Handle("dev-1", envelope(t, "dev-1", 5, 1, "ok"), counter{})
+	crashed := snapshot(t, db, filepath.Join(dir, "crashed.db")) // 5/1 durable, nothing of dev-2
+	s.Handle("dev-1", envelope(t, "dev-1", 5, 2, "ok"), counter{})
+	s.Handle("dev-2", envelope(t, "dev-2", 7, 1, "ok"), counter{})
+	s.Handle("dev-p", envelope(t, "dev-p", 3, 1, "fail"), &recorder{}) // consumed, then invalid
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	for range 2 { // after the crash, then a clean restart
+		s = open(t, crashed, &shim.Options{History: createHistory(t, hpath, "shim")})
+		for _, c := range []struct {
+			dev string
+			tok fence.Token
+			seq uint64
+		}{{"dev-1", 5, 2}, {"dev-2", 7, 1}} {
+			if ack := s.Handle(c.dev, envelope(t, c.dev, c.tok, c.seq, "ok"), counter{}); ack.Verdict != fence.Accepted && ack.Verdict != fence.Duplicate {
+				t.Fatalf("resend: %+v", ack)
+			}
+		}
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	evs, err := history.Read(hpath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range evs {
+		got = append(got, fmt.Sprintf("%s %s %d/%d %s", e.Op, e.Device, e.Token, e.Seq, e.Verdict))
+	}
+	want := []string{
+		"verdict dev-1 5/1 accepted", "verdict dev-1 5/2 accepted", "verdict dev-2 7/1 accepted",
+		"verdict dev-p 3/1 accepted", "verdict dev-p 3/1 invalid",
+		"opened dev-1 5/1 ", "opened dev-2 0/0 ", "opened dev-p 0/0 ",
+		"verdict dev-1 5/2 accepted", "verdict dev-2 7/1 accepted",
+		"verdict dev-1 5/2 duplicate", "verdict dev-2 7/1 duplicate",
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("history\n got %q\nwant %q", got, want)
+	}
+	if r := history.Check(evs); !r.OK() || r.Uncommitted != 3 {
+		t.Fatalf("check:\n%s", r)
+	}
+}

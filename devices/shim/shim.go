@@ -57,11 +57,24 @@ type Options struct {
 	Logger *slog.Logger
 
 	// History, if not nil, gets one history.OpVerdict event per decision
-	// (device, id, token, seq, kind, verdict, reason), written in decision
-	// order after the decision is committed, for history.Check. The shim
-	// does not close it. The history is a record of decisions, not part of
-	// them: a write error is logged and the decision stands, and a process
-	// killed between a commit and its history line loses that line.
+	// (device, id, token, seq, kind, verdict, reason), in decision order,
+	// for history.Check. The shim does not close it.
+	//
+	// An accept is recorded before the commit that makes it durable (inside
+	// the write transaction, after the decision and the TxApplier's effect),
+	// so a kill after the commit cannot lose it. A kill between the line and
+	// the commit leaves an accept that never took effect; Open therefore
+	// calls History.Recover, which records a history.OpOpened event with
+	// the durable mark for each device that has such accepts, and the
+	// checker discards them. A failed commit does the same at once. When
+	// Apply fails after the commit (the command is consumed, the ack says
+	// invalid) the decision has two lines: accepted, then invalid.
+	//
+	// Use one History (one source name) per database file, kept across
+	// restarts. The history is a record of decisions, not part of them: a
+	// write error is logged and the decision stands. With
+	// PersistOnTokenChangeOnly only tokens are durable, so only accepts
+	// above the durable token are discarded after a crash.
 	History *history.Writer
 }
 
@@ -112,6 +125,8 @@ func Open(path string, opts *Options) (*Shim, error) {
 		return nil, fmt.Errorf("shim: init %s: %w", path, err)
 	}
 	s := &Shim{db: db, path: path, opts: o, log: log, pending: make(map[string]Record)}
+	// Before any decision: say which recorded accepts never became durable.
+	s.recordDurable()
 	if o.DisableFence {
 		warn := o.Logger
 		if warn == nil {

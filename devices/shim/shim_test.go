@@ -21,6 +21,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(helperEnv) != "" {
 		os.Exit(helperMain())
 	}
+	if os.Getenv(historyHelperEnv) != "" {
+		os.Exit(historyHelperMain())
+	}
 	goleak.VerifyTestMain(m)
 }
 

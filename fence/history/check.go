@@ -45,7 +45,8 @@ type Report struct {
 	Created       int            // OpCreated events
 	Applied       int            // OpApplied events
 	Terminal      map[string]int // OpTerminal events by verdict
-	FenceVerdicts map[string]int // OpVerdict events by verdict
+	FenceVerdicts map[string]int // OpVerdict events by verdict, without the uncommitted accepts
+	Uncommitted   int            // accepts discarded as never committed (a later OpOpened of their source says so)
 	Violations    []Violation    // I1 ones (history order, then across fence points), then I4 ones by device and id
 }
 
@@ -100,8 +101,12 @@ func (a accept) less(b accept) bool {
 //     fence accept of the same id somewhere in the history.
 //   - With opts.RequireApplied, see CheckOptions.
 //
-// Events of other ops (OpOpened, unknown ones) are ignored. CheckWith never
-// fails: bad input shows up as violations.
+// Before all of that, accepts that were never committed are discarded (and
+// counted in Report.Uncommitted): an accept of source S for device D whose
+// (token, seq) is above the (token, seq) carried by S's next OpOpened event
+// for D (see the package doc). OpOpened events without a Device and events
+// of unknown ops are ignored. CheckWith never fails: bad input shows up as
+// violations.
 func CheckWith(events []Event, opts CheckOptions) Report {
 	rep := Report{Events: len(events), Terminal: map[string]int{}, FenceVerdicts: map[string]int{}}
 	var (
@@ -121,9 +126,20 @@ func CheckWith(events []Event, opts CheckOptions) Report {
 			Detail: fmt.Sprintf(format, args...)})
 	}
 	acc := verdictAccepted
-	for _, e := range events {
+	void := uncommitted(events)
+	for i, e := range events {
 		k := key{e.Device, e.ID}
+		if void[i] {
+			rep.Uncommitted++
+			devices[e.Device] = true
+			fenced[e.Device] = true
+			continue
+		}
 		switch e.Op {
+		case OpOpened:
+			if e.Device != "" {
+				devices[e.Device] = true
+			}
 		case OpCreated:
 			devices[e.Device] = true
 			rep.Created++

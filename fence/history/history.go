@@ -10,6 +10,23 @@
 // skips; a Writer reopening such a file seals the torn line off first
 // (OpOpened), so a restarted process can keep appending to the same file.
 //
+// A fence point records each decision BEFORE the commit that makes it
+// durable (a line written with write(2) to an O_APPEND file survives
+// SIGKILL): a line written after the commit could be lost with the commit
+// in place, and the checker would then see an acknowledged command the
+// fence point never accepted. The price is that a process killed between
+// the line and the commit leaves an accept that never took effect, and
+// after the restart the same command may be accepted again. So when the
+// fence point opens its store again (and after a failed commit) it calls
+// Writer.Recover, which records an OpOpened event {Source, Device, Token,
+// Seq: the durable mark it recovered} for each device it has such accepts
+// for. The rule, applied by Check before anything else: an accept of
+// source S for device D whose (token, seq) is above the (token, seq) of
+// S's next OpOpened event for D was never committed; it is discarded with
+// all its effects (Report.Uncommitted counts them). A history without
+// OpOpened events is checked exactly as recorded. A source must name one
+// fence point (one store) across its restarts.
+//
 // Fence points record with a Writer (devices/shim: Options.History;
 // edgefence-devsim: --history). Read loads files, Check (or CheckWith)
 // returns a Report whose Violations name the invariant, device and command.
@@ -38,9 +55,17 @@ const (
 	// OpApplied: the device applied the command's effect (after a
 	// gateway fence table: the serial device answered).
 	OpApplied = "applied"
-	// OpOpened: Create found the file's last line torn (its previous
-	// writer was killed mid-write) and sealed it off; Read skips the torn
-	// line before it. Check ignores it.
+	// OpOpened without a Device: Create found the file's last line torn
+	// (its previous writer was killed mid-write) and sealed it off; Read
+	// skips the torn line before it. Check ignores it.
+	//
+	// OpOpened with a Device: the fence point Source (re)read the device's
+	// durable high-water mark, Token/Seq, from its store — when it opened
+	// the store after a restart, or after a commit failed — and some of
+	// its accepts of the device recorded since its previous OpOpened for
+	// the device are above it: those were recorded before their commit
+	// and never committed. Check discards them (Writer.Recover writes
+	// these events).
 	OpOpened = "opened"
 )
 
@@ -61,9 +86,10 @@ type Event struct {
 // Writer appends events to a file. A nil *Writer records nothing, so
 // callers need no checks. It is safe for concurrent use.
 type Writer struct {
-	mu     sync.Mutex
-	f      *os.File
-	source string
+	mu      sync.Mutex
+	f       *os.File
+	source  string
+	pending map[string]mark // per device: highest accept of source since its last OpOpened
 }
 
 // Create opens path for appending (creating it) and returns a Writer whose
@@ -71,13 +97,18 @@ type Writer struct {
 //
 // If the file's last line is torn (no final newline: a writer was killed
 // mid-line), Create first appends a newline and an OpOpened event, so that
-// the torn line stays a line of its own that Read knows to skip.
+// the torn line stays a line of its own that Read knows to skip. Create
+// reads the accepts source has already recorded in the file, for Recover.
 func Create(path, source string) (*Writer, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_APPEND|os.O_CREATE, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("history: %w", err)
 	}
-	w := &Writer{f: f, source: source}
+	w := &Writer{f: f, source: source, pending: map[string]mark{}}
+	if err := w.scan(); err != nil {
+		f.Close()
+		return nil, err
+	}
 	if err := w.seal(); err != nil {
 		f.Close()
 		return nil, err
@@ -136,6 +167,7 @@ func (w *Writer) Record(e Event) error {
 	if _, err := w.f.Write(b); err != nil {
 		return fmt.Errorf("history: %w", err)
 	}
+	w.note(e)
 	return nil
 }
 

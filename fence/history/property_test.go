@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -23,6 +24,14 @@ import (
 // points restart under another source name keeping their marks. pick(n,
 // label) chooses in [0, n).
 func simulate(steps int, pick func(n int, label string) int) []history.Event {
+	return simulateCrashes(steps, pick, false)
+}
+
+// simulateCrashes is simulate where, with crashes, fence points are also
+// killed between recording an accept and committing it: they restart under
+// the same name, record the recovered mark (OpOpened), and decide the
+// outbox's resend of the command.
+func simulateCrashes(steps int, pick func(n int, label string) int, crashes bool) []history.Event {
 	type holder struct {
 		tok fence.Token
 		seq uint64
@@ -54,9 +63,12 @@ func simulate(steps int, pick func(n int, label string) int) []history.Event {
 			Seq: c.Seq, Verdict: v.String()})
 		return v.String()
 	}
-	n := 0
+	n, actions := 0, 4
+	if crashes {
+		actions = 5
+	}
 	for step := range steps {
-		di, action := pick(ndev, "device"), pick(4, "action")
+		di, action := pick(ndev, "device"), pick(actions, "action")
 		if step < 2 {
 			di, action = 0, step // grant, then send: every history has an accept
 		}
@@ -83,6 +95,21 @@ func simulate(steps int, pick func(n int, label string) int) []history.Event {
 			decide(d, name, d.delivered[pick(len(d.delivered), "redelivered")])
 		case action == 3: // the fence point restarts under another name
 			d.src = fmt.Sprintf("shim-%d", step)
+		case action == 4: // killed between an accept's line and its commit
+			h := &d.holders[pick(len(d.holders), "holder")]
+			h.seq++
+			n++
+			c := history.Event{Source: "outbox:" + h.gw, Op: history.OpCreated, Device: name,
+				ID: fmt.Sprintf("c%d", n), Token: uint64(h.tok), Seq: h.seq}
+			rec(c)
+			if v, _ := fence.Admit(d.mark, h.tok, h.seq); v == fence.Accepted {
+				rec(history.Event{Source: d.src, Op: history.OpVerdict, Device: name, ID: c.ID, Token: c.Token,
+					Seq: c.Seq, Verdict: v.String()})
+			}
+			rec(history.Event{Source: d.src, Op: history.OpOpened, Device: name, Token: uint64(d.mark.Token), Seq: d.mark.Seq})
+			c.Op, c.Verdict = history.OpTerminal, decide(d, name, c) // the outbox resends it
+			d.delivered = append(d.delivered, c)
+			rec(c)
 		}
 	}
 	return out
@@ -97,6 +124,36 @@ func TestPropertyHonestHistoriesPass(t *testing.T) {
 		h := simulate(rapid.IntRange(2, 200).Draw(t, "steps"), rapidPick(t))
 		if r := history.Check(h); !r.OK() {
 			t.Fatalf("honest history fails:\n%s", r)
+		}
+	})
+}
+
+// TestPropertyCrashedHistoriesPass: with fence points killed between an
+// accept's line and its commit, the histories check clean because of the
+// OpOpened events, and without them the resent commands are applied twice.
+func TestPropertyCrashedHistoriesPass(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		h := simulateCrashes(rapid.IntRange(2, 200).Draw(t, "steps"), rapidPick(t), true)
+		r := history.Check(h)
+		if !r.OK() {
+			t.Fatalf("crashed history fails:\n%s", r)
+		}
+		var opened int
+		without := slices.DeleteFunc(slices.Clone(h), func(e history.Event) bool {
+			if e.Op == history.OpOpened {
+				opened++
+				return true
+			}
+			return false
+		})
+		old := history.Check(without)
+		if r.Uncommitted > opened || (r.Uncommitted > 0) == old.OK() {
+			t.Fatalf("%d OpOpened, %d accepts discarded; without the events:\n%s", opened, r.Uncommitted, old)
+		}
+		for _, v := range old.Violations {
+			if !strings.Contains(v.Detail, "applied twice") {
+				t.Fatalf("without the events: %v", v)
+			}
 		}
 	})
 }

@@ -14,7 +14,11 @@ const maxPrinted = 100
 func (r Report) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "events %d, devices %d, created %d, applied %d\n", r.Events, r.Devices, r.Created, r.Applied)
-	fmt.Fprintf(&b, "fence verdicts:  %s\n", counts(r.FenceVerdicts))
+	fmt.Fprintf(&b, "fence verdicts:  %s", counts(r.FenceVerdicts))
+	if r.Uncommitted > 0 {
+		fmt.Fprintf(&b, " (and %d uncommitted accepts discarded)", r.Uncommitted)
+	}
+	b.WriteString("\n")
 	fmt.Fprintf(&b, "terminal states: %s\n", counts(r.Terminal))
 	if r.OK() {
 		b.WriteString("OK: no violations\n")
