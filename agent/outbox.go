@@ -128,6 +128,13 @@ func (a *Agent) mayDeliver(d *device, e *offline.Entry) bool {
 	return e.Envelope.Token <= d.deposedAt
 }
 
+// link is implemented by senders that know whether their link (the broker
+// connection) is up, like the MQTT Commander.
+type link interface {
+	Connected() bool
+	AwaitConnection(ctx context.Context) error
+}
+
 // superseded reports whether e is a strict device's command of a token
 // another session's lock has superseded.
 func (a *Agent) superseded(d *device, e *offline.Entry) bool {
@@ -200,6 +207,17 @@ func (a *Agent) deliver(ctx context.Context, d *device) {
 					break
 				}
 				a.stats.noAck.Add(1)
+				if l, ok := a.sender.(link); ok && !l.Connected() {
+					// The link is down: resend the moment it is back
+					// (the replay after an outage), not a backoff later.
+					a.log.Info("link down; command stays queued until it is back", "device", d.id, "token", e.Envelope.Token,
+						"seq", e.Envelope.Seq, "id", e.Envelope.ID)
+					if l.AwaitConnection(ctx) != nil {
+						break
+					}
+					backoff.reset()
+					continue
+				}
 				wait := backoff.next()
 				a.log.Warn("no verdict yet; command stays queued and will be resent", "device", d.id, "token", e.Envelope.Token,
 					"seq", e.Envelope.Seq, "id", e.Envelope.ID, "err", err, "retry_in", wait)

@@ -53,6 +53,12 @@ func NewCommander(ctx context.Context, cfg Config, topics Topics, devices []stri
 // Client returns the underlying client.
 func (m *Commander) Client() *Client { return m.c }
 
+// Connected reports whether the broker connection is up.
+func (m *Commander) Connected() bool { return m.c.Connected() }
+
+// AwaitConnection waits until the broker connection is up or ctx ends.
+func (m *Commander) AwaitConnection(ctx context.Context) error { return m.c.AwaitConnection(ctx) }
+
 // Close disconnects; see Client.Close.
 func (m *Commander) Close(ctx context.Context) error { return m.c.Close(ctx) }
 
