@@ -197,29 +197,56 @@ func (a *Agent) LockPrefix(dev string) string {
 // Send issues one command to dev under the current token and returns the
 // fence point's Ack. When an Ack arrived the error is ack.Err(), so callers
 // can test errors.Is(err, fence.ErrStale) and still read the Ack. Without the
-// lease it fails with ErrNotHolder and sends nothing.
+// lease it fails with ErrNotHolder and sends nothing. With an outbox, a
+// command with no ack within the command timeout stays queued: the error
+// wraps ErrNoAck and ErrQueued.
 func (a *Agent) Send(ctx context.Context, dev, kind string, body []byte) (*fence.Ack, error) {
+	d, ctl, env, err := a.issue(ctx, dev, kind, body)
+	if err != nil {
+		return nil, err
+	}
+	if a.outbox != nil {
+		ack, _, err := a.sendQueued(ctx, d, ctl, env, true) // releases d.sem
+		return ack, err
+	}
+	defer func() { <-d.sem }()
+	return a.sendDirect(ctx, d, ctl, env)
+}
+
+// Enqueue issues one command to dev under the current token, stores it in
+// the outbox (durably) and returns its envelope without waiting for the
+// device: its terminal state is recorded in the outbox (`edgefence outbox
+// show ID`). It needs an outbox (ErrNoOutbox).
+func (a *Agent) Enqueue(ctx context.Context, dev, kind string, body []byte) (*fence.Envelope, error) {
+	if a.outbox == nil {
+		return nil, fmt.Errorf("enqueue to %s: %w", dev, ErrNoOutbox)
+	}
+	d, ctl, env, err := a.issue(ctx, dev, kind, body)
+	if err != nil {
+		return nil, err
+	}
+	_, env, err = a.sendQueued(ctx, d, ctl, env, false)
+	return env, err
+}
+
+// issue makes the next envelope for dev under its controller's token. On
+// success the caller holds d.sem (the seq order) and must release it.
+func (a *Agent) issue(ctx context.Context, dev, kind string, body []byte) (*device, *controller, *fence.Envelope, error) {
 	d, ok := a.devices[dev]
 	if !ok {
-		return nil, fmt.Errorf("send to %q: %w", dev, ErrUnknownDevice)
+		return nil, nil, nil, fmt.Errorf("send to %q: %w", dev, ErrUnknownDevice)
 	}
 	select {
 	case d.sem <- struct{}{}:
 	case <-ctx.Done():
-		return nil, fmt.Errorf("send to %s: %w", dev, ctx.Err())
+		return nil, nil, nil, fmt.Errorf("send to %s: %w", dev, ctx.Err())
 	}
-	released := false
-	defer func() {
-		if !released {
-			<-d.sem
-		}
-	}()
-
 	d.mu.Lock()
 	ctl := d.ctl
 	d.mu.Unlock()
 	if ctl == nil || (ctl.lost.Load() && !a.unsafe) {
-		return nil, fmt.Errorf("send to %s: %w", dev, ErrNotHolder)
+		<-d.sem
+		return nil, nil, nil, fmt.Errorf("send to %s: %w", dev, ErrNotHolder)
 	}
 	ctl.seq++
 	env := &fence.Envelope{
@@ -235,12 +262,15 @@ func (a *Agent) Send(ctx context.Context, dev, kind string, body []byte) (*fence
 	}
 	if err := env.Validate(); err != nil {
 		ctl.seq-- // nothing left the agent
-		return nil, fmt.Errorf("send to %s: %w", dev, err)
+		<-d.sem
+		return nil, nil, nil, fmt.Errorf("send to %s: %w", dev, err)
 	}
-	if a.outbox != nil {
-		released = true // sendQueued releases d.sem once the entry is stored
-		return a.sendQueued(ctx, d, ctl, env)
-	}
+	return d, ctl, env, nil
+}
+
+// sendDirect delivers env without an outbox and waits for its ack.
+func (a *Agent) sendDirect(ctx context.Context, d *device, ctl *controller, env *fence.Envelope) (*fence.Ack, error) {
+	dev := d.id
 	sctx, cancel := context.WithTimeout(ctx, a.cfg.Command.Timeout)
 	defer cancel()
 	a.stats.sent.Add(1)

@@ -19,4 +19,6 @@ var (
 	// answers, or expired if never sent within its time to live); its
 	// terminal state is recorded in the outbox (`edgefence outbox show`).
 	ErrQueued = errors.New("agent: command queued in the outbox")
+	// ErrNoOutbox means the call needs the agent to have an outbox.
+	ErrNoOutbox = errors.New("agent: no outbox")
 )

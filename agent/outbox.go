@@ -34,21 +34,23 @@ const (
 	compactEvery = time.Hour
 )
 
-// sendQueued appends env durably, hands it to the device's worker, and
-// waits up to the command timeout for its ack. The caller holds d.sem and
-// sendQueued releases it once the entry is stored.
-func (a *Agent) sendQueued(ctx context.Context, d *device, ctl *controller, env *fence.Envelope) (*fence.Ack, error) {
+// sendQueued appends env durably, hands it to the device's worker, and, if
+// wait, waits up to the command timeout for its ack. The caller holds d.sem
+// and sendQueued releases it once the entry is stored.
+func (a *Agent) sendQueued(ctx context.Context, d *device, ctl *controller, env *fence.Envelope, wait bool) (*fence.Ack, *fence.Envelope, error) {
 	// Wait for the ack from before the append: a running worker may
 	// deliver the entry the moment it is stored.
 	ch := make(chan *fence.Ack, 1)
-	a.wmu.Lock()
-	a.waiters[env.ID] = ch
-	a.wmu.Unlock()
-	defer func() {
+	if wait {
 		a.wmu.Lock()
-		delete(a.waiters, env.ID)
+		a.waiters[env.ID] = ch
 		a.wmu.Unlock()
-	}()
+		defer func() {
+			a.wmu.Lock()
+			delete(a.waiters, env.ID)
+			a.wmu.Unlock()
+		}()
+	}
 	e := &offline.Entry{Envelope: *env}
 	if err := a.outbox.Append(ctx, e); err != nil {
 		ctl.seq-- // nothing was created
@@ -56,22 +58,25 @@ func (a *Agent) sendQueued(ctx context.Context, d *device, ctl *controller, env 
 		if errors.Is(err, offline.ErrFull) {
 			a.stats.full.Add(1)
 		}
-		return nil, fmt.Errorf("send to %s: %w", d.id, err)
+		return nil, nil, fmt.Errorf("send to %s: %w", d.id, err)
 	}
 	a.stats.queued.Add(1)
 	a.record(history.OpCreated, env, "", "")
 	<-d.sem
 	a.kick(d)
+	if !wait {
+		return nil, env, nil
+	}
 
 	t := time.NewTimer(a.cfg.Command.Timeout)
 	defer t.Stop()
 	select {
 	case ack := <-ch:
-		return ack, ack.Err()
+		return ack, env, ack.Err()
 	case <-t.C:
-		return nil, fmt.Errorf("send to %s (token %d seq %d): %w within %v: %w", d.id, env.Token, env.Seq, ErrNoAck, a.cfg.Command.Timeout, ErrQueued)
+		return nil, env, fmt.Errorf("send to %s (token %d seq %d): %w within %v: %w", d.id, env.Token, env.Seq, ErrNoAck, a.cfg.Command.Timeout, ErrQueued)
 	case <-ctx.Done():
-		return nil, fmt.Errorf("send to %s (token %d seq %d): %w: %w", d.id, env.Token, env.Seq, ctx.Err(), ErrQueued)
+		return nil, env, fmt.Errorf("send to %s (token %d seq %d): %w: %w", d.id, env.Token, env.Seq, ctx.Err(), ErrQueued)
 	}
 }
 

@@ -409,3 +409,32 @@ func TestEtcdRestartPolicies(t *testing.T) {
 		}
 	}
 }
+
+// TestEnqueue: Enqueue returns once the command is stored, without waiting
+// for the device; the outbox then delivers it in order.
+func TestEnqueue(t *testing.T) {
+	g := &gate{fp: newFencePoint()}
+	ob := openOutbox(t, filepath.Join(t.TempDir(), offline.File), nil)
+	a := startOutboxAgent(t, "gw-a", "/t/"+t.Name(), devCfgs("d1"), g, ob)
+	waitFor(t, "a holds", holdingAll(a, []string{"d1"}))
+	g.down.Store(true)
+	for i := range 50 {
+		env, err := a.Enqueue(context.Background(), "d1", "set", nil)
+		if err != nil || env.Seq != uint64(i+1) {
+			t.Fatalf("enqueue %d: %+v %v", i, env, err)
+		}
+	}
+	if n, _ := ob.Pending("d1"); n != 50 {
+		t.Fatalf("pending %d", n)
+	}
+	g.down.Store(false)
+	waitFor(t, "drained", pendingZero(ob))
+	for i, e := range g.fp.appliedOf("d1") {
+		if e.Seq != uint64(i+1) {
+			t.Fatalf("applied #%d has seq %d", i, e.Seq)
+		}
+	}
+	if _, err := startAgent(t, "gw-b", "/t/"+t.Name()+"-b", []string{"d1"}, newFencePoint(), Options{}).Enqueue(context.Background(), "d1", "set", nil); !errors.Is(err, ErrNoOutbox) {
+		t.Fatalf("enqueue without an outbox: %v", err)
+	}
+}
