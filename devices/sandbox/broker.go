@@ -25,6 +25,10 @@ type BrokerConfig struct {
 	Addr string
 	// Logger receives the broker's log; nil means silent.
 	Logger *slog.Logger
+	// Setup, if set, is called with each new mochi server (at StartBroker
+	// and at every Start or Restart) before it serves, to add hooks such
+	// as a Duplicator's Attach. An error fails that start.
+	Setup func(*mqtt.Server) error
 }
 
 // Broker is an in-process mochi-mqtt v2 broker speaking MQTT v5 (and 3.1.1)
@@ -165,6 +169,12 @@ func (b *Broker) serveLocked(ln net.Listener) error {
 	// mochi denies every client unless an auth hook allows it.
 	if err := srv.AddHook(new(auth.AllowHook), nil); err != nil {
 		return fmt.Errorf("sandbox: broker auth hook: %w", err)
+	}
+	if b.cfg.Setup != nil {
+		if err := b.cfg.Setup(srv); err != nil {
+			srv.Close()
+			return fmt.Errorf("sandbox: broker setup: %w", err)
+		}
 	}
 	tl := newTrackingListener(ln)
 	if err := srv.AddListener(listeners.NewNet("sandbox", tl)); err != nil {
