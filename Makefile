@@ -6,13 +6,13 @@ DIST := dist
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
-CMDS := edgefence edgefence-devsim edgefence-sandbox
+CMDS := edgefence edgefence-devsim edgefence-sandbox edgefence-chaos
 # The agent and the device simulator are what ships to gateways and devices;
 # the sandbox (embedded etcd + broker) is for demos and tests only.
 CROSS_CMDS := edgefence edgefence-devsim
 TEST_TIMEOUT ?= 15m
 
-.PHONY: help build test test-short deps lint bench bench-e2e demo cross fuzz clean
+.PHONY: help build test test-short deps lint bench bench-e2e demo chaos cross fuzz clean
 
 help: ## show this help
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z_-]+:.*## /{printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -52,6 +52,10 @@ bench-e2e: ## end-to-end figures: command round trip (mochi, Mosquitto), 1,000 l
 
 demo: build ## replay the article's Figure 1 on real etcd, MQTT and devices, and narrate it
 	$(BIN)/edgefence-sandbox demo --bin $(BIN)
+
+ROUNDS ?= 30
+chaos: build ## ROUNDS randomized fault-injection rounds on the real binaries (default 30); prints a summary, fails on any violation
+	$(BIN)/edgefence-chaos --rounds $(ROUNDS) --bin $(BIN) $(CHAOSFLAGS)
 
 cross: ## static ARM builds for gateways (linux/arm64, linux/armv7) into dist/
 	@mkdir -p $(DIST)

@@ -1,0 +1,172 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/edgefence/edgefence/devices/sandbox"
+)
+
+// inject runs the round's fault during the load window and heals it before
+// it returns.
+func (r *round) inject(ctx context.Context) error {
+	if !sleepCtx(ctx, r.jitter(300*time.Millisecond, r.cfg.Load/4)) {
+		return ctx.Err()
+	}
+	r.res.FaultStart = time.Now()
+	defer func() { r.res.FaultEnd = time.Now() }()
+	return r.injectFault(ctx)
+}
+
+func (r *round) injectFault(ctx context.Context) error {
+	ttl := r.cfg.TTL
+	switch r.sc {
+	case FaultFreeze:
+		return r.freezeHolder(ctx, r.outage(ttl+500*time.Millisecond, 2*ttl+time.Second))
+	case FaultKillAgent:
+		for range 1 + int(r.jitter(0, 2)) {
+			if err := r.killAgent(ctx, r.agents[int(r.jitter(0, time.Duration(len(r.agents))))]); err != nil {
+				return err
+			}
+		}
+		return nil
+	case FaultKillBridge:
+		return r.killAgent(ctx, r.agents[1]) // gw-b is the serial devices' home
+	case FaultKillDevsim:
+		for range 1 + int(r.jitter(0, 3)) {
+			if err := r.killDevsim(ctx); err != nil {
+				return err
+			}
+			sleepCtx(ctx, r.jitter(200*time.Millisecond, time.Second))
+		}
+		return nil
+	case FaultEtcdRestart:
+		if err := r.etcd.Stop(); err != nil {
+			return err
+		}
+		r.fault(FaultEtcdRestart)
+		d := r.outage(ttl/2, 3*ttl)
+		r.logf("etcd stopped for %v", d)
+		sleepCtx(ctx, d)
+		return r.etcd.Start(ctx)
+	case FaultLeaderLoss:
+		l, err := r.cluster.WaitLeader(ctx, -1)
+		if err != nil {
+			return err
+		}
+		if err := r.cluster.Kill(l); err != nil {
+			return err
+		}
+		r.fault(FaultLeaderLoss)
+		if _, err := r.cluster.WaitLeader(ctx, l); err != nil {
+			return err
+		}
+		r.logf("etcd leader %d killed; new leader elected", l)
+		sleepCtx(ctx, r.outage(500*time.Millisecond, 2*ttl))
+		return r.cluster.Restart(ctx, l)
+	case FaultBroker:
+		if err := r.broker.Stop(); err != nil {
+			return err
+		}
+		r.fault(FaultBroker)
+		d := r.outage(300*time.Millisecond, 3*time.Second)
+		r.logf("broker down (no persistence) for %v", d)
+		sleepCtx(ctx, d)
+		return r.broker.Start(ctx)
+	case FaultPartition:
+		if err := r.lab.Partition(nodeA, nodeServer); err != nil {
+			return err
+		}
+		r.fault(FaultPartition)
+		d := r.outage(ttl+500*time.Millisecond, 3*ttl)
+		r.logf("gw-a cut from etcd and broker for %v", d)
+		sleepCtx(ctx, d)
+		return r.lab.Heal(nodeA, nodeServer)
+	case FaultDuplicate:
+		// The duplicator works from the start; count what it did once
+		// the load is over.
+		sleepCtx(ctx, r.cfg.Load/2)
+		r.faultMu.Lock()
+		r.res.Faults[FaultDuplicate] += int(r.dup.Duplicated())
+		r.faultMu.Unlock()
+		return nil
+	case FaultSerialNoise:
+		for i, l := range r.lines {
+			l.SetNoise(sandbox.LineNoise{Flip: 0.002, Insert: 0.001, Drop: 0.001})
+			r.fault(FaultSerialNoise)
+			if i == 0 {
+				l.Unplug()
+				sleepCtx(ctx, r.jitter(100*time.Millisecond, time.Second))
+				l.Plug()
+			}
+		}
+		sleepCtx(ctx, r.outage(time.Second, 3*time.Second))
+		for _, l := range r.lines {
+			l.SetNoise(sandbox.LineNoise{})
+		}
+		return nil
+	}
+	return fmt.Errorf("no fault for scenario %q", r.sc)
+}
+
+// freezeHolder SIGSTOPs the agent holding the most devices for d, then
+// resumes it: the other agent takes over meanwhile, and the frozen one's
+// commands in flight meet the fence when it wakes.
+func (r *round) freezeHolder(ctx context.Context, d time.Duration) error {
+	counts := map[*agentProc]int{}
+	for _, hs := range r.holders(ctx) {
+		for _, a := range hs {
+			counts[a]++
+		}
+	}
+	victim := r.agents[0]
+	for a, n := range counts {
+		if n > counts[victim] {
+			victim = a
+		}
+	}
+	p := victim.current()
+	if err := p.Freeze(); err != nil {
+		return err
+	}
+	r.fault(FaultFreeze)
+	r.logf("%s frozen (SIGSTOP) for %v", victim.name, d)
+	sleepCtx(ctx, d)
+	return p.Resume()
+}
+
+// killAgent SIGKILLs a and starts it again on the same state.
+func (r *round) killAgent(ctx context.Context, a *agentProc) error {
+	p := a.current()
+	if err := p.Kill(); err != nil {
+		return err
+	}
+	<-p.Done()
+	r.fault(FaultKillAgent)
+	if a.name == "gw-b" && len(r.serialDevs) > 0 {
+		r.fault(FaultKillBridge)
+	}
+	down := r.jitter(100*time.Millisecond, 1500*time.Millisecond)
+	r.logf("%s killed (SIGKILL); restart in %v", a.name, down)
+	sleepCtx(ctx, down)
+	return r.runAgent(ctx, a)
+}
+
+// killDevsim SIGKILLs the device simulator and starts it again on the same
+// state.
+func (r *round) killDevsim(ctx context.Context) error {
+	r.devsimMu.Lock()
+	p := r.devsim
+	r.devsimMu.Unlock()
+	if err := p.Kill(); err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	<-p.Done()
+	r.fault(FaultKillDevsim)
+	down := r.jitter(50*time.Millisecond, time.Second)
+	r.logf("device simulator killed (SIGKILL); restart in %v", down)
+	sleepCtx(ctx, down)
+	return r.startDevsim(ctx)
+}
