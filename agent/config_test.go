@@ -133,3 +133,25 @@ func TestExampleConfigParses(t *testing.T) {
 		t.Fatalf("%+v", c)
 	}
 }
+
+func TestPolicyAndOutboxConfig(t *testing.T) {
+	base := "gateway: g\netcd: {endpoints: [http://127.0.0.1:2379]}\nmqtt: {brokers: [mqtt://127.0.0.1:1883]}\n"
+	c, err := ParseConfig([]byte(base + "devices:\n  - id: a\n  - id: b\n    policy: autonomous\n    reissue_kinds: [set]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Devices[0].Policy != PolicyStrict || c.Devices[1].Policy != PolicyAutonomous || c.Devices[1].ReissueKinds[0] != "set" {
+		t.Fatalf("%+v", c.Devices)
+	}
+	for _, bad := range []struct{ yaml, field string }{
+		{"devices:\n  - id: a\n    policy: yolo\n", "devices[0].policy"},
+		{"devices:\n  - id: a\n    reissue_kinds: ['']\n", "devices[0].reissue_kinds[0]"},
+		{"outbox: {ttl: -1s}\ndevices:\n  - id: a\n", "outbox.ttl"},
+		{"outbox: {max_per_device: -3}\ndevices:\n  - id: a\n", "outbox.max_per_device"},
+	} {
+		_, err := ParseConfig([]byte(base + bad.yaml))
+		if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), bad.field) {
+			t.Errorf("%q: %v, want an error naming %s", bad.yaml, err, bad.field)
+		}
+	}
+}
