@@ -26,7 +26,8 @@ func (a *Agent) Run(ctx context.Context) error {
 			defer close(done)
 			a.runOutbox(octx)
 		}()
-		// Stop the delivery workers before the locks are released.
+		// The workers stop when ctx ends (with the campaigns); Run
+		// returns only once they have.
 		defer func() { cancel(); <-done }()
 	}
 	backoff := newBackoff(100*time.Millisecond, 5*time.Second)
