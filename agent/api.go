@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/offline"
 )
 
 // The local control API: HTTP over a unix socket, for `edgefence status` and
@@ -24,6 +25,10 @@ import (
 //
 //	GET  /v1/status                       → Status
 //	POST /v1/send {device, kind, body}    → SendResult (body is any JSON value; sent as CBOR)
+//	GET  /v1/fence                        → []fence.Record
+//	GET  /v1/fence/{device}               → fence.Record
+//	GET  /v1/outbox?device=&state=&limit= → OutboxList (state pending|terminal|all, default all; limit 0 = all)
+//	GET  /v1/outbox/{id}                  → offline.Record (id, or a prefix matching one entry)
 
 // SendRequest is the body of POST /v1/send.
 type SendRequest struct {
@@ -42,7 +47,21 @@ type SendResult struct {
 	Error   string     `json:"error,omitempty"`
 }
 
-const maxRequestBody = 1 << 20
+// OutboxList is the answer of GET /v1/outbox: the selected records, in
+// device and queue order, and the summary of the pending entries (of the
+// selected device, if one is).
+type OutboxList struct {
+	Records []offline.Record `json:"records"`
+	Summary offline.Summary  `json:"summary"`
+	// Corrupt, if set, says which records were unreadable and left out
+	// (offline.ErrCorrupt); the readable ones are in Records.
+	Corrupt string `json:"corrupt,omitempty"`
+}
+
+const (
+	maxRequestBody  = 1 << 20
+	maxResponseBody = 256 << 20 // an outbox list of every retained entry
+)
 
 // ServeAPI serves the local API on a unix socket at path until ctx ends: it
 // is ListenAPI, then ServeAPIListener.
@@ -150,7 +169,74 @@ func (a *Agent) APIHandler() http.Handler {
 			writeJSON(w, http.StatusOK, rec)
 		}
 	})
+	mux.HandleFunc("GET /v1/outbox", a.handleOutboxList)
+	mux.HandleFunc("GET /v1/outbox/{id}", a.handleOutboxGet)
 	return mux
+}
+
+const noOutbox = "this agent keeps no outbox (it delivers every command directly)"
+
+func (a *Agent) handleOutboxList(w http.ResponseWriter, r *http.Request) {
+	if a.outbox == nil {
+		writeJSON(w, http.StatusNotFound, apiError{noOutbox})
+		return
+	}
+	q := r.URL.Query()
+	f := offline.Filter{Device: q.Get("device")}
+	switch q.Get("state") {
+	case "pending":
+		f.PendingOnly = true
+	case "terminal":
+		f.TerminalOnly = true
+	case "all", "":
+	default:
+		writeJSON(w, http.StatusBadRequest, apiError{fmt.Sprintf("state %q: want pending, terminal or all", q.Get("state"))})
+		return
+	}
+	if l := q.Get("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 0 {
+			writeJSON(w, http.StatusBadRequest, apiError{fmt.Sprintf("limit %q: want a count, 0 for all", l)})
+			return
+		}
+		f.Limit = n
+	}
+	recs, err := a.outbox.List(f)
+	var res OutboxList
+	switch {
+	case errors.Is(err, offline.ErrCorrupt):
+		res.Corrupt = err.Error() // with the readable records
+	case err != nil:
+		writeJSON(w, http.StatusInternalServerError, apiError{err.Error()})
+		return
+	}
+	res.Records = recs
+	if res.Records == nil {
+		res.Records = []offline.Record{}
+	}
+	if res.Summary, err = a.outbox.Summary(f.Device); err != nil {
+		writeJSON(w, http.StatusInternalServerError, apiError{err.Error()})
+		return
+	}
+	writeJSON(w, http.StatusOK, res)
+}
+
+func (a *Agent) handleOutboxGet(w http.ResponseWriter, r *http.Request) {
+	if a.outbox == nil {
+		writeJSON(w, http.StatusNotFound, apiError{noOutbox})
+		return
+	}
+	rec, err := a.outbox.Find(r.PathValue("id"))
+	switch {
+	case errors.Is(err, offline.ErrNotFound):
+		writeJSON(w, http.StatusNotFound, apiError{err.Error()})
+	case errors.Is(err, offline.ErrAmbiguous):
+		writeJSON(w, http.StatusBadRequest, apiError{err.Error()})
+	case err != nil:
+		writeJSON(w, http.StatusInternalServerError, apiError{err.Error()})
+	default:
+		writeJSON(w, http.StatusOK, rec)
+	}
 }
 
 func (a *Agent) handleSend(w http.ResponseWriter, r *http.Request) {
@@ -297,6 +383,74 @@ func (c *APIClient) FenceGet(ctx context.Context, device string) (rec fence.Reco
 	return rec, err == nil, err
 }
 
+// OutboxList returns the agent's outbox records selected by f, and the
+// summary of its pending entries. Records the agent could not read are
+// left out and reported in an error wrapping offline.ErrCorrupt, returned
+// with the list. An agent without an outbox answers ErrNotFound.
+func (c *APIClient) OutboxList(ctx context.Context, f offline.Filter) (*OutboxList, error) {
+	q := url.Values{}
+	if f.Device != "" {
+		q.Set("device", f.Device)
+	}
+	switch {
+	case f.PendingOnly && f.TerminalOnly:
+		return &OutboxList{Records: []offline.Record{}}, nil // selects nothing
+	case f.PendingOnly:
+		q.Set("state", "pending")
+	case f.TerminalOnly:
+		q.Set("state", "terminal")
+	default:
+		q.Set("state", "all")
+	}
+	if f.Limit > 0 {
+		q.Set("limit", strconv.Itoa(f.Limit))
+	}
+	var l OutboxList
+	if err := c.do(ctx, http.MethodGet, "/v1/outbox?"+q.Encode(), nil, &l); err != nil {
+		return nil, err
+	}
+	if l.Corrupt != "" {
+		return &l, &remoteError{msg: "agent: " + l.Corrupt, is: offline.ErrCorrupt}
+	}
+	return &l, nil
+}
+
+// OutboxGet returns the agent's outbox record of command id (or of the one
+// entry whose id starts with id). No such entry is an error wrapping
+// offline.ErrNotFound, a prefix matching several offline.ErrAmbiguous
+// (both also wrap ErrNotFound or the API's error); an agent without an
+// outbox answers ErrNotFound only.
+func (c *APIClient) OutboxGet(ctx context.Context, id string) (offline.Record, error) {
+	var rec offline.Record
+	err := c.do(ctx, http.MethodGet, "/v1/outbox/"+url.PathEscape(id), nil, &rec)
+	switch {
+	case err == nil:
+		return rec, nil
+	case strings.Contains(err.Error(), offline.ErrNotFound.Error()):
+		return offline.Record{}, &remoteError{msg: err.Error(), is: offline.ErrNotFound, err: err}
+	case strings.Contains(err.Error(), offline.ErrAmbiguous.Error()):
+		return offline.Record{}, &remoteError{msg: err.Error(), is: offline.ErrAmbiguous, err: err}
+	}
+	return offline.Record{}, err
+}
+
+// remoteError is an error the agent reported, as the sentinel it stands
+// for: errors.Is(err, is) holds, and its message is the agent's.
+type remoteError struct {
+	msg string
+	is  error
+	err error // the API call's error, if any
+}
+
+func (e *remoteError) Error() string { return e.msg }
+
+func (e *remoteError) Unwrap() []error {
+	if e.err == nil {
+		return []error{e.is}
+	}
+	return []error{e.is, e.err}
+}
+
 func (c *APIClient) do(ctx context.Context, method, path string, in, out any) error {
 	var rd io.Reader
 	if in != nil {
@@ -319,9 +473,12 @@ func (c *APIClient) do(ctx context.Context, method, path string, in, out any) er
 		return fmt.Errorf("agent api at %s: %w", c.Socket, err)
 	}
 	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, maxRequestBody))
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxResponseBody+1))
 	if err != nil {
 		return fmt.Errorf("agent api: %w", err)
+	}
+	if len(b) > maxResponseBody {
+		return fmt.Errorf("%w: answer to %s larger than %d MiB", errAPI, path, maxResponseBody>>20)
 	}
 	if resp.StatusCode != http.StatusOK {
 		_ = json.Unmarshal(b, out) // e.g. a SendResult carrying the error

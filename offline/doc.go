@@ -17,7 +17,8 @@
 //   - An entry leaves the pending state only through Resolve (with the
 //     fence point's Ack) or ExpireDue (fence.Expired, after its TTL), each
 //     durable; a second terminal state is refused with ErrResolved and
-//     changes nothing.
+//     changes nothing. ResolveMany records several acks in one commit
+//     (group commit), with the same checks per ack.
 //   - The outbox is bounded by pending entries and envelope bytes, per
 //     device and in all. At a limit Append returns ErrFull and stores
 //     nothing: backpressure to the caller, never a silent drop. Refusals
@@ -28,7 +29,10 @@
 //     never obeyed, and stops its device's queue (fail closed) rather than
 //     skip a command.
 //   - One process at a time: a second Open waits Options.Timeout and fails
-//     with ErrLocked.
+//     with ErrLocked. Options.ReadOnly opens the file for inspection under
+//     a shared lock (several readers, no writer; every write returns
+//     ErrReadOnly); it too fails with ErrLocked while an agent holds the
+//     file, and the agent's local API serves the outbox instead.
 //
 // A command id stays unique while its entry is in the outbox; after
 // Compact removed it the id could be appended again, so ids must be unique
@@ -44,5 +48,6 @@
 // the fence point refuses them as stale and the refusal is recorded. A
 // periodic ExpireDue ends what waited too long; the caller logs and counts
 // the returned number. Compact runs on the same tick. `edgefence outbox
-// list|show` will read List and Get.
+// list|show` reads List, Summary and Find: from the file read-only when no
+// agent runs, else from the agent's local API (GET /v1/outbox).
 package offline

@@ -24,6 +24,11 @@ var (
 	// closed: the entry is not delivered, resolved or expired until an
 	// operator repairs it.
 	ErrCorrupt = errors.New("offline: outbox record corrupt")
+	// ErrReadOnly means a write was asked of an Outbox opened with
+	// Options.ReadOnly; nothing was written.
+	ErrReadOnly = errors.New("offline: outbox opened read-only")
+	// ErrAmbiguous means an id prefix (Find) matches more than one entry.
+	ErrAmbiguous = errors.New("offline: id prefix matches several entries")
 	// ErrClosed means the Outbox was closed.
 	ErrClosed = errors.New("offline: outbox closed")
 )

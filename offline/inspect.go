@@ -76,7 +76,10 @@ func (ob *Outbox) Get(id string) (Record, error) {
 	now := ob.opts.Now()
 	var rec Record
 	err := ob.view(func(tx *bbolt.Tx) error {
-		v := tx.Bucket(entriesBucket).Get([]byte(id))
+		var v []byte
+		if b := tx.Bucket(entriesBucket); b != nil {
+			v = b.Get([]byte(id))
+		}
 		if v == nil {
 			return ErrNotFound
 		}
@@ -90,39 +93,96 @@ func (ob *Outbox) Get(id string) (Record, error) {
 	return rec, nil
 }
 
+// Find returns the record whose command id is id or, failing that, the one
+// record whose id starts with id (the short ids `edgefence outbox list`
+// prints). No match is an error wrapping ErrNotFound, several
+// ErrAmbiguous.
+func (ob *Outbox) Find(id string) (Record, error) {
+	rec, err := ob.Get(id)
+	if !errors.Is(err, ErrNotFound) || id == "" {
+		return rec, err
+	}
+	now := ob.opts.Now()
+	var ids []string
+	err = ob.view(func(tx *bbolt.Tx) error {
+		ids = ids[:0]
+		b := tx.Bucket(entriesBucket)
+		if b == nil {
+			return nil
+		}
+		c := b.Cursor()
+		for k, v := c.Seek([]byte(id)); k != nil && hasPrefix(k, []byte(id)); k, v = c.Next() {
+			ids = append(ids, string(k))
+			if len(ids) == 1 {
+				if rec, err = ob.toRecord(k, v, now); err != nil {
+					return err
+				}
+			}
+			if len(ids) == 3 {
+				break
+			}
+		}
+		return nil
+	})
+	switch {
+	case err != nil:
+		return Record{}, fmt.Errorf("offline: find %s: %w", id, err)
+	case len(ids) == 0:
+		return Record{}, fmt.Errorf("offline: find %s: %w", id, ErrNotFound)
+	case len(ids) > 1:
+		more := ""
+		if len(ids) > 2 {
+			more = ", ..."
+		}
+		return Record{}, fmt.Errorf("offline: find %s: %w (%s, %s%s)", id, ErrAmbiguous, ids[0], ids[1], more)
+	}
+	return rec, nil
+}
+
 // Filter selects records for List. The zero Filter selects all.
 type Filter struct {
-	Device      string // only this device, if set
-	PendingOnly bool   // only entries without a terminal state
+	Device       string // only this device, if set
+	PendingOnly  bool   // only entries without a terminal state
+	TerminalOnly bool   // only entries with their terminal state
+	// Limit, if positive, keeps only the first Limit records in List's
+	// order.
+	Limit int
 }
 
 // List returns the selected records ordered by device and queue position.
 // Unreadable records are left out and reported in the error (wrapping
-// ErrCorrupt), together with the readable ones.
+// ErrCorrupt), together with the readable ones. A Filter with both
+// PendingOnly and TerminalOnly selects nothing.
 func (ob *Outbox) List(f Filter) ([]Record, error) {
 	now := ob.opts.Now()
 	var recs []Record
 	var bad []error
 	err := ob.view(func(tx *bbolt.Tx) error {
 		recs, bad = recs[:0], bad[:0]
-		entries := tx.Bucket(entriesBucket)
+		entries, queue := tx.Bucket(entriesBucket), tx.Bucket(queueBucket)
+		if entries == nil || queue == nil || (f.PendingOnly && f.TerminalOnly) {
+			return nil // read-only and never initialized: empty
+		}
 		keep := func(id, v []byte) {
 			rec, err := ob.toRecord(id, v, now)
 			switch {
 			case err != nil:
 				bad = append(bad, err)
-			case f.Device != "" && rec.Device != f.Device, f.PendingOnly && !rec.Pending():
+			case f.Device != "" && rec.Device != f.Device, f.PendingOnly && !rec.Pending(), f.TerminalOnly && rec.Pending():
 			default:
 				recs = append(recs, rec)
 			}
 		}
-		if f.PendingOnly { // walk the queue: pending entries only
-			c := tx.Bucket(queueBucket).Cursor()
+		if f.PendingOnly { // walk the queue: pending entries only, in List's order
+			c := queue.Cursor()
 			prefix := []byte(nil)
 			if f.Device != "" {
 				prefix = queuePrefix(f.Device)
 			}
 			for k, id := c.Seek(prefix); k != nil && hasPrefix(k, prefix); k, id = c.Next() {
+				if f.Limit > 0 && len(recs) >= f.Limit {
+					break
+				}
 				v := entries.Get(id)
 				if v == nil {
 					bad = append(bad, corruptf("queue names %s, which has no record", id))
@@ -140,6 +200,9 @@ func (ob *Outbox) List(f Filter) ([]Record, error) {
 	slices.SortFunc(recs, func(a, b Record) int {
 		return cmp.Or(cmp.Compare(a.Device, b.Device), cmp.Compare(a.Pos, b.Pos))
 	})
+	if f.Limit > 0 && len(recs) > f.Limit {
+		recs = recs[:f.Limit]
+	}
 	if len(bad) > 0 {
 		return recs, fmt.Errorf("offline: list: %d unreadable records: %w", len(bad), errors.Join(bad...))
 	}
@@ -186,7 +249,11 @@ func (ob *Outbox) Stats() (Stats, error) {
 	s := Stats{Terminal: make(map[fence.Verdict]int)}
 	err := ob.view(func(tx *bbolt.Tx) error {
 		s.Pending, s.PendingBytes, s.Refused = ob.total.n, ob.total.bytes, ob.refused
-		return tx.Bucket(entriesBucket).ForEach(func(_, v []byte) error {
+		entries := tx.Bucket(entriesBucket)
+		if entries == nil {
+			return nil // read-only and never initialized: empty
+		}
+		return entries.ForEach(func(_, v []byte) error {
 			r, err := parseRecord(v)
 			switch {
 			case err != nil:
@@ -199,6 +266,76 @@ func (ob *Outbox) Stats() (Stats, error) {
 	})
 	if err != nil {
 		return Stats{}, fmt.Errorf("offline: stats: %w", err)
+	}
+	return s, nil
+}
+
+// DeviceSummary is what one device's pending entries take.
+type DeviceSummary struct {
+	Device  string    `json:"device"`
+	Pending int       `json:"pending"` // entries without a terminal state
+	Bytes   int64     `json:"bytes"`   // their envelope bytes
+	Oldest  time.Time `json:"oldest"`  // creation time of the head of the queue (zero if unreadable)
+	// OldestAge is Options.Now() - Oldest at the read; in JSON, whole
+	// milliseconds.
+	OldestAge time.Duration `json:"-"`
+}
+
+// Summary is the pending part of the outbox, per device and in all, as
+// `edgefence outbox list` prints it under the table.
+type Summary struct {
+	Devices   []DeviceSummary `json:"devices"` // devices with pending entries, in order
+	Pending   int             `json:"pending"`
+	Bytes     int64           `json:"bytes"`
+	Oldest    time.Time       `json:"oldest"`    // the oldest of the devices' Oldest; zero if none
+	OldestAge time.Duration   `json:"-"`         // Options.Now() - Oldest; in JSON, whole milliseconds
+	Refused   uint64          `json:"refused"`   // Appends refused with ErrFull since Open
+	ReadOnly  bool            `json:"read_only"` // read from the file, not from the agent holding it
+}
+
+// Summary returns the pending entries' count and bytes per device and in
+// all, and the age of the oldest pending entry (the head of a device's
+// queue). If device is set, only that device counts. Its cost grows with
+// the number of devices, not of entries.
+func (ob *Outbox) Summary(device string) (Summary, error) {
+	now := ob.opts.Now()
+	var s Summary
+	err := ob.view(func(tx *bbolt.Tx) error {
+		s = Summary{Refused: ob.refused, ReadOnly: ob.opts.ReadOnly}
+		devs := make([]string, 0, len(ob.devs))
+		for d := range ob.devs {
+			if device == "" || d == device {
+				devs = append(devs, d)
+			}
+		}
+		slices.Sort(devs)
+		queue := tx.Bucket(queueBucket)
+		for _, d := range devs {
+			u := ob.devs[d]
+			ds := DeviceSummary{Device: d, Pending: u.n, Bytes: u.bytes}
+			if queue != nil {
+				prefix := queuePrefix(d)
+				if k, id := queue.Cursor().Seek(prefix); k != nil && hasPrefix(k, prefix) {
+					if r, err := getRecord(tx, id); err == nil {
+						ds.Oldest = time.UnixMilli(r.created)
+						ds.OldestAge = now.Sub(ds.Oldest)
+					}
+				}
+			}
+			s.Devices = append(s.Devices, ds)
+			s.Pending += ds.Pending
+			s.Bytes += ds.Bytes
+			if !ds.Oldest.IsZero() && (s.Oldest.IsZero() || ds.Oldest.Before(s.Oldest)) {
+				s.Oldest, s.OldestAge = ds.Oldest, ds.OldestAge
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return Summary{}, fmt.Errorf("offline: summary: %w", err)
+	}
+	if s.Devices == nil {
+		s.Devices = []DeviceSummary{}
 	}
 	return s, nil
 }

@@ -65,6 +65,16 @@ type Options struct {
 	// record for every entry ExpireDue ends. The outbox logs nothing
 	// without one.
 	Logger *slog.Logger
+
+	// ReadOnly opens an existing file for inspection (edgefence outbox
+	// list|show): Next, Get, List, Summary, Stats and Held work, every
+	// write (Append, Resolve, ExpireDue, Compact, SetHeld) returns an
+	// error wrapping ErrReadOnly, and nothing is created — a file without
+	// the outbox's buckets reads as an empty outbox. A read-only open
+	// takes a shared lock, which cannot be had while an agent holds the
+	// file: it waits Timeout and fails with ErrLocked, and the running
+	// agent is the one to ask.
+	ReadOnly bool
 }
 
 func (o *Options) withDefaults() Options {
@@ -142,29 +152,25 @@ type Outbox struct {
 	refused uint64           // Appends refused with ErrFull since Open
 }
 
-// Open opens (creating if need be) the outbox file at path.
+// Open opens (creating if need be) the outbox file at path, or, with
+// Options.ReadOnly, opens an existing one for inspection.
 func Open(path string, opts *Options) (*Outbox, error) {
 	o := opts.withDefaults()
-	db, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: o.Timeout})
+	db, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: o.Timeout, ReadOnly: o.ReadOnly})
 	if err != nil {
-		if errors.Is(err, bberrors.ErrTimeout) {
-			return nil, fmt.Errorf("%w: %s not free after %v: %w", ErrLocked, path, o.Timeout, err)
-		}
-		return nil, fmt.Errorf("offline: open %s: %w", path, err)
+		return nil, openErr(path, &o, err)
 	}
 	ob := &Outbox{db: db, path: path, opts: o, devs: make(map[string]usage)}
-	// Create the buckets and count the pending entries. This commit's
-	// fdatasync also flushes whatever a previous process left in the page
-	// cache. An unreadable pending record counts as one entry of 0 bytes;
-	// Next and Get report it.
-	err = db.Update(func(tx *bbolt.Tx) error {
-		for _, name := range [][]byte{entriesBucket, queueBucket, doneBucket, seqBucket} {
-			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
-				return err
-			}
+	// Create the buckets (unless read-only) and count the pending entries.
+	// A write commit's fdatasync also flushes whatever a previous process
+	// left in the page cache. An unreadable pending record counts as one
+	// entry of 0 bytes; Next and Get report it.
+	count := func(tx *bbolt.Tx) error {
+		entries, queue := tx.Bucket(entriesBucket), tx.Bucket(queueBucket)
+		if entries == nil || queue == nil {
+			return nil // read-only and never initialized: empty
 		}
-		entries := tx.Bucket(entriesBucket)
-		return tx.Bucket(queueBucket).ForEach(func(k, id []byte) error {
+		return queue.ForEach(func(k, id []byte) error {
 			dev, _, ok := splitQueueKey(k)
 			if !ok {
 				return nil
@@ -176,12 +182,37 @@ func Open(path string, opts *Options) (*Outbox, error) {
 			ob.add(dev, 1, size)
 			return nil
 		})
-	})
+	}
+	if o.ReadOnly {
+		err = db.View(count)
+	} else {
+		err = db.Update(func(tx *bbolt.Tx) error {
+			for _, name := range [][]byte{entriesBucket, queueBucket, doneBucket, seqBucket} {
+				if _, err := tx.CreateBucketIfNotExists(name); err != nil {
+					return err
+				}
+			}
+			return count(tx)
+		})
+	}
 	if err != nil {
 		db.Close()
 		return nil, fmt.Errorf("offline: init %s: %w", path, err)
 	}
 	return ob, nil
+}
+
+func openErr(path string, o *Options, err error) error {
+	switch {
+	case errors.Is(err, bberrors.ErrTimeout) && o.ReadOnly:
+		return fmt.Errorf("%w: %s: no shared lock within %v; while the agent runs, ask the agent instead of reading its file: %w",
+			ErrLocked, path, o.Timeout, err)
+	case errors.Is(err, bberrors.ErrTimeout):
+		return fmt.Errorf("%w: %s not free after %v: %w", ErrLocked, path, o.Timeout, err)
+	case errors.Is(err, bberrors.ErrInvalid), errors.Is(err, bberrors.ErrChecksum), errors.Is(err, bberrors.ErrVersionMismatch):
+		return fmt.Errorf("%w: %s: %w", ErrCorrupt, path, err)
+	}
+	return fmt.Errorf("offline: open %s: %w", path, err)
 }
 
 // Close closes the file. It waits for operations in progress.
@@ -213,11 +244,17 @@ func (ob *Outbox) add(dev string, n int, bytes int64) {
 
 // update runs fn in a write transaction with the outbox locked for writing.
 func (ob *Outbox) update(fn func(tx *bbolt.Tx) error) error {
-	if ob.closed {
+	switch {
+	case ob.closed:
 		return ErrClosed
+	case ob.opts.ReadOnly:
+		return ErrReadOnly
 	}
 	return ob.db.Update(fn)
 }
+
+// ReadOnly reports whether the outbox was opened with Options.ReadOnly.
+func (ob *Outbox) ReadOnly() bool { return ob.opts.ReadOnly }
 
 // Append stores e as the newest pending entry of its device, durably (the
 // commit is fsynced) before it returns. It sets e.Raw, e.Created (if zero),
@@ -227,6 +264,9 @@ func (ob *Outbox) update(fn func(tx *bbolt.Tx) error) error {
 func (ob *Outbox) Append(ctx context.Context, e *Entry) error {
 	if err := ctx.Err(); err != nil {
 		return err
+	}
+	if ob.opts.ReadOnly {
+		return fmt.Errorf("offline: append %s: %w", e.Envelope.ID, ErrReadOnly)
 	}
 	raw, err := fence.MarshalEnvelope(&e.Envelope)
 	if err != nil {
@@ -300,8 +340,12 @@ func (ob *Outbox) Append(ctx context.Context, e *Entry) error {
 // queue stops there (fail closed) rather than skip a command.
 func (ob *Outbox) Next(device string) (e *Entry, ok bool, err error) {
 	err = ob.view(func(tx *bbolt.Tx) error {
+		queue := tx.Bucket(queueBucket)
+		if queue == nil {
+			return nil // read-only and never initialized
+		}
 		prefix := queuePrefix(device)
-		c := tx.Bucket(queueBucket).Cursor()
+		c := queue.Cursor()
 		k, id := c.Seek(prefix)
 		if k == nil || len(k) != len(prefix)+8 || string(k[:len(prefix)]) != string(prefix) {
 			return nil
@@ -331,6 +375,9 @@ func (ob *Outbox) Next(device string) (e *Entry, ok bool, err error) {
 // must be id. An entry has exactly one terminal state: resolving it again
 // returns an error wrapping ErrResolved and changes nothing.
 func (ob *Outbox) Resolve(id string, ack *fence.Ack) error {
+	if ob.opts.ReadOnly {
+		return fmt.Errorf("offline: resolve %s: %w", id, ErrReadOnly)
+	}
 	if ack == nil || ack.Verdict == fence.Expired || (ack.ID != "" && ack.ID != id) {
 		return fmt.Errorf("offline: resolve %s: %w: ack does not resolve this command", id, fence.ErrInvalid)
 	}
@@ -395,6 +442,9 @@ func terminate(tx *bbolt.Tx, id, ackDev string, v fence.Verdict, ack []byte, now
 // ended; the caller logs and counts them. Unreadable records are left
 // pending and reported in the error, together with the count of the rest.
 func (ob *Outbox) ExpireDue() (n int, err error) {
+	if ob.opts.ReadOnly {
+		return 0, fmt.Errorf("offline: expire: %w", ErrReadOnly)
+	}
 	ob.mu.Lock()
 	defer ob.mu.Unlock()
 	now := ob.opts.Now().UnixMilli()
@@ -453,6 +503,9 @@ func (ob *Outbox) ExpireDue() (n int, err error) {
 // Compact deletes the terminal entries resolved at least Retention ago and
 // returns how many. Pending entries are never deleted.
 func (ob *Outbox) Compact() (n int, err error) {
+	if ob.opts.ReadOnly {
+		return 0, fmt.Errorf("offline: compact: %w", ErrReadOnly)
+	}
 	ob.mu.Lock()
 	defer ob.mu.Unlock()
 	cutoff := ob.opts.Now().Add(-ob.opts.Retention).UnixMilli()
@@ -499,7 +552,10 @@ func (ob *Outbox) view(fn func(tx *bbolt.Tx) error) error {
 
 // getRecord reads the record of id; ErrNotFound if there is none.
 func getRecord(tx *bbolt.Tx, id []byte) (record, error) {
-	v := tx.Bucket(entriesBucket).Get(id)
+	var v []byte
+	if b := tx.Bucket(entriesBucket); b != nil {
+		v = b.Get(id)
+	}
 	if v == nil {
 		return record{}, ErrNotFound
 	}

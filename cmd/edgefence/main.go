@@ -5,6 +5,7 @@
 //	edgefence send DEVICE KIND [JSON]  issue one command via the running agent; prints the verdict
 //	edgefence check-config FILE        validate a config file
 //	edgefence fence list|show          read the gateway's fence table file
+//	edgefence outbox list|show         read the agent's outbox (queued commands and their terminal states)
 //	edgefence version
 package main
 
@@ -43,6 +44,7 @@ commands:
   send DEVICE KIND [JSON]    issue one command via the running agent and print the verdict
   check-config FILE          validate a config file and print it with defaults filled in
   fence list | show DEVICE   print the fence table's marks (read from its file)
+  outbox list | show ID      print the outbox's queued commands and terminal states
   version                    print the version
 
 Run 'edgefence <command> -h' for the flags of a command.
@@ -65,6 +67,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = cmdCheckConfig(args[1:], stdout)
 	case "fence":
 		err = cmdFence(args[1:], stdout, stderr)
+	case "outbox":
+		err = cmdOutbox(args[1:], stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintln(stdout, "edgefence", version)
 	case "help", "-h", "--help":
