@@ -25,6 +25,7 @@ import (
 //
 //	GET  /v1/status                       → Status
 //	POST /v1/send {device, kind, body}    → SendResult (body is any JSON value; sent as CBOR)
+//	     {…, "no_wait": true}             → 202 SendResult{queued} once stored in the outbox
 //	GET  /v1/fence                        → []fence.Record
 //	GET  /v1/fence/{device}               → fence.Record
 //	GET  /v1/outbox?device=&state=&limit= → OutboxList (state pending|terminal|all, default all; limit 0 = all)
@@ -35,11 +36,16 @@ type SendRequest struct {
 	Device string          `json:"device"`
 	Kind   string          `json:"kind"`
 	Body   json.RawMessage `json:"body,omitempty"`
+	// NoWait returns as soon as the command is stored in the outbox
+	// (202, Queued), without waiting for the device's verdict.
+	NoWait bool `json:"no_wait,omitempty"`
 }
 
 // SendResult is the answer of POST /v1/send.
 type SendResult struct {
 	Device  string     `json:"device"`
+	ID      string     `json:"id,omitempty"`     // the command id (outbox show ID)
+	Queued  bool       `json:"queued,omitempty"` // stored in the outbox, no verdict yet
 	Token   uint64     `json:"token,omitempty"`
 	Seq     uint64     `json:"seq,omitempty"`
 	Verdict string     `json:"verdict,omitempty"` // empty when no ack arrived
@@ -252,13 +258,32 @@ func (a *Agent) handleSend(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusBadRequest, SendResult{Device: req.Device, Error: err.Error()})
 		return
 	}
-	ack, err := a.Send(r.Context(), req.Device, req.Kind, body)
 	res := SendResult{Device: req.Device}
+	if req.NoWait {
+		env, err := a.Enqueue(r.Context(), req.Device, req.Kind, body)
+		if err == nil {
+			res.ID, res.Token, res.Seq, res.Queued = env.ID, uint64(env.Token), env.Seq, true
+			writeJSON(w, http.StatusAccepted, res)
+			return
+		}
+		writeSendError(w, res, err)
+		return
+	}
+	ack, err := a.Send(r.Context(), req.Device, req.Kind, body)
 	if ack != nil {
-		res.Token, res.Seq, res.Verdict, res.Ack = uint64(ack.Token), ack.Seq, ack.Verdict.String(), NewAckStatus(ack)
+		res.ID, res.Token, res.Seq, res.Verdict, res.Ack = ack.ID, uint64(ack.Token), ack.Seq, ack.Verdict.String(), NewAckStatus(ack)
 		writeJSON(w, http.StatusOK, res) // a verdict, even stale, is an answer
 		return
 	}
+	var qe *QueuedError
+	if errors.As(err, &qe) {
+		res.ID, res.Token, res.Seq, res.Queued = qe.ID, uint64(qe.Token), qe.Seq, true
+	}
+	writeSendError(w, res, err)
+}
+
+// writeSendError answers a send that got no verdict.
+func writeSendError(w http.ResponseWriter, res SendResult, err error) {
 	res.Error = err.Error()
 	code := http.StatusBadGateway
 	switch {
@@ -269,7 +294,11 @@ func (a *Agent) handleSend(w http.ResponseWriter, r *http.Request) {
 	case errors.Is(err, fence.ErrInvalid):
 		code = http.StatusBadRequest
 	case errors.Is(err, ErrNoAck):
-		code = http.StatusGatewayTimeout
+		code = http.StatusGatewayTimeout // queued in the outbox: resent until the device answers
+	case errors.Is(err, offline.ErrFull):
+		code = http.StatusServiceUnavailable // backpressure: try again later
+	case errors.Is(err, ErrNoOutbox):
+		code = http.StatusNotImplemented
 	}
 	writeJSON(w, code, res)
 }
@@ -358,6 +387,17 @@ func (c *APIClient) Status(ctx context.Context) (*Status, error) {
 func (c *APIClient) Send(ctx context.Context, device, kind string, body json.RawMessage) (*SendResult, error) {
 	var res SendResult
 	err := c.do(ctx, http.MethodPost, "/v1/send", SendRequest{Device: device, Kind: kind, Body: body}, &res)
+	if err != nil && res.Device == "" && res.Error == "" {
+		return nil, err
+	}
+	return &res, err
+}
+
+// Enqueue asks the agent to store a command in its outbox and returns at
+// once (SendResult.Queued), without the device's verdict.
+func (c *APIClient) Enqueue(ctx context.Context, device, kind string, body json.RawMessage) (*SendResult, error) {
+	var res SendResult
+	err := c.do(ctx, http.MethodPost, "/v1/send", SendRequest{Device: device, Kind: kind, Body: body, NoWait: true}, &res)
 	if err != nil && res.Device == "" && res.Error == "" {
 		return nil, err
 	}

@@ -74,11 +74,31 @@ func (a *Agent) sendQueued(ctx context.Context, d *device, ctl *controller, env 
 	case ack := <-ch:
 		return ack, env, ack.Err()
 	case <-t.C:
-		return nil, env, fmt.Errorf("send to %s (token %d seq %d): %w within %v: %w", d.id, env.Token, env.Seq, ErrNoAck, a.cfg.Command.Timeout, ErrQueued)
+		return nil, env, &QueuedError{Device: d.id, ID: env.ID, Token: env.Token, Seq: env.Seq,
+			Err: fmt.Errorf("%w within %v", ErrNoAck, a.cfg.Command.Timeout)}
 	case <-ctx.Done():
-		return nil, env, fmt.Errorf("send to %s (token %d seq %d): %w: %w", d.id, env.Token, env.Seq, ctx.Err(), ErrQueued)
+		return nil, env, &QueuedError{Device: d.id, ID: env.ID, Token: env.Token, Seq: env.Seq, Err: ctx.Err()}
 	}
 }
+
+// QueuedError is Send's error when the caller stopped waiting before the
+// device answered (no ack within the command timeout, or ctx ended): the
+// command is stored in the outbox and will be delivered; its terminal
+// state is recorded there under ID. It matches ErrQueued and ErrNoAck.
+type QueuedError struct {
+	Device string
+	ID     string
+	Token  fence.Token
+	Seq    uint64
+	Err    error // why the wait ended
+}
+
+func (e *QueuedError) Error() string {
+	return fmt.Sprintf("send to %s (token %d seq %d): %v: %v as %s", e.Device, e.Token, e.Seq, e.Err, ErrQueued, e.ID)
+}
+
+// Unwrap returns ErrQueued, ErrNoAck and the reason the wait ended.
+func (e *QueuedError) Unwrap() []error { return []error{ErrQueued, ErrNoAck, e.Err} }
 
 // record writes a history event for env, if the agent keeps a history.
 func (a *Agent) record(op string, env *fence.Envelope, verdict, reason string) {

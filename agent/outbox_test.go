@@ -179,8 +179,12 @@ func TestOutboxLostAckResentAsDuplicate(t *testing.T) {
 	waitFor(t, "a holds", holdingAll(a, []string{"d1"}))
 	g.dropAcks.Store(1)
 	_, err := a.Send(context.Background(), "d1", "set", nil)
-	if !errors.Is(err, ErrQueued) {
+	var qe *QueuedError
+	if !errors.Is(err, ErrQueued) || !errors.Is(err, ErrNoAck) || !errors.As(err, &qe) || qe.ID == "" || qe.Seq != 1 {
 		t.Fatalf("first send: %v", err)
+	}
+	if _, err := ob.Get(qe.ID); err != nil {
+		t.Fatalf("the queued command's id is not in the outbox: %v", err)
 	}
 	waitFor(t, "resolved", pendingZero(ob))
 	recs, _ := ob.List(offline.Filter{})

@@ -24,6 +24,9 @@ type Expired struct {
 // may already have sent, whose fate only the device can tell. keep may be
 // nil.
 func (ob *Outbox) ExpireEntries(keep func(device, id string) bool) ([]Expired, error) {
+	if ob.opts.ReadOnly {
+		return nil, fmt.Errorf("offline: expire: %w", ErrReadOnly)
+	}
 	ob.mu.Lock()
 	defer ob.mu.Unlock()
 	now := ob.opts.Now().UnixMilli()

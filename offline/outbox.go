@@ -441,63 +441,10 @@ func terminate(tx *bbolt.Tx, id, ackDev string, v fence.Verdict, ack []byte, now
 // fence.Expired, durably, in one transaction, and returns how many it
 // ended; the caller logs and counts them. Unreadable records are left
 // pending and reported in the error, together with the count of the rest.
+// ExpireEntries does the same and returns the entries.
 func (ob *Outbox) ExpireDue() (n int, err error) {
-	if ob.opts.ReadOnly {
-		return 0, fmt.Errorf("offline: expire: %w", ErrReadOnly)
-	}
-	ob.mu.Lock()
-	defer ob.mu.Unlock()
-	now := ob.opts.Now().UnixMilli()
-	type done struct {
-		dev, id string
-		size    int64
-	}
-	var ended []done
-	var bad []error
-	err = ob.update(func(tx *bbolt.Tx) error {
-		ended, bad = ended[:0], bad[:0]
-		var due []string
-		entries := tx.Bucket(entriesBucket)
-		err := tx.Bucket(queueBucket).ForEach(func(k, id []byte) error {
-			r, err := parseRecord(entries.Get(id))
-			if err != nil {
-				bad = append(bad, fmt.Errorf("%s: %w", id, err))
-				return nil
-			}
-			if now >= r.deadline {
-				due = append(due, string(id))
-			}
-			return nil
-		})
-		if err != nil {
-			return err
-		}
-		for _, id := range due {
-			dev, size, err := terminate(tx, id, "", fence.Expired, nil, now)
-			if err != nil {
-				bad = append(bad, fmt.Errorf("%s: %w", id, err))
-				continue
-			}
-			ended = append(ended, done{dev, id, size})
-		}
-		return nil
-	})
-	if err != nil {
-		return 0, fmt.Errorf("offline: expire: %w", err)
-	}
-	for _, d := range ended {
-		ob.add(d.dev, -1, -d.size)
-		if ob.opts.Logger != nil {
-			ob.opts.Logger.Info("outbox entry expired", "device", d.dev, "id", d.id)
-		}
-	}
-	if len(bad) > 0 {
-		if ob.opts.Logger != nil {
-			ob.opts.Logger.Warn("outbox records unreadable", "count", len(bad), "err", errors.Join(bad...).Error())
-		}
-		return len(ended), fmt.Errorf("offline: expire: %d entries unreadable: %w", len(bad), errors.Join(bad...))
-	}
-	return len(ended), nil
+	ended, err := ob.ExpireEntries(nil)
+	return len(ended), err
 }
 
 // Compact deletes the terminal entries resolved at least Retention ago and

@@ -174,8 +174,14 @@ func cmdSend(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("send", flag.ContinueOnError)
 	sock := socketFlags(fs)
 	timeout := fs.Duration("timeout", 30*time.Second, "give up after this long")
+	noWait := fs.Bool("no-wait", false, "return once the command is stored in the agent's outbox (exit 4), without waiting for the device's verdict")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: edgefence send [flags] DEVICE KIND [JSON-BODY]")
+		fmt.Fprintln(fs.Output(), `usage: edgefence send [flags] DEVICE KIND [JSON-BODY]
+
+Exit status: 0 accepted by the device; 3 another verdict (duplicate, stale,
+invalid); 4 queued: stored in the agent's outbox without a verdict yet (it is
+delivered when it can be: see edgefence outbox show ID); 1 refused (not the
+holder, unknown device, outbox full) or failed; 2 usage.`)
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -198,7 +204,12 @@ func cmdSend(args []string, stdout, stderr io.Writer) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
-	res, err := agent.NewAPIClient(path).Send(ctx, fs.Arg(0), fs.Arg(1), body)
+	api := agent.NewAPIClient(path)
+	send := api.Send
+	if *noWait {
+		send = api.Enqueue
+	}
+	res, err := send(ctx, fs.Arg(0), fs.Arg(1), body)
 	if res != nil {
 		enc := json.NewEncoder(stdout)
 		_ = enc.Encode(res)
@@ -209,8 +220,14 @@ func cmdSend(args []string, stdout, stderr io.Writer) error {
 			}
 			return nil
 		}
-		// No verdict: the agent refused (unknown device, not the holder)
-		// or no ack came. The JSON on stdout says so for scripts; say it
+		if res.Queued {
+			if res.Error != "" {
+				fmt.Fprintf(stderr, "edgefence: no verdict yet; queued as %s (edgefence outbox show %s)\n", res.ID, res.ID)
+			}
+			return exitError{4}
+		}
+		// No verdict: the agent refused (unknown device, not the holder,
+		// outbox full). The JSON on stdout says so for scripts; say it
 		// on stderr for people.
 		if res.Error != "" {
 			fmt.Fprintln(stderr, "edgefence:", res.Error)

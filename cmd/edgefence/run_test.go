@@ -66,6 +66,28 @@ func TestRunStatusSend(t *testing.T) {
 		}
 	})
 
+	t.Run("send --no-wait is queued, then accepted", func(t *testing.T) {
+		r := edgefence(t, "send", "--no-wait", "--socket", sock, "dev-3", "set", `{"setpoint":21}`)
+		res := sendResult(t, r)
+		if r.code != 4 || !res.Queued || res.ID == "" || res.Verdict != "" || res.Token != uint64(st.Devices[2].Token) {
+			t.Fatalf("got %+v, want queued with an id and exit 4\n%s", res, r)
+		}
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			r = edgefence(t, "outbox", "show", "--json", "--socket", sock, res.ID)
+			if r.code == 0 && strings.Contains(r.stdout, `"accepted"`) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("queued command never accepted\n%s", r)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if s, err := e.fleet.State("dev-3"); err != nil || s.Setpoint != 21 {
+			t.Fatalf("device state %+v, %v: want setpoint 21", s, err)
+		}
+	})
+
 	t.Run("unknown device", func(t *testing.T) {
 		r := edgefence(t, "send", "--socket", sock, "dev-9", "set", `{"setpoint":22}`)
 		res := sendResult(t, r)
