@@ -84,11 +84,12 @@ type Agent struct {
 	order   []string
 
 	// The outbox's delivery workers (outbox.go).
-	wmu      sync.Mutex
-	waiters  map[string]chan *fence.Ack // command id → its Send, waiting
-	runCtx   context.Context            // set while Run runs; nil: no new workers
-	workers  sync.WaitGroup
-	expireMu sync.RWMutex // expiry (W) vs a worker picking its next entry (R)
+	wmu       sync.Mutex
+	waiters   map[string]chan *fence.Ack // command id → its Send, waiting
+	runCtx    context.Context            // set while Run runs; nil: no new workers
+	workers   sync.WaitGroup
+	expireMu  sync.RWMutex    // expiry (W) vs a worker picking its next entry (R)
+	resolveCh chan resolveReq // to the resolver (group commit of acks); set by runOutbox before the workers
 
 	mu        sync.Mutex
 	lease     clientv3.LeaseID // current session's lease, 0 if none

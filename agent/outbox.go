@@ -277,7 +277,12 @@ func (a *Agent) deliver(ctx context.Context, d *device) {
 // means the agent decided the verdict itself (the command was never sent).
 func (a *Agent) settle(d *device, e *offline.Entry, ack *fence.Ack, local bool) bool {
 	env := &e.Envelope
-	if err := a.outbox.Resolve(env.ID, ack); err != nil {
+	if ack.ID == "" { // matched by correlation data; the outbox keys by id
+		c := *ack
+		c.ID = env.ID
+		ack = &c
+	}
+	if err := a.resolve(ack); err != nil {
 		if !errors.Is(err, offline.ErrResolved) {
 			a.stats.outboxErr.Add(1)
 			a.log.Error("outbox: cannot record verdict; will resend", "device", d.id, "id", env.ID, "verdict", ack.Verdict, "err", err)
@@ -410,10 +415,66 @@ func (a *Agent) expire() {
 	}
 }
 
+// resolveReq asks the resolver to record one ack.
+type resolveReq struct {
+	ack  *fence.Ack
+	done chan error
+}
+
+// resolve records ack as its entry's terminal state, durably, through the
+// resolver: acks that arrive together (from several devices' workers) share
+// one commit (Outbox.ResolveMany) instead of one fsync each.
+func (a *Agent) resolve(ack *fence.Ack) error {
+	req := resolveReq{ack: ack, done: make(chan error, 1)}
+	a.resolveCh <- req // the resolver runs until every worker has stopped
+	return <-req.done
+}
+
+// resolver is the group commit of acks: it takes what has queued up while
+// the previous commit ran, up to maxResolveBatch, and commits it at once.
+// No timer: a lone ack is committed at once.
+func (a *Agent) resolver(ch <-chan resolveReq) {
+	batch := make([]resolveReq, 0, maxResolveBatch)
+	acks := make([]*fence.Ack, 0, maxResolveBatch)
+	for req := range ch {
+		batch, acks = append(batch[:0], req), append(acks[:0], req.ack)
+	more:
+		for len(batch) < maxResolveBatch {
+			select {
+			case r, ok := <-ch:
+				if !ok {
+					break more
+				}
+				batch, acks = append(batch, r), append(acks, r.ack)
+			default:
+				break more
+			}
+		}
+		errs, err := a.outbox.ResolveMany(acks)
+		for i, r := range batch {
+			switch {
+			case err != nil:
+				r.done <- err
+			default:
+				r.done <- errs[i]
+			}
+		}
+	}
+}
+
+const maxResolveBatch = 256
+
 // runOutbox starts delivery of what an earlier run left queued and runs
 // expiry and compaction until ctx ends; then it waits for the workers.
 func (a *Agent) runOutbox(ctx context.Context) {
+	resolved := make(chan struct{})
+	ch := make(chan resolveReq, maxResolveBatch)
+	go func() {
+		defer close(resolved)
+		a.resolver(ch)
+	}()
 	a.wmu.Lock()
+	a.resolveCh = ch // before any worker exists
 	a.runCtx = ctx
 	a.wmu.Unlock()
 	for _, id := range a.outbox.Devices() {
@@ -452,6 +513,8 @@ func (a *Agent) runOutbox(ctx context.Context) {
 	a.runCtx = nil
 	a.wmu.Unlock()
 	a.workers.Wait()
+	close(ch) // no worker is left to resolve
+	<-resolved
 }
 
 func (a *Agent) compact() {
