@@ -52,6 +52,10 @@ var (
 // tableBucket holds one record per device id.
 var tableBucket = []byte("fence.marks")
 
+// pendingBucket holds the accepted commands not yet applied (see
+// tablepending.go).
+var pendingBucket = []byte("fence.unapplied")
+
 // TableOptions configure a Table. A nil *TableOptions, and the zero value of
 // each field, mean the defaults.
 type TableOptions struct {
@@ -124,6 +128,15 @@ type Table struct {
 	// vouch for a command whose commit could still be lost.
 	cacheMu sync.Mutex
 	cache   map[string]Mark
+
+	// Commands marked applied (MarkApplied) whose removal from the
+	// unapplied bucket rides along with the next commit: deferred is the
+	// queue the next transaction takes, outstanding every ticket not yet
+	// committed.
+	deferMu     sync.Mutex
+	deferred    []deferredDelete
+	ticket      uint64
+	outstanding map[uint64]struct{}
 }
 
 // OpenTable opens the fence table at path, creating it if needed (the
@@ -147,7 +160,7 @@ func OpenTable(path string, opts *TableOptions) (*Table, error) {
 	if err != nil {
 		return nil, openErr(path, &o, err)
 	}
-	t := &Table{db: db, path: path, opts: o, cache: make(map[string]Mark)}
+	t := &Table{db: db, path: path, opts: o, cache: make(map[string]Mark), outstanding: make(map[uint64]struct{})}
 	if o.ReadOnly {
 		return t, nil
 	}
@@ -157,6 +170,9 @@ func OpenTable(path string, opts *TableOptions) (*Table, error) {
 	// admits for their devices fail in the write transaction (fail closed)
 	// while the other devices are served.
 	if err := db.Update(func(tx *bbolt.Tx) error {
+		if _, err := tx.CreateBucketIfNotExists(pendingBucket); err != nil {
+			return err
+		}
 		b, err := tx.CreateBucketIfNotExists(tableBucket)
 		if err != nil {
 			return err
@@ -197,6 +213,10 @@ func (t *Table) Close() error {
 		return nil
 	}
 	t.closed = true
+	if !t.opts.ReadOnly {
+		// Commands marked applied whose removal no commit has carried yet.
+		_ = t.update(func(*bbolt.Tx) error { return nil })
+	}
 	if err := t.db.Close(); err != nil {
 		return fmt.Errorf("fence: close table %s: %w", t.path, err)
 	}
@@ -211,6 +231,12 @@ func (t *Table) Path() string { return t.path }
 // the transaction holding the decision was committed with fsync, so the
 // caller may send an Accepted command to the device as soon as Admit
 // returns, and must not send it before (durable before effect).
+//
+// The transaction that accepts env also stores env itself as admitted but
+// not yet applied (Unapplied lists it) until Applied is called for it: a
+// process that dies between the admit and the device's answer finds the
+// command there when it restarts, instead of a mark that calls it a
+// duplicate.
 //
 // The results are:
 //   - Accepted, Duplicate or Stale with a nil error, and the device's mark
@@ -258,17 +284,22 @@ func (t *Table) Admit(ctx context.Context, env *Envelope) (Verdict, Mark, error)
 	}
 
 	c := newAdmitCall(env, t.opts.Now().UnixMilli())
-	var err error
-	if t.opts.NoGroupCommit {
-		err = t.db.Update(c.run)
-	} else {
-		err = t.groupCommit(c)
-	}
-	if err != nil {
+	if err := t.commit(c); err != nil {
 		return 0, Mark{}, t.storageErr(env.Device, err)
 	}
 	t.raise(env.Device, c.m)
 	return c.v, c.m, nil
+}
+
+// commit runs c in a write transaction committed with fsync: its own, or
+// the one of its group.
+func (t *Table) commit(c groupCall) error {
+	if t.opts.NoGroupCommit {
+		err := t.update(c.run)
+		*c.result() = err
+		return err
+	}
+	return t.groupCommit(c)
 }
 
 // cached returns the device's last mark known durable.
@@ -301,9 +332,17 @@ func markLess(a, b Mark) bool {
 // group end its leader's wait for company (see groupCommit).
 const maxIdleYields = 16
 
-// admitGroup is the admits committed in one transaction.
+// groupCall is one operation committed by a group: an admit, or the
+// removal of applied commands. run must be idempotent within one
+// transaction and decide again from scratch in a new one.
+type groupCall interface {
+	run(tx *bbolt.Tx) error
+	result() *error // where the commit's outcome for this call goes
+}
+
+// admitGroup is the calls committed in one transaction.
 type admitGroup struct {
-	calls []*admitCall  // in enqueue order
+	calls []groupCall   // in enqueue order
 	prev  *admitGroup   // the group committed before this one; nil once it has
 	done  chan struct{} // closed when the commit returned and every call's err is set
 }
@@ -322,7 +361,7 @@ type admitGroup struct {
 // their own behind this one. A full group (MaxGroup calls) is closed at
 // once: the next admit leads a new group, committed after it. A lone admit
 // commits at once.
-func (t *Table) groupCommit(c *admitCall) error {
+func (t *Table) groupCommit(c groupCall) error {
 	t.groupMu.Lock()
 	g := t.open
 	lead := g == nil
@@ -338,7 +377,7 @@ func (t *Table) groupCommit(c *admitCall) error {
 
 	if !lead {
 		<-g.done
-		return c.err
+		return *c.result()
 	}
 	if g.prev != nil {
 		<-g.prev.done // one commit at a time, in group order
@@ -375,7 +414,7 @@ func (t *Table) groupCommit(c *admitCall) error {
 	g.calls = nil // t.last must not keep the calls (and their tx) alive
 	t.groupMu.Unlock()
 	close(g.done)
-	return c.err
+	return *c.result()
 }
 
 // commitGroup decides and commits calls in one transaction and sets each
@@ -383,8 +422,8 @@ func (t *Table) groupCommit(c *admitCall) error {
 // bbolt has rolled it back and no call's decision was stored: each call is
 // then run again alone, in its own transaction, so that one bad call (a
 // corrupt record) fails only its own admit.
-func (t *Table) commitGroup(calls []*admitCall) {
-	err := t.db.Update(func(tx *bbolt.Tx) error {
+func (t *Table) commitGroup(calls []groupCall) {
+	err := t.update(func(tx *bbolt.Tx) error {
 		for _, c := range calls {
 			if err := c.run(tx); err != nil {
 				return err
@@ -394,12 +433,12 @@ func (t *Table) commitGroup(calls []*admitCall) {
 	})
 	if err == nil || len(calls) == 1 {
 		for _, c := range calls {
-			c.err = err
+			*c.result() = err
 		}
 		return
 	}
 	for _, c := range calls {
-		c.err = t.db.Update(c.run)
+		*c.result() = t.update(c.run)
 	}
 }
 
@@ -410,10 +449,13 @@ func (t *Table) commitGroup(calls []*admitCall) {
 // one of the transaction that committed. A second run inside the same
 // transaction returns the recorded decision without deciding again.
 type admitCall struct {
-	key []byte // device id
-	rec []byte // the record stored if accepted
-	tok Token
-	seq uint64
+	key  []byte // device id
+	rec  []byte // the record stored if accepted
+	pkey []byte // the command's key in the unapplied bucket
+	pval []byte // and its value there (nil if encoding failed: perr)
+	perr error
+	tok  Token
+	seq  uint64
 
 	// Outcome of the latest run.
 	tx *bbolt.Tx
@@ -428,9 +470,13 @@ func newAdmitCall(env *Envelope, at int64) *admitCall {
 	buf := make([]byte, 0, len(env.Device)+recordMin+len(env.Holder)+len(env.ID))
 	key := append(buf, env.Device...)
 	// Accepted always leaves the mark (token, seq): the record is known now.
-	rec := appendRecord(key[len(key):], Mark{Token: env.Token, Seq: env.Seq}, at, env.Holder, env.ID)
-	return &admitCall{key: key, rec: rec, tok: env.Token, seq: env.Seq}
+	m := Mark{Token: env.Token, Seq: env.Seq}
+	rec := appendRecord(key[len(key):], m, at, env.Holder, env.ID)
+	pval, perr := encodePending(env)
+	return &admitCall{key: key, rec: rec, pkey: pendingKey(env.Device, m), pval: pval, perr: perr, tok: env.Token, seq: env.Seq}
 }
+
+func (c *admitCall) result() *error { return &c.err }
 
 func (c *admitCall) run(tx *bbolt.Tx) error {
 	if c.tx == tx {
@@ -449,6 +495,17 @@ func (c *admitCall) run(tx *bbolt.Tx) error {
 		// bbolt keeps the value until the commit; rec is only ever
 		// written by newAdmitCall, so a rerun stores the same bytes.
 		if err := b.Put(c.key, c.rec); err != nil {
+			return err
+		}
+		// The command itself, unapplied, in the same commit as its mark.
+		if c.perr != nil {
+			return c.perr
+		}
+		p := tx.Bucket(pendingBucket)
+		if p == nil {
+			return fmt.Errorf("%w: bucket %s missing", ErrTableCorrupt, pendingBucket)
+		}
+		if err := p.Put(c.pkey, c.pval); err != nil {
 			return err
 		}
 	}

@@ -146,7 +146,7 @@ func TestCommitGroupRerunsAlone(t *testing.T) {
 		newAdmitCall(env("dev-1", 4, 9), 4), // an older holder
 		newAdmitCall(env("dev-2", 1, 1), 5),
 	}
-	tab.commitGroup(calls)
+	tab.commitGroup(asGroup(calls))
 	want := []Verdict{Accepted, Duplicate, 0, Stale, Accepted}
 	for i, c := range calls {
 		if bad := i == 2; bad != errors.Is(c.err, ErrTableCorrupt) || !bad && (c.err != nil || c.v != want[i]) {
@@ -167,11 +167,19 @@ func TestCommitGroupRerunsAlone(t *testing.T) {
 		newAdmitCall(env("dev-3", 3, 1), 4),
 		newAdmitCall(env("dev-3", 2, 3), 5),
 	}
-	tab.commitGroup(calls)
+	tab.commitGroup(asGroup(calls))
 	want = []Verdict{Accepted, Accepted, Duplicate, Accepted, Stale}
 	for i, c := range calls {
 		if c.err != nil || c.v != want[i] {
 			t.Errorf("dev-3 call %d: %v %v, want %v", i, c.v, c.err, want[i])
 		}
 	}
+}
+
+func asGroup(calls []*admitCall) []groupCall {
+	g := make([]groupCall, len(calls))
+	for i, c := range calls {
+		g[i] = c
+	}
+	return g
 }

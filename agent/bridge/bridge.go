@@ -18,9 +18,13 @@
 // The gateway's own controller takes the same path through the broker:
 // there is no shortcut around the table.
 //
-// A command admitted but not yet answered by the device when the process
-// dies is lost (its mark has moved, so a redelivery is a Duplicate): at
-// most once, never twice. The durable outbox of a later issue closes that.
+// The table's admit also stores the command as admitted but not yet
+// applied, in the same fsynced commit; once the device answered, the
+// worker marks it applied, and that mark is durable (riding along with the
+// table's next commit) before the worker sends the device's next command. A bridge that dies in between delivers the device's unapplied
+// commands first when it starts again, and a resend of a command still
+// unapplied is answered only once the command was applied: a Duplicate ack
+// always means "already applied" (see applied.go).
 package bridge
 
 import (
@@ -36,6 +40,7 @@ import (
 
 	"github.com/edgefence/edgefence/devices/legacy"
 	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/fence/history"
 	"github.com/edgefence/edgefence/transport/mqtt"
 	"github.com/edgefence/edgefence/transport/serial"
 )
@@ -75,6 +80,15 @@ type Config struct {
 	// UnsafeNoTable skips the fence table and forwards every command: TEST
 	// AND DEMO ONLY, to show what the table prevents.
 	UnsafeNoTable bool
+	// History, if set, records every verdict the bridge gives a command
+	// (history.OpVerdict) and every command a device answered
+	// (history.OpApplied).
+	History *history.Writer
+
+	// beforeWire, if set, runs in the device's worker just before an
+	// admitted command is written to the device: the tests' failpoint for
+	// a crash between the admit's commit and the wire.
+	beforeWire func(env *fence.Envelope)
 }
 
 // Stats are the bridge's counters.
@@ -110,6 +124,24 @@ type port struct {
 	queue chan *job
 	conn  *serial.Conn
 	link  *serial.Link
+
+	// recovered holds the commands a previous process admitted but did not
+	// see applied, in admission order: the worker sends them before
+	// anything from queue. Set in New, read by the worker only.
+	recovered []*job
+
+	mu sync.Mutex
+	// pending holds the admitted commands not yet answered by the device,
+	// by mark: a resend of one of them waits for it (job.waiters).
+	pending map[fence.Mark]*job
+	// unsynced is the last settled command while its applied-mark is not
+	// known durable (worker only).
+	unsynced *unsynced
+	// failed remembers the last commands the device refused or never
+	// answered, so that their resends get that answer again rather than a
+	// Duplicate (bounded by maxFailed; see settle).
+	failed     map[fence.Mark]outcome
+	failedList []fence.Mark
 }
 
 type job struct {
@@ -117,6 +149,16 @@ type job struct {
 	req  *legacy.Request // serial devices
 	json []byte          // MQTT-link devices: the body as JSON
 	m    fence.Mark
+	err  error // a recovered command that can no longer be built: answered Invalid
+
+	// verify: the oldest command a previous process admitted but did not
+	// see applied, the only one that may have reached the device.
+	verify bool
+
+	// Under port.mu: resends waiting for this command's outcome, and
+	// whether it is known.
+	waiters []*fence.Envelope
+	settled bool
 }
 
 // New checks cfg and prepares the bridge. Register Subscriptions with the
@@ -146,7 +188,13 @@ func New(cfg Config) (*Bridge, error) {
 		} else if err := d.Port.Validate(); err != nil {
 			return nil, fmt.Errorf("%w: device %s: %w", ErrConfig, d.ID, err)
 		}
-		b.devices[d.ID] = &port{dev: d, queue: make(chan *job, cfg.Queue)}
+		b.devices[d.ID] = &port{dev: d, queue: make(chan *job, cfg.Queue),
+			pending: make(map[fence.Mark]*job), failed: make(map[fence.Mark]outcome)}
+	}
+	if !cfg.UnsafeNoTable {
+		if err := b.recover(); err != nil {
+			return nil, err
+		}
 	}
 	if cfg.UnsafeNoTable {
 		b.log.Warn("UNSAFE: the fence table is off; every command reaches the devices (tests and demos only)")
@@ -210,8 +258,10 @@ func (b *Bridge) Start(ctx context.Context, client *mqtt.Client) error {
 	return nil
 }
 
-// Close stops the workers and closes the ports. Commands still queued are
-// not sent (their fate is unknown to their senders, who got no ack).
+// Close stops the workers and closes the ports. Commands still queued, or
+// interrupted on the wire, are not answered (their senders got no ack):
+// they stay unapplied in the fence table, and the next Start delivers them
+// first.
 func (b *Bridge) Close() error {
 	b.mu.Lock()
 	cancel := b.cancel
@@ -285,11 +335,18 @@ func (b *Bridge) onCommand(msg mqtt.Message) {
 			return
 		}
 	}
+	if v == fence.Duplicate && b.resent(p, env) {
+		return // answered with the outcome of the command it repeats
+	}
 	if v != fence.Accepted {
 		b.refuse(dev, env, v, m, "")
 		return
 	}
+	b.record(history.OpVerdict, env, fence.Accepted, "")
 	j.m = m
+	p.mu.Lock()
+	p.pending[m] = j
+	p.mu.Unlock()
 	p.queue <- j // a free slot was checked above; only this goroutine adds
 }
 
@@ -307,6 +364,8 @@ func (b *Bridge) refuse(dev string, env *fence.Envelope, v fence.Verdict, m fenc
 	b.log.Info("refused", "device", dev, "verdict", v, "reason", reason)
 	if env == nil {
 		env = &fence.Envelope{Device: dev}
+	} else {
+		b.record(history.OpVerdict, env, v, reason)
 	}
 	b.ack(dev, env, v, m, reason)
 }
@@ -335,36 +394,99 @@ func (b *Bridge) ack(dev string, env *fence.Envelope, v fence.Verdict, m fence.M
 	}
 }
 
-// work sends one device's admitted commands over its link, in order.
+// work sends one device's admitted commands over its link, in order: first
+// those a previous process admitted but did not see applied, then the new
+// ones.
 func (b *Bridge) work(p *port) {
+	defer b.finish(p) // on Close: commit and record the last applied-mark
+	for _, j := range p.recovered {
+		if b.ctx.Err() != nil || !b.finish(p) {
+			return
+		}
+		b.send(p, j)
+	}
+	p.recovered = nil
 	for {
+		var idle <-chan time.Time
+		if p.unsynced != nil {
+			idle = time.After(idleFlush)
+		}
 		select {
 		case <-b.ctx.Done():
 			return
 		case j := <-p.queue:
+			if !b.finish(p) { // the previous command's mark, durable before this one's wire
+				return
+			}
 			b.send(p, j)
+		case <-idle:
+			if !b.finish(p) {
+				return
+			}
 		}
 	}
 }
 
+// result is what became of one admitted command at its device.
+type result int
+
+const (
+	resApplied result = iota // the device answered and applied it
+	resFound                 // applied before a restart: the read-back found it (not written again)
+	resRefused               // nothing applied: the device answered with an error, or the command could not be built
+	resUnknown               // no answer in time: the bridge gave up, fate unknown
+	resStopped               // the bridge is closing: left unapplied for the next start
+)
+
 func (b *Bridge) send(p *port, j *job) {
-	if p.dev.Topic != "" {
-		b.publish(p, j)
+	if j.err != nil {
+		b.settle(p, j, resRefused, j.err.Error(), nil)
 		return
+	}
+	if b.cfg.beforeWire != nil {
+		b.cfg.beforeWire(j.env)
+	}
+	var (
+		res    result
+		reason string
+		r      *legacy.Response
+	)
+	if p.dev.Topic != "" {
+		res, reason = b.publish(p, j)
+	} else {
+		res, reason, r = b.transact(p, j)
+	}
+	b.settle(p, j, res, reason, r)
+}
+
+// transact runs one admitted command on a serial device. For a write
+// already applied before a restart (the one command that can have been) the
+// reason says so.
+func (b *Bridge) transact(p *port, j *job) (result, string, *legacy.Response) {
+	ctx, cancel := context.WithTimeout(b.ctx, b.cfg.CommandTimeout)
+	defer cancel()
+	if j.verify && j.req.Func != legacy.FuncReadHolding {
+		done, err := b.holds(ctx, p, j.req)
+		switch {
+		case err != nil:
+			b.log.Warn("could not read back a command admitted before the restart; writing it", "device", p.dev.ID, "id", j.env.ID, "err", err)
+		case done:
+			b.log.Info("command admitted before the restart was already applied", "device", p.dev.ID, "id", j.env.ID)
+			return resFound, "", nil
+		}
 	}
 	pdu, err := j.req.Encode()
 	if err != nil { // CommandPDU validated it
-		b.ack(p.dev.ID, j.env, fence.Invalid, j.m, err.Error())
-		return
+		return resRefused, err.Error(), nil
 	}
-	ctx, cancel := context.WithTimeout(b.ctx, b.cfg.CommandTimeout)
-	defer cancel()
 	resp, err := p.link.Do(ctx, pdu)
 	if err != nil {
+		if b.ctx.Err() != nil {
+			return resStopped, "", nil
+		}
 		b.serialErr.Add(1)
 		b.log.Warn("device did not answer", "device", p.dev.ID, "id", j.env.ID, "err", err)
-		b.ack(p.dev.ID, j.env, fence.Invalid, j.m, "admitted, but the device did not answer (fate unknown): "+err.Error())
-		return
+		return resUnknown, "admitted, but the device did not answer (fate unknown): " + err.Error(), nil
 	}
 	r, err := legacy.DecodeResponse(j.req, resp)
 	if err == nil {
@@ -372,14 +494,9 @@ func (b *Bridge) send(p *port, j *job) {
 	}
 	if err != nil {
 		b.devErr.Add(1)
-		b.ack(p.dev.ID, j.env, fence.Invalid, j.m, "device: "+err.Error())
-		return
+		return resRefused, "device: " + err.Error(), nil
 	}
-	b.accepted.Add(1)
-	if j.req.Func == legacy.FuncReadHolding {
-		b.publishRead(p.dev.ID, j.env, r)
-	}
-	b.ack(p.dev.ID, j.env, fence.Accepted, j.m, "")
+	return resApplied, "", r
 }
 
 // ReadResult is what a read_registers command yields, published (CBOR) on
@@ -404,25 +521,25 @@ func (b *Bridge) publishRead(dev string, env *fence.Envelope, r *legacy.Response
 }
 
 // publish delivers an admitted command to an MQTT-link device.
-func (b *Bridge) publish(p *port, j *job) {
+func (b *Bridge) publish(p *port, j *job) (result, string) {
 	ctx, cancel := context.WithTimeout(b.ctx, b.cfg.CommandTimeout)
 	defer cancel()
 	topic := p.dev.Topic + "/" + j.env.Kind
 	for {
 		err := b.client.Publish(ctx, mqtt.Message{Topic: topic, Payload: j.json})
 		if err == nil {
-			break
+			return resApplied, ""
 		}
 		if errors.Is(err, mqtt.ErrNotConnected) && b.client.AwaitConnection(ctx) == nil {
 			continue // not sent, or outcome unknown: send again (a legacy write is a value, not a delta)
 		}
+		if b.ctx.Err() != nil {
+			return resStopped, ""
+		}
 		b.serialErr.Add(1)
 		b.log.Warn("device topic publish failed", "device", p.dev.ID, "topic", topic, "err", err)
-		b.ack(p.dev.ID, j.env, fence.Invalid, j.m, "admitted, but not delivered to the device topic (fate unknown): "+err.Error())
-		return
+		return resUnknown, "admitted, but not delivered to the device topic (fate unknown): " + err.Error()
 	}
-	b.accepted.Add(1)
-	b.ack(p.dev.ID, j.env, fence.Accepted, j.m, "")
 }
 
 // bodyJSON turns a command body into the JSON an MQTT-link device gets.

@@ -27,6 +27,7 @@ type legacyDevice struct {
 	path string
 	regs *legacy.Registers
 	log  *syncBuffer
+	resp *serial.Responder // counts every request that reached the device
 }
 
 type syncBuffer struct {
@@ -54,12 +55,20 @@ func startLegacyDevice(t testing.TB, id string) *legacyDevice {
 	t.Helper()
 	log := &syncBuffer{}
 	regs := legacy.NewRegisters(id, 16, log)
-	return &legacyDevice{path: serveDevice(t, regs), regs: regs, log: log}
+	resp := &serial.Responder{Handler: regs.Handle}
+	return &legacyDevice{path: serveResponder(t, resp), regs: regs, log: log, resp: resp}
 }
 
 // serveDevice serves regs on the master of a new pty until the test ends
 // and returns the slave's path, the device's end of the cable.
 func serveDevice(t testing.TB, regs *legacy.Registers) string {
+	t.Helper()
+	return serveResponder(t, &serial.Responder{Handler: regs.Handle})
+}
+
+// serveResponder serves resp on the master of a new pty until the test
+// ends and returns the slave's path.
+func serveResponder(t testing.TB, resp *serial.Responder) string {
 	t.Helper()
 	master, s, err := sandbox.OpenPty()
 	if err != nil {
@@ -69,7 +78,7 @@ func serveDevice(t testing.TB, regs *legacy.Registers) string {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_ = serial.Serve(ctx, master, regs.Handle)
+		_ = resp.Serve(ctx, master)
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -123,8 +132,19 @@ func (r *rig) startBridge(tablePath string, unsafe bool) (*Bridge, func()) {
 			t.Fatal(err)
 		}
 	}
-	br, err := New(Config{Table: tbl, Topics: r.topics, UnsafeNoTable: unsafe, CommandTimeout: 10 * time.Second,
-		Devices: []Device{{ID: "plc-1", Port: serial.PortConfig{Path: r.dev.path}}}})
+	return r.startBridgeWith(Config{Table: tbl, UnsafeNoTable: unsafe})
+}
+
+// startBridgeWith runs a bridge for plc-1 configured by cfg (Topics,
+// Devices and CommandTimeout are set here); the returned func stops it and
+// closes cfg.Table.
+func (r *rig) startBridgeWith(cfg Config) (*Bridge, func()) {
+	t := r.t
+	t.Helper()
+	tbl := cfg.Table
+	cfg.Topics, cfg.CommandTimeout = r.topics, 10*time.Second
+	cfg.Devices = []Device{{ID: "plc-1", Port: serial.PortConfig{Path: r.dev.path}}}
+	br, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

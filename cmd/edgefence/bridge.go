@@ -10,6 +10,7 @@ import (
 	"github.com/edgefence/edgefence/agent"
 	"github.com/edgefence/edgefence/agent/bridge"
 	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/fence/history"
 	"github.com/edgefence/edgefence/transport/mqtt"
 	"github.com/edgefence/edgefence/transport/serial"
 )
@@ -54,9 +55,22 @@ func openBridge(cfg *agent.Config, log *slog.Logger) (*bridge.Bridge, *fence.Tab
 			return nil, nil, nil, err
 		}
 	}
+	// EDGEFENCE_HISTORY=<file> records the bridge's verdicts and applied
+	// commands (fence/history), for tests and audits; the config file has
+	// no key for it yet.
+	var hist *history.Writer
+	if path := os.Getenv(historyEnv); path != "" {
+		if hist, err = history.Create(path, "table:"+cfg.Gateway); err != nil {
+			if tbl != nil {
+				tbl.Close()
+			}
+			return nil, nil, nil, fmt.Errorf("%s: %w", historyEnv, err)
+		}
+	}
 	br, err := bridge.New(bridge.Config{Table: tbl, Topics: mqtt.Topics{Prefix: cfg.MQTT.Prefix}, Devices: devs,
-		Logger: log.With("component", "bridge"), UnsafeNoTable: unsafe})
+		Logger: log.With("component", "bridge"), UnsafeNoTable: unsafe, History: hist})
 	if err != nil {
+		hist.Close()
 		if tbl != nil {
 			tbl.Close()
 		}
@@ -66,9 +80,13 @@ func openBridge(cfg *agent.Config, log *slog.Logger) (*bridge.Bridge, *fence.Tab
 	return br, tbl, func() {
 		once.Do(func() {
 			br.Close()
+			hist.Close()
 			if tbl != nil {
 				tbl.Close()
 			}
 		})
 	}, nil
 }
+
+// historyEnv names the file the bridge records its history in.
+const historyEnv = "EDGEFENCE_HISTORY"
