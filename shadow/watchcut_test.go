@@ -1,0 +1,167 @@
+package shadow_test
+
+import (
+	"io"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/edgefence/edgefence/shadow"
+)
+
+// cutProxy forwards TCP to etcd until cut: then it drops every connection
+// and refuses new ones until heal, on the same address.
+type cutProxy struct {
+	addr, target string
+	mu           sync.Mutex
+	ln           net.Listener
+	conns        map[net.Conn]bool
+	wg           sync.WaitGroup
+}
+
+func newCutProxy(t *testing.T, target string) *cutProxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &cutProxy{addr: ln.Addr().String(), target: target, conns: map[net.Conn]bool{}}
+	p.serve(ln)
+	t.Cleanup(p.cut)
+	return p
+}
+
+func (p *cutProxy) serve(ln net.Listener) {
+	p.mu.Lock()
+	p.ln = ln
+	p.mu.Unlock()
+	p.wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u, err := net.Dial("tcp", p.target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns[c], p.conns[u] = true, true
+			p.mu.Unlock()
+			pipe := func(dst, src net.Conn) {
+				io.Copy(dst, src)
+				dst.Close()
+				src.Close()
+			}
+			p.wg.Go(func() { pipe(u, c) })
+			p.wg.Go(func() { pipe(c, u) })
+		}
+	})
+}
+
+func (p *cutProxy) cut() {
+	p.mu.Lock()
+	if p.ln != nil {
+		p.ln.Close()
+		p.ln = nil
+	}
+	for c := range p.conns {
+		c.Close()
+	}
+	clear(p.conns)
+	p.mu.Unlock()
+	p.wg.Wait()
+}
+
+func (p *cutProxy) heal(t *testing.T) {
+	ln, err := net.Listen("tcp", p.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.serve(ln)
+}
+
+// A running watch cut off from etcd while the revisions it needs are
+// compacted: when the connection is back, etcd answers its resumed watch
+// with a compaction, and Watch falls back to a full read — EventSync for
+// the current state, EventDelete for a device it had seen that is gone —
+// then carries on with puts.
+func TestWatchCompactedWhileCut(t *testing.T) {
+	direct := newClient(t)
+	ctx := ctxT(t)
+	prefix := newPrefix()
+	writer := newStore(t, direct.Client, prefix, "app")
+	for _, d := range []string{"d1", "d2"} {
+		if _, err := writer.UpdateDesiredAny(ctx, d, obj(t, `{"n":0}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	proxy := newCutProxy(t, testEtcd.Endpoint()[len("http://"):])
+	wcli, err := clientv3.New(clientv3.Config{Endpoints: []string{"http://" + proxy.addr}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wcli.Close()
+	w := startWatch(t, newStore(t, wcli, prefix, "agent"), "", 0)
+	for range 2 {
+		if ev := w.next(t); ev.Kind != shadow.EventSync {
+			t.Fatalf("%+v", ev)
+		}
+	}
+	s, err := writer.UpdateDesiredAny(ctx, "d1", obj(t, `{"n":1}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev := w.next(t); ev.Kind != shadow.EventPut || ev.Revision != s.Version {
+		t.Fatalf("%+v", ev)
+	}
+
+	proxy.cut()
+	if _, err := writer.UpdateDesiredAny(ctx, "d1", obj(t, `{"n":2}`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := direct.Delete(ctx, writer.DesiredKey("d2")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := writer.UpdateDesiredAny(ctx, "d3", obj(t, `{"n":0}`)); err != nil {
+		t.Fatal(err)
+	}
+	cur := rev(t, direct.Client)
+	if _, err := direct.Compact(ctx, cur); err != nil {
+		t.Fatal(err)
+	}
+	proxy.heal(t)
+	if cc := wcli.ActiveConnection(); cc != nil {
+		cc.ResetConnectBackoff()
+	}
+
+	got := map[string]shadow.Event{}
+	for range 3 {
+		ev := w.next(t)
+		if ev.Revision < cur {
+			t.Fatalf("event %+v from before the compaction at %d", ev, cur)
+		}
+		got[ev.Device] = ev
+	}
+	if ev := got["d1"]; ev.Kind != shadow.EventSync || ev.Desired.Fields["n"] != float64(2) {
+		t.Fatalf("d1: %+v, want sync n=2", ev)
+	}
+	if ev := got["d3"]; ev.Kind != shadow.EventSync {
+		t.Fatalf("d3: %+v, want sync", ev)
+	}
+	if ev := got["d2"]; ev.Kind != shadow.EventDelete {
+		t.Fatalf("d2: %+v, want delete", ev)
+	}
+	s, err = writer.UpdateDesiredAny(ctx, "d1", obj(t, `{"n":3}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev := w.next(t); ev.Kind != shadow.EventPut || ev.Revision != s.Version {
+		t.Fatalf("after resync: %+v, want put at %d", ev, s.Version)
+	}
+	w.stop(t)
+}
