@@ -176,6 +176,8 @@ func (a *Agent) superseded(d *device, e *offline.Entry) bool {
 // ends).
 func (a *Agent) deliver(ctx context.Context, d *device) {
 	backoff := newBackoff(100*time.Millisecond, 5*time.Second)
+	var headID string // the entry being sent, and how often it was
+	var tries int
 	for {
 		for ctx.Err() == nil {
 			a.expireMu.RLock()
@@ -224,7 +226,11 @@ func (a *Agent) deliver(ctx context.Context, d *device) {
 				a.stats.resent.Add(1)
 			}
 			a.stats.sent.Add(1)
-			sctx, cancel := context.WithTimeout(ctx, a.cfg.Command.Timeout)
+			if e.Envelope.ID != headID {
+				headID, tries = e.Envelope.ID, 0
+			}
+			sctx, cancel := context.WithTimeout(ctx, resendAfter(tries, a.cfg.Command.Timeout))
+			tries++
 			ack, err := a.sender.Send(sctx, &e.Envelope)
 			cancel()
 			if err != nil {
@@ -269,6 +275,16 @@ func (a *Agent) deliver(ctx context.Context, d *device) {
 		d.mu.Unlock()
 		return
 	}
+}
+
+// resendAfter is how long a worker waits for the ack of its tries+1-th
+// attempt at one command before sending it again: 1 s, 2 s, 4 s … up to
+// the command timeout. A resend is safe (the fence point answers a repeat
+// as a duplicate), and a short first wait matters after an outage: a
+// command published before the device has resubscribed is dropped by the
+// broker, and only a resend reaches it.
+func resendAfter(tries int, timeout time.Duration) time.Duration {
+	return min(timeout, time.Second<<min(tries, 10))
 }
 
 // settle records ack as e's terminal state and acts on it. It returns false

@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sync/atomic"
 
@@ -94,4 +96,18 @@ func deviceIDs(prefix string, n int) []string {
 		ids[i] = fmt.Sprintf("%s%0*d", prefix, w, i)
 	}
 	return ids
+}
+
+// buildBinary builds ./cmd/<name> of the module in the working directory
+// into dir, as the gateway binaries ship (static, no cgo).
+func buildBinary(ctx context.Context, dir, name string, log io.Writer) (string, error) {
+	out := filepath.Join(dir, name)
+	fmt.Fprintf(log, "CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' ./cmd/%s\n", name)
+	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags=-s -w", "-o", out, "github.com/edgefence/edgefence/cmd/"+name)
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("build %s (run from the module, or pass the binary): %w", name, err)
+	}
+	return out, nil
 }

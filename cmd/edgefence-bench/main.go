@@ -10,13 +10,27 @@
 //	rss        resident memory of the real `edgefence run` binary (a
 //	           subprocess) at 10 and 1,000 devices
 //	all        the three above
+//	replay     the outbox across a broker outage: the rate of durable
+//	           Enqueues while the broker is down, then, once it is back,
+//	           the time to the first replayed command accepted and the
+//	           replay rate; checks that every command ended accepted, once,
+//	           in order per device (in-process agent, mochi, sim.Fleet)
+//	failover   two real `edgefence run` agents on the same devices
+//	           (edgefence-devsim): the holder is killed (SIGKILL) or frozen
+//	           (SIGSTOP) under load, and the time until the other one's
+//	           first accepted command is measured per lease_ttl
 //
-// Usage (from the module root, so that rss can build the agent):
+// replay and failover are not part of all (they take minutes).
+//
+// Usage (from the module root, so that rss and failover can build the
+// binaries):
 //
 //	go run ./cmd/edgefence-bench all
 //	go run ./cmd/edgefence-bench roundtrip --broker both --n 5000 --conc 32
 //	go run ./cmd/edgefence-bench locks --devices 1000 --runs 5
 //	go run ./cmd/edgefence-bench rss --sizes 10,1000
+//	go run ./cmd/edgefence-bench replay --devices 10 --backlog 10000 --runs 3
+//	go run ./cmd/edgefence-bench failover --devices 4 --ttls 2s,5s,10s --runs 3 --faults kill,stop
 //
 // It starts everything it needs (embedded etcd with fast timings, mochi in
 // process, Mosquitto from /usr/sbin/mosquitto) in a temp dir and removes it.
@@ -39,6 +53,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/edgefence/edgefence/agent"
 	"github.com/edgefence/edgefence/devices/sandbox"
 )
 
@@ -49,7 +64,7 @@ func main() {
 	os.Exit(code)
 }
 
-const usage = `usage: edgefence-bench [flags] roundtrip|locks|rss|all [flags]
+const usage = `usage: edgefence-bench [flags] roundtrip|locks|rss|all|replay|failover [flags]
 
 Measures edgefence's performance figures on real components and prints
 Markdown tables (progress goes to stderr). Flags:
@@ -67,10 +82,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		conc     = fs.Int("conc", 32, "roundtrip: devices in parallel for the concurrent variant (1 = none)")
 		concN    = fs.Int("conc-n", 20000, "roundtrip: operations per concurrent path")
 		fleets   = fs.String("fleets", "1,32", "roundtrip: comma-separated; run the concurrent variant with the devices split over this many sim.Fleets (an MQTT client + bbolt file each); the sequential one uses the first")
-		devices  = fs.Int("devices", 1000, "locks: devices")
-		runs     = fs.Int("runs", 5, "locks: repetitions")
+		devices  = fs.Int("devices", 0, "locks: devices (default 1000); replay: devices (default 10); failover: devices (default 4)")
+		runs     = fs.Int("runs", 0, "locks, replay: repetitions (default 5, 3); failover: trials per lease_ttl and fault (default 3)")
+		backlog  = fs.Int("backlog", 10000, "replay: commands queued while the broker is down")
+		cmdTO    = fs.Duration("cmd-timeout", 10*time.Second, "replay: the agent's command timeout (command.timeout)")
+		ttls     = fs.String("ttls", "2s,5s,10s", "failover: lease_ttl values, comma-separated (whole seconds, at least 2s)")
+		faults   = fs.String("faults", "kill,stop", "failover: kill (SIGKILL) and/or stop (SIGSTOP, then SIGCONT once B took over), comma-separated")
+		interval = fs.Duration("interval", 10*time.Millisecond, "failover: the load sends one command per device this often through B")
+		devsim   = fs.String("devsim-bin", "", "failover: the edgefence-devsim binary (default: go build it)")
 		sizes    = fs.String("sizes", "10,1000", "rss: device counts, comma-separated")
-		agentBin = fs.String("agent-bin", "", "rss: the edgefence binary (default: go build it from the module in the working directory)")
+		agentBin = fs.String("agent-bin", "", "rss, failover: the edgefence binary (default: go build it from the module in the working directory)")
 		cmds     = fs.Int("commands", 20, "rss: commands sent through the agent's API before measuring")
 		agentEnv = fs.String("agent-env", "", "rss: extra environment for the agent, comma-separated (e.g. GOGC=50,GODEBUG=gctrace=1; see --keep for its log)")
 		settle   = fs.Duration("settle", 2*time.Second, "rss: wait after the commands before the last sample")
@@ -97,7 +118,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		what, rest = fs.Arg(0), fs.Args()[1:]
 	}
 	switch what {
-	case "roundtrip", "locks", "rss", "all":
+	case "roundtrip", "locks", "rss", "all", "replay", "failover":
 	case "":
 		fs.Usage()
 		return 2
@@ -126,8 +147,37 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "edgefence-bench: --fleets:", err)
 		return 2
 	}
-	if *n < 1 || *conc < 1 || *devices < 1 || *runs < 1 {
-		fmt.Fprintln(stderr, "edgefence-bench: --n, --conc, --devices and --runs must be at least 1")
+	// --devices and --runs have a default per benchmark.
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if !set["devices"] {
+		*devices = map[string]int{"replay": 10, "failover": 4}[what]
+		if *devices == 0 {
+			*devices = 1000
+		}
+	}
+	if !set["runs"] {
+		*runs = map[string]int{"replay": 3, "failover": 3}[what]
+		if *runs == 0 {
+			*runs = 5
+		}
+	}
+	if *n < 1 || *conc < 1 || *devices < 1 || *runs < 1 || *backlog < 1 {
+		fmt.Fprintln(stderr, "edgefence-bench: --n, --conc, --devices, --runs and --backlog must be at least 1")
+		return 2
+	}
+	if *cmdTO <= 0 || *interval <= 0 {
+		fmt.Fprintln(stderr, "edgefence-bench: --cmd-timeout and --interval must be positive")
+		return 2
+	}
+	ttlVals, err := ttlList(*ttls)
+	if err != nil {
+		fmt.Fprintln(stderr, "edgefence-bench: --ttls:", err)
+		return 2
+	}
+	faultVals, err := faultList(*faults)
+	if err != nil {
+		fmt.Fprintln(stderr, "edgefence-bench: --faults:", err)
 		return 2
 	}
 
@@ -201,6 +251,32 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			printRSS(stdout, res)
 		}
 	}
+	if what == "replay" {
+		res, err := runReplay(ctx, etcd, replayConfig{Devices: *devices, Backlog: *backlog, Runs: *runs, Timeout: *cmdTO, Dir: dir, Log: stderr})
+		if res != nil && len(res.Runs) > 0 {
+			printReplay(stdout, res)
+		}
+		if err != nil {
+			fail(err)
+		}
+		if res != nil {
+			for _, r := range res.Runs {
+				if r.Check != "" {
+					fail(fmt.Errorf("replay: %s", r.Check))
+				}
+			}
+		}
+	}
+	if what == "failover" {
+		res, err := runFailover(ctx, etcd, failoverConfig{Devices: *devices, TTLs: ttlVals, Trials: *runs, Faults: faultVals,
+			Interval: *interval, AgentBin: *agentBin, DevsimBin: *devsim, Dir: dir, Log: stderr})
+		if res != nil && len(res.Trials) > 0 {
+			printFailover(stdout, res)
+		}
+		if err != nil {
+			fail(err)
+		}
+	}
 	printLoad(stdout, "after")
 	if failed {
 		return 1
@@ -217,6 +293,34 @@ func intList(s string) ([]int, error) {
 			return nil, fmt.Errorf("bad count %q", f)
 		}
 		out = append(out, v)
+	}
+	return out, nil
+}
+
+// ttlList parses a comma-separated list of lease TTLs: whole seconds, at
+// least agent.MinLeaseTTL.
+func ttlList(s string) ([]time.Duration, error) {
+	var out []time.Duration
+	for _, f := range strings.Split(s, ",") {
+		d, err := time.ParseDuration(strings.TrimSpace(f))
+		if err != nil || d < agent.MinLeaseTTL || d%time.Second != 0 {
+			return nil, fmt.Errorf("bad lease TTL %q: want whole seconds, at least %v", f, agent.MinLeaseTTL)
+		}
+		out = append(out, d)
+	}
+	return out, nil
+}
+
+// faultList parses --faults.
+func faultList(s string) ([]string, error) {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		switch f = strings.TrimSpace(f); f {
+		case faultKill, faultStop:
+			out = append(out, f)
+		default:
+			return nil, fmt.Errorf("bad fault %q: want %s or %s", f, faultKill, faultStop)
+		}
 	}
 	return out, nil
 }

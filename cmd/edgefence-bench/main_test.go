@@ -24,6 +24,15 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"rss", "--sizes", "10,x"}, 2, "--sizes"},
 		{[]string{"--fleets", "0", "roundtrip"}, 2, "--fleets"},
 		{[]string{"locks", "--runs", "0"}, 2, "at least 1"},
+		{[]string{"replay", "--backlog", "0"}, 2, "at least 1"},
+		{[]string{"replay", "--devices", "0"}, 2, "at least 1"},
+		{[]string{"replay", "--cmd-timeout", "0s"}, 2, "must be positive"},
+		{[]string{"failover", "--interval", "-1ms"}, 2, "must be positive"},
+		{[]string{"failover", "--ttls", "1s"}, 2, "--ttls"},
+		{[]string{"failover", "--ttls", "2500ms"}, 2, "--ttls"},
+		{[]string{"failover", "--ttls", "2s,x"}, 2, "--ttls"},
+		{[]string{"failover", "--faults", "kill,pause"}, 2, "--faults"},
+		{[]string{"replay", "failover"}, 2, "more than one"},
 		{[]string{"-h"}, 0, "usage"},
 	} {
 		var out, errb bytes.Buffer
@@ -59,5 +68,16 @@ func TestDeviceIDs(t *testing.T) {
 	}
 	if got := deviceIDs("d-", 1001); got[1000] != "d-1000" || got[0] != "d-0000" {
 		t.Fatal(got[0], got[1000])
+	}
+}
+
+func TestTTLAndFaultLists(t *testing.T) {
+	ttls, err := ttlList("2s, 5s,10s")
+	if err != nil || len(ttls) != 3 || ttls[0] != 2*time.Second || ttls[2] != 10*time.Second {
+		t.Fatal(ttls, err)
+	}
+	faults, err := faultList("stop,kill")
+	if err != nil || strings.Join(faults, ",") != "stop,kill" {
+		t.Fatal(faults, err)
 	}
 }

@@ -63,16 +63,11 @@ func rssTarget(n int) float64 {
 func runRSS(ctx context.Context, etcd *sandbox.Etcd, cfg rssConfig) (*rssResult, error) {
 	res := &rssResult{Bin: cfg.AgentBin, Built: "given with --agent-bin"}
 	if res.Bin == "" {
-		res.Bin = filepath.Join(cfg.Dir, "edgefence")
-		args := []string{"build", "-trimpath", "-ldflags=-s -w", "-o", res.Bin, "github.com/edgefence/edgefence/cmd/edgefence"}
 		// As the gateway binaries ship (make cross): static, no cgo.
 		res.Built = "CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' ./cmd/edgefence"
-		fmt.Fprintf(cfg.Log, "rss: %s\n", res.Built)
-		cmd := exec.CommandContext(ctx, "go", args...)
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		cmd.Stdout, cmd.Stderr = cfg.Log, cfg.Log
-		if err := cmd.Run(); err != nil {
-			return nil, fmt.Errorf("build the agent (run from the module, or pass --agent-bin): %w", err)
+		var err error
+		if res.Bin, err = buildBinary(ctx, cfg.Dir, "edgefence", cfg.Log); err != nil {
+			return nil, err
 		}
 	}
 	if fi, err := os.Stat(res.Bin); err == nil {

@@ -1,0 +1,376 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/edgefence/edgefence/agent"
+	"github.com/edgefence/edgefence/devices/sandbox"
+	"github.com/edgefence/edgefence/devices/sim"
+	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/offline"
+	"github.com/edgefence/edgefence/transport/mqtt"
+)
+
+// replayConfig configures the outbox replay benchmark.
+type replayConfig struct {
+	Devices int           // simulated devices
+	Backlog int           // commands queued while the broker is down
+	Runs    int           // repetitions, each on a fresh broker, fleet, outbox and agent
+	Timeout time.Duration // the agent's command timeout
+	Dir     string
+	Log     io.Writer
+}
+
+// replayRun is one run's figures. The durations after Back are measured from
+// the moment the broker listens again.
+type replayRun struct {
+	Enqueue       time.Duration // wall time of the Backlog Enqueues
+	EnqueueRate   float64       // durable appends per second
+	CmdrUp        time.Duration // the agent's Commander connected and subscribed again
+	FleetUp       time.Duration // the devices' client connected and subscribed again
+	FirstAck      time.Duration // the first replayed command's ack in the agent's Sender
+	FirstAccepted time.Duration // the first accepted verdict recorded (Status counters)
+	Done          time.Duration // every queued command has its terminal state
+	ReplayRate    float64       // Backlog / (Done − FirstAccepted)
+	Resent        uint64        // agent: commands sent again (no ack, or sent before the outage)
+	NoAck         uint64        // agent: sends that ended without an ack
+	Verdicts      map[fence.Verdict]int
+	Check         string // empty if every command ended accepted, once, in order
+}
+
+type replayResult struct {
+	Devices, Backlog int
+	Timeout          time.Duration
+	Runs             []replayRun
+}
+
+// ackLog is the agent's Sender in the replay benchmark: the MQTT Commander
+// (whose Connected and AwaitConnection the agent's workers use to wait for
+// the broker), recording every ack in the order the workers got them.
+type ackLog struct {
+	*mqtt.Commander
+	first atomic.Int64 // UnixNano of the first ack, 0 until then
+
+	mu   sync.Mutex
+	acks []fence.Ack
+}
+
+func (l *ackLog) Send(ctx context.Context, env *fence.Envelope) (*fence.Ack, error) {
+	ack, err := l.Commander.Send(ctx, env)
+	if err == nil {
+		l.first.CompareAndSwap(0, time.Now().UnixNano())
+		l.mu.Lock()
+		l.acks = append(l.acks, *ack)
+		l.mu.Unlock()
+	}
+	return ack, err
+}
+
+func runReplay(ctx context.Context, etcd *sandbox.Etcd, cfg replayConfig) (*replayResult, error) {
+	res := &replayResult{Devices: cfg.Devices, Backlog: cfg.Backlog, Timeout: cfg.Timeout}
+	for i := range cfg.Runs {
+		fmt.Fprintf(cfg.Log, "replay: run %d/%d: %d devices, backlog %d\n", i+1, cfg.Runs, cfg.Devices, cfg.Backlog)
+		r, err := replayOnce(ctx, etcd, cfg, filepath.Join(cfg.Dir, fmt.Sprintf("replay-%d", i)))
+		if err != nil {
+			return res, fmt.Errorf("replay run %d: %w", i+1, err)
+		}
+		fmt.Fprintf(cfg.Log, "replay: run %d: enqueue %.0f/s, first accepted %s ms, all terminal %s ms, replay %.0f/s\n",
+			i+1, r.EnqueueRate, ms(r.FirstAccepted), ms(r.Done), r.ReplayRate)
+		res.Runs = append(res.Runs, r)
+	}
+	return res, nil
+}
+
+// replayOnce runs one replay in a world of its own under dir.
+func replayOnce(ctx context.Context, etcd *sandbox.Etcd, cfg replayConfig, dir string) (run replayRun, err error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return run, err
+	}
+	br, err := sandbox.StartBroker(sandbox.BrokerConfig{})
+	if err != nil {
+		return run, err
+	}
+	defer br.Close()
+	devs := deviceIDs("rp-", cfg.Devices)
+	topics := mqtt.Topics{Prefix: "replay"}
+	// The MQTT clients reconnect with the transport's default backoff, as
+	// the agent and devices do in production; a fresh session each, since
+	// the sandbox broker keeps none across a restart anyway.
+	fresh := mqtt.Config{CleanStart: true, SessionExpiry: -1}
+	fleet, err := sim.NewFleet(ctx, sim.FleetConfig{Devices: devs, DataDir: filepath.Join(dir, "devices"), Broker: br.URL(),
+		Prefix: topics.Prefix, ClientID: "bench-replay-fleet-" + filepath.Base(dir), MQTT: fresh})
+	if err != nil {
+		return run, err
+	}
+	defer closeCtx(fleet.Close)
+	if err := awaitCtx(ctx, 10*time.Second, fleet.AwaitReady); err != nil {
+		return run, fmt.Errorf("fleet: %w", err)
+	}
+	mc := fresh
+	mc.Brokers, mc.ClientID = []string{br.URL()}, "bench-replay-agent-"+filepath.Base(dir)
+	cmdr, err := mqtt.NewCommander(context.Background(), mc, topics, devs)
+	if err != nil {
+		return run, err
+	}
+	defer closeCtx(cmdr.Close)
+	if err := awaitCtx(ctx, 10*time.Second, cmdr.Client().AwaitSubscribed); err != nil {
+		return run, fmt.Errorf("commander: %w", err)
+	}
+	sender := &ackLog{Commander: cmdr}
+
+	// The outbox as `edgefence run` opens it, with limits raised to hold the
+	// backlog whatever its spread.
+	ob, err := offline.Open(filepath.Join(dir, offline.File), &offline.Options{
+		MaxPerDevice: max(cfg.Backlog, offline.DefaultMaxPerDevice), MaxTotal: max(cfg.Backlog, offline.DefaultMaxTotal),
+		MaxBytesPerDevice: 1 << 30, MaxTotalBytes: 1 << 30})
+	if err != nil {
+		return run, err
+	}
+	defer ob.Close()
+	acfg := &agent.Config{Gateway: "bench-replay",
+		Etcd:    agent.EtcdConfig{Endpoints: etcd.Endpoints(), Prefix: fmt.Sprintf("/bench/replay-%d", time.Now().UnixNano()), LeaseTTL: 10 * time.Second},
+		MQTT:    agent.MQTTConfig{Brokers: []string{br.URL()}, Prefix: topics.Prefix},
+		Command: agent.CommandConfig{Timeout: cfg.Timeout}}
+	for _, d := range devs {
+		acfg.Devices = append(acfg.Devices, agent.DeviceConfig{ID: d})
+	}
+	cli, err := etcd.Client()
+	if err != nil {
+		return run, err
+	}
+	defer cli.Close()
+	ag, err := agent.New(acfg, cli, sender, agent.Options{Outbox: ob})
+	if err != nil {
+		return run, err
+	}
+	actx, cancel := context.WithCancel(context.Background())
+	agDone := make(chan struct{})
+	go func() { defer close(agDone); _ = ag.Run(actx) }()
+	defer func() { cancel(); <-agDone }()
+	if err := waitHoldingAll(ctx, ag, len(devs), 30*time.Second); err != nil {
+		return run, err
+	}
+
+	// The outage: no broker; the agent queues.
+	if err := br.Stop(); err != nil {
+		return run, err
+	}
+	for down := time.Now(); cmdr.Connected(); time.Sleep(time.Millisecond) {
+		if ctx.Err() != nil {
+			return run, ctx.Err()
+		}
+		if time.Since(down) > 10*time.Second {
+			return run, errors.New("the agent's MQTT client still connected 10s after the broker stopped")
+		}
+	}
+	bodies := make([][]byte, 5)
+	for i := range bodies {
+		if bodies[i], err = fence.EncodeBody(map[string]any{"setpoint": 18 + i}); err != nil {
+			return run, err
+		}
+	}
+	// One producer per device, each queueing its share in order: the
+	// appends themselves are serialized by the outbox (one fsynced bbolt
+	// commit each).
+	errs := make([]error, len(devs))
+	var wg sync.WaitGroup
+	start := time.Now()
+	for j, d := range devs {
+		n := cfg.Backlog/len(devs) + btoi(j < cfg.Backlog%len(devs))
+		wg.Go(func() {
+			for k := range n {
+				if _, err := ag.Enqueue(ctx, d, sim.KindSet, bodies[k%len(bodies)]); err != nil {
+					errs[j] = fmt.Errorf("enqueue %d to %s: %w", k, d, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	run.Enqueue = time.Since(start)
+	if err := errors.Join(errs...); err != nil {
+		return run, err
+	}
+	run.EnqueueRate = float64(cfg.Backlog) / run.Enqueue.Seconds()
+	if st := ag.Status().Counters; st.Accepted != 0 || st.Queued != uint64(cfg.Backlog) {
+		return run, fmt.Errorf("before the broker is back: %d accepted, %d queued of %d", st.Accepted, st.Queued, cfg.Backlog)
+	}
+	fmt.Fprintf(cfg.Log, "replay: queued %d in %s ms (%.0f/s); broker back\n", cfg.Backlog, ms(run.Enqueue), run.EnqueueRate)
+
+	// The broker is back: time the reconnections and the replay.
+	if err := br.Start(ctx); err != nil {
+		return run, err
+	}
+	back := time.Now()
+	var cmdrUp, fleetUp atomic.Int64
+	var wg2 sync.WaitGroup
+	wctx, wcancel := context.WithCancel(ctx)
+	defer func() { wcancel(); wg2.Wait() }()
+	for _, w := range []struct {
+		f  func(context.Context) error
+		at *atomic.Int64
+	}{{cmdr.Client().AwaitSubscribed, &cmdrUp}, {fleet.AwaitReady, &fleetUp}} {
+		wg2.Go(func() {
+			if w.f(wctx) == nil {
+				w.at.Store(int64(time.Since(back)))
+			}
+		})
+	}
+	limit := 2*time.Minute + time.Duration(cfg.Backlog)*10*time.Millisecond
+	for {
+		c := ag.Status().Counters
+		if run.FirstAccepted == 0 && c.Accepted > 0 {
+			run.FirstAccepted = time.Since(back)
+		}
+		if c.Accepted+c.Duplicate+c.Stale+c.Invalid+c.Expired >= uint64(cfg.Backlog) {
+			run.Done = time.Since(back)
+			run.Resent, run.NoAck = c.Resent, c.NoAck
+			break
+		}
+		if time.Since(back) > limit {
+			return run, fmt.Errorf("after %v: %d of %d terminal (%+v)", limit, c.Accepted+c.Duplicate+c.Stale+c.Invalid+c.Expired, cfg.Backlog, c)
+		}
+		if ctx.Err() != nil {
+			return run, ctx.Err()
+		}
+		time.Sleep(time.Millisecond)
+	}
+	wcancel()
+	wg2.Wait()
+	run.CmdrUp, run.FleetUp = time.Duration(cmdrUp.Load()), time.Duration(fleetUp.Load())
+	if f := sender.first.Load(); f != 0 {
+		run.FirstAck = time.Unix(0, f).Sub(back)
+	}
+	if d := run.Done - run.FirstAccepted; d > 0 {
+		run.ReplayRate = float64(cfg.Backlog) / d.Seconds()
+	}
+	if run.Verdicts, err = checkReplay(ob, fleet, sender, devs, cfg.Backlog); err != nil {
+		run.Check = err.Error()
+		fmt.Fprintln(cfg.Log, "replay:", err)
+	}
+	return run, nil
+}
+
+// checkReplay checks that every queued command ended accepted, exactly once,
+// and in queue order per device: in the outbox's records, in the order the
+// acks reached the agent, and in the devices' own state.
+func checkReplay(ob *offline.Outbox, fleet *sim.Fleet, sender *ackLog, devs []string, backlog int) (map[fence.Verdict]int, error) {
+	recs, err := ob.List(offline.Filter{})
+	if err != nil {
+		return nil, err
+	}
+	verdicts := map[fence.Verdict]int{}
+	var bad []error
+	byDev := map[string][]offline.Record{}
+	for _, r := range recs {
+		verdicts[r.State]++
+		if r.State != fence.Accepted && len(bad) < 5 {
+			bad = append(bad, fmt.Errorf("%s seq %d ended %s", r.Device, r.Seq, r.StateString()))
+		}
+		byDev[r.Device] = append(byDev[r.Device], r)
+	}
+	if len(recs) != backlog {
+		bad = append(bad, fmt.Errorf("outbox holds %d records, want %d", len(recs), backlog))
+	}
+	// The acks in the order the workers received them: per device, the
+	// accepted seqs strictly increasing (in order, none twice).
+	sender.mu.Lock()
+	acks := sender.acks
+	sender.mu.Unlock()
+	lastSeq := map[string]uint64{}
+	accepted := map[string]int{}
+	for _, a := range acks {
+		if a.Verdict != fence.Accepted {
+			continue
+		}
+		if a.Seq <= lastSeq[a.Device] && len(bad) < 10 {
+			bad = append(bad, fmt.Errorf("%s: seq %d accepted after seq %d", a.Device, a.Seq, lastSeq[a.Device]))
+		}
+		lastSeq[a.Device] = a.Seq
+		accepted[a.Device]++
+	}
+	for _, d := range devs {
+		rs := byDev[d] // List orders by device, then queue position
+		for i := 1; i < len(rs); i++ {
+			if rs[i].Seq <= rs[i-1].Seq || rs[i].Resolved.Before(rs[i-1].Resolved) {
+				bad = append(bad, fmt.Errorf("%s: queue position %d (seq %d) resolved out of order", d, rs[i].Pos, rs[i].Seq))
+				break
+			}
+		}
+		st, err := fleet.State(d)
+		if err != nil {
+			return verdicts, err
+		}
+		switch {
+		case accepted[d] != len(rs):
+			bad = append(bad, fmt.Errorf("%s: %d accepted acks for %d queued commands", d, accepted[d], len(rs)))
+		case st.Applied != uint64(len(rs)):
+			bad = append(bad, fmt.Errorf("%s: the device applied %d commands, %d were queued", d, st.Applied, len(rs)))
+		case len(rs) > 0 && st.LastSeq != rs[len(rs)-1].Seq:
+			bad = append(bad, fmt.Errorf("%s: the device's last seq is %d, the queue's %d", d, st.LastSeq, rs[len(rs)-1].Seq))
+		}
+	}
+	if len(bad) > 0 {
+		return verdicts, fmt.Errorf("replay check: %w", errors.Join(bad...))
+	}
+	return verdicts, nil
+}
+
+// closeCtx calls a Close(ctx) with a 10 s bound.
+func closeCtx(f func(context.Context) error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = f(ctx)
+}
+
+func printReplay(w io.Writer, r *replayResult) {
+	fmt.Fprintf(w, "### Outbox replay: %d commands queued over %d devices while the broker is down (command timeout %v, %d runs)\n\n",
+		r.Backlog, r.Devices, r.Timeout, len(r.Runs))
+	fmt.Fprintln(w, "Times after \"broker back\" are from the moment the broker listens again.")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| run | enqueue appends/s | agent MQTT up ms | devices MQTT up ms | first ack ms | first accepted recorded ms | all terminal ms | replay cmds/s | resent | no ack | check |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+	for i, x := range r.Runs {
+		fmt.Fprintf(w, "| %d | %.0f | %s | %s | %s | %s | %s | %.0f | %d | %d | %s |\n", i+1, x.EnqueueRate, ms(x.CmdrUp), ms(x.FleetUp),
+			ms(x.FirstAck), ms(x.FirstAccepted), ms(x.Done), x.ReplayRate, x.Resent, x.NoAck, verdictSummary(x, r.Backlog))
+	}
+	if len(r.Runs) > 0 {
+		pick := func(f func(replayRun) time.Duration) time.Duration {
+			var ds []time.Duration
+			for _, x := range r.Runs {
+				ds = append(ds, f(x))
+			}
+			return median(ds)
+		}
+		rate := func(f func(replayRun) float64) float64 {
+			var xs []float64
+			for _, x := range r.Runs {
+				xs = append(xs, f(x))
+			}
+			return medianFloat(xs)
+		}
+		fmt.Fprintf(w, "| **median** | **%.0f** | **%s** | **%s** | **%s** | **%s** | **%s** | **%.0f** | | | |\n",
+			rate(func(x replayRun) float64 { return x.EnqueueRate }),
+			ms(pick(func(x replayRun) time.Duration { return x.CmdrUp })), ms(pick(func(x replayRun) time.Duration { return x.FleetUp })),
+			ms(pick(func(x replayRun) time.Duration { return x.FirstAck })), ms(pick(func(x replayRun) time.Duration { return x.FirstAccepted })),
+			ms(pick(func(x replayRun) time.Duration { return x.Done })), rate(func(x replayRun) float64 { return x.ReplayRate }))
+	}
+	fmt.Fprintln(w)
+}
+
+// verdictSummary says whether the run's check passed.
+func verdictSummary(x replayRun, backlog int) string {
+	if x.Check == "" {
+		return fmt.Sprintf("all %d accepted, in order, once", backlog)
+	}
+	return fmt.Sprintf("**FAILED** (verdicts %v): %s", x.Verdicts, strings.ReplaceAll(x.Check, "\n", "; "))
+}
