@@ -89,8 +89,13 @@ func startAgent(t *testing.T, gw, prefix string, devs []string, fp *fencePoint, 
 	for _, d := range devs {
 		cfg.Devices = append(cfg.Devices, DeviceConfig{ID: d})
 	}
-	cli := etcdClient(t)
-	a, err := New(cfg, cli, fp, o)
+	return runAgent(t, cfg, etcdClient(t), fp, o)
+}
+
+// runAgent runs an agent for cfg until the test ends (or stop is called).
+func runAgent(t *testing.T, cfg *Config, cli *clientv3.Client, s Sender, o Options) *testAgent {
+	t.Helper()
+	a, err := New(cfg, cli, s, o)
 	if err != nil {
 		t.Fatal(err)
 	}

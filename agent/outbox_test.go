@@ -76,22 +76,7 @@ func startOutboxAgent(t *testing.T, gw, prefix string, devs []DeviceConfig, s Se
 	if testing.Verbose() {
 		o.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
-	a, err := New(cfg, cli, s, o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := a.Run(ctx); err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
-	var once sync.Once
-	stop := func() { once.Do(func() { cancel(); <-done }) }
-	t.Cleanup(stop)
-	return &testAgent{Agent: a, cli: cli, stop: stop}
+	return runAgent(t, cfg, cli, s, o)
 }
 
 func devCfgs(ids ...string) []DeviceConfig {

@@ -120,34 +120,60 @@ func (agentSource) Close() error { return nil }
 // open opens the table file read-only, or, when a running agent holds it
 // and its socket is known, asks that agent.
 func (f *fenceFlags) open() (fenceSource, error) {
-	path := f.table
-	socket := f.socket
-	switch {
-	case f.table != "" && f.config != "", f.table != "" && f.socket != "":
+	if f.table != "" && (f.config != "" || f.socket != "") {
 		f.fs.Usage()
 		return nil, exitError{2}
-	case f.socket != "" && f.config == "":
-		return agentSource{agent.NewAPIClient(f.socket)}, nil
-	case f.config != "":
-		c, err := agent.LoadConfig(f.config)
-		if err != nil {
-			return nil, err
-		}
-		path = filepath.Join(c.StateDir, fence.TableFile)
-		if socket == "" {
-			socket = c.API.Socket
-		}
-	case path == "":
-		path = filepath.Join(agent.DefaultStateDir, fence.TableFile)
 	}
-	t, err := fence.OpenTable(path, &fence.TableOptions{ReadOnly: true, Timeout: f.timeout})
-	if errors.Is(err, fence.ErrTableLocked) && socket != "" {
-		return agentSource{agent.NewAPIClient(socket)}, nil
+	loc, err := locateState(f.table, f.config, f.socket, "", fence.TableFile)
+	if err != nil {
+		return nil, err
+	}
+	if loc.agentOnly {
+		return agentSource{agent.NewAPIClient(loc.socket)}, nil
+	}
+	t, err := fence.OpenTable(loc.path, &fence.TableOptions{ReadOnly: true, Timeout: f.timeout})
+	if errors.Is(err, fence.ErrTableLocked) && loc.socket != "" {
+		return agentSource{agent.NewAPIClient(loc.socket)}, nil
 	}
 	if err != nil {
 		return nil, err
 	}
 	return t, nil
+}
+
+// stateLocation is where a state file of the agent is, and the socket of
+// the agent to ask when it holds the file.
+type stateLocation struct {
+	path      string
+	socket    string
+	agentOnly bool // only a socket was given: ask the agent
+}
+
+// locateState resolves the --file/--table, --config, --socket and
+// --state-dir flags of the commands that read the agent's state files
+// (fence, outbox): an explicit file, else <state_dir>/name of the config
+// or of --state-dir, else the default state dir; the socket is the flag's
+// or the config's.
+func locateState(file, config, socket, stateDir, name string) (stateLocation, error) {
+	loc := stateLocation{path: file, socket: socket}
+	switch {
+	case socket != "" && config == "" && stateDir == "" && file == "":
+		loc.agentOnly = true
+	case config != "":
+		c, err := agent.LoadConfig(config)
+		if err != nil {
+			return loc, err
+		}
+		loc.path = filepath.Join(c.StateDir, name)
+		if loc.socket == "" {
+			loc.socket = c.API.Socket
+		}
+	case stateDir != "":
+		loc.path = filepath.Join(stateDir, name)
+	case file == "":
+		loc.path = filepath.Join(agent.DefaultStateDir, name)
+	}
+	return loc, nil
 }
 
 func cmdFenceList(args []string, stdout, stderr io.Writer) error {

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -119,31 +118,21 @@ func (outboxAgent) Close() error { return nil }
 // open opens the outbox file read-only, or, when a running agent holds it
 // and its socket is known, asks that agent.
 func (f *outboxFlags) open() (outboxSource, error) {
-	path, socket := f.table, f.socket
-	switch {
-	case f.table != "" && (f.config != "" || f.socket != "" || f.stateDir != ""), f.stateDir != "" && f.config != "":
+	if f.table != "" && (f.config != "" || f.socket != "" || f.stateDir != "") || f.stateDir != "" && f.config != "" {
 		f.fs.Usage()
 		return nil, exitError{2}
-	case f.socket != "" && f.config == "" && f.stateDir == "":
-		return outboxAgent{agent.NewAPIClient(f.socket)}, nil
-	case f.config != "":
-		c, err := agent.LoadConfig(f.config)
-		if err != nil {
-			return nil, err
-		}
-		path = filepath.Join(c.StateDir, offline.File)
-		if socket == "" {
-			socket = c.API.Socket
-		}
-	case f.stateDir != "":
-		path = filepath.Join(f.stateDir, offline.File)
-	case path == "":
-		path = filepath.Join(agent.DefaultStateDir, offline.File)
 	}
-	ob, err := offline.Open(path, &offline.Options{ReadOnly: true, Timeout: f.timeout})
+	loc, err := locateState(f.table, f.config, f.socket, f.stateDir, offline.File)
+	if err != nil {
+		return nil, err
+	}
+	if loc.agentOnly {
+		return outboxAgent{agent.NewAPIClient(loc.socket)}, nil
+	}
+	ob, err := offline.Open(loc.path, &offline.Options{ReadOnly: true, Timeout: f.timeout})
 	switch {
-	case errors.Is(err, offline.ErrLocked) && socket != "":
-		return outboxAgent{agent.NewAPIClient(socket)}, nil
+	case errors.Is(err, offline.ErrLocked) && loc.socket != "":
+		return outboxAgent{agent.NewAPIClient(loc.socket)}, nil
 	case errors.Is(err, os.ErrNotExist):
 		return nil, fmt.Errorf("%w (no agent has kept an outbox there)", err)
 	case err != nil:

@@ -3,9 +3,7 @@ package sandbox
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -37,15 +35,7 @@ func binaries(t *testing.T) (agentBin, devsimBin string) {
 		if binErr != nil {
 			return
 		}
-		args := []string{"build", "-o", binDir + "/"}
-		if raceEnabled {
-			args = append(args, "-race")
-		}
-		args = append(args, "github.com/edgefence/edgefence/cmd/edgefence", "github.com/edgefence/edgefence/cmd/edgefence-devsim")
-		out, err := exec.Command("go", args...).CombinedOutput()
-		if err != nil {
-			binErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
+		binErr = BuildCommands(context.Background(), binDir, raceEnabled, "edgefence", "edgefence-devsim")
 	})
 	if binErr != nil {
 		t.Fatal(binErr)

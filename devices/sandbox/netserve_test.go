@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -26,18 +25,13 @@ func sandboxBinary(t *testing.T) string {
 	if testing.Short() {
 		t.Skip("builds and runs the real binary; skipped with -short")
 	}
-	bin := filepath.Join(t.TempDir(), "edgefence-sandbox")
-	args := []string{"build", "-o", bin}
-	if raceEnabled {
-		args = append(args, "-race")
-	}
-	args = append(args, "github.com/edgefence/edgefence/cmd/edgefence-sandbox")
+	dir := t.TempDir()
 	start := time.Now()
-	if out, err := exec.Command("go", args...).CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+	if err := BuildCommands(t.Context(), dir, raceEnabled, "edgefence-sandbox"); err != nil {
+		t.Fatal(err)
 	}
 	t.Logf("built edgefence-sandbox in %v", time.Since(start))
-	return bin
+	return filepath.Join(dir, "edgefence-sandbox")
 }
 
 // TestNetLabSandbox runs `edgefence-sandbox serve` in one namespace and

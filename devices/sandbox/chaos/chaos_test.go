@@ -1,10 +1,9 @@
 package chaos
 
 import (
-	"fmt"
+	"context"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -33,17 +32,7 @@ func binaries(t *testing.T) string {
 		if binErr != nil {
 			return
 		}
-		args := []string{"build", "-o", binDir + "/"}
-		if raceEnabled {
-			args = append(args, "-race")
-		}
-		for _, c := range []string{"edgefence", "edgefence-devsim", "edgefence-sandbox"} {
-			args = append(args, "github.com/edgefence/edgefence/cmd/"+c)
-		}
-		out, err := exec.Command("go", args...).CombinedOutput()
-		if err != nil {
-			binErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
+		binErr = sandbox.BuildCommands(context.Background(), binDir, raceEnabled, "edgefence", "edgefence-devsim", "edgefence-sandbox")
 	})
 	if binErr != nil {
 		t.Fatal(binErr)
