@@ -381,9 +381,16 @@ func (a *Agent) heldElsewhere(d *device) {
 		d.state, d.since = StateCampaigning, a.now()
 		a.log.Info("autonomy ends: another session holds the device's lock", "device", d.id)
 	}
-	superseded := d.last != nil && d.last.token > d.deposedAt
+	// Every token this agent ever held for d is superseded: the last of
+	// this process, or — after a restart — the durable record of the
+	// highest held, which covers the commands a previous run queued.
+	top := d.maxToken
+	if d.last != nil && d.last.token > top {
+		top = d.last.token
+	}
+	superseded := top > d.deposedAt
 	if superseded {
-		d.deposedAt = d.last.token
+		d.deposedAt = top
 	}
 	d.mu.Unlock()
 	if superseded && a.outbox != nil {

@@ -427,3 +427,54 @@ func TestEnqueue(t *testing.T) {
 		t.Fatalf("enqueue without an outbox: %v", err)
 	}
 }
+
+// TestRestartedAgentEndsQueueHeldElsewhere: an agent queued commands, died,
+// and another agent took the device and commanded it. When the first agent
+// restarts and finds the lock held elsewhere, its queued commands of the
+// old token are not left waiting: the one it may have sent is sent again
+// (the fence refuses it), the others are ended stale without being sent.
+func TestRestartedAgentEndsQueueHeldElsewhere(t *testing.T) {
+	prefix := "/t/" + t.Name()
+	path := filepath.Join(t.TempDir(), offline.File)
+	fp := newFencePoint()
+	ga := &gate{fp: fp}
+	ob1, err := offline.Open(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a1 := startOutboxAgent(t, "gw-a", prefix, devCfgs("d1"), ga, ob1)
+	waitFor(t, "a1 holds", holdingAll(a1, []string{"d1"}))
+	ta, _ := a1.Holding("d1")
+	ga.down.Store(true)
+	for range 3 {
+		if _, err := a1.Send(context.Background(), "d1", "set", nil); !errors.Is(err, ErrQueued) {
+			t.Fatal(err)
+		}
+	}
+	a1.stop()
+	ob1.Close()
+	ga.down.Store(false)
+
+	b := startAgent(t, "gw-b", prefix, []string{"d1"}, fp, Options{})
+	waitFor(t, "b holds", holdingAll(b, []string{"d1"}))
+	if ack, err := b.Send(context.Background(), "d1", "set", nil); err != nil || ack.Verdict != fence.Accepted {
+		t.Fatalf("b: %+v %v", ack, err)
+	}
+	ob2 := openOutbox(t, path, nil)
+	a2 := startOutboxAgent(t, "gw-a", prefix, devCfgs("d1"), ga, ob2)
+	waitFor(t, "a2's old queue ended", pendingZero(ob2))
+	recs, _ := ob2.List(offline.Filter{Device: "d1"})
+	for _, r := range recs {
+		if r.Token != ta || r.State != fence.Stale {
+			t.Fatalf("entry %d/%d: %v", r.Token, r.Seq, r.State)
+		}
+	}
+	for _, e := range fp.appliedOf("d1") {
+		if e.Token == ta {
+			t.Fatalf("a command of the old token was applied: %+v", e)
+		}
+	}
+	if c := a2.Status().Counters; c.Superseded != 2 || c.Stale != 1 {
+		t.Fatalf("counters %+v: want the head resent and refused, two superseded", c)
+	}
+}
