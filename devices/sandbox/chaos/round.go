@@ -459,22 +459,32 @@ func (r *round) load(ctx context.Context, dev string, serial bool) {
 	}
 }
 
-// drain waits until no agent has a command without a terminal state.
+// drain waits until no agent has a command without a terminal state, and
+// no new command has been created for a while: a request the load gave up
+// on may still be appending on the agent's side.
 func (r *round) drain(ctx context.Context, bound time.Duration) error {
 	deadline := time.Now().Add(bound)
+	lastQueued, quietSince := uint64(0), time.Time{}
 	for {
 		pending, unreachable := 0, 0
+		var queued uint64
 		for _, a := range r.agents {
 			st, err := r.status(ctx, a)
 			if err != nil {
 				unreachable++
 				continue
 			}
+			queued += st.Counters.Queued
 			for _, d := range st.Devices {
 				pending += d.Queued
 			}
 		}
-		if pending == 0 && unreachable == 0 {
+		if queued != lastQueued || pending != 0 || unreachable != 0 {
+			lastQueued, quietSince = queued, time.Time{}
+		} else if quietSince.IsZero() {
+			quietSince = time.Now()
+		}
+		if !quietSince.IsZero() && time.Since(quietSince) >= 500*time.Millisecond {
 			return nil
 		}
 		if time.Now().After(deadline) {
