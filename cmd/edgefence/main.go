@@ -6,6 +6,7 @@
 //	edgefence check-config FILE        validate a config file
 //	edgefence fence list|show          read the gateway's fence table file
 //	edgefence outbox list|show         read the agent's outbox (queued commands and their terminal states)
+//	edgefence twin get|set|watch       read, write and follow a device's twin in etcd
 //	edgefence version
 package main
 
@@ -45,6 +46,7 @@ commands:
   check-config FILE          validate a config file and print it with defaults filled in
   fence list | show DEVICE   print the fence table's marks (read from its file)
   outbox list | show ID      print the outbox's queued commands and terminal states
+  twin get | set | watch     read a device's twin, merge into its desired state, follow it live
   version                    print the version
 
 Run 'edgefence <command> -h' for the flags of a command.
@@ -69,6 +71,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = cmdFence(args[1:], stdout, stderr)
 	case "outbox":
 		err = cmdOutbox(args[1:], stdout, stderr)
+	case "twin":
+		err = cmdTwin(args[1:], stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintln(stdout, "edgefence", version)
 	case "help", "-h", "--help":
