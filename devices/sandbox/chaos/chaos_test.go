@@ -219,22 +219,29 @@ func TestEtcdOutageTakeover(t *testing.T) {
 	if len(takenOver) == 0 || len(queued) == 0 {
 		t.Fatalf("nothing to check: B commanded %d devices during the cut, A queued %d commands for them", len(takenOver), len(queued))
 	}
-	stale := 0
+	stale, invalid := 0, 0
 	for _, e := range res.Events {
 		c, ok := queued[e.ID]
 		if !ok || e.Op != history.OpTerminal {
 			continue
 		}
-		if e.Verdict != "stale" {
+		// The load makes one command in 50 invalid on purpose; the device
+		// may refuse such a one as invalid before it looks at the token.
+		switch e.Verdict {
+		case "stale":
+			stale++
+		case "invalid":
+			invalid++
+		default:
 			t.Errorf("A's command %s to %s, queued during the cut, ended %s", e.ID, c.Device, e.Verdict)
 		}
 		if accepted[e.ID] {
 			t.Errorf("A's command %s to %s, queued during the cut, was applied", e.ID, c.Device)
 		}
-		stale++
 	}
-	if stale != len(queued) {
-		t.Errorf("%d of A's %d queued commands have a terminal state", stale, len(queued))
+	if stale+invalid != len(queued) || stale == 0 {
+		t.Errorf("of A's %d queued commands %d ended stale, %d invalid", len(queued), stale, invalid)
 	}
-	t.Logf("B took over %d devices; A queued %d commands for them during the cut: all ended stale, none applied", len(takenOver), len(queued))
+	t.Logf("B took over %d devices; A queued %d commands for them during the cut: %d ended stale, %d invalid, none applied",
+		len(takenOver), len(queued), stale, invalid)
 }
