@@ -124,8 +124,11 @@ func TestDuplicator(t *testing.T) {
 	publish(pub2, "chaos/any", "again")
 	expect("chaos/any", "again")
 	expect("chaos/any", "again")
-	if n := d.Duplicated(); n != 4 {
-		t.Fatalf("Duplicated = %d, want 4", n)
+	// At least 4: an old client reconnecting to the new server may resend
+	// a publish it had in flight, and with every topic on that one is
+	// duplicated too.
+	if n := d.Duplicated(); n < 4 {
+		t.Fatalf("Duplicated = %d, want at least 4", n)
 	}
 }
 
