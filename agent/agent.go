@@ -16,6 +16,7 @@ import (
 	"github.com/edgefence/edgefence/fence"
 	"github.com/edgefence/edgefence/fence/history"
 	"github.com/edgefence/edgefence/offline"
+	"github.com/edgefence/edgefence/shadow"
 )
 
 // Sender delivers one envelope to its device's fence point and returns the
@@ -58,6 +59,15 @@ type Options struct {
 	// outbox accepts and a "terminal" event for every terminal state
 	// (fault-injection tests check these against the fence points').
 	History *history.Writer
+
+	// Twins, if set, turns the twin reconciler on (twin.go): the agent
+	// watches the desired states of its devices, sends each device it
+	// holds its delta as a fenced twin.set command, and writes what the
+	// device accepted to reported, fenced by its lock key (invariant I5).
+	Twins *shadow.Store
+	// TwinCache, if set (with Twins), keeps desired states for a start
+	// without etcd and queues reported writes etcd could not take.
+	TwinCache *shadow.Cache
 }
 
 // FenceTable is the read side of fence.Table the local API needs.
@@ -79,6 +89,7 @@ type Agent struct {
 	table  FenceTable
 	outbox *offline.Outbox // nil: no durable queue
 	hist   *history.Writer // nil: no history
+	twin   *twins          // nil: no twin reconciler
 
 	devices map[string]*device // fixed at New; the map is read-only after
 	order   []string
@@ -157,6 +168,9 @@ func New(cfg *Config, cli *clientv3.Client, s Sender, o Options) (*Agent, error)
 	}
 	a := &Agent{cfg: *cfg, cli: cli, sender: s, log: o.Logger, now: o.Now, unsafe: o.UnsafeIgnoreSessionLoss, bridge: o.BridgeStatus, table: o.FenceTable, outbox: o.Outbox, hist: o.History,
 		devices: make(map[string]*device, len(cfg.Devices)), waiters: make(map[string]chan *fence.Ack)}
+	if o.Twins != nil {
+		a.twin = newTwins(o.Twins, o.TwinCache)
+	}
 	if a.log == nil {
 		a.log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}

@@ -42,6 +42,7 @@ type Config struct {
 	API      APIConfig      `yaml:"api"`
 	Command  CommandConfig  `yaml:"command"`
 	Outbox   OutboxConfig   `yaml:"outbox"`
+	Twins    TwinsConfig    `yaml:"twins"`
 	Log      LogConfig      `yaml:"log"`
 	Devices  []DeviceConfig `yaml:"devices"`
 }
@@ -82,6 +83,15 @@ type OutboxConfig struct {
 	MaxTotalBytes     int64         `yaml:"max_total_bytes"`      // pending envelope bytes in all, default 256 MiB
 	TTL               time.Duration `yaml:"ttl"`                  // a command not delivered by then ends as expired, default 1h
 	Retention         time.Duration `yaml:"retention"`            // terminal entries are kept this long, default 24h
+}
+
+// TwinsConfig switches the twin reconciler on (Options.Twins): desired
+// states in etcd become fenced twin.set commands, and what the devices
+// accept is written to their reported states, fenced by the lock (I5).
+type TwinsConfig struct {
+	// Enabled turns it on; default off. The agent then watches
+	// <etcd.prefix>/devices/ and keeps <state_dir>/twin.db.
+	Enabled bool `yaml:"enabled"`
 }
 
 // Autonomy policies of a device: what the agent does while etcd is out of

@@ -30,6 +30,15 @@ func (a *Agent) Run(ctx context.Context) error {
 		// returns only once they have.
 		defer func() { cancel(); <-done }()
 	}
+	if a.twin != nil {
+		tctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			a.runTwins(tctx) // twin.go
+		}()
+		defer func() { cancel(); <-done }()
+	}
 	backoff := newBackoff(100*time.Millisecond, 5*time.Second)
 	for ctx.Err() == nil {
 		sess, err := a.openSession(ctx)
@@ -305,8 +314,11 @@ func (a *Agent) campaign(ctx context.Context, sess *concurrency.Session, d *devi
 		}
 	}
 	release()
-	if a.install(ctx, d, token, m.Key(), sess.Lease()) && a.outbox != nil {
-		a.kick(d)
+	if a.install(ctx, d, token, m.Key(), sess.Lease()) {
+		if a.outbox != nil {
+			a.kick(d)
+		}
+		a.twinKick(d.id) // twin.go: reconcile under the new token
 	}
 }
 

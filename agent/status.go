@@ -13,6 +13,7 @@ type Status struct {
 	Etcd      EtcdStatus     `json:"etcd"`
 	Transport map[string]any `json:"transport,omitempty"`
 	Bridge    any            `json:"bridge,omitempty"` // gateway fence bridge counters, on a home gateway
+	Twins     *TwinStats     `json:"twins,omitempty"`  // the twin reconciler's counters, when it is on
 	Devices   []DeviceStatus `json:"devices"`
 	Counters  Counters       `json:"counters"`
 }
@@ -101,6 +102,10 @@ func (a *Agent) Status() Status {
 	}
 	if a.bridge != nil {
 		s.Bridge = a.bridge()
+	}
+	if a.twin != nil {
+		ts := a.TwinStats()
+		s.Twins = &ts
 	}
 	for _, id := range a.order {
 		d := a.devices[id]

@@ -116,10 +116,10 @@
 //
 // # Not built yet
 //
-//   - The reconciler (watch desired → delta → fenced commands of kind
-//     twin.set → acks and device reports → reported), the rule for
-//     device-local changes, and wiring into agent and edgefence twin
-//     get/set/watch.
+//   - (Built since, outside this package: the reconciler in agent/twin.go
+//     and `edgefence twin get|set|watch`; see docs/ARCHITECTURE.md.)
+//   - The agent's watch does not resume from the cache's revision after a
+//     restart; it starts with a full read.
 //   - Kill -9 safety of the cache is not built or tested: a crash between
 //     etcd's commit and the dequeue pushes a patch again after restart —
 //     harmless alone (merging is idempotent), but it brings old values

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -19,6 +20,7 @@ import (
 	"github.com/edgefence/edgefence/agent"
 	"github.com/edgefence/edgefence/fence/history"
 	"github.com/edgefence/edgefence/offline"
+	"github.com/edgefence/edgefence/shadow"
 	"github.com/edgefence/edgefence/transport/mqtt"
 )
 
@@ -135,6 +137,25 @@ func cmdRun(args []string, stderr io.Writer) error {
 			opts.FenceTable = table
 		}
 	}
+	var twinAgent atomic.Pointer[agent.Agent] // set once the agent exists
+	if cfg.Twins.Enabled {
+		// Device state reports update reported (agent.DeviceState): only
+		// while this agent holds the device, never a command by itself.
+		topics := mqtt.Topics{Prefix: cfg.MQTT.Prefix}
+		mcfg.Subscriptions = append(mcfg.Subscriptions, mqtt.Subscription{Filter: topics.State("+"), Handler: func(m mqtt.Message) {
+			dev, leaf, ok := topics.Parse(m.Topic)
+			ag := twinAgent.Load()
+			if !ok || leaf != mqtt.LeafState || ag == nil {
+				return
+			}
+			fields, err := shadow.DecodeCBOR(m.Payload, shadow.Limits{})
+			if err != nil {
+				log.Debug("device state report ignored", "device", dev, "err", err)
+				return
+			}
+			ag.DeviceState(dev, fields)
+		}})
+	}
 	cmdr, err := mqtt.NewCommander(mctx, mcfg, mqtt.Topics{Prefix: cfg.MQTT.Prefix}, devices)
 	if err != nil {
 		return fmt.Errorf("mqtt: %w", err)
@@ -145,6 +166,17 @@ func cmdRun(args []string, stderr io.Writer) error {
 		}
 	}
 
+	if cfg.Twins.Enabled {
+		// The twin reconciler: desired states in etcd become fenced
+		// twin.set commands; reported writes are fenced by the lock (I5).
+		tc, err := shadow.OpenCache(cfg.StateDir, nil)
+		if err != nil {
+			return err
+		}
+		defer tc.Close()
+		opts.Twins = shadow.NewStore(cli, shadow.StoreConfig{Prefix: cfg.Etcd.Prefix, Writer: cfg.Gateway})
+		opts.TwinCache = tc
+	}
 	opts.Logger = log
 	opts.Outbox, opts.History = ob, hist
 	opts.UnsafeIgnoreSessionLoss = failpoint("ignore-session-loss")
@@ -152,8 +184,9 @@ func cmdRun(args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	twinAgent.Store(ag)
 	log.Info("edgefence starting", "version", version, "gateway", cfg.Gateway, "devices", len(cfg.Devices),
-		"etcd", cfg.Etcd.Endpoints, "mqtt", cfg.MQTT.Brokers, "socket", cfg.API.Socket)
+		"etcd", cfg.Etcd.Endpoints, "mqtt", cfg.MQTT.Brokers, "socket", cfg.API.Socket, "twins", cfg.Twins.Enabled)
 
 	var wg sync.WaitGroup
 	errc := make(chan error, 2)

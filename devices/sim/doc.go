@@ -15,6 +15,9 @@
 //	      "mode" (text) and "relay" (bool); at least one; anything else,
 //	      or a wrong type, is Invalid
 //	ping  no body (or CBOR null); no change but the applied count
+//	twin.set  body: a twin delta from the agent's reconciler, a CBOR map
+//	      with any of "setpoint", "mode" and "relay" (values as for set);
+//	      an unknown field is Invalid, with a reason naming it
 //
 // After every verdict a Host appends one JSON line (VerdictRecord) to its
 // verdict log, with the device state after the decision, in one Write;

@@ -3,6 +3,7 @@ package sim
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 
@@ -17,7 +18,13 @@ import (
 const (
 	KindSet  = "set"
 	KindPing = "ping"
+	// KindTwinSet is the command the agent's twin reconciler sends: its
+	// body is a twin delta, a CBOR map of the fields to change.
+	KindTwinSet = "twin.set"
 )
+
+// TwinFields are the fields a twin.set body may name.
+var TwinFields = []string{"setpoint", "mode", "relay"}
 
 // Setpoint bounds accepted by a set command.
 const (
@@ -155,8 +162,10 @@ func parse(env *fence.Envelope) (SetBody, error) {
 		}
 		return SetBody{}, nil
 	case KindSet:
+	case KindTwinSet:
+		return parseTwinSet(env)
 	default:
-		return SetBody{}, fmt.Errorf("%w: unknown kind %q (want %q or %q)", ErrCommand, env.Kind, KindSet, KindPing)
+		return SetBody{}, fmt.Errorf("%w: unknown kind %q (want %q, %q or %q)", ErrCommand, env.Kind, KindSet, KindTwinSet, KindPing)
 	}
 	if len(env.Body) == 0 {
 		return SetBody{}, fmt.Errorf("%w: set needs a body", ErrCommand)
@@ -165,6 +174,34 @@ func parse(env *fence.Envelope) (SetBody, error) {
 	if err := fence.DecodeBody(env.Body, &set); err != nil {
 		return SetBody{}, fmt.Errorf("%w: set body: %w", ErrCommand, err)
 	}
+	return checkSet(set)
+}
+
+// parseTwinSet validates a twin.set body: a CBOR map naming only fields in
+// TwinFields (anything else is refused, naming the field), with the values
+// a set command takes.
+func parseTwinSet(env *fence.Envelope) (SetBody, error) {
+	if len(env.Body) == 0 {
+		return SetBody{}, fmt.Errorf("%w: twin.set needs a body (a map of fields)", ErrCommand)
+	}
+	var m map[string]any
+	if err := fence.DecodeBody(env.Body, &m); err != nil {
+		return SetBody{}, fmt.Errorf("%w: twin.set body is not a map with text keys: %w", ErrCommand, err)
+	}
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		if !slices.Contains(TwinFields, k) {
+			return SetBody{}, fmt.Errorf("%w: twin.set: unknown field %q (a thermostat has %q)", ErrCommand, k, TwinFields)
+		}
+	}
+	var set SetBody
+	if err := fence.DecodeBody(env.Body, &set); err != nil {
+		return SetBody{}, fmt.Errorf("%w: twin.set body: %w", ErrCommand, err)
+	}
+	return checkSet(set)
+}
+
+// checkSet validates the changes of a set or twin.set command.
+func checkSet(set SetBody) (SetBody, error) {
 	if set.Setpoint == nil && set.Mode == nil && set.Relay == nil {
 		return SetBody{}, fmt.Errorf("%w: set changes nothing (want setpoint, mode or relay)", ErrCommand)
 	}

@@ -1,0 +1,603 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/offline"
+	"github.com/edgefence/edgefence/shadow"
+)
+
+// The twin reconciler (issue 5), on when Options.Twins is set:
+//
+//	Store.Watch(all devices) ─▶ desired[dev] ─▶ twinKick(dev) ─▶ worker(dev):
+//	  holder(dev) → lock key, token      (not holding: nothing to do)
+//	  Cache.Flush (reported patches queued while etcd was out of reach)
+//	  delta := Delta(desired, GetReported)   (empty: done — idempotent)
+//	  Send(dev, "twin.set", CBOR(delta))      (the normal fenced path, outbox)
+//	  ack accepted or duplicate ─▶ UpdateReported(dev, delta, lockKey, ack.Token)
+//	  ErrFenced ─▶ this controller stops for the device (I5)
+//
+// One watch serves every device of the agent; a worker runs per device
+// only while there is something to do (like the outbox's), so a device's
+// twin.set commands never overlap. A worker is kicked by a desired change,
+// by the agent acquiring the device, and by a device state report.
+//
+// The rule for device-local changes: the device's own state report
+// (DeviceState, ReportState) updates reported, fenced like any reported write; if it
+// differs from desired the difference shows up as delta, and stays there:
+// the reconciler acts on a desired version once (per token held), so it
+// does not undo a local change. Desired wins again only when an
+// application writes desired (a new version, even with the same values),
+// or when a holder takes the device over or the agent restarts — it cannot
+// tell a local change from a reconcile its predecessor left unfinished, so
+// it converges the device to desired.
+
+// KindTwinSet is the command kind the twin reconciler sends: its body is a
+// twin delta, encoded with shadow.EncodeCBOR.
+const KindTwinSet = "twin.set"
+
+// twinRounds bounds the send → write rounds of one reconcile: a device
+// that accepts a delta but keeps reporting something else must not be sent
+// commands in a loop; the next desired change or report starts again.
+const twinRounds = 4
+
+// twinPoll is how often a reconciler looks at a twin.set command that was
+// queued in the outbox without an ack, for its terminal state.
+const twinPoll = 200 * time.Millisecond
+
+// twins is the agent's twin reconciler state.
+type twins struct {
+	store *shadow.Store
+	cache *shadow.Cache // nil: reported writes are not queued while etcd is out of reach
+
+	mu      sync.Mutex
+	ctx     context.Context // set while Run runs; nil: no new workers
+	devs    map[string]*twinDev
+	workers sync.WaitGroup
+
+	stats struct {
+		events, sent, written, fenced, refused, queued, errors, reports atomic.Uint64
+	}
+}
+
+// twinDev is one device's reconciler state, guarded by twins.mu.
+type twinDev struct {
+	desired     shadow.State
+	haveDesired bool
+	running     bool // a worker runs
+	again       bool // kicked while it ran: run once more
+	// fencedAt is the highest token under which etcd refused a reported
+	// write (I5): the reconciler does nothing more under it.
+	fencedAt fence.Token
+	// refused is the desired version the device refused as invalid: it is
+	// not sent again until desired changes.
+	refused int64
+	// synced is the desired version the reconciler last found converged,
+	// under syncedToken: it does not act on that version again (a local
+	// change since then stays, as delta, until desired is written again).
+	synced      int64
+	syncedToken fence.Token
+	// report is the latest device state report not yet written (DeviceState);
+	// the worker writes it before it reconciles.
+	report map[string]any
+}
+
+// TwinStats are the twin reconciler's counters.
+type TwinStats struct {
+	Events   uint64 `json:"desired_events"`   // desired changes seen by the watch
+	Sent     uint64 `json:"twin_set_sent"`    // twin.set commands issued
+	Written  uint64 `json:"reported_written"` // fenced reported writes that etcd accepted
+	Fenced   uint64 `json:"reported_fenced"`  // reported writes etcd refused (I5): the controller stopped
+	Refused  uint64 `json:"twin_set_refused"` // twin.set commands the device refused as invalid
+	Queued   uint64 `json:"reported_queued"`  // reported patches queued in the cache (etcd out of reach)
+	Errors   uint64 `json:"twin_errors"`      // other failures (retried)
+	Reports  uint64 `json:"device_reports"`   // device state reports written to reported
+	Watching bool   `json:"watching"`
+}
+
+func newTwins(store *shadow.Store, cache *shadow.Cache) *twins {
+	return &twins{store: store, cache: cache, devs: make(map[string]*twinDev)}
+}
+
+// TwinStats returns the twin reconciler's counters (zero if it is off).
+func (a *Agent) TwinStats() TwinStats {
+	t := a.twin
+	if t == nil {
+		return TwinStats{}
+	}
+	t.mu.Lock()
+	watching := t.ctx != nil
+	t.mu.Unlock()
+	return TwinStats{Events: t.stats.events.Load(), Sent: t.stats.sent.Load(), Written: t.stats.written.Load(),
+		Fenced: t.stats.fenced.Load(), Refused: t.stats.refused.Load(), Queued: t.stats.queued.Load(),
+		Errors: t.stats.errors.Load(), Reports: t.stats.reports.Load(), Watching: watching}
+}
+
+// holder returns the lock key and token of dev's current controller, if
+// the agent holds dev (as Holding).
+func (a *Agent) holder(dev string) (key string, token fence.Token, ok bool) {
+	d, ok := a.devices[dev]
+	if !ok {
+		return "", 0, false
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.ctl == nil || (d.ctl.lost.Load() && !a.unsafe) {
+		return "", 0, false
+	}
+	return d.ctl.key, d.ctl.token, true
+}
+
+// runTwins watches desired states of every device until ctx ends, kicking
+// a device's reconciler on each change, and waits for the workers.
+func (a *Agent) runTwins(ctx context.Context) {
+	t := a.twin
+	t.mu.Lock()
+	t.ctx = ctx
+	t.mu.Unlock()
+	defer func() {
+		t.mu.Lock()
+		t.ctx = nil
+		t.mu.Unlock()
+		t.workers.Wait()
+	}()
+	// Offline start: reconcile from the cached desired states until the
+	// watch's first read replaces them.
+	if t.cache != nil {
+		for _, id := range a.order {
+			st, ok, err := t.cache.Desired(id)
+			if err != nil {
+				a.log.Warn("twin: cached desired state", "device", id, "err", err)
+				continue
+			}
+			if ok {
+				a.setDesired(id, st)
+			}
+		}
+	}
+	backoff := newBackoff(100*time.Millisecond, 5*time.Second)
+	for ctx.Err() == nil {
+		// Watch re-opens itself after lost connections; it returns only
+		// when ctx ends or on a bad argument.
+		err := t.store.Watch(ctx, "", 0, func(ev shadow.Event) error {
+			backoff.reset()
+			a.desiredEvent(ev)
+			return nil
+		})
+		if ctx.Err() != nil {
+			return
+		}
+		a.log.Warn("twin: watch of desired states ended", "err", err)
+		if !sleepCtx(ctx, backoff.next()) {
+			return
+		}
+	}
+}
+
+// desiredEvent records one change of desired state and kicks the device.
+func (a *Agent) desiredEvent(ev shadow.Event) {
+	if _, ok := a.devices[ev.Device]; !ok {
+		return // another agent's device
+	}
+	t := a.twin
+	t.stats.events.Add(1)
+	if ev.Err != nil {
+		t.stats.errors.Add(1)
+		a.log.Warn("twin: unreadable desired state ignored", "device", ev.Device, "revision", ev.Revision, "err", ev.Err)
+		return
+	}
+	if t.cache != nil {
+		if _, err := t.cache.PutDesired(ev.Device, ev.Desired); err != nil {
+			a.log.Warn("twin: cache desired state", "device", ev.Device, "err", err)
+		}
+	}
+	a.setDesired(ev.Device, ev.Desired)
+}
+
+// setDesired makes st dev's desired state unless a newer one is known, and
+// kicks the device.
+func (a *Agent) setDesired(dev string, st shadow.State) {
+	t := a.twin
+	t.mu.Lock()
+	td := t.dev(dev)
+	if td.haveDesired && st.Version != 0 && td.desired.Version > st.Version {
+		t.mu.Unlock()
+		return
+	}
+	td.desired, td.haveDesired = st, true
+	t.mu.Unlock()
+	a.twinKick(dev)
+}
+
+func (t *twins) dev(id string) *twinDev {
+	td := t.devs[id]
+	if td == nil {
+		td = &twinDev{}
+		t.devs[id] = td
+	}
+	return td
+}
+
+// twinKick makes sure a worker reconciles dev. It does nothing if twins
+// are off or Run is not running.
+func (a *Agent) twinKick(dev string) {
+	t := a.twin
+	if t == nil {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.ctx == nil {
+		return
+	}
+	td := t.dev(dev)
+	if td.running {
+		td.again = true
+		return
+	}
+	td.running, td.again = true, false
+	ctx := t.ctx
+	t.workers.Add(1)
+	go func() {
+		defer t.workers.Done()
+		a.twinWorker(ctx, dev)
+	}()
+}
+
+func (a *Agent) twinWorker(ctx context.Context, dev string) {
+	t := a.twin
+	for {
+		t.mu.Lock()
+		report := t.dev(dev).report
+		t.dev(dev).report = nil
+		t.mu.Unlock()
+		if report != nil {
+			a.writeDeviceReport(ctx, dev, report)
+		}
+		a.reconcile(ctx, dev)
+		t.mu.Lock()
+		if t.dev(dev).again && ctx.Err() == nil {
+			t.dev(dev).again = false
+			t.mu.Unlock()
+			continue
+		}
+		t.dev(dev).running = false
+		t.mu.Unlock()
+		return
+	}
+}
+
+// twinHolder returns dev's lock key and token if the agent holds dev and
+// etcd has not fenced the reconciler under that token.
+func (a *Agent) twinHolder(dev string) (string, fence.Token, bool) {
+	key, token, ok := a.holder(dev)
+	if !ok {
+		return "", 0, false
+	}
+	t := a.twin
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if token <= t.dev(dev).fencedAt {
+		return "", 0, false
+	}
+	return key, token, true
+}
+
+// fenced records that etcd refused a reported write of dev under token:
+// the reconciler stops for the device until it holds a newer token (I5).
+func (a *Agent) fenced(dev string, token fence.Token, err error) {
+	t := a.twin
+	t.stats.fenced.Add(1)
+	t.mu.Lock()
+	td := t.dev(dev)
+	td.fencedAt = max(td.fencedAt, token)
+	t.mu.Unlock()
+	t.store.Forget(dev)
+	a.log.Warn("twin: reported write refused by etcd: no longer the holder; the twin controller stops for the device (I5)",
+		"device", dev, "token", token, "err", err)
+}
+
+// reconcile runs send → write rounds for dev until its delta is empty or
+// it can do nothing more now. Transient failures are retried with backoff
+// as long as the agent holds the device.
+func (a *Agent) reconcile(ctx context.Context, dev string) {
+	t := a.twin
+	backoff := newBackoff(100*time.Millisecond, 5*time.Second)
+	retry := func(what string, err error) bool {
+		t.stats.errors.Add(1)
+		wait := backoff.next()
+		a.log.Warn("twin: "+what, "device", dev, "err", err, "retry_in", wait)
+		return sleepCtx(ctx, wait)
+	}
+	var written *shadow.State // reported as the last write left it
+	for round := 0; round < twinRounds && ctx.Err() == nil; {
+		key, token, ok := a.twinHolder(dev)
+		if !ok {
+			return
+		}
+		if !a.flushReported(ctx, dev) {
+			if ctx.Err() != nil {
+				return
+			}
+			if _, _, ok := a.twinHolder(dev); !ok {
+				return // fenced
+			}
+			if !retry("queued reported patches not written yet", errors.New("etcd unreachable")) {
+				return
+			}
+			continue
+		}
+		t.mu.Lock()
+		td := t.dev(dev)
+		desired, have, refused := td.desired, td.haveDesired, td.refused
+		done := td.synced == desired.Version && td.syncedToken == token
+		t.mu.Unlock()
+		if !have || done {
+			return
+		}
+		rep := written
+		written = nil
+		if rep == nil {
+			st, err := t.store.GetReported(ctx, dev)
+			if err != nil {
+				if ctx.Err() != nil || !retry("read reported", err) {
+					return
+				}
+				continue
+			}
+			rep = &st
+		}
+		delta := shadow.Delta(desired.Fields, rep.Fields)
+		if len(delta) == 0 {
+			// Converged: nothing to send (a repeated desired value
+			// costs one read).
+			t.mu.Lock()
+			td.synced, td.syncedToken = desired.Version, token
+			t.mu.Unlock()
+			return
+		}
+		if desired.Version != 0 && desired.Version == refused {
+			return // the device refused this desired state; wait for a new one
+		}
+		body, err := shadow.EncodeCBOR(delta, shadow.Limits{})
+		if err != nil {
+			t.stats.errors.Add(1)
+			a.log.Error("twin: delta does not encode; not sent", "device", dev, "err", err)
+			return
+		}
+		round++
+		t.stats.sent.Add(1)
+		ack, err := a.twinSend(ctx, dev, body)
+		if err != nil {
+			if errors.Is(err, ErrNotHolder) || ctx.Err() != nil {
+				return
+			}
+			if !retry("twin.set without a verdict", err) {
+				return
+			}
+			continue
+		}
+		switch ack.Verdict {
+		case fence.Accepted, fence.Duplicate:
+		case fence.Stale:
+			return // a newer holder reached the device; the session loop notices
+		default:
+			t.stats.refused.Add(1)
+			t.mu.Lock()
+			t.dev(dev).refused = desired.Version
+			t.mu.Unlock()
+			a.log.Warn("twin: device refused the desired state; not sent again until desired changes",
+				"device", dev, "desired_version", desired.Version, "verdict", ack.Verdict, "reason", ack.Reason)
+			return
+		}
+		if ack.Token != token {
+			// Issued under a controller installed since holder(): the
+			// key read then is not that token's.
+			if key, token, ok = a.twinHolder(dev); !ok || token != ack.Token {
+				continue
+			}
+		}
+		st, ok := a.writeReported(ctx, dev, delta, key, token)
+		if !ok {
+			return
+		}
+		written = st // what etcd has now: the next round needs no read
+		backoff.reset()
+	}
+}
+
+// twinSend issues one twin.set command and returns its ack. With an outbox,
+// a command not acked within the command timeout stays queued: twinSend
+// then waits for its terminal state in the outbox, so that a device that is
+// away gets one twin.set, not one per timeout.
+func (a *Agent) twinSend(ctx context.Context, dev string, body []byte) (*fence.Ack, error) {
+	ack, err := a.Send(ctx, dev, KindTwinSet, body)
+	if ack != nil {
+		return ack, nil
+	}
+	var qe *QueuedError
+	if !errors.As(err, &qe) || ctx.Err() != nil {
+		return nil, err
+	}
+	tick := time.NewTicker(twinPoll)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-tick.C:
+		}
+		rec, err := a.outbox.Find(qe.ID)
+		if errors.Is(err, offline.ErrNotFound) {
+			return nil, fmt.Errorf("twin.set %s: gone from the outbox: %w", qe.ID, err)
+		}
+		if err != nil || rec.Pending() {
+			continue
+		}
+		if rec.Ack == nil { // expired, never sent
+			return nil, fmt.Errorf("twin.set %s ended %s without an ack", qe.ID, rec.StateString())
+		}
+		return rec.Ack, nil
+	}
+}
+
+// writeReported merges patch into dev's reported state under key and
+// token (I5) and returns the new state if etcd has it (nil if the patch
+// was only queued). ok is false when the reconciler must not go on: etcd
+// refused the write (fenced), the patch is invalid, or ctx ended. If etcd
+// cannot be reached within etcd.dial_timeout and the agent has a twin
+// cache, the patch is queued there (durably) and pushed later by
+// flushReported.
+func (a *Agent) writeReported(ctx context.Context, dev string, patch map[string]any, key string, token fence.Token) (st *shadow.State, ok bool) {
+	t := a.twin
+	// Bounded: with etcd out of reach the patch goes to the cache instead
+	// of waiting for etcd (the client would wait as long as ctx lasts).
+	wctx, cancel := context.WithTimeout(ctx, a.cfg.Etcd.DialTimeout)
+	rep, err := t.store.UpdateReported(wctx, dev, patch, key, int64(token))
+	cancel()
+	switch {
+	case err == nil:
+		t.stats.written.Add(1)
+		return &rep, true
+	case errors.Is(err, shadow.ErrFenced):
+		a.fenced(dev, token, err)
+		return nil, false
+	case ctx.Err() != nil:
+		return nil, false
+	case errors.Is(err, shadow.ErrInvalid):
+		t.stats.errors.Add(1)
+		a.log.Error("twin: reported patch refused as invalid", "device", dev, "err", err)
+		return nil, false
+	}
+	if t.cache == nil {
+		// The next round reads reported again and sends what is still
+		// missing: the device answers a setting it has as a new command,
+		// which changes nothing.
+		t.stats.errors.Add(1)
+		a.log.Warn("twin: reported not written", "device", dev, "token", token, "err", err)
+		return nil, true
+	}
+	if _, qerr := t.cache.Enqueue(dev, patch); qerr != nil {
+		t.stats.errors.Add(1)
+		a.log.Error("twin: reported not written and not queued", "device", dev, "err", errors.Join(err, qerr))
+		return nil, true
+	}
+	t.stats.queued.Add(1)
+	a.log.Warn("twin: reported queued in the cache until etcd is back", "device", dev, "token", token, "err", err)
+	return nil, true
+}
+
+// flushReported pushes dev's queued reported patches (twin cache) under
+// the token the agent holds now. It reports whether the queue is empty.
+func (a *Agent) flushReported(ctx context.Context, dev string) bool {
+	t := a.twin
+	if t.cache == nil {
+		return true
+	}
+	if ps, err := t.cache.Pending(dev); err == nil && len(ps) == 0 {
+		return true
+	}
+	var token fence.Token
+	fenced, err := t.cache.Flush(ctx, t.store, func(d string) (string, int64, bool) {
+		if d != dev {
+			return "", 0, false
+		}
+		k, tok, ok := a.twinHolder(d)
+		token = tok
+		return k, int64(tok), ok
+	})
+	if len(fenced) > 0 {
+		// Not the holder under this token: the patches are dropped, the
+		// next holder reconciles from what etcd has.
+		a.fenced(dev, token, err)
+		if derr := t.cache.Discard(dev, 0); derr != nil {
+			a.log.Warn("twin: discard queued reported patches", "device", dev, "err", derr)
+		}
+		return false
+	}
+	if err != nil {
+		a.log.Warn("twin: flush queued reported patches", "device", dev, "err", err)
+		return false
+	}
+	return true
+}
+
+// ReportState writes a device's own state report into its reported state,
+// if the agent holds the device: fenced by the holder's lock key and token
+// like every reported write (I5). A report that differs from desired shows
+// up as delta; nothing is sent until desired is written again (see the
+// rule at the top of this file). It returns ErrNotHolder if the agent does not hold
+// the device, and an error wrapping shadow.ErrFenced if etcd refused it.
+func (a *Agent) ReportState(ctx context.Context, dev string, fields map[string]any) error {
+	t := a.twin
+	if t == nil {
+		return fmt.Errorf("report %s: twins are off", dev)
+	}
+	if _, ok := a.devices[dev]; !ok {
+		return fmt.Errorf("report %q: %w", dev, ErrUnknownDevice)
+	}
+	key, token, ok := a.twinHolder(dev)
+	if !ok {
+		return fmt.Errorf("report %s: %w", dev, ErrNotHolder)
+	}
+	if _, err := t.store.UpdateReported(ctx, dev, fields, key, int64(token)); err != nil {
+		if errors.Is(err, shadow.ErrFenced) {
+			a.fenced(dev, token, err)
+		} else {
+			t.stats.errors.Add(1)
+		}
+		return fmt.Errorf("report %s: %w", dev, err)
+	}
+	t.stats.reports.Add(1)
+	return nil
+}
+
+// DeviceState hands the agent a state report the device published on its
+// own (the MQTT state topic), as a JSON-like object in shadow.Normalize's
+// form. It does not block: the device's twin worker writes the latest report
+// (a newer one replaces one not yet written) with ReportState's rule — only
+// while the agent holds the device, only the fields that differ from
+// reported, fenced (I5) — and a report never causes a command by itself.
+// Reports for devices the agent does not know, or while twins are off, are
+// ignored.
+func (a *Agent) DeviceState(dev string, fields map[string]any) {
+	t := a.twin
+	if t == nil {
+		return
+	}
+	if _, ok := a.devices[dev]; !ok {
+		return
+	}
+	if _, _, ok := a.twinHolder(dev); !ok {
+		return // another holder writes it
+	}
+	t.mu.Lock()
+	t.dev(dev).report = fields
+	t.mu.Unlock()
+	a.twinKick(dev)
+}
+
+// writeDeviceReport writes the fields of a device report that differ from
+// reported.
+func (a *Agent) writeDeviceReport(ctx context.Context, dev string, fields map[string]any) {
+	t := a.twin
+	rep, err := t.store.GetReported(ctx, dev)
+	if err != nil {
+		t.stats.errors.Add(1)
+		a.log.Warn("twin: device report not written: read reported", "device", dev, "err", err)
+		return
+	}
+	patch := shadow.Delta(fields, rep.Fields)
+	if len(patch) == 0 {
+		return
+	}
+	if err := a.ReportState(ctx, dev, patch); err != nil && !errors.Is(err, ErrNotHolder) && !errors.Is(err, shadow.ErrFenced) {
+		a.log.Warn("twin: device report not written", "device", dev, "err", err)
+	}
+}
