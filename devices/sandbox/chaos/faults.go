@@ -79,6 +79,7 @@ func (r *round) injectFault(ctx context.Context) error {
 		if err := r.lab.Partition(nodeA, nodeServer); err != nil {
 			return err
 		}
+		r.res.FaultStart = time.Now() // in effect from here on
 		r.fault(FaultPartition)
 		d := r.outage(ttl+500*time.Millisecond, 3*ttl)
 		r.logf("gw-a cut from etcd and broker for %v", d)
