@@ -19,8 +19,13 @@
 //	           (edgefence-devsim): the holder is killed (SIGKILL) or frozen
 //	           (SIGSTOP) under load, and the time until the other one's
 //	           first accepted command is measured per lease_ttl
+//	twins      the twin reconciler (issue 5), in process (agent with outbox
+//	           and twin cache, mochi, sim.Fleet): desired put → twin.set
+//	           accepted → reported written, p50/p99 for 1 and 100 devices
+//	           changing at once beside bare etcd put → watch; updates/s for
+//	           1,000 devices on one agent; etcd requests per twin update
 //
-// replay and failover are not part of all (they take minutes).
+// replay, failover and twins are not part of all (they take minutes).
 //
 // Usage (from the module root, so that rss and failover can build the
 // binaries):
@@ -31,6 +36,7 @@
 //	go run ./cmd/edgefence-bench rss --sizes 10,1000
 //	go run ./cmd/edgefence-bench replay --devices 10 --backlog 10000 --runs 3
 //	go run ./cmd/edgefence-bench failover --devices 4 --ttls 2s,5s,10s --runs 3 --faults kill,stop
+//	go run ./cmd/edgefence-bench twins --twin-sizes 1,100 --runs 30 --devices 1000 --changes 1 --twin-runs 3
 //
 // It starts everything it needs (embedded etcd with fast timings, mochi in
 // process, Mosquitto from /usr/sbin/mosquitto) in a temp dir and removes it.
@@ -48,6 +54,7 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -64,7 +71,7 @@ func main() {
 	os.Exit(code)
 }
 
-const usage = `usage: edgefence-bench [flags] roundtrip|locks|rss|all|replay|failover [flags]
+const usage = `usage: edgefence-bench [flags] roundtrip|locks|rss|all|replay|failover|twins [flags]
 
 Measures edgefence's performance figures on real components and prints
 Markdown tables (progress goes to stderr). Flags:
@@ -82,8 +89,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		conc     = fs.Int("conc", 32, "roundtrip: devices in parallel for the concurrent variant (1 = none)")
 		concN    = fs.Int("conc-n", 20000, "roundtrip: operations per concurrent path")
 		fleets   = fs.String("fleets", "1,32", "roundtrip: comma-separated; run the concurrent variant with the devices split over this many sim.Fleets (an MQTT client + bbolt file each); the sequential one uses the first")
-		devices  = fs.Int("devices", 0, "locks: devices (default 1000); replay: devices (default 10); failover: devices (default 4)")
-		runs     = fs.Int("runs", 0, "locks, replay: repetitions (default 5, 3); failover: trials per lease_ttl and fault (default 3)")
+		devices  = fs.Int("devices", 0, "locks: devices (default 1000); replay: devices (default 10); failover: devices (default 4); twins: devices on the agent, all changing at once in the throughput runs (default 1000)")
+		runs     = fs.Int("runs", 0, "locks, replay: repetitions (default 5, 3); failover: trials per lease_ttl and fault (default 3); twins: latency rounds per size (default 30)")
+		twSizes  = fs.String("twin-sizes", "1,100", "twins: devices changing at once in the latency rounds, comma-separated (at most --devices)")
+		twRuns   = fs.Int("twin-runs", 3, "twins: throughput runs (0: none)")
+		changes  = fs.Int("changes", 1, "twins: desired changes per device per throughput run (a stream; only the last must show in reported)")
+		reports  = fs.Bool("reports", true, "twins: wire the devices' state reports to agent.DeviceState, as edgefence run does")
+		twCache  = fs.Bool("twin-cache", true, "twins: give the agent a twin cache (Options.TwinCache), as edgefence run does")
+		twFleets = fs.Int("twin-fleets", 1, "twins: split the devices over this many sim.Fleets (an MQTT client + bbolt file each, commands handled one at a time per fleet)")
 		backlog  = fs.Int("backlog", 10000, "replay: commands queued while the broker is down")
 		cmdTO    = fs.Duration("cmd-timeout", 10*time.Second, "replay: the agent's command timeout (command.timeout)")
 		ttls     = fs.String("ttls", "2s,5s,10s", "failover: lease_ttl values, comma-separated (whole seconds, at least 2s)")
@@ -118,7 +131,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		what, rest = fs.Arg(0), fs.Args()[1:]
 	}
 	switch what {
-	case "roundtrip", "locks", "rss", "all", "replay", "failover":
+	case "roundtrip", "locks", "rss", "all", "replay", "failover", "twins":
 	case "":
 		fs.Usage()
 		return 2
@@ -147,6 +160,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "edgefence-bench: --fleets:", err)
 		return 2
 	}
+	twSizeList, err := intList(*twSizes)
+	if err != nil {
+		fmt.Fprintln(stderr, "edgefence-bench: --twin-sizes:", err)
+		return 2
+	}
 	// --devices and --runs have a default per benchmark.
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
@@ -157,13 +175,21 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	if !set["runs"] {
-		*runs = map[string]int{"replay": 3, "failover": 3}[what]
+		*runs = map[string]int{"replay": 3, "failover": 3, "twins": 30}[what]
 		if *runs == 0 {
 			*runs = 5
 		}
 	}
-	if *n < 1 || *conc < 1 || *devices < 1 || *runs < 1 || *backlog < 1 {
-		fmt.Fprintln(stderr, "edgefence-bench: --n, --conc, --devices, --runs and --backlog must be at least 1")
+	if *n < 1 || *conc < 1 || *devices < 1 || *runs < 1 || *backlog < 1 || *changes < 1 || *twFleets < 1 {
+		fmt.Fprintln(stderr, "edgefence-bench: --n, --conc, --devices, --runs, --backlog, --changes and --twin-fleets must be at least 1")
+		return 2
+	}
+	if *twRuns < 0 {
+		fmt.Fprintln(stderr, "edgefence-bench: --twin-runs must not be negative")
+		return 2
+	}
+	if what == "twins" && slices.Max(twSizeList) > *devices {
+		fmt.Fprintf(stderr, "edgefence-bench: --twin-sizes: %d devices at once, but --devices is %d\n", slices.Max(twSizeList), *devices)
 		return 2
 	}
 	if *cmdTO <= 0 || *interval <= 0 {
@@ -272,6 +298,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			Interval: *interval, AgentBin: *agentBin, DevsimBin: *devsim, Dir: dir, Log: stderr})
 		if res != nil && len(res.Trials) > 0 {
 			printFailover(stdout, res)
+		}
+		if err != nil {
+			fail(err)
+		}
+	}
+	if what == "twins" {
+		res, err := runTwins(ctx, etcd, twinsConfig{Sizes: twSizeList, Rounds: *runs, Devices: *devices, Changes: *changes,
+			TPRuns: *twRuns, Reports: *reports, Cache: *twCache, Fleets: *twFleets, Dir: dir, Log: stderr})
+		if res != nil && (len(res.Lat) > 0 || len(res.TP) > 0) {
+			printTwins(stdout, res)
 		}
 		if err != nil {
 			fail(err)

@@ -33,6 +33,13 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"failover", "--ttls", "2s,x"}, 2, "--ttls"},
 		{[]string{"failover", "--faults", "kill,pause"}, 2, "--faults"},
 		{[]string{"replay", "failover"}, 2, "more than one"},
+		{[]string{"twins", "roundtrip"}, 2, "more than one"},
+		{[]string{"twins", "--changes", "0"}, 2, "at least 1"},
+		{[]string{"twins", "--twin-fleets", "0"}, 2, "at least 1"},
+		{[]string{"twins", "--twin-runs", "-1"}, 2, "--twin-runs"},
+		{[]string{"twins", "--twin-sizes", "1,x"}, 2, "--twin-sizes"},
+		{[]string{"twins", "--twin-sizes", "0"}, 2, "--twin-sizes"},
+		{[]string{"twins", "--devices", "10", "--twin-sizes", "1,100"}, 2, "--twin-sizes"},
 		{[]string{"-h"}, 0, "usage"},
 	} {
 		var out, errb bytes.Buffer
@@ -79,5 +86,36 @@ func TestTTLAndFaultLists(t *testing.T) {
 	faults, err := faultList("stop,kill")
 	if err != nil || strings.Join(faults, ",") != "stop,kill" {
 		t.Fatal(faults, err)
+	}
+}
+
+func TestReqCounter(t *testing.T) {
+	var r reqCounter
+	for _, m := range []string{"/etcdserverpb.KV/Range", "/etcdserverpb.KV/Range", "/etcdserverpb.KV/Txn", "/etcdserverpb.KV/Put",
+		"/etcdserverpb.Lease/LeaseGrant"} {
+		r.count(m, false)
+	}
+	r.count("/etcdserverpb.Watch/Watch", true)
+	r.count("/etcdserverpb.Lease/LeaseKeepAlive", true)
+	c := r.snapshot()
+	if c.Range != 2 || c.Txn != 1 || c.Put != 1 || c.Other != 1 || c.WatchMsgs != 1 || c.KeepAlives != 1 {
+		t.Fatalf("%+v", c)
+	}
+	if c.kv() != 6 {
+		t.Fatalf("kv %d, want 6 (keepalives apart)", c.kv())
+	}
+	if d := c.sub(reqCounts{Range: 1}); d.Range != 1 || d.Txn != 1 {
+		t.Fatalf("%+v", d)
+	}
+}
+
+func TestSetpointIs(t *testing.T) {
+	if !setpointIs([]byte(`{"state":{"setpoint":21.5,"mode":"heat"}}`), 21.5) {
+		t.Fatal("21.5 not found")
+	}
+	for _, v := range []string{`{"state":{"setpoint":21}}`, `{"state":{}}`, `nope`} {
+		if setpointIs([]byte(v), 21.5) {
+			t.Fatalf("%s matched 21.5", v)
+		}
 	}
 }
