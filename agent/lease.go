@@ -314,25 +314,26 @@ func (a *Agent) campaign(ctx context.Context, sess *concurrency.Session, d *devi
 		}
 	}
 	release()
-	if a.install(ctx, d, token, m.Key(), sess.Lease()) {
+	if ok, resumed := a.install(ctx, d, token, m.Key(), sess.Lease()); ok {
 		if a.outbox != nil {
 			a.kick(d)
 		}
-		a.twinKick(d.id) // twin.go: reconcile under the new token
+		a.twinAcquired(d.id, resumed) // twin.go: reconcile under the new token
 	}
 }
 
-// install makes token the device's controller and reports whether it did.
+// install makes token the device's controller and reports whether it did,
+// and whether it resumed the same lock key (a reattached session).
 // It refuses a token below the highest ever held for the device (etcd was
 // rebuilt from an old snapshot), and one equal to it unless it is the same
 // lock key — the same lease, resumed (reattach) — in which case the
 // controller carries on with its seq.
-func (a *Agent) install(ctx context.Context, d *device, token fence.Token, key string, lease clientv3.LeaseID) bool {
+func (a *Agent) install(ctx context.Context, d *device, token fence.Token, key string, lease clientv3.LeaseID) (ok, resumed bool) {
 	// d.sem guards the seq a resumed controller carries on with.
 	select {
 	case d.sem <- struct{}{}:
 	case <-ctx.Done():
-		return false
+		return false, false
 	}
 	defer func() { <-d.sem }()
 	d.mu.Lock()
@@ -347,14 +348,14 @@ func (a *Agent) install(ctx context.Context, d *device, token fence.Token, key s
 		a.setState(d, nil, StateRefused)
 		a.log.Error("token regression: etcd granted a token not above one held before; refusing to command this device (see README, token regression)",
 			"device", d.id, "token", token, "max_held", maxToken, "key", key)
-		return false
+		return false, false
 	}
 	if a.outbox != nil && !same {
 		// Durable before the first command under it can leave.
 		if err := a.outbox.SetHeld(d.id, token); err != nil {
 			a.stats.outboxErr.Add(1)
 			a.log.Error("cannot record the held token; not commanding the device", "device", d.id, "token", token, "err", err)
-			return false
+			return false, false
 		}
 	}
 	d.mu.Lock()
@@ -377,7 +378,7 @@ func (a *Agent) install(ctx context.Context, d *device, token fence.Token, key s
 	d.state, d.since = StateHolding, a.now()
 	a.stats.acquired.Add(1)
 	a.log.Info("holding device", "device", d.id, "token", token, "key", key, "resumed", same)
-	return true
+	return true, same
 }
 
 // heldElsewhere is called when another session holds d's lock: every

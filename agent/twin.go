@@ -18,7 +18,7 @@ import (
 //	Store.Watch(all devices) ─▶ desired[dev] ─▶ twinKick(dev) ─▶ worker(dev):
 //	  holder(dev) → lock key, token      (not holding: nothing to do)
 //	  Cache.Flush (reported patches queued while etcd was out of reach)
-//	  delta := Delta(desired, GetReported)   (empty: done — idempotent)
+//	  delta := Delta(desired, LastReported)  (empty: done — idempotent)
 //	  Send(dev, "twin.set", CBOR(delta))      (the normal fenced path, outbox)
 //	  ack accepted or duplicate ─▶ UpdateReported(dev, delta, lockKey, ack.Token)
 //	  ErrFenced ─▶ this controller stops for the device (I5)
@@ -224,6 +224,29 @@ func (t *twins) dev(id string) *twinDev {
 	return td
 }
 
+// twinAcquired is called when the agent installs a controller for dev.
+// Under a new token (not a resumed session) what this process remembers of
+// the reported state may be stale — another holder may have written since —
+// and reported patches it queued under an older token must not be pushed
+// under the new one: the device reports its current state again.
+func (a *Agent) twinAcquired(dev string, resumed bool) {
+	t := a.twin
+	if t == nil {
+		return
+	}
+	if !resumed {
+		t.store.Forget(dev)
+		if t.cache != nil {
+			if p, err := t.cache.Pending(dev); err == nil && len(p) == 0 {
+				// nothing queued: no write (and no fsync) per device at start
+			} else if err := t.cache.Discard(dev, 0); err != nil {
+				a.log.Warn("twin: cannot drop reported patches queued under an older token", "device", dev, "err", err)
+			}
+		}
+	}
+	a.twinKick(dev)
+}
+
 // twinKick makes sure a worker reconciles dev. It does nothing if twins
 // are off or Run is not running.
 func (a *Agent) twinKick(dev string) {
@@ -253,11 +276,7 @@ func (a *Agent) twinKick(dev string) {
 func (a *Agent) twinWorker(ctx context.Context, dev string) {
 	t := a.twin
 	for {
-		t.mu.Lock()
-		report := t.dev(dev).report
-		t.dev(dev).report = nil
-		t.mu.Unlock()
-		if report != nil {
+		if report := a.takeReport(dev); report != nil {
 			a.writeDeviceReport(ctx, dev, report)
 		}
 		a.reconcile(ctx, dev)
@@ -321,12 +340,23 @@ func (a *Agent) reconcile(ctx context.Context, dev string) {
 		if !ok {
 			return
 		}
-		if !a.flushReported(ctx, dev) {
+		// Bounded: with etcd away the worker must come back to queue
+		// device reports (below) instead of waiting in the client.
+		fctx, cancel := context.WithTimeout(ctx, a.cfg.Etcd.DialTimeout)
+		flushed := a.flushReported(fctx, dev)
+		cancel()
+		if !flushed {
 			if ctx.Err() != nil {
 				return
 			}
 			if _, _, ok := a.twinHolder(dev); !ok {
 				return // fenced
+			}
+			// A device report that came meanwhile goes behind the queued
+			// patches: reports reach etcd in the order the device made
+			// them, and durably.
+			if report := a.takeReport(dev); report != nil {
+				a.queueReport(dev, report)
 			}
 			if !retry("queued reported patches not written yet", errors.New("etcd unreachable")) {
 				return
@@ -344,7 +374,7 @@ func (a *Agent) reconcile(ctx context.Context, dev string) {
 		rep := written
 		written = nil
 		if rep == nil {
-			st, err := t.store.GetReported(ctx, dev)
+			st, err := t.store.LastReported(ctx, dev)
 			if err != nil {
 				if ctx.Err() != nil || !retry("read reported", err) {
 					return
@@ -583,12 +613,42 @@ func (a *Agent) DeviceState(dev string, fields map[string]any) {
 	a.twinKick(dev)
 }
 
+// takeReport returns dev's device report not yet written, if any, and
+// clears it.
+func (a *Agent) takeReport(dev string) map[string]any {
+	t := a.twin
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	report := t.dev(dev).report
+	t.dev(dev).report = nil
+	return report
+}
+
 // writeDeviceReport writes the fields of a device report that differ from
-// reported.
+// reported. With a twin cache, patches queued before it are pushed first,
+// and if etcd cannot be reached within etcd.dial_timeout the report is
+// queued behind them (whole: what differs from reported is not known), so
+// that reports reach etcd in the order the device made them.
 func (a *Agent) writeDeviceReport(ctx context.Context, dev string, fields map[string]any) {
 	t := a.twin
-	rep, err := t.store.GetReported(ctx, dev)
+	wctx := ctx
+	if t.cache != nil {
+		var cancel context.CancelFunc
+		wctx, cancel = context.WithTimeout(ctx, a.cfg.Etcd.DialTimeout)
+		defer cancel()
+		if !a.flushReported(wctx, dev) {
+			if ctx.Err() == nil {
+				a.queueReport(dev, fields)
+			}
+			return
+		}
+	}
+	rep, err := t.store.LastReported(wctx, dev)
 	if err != nil {
+		if t.cache != nil && ctx.Err() == nil {
+			a.queueReport(dev, fields)
+			return
+		}
 		t.stats.errors.Add(1)
 		a.log.Warn("twin: device report not written: read reported", "device", dev, "err", err)
 		return
@@ -597,7 +657,30 @@ func (a *Agent) writeDeviceReport(ctx context.Context, dev string, fields map[st
 	if len(patch) == 0 {
 		return
 	}
-	if err := a.ReportState(ctx, dev, patch); err != nil && !errors.Is(err, ErrNotHolder) && !errors.Is(err, shadow.ErrFenced) {
+	err = a.ReportState(wctx, dev, patch)
+	switch {
+	case err == nil || errors.Is(err, ErrNotHolder) || errors.Is(err, shadow.ErrFenced):
+	case t.cache != nil && ctx.Err() == nil && !errors.Is(err, shadow.ErrInvalid):
+		// Perhaps written after all: pushing it again changes nothing.
+		a.queueReport(dev, patch)
+	default:
 		a.log.Warn("twin: device report not written", "device", dev, "err", err)
 	}
+}
+
+// queueReport queues a device report (or the part of it that differs from
+// reported) in the twin cache, if the agent may still write dev's reported
+// state: flushReported pushes it, fenced, once etcd is back.
+func (a *Agent) queueReport(dev string, fields map[string]any) {
+	t := a.twin
+	if _, _, ok := a.twinHolder(dev); !ok {
+		return // not the holder, or fenced: the holder writes it
+	}
+	if _, err := t.cache.Enqueue(dev, fields); err != nil {
+		t.stats.errors.Add(1)
+		a.log.Error("twin: device report not written and not queued", "device", dev, "err", err)
+		return
+	}
+	t.stats.queued.Add(1)
+	a.log.Warn("twin: device report queued in the cache until etcd is back", "device", dev)
 }

@@ -696,3 +696,27 @@ func TestTwinReportedQueuedWhileEtcdAway(t *testing.T) {
 		t.Fatalf("reported %v: the deposed holder's patch landed", got)
 	}
 }
+
+// TestTwinQueueOfOlderTokenDropped: reported patches queued under an
+// older token (a previous run, or a controller since lost) are not pushed
+// under a new token: the agent drops them when it acquires the device.
+func TestTwinQueueOfOlderTokenDropped(t *testing.T) {
+	prefix := twinPrefix(t)
+	dev := "d1"
+	cache, err := shadow.OpenCache(t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cache.Close() })
+	if _, err := cache.Enqueue(dev, map[string]any{"setpoint": 5}); err != nil {
+		t.Fatal(err)
+	}
+	live := twinStore(t, prefix, "gw-a")
+	a := runAgent(t, twinAgentConfig("gw-a", prefix, "mqtt://127.0.0.1:1", dev), etcdClient(t), newFencePoint(), Options{Twins: live, TwinCache: cache})
+	waitFor(t, "a holds", holdingAll(a, []string{dev}))
+	waitFor(t, "queue dropped", func() bool { ps, err := cache.Pending(dev); return err == nil && len(ps) == 0 })
+	waitFor(t, "reconciler idle", func() bool { return a.twinIdle(dev) })
+	if got := reportedFields(t, live, dev); got["setpoint"] != nil {
+		t.Fatalf("reported %v: a patch queued under an older token was pushed", got)
+	}
+}
