@@ -3,11 +3,8 @@ package agent
 import (
 	"context"
 	"encoding/json"
-	"io"
-	"net"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -21,89 +18,23 @@ import (
 	"github.com/edgefence/edgefence/transport/mqtt"
 )
 
-// etcdCut forwards TCP to etcd until cut: then it drops every connection
-// and refuses new ones until heal, on the same address (as
-// shadow/watchcut_test.go's proxy).
-type etcdCut struct {
-	addr, target string
-	mu           sync.Mutex
-	ln           net.Listener
-	conns        map[net.Conn]bool
-	wg           sync.WaitGroup
-}
-
-func newEtcdCut(t *testing.T, target string) *etcdCut {
+// newEtcdCut puts a sandbox.CutProxy in front of target (etcd) until the
+// test ends.
+func newEtcdCut(t *testing.T, target string) *sandbox.CutProxy {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := sandbox.StartCutProxy(target)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &etcdCut{addr: ln.Addr().String(), target: target, conns: map[net.Conn]bool{}}
-	p.serve(ln)
-	t.Cleanup(p.cut)
+	t.Cleanup(func() { p.Close() })
 	return p
 }
 
-func (p *etcdCut) endpoint() string { return "http://" + p.addr }
-
-func (p *etcdCut) serve(ln net.Listener) {
-	p.mu.Lock()
-	p.ln = ln
-	p.mu.Unlock()
-	p.wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			u, err := net.Dial("tcp", p.target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			p.mu.Lock()
-			if p.ln != ln { // cut while dialing
-				p.mu.Unlock()
-				c.Close()
-				u.Close()
-				return
-			}
-			p.conns[c], p.conns[u] = true, true
-			p.mu.Unlock()
-			pipe := func(dst, src net.Conn) {
-				_, _ = io.Copy(dst, src)
-				dst.Close()
-				src.Close()
-			}
-			p.wg.Go(func() { pipe(u, c) })
-			p.wg.Go(func() { pipe(c, u) })
-		}
-	})
-}
-
-// cut drops every connection and closes the listener; it returns once
-// every forwarding goroutine has ended.
-func (p *etcdCut) cut() {
-	p.mu.Lock()
-	if p.ln != nil {
-		p.ln.Close()
-		p.ln = nil
-	}
-	for c := range p.conns {
-		c.Close()
-	}
-	clear(p.conns)
-	p.mu.Unlock()
-	p.wg.Wait()
-}
-
-func (p *etcdCut) heal(t *testing.T) {
+func heal(t *testing.T, p *sandbox.CutProxy) {
 	t.Helper()
-	ln, err := net.Listen("tcp", p.addr)
-	if err != nil {
+	if err := p.Heal(); err != nil {
 		t.Fatal(err)
 	}
-	p.serve(ln)
 }
 
 // reportedRev is one revision of a reported key, as etcd stored it.
@@ -202,7 +133,7 @@ func TestTwinOfflineConverges(t *testing.T) {
 	// the test's checks go straight to etcd.
 	proxy := newEtcdCut(t, strings.TrimPrefix(testEtcd.Endpoint(), "http://"))
 	cfg := twinAgentConfig("gw-a", prefix, br.URL(), dev)
-	cfg.Etcd.Endpoints = []string{proxy.endpoint()}
+	cfg.Etcd.Endpoints = []string{"http://" + proxy.Addr()}
 	cfg.Etcd.LeaseTTL = 10 * time.Second // the cut below is much shorter
 	cfg.Etcd.DialTimeout = time.Second
 	pcli, err := clientv3.New(clientv3.Config{Endpoints: cfg.Etcd.Endpoints, DialTimeout: cfg.Etcd.DialTimeout, Logger: zap.NewNop()})
@@ -243,7 +174,7 @@ func TestTwinOfflineConverges(t *testing.T) {
 
 	// Cut: the application writes desired; the device is set twice on its
 	// own side (commands that do not need etcd); its reports are queued.
-	proxy.cut()
+	proxy.Cut()
 	des, err = app.UpdateDesiredAny(ctx, dev, map[string]any{"setpoint": 24})
 	if err != nil {
 		t.Fatal(err)
@@ -270,7 +201,7 @@ func TestTwinOfflineConverges(t *testing.T) {
 		t.Fatalf("reported changed while cut: %v", got)
 	}
 	healedAt := time.Now()
-	proxy.heal(t)
+	heal(t, proxy)
 	if cc := pcli.ActiveConnection(); cc != nil {
 		cc.ResetConnectBackoff() // as reattach does; the cut is short
 	}
@@ -341,7 +272,7 @@ func TestTwinOfflineDeposedQueueFenced(t *testing.T) {
 	fp := newFencePoint()
 	proxy := newEtcdCut(t, strings.TrimPrefix(testEtcd.Endpoint(), "http://"))
 	cfg := twinAgentConfig("gw-a", prefix, "mqtt://127.0.0.1:1", dev)
-	cfg.Etcd.Endpoints = []string{proxy.endpoint()}
+	cfg.Etcd.Endpoints = []string{"http://" + proxy.Addr()}
 	cfg.Etcd.DialTimeout = 500 * time.Millisecond
 	pcli, err := clientv3.New(clientv3.Config{Endpoints: cfg.Etcd.Endpoints, DialTimeout: cfg.Etcd.DialTimeout, Logger: zap.NewNop()})
 	if err != nil {
@@ -379,7 +310,7 @@ func TestTwinOfflineDeposedQueueFenced(t *testing.T) {
 
 	// Cut: the device reports a local change to a, which queues it; a's
 	// lease ends in etcd and b takes over and converges a new desired.
-	proxy.cut()
+	proxy.Cut()
 	a.DeviceState(dev, map[string]any{"setpoint": 21, "mode": "cool"})
 	waitFor(t, "a queues the report", func() bool {
 		ps, err := cache.Pending(dev)
@@ -393,7 +324,7 @@ func TestTwinOfflineDeposedQueueFenced(t *testing.T) {
 	waitFor(t, "b converges", func() bool { return b.twinSynced(dev, des.Version) })
 
 	// Heal: a pushes its queue under its old token; etcd refuses it.
-	proxy.heal(t)
+	heal(t, proxy)
 	if cc := pcli.ActiveConnection(); cc != nil {
 		cc.ResetConnectBackoff()
 	}

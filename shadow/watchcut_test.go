@@ -1,89 +1,15 @@
 package shadow_test
 
 import (
-	"io"
-	"net"
-	"sync"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/edgefence/edgefence/devices/sandbox"
 	"github.com/edgefence/edgefence/shadow"
 )
-
-// cutProxy forwards TCP to etcd until cut: then it drops every connection
-// and refuses new ones until heal, on the same address.
-type cutProxy struct {
-	addr, target string
-	mu           sync.Mutex
-	ln           net.Listener
-	conns        map[net.Conn]bool
-	wg           sync.WaitGroup
-}
-
-func newCutProxy(t *testing.T, target string) *cutProxy {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &cutProxy{addr: ln.Addr().String(), target: target, conns: map[net.Conn]bool{}}
-	p.serve(ln)
-	t.Cleanup(p.cut)
-	return p
-}
-
-func (p *cutProxy) serve(ln net.Listener) {
-	p.mu.Lock()
-	p.ln = ln
-	p.mu.Unlock()
-	p.wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			u, err := net.Dial("tcp", p.target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			p.mu.Lock()
-			p.conns[c], p.conns[u] = true, true
-			p.mu.Unlock()
-			pipe := func(dst, src net.Conn) {
-				io.Copy(dst, src)
-				dst.Close()
-				src.Close()
-			}
-			p.wg.Go(func() { pipe(u, c) })
-			p.wg.Go(func() { pipe(c, u) })
-		}
-	})
-}
-
-func (p *cutProxy) cut() {
-	p.mu.Lock()
-	if p.ln != nil {
-		p.ln.Close()
-		p.ln = nil
-	}
-	for c := range p.conns {
-		c.Close()
-	}
-	clear(p.conns)
-	p.mu.Unlock()
-	p.wg.Wait()
-}
-
-func (p *cutProxy) heal(t *testing.T) {
-	ln, err := net.Listen("tcp", p.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.serve(ln)
-}
 
 // A running watch cut off from etcd while the revisions it needs are
 // compacted: when the connection is back, etcd answers its resumed watch
@@ -100,8 +26,12 @@ func TestWatchCompactedWhileCut(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	proxy := newCutProxy(t, testEtcd.Endpoint()[len("http://"):])
-	wcli, err := clientv3.New(clientv3.Config{Endpoints: []string{"http://" + proxy.addr}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	proxy, err := sandbox.StartCutProxy(testEtcd.Endpoint()[len("http://"):])
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	wcli, err := clientv3.New(clientv3.Config{Endpoints: []string{"http://" + proxy.Addr()}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +50,7 @@ func TestWatchCompactedWhileCut(t *testing.T) {
 		t.Fatalf("%+v", ev)
 	}
 
-	proxy.cut()
+	proxy.Cut()
 	if _, err := writer.UpdateDesiredAny(ctx, "d1", obj(t, `{"n":2}`)); err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +64,9 @@ func TestWatchCompactedWhileCut(t *testing.T) {
 	if _, err := direct.Compact(ctx, cur); err != nil {
 		t.Fatal(err)
 	}
-	proxy.heal(t)
+	if err := proxy.Heal(); err != nil {
+		t.Fatal(err)
+	}
 	if cc := wcli.ActiveConnection(); cc != nil {
 		cc.ResetConnectBackoff()
 	}
