@@ -11,7 +11,7 @@ import (
 // from what the store remembers, until Forget.
 func TestLastReportedReadsOnce(t *testing.T) {
 	cli := newClient(t)
-	s := shadow.NewStore(cli.Client, shadow.StoreConfig{Prefix: "/t/" + t.Name(), Writer: "gw"})
+	s := shadow.NewStore(cli.Client, shadow.StoreConfig{Prefix: newPrefix(), Writer: "gw"})
 	ctx := context.Background()
 	st, err := s.LastReported(ctx, "d1")
 	if err != nil || len(st.Fields) != 0 || st.Version != 0 {

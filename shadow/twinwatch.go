@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -76,20 +75,12 @@ func (s *Store) WatchTwin(ctx context.Context, dev string, from *Document, fn fu
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		var werr *watchErr
-		switch {
-		case errors.Is(err, errCompacted):
+		resync, err := afterWatch(ctx, err)
+		if err != nil {
+			return err
+		}
+		if resync {
 			next = 0
-		case errors.As(err, &werr):
-			t := time.NewTimer(watchRetry)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return ctx.Err()
-			case <-t.C:
-			}
-		default:
-			return err // fn's error
 		}
 	}
 }

@@ -91,21 +91,36 @@ func (s *Store) Watch(ctx context.Context, dev string, fromRev int64, fn func(Ev
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		var werr *watchErr
-		switch {
-		case errors.Is(err, errCompacted):
-			next = 0
-		case errors.As(err, &werr):
-			t := time.NewTimer(watchRetry)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return ctx.Err()
-			case <-t.C:
-			}
-		default:
-			return err // fn's error
+		resync, err := afterWatch(ctx, err)
+		if err != nil {
+			return err
 		}
+		if resync {
+			next = 0
+		}
+	}
+}
+
+// afterWatch decides what a watch loop does when a watch ended with err:
+// resync (the revisions it needs were compacted away: read everything
+// again), or retry after watchRetry (the watch broke; it resumes from the
+// last revision seen), or return err (ctx ended, or the callback's error).
+func afterWatch(ctx context.Context, err error) (resync bool, _ error) {
+	var werr *watchErr
+	switch {
+	case errors.Is(err, errCompacted):
+		return true, nil
+	case errors.As(err, &werr):
+		t := time.NewTimer(watchRetry)
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+			return false, ctx.Err()
+		case <-t.C:
+			return false, nil
+		}
+	default:
+		return false, err // fn's error
 	}
 }
 
