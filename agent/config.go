@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -40,6 +42,7 @@ type Config struct {
 	Etcd     EtcdConfig     `yaml:"etcd"`
 	MQTT     MQTTConfig     `yaml:"mqtt"`
 	API      APIConfig      `yaml:"api"`
+	Metrics  MetricsConfig  `yaml:"metrics"`
 	Command  CommandConfig  `yaml:"command"`
 	Outbox   OutboxConfig   `yaml:"outbox"`
 	Twins    TwinsConfig    `yaml:"twins"`
@@ -67,6 +70,15 @@ type MQTTConfig struct {
 // APIConfig is the local control API (a unix socket).
 type APIConfig struct {
 	Socket string `yaml:"socket"` // default /run/edgefence/edgefence.sock
+}
+
+// MetricsConfig is the Prometheus endpoint (/metrics, /healthz, /readyz;
+// see Agent.MetricsHandler).
+type MetricsConfig struct {
+	// Listen is the host:port to serve on; empty (the default) means off.
+	// Recommended: 127.0.0.1:9464, local to the gateway. An empty host
+	// (":9464") listens on every interface.
+	Listen string `yaml:"listen"`
 }
 
 // CommandConfig tunes the command path.
@@ -258,6 +270,11 @@ func (c *Config) Validate() error {
 	if c.API.Socket == "" {
 		c.API.Socket = DefaultSocket
 	}
+	if l := c.Metrics.Listen; l != "" {
+		if err := checkListen(l); err != nil {
+			return fieldErr("metrics.listen", "%v (e.g. 127.0.0.1:9464)", err)
+		}
+	}
 	if c.Command.Timeout == 0 {
 		c.Command.Timeout = DefaultCommandTimeout
 	}
@@ -344,6 +361,22 @@ func (c *Config) Validate() error {
 				return fieldErr(fmt.Sprintf("%s.reissue_kinds[%d]", f, j), "%q is not a command kind", k)
 			}
 		}
+	}
+	return nil
+}
+
+// checkListen checks a host:port to listen on: a numeric port in 1-65535
+// and a host that is empty, an IP address or a name.
+func checkListen(s string) error {
+	host, port, err := net.SplitHostPort(s)
+	if err != nil {
+		return fmt.Errorf("%q: want host:port", s)
+	}
+	if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
+		return fmt.Errorf("%q: port must be a number in 1-65535", s)
+	}
+	if strings.ContainsAny(host, " /") {
+		return fmt.Errorf("%q: bad host", s)
 	}
 	return nil
 }
