@@ -109,6 +109,11 @@ type Agent struct {
 	sessionUp bool
 
 	stats counters
+
+	// Liveness and readiness for the service manager (systemd.go).
+	beatAt       atomic.Int64  // a.now() in Unix ns at the Run loop's last heartbeat; 0 before Run
+	campaigning  chan struct{} // closed once the first session is open and its campaigns start
+	campaignOnce sync.Once
 }
 
 type counters struct {
@@ -167,7 +172,8 @@ func New(cfg *Config, cli *clientv3.Client, s Sender, o Options) (*Agent, error)
 		return nil, err
 	}
 	a := &Agent{cfg: *cfg, cli: cli, sender: s, log: o.Logger, now: o.Now, unsafe: o.UnsafeIgnoreSessionLoss, bridge: o.BridgeStatus, table: o.FenceTable, outbox: o.Outbox, hist: o.History,
-		devices: make(map[string]*device, len(cfg.Devices)), waiters: make(map[string]chan *fence.Ack)}
+		devices: make(map[string]*device, len(cfg.Devices)), waiters: make(map[string]chan *fence.Ack),
+		campaigning: make(chan struct{})}
 	if o.Twins != nil {
 		a.twin = newTwins(o.Twins, o.TwinCache)
 	}

@@ -41,6 +41,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	backoff := newBackoff(100*time.Millisecond, 5*time.Second)
 	for ctx.Err() == nil {
+		a.beat() // systemd.go: the watchdog's liveness probe
 		sess, err := a.openSession(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -48,7 +49,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			}
 			d := backoff.next()
 			a.log.Warn("etcd session", "err", err, "retry_in", d)
-			if !sleepCtx(ctx, d) {
+			if !a.sleepBeating(ctx, d) {
 				break
 			}
 			continue
@@ -156,12 +157,24 @@ func (a *Agent) runSession(ctx context.Context, sess *concurrency.Session) {
 			}()
 		}
 	}()
+	a.campaignOnce.Do(func() { close(a.campaigning) })
+	// While the session lasts this goroutine beats every second
+	// (systemd.go): the watchdog pings stop if it ever gets stuck.
+	beat := time.NewTicker(heartbeatEvery)
 	lost := false
-	select {
-	case <-ctx.Done():
-	case <-sess.Done():
-		lost = true
+wait:
+	for {
+		a.beat()
+		select {
+		case <-ctx.Done():
+			break wait
+		case <-sess.Done():
+			lost = true
+			break wait
+		case <-beat.C:
+		}
 	}
+	beat.Stop()
 	if lost {
 		// I6: stop this session's controllers before anything else.
 		a.dropSession(sess.Lease())

@@ -37,7 +37,7 @@ func failpoint(name string) bool {
 func cmdRun(args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	configPath := fs.String("config", "/etc/edgefence/edgefence.yaml", "config file (YAML)")
+	configPath := fs.String("config", defaultConfig, "config file (YAML)")
 	etcdURL := fs.String("etcd", "", "override etcd.endpoints (comma-separated)")
 	mqttURL := fs.String("mqtt", "", "override mqtt.brokers (comma-separated)")
 	socket := fs.String("socket", "", "override api.socket")
@@ -188,11 +188,51 @@ func cmdRun(args []string, stderr io.Writer) error {
 	log.Info("edgefence starting", "version", version, "gateway", cfg.Gateway, "devices", len(cfg.Devices),
 		"etcd", cfg.Etcd.Endpoints, "mqtt", cfg.MQTT.Brokers, "socket", cfg.API.Socket, "twins", cfg.Twins.Enabled)
 
+	// systemd (notify.go): READY, STATUS, WATCHDOG while healthy and
+	// STOPPING; no-ops without NOTIFY_SOCKET. A signal (ctx) does not stop
+	// the agent directly: shutdown says STOPPING=1 first, then cancels
+	// actx, and the agent releases its locks.
+	brokerUp := make(chan struct{})
+	wd := watchdogInterval(log)
+	sd := &notifier{send: systemdNotify, log: log.With("component", "systemd"),
+		campaigning: ag.Campaigning(), brokerUp: brokerUp,
+		status: ag.Summary, watchdog: wd,
+		// A live Run loop beats every second, and at most
+		// etcd.dial_timeout apart while it opens a session.
+		healthy: func() error { return ag.Healthy(max(wd, cfg.Etcd.DialTimeout+2*time.Second)) },
+	}
+	nctx, ncancel := context.WithCancel(context.Background())
+	ndone := make(chan struct{})
+	go func() {
+		defer close(ndone)
+		sd.run(nctx)
+	}()
+	defer func() { ncancel(); <-ndone }()
+
 	var wg sync.WaitGroup
 	errc := make(chan error, 2)
-	actx, cancel := context.WithCancel(ctx)
+	actx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	wg.Add(2)
+	shutdown := func() {
+		sd.stopping()
+		cancel()
+	}
+	wg.Add(4)
+	go func() {
+		defer wg.Done()
+		select {
+		case <-ctx.Done(): // SIGTERM or SIGINT
+			log.Info("shutting down", "cause", context.Cause(ctx))
+			shutdown()
+		case <-actx.Done():
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		if cmdr.AwaitConnection(actx) == nil {
+			close(brokerUp)
+		}
+	}()
 	go func() {
 		defer wg.Done()
 		errc <- ag.Run(actx)
@@ -201,9 +241,19 @@ func cmdRun(args []string, stderr io.Writer) error {
 		defer wg.Done()
 		if err := ag.ServeAPIListener(actx, apiListener); err != nil {
 			errc <- err
-			cancel() // the agent is unusable without its API
+			shutdown() // the agent is unusable without its API
 		}
 	}()
+	if cfg.Metrics.Listen != "" {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// /metrics, /healthz, /readyz; the agent runs on without them.
+			if err := agent.ServeMetrics(actx, cfg.Metrics.Listen, ag.MetricsHandler(version)); err != nil {
+				log.Error("metrics endpoint", "listen", cfg.Metrics.Listen, "err", err)
+			}
+		}()
+	}
 	if br != nil {
 		wg.Add(1)
 		go func() {
