@@ -4,7 +4,8 @@ GO ?= go
 BIN := bin
 DIST := dist
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-LDFLAGS := -s -w -X main.version=$(VERSION)
+COMMIT ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+LDFLAGS := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 CMDS := edgefence edgefence-devsim edgefence-sandbox edgefence-chaos
 # The agent and the device simulator are what ships to gateways and devices;
@@ -57,11 +58,12 @@ ROUNDS ?= 30
 chaos: build ## ROUNDS randomized fault-injection rounds on the real binaries (default 30); prints a summary, fails on any violation
 	$(BIN)/edgefence-chaos --rounds $(ROUNDS) --bin $(BIN) $(CHAOSFLAGS)
 
-cross: ## static ARM builds for gateways (linux/arm64, linux/armv7) into dist/
+cross: ## static gateway builds (linux arm64, armv7, armv6 for Pi Zero/1, amd64; CGO off, trimpath, version+commit stamped) into dist/
 	@mkdir -p $(DIST)
-	@for arch in arm64 arm; do for c in $(CROSS_CMDS); do \
-		out=$(DIST)/$$c-linux-$$arch; [ $$arch = arm ] && out=$(DIST)/$$c-linux-armv7; \
-		CGO_ENABLED=0 GOOS=linux GOARCH=$$arch GOARM=7 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $$out ./cmd/$$c || exit 1; \
+	@for t in arm64: arm:7 arm:6 amd64:; do arch=$${t%%:*}; arm=$${t#*:}; \
+		suffix=$$arch; [ -n "$$arm" ] && suffix=armv$$arm; \
+		for c in $(CROSS_CMDS); do out=$(DIST)/$$c-linux-$$suffix; \
+		CGO_ENABLED=0 GOOS=linux GOARCH=$$arch GOARM=$$arm $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $$out ./cmd/$$c || exit 1; \
 		ls -l $$out; done; done
 
 fuzz: ## run each fuzz target for FUZZTIME (default 30s)

@@ -20,6 +20,8 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -30,8 +32,31 @@ import (
 	"github.com/edgefence/edgefence/fence"
 )
 
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
+// version and commit are set at build time with -ldflags
+// "-X main.version=... -X main.commit=..." (make build, make cross). Without
+// a commit, the VCS revision go build stamps into the binary is used.
+var (
+	version = "dev"
+	commit  = ""
+)
+
+// versionLine is what `edgefence version` prints.
+func versionLine() string {
+	c := commit
+	if c == "" {
+		if bi, ok := debug.ReadBuildInfo(); ok {
+			for _, s := range bi.Settings {
+				if s.Key == "vcs.revision" && len(s.Value) >= 12 {
+					c = s.Value[:12]
+				}
+			}
+		}
+	}
+	if c == "" {
+		c = "unknown"
+	}
+	return fmt.Sprintf("edgefence %s (commit %s, %s %s/%s)", version, c, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+}
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
@@ -74,7 +99,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "twin":
 		err = cmdTwin(args[1:], stdout, stderr)
 	case "version", "--version":
-		fmt.Fprintln(stdout, "edgefence", version)
+		fmt.Fprintln(stdout, versionLine())
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 	default:
