@@ -22,7 +22,7 @@ build: ## build the agent, the device simulator and the sandbox into bin/
 	@mkdir -p $(BIN)
 	$(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/ $(addprefix ./cmd/,$(CMDS))
 
-deps: ## install what the tests need (Mosquitto from Debian, for interop tests)
+deps: ## install what the tests need (Mosquitto for interop tests, systemd-analyze to verify the unit)
 	@if ! command -v mosquitto >/dev/null && [ ! -x /usr/sbin/mosquitto ]; then \
 		if command -v apt-get >/dev/null; then \
 			echo "installing mosquitto (apt-get)"; \
@@ -30,6 +30,15 @@ deps: ## install what the tests need (Mosquitto from Debian, for interop tests)
 			$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq mosquitto >/dev/null; \
 		else \
 			echo "mosquitto not found and no apt-get: Mosquitto interop tests will be skipped (they fail under CI=true)"; \
+		fi; \
+	fi
+	@if ! command -v systemd-analyze >/dev/null; then \
+		if command -v apt-get >/dev/null; then \
+			echo "installing systemd (apt-get) for systemd-analyze"; \
+			SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+			$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq systemd >/dev/null; \
+		else \
+			echo "systemd-analyze not found and no apt-get: the unit check is skipped (it fails under CI=true)"; \
 		fi; \
 	fi
 

@@ -477,3 +477,24 @@ func TestRestartedAgentEndsQueueHeldElsewhere(t *testing.T) {
 	// verdict is counted just after the entry is resolved).
 	waitFor(t, "counters", func() bool { c := a2.Status().Counters; return c.Superseded == 2 && c.Stale == 1 })
 }
+
+// TestResendAfter: an unanswered command is sent again after 1 s, 2 s,
+// 4 s … but never waits longer than the command timeout.
+func TestResendAfter(t *testing.T) {
+	for _, c := range []struct {
+		tries   int
+		timeout time.Duration
+		want    time.Duration
+	}{
+		{0, 10 * time.Second, time.Second},
+		{1, 10 * time.Second, 2 * time.Second},
+		{3, 10 * time.Second, 8 * time.Second},
+		{4, 10 * time.Second, 10 * time.Second},
+		{60, 10 * time.Second, 10 * time.Second},
+		{0, 300 * time.Millisecond, 300 * time.Millisecond},
+	} {
+		if got := resendAfter(c.tries, c.timeout); got != c.want {
+			t.Errorf("resendAfter(%d, %v) = %v, want %v", c.tries, c.timeout, got, c.want)
+		}
+	}
+}

@@ -31,20 +31,28 @@ agent, or ` + agent.DefaultStateDir + `/` + fence.TableFile + `.
 `
 
 func cmdFence(args []string, stdout, stderr io.Writer) error {
+	return subcommand("fence", fenceUsage, map[string]command{"list": cmdFenceList, "show": cmdFenceShow}, args, stdout, stderr)
+}
+
+// command is one subcommand of a command group (fence list, twin set …).
+type command func(args []string, stdout, stderr io.Writer) error
+
+// subcommand runs the subcommand args[0] of group from cmds; help prints
+// usage; a missing or unknown one is a usage error (exit 2).
+func subcommand(group, usage string, cmds map[string]command, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		fmt.Fprint(stderr, fenceUsage)
+		fmt.Fprint(stderr, usage)
 		return exitError{2}
 	}
+	if c, ok := cmds[args[0]]; ok {
+		return c(args[1:], stdout, stderr)
+	}
 	switch args[0] {
-	case "list":
-		return cmdFenceList(args[1:], stdout, stderr)
-	case "show":
-		return cmdFenceShow(args[1:], stdout, stderr)
 	case "help", "-h", "--help":
-		fmt.Fprint(stdout, fenceUsage)
+		fmt.Fprint(stdout, usage)
 		return nil
 	}
-	fmt.Fprintf(stderr, "edgefence fence: unknown command %q\n\n%s", args[0], fenceUsage)
+	fmt.Fprintf(stderr, "edgefence %s: unknown command %q\n\n%s", group, args[0], usage)
 	return exitError{2}
 }
 

@@ -37,21 +37,7 @@ The outbox file is --file, or <state_dir>/` + offline.File + ` of --state-dir or
 `
 
 func cmdOutbox(args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, outboxUsage)
-		return exitError{2}
-	}
-	switch args[0] {
-	case "list":
-		return cmdOutboxList(args[1:], stdout, stderr)
-	case "show":
-		return cmdOutboxShow(args[1:], stdout, stderr)
-	case "help", "-h", "--help":
-		fmt.Fprint(stdout, outboxUsage)
-		return nil
-	}
-	fmt.Fprintf(stderr, "edgefence outbox: unknown command %q\n\n%s", args[0], outboxUsage)
-	return exitError{2}
+	return subcommand("outbox", outboxUsage, map[string]command{"list": cmdOutboxList, "show": cmdOutboxShow}, args, stdout, stderr)
 }
 
 // outboxFlags are the flags of the outbox commands.

@@ -64,23 +64,7 @@ read it again with twin get and retry.
 `
 
 func cmdTwin(args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, twinUsage)
-		return exitError{2}
-	}
-	switch args[0] {
-	case "get":
-		return cmdTwinGet(args[1:], stdout, stderr)
-	case "set":
-		return cmdTwinSet(args[1:], stdout, stderr)
-	case "watch":
-		return cmdTwinWatch(args[1:], stdout, stderr)
-	case "help", "-h", "--help":
-		fmt.Fprint(stdout, twinUsage)
-		return nil
-	}
-	fmt.Fprintf(stderr, "edgefence twin: unknown command %q\n\n%s", args[0], twinUsage)
-	return exitError{2}
+	return subcommand("twin", twinUsage, map[string]command{"get": cmdTwinGet, "set": cmdTwinSet, "watch": cmdTwinWatch}, args, stdout, stderr)
 }
 
 // twinFlags are the flags of the twin commands.
