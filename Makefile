@@ -6,6 +6,11 @@ DIST := dist
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 COMMIT ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 LDFLAGS := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)
+# grpcnotrace keeps golang.org/x/net/trace (and with it html/template, whose
+# reflection turns off the linker's dead-code removal of methods) out of the
+# binaries: 17.2 MB -> 14.1 MB stripped on arm64. grpc tracing is off by default
+# anyway. cmd/edgefence's TestDependencies reads this line.
+GOTAGS := grpcnotrace
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 CMDS := edgefence edgefence-devsim edgefence-sandbox edgefence-chaos
 # The agent and the device simulator are what ships to gateways and devices;
@@ -20,7 +25,7 @@ help: ## show this help
 
 build: ## build the agent, the device simulator and the sandbox into bin/
 	@mkdir -p $(BIN)
-	$(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/ $(addprefix ./cmd/,$(CMDS))
+	$(GO) build -tags $(GOTAGS) -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/ $(addprefix ./cmd/,$(CMDS))
 
 deps: ## install what the tests need (Mosquitto for interop tests, systemd-analyze to verify the unit)
 	@if ! command -v mosquitto >/dev/null && [ ! -x /usr/sbin/mosquitto ]; then \
@@ -72,7 +77,7 @@ cross: ## static gateway builds (linux arm64, armv7, armv6 for Pi Zero/1, amd64;
 	@for t in arm64: arm:7 arm:6 amd64:; do arch=$${t%%:*}; arm=$${t#*:}; \
 		suffix=$$arch; [ -n "$$arm" ] && suffix=armv$$arm; \
 		for c in $(CROSS_CMDS); do out=$(DIST)/$$c-linux-$$suffix; \
-		CGO_ENABLED=0 GOOS=linux GOARCH=$$arch GOARM=$$arm $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $$out ./cmd/$$c || exit 1; \
+		CGO_ENABLED=0 GOOS=linux GOARCH=$$arch GOARM=$$arm $(GO) build -tags $(GOTAGS) -trimpath -ldflags "$(LDFLAGS)" -o $$out ./cmd/$$c || exit 1; \
 		ls -l $$out; done; done
 
 fuzz: ## run each fuzz target for FUZZTIME (default 30s)

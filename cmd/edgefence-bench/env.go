@@ -102,8 +102,8 @@ func deviceIDs(prefix string, n int) []string {
 // into dir, as the gateway binaries ship (static, no cgo).
 func buildBinary(ctx context.Context, dir, name string, log io.Writer) (string, error) {
 	out := filepath.Join(dir, name)
-	fmt.Fprintf(log, "CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' ./cmd/%s\n", name)
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags=-s -w", "-o", out, "github.com/edgefence/edgefence/cmd/"+name)
+	fmt.Fprintf(log, "CGO_ENABLED=0 go build -tags grpcnotrace -trimpath -ldflags='-s -w' ./cmd/%s\n", name)
+	cmd := exec.CommandContext(ctx, "go", "build", "-tags", "grpcnotrace", "-trimpath", "-ldflags=-s -w", "-o", out, "github.com/edgefence/edgefence/cmd/"+name)
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Run(); err != nil {
