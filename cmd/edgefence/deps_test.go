@@ -1,0 +1,87 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// shipTags reads the build tags the shipped binaries are built with from the
+// Makefile's GOTAGS line, so this test and `make cross` cannot drift apart.
+func shipTags(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile("../../Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^GOTAGS :?= *(\S*)\s*$`).FindSubmatch(b)
+	if m == nil {
+		t.Fatal("Makefile has no GOTAGS line")
+	}
+	return string(m[1])
+}
+
+// TestDependencies guards what the gateway binary links: the sandbox's
+// embedded etcd server and MQTT broker, test-only libraries, and packages
+// whose reflection disables the linker's dead-code removal must stay out.
+func TestDependencies(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs go list")
+	}
+	out, err := exec.Command("go", "list", "-tags", shipTags(t), "-deps", ".").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	banned := []struct{ prefix, why string }{
+		{"go.etcd.io/etcd/server/", "embedded etcd server (sandbox only)"},
+		{"go.etcd.io/etcd/tests/", "etcd test framework"},
+		{"github.com/mochi-mqtt/", "MQTT broker (sandbox only)"},
+		{"github.com/anishathalye/porcupine", "linearizability checker (tests only)"},
+		{"pgregory.net/rapid", "property testing (tests only)"},
+		{"github.com/edgefence/edgefence/devices/sandbox", "sandbox (demos and tests)"},
+		{"github.com/edgefence/edgefence/devices/sim", "device simulator (edgefence-devsim)"},
+		{"github.com/edgefence/edgefence/fence/history/linear", "checker (tests only)"},
+		{"golang.org/x/net/trace", "grpc tracing: build with -tags grpcnotrace"},
+		{"html/template", "reflect method calls disable dead-code removal (+3 MB)"},
+		{"text/template", "reflect method calls disable dead-code removal"},
+		{"testing", "test code in the binary"},
+	}
+	var n int
+	for _, pkg := range strings.Fields(string(out)) {
+		n++
+		for _, b := range banned {
+			if pkg == b.prefix || strings.HasPrefix(pkg, b.prefix) && (strings.HasSuffix(b.prefix, "/") || strings.HasPrefix(pkg[len(b.prefix):], "/")) {
+				t.Errorf("edgefence links %s: %s", pkg, b.why)
+			}
+		}
+	}
+	t.Logf("%d packages linked (tags %q)", n, shipTags(t))
+}
+
+// TestBinarySize builds the agent as `make cross` ships it for a Raspberry Pi
+// 4/5 (linux/arm64, static, stripped) and holds it to the 16 MB budget
+// (docs/BENCHMARKS.md §14). A size, not a time: the machine's speed does not
+// matter.
+func TestBinarySize(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cross-builds the agent")
+	}
+	const budget = 16_000_000
+	out := filepath.Join(t.TempDir(), "edgefence")
+	cmd := exec.Command("go", "build", "-tags", shipTags(t), "-trimpath", "-ldflags=-s -w", "-o", out, ".")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=arm64")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, b)
+	}
+	fi, err := os.Stat(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("linux/arm64 stripped: %d bytes (budget %d)", fi.Size(), budget)
+	if fi.Size() > budget {
+		t.Errorf("linux/arm64 agent is %d bytes, over the %d byte budget: see TestDependencies and `go tool nm -size -sort size`", fi.Size(), budget)
+	}
+}
