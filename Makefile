@@ -18,7 +18,7 @@ CMDS := edgefence edgefence-devsim edgefence-sandbox edgefence-chaos
 CROSS_CMDS := edgefence edgefence-devsim
 TEST_TIMEOUT ?= 15m
 
-.PHONY: help build test test-short deps lint bench bench-e2e demo chaos cross fuzz clean
+.PHONY: help build test test-short deps lint bench bench-e2e demo chaos cross package fuzz clean
 
 help: ## show this help
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z_-]+:.*## /{printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -27,7 +27,7 @@ build: ## build the agent, the device simulator and the sandbox into bin/
 	@mkdir -p $(BIN)
 	$(GO) build -tags $(GOTAGS) -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/ $(addprefix ./cmd/,$(CMDS))
 
-deps: ## install what the tests need (Mosquitto for interop tests, systemd-analyze to verify the unit)
+deps: ## install what the tests need (Mosquitto for interop tests, systemd-analyze to verify the unit, qemu-user-static for the arm smoke test)
 	@if ! command -v mosquitto >/dev/null && [ ! -x /usr/sbin/mosquitto ]; then \
 		if command -v apt-get >/dev/null; then \
 			echo "installing mosquitto (apt-get)"; \
@@ -44,6 +44,15 @@ deps: ## install what the tests need (Mosquitto for interop tests, systemd-analy
 			$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq systemd >/dev/null; \
 		else \
 			echo "systemd-analyze not found and no apt-get: the unit check is skipped (it fails under CI=true)"; \
+		fi; \
+	fi
+	@if ! command -v qemu-aarch64-static >/dev/null || ! command -v qemu-arm-static >/dev/null; then \
+		if command -v apt-get >/dev/null; then \
+			echo "installing qemu-user-static (apt-get) for the arm64/armv7/armv6 smoke test"; \
+			SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+			$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq qemu-user-static >/dev/null; \
+		else \
+			echo "qemu-user-static not found and no apt-get: the arm smoke test is skipped (it fails under CI=true)"; \
 		fi; \
 	fi
 
@@ -72,12 +81,39 @@ ROUNDS ?= 30
 chaos: build ## ROUNDS randomized fault-injection rounds on the real binaries (default 30); prints a summary, fails on any violation
 	$(BIN)/edgefence-chaos --rounds $(ROUNDS) --bin $(BIN) $(CHAOSFLAGS)
 
-cross: ## static gateway builds (linux arm64, armv7, armv6 for Pi Zero/1, amd64; CGO off, trimpath, version+commit stamped) into dist/
+# Gateway targets, ARCHS names: arm64, armv7 (GOARM=7, Debian armhf), armv6
+# (GOARM=6, a Pi Zero/1), amd64.
+ARCHS ?= arm64 armv7 armv6 amd64
+
+cross: ## static gateway builds for ARCHS (arm64 armv7 armv6 amd64; CGO off, trimpath, version+commit stamped) into dist/
 	@mkdir -p $(DIST)
-	@for t in arm64: arm:7 arm:6 amd64:; do arch=$${t%%:*}; arm=$${t#*:}; \
-		suffix=$$arch; [ -n "$$arm" ] && suffix=armv$$arm; \
-		for c in $(CROSS_CMDS); do out=$(DIST)/$$c-linux-$$suffix; \
+	@for a in $(ARCHS); do \
+		case $$a in arm64|amd64) arch=$$a arm= ;; armv7|armv6) arch=arm arm=$${a#armv} ;; \
+		*) echo "unknown arch $$a (ARCHS: arm64 armv7 armv6 amd64)"; exit 2 ;; esac; \
+		for c in $(CROSS_CMDS); do out=$(DIST)/$$c-linux-$$a; \
 		CGO_ENABLED=0 GOOS=linux GOARCH=$$arch GOARM=$$arm $(GO) build -tags $(GOTAGS) -trimpath -ldflags "$(LDFLAGS)" -o $$out ./cmd/$$c || exit 1; \
+		ls -l $$out; done; done
+
+# Debian packages: edgefence (agent, unit, conffile; deploy/nfpm.yaml) and
+# edgefence-devsim (deploy/nfpm-devsim.yaml) for each of ARCHS, from the
+# binaries `cross` built. Debian architectures: arm64, amd64; armv7 is
+# armhf. armv6 is armhf too, not armel: Raspberry Pi OS, the system of a Pi
+# Zero/1, calls itself armhf (ARMv6 + VFP) and would refuse an armel
+# package, while Debian's armel is ARMv5 soft-float, where a GOARM=6 binary
+# may hit VFP instructions the CPU lacks. Its file is *_armhf-armv6.deb.
+NFPM := github.com/goreleaser/nfpm/v2/cmd/nfpm@v2.45.2
+DEB_VERSION = $(shell sh deploy/debversion.sh '$(VERSION)')
+MAINTAINER ?= edgefence maintainers <maintainers@edgefence.invalid>
+# Reproducible file times inside the packages: the commit's time.
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+
+package: cross ## .deb packages (edgefence, edgefence-devsim) for ARCHS into dist/; deploy/nfpm*.yaml
+	@v='$(DEB_VERSION)'; for a in $(ARCHS); do \
+		case $$a in armv7) deb=armhf file=armhf ;; armv6) deb=armhf file=armhf-armv6 ;; *) deb=$$a file=$$a ;; esac; \
+		for p in edgefence edgefence-devsim; do cfg=deploy/nfpm.yaml; [ $$p = edgefence ] || cfg=deploy/nfpm-devsim.yaml; \
+		out=$(DIST)/$${p}_$${v}_$$file.deb; \
+		DEB_ARCH=$$deb DEB_VERSION=$$v BINDIR=$(DIST) TARGET=$$a MAINTAINER='$(MAINTAINER)' SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) \
+			$(GO) run $(NFPM) package --config $$cfg --packager deb --target $$out >/dev/null || exit 1; \
 		ls -l $$out; done; done
 
 fuzz: ## run each fuzz target for FUZZTIME (default 30s)

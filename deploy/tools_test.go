@@ -1,0 +1,69 @@
+// Package deploy_test checks what ships to gateways: the .deb packages
+// (`make package`, deploy/nfpm*.yaml) and the cross-built binaries under
+// qemu-user-static. There is no Go code in deploy/, only these tests.
+package deploy_test
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+// repoRoot is the repository, seen from this package's directory.
+const repoRoot = ".."
+
+// tool returns the path of an external program the test needs. Without it
+// the test is skipped, except under CI=true, where it fails: CI runs
+// `make deps`, which installs it (hint says how).
+func tool(t *testing.T, name, hint string) string {
+	t.Helper()
+	p, err := exec.LookPath(name)
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("%s is required in CI (%s): %v", name, hint, err)
+		}
+		t.Skipf("%s not installed (%s): %v", name, hint, err)
+	}
+	return p
+}
+
+// run runs a command in dir with extra environment and returns its
+// combined output, failing the test if it does not exit 0 in time.
+func run(t *testing.T, timeout time.Duration, dir string, env []string, name string, args ...string) []byte {
+	t.Helper()
+	out, err := runErr(t, timeout, dir, env, name, args...)
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+func runErr(t *testing.T, timeout time.Duration, dir string, env []string, name string, args ...string) ([]byte, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), env...)
+	return cmd.CombinedOutput()
+}
+
+// makeVar returns the value of `NAME := value` in the Makefile, so that the
+// tests build what `make` builds.
+func makeVar(t *testing.T, name string) string {
+	t.Helper()
+	mk, err := os.ReadFile(repoRoot + "/Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(name) + ` :?= *(.*)$`).FindSubmatch(mk)
+	if m == nil {
+		t.Fatalf("the Makefile sets no %s", name)
+	}
+	return string(bytes.TrimSpace(m[1]))
+}
