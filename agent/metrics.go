@@ -140,7 +140,7 @@ func newAgentCollector(a *Agent, version string) *agentCollector {
 		return prometheus.NewDesc("edgefence_"+name, help, labels, nil)
 	}
 	return &agentCollector{a: a, version: version, revision: vcsRevision(),
-		buildInfo:         d("build_info", "Always 1; the labels give the agent's version, VCS revision and Go version.", "version", "revision", "goversion"),
+		buildInfo:         d("build_info", "Always 1; the labels give the agent's version, VCS revision, Go version and gateway id.", "version", "revision", "goversion", "gateway"),
 		leasesHeld:        d("leases_held", "Devices whose lock this agent holds now."),
 		devicesConfigured: d("devices_configured", "Devices in this agent's configuration (leases it campaigns for)."),
 		deviceCommands:    d("device_commands_total", "Commands of the device that ended, by verdict (as edgefence_commands_total, per device).", "device", "verdict"),
@@ -213,7 +213,7 @@ func (c *agentCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
 	}
 
-	gauge(c.buildInfo, 1, c.version, c.revision, runtime.Version())
+	gauge(c.buildInfo, 1, c.version, c.revision, runtime.Version(), s.Gateway)
 
 	held := 0
 	for _, d := range s.Devices {

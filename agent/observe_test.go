@@ -7,7 +7,10 @@ import (
 	"encoding/json"
 	"log/slog"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -412,3 +415,193 @@ func TestObservabilityEndToEnd(t *testing.T) {
 		}
 	}
 }
+
+// TestDashboardAndDocsMatchScrape: the Grafana dashboard is valid
+// Grafana structure and queries only metrics a running agent exposes, and
+// docs/ARCHITECTURE.md's metric table lists exactly the edgefence_* series
+// of a real scrape, with their types and labels.
+func TestDashboardAndDocsMatchScrape(t *testing.T) {
+	w := startObsWorld(t)
+	mf := scrape(t, w.srv)
+
+	// The docs' table.
+	doc, err := os.ReadFile("../docs/ARCHITECTURE.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	documented := map[string]bool{}
+	for line := range strings.Lines(string(doc)) {
+		if !strings.HasPrefix(line, "| `edgefence_") {
+			continue
+		}
+		cells := strings.Split(strings.Trim(strings.TrimSpace(line), "|"), "|")
+		if len(cells) != 4 {
+			t.Errorf("docs: metric row with %d cells, want 4: %s", len(cells), line)
+			continue
+		}
+		name := strings.Trim(strings.TrimSpace(cells[0]), "`")
+		typ := strings.TrimSpace(cells[1])
+		var labels []string
+		for _, m := range backticked.FindAllStringSubmatch(cells[2], -1) {
+			labels = append(labels, m[1])
+		}
+		if documented[name] {
+			t.Errorf("docs: %s listed twice", name)
+		}
+		documented[name] = true
+		f := mf[name]
+		if f == nil {
+			t.Errorf("docs list %s; the scrape has no such metric", name)
+			continue
+		}
+		if got := strings.ToLower(f.GetType().String()); got != typ {
+			t.Errorf("docs: %s is a %s, the scrape says %s", name, typ, got)
+		}
+		var have []string
+		for _, l := range f.GetMetric()[0].GetLabel() {
+			have = append(have, l.GetName())
+		}
+		slices.Sort(have)
+		slices.Sort(labels)
+		if !slices.Equal(have, labels) {
+			t.Errorf("docs: %s labels %v, the scrape has %v", name, labels, have)
+		}
+	}
+	for name := range mf {
+		if strings.HasPrefix(name, "edgefence_") && !documented[name] {
+			t.Errorf("the scrape has %s; docs/ARCHITECTURE.md's Metrics table does not list it", name)
+		}
+	}
+
+	// The dashboard.
+	raw, err := os.ReadFile("../deploy/grafana/edgefence-dashboard.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	type target struct {
+		RefID      string `json:"refId"`
+		Expr       string `json:"expr"`
+		Datasource struct {
+			Type string `json:"type"`
+			UID  string `json:"uid"`
+		} `json:"datasource"`
+	}
+	type panel struct {
+		ID      int                       `json:"id"`
+		Type    string                    `json:"type"`
+		Title   string                    `json:"title"`
+		GridPos *struct{ H, W, X, Y int } `json:"gridPos"`
+		Targets []target                  `json:"targets"`
+		Panels  []json.RawMessage         `json:"panels"`
+	}
+	var dash struct {
+		Inputs []struct {
+			Name, Type, PluginID string
+		} `json:"__inputs"`
+		SchemaVersion int     `json:"schemaVersion"`
+		Title         string  `json:"title"`
+		UID           string  `json:"uid"`
+		Panels        []panel `json:"panels"`
+		Templating    struct {
+			List []struct {
+				Name       string `json:"name"`
+				Type       string `json:"type"`
+				Definition string `json:"definition"`
+				Datasource struct {
+					UID string `json:"uid"`
+				} `json:"datasource"`
+			} `json:"list"`
+		} `json:"templating"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	if err := dec.Decode(&dash); err != nil {
+		t.Fatalf("dashboard JSON: %v", err)
+	}
+	const ds = "${DS_PROMETHEUS}"
+	if len(dash.Inputs) != 1 || dash.Inputs[0].Name != "DS_PROMETHEUS" || dash.Inputs[0].Type != "datasource" || dash.Inputs[0].PluginID != "prometheus" {
+		t.Errorf("dashboard __inputs %+v, want one Prometheus datasource input DS_PROMETHEUS", dash.Inputs)
+	}
+	if dash.SchemaVersion < 36 || dash.Title == "" || dash.UID == "" {
+		t.Errorf("dashboard schemaVersion %d (want Grafana 10+, >= 36), title %q, uid %q", dash.SchemaVersion, dash.Title, dash.UID)
+	}
+	used := map[string][]string{} // metric → where
+	use := func(where, expr string) {
+		for _, n := range metricName.FindAllString(expr, -1) {
+			used[n] = append(used[n], where)
+		}
+	}
+	vars := map[string]bool{}
+	for _, v := range dash.Templating.List {
+		vars[v.Name] = true
+		if v.Type != "query" || v.Datasource.UID != ds || v.Definition == "" {
+			t.Errorf("variable %s: type %q, datasource %q, query %q", v.Name, v.Type, v.Datasource.UID, v.Definition)
+		}
+		use("variable "+v.Name, v.Definition)
+	}
+	if !vars["instance"] || !vars["device"] {
+		t.Errorf("dashboard variables %v, want instance and device", vars)
+	}
+	ids := map[int]string{}
+	nPanels := 0
+	for _, p := range dash.Panels {
+		if p.ID <= 0 || ids[p.ID] != "" {
+			t.Errorf("panel %q: id %d is not unique and positive", p.Title, p.ID)
+		}
+		ids[p.ID] = p.Title
+		if g := p.GridPos; g == nil || g.H <= 0 || g.W <= 0 || g.X < 0 || g.Y < 0 || g.X+g.W > 24 {
+			t.Errorf("panel %q: gridPos %+v", p.Title, g)
+		}
+		if p.Type == "row" {
+			if len(p.Panels) != 0 {
+				t.Errorf("row %q is collapsed with panels inside: keep rows open", p.Title)
+			}
+			continue
+		}
+		nPanels++
+		if p.Title == "" || p.Type == "" || len(p.Targets) == 0 {
+			t.Errorf("panel %d %q: type %q, %d targets", p.ID, p.Title, p.Type, len(p.Targets))
+		}
+		refs := map[string]bool{}
+		for _, tg := range p.Targets {
+			if tg.Expr == "" || tg.RefID == "" || refs[tg.RefID] || tg.Datasource.UID != ds || tg.Datasource.Type != "prometheus" {
+				t.Errorf("panel %q: target %+v", p.Title, tg)
+			}
+			refs[tg.RefID] = true
+			if len(metricName.FindAllString(tg.Expr, -1)) == 0 {
+				t.Errorf("panel %q: expr %q names no metric", p.Title, tg.Expr)
+			}
+			use("panel "+p.Title, tg.Expr)
+		}
+	}
+	if nPanels < 10 {
+		t.Errorf("dashboard has %d panels", nPanels)
+	}
+	for name, where := range used {
+		if mf[name] == nil {
+			t.Errorf("dashboard queries %s (%s); a running agent does not expose it", name, strings.Join(where, "; "))
+		}
+	}
+	// The panels the fencing picture needs.
+	for _, name := range []string{"edgefence_device_commands_total", "edgefence_device_token", "edgefence_leases_held",
+		"edgefence_devices_configured", "edgefence_commands_total", "edgefence_outbox_pending",
+		"edgefence_outbox_device_oldest_pending_age_seconds", "edgefence_etcd_session_up", "edgefence_mqtt_connected",
+		"edgefence_mqtt_reconnects_total", "edgefence_etcd_sessions_total", "edgefence_twin_delta_fields",
+		"edgefence_fence_table_commands_total", "edgefence_build_info"} {
+		if used[name] == nil {
+			t.Errorf("no panel shows %s", name)
+		}
+	}
+	var unused []string
+	for name := range documented {
+		if used[name] == nil {
+			unused = append(unused, name)
+		}
+	}
+	slices.Sort(unused)
+	t.Logf("documented metrics no panel shows: %v", unused)
+}
+
+var (
+	backticked = regexp.MustCompile("`([a-z_]+)`")
+	metricName = regexp.MustCompile(`\b(?:edgefence|go|process)_[a-zA-Z0-9_]+`)
+)
