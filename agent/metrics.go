@@ -165,7 +165,7 @@ func newAgentCollector(a *Agent, version string) *agentCollector {
 		outboxPendingTotal:    d("outbox_pending_commands", "Commands pending in the outbox in all."),
 		outboxPendingBytes:    d("outbox_pending_bytes", "Envelope bytes pending in the outbox in all."),
 		outboxOldestAge:       d("outbox_oldest_pending_age_seconds", "Age of the oldest pending command (0 if none)."),
-		outboxDeviceOldestAge: d("outbox_device_oldest_pending_age_seconds", "Age of the oldest pending command of the device: the head of its queue (0 if none).", "device"),
+		outboxDeviceOldestAge: d("outbox_device_oldest_pending_age_seconds", "Age of the oldest pending command of the device, the head of its queue (only devices with pending commands).", "device"),
 		outboxFull:            d("outbox_full_total", "Commands refused because an outbox limit was reached."),
 		outboxErrors:          d("outbox_errors_total", "Outbox reads or writes that failed."),
 
@@ -262,12 +262,13 @@ func (c *agentCollector) Collect(ch chan<- prometheus.Metric) {
 			gauge(c.outboxPending, float64(d.Queued), d.ID)
 		}
 		if sum, err := ob.Summary(""); err == nil {
-			age := make(map[string]time.Duration, len(sum.Devices))
+			// Only devices with pending commands (Summary's list): an
+			// empty queue has no age, and 10,000 idle devices cost no
+			// series.
 			for _, ds := range sum.Devices {
-				age[ds.Device] = ds.OldestAge
-			}
-			for _, d := range s.Devices {
-				gauge(c.outboxDeviceOldestAge, max(age[d.ID], 0).Seconds(), d.ID)
+				if ds.Pending > 0 {
+					gauge(c.outboxDeviceOldestAge, max(ds.OldestAge, 0).Seconds(), ds.Device)
+				}
 			}
 			gauge(c.outboxPendingTotal, float64(sum.Pending))
 			gauge(c.outboxPendingBytes, float64(sum.Bytes))
