@@ -278,7 +278,8 @@ func TestObservabilityEndToEnd(t *testing.T) {
 	wantSample(t, mf, 1, "edgefence_commands_total", "verdict", "stale")
 	wantSample(t, mf, 1, "edgefence_fence_table_commands_total", "verdict", "stale")
 	wantSample(t, mf, 2, "edgefence_fence_table_commands_total", "verdict", "accepted") // ours and the intruder's
-	wantSample(t, mf, 1, "edgefence_device_state", "device", obsMeter, "state", StateLost)
+	// Send returns on the verdict; the deposed controller stops just after.
+	w.waitSample(t, 1, "edgefence_device_state", "device", obsMeter, "state", StateLost)
 
 	// 5. A device nobody answers: its command waits in the outbox and the
 	// device's oldest-pending age grows.
