@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -649,4 +650,71 @@ func BenchmarkScrape(b *testing.B) {
 		size = int(n)
 	}
 	b.ReportMetric(float64(size), "bytes/scrape")
+}
+
+// TestLogRefusedWithoutSending: the refusals the agent decides itself are
+// one line each too — a token regression ("lease refused") and commands
+// that expired in the outbox ("command refused", verdict expired,
+// sent=false) — and expiries are counted per device.
+func TestLogRefusedWithoutSending(t *testing.T) {
+	logs := &logBuffer{}
+	g := &gate{fp: newFencePoint()}
+	ob := openOutbox(t, filepath.Join(t.TempDir(), offline.File), &offline.Options{TTL: 500 * time.Millisecond})
+	const held = fence.Token(1 << 40)
+	if err := ob.SetHeld("d1", held); err != nil { // as if a run before had held d1 under a token etcd has not reached
+		t.Fatal(err)
+	}
+	cfg := &Config{Gateway: "gw-r", Etcd: EtcdConfig{Endpoints: testEtcd.Endpoints(), Prefix: "/t/" + t.Name(), LeaseTTL: 2 * time.Second},
+		MQTT: MQTTConfig{Brokers: []string{"mqtt://127.0.0.1:1"}}, Command: CommandConfig{Timeout: 300 * time.Millisecond},
+		Devices: devCfgs("d1", "d2")}
+	a := runAgent(t, cfg, etcdClient(t), g, Options{Outbox: ob, Logger: slog.New(slog.NewJSONHandler(logs, nil))})
+	srv := httptest.NewServer(a.MetricsHandler("test"))
+	defer srv.Close()
+	waitFor(t, "d2 held, d1 refused", func() bool {
+		st := a.Status()
+		return st.Devices[0].State == StateRefused && st.Devices[1].State == StateHolding
+	})
+	g.down.Store(true)
+	for range 3 {
+		if _, err := a.Send(context.Background(), "d2", "set", nil); !errors.Is(err, ErrQueued) {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "two expired", func() bool { n, _ := ob.Pending("d2"); return n == 1 })
+	g.down.Store(false)
+	waitFor(t, "head delivered", pendingZero(ob))
+	mf := scrape(t, srv)
+	wantSample(t, mf, 2, "edgefence_device_commands_total", "device", "d2", "verdict", "expired")
+	wantSample(t, mf, 1, "edgefence_device_commands_total", "device", "d2", "verdict", "accepted")
+	wantSample(t, mf, 2, "edgefence_commands_total", "verdict", "expired")
+	wantSample(t, mf, 1, "edgefence_token_regressions_total")
+	wantSample(t, mf, 1, "edgefence_device_state", "device", "d1", "state", StateRefused)
+	a.stop()
+
+	var refused, expired []map[string]any
+	ids := map[string]bool{}
+	for _, l := range logs.lines(t) {
+		switch {
+		case l["msg"] == "lease refused":
+			refused = append(refused, l)
+		case l["msg"] == "command refused" && l["verdict"] == "expired":
+			expired = append(expired, l)
+			ids[l["id"].(string)] = true
+		}
+	}
+	if len(refused) != 1 {
+		t.Fatalf("lease refused: %d lines, want one: %v", len(refused), refused)
+	}
+	if l := refused[0]; l["device"] != "d1" || l["token"].(float64) <= 0 || !strings.Contains(l["reason"].(string), "token regression") ||
+		l["max_held"] != float64(held) || l["holder"] != "gw-r" || l["level"] != "ERROR" {
+		t.Errorf("lease refused line: %v", l)
+	}
+	if len(expired) != 2 || len(ids) != 2 {
+		t.Fatalf("expired: %d lines (%d ids), want two: %v", len(expired), len(ids), expired)
+	}
+	for _, l := range expired {
+		if l["device"] != "d2" || l["token"].(float64) <= 0 || l["reason"] == "" || l["sent"] != false || l["level"] != "WARN" {
+			t.Errorf("expired line: %v", l)
+		}
+	}
 }
