@@ -145,6 +145,31 @@ type device struct {
 	delivering, kicked bool
 	inflight           string      // id of the entry the worker may have sent: never expired locally
 	deposedAt          fence.Token // highest token of ours a fence point refused as stale
+
+	// verdicts counts the device's commands that ended, per verdict
+	// (verdictNames order): edgefence_device_commands_total.
+	verdicts [len(verdictNames)]atomic.Uint64
+}
+
+// verdictNames are the terminal verdicts the agent counts, globally and
+// per device, in the order of device.verdicts.
+var verdictNames = [...]string{"accepted", "duplicate", "stale", "invalid", "expired"}
+
+// verdictIndex is v's index in verdictNames; every verdict a fence point
+// gives that is not accepted, duplicate or stale counts as invalid.
+func verdictIndex(v fence.Verdict) int {
+	switch v {
+	case fence.Accepted:
+		return 0
+	case fence.Duplicate:
+		return 1
+	case fence.Stale:
+		return 2
+	case fence.Expired:
+		return 4
+	default:
+		return 3
+	}
 }
 
 // controller is the right to command one device under one token.
@@ -306,20 +331,22 @@ func (a *Agent) sendDirect(ctx context.Context, d *device, ctl *controller, env 
 		a.log.Warn("command without verdict", "device", dev, "token", env.Token, "seq", env.Seq, "id", env.ID, "err", err)
 		return nil, fmt.Errorf("send to %s (token %d seq %d): %w", dev, env.Token, env.Seq, err)
 	}
-	a.countVerdict(ack.Verdict)
+	a.countVerdict(d, ack.Verdict)
 	d.mu.Lock()
 	d.lastAck = ack
 	d.mu.Unlock()
+	a.logVerdict(d, env, ack, false)
 	if ack.Verdict == fence.Stale {
 		// A newer holder has reached the device. Stop issuing (I6); the
 		// session loop will notice its loss and campaign again.
 		a.deposed(d, ctl, env, ack)
 	}
-	a.log.Debug("verdict", "device", dev, "token", env.Token, "seq", env.Seq, "id", env.ID, "verdict", ack.Verdict)
 	return ack, ack.Err()
 }
 
-func (a *Agent) countVerdict(v fence.Verdict) {
+// countVerdict counts a verdict a fence point gave one of d's commands,
+// in all and for d.
+func (a *Agent) countVerdict(d *device, v fence.Verdict) {
 	switch v {
 	case fence.Accepted:
 		a.stats.accepted.Add(1)
@@ -330,6 +357,30 @@ func (a *Agent) countVerdict(v fence.Verdict) {
 	default:
 		a.stats.inv.Add(1)
 	}
+	d.verdicts[verdictIndex(v)].Add(1)
+}
+
+// logVerdict logs the terminal verdict of one of d's commands: a refusal
+// (stale, invalid, expired) is one Warn line with device, token, reason and
+// verdict; accepted and duplicate are Debug only (one per command is too
+// many lines for a gateway's journal). local means the agent decided the
+// verdict itself, without sending the command.
+func (a *Agent) logVerdict(d *device, env *fence.Envelope, ack *fence.Ack, local bool) {
+	if ack.Verdict == fence.Accepted || ack.Verdict == fence.Duplicate {
+		a.log.Debug("command verdict", "device", d.id, "token", env.Token, "seq", env.Seq, "id", env.ID, "verdict", ack.Verdict)
+		return
+	}
+	reason := ack.Reason
+	if reason == "" {
+		switch ack.Verdict {
+		case fence.Stale:
+			reason = fmt.Sprintf("token below the fence point's %d: a newer holder reached the device", ack.MaxToken)
+		default:
+			reason = "refused by the fence point"
+		}
+	}
+	a.log.Warn("command refused", "device", d.id, "token", env.Token, "reason", reason, "verdict", ack.Verdict,
+		"seq", env.Seq, "id", env.ID, "kind", env.Kind, "fence_token", ack.MaxToken, "sent", !local)
 }
 
 // setState records a device state change if ctl is still the device's

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"runtime"
+	"runtime/debug"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -119,10 +120,11 @@ var deviceStates = [...]string{StateCampaigning, StateHolding, StateLost, StateR
 
 // agentCollector is a prometheus.Collector over Agent.Status.
 type agentCollector struct {
-	a       *Agent
-	version string
+	a                 *Agent
+	version, revision string
 
-	buildInfo, leasesHeld, deviceToken, deviceState                         *prometheus.Desc
+	buildInfo, leasesHeld, devicesConfigured, deviceToken, deviceState      *prometheus.Desc
+	deviceCommands, outboxDeviceOldestAge, twinDelta                        *prometheus.Desc
 	acquisitions, losses, regressions, reattached                           *prometheus.Desc
 	commands, sent, noAck, sendErrors, queued, resent, reissued, superseded *prometheus.Desc
 	outboxPending, outboxPendingTotal, outboxPendingBytes, outboxOldestAge  *prometheus.Desc
@@ -137,11 +139,13 @@ func newAgentCollector(a *Agent, version string) *agentCollector {
 	d := func(name, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc("edgefence_"+name, help, labels, nil)
 	}
-	return &agentCollector{a: a, version: version,
-		buildInfo:   d("build_info", "Always 1; the labels give the agent's version and Go version.", "version", "goversion"),
-		leasesHeld:  d("leases_held", "Devices whose lock this agent holds now."),
-		deviceToken: d("device_token", "The fencing token the agent issues commands under (present while holding, or autonomous).", "device"),
-		deviceState: d("device_state", "1 for the device's current lease state, 0 for the others.", "device", "state"),
+	return &agentCollector{a: a, version: version, revision: vcsRevision(),
+		buildInfo:         d("build_info", "Always 1; the labels give the agent's version, VCS revision, Go version and gateway id.", "version", "revision", "goversion", "gateway"),
+		leasesHeld:        d("leases_held", "Devices whose lock this agent holds now."),
+		devicesConfigured: d("devices_configured", "Devices in this agent's configuration (leases it campaigns for)."),
+		deviceCommands:    d("device_commands_total", "Commands of the device that ended, by verdict (as edgefence_commands_total, per device).", "device", "verdict"),
+		deviceToken:       d("device_token", "The fencing token the agent issues commands under (present while holding, or autonomous).", "device"),
+		deviceState:       d("device_state", "1 for the device's current lease state, 0 for the others.", "device", "state"),
 
 		acquisitions: d("lease_acquisitions_total", "Device locks acquired."),
 		losses:       d("lease_losses_total", "Device locks lost (session ended or lock key gone)."),
@@ -157,12 +161,13 @@ func newAgentCollector(a *Agent, version string) *agentCollector {
 		reissued:   d("commands_reissued_total", "Queued commands re-issued under a newer token (reissue_kinds)."),
 		superseded: d("commands_superseded_total", "Queued commands of strict devices ended stale, never sent, once another session held the lock."),
 
-		outboxPending:      d("outbox_pending", "Commands pending in the outbox, per device.", "device"),
-		outboxPendingTotal: d("outbox_pending_commands", "Commands pending in the outbox in all."),
-		outboxPendingBytes: d("outbox_pending_bytes", "Envelope bytes pending in the outbox in all."),
-		outboxOldestAge:    d("outbox_oldest_pending_age_seconds", "Age of the oldest pending command (0 if none)."),
-		outboxFull:         d("outbox_full_total", "Commands refused because an outbox limit was reached."),
-		outboxErrors:       d("outbox_errors_total", "Outbox reads or writes that failed."),
+		outboxPending:         d("outbox_pending", "Commands pending in the outbox, per device.", "device"),
+		outboxPendingTotal:    d("outbox_pending_commands", "Commands pending in the outbox in all."),
+		outboxPendingBytes:    d("outbox_pending_bytes", "Envelope bytes pending in the outbox in all."),
+		outboxOldestAge:       d("outbox_oldest_pending_age_seconds", "Age of the oldest pending command (0 if none)."),
+		outboxDeviceOldestAge: d("outbox_device_oldest_pending_age_seconds", "Age of the oldest pending command of the device, the head of its queue (only devices with pending commands).", "device"),
+		outboxFull:            d("outbox_full_total", "Commands refused because an outbox limit was reached."),
+		outboxErrors:          d("outbox_errors_total", "Outbox reads or writes that failed."),
 
 		etcdUp:         d("etcd_session_up", "1 while the agent's etcd session is open."),
 		etcdSessions:   d("etcd_sessions_total", "etcd sessions opened since start."),
@@ -181,12 +186,14 @@ func newAgentCollector(a *Agent, version string) *agentCollector {
 		twinErrors:   d("twin_errors_total", "Other twin reconciler failures (retried)."),
 		twinReports:  d("twin_device_reports_total", "Device state reports written to reported."),
 		twinWatching: d("twin_watching", "1 while the twin reconciler watches desired states."),
+		twinDelta:    d("twin_delta_fields", "Leaf fields of desired not yet in reported (the twin delta) at the reconciler's last look, per device the agent holds; 0 = converged.", "device"),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *agentCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.buildInfo, c.leasesHeld, c.deviceToken, c.deviceState,
+	for _, d := range []*prometheus.Desc{c.buildInfo, c.leasesHeld, c.devicesConfigured, c.deviceToken, c.deviceState,
+		c.deviceCommands, c.outboxDeviceOldestAge, c.twinDelta,
 		c.acquisitions, c.losses, c.regressions, c.reattached,
 		c.commands, c.sent, c.noAck, c.sendErrors, c.queued, c.resent, c.reissued, c.superseded,
 		c.outboxPending, c.outboxPendingTotal, c.outboxPendingBytes, c.outboxOldestAge, c.outboxFull, c.outboxErrors,
@@ -206,7 +213,7 @@ func (c *agentCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
 	}
 
-	gauge(c.buildInfo, 1, c.version, runtime.Version())
+	gauge(c.buildInfo, 1, c.version, c.revision, runtime.Version(), s.Gateway)
 
 	held := 0
 	for _, d := range s.Devices {
@@ -219,8 +226,16 @@ func (c *agentCollector) Collect(ch chan<- prometheus.Metric) {
 		for _, st := range deviceStates {
 			gauge(c.deviceState, b2f(d.State == st), d.ID, st)
 		}
+		v := d.Verdicts
+		for i, n := range [len(verdictNames)]uint64{v.Accepted, v.Duplicate, v.Stale, v.Invalid, v.Expired} {
+			counter(c.deviceCommands, n, d.ID, verdictNames[i])
+		}
+		if d.TwinDelta != nil {
+			gauge(c.twinDelta, float64(*d.TwinDelta), d.ID)
+		}
 	}
 	gauge(c.leasesHeld, float64(held))
+	gauge(c.devicesConfigured, float64(len(s.Devices)))
 
 	n := s.Counters
 	counter(c.acquisitions, n.Acquired)
@@ -247,6 +262,14 @@ func (c *agentCollector) Collect(ch chan<- prometheus.Metric) {
 			gauge(c.outboxPending, float64(d.Queued), d.ID)
 		}
 		if sum, err := ob.Summary(""); err == nil {
+			// Only devices with pending commands (Summary's list): an
+			// empty queue has no age, and 10,000 idle devices cost no
+			// series.
+			for _, ds := range sum.Devices {
+				if ds.Pending > 0 {
+					gauge(c.outboxDeviceOldestAge, max(ds.OldestAge, 0).Seconds(), ds.Device)
+				}
+			}
 			gauge(c.outboxPendingTotal, float64(sum.Pending))
 			gauge(c.outboxPendingBytes, float64(sum.Bytes))
 			gauge(c.outboxOldestAge, max(sum.OldestAge, 0).Seconds())
@@ -287,6 +310,19 @@ func (c *agentCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.twinReports, t.Reports)
 		gauge(c.twinWatching, b2f(t.Watching))
 	}
+}
+
+// vcsRevision is the VCS revision go build stamped into the binary ("" if
+// none: built outside a checkout, or with -buildvcs=false).
+func vcsRevision() string {
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" {
+				return s.Value
+			}
+		}
+	}
+	return ""
 }
 
 func b2f(b bool) float64 {

@@ -319,11 +319,11 @@ func (a *Agent) settle(d *device, e *offline.Entry, ack *fence.Ack, local bool) 
 	ctl := d.ctl
 	d.mu.Unlock()
 	if !local {
-		a.countVerdict(ack.Verdict)
+		a.countVerdict(d, ack.Verdict)
 	}
 	a.record(history.OpTerminal, env, ack.Verdict.String(), ack.Reason)
 	a.notify(env.ID, ack)
-	a.log.Debug("verdict", "device", d.id, "token", env.Token, "seq", env.Seq, "id", env.ID, "verdict", ack.Verdict)
+	a.logVerdict(d, env, ack, local)
 	if ack.Verdict != fence.Stale {
 		return true
 	}
@@ -332,17 +332,18 @@ func (a *Agent) settle(d *device, e *offline.Entry, ack *fence.Ack, local bool) 
 		a.deposed(d, ctl, env, ack)
 	case ctl != nil && ctl.token > env.Token && !ctl.lost.Load() && d.reissue[env.Kind]:
 		a.reissue(d, e)
-	default:
-		a.log.Info("queued command of an old token refused by the fence point", "device", d.id, "token", env.Token,
-			"seq", env.Seq, "id", env.ID, "fence_token", ack.MaxToken)
 	}
 	return true
 }
 
 // deposed stops ctl after a fence point refused its token: a newer holder
-// has reached the device (I6).
+// has reached the device (I6). It is a lease change, logged as one line.
 func (a *Agent) deposed(d *device, ctl *controller, env *fence.Envelope, ack *fence.Ack) {
-	a.log.Warn("deposed: fence point holds a newer token", "device", d.id, "token", env.Token, "fence_token", ack.MaxToken)
+	reason := fmt.Sprintf("deposed: the fence point holds newer token %d", ack.MaxToken)
+	if a.unsafe {
+		reason += " (UNSAFE: the controller carries on)"
+	}
+	a.log.Warn("lease lost", "device", d.id, "token", env.Token, "reason", reason, "holder", a.cfg.Gateway, "fence_token", ack.MaxToken)
 	if !a.unsafe {
 		ctl.lost.Store(true)
 		a.setState(d, ctl, StateLost)
@@ -422,12 +423,16 @@ func (a *Agent) expire() {
 	}
 	for _, x := range ended {
 		a.stats.expired.Add(1)
+		if d := a.devices[x.Device]; d != nil {
+			d.verdicts[verdictIndex(fence.Expired)].Add(1)
+		}
 		env := &fence.Envelope{Device: x.Device, ID: x.ID, Token: x.Token, Seq: x.Seq, Kind: x.Kind}
 		a.record(history.OpTerminal, env, fence.Expired.String(), "time to live passed before it was sent")
 		ack := &fence.Ack{V: fence.Version, Device: x.Device, ID: x.ID, Token: x.Token, Seq: x.Seq, Verdict: fence.Expired,
 			Reason: "time to live passed before it was sent"}
 		a.notify(x.ID, ack)
-		a.log.Warn("command expired in the outbox", "device", x.Device, "token", x.Token, "seq", x.Seq, "id", x.ID, "kind", x.Kind)
+		a.log.Warn("command refused", "device", x.Device, "token", x.Token, "reason", ack.Reason, "verdict", fence.Expired,
+			"seq", x.Seq, "id", x.ID, "kind", x.Kind, "sent", false)
 	}
 }
 

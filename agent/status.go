@@ -39,6 +39,22 @@ type DeviceStatus struct {
 	LastAck  *AckStatus  `json:"last_ack,omitempty"`
 	Policy   string      `json:"policy"`
 	Queued   int         `json:"queued,omitempty"` // commands pending in the outbox
+	// Verdicts counts the device's commands that ended, by verdict (the
+	// per-device split of Counters' acks_* and commands_expired).
+	Verdicts VerdictCounts `json:"verdicts"`
+	// TwinDelta is the number of leaf fields in the device's twin delta
+	// (desired not yet in reported) at the reconciler's last look; set
+	// while twins are on and the agent holds the device.
+	TwinDelta *int `json:"twin_delta_fields,omitempty"`
+}
+
+// VerdictCounts are one device's commands that ended, per verdict.
+type VerdictCounts struct {
+	Accepted  uint64 `json:"accepted,omitempty"`
+	Duplicate uint64 `json:"duplicate,omitempty"`
+	Stale     uint64 `json:"stale,omitempty"`
+	Invalid   uint64 `json:"invalid,omitempty"`
+	Expired   uint64 `json:"expired,omitempty"`
 }
 
 // AckStatus is an Ack in JSON form.
@@ -128,6 +144,12 @@ func (a *Agent) Status() Status {
 		}
 		if a.outbox != nil {
 			ds.Queued, _ = a.outbox.Pending(id)
+		}
+		v := &d.verdicts
+		ds.Verdicts = VerdictCounts{Accepted: v[0].Load(), Duplicate: v[1].Load(), Stale: v[2].Load(), Invalid: v[3].Load(), Expired: v[4].Load()}
+		if a.twin != nil && ctl != nil && (!ctl.lost.Load() || a.unsafe) {
+			n := a.twin.deltaFields(id)
+			ds.TwinDelta = &n
 		}
 		s.Devices = append(s.Devices, ds)
 	}

@@ -86,6 +86,41 @@ type twinDev struct {
 	// report is the latest device state report not yet written (DeviceState);
 	// the worker writes it before it reconciles.
 	report map[string]any
+	// deltaFields is the number of leaf fields in Delta(desired, reported)
+	// when the reconciler (or a device report) last compared them:
+	// edgefence_twin_delta_fields.
+	deltaFields int
+}
+
+// leafFields counts the leaf fields of a delta: a nested object counts its
+// fields (an empty one counts as one), anything else as one.
+func leafFields(m map[string]any) int {
+	n := 0
+	for _, v := range m {
+		if sub, ok := v.(map[string]any); ok && len(sub) > 0 {
+			n += leafFields(sub)
+		} else {
+			n++
+		}
+	}
+	return n
+}
+
+// setDelta records dev's current delta size.
+func (t *twins) setDelta(dev string, delta map[string]any) {
+	t.mu.Lock()
+	t.dev(dev).deltaFields = leafFields(delta)
+	t.mu.Unlock()
+}
+
+// deltaFields returns the delta size last recorded for dev.
+func (t *twins) deltaFields(dev string) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if td := t.devs[dev]; td != nil {
+		return td.deltaFields
+	}
+	return 0
 }
 
 // TwinStats are the twin reconciler's counters.
@@ -318,8 +353,8 @@ func (a *Agent) fenced(dev string, token fence.Token, err error) {
 	td.fencedAt = max(td.fencedAt, token)
 	t.mu.Unlock()
 	t.store.Forget(dev)
-	a.log.Warn("twin: reported write refused by etcd: no longer the holder; the twin controller stops for the device (I5)",
-		"device", dev, "token", token, "err", err)
+	a.log.Warn("twin: reported write refused by etcd; the twin controller stops for the device (I5)",
+		"device", dev, "token", token, "reason", "fenced: the lock key of this token is gone (no longer the holder)", "err", err)
 }
 
 // reconcile runs send → write rounds for dev until its delta is empty or
@@ -384,6 +419,7 @@ func (a *Agent) reconcile(ctx context.Context, dev string) {
 			rep = &st
 		}
 		delta := shadow.Delta(desired.Fields, rep.Fields)
+		t.setDelta(dev, delta)
 		if len(delta) == 0 {
 			// Converged: nothing to send (a repeated desired value
 			// costs one read).
@@ -423,7 +459,7 @@ func (a *Agent) reconcile(ctx context.Context, dev string) {
 			t.dev(dev).refused = desired.Version
 			t.mu.Unlock()
 			a.log.Warn("twin: device refused the desired state; not sent again until desired changes",
-				"device", dev, "desired_version", desired.Version, "verdict", ack.Verdict, "reason", ack.Reason)
+				"device", dev, "token", ack.Token, "reason", ack.Reason, "verdict", ack.Verdict, "id", ack.ID, "desired_version", desired.Version)
 			return
 		}
 		if ack.Token != token {
@@ -658,6 +694,16 @@ func (a *Agent) writeDeviceReport(ctx context.Context, dev string, fields map[st
 		return
 	}
 	err = a.ReportState(wctx, dev, patch)
+	if err == nil {
+		// The report moved reported: a local change shows as delta
+		// (which the reconciler leaves alone), a catching-up one clears it.
+		t.mu.Lock()
+		desired, have := t.dev(dev).desired, t.dev(dev).haveDesired
+		t.mu.Unlock()
+		if have {
+			t.setDelta(dev, shadow.Delta(desired.Fields, shadow.Merge(rep.Fields, patch)))
+		}
+	}
 	switch {
 	case err == nil || errors.Is(err, ErrNotHolder) || errors.Is(err, shadow.ErrFenced):
 	case t.cache != nil && ctx.Err() == nil && !errors.Is(err, shadow.ErrInvalid):

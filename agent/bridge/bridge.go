@@ -355,13 +355,29 @@ func (b *Bridge) refuse(dev string, env *fence.Envelope, v fence.Verdict, m fenc
 	switch v {
 	case fence.Duplicate:
 		b.duplicate.Add(1)
+		if reason == "" {
+			reason = "duplicate: admitted before; not applied again"
+		}
 	case fence.Stale:
 		b.stale.Add(1)
 		reason = fmt.Sprintf("token below the gateway fence table's %d", m.Token)
 	default:
 		b.invalid.Add(1)
 	}
-	b.log.Info("refused", "device", dev, "verdict", v, "reason", reason)
+	// One line per refusal, keyed like the agent's ("command refused"):
+	// device, token, reason, verdict; fence_token is the table's mark.
+	var tok fence.Token
+	var seq uint64
+	var id string
+	if env != nil {
+		tok, seq, id = env.Token, env.Seq, env.ID
+	}
+	lvl := slog.LevelWarn
+	if v == fence.Duplicate {
+		lvl = slog.LevelInfo // a resend, answered again: not a refusal
+	}
+	b.log.Log(context.Background(), lvl, "command refused", "device", dev, "token", tok, "reason", reason, "verdict", v,
+		"seq", seq, "id", id, "fence_token", m.Token, "by", "fence table")
 	if env == nil {
 		env = &fence.Envelope{Device: dev}
 	} else {
