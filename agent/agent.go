@@ -127,10 +127,14 @@ type counters struct {
 
 // device is the agent's view of one configured device.
 type device struct {
-	id      string
-	sem     chan struct{} // serializes commands: seqs must reach the device in order
-	policy  string        // PolicyStrict or PolicyAutonomous
-	reissue map[string]bool
+	id     string
+	sem    chan struct{} // serializes commands: seqs must reach the device in order
+	policy string        // PolicyStrict or PolicyAutonomous
+	fence  string        // FenceDevice or FenceGateway
+	home   string        // home gateway of a FenceGateway device
+	// verdicts counts the fence point's verdicts on this device's commands.
+	verdicts struct{ accepted, duplicate, stale, invalid atomic.Uint64 }
+	reissue  map[string]bool
 
 	mu       sync.Mutex
 	ctl      *controller // nil unless holding
@@ -184,7 +188,7 @@ func New(cfg *Config, cli *clientv3.Client, s Sender, o Options) (*Agent, error)
 		a.now = time.Now
 	}
 	for _, d := range cfg.Devices {
-		dev := &device{id: d.ID, sem: make(chan struct{}, 1), state: StateCampaigning, since: a.now(), policy: d.Policy}
+		dev := &device{id: d.ID, sem: make(chan struct{}, 1), state: StateCampaigning, since: a.now(), policy: d.Policy, fence: d.Fence, home: d.Home}
 		if len(d.ReissueKinds) > 0 {
 			dev.reissue = make(map[string]bool, len(d.ReissueKinds))
 			for _, k := range d.ReissueKinds {
@@ -306,7 +310,7 @@ func (a *Agent) sendDirect(ctx context.Context, d *device, ctl *controller, env 
 		a.log.Warn("command without verdict", "device", dev, "token", env.Token, "seq", env.Seq, "id", env.ID, "err", err)
 		return nil, fmt.Errorf("send to %s (token %d seq %d): %w", dev, env.Token, env.Seq, err)
 	}
-	a.countVerdict(ack.Verdict)
+	a.countVerdict(d, ack.Verdict)
 	d.mu.Lock()
 	d.lastAck = ack
 	d.mu.Unlock()
@@ -319,16 +323,20 @@ func (a *Agent) sendDirect(ctx context.Context, d *device, ctl *controller, env 
 	return ack, ack.Err()
 }
 
-func (a *Agent) countVerdict(v fence.Verdict) {
+func (a *Agent) countVerdict(d *device, v fence.Verdict) {
 	switch v {
 	case fence.Accepted:
 		a.stats.accepted.Add(1)
+		d.verdicts.accepted.Add(1)
 	case fence.Duplicate:
 		a.stats.duplicate.Add(1)
+		d.verdicts.duplicate.Add(1)
 	case fence.Stale:
 		a.stats.stale.Add(1)
+		d.verdicts.stale.Add(1)
 	default:
 		a.stats.inv.Add(1)
+		d.verdicts.invalid.Add(1)
 	}
 }
 

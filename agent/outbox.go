@@ -319,7 +319,7 @@ func (a *Agent) settle(d *device, e *offline.Entry, ack *fence.Ack, local bool) 
 	ctl := d.ctl
 	d.mu.Unlock()
 	if !local {
-		a.countVerdict(ack.Verdict)
+		a.countVerdict(d, ack.Verdict)
 	}
 	a.record(history.OpTerminal, env, ack.Verdict.String(), ack.Reason)
 	a.notify(env.ID, ack)

@@ -38,7 +38,19 @@ type DeviceStatus struct {
 	MaxToken fence.Token `json:"max_token_held,omitempty"`
 	LastAck  *AckStatus  `json:"last_ack,omitempty"`
 	Policy   string      `json:"policy"`
+	Fence    string      `json:"fence"`            // fence point: device or gateway
+	Home     string      `json:"home,omitempty"`   // home gateway of a fence: gateway device
 	Queued   int         `json:"queued,omitempty"` // commands pending in the outbox
+	Oldest   time.Time   `json:"oldest,omitzero"`  // creation time of the oldest pending command
+	Verdicts Verdicts    `json:"verdicts"`         // the fence point's verdicts on this agent's commands since start
+}
+
+// Verdicts counts a device's verdicts.
+type Verdicts struct {
+	Accepted  uint64 `json:"accepted"`
+	Duplicate uint64 `json:"duplicate"`
+	Stale     uint64 `json:"stale"`
+	Invalid   uint64 `json:"invalid"`
 }
 
 // AckStatus is an Ack in JSON form.
@@ -107,10 +119,21 @@ func (a *Agent) Status() Status {
 		ts := a.TwinStats()
 		s.Twins = &ts
 	}
+	var oldest map[string]time.Time // of each device's pending commands
+	if a.outbox != nil {
+		if sum, err := a.outbox.Summary(""); err == nil {
+			oldest = make(map[string]time.Time, len(sum.Devices))
+			for _, ds := range sum.Devices {
+				oldest[ds.Device] = ds.Oldest
+			}
+		}
+	}
 	for _, id := range a.order {
 		d := a.devices[id]
 		d.mu.Lock()
-		ds := DeviceStatus{ID: id, State: d.state, Since: d.since, MaxToken: d.maxToken, LastAck: NewAckStatus(d.lastAck), Policy: d.policy}
+		ds := DeviceStatus{ID: id, State: d.state, Since: d.since, MaxToken: d.maxToken, LastAck: NewAckStatus(d.lastAck), Policy: d.policy,
+			Fence: d.fence, Home: d.home, Verdicts: Verdicts{Accepted: d.verdicts.accepted.Load(), Duplicate: d.verdicts.duplicate.Load(),
+				Stale: d.verdicts.stale.Load(), Invalid: d.verdicts.invalid.Load()}}
 		if d.ctl != nil {
 			ds.Token, ds.LockKey = d.ctl.token, d.ctl.key
 		}
@@ -128,6 +151,7 @@ func (a *Agent) Status() Status {
 		}
 		if a.outbox != nil {
 			ds.Queued, _ = a.outbox.Pending(id)
+			ds.Oldest = oldest[id]
 		}
 		s.Devices = append(s.Devices, ds)
 	}
