@@ -105,8 +105,10 @@ func walkNode(n *yaml.Node, t reflect.Type, key string, lines keyLines, errs *[]
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
-	if n.Kind == yaml.AliasNode && n.Alias != nil {
-		n = n.Alias
+	if n.Kind == yaml.AliasNode {
+		// Not followed: the anchor's keys are checked where it is, and
+		// following aliases would multiply the work (billion laughs).
+		return
 	}
 	if reflect.PointerTo(t).Implements(unmarshalerType) {
 		return // a leaf with its own decoding (Secret)

@@ -193,3 +193,27 @@ func TestExampleConfigDocumentsEveryKey(t *testing.T) {
 		}
 	}
 }
+
+// FuzzParseConfig: any input is a config or ConfigErrors, never a panic;
+// every error wraps ErrConfig and a valid config validates again.
+func FuzzParseConfig(f *testing.F) {
+	f.Add([]byte(goodConfig))
+	f.Add([]byte(override(goodConfig, "devices:\n  - id: d\n    fence: gateway\n    home: gw-a\n    serial: {port: /dev/ttyS0, parity: X}")))
+	f.Add([]byte("mqtt: {brokerz: 1, tls: {ca_file: x}, password: '<redacted>'}\n"))
+	f.Add([]byte("a: &x [*x]\n"))
+	if b, err := os.ReadFile("../configs/edgefence.example.yaml"); err == nil {
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		c, err := ParseConfig(b)
+		if err != nil {
+			if !errors.Is(err, ErrConfig) || len(ConfigErrors(err)) == 0 {
+				t.Fatalf("error %v: not ConfigErrors", err)
+			}
+			return
+		}
+		if err := c.Validate(); err != nil {
+			t.Fatalf("valid config does not validate again: %v", err)
+		}
+	})
+}

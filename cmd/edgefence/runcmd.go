@@ -14,8 +14,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-
 	"github.com/edgefence/edgefence/agent"
 	"github.com/edgefence/edgefence/fence/history"
 	"github.com/edgefence/edgefence/offline"
@@ -123,9 +121,12 @@ exit status is 1. Secrets may come from the environment: %s,
 		defer hist.Close()
 	}
 
-	cli, err := clientv3.New(ecfg)
+	cli, err := newEtcdClient(ctx, ecfg, log)
 	if err != nil {
-		return fmt.Errorf("etcd client: %w", err)
+		if ctx.Err() != nil {
+			return nil // stopped while waiting for etcd: nothing held, a clean exit
+		}
+		return err
 	}
 	defer cli.Close()
 
