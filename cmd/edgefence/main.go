@@ -202,7 +202,7 @@ func unreachable(err error) string {
 	case errors.Is(err, syscall.ECONNREFUSED):
 		return fmt.Sprintf("no agent listens on %s: a stale socket, left by an agent that exited (systemctl status edgefence; journalctl -u edgefence)", sock)
 	case errors.Is(err, syscall.EACCES), errors.Is(err, syscall.EPERM):
-		return fmt.Sprintf("permission denied on %s: the agent's socket is for root and its group (run with sudo, or as a member of that group)", sock)
+		return fmt.Sprintf("permission denied on %s: the socket is for the agent's user and group (run with sudo, or as a member of its group)", sock)
 	}
 	return err.Error()
 }

@@ -2,12 +2,15 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -204,7 +207,7 @@ func TestNoAgent(t *testing.T) {
 		{stale, "no agent listens on " + stale + ": a stale socket"},
 	}
 	if os.Geteuid() == 0 {
-		t.Log("EACCES not tested: root may open any socket")
+		t.Run("EACCES as nobody", testNoAgentAsNobody)
 	} else {
 		// A socket with a listener that we may not open.
 		locked := filepath.Join(dir, "locked.sock")
@@ -238,4 +241,50 @@ func TestNoAgent(t *testing.T) {
 			t.Logf("%s failed in %v: %s", args[0], time.Since(start), strings.TrimSpace(r.stderr))
 		}
 	}
+}
+
+// testNoAgentAsNobody checks, when the tests run as root (who may open any
+// socket), the permission-denied message as user nobody: a copy of this
+// binary run with uid/gid 65534 on a root-only socket.
+func testNoAgentAsNobody(t *testing.T) {
+	// t.TempDir's parent is private to root: a dir in the system's own.
+	dir, err := os.MkdirTemp("", "edgefence-eacces-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for d := filepath.Dir(dir); d != "/" && d != "."; d = filepath.Dir(d) {
+		if fi, err := os.Stat(d); err != nil || fi.Mode().Perm()&0o001 == 0 {
+			t.Skipf("EACCES not tested: %s is not searchable by nobody", d)
+		}
+	}
+	bin := filepath.Join(dir, "edgefence")
+	src, err := os.ReadFile(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, src, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(dir, "root-only.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if err := os.Chmod(sock, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.CommandContext(t.Context(), bin, "status", "--socket", sock)
+	cmd.Env = append(os.Environ(), subprocEnv()...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 6 || !strings.Contains(string(out), "permission denied on "+sock) {
+		t.Errorf("status as nobody on a root-only socket: %v\n%s", err, out)
+	}
+	t.Logf("as nobody: %s", strings.TrimSpace(string(out)))
 }
