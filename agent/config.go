@@ -501,7 +501,14 @@ func checkListen(s string) error {
 func checkURL(s string, schemes ...string) error {
 	u, err := url.Parse(s)
 	if err != nil {
-		return err
+		if ue, ok := errors.AsType[*url.Error](err); ok {
+			err = ue.Err // without the URL: it may hold a password
+		}
+		return fmt.Errorf("not a URL: %w", err)
+	}
+	if u.User != nil {
+		// Not used by the clients, and printed wherever the URL is.
+		return fmt.Errorf("%q: no credentials in URLs; use username, and password or its environment override", u.Redacted())
 	}
 	for _, sc := range schemes {
 		if u.Scheme == sc {

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -155,6 +155,15 @@ func TestSecretsFromEnvironmentAreRedacted(t *testing.T) {
 	if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "mqtt.password") {
 		t.Fatalf("err %v", err)
 	}
+	// Credentials in a URL are refused, and not echoed.
+	_, err = ParseConfig([]byte(strings.Replace(goodConfig, "mqtt://127.0.0.1:1883", "mqtt://gw:hunter2@127.0.0.1:1883", 1)))
+	if !strings.Contains(err.Error(), "mqtt.brokers[0]: \"mqtt://gw:xxxxx@127.0.0.1:1883\": no credentials in URLs") || strings.Contains(err.Error(), "hunter2") {
+		t.Fatalf("err %v", err)
+	}
+	_, err = ParseConfig([]byte(strings.Replace(goodConfig, "http://127.0.0.1:2379", "http://root:hunter2@127.0.0.1:x", 1)))
+	if !strings.Contains(err.Error(), "etcd.endpoints[0]: not a URL") || strings.Contains(err.Error(), "hunter2") {
+		t.Fatalf("err %v", err)
+	}
 	// A password needs a user; cert and key go together.
 	_, err = ParseConfig([]byte(strings.Replace(goodConfig, "mqtt:\n", "mqtt:\n  password: x\n  tls: {cert_file: /a.pem}\n", 1)))
 	if !strings.Contains(err.Error(), "line 5: mqtt.username: required") || !strings.Contains(err.Error(), "line 7: mqtt.tls.cert_file") {
@@ -162,8 +171,8 @@ func TestSecretsFromEnvironmentAreRedacted(t *testing.T) {
 	}
 }
 
-// Every key of Config is documented in the example config, which parses
-// and validates.
+// Every key of Config is documented in the example config (set there,
+// with its comment), and the example parses and validates.
 func TestExampleConfigDocumentsEveryKey(t *testing.T) {
 	b, err := os.ReadFile("../configs/edgefence.example.yaml")
 	if err != nil {
@@ -172,24 +181,46 @@ func TestExampleConfigDocumentsEveryKey(t *testing.T) {
 	if _, err := ParseConfig(b); err != nil {
 		t.Fatal(err)
 	}
+	var doc yaml.Node
+	if err := yaml.Unmarshal(b, &doc); err != nil {
+		t.Fatal(err)
+	}
+	have := map[string]bool{}
+	var walk func(n *yaml.Node, prefix string)
+	walk = func(n *yaml.Node, prefix string) {
+		switch n.Kind {
+		case yaml.DocumentNode:
+			for _, c := range n.Content {
+				walk(c, prefix)
+			}
+		case yaml.MappingNode:
+			for i := 0; i+1 < len(n.Content); i += 2 {
+				k := n.Content[i].Value
+				if prefix != "" {
+					k = prefix + "." + k
+				}
+				have[k] = true
+				walk(n.Content[i+1], k)
+			}
+		case yaml.SequenceNode:
+			for _, c := range n.Content {
+				walk(c, prefix+"[]")
+			}
+		}
+	}
+	walk(&doc, "")
 	keys := ConfigKeys()
-	if len(keys) < 40 {
-		t.Fatalf("only %d keys: %v", len(keys), keys)
+	if len(keys) < 40 || !slices.Contains(keys, "devices[].serial.read_timeout") || !slices.Contains(keys, "mqtt.tls.key_file") {
+		t.Fatalf("ConfigKeys: %v", keys)
 	}
 	for _, k := range keys {
-		// The leaf name must appear as a key (commented or not) in the
-		// example, under its parent's section.
-		parts := strings.Split(strings.ReplaceAll(k, "[]", ""), ".")
-		leaf := parts[len(parts)-1]
-		re := regexp.MustCompile(`(?m)^[ #-]*` + regexp.QuoteMeta(leaf) + `:`)
-		if !re.Match(b) {
+		if !have[k] {
 			t.Errorf("configs/edgefence.example.yaml does not document %s", k)
 		}
-		if len(parts) > 1 {
-			top := regexp.MustCompile(`(?m)^#? ?` + regexp.QuoteMeta(parts[0]) + `:`)
-			if !top.Match(b) {
-				t.Errorf("configs/edgefence.example.yaml has no %s section", parts[0])
-			}
+	}
+	for k := range have {
+		if !slices.Contains(keys, k) {
+			t.Errorf("configs/edgefence.example.yaml has %s, which is not a key of Config", k)
 		}
 	}
 }
