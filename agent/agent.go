@@ -130,6 +130,8 @@ type device struct {
 	id      string
 	sem     chan struct{} // serializes commands: seqs must reach the device in order
 	policy  string        // PolicyStrict or PolicyAutonomous
+	fence   string        // FenceDevice or FenceGateway
+	home    string        // home gateway of a FenceGateway device
 	reissue map[string]bool
 
 	mu       sync.Mutex
@@ -209,7 +211,7 @@ func New(cfg *Config, cli *clientv3.Client, s Sender, o Options) (*Agent, error)
 		a.now = time.Now
 	}
 	for _, d := range cfg.Devices {
-		dev := &device{id: d.ID, sem: make(chan struct{}, 1), state: StateCampaigning, since: a.now(), policy: d.Policy}
+		dev := &device{id: d.ID, sem: make(chan struct{}, 1), state: StateCampaigning, since: a.now(), policy: d.Policy, fence: d.Fence, home: d.Home}
 		if len(d.ReissueKinds) > 0 {
 			dev.reissue = make(map[string]bool, len(d.ReissueKinds))
 			for _, k := range d.ReissueKinds {

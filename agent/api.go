@@ -508,7 +508,7 @@ func (c *APIClient) do(ctx context.Context, method, path string, in, out any) er
 	if err != nil {
 		if op, ok := errors.AsType[*net.OpError](err); ok && op.Op == "dial" {
 			// Nobody listens there: say so, not "Post http://edgefence/...".
-			return fmt.Errorf("cannot reach the agent at %s (is it running?): %w", c.Socket, op.Err)
+			return fmt.Errorf("%w: %w", ErrUnreachable, op)
 		}
 		return fmt.Errorf("agent api at %s: %w", c.Socket, err)
 	}

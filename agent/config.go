@@ -1,13 +1,13 @@
 package agent
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/url"
 	"os"
+	"reflect"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -15,6 +15,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/transport/serial"
 )
 
 // Defaults and limits of the configuration.
@@ -56,6 +57,9 @@ type EtcdConfig struct {
 	Prefix      string        `yaml:"prefix"`       // key prefix, default /edgefence/v1
 	DialTimeout time.Duration `yaml:"dial_timeout"` // default 5s
 	LeaseTTL    time.Duration `yaml:"lease_ttl"`    // session TTL, default 10s, minimum 2s, whole seconds
+	Username    string        `yaml:"username"`     // etcd auth user; empty means no auth
+	Password    Secret        `yaml:"password"`     // its password; or $EDGEFENCE_ETCD_PASSWORD(_FILE)
+	TLS         TLSConfig     `yaml:"tls"`          // for https:// endpoints
 }
 
 // MQTTConfig says where the broker is.
@@ -65,6 +69,9 @@ type MQTTConfig struct {
 	ClientID      string        `yaml:"client_id"`      // default edgefence-<gateway>
 	KeepAlive     time.Duration `yaml:"keep_alive"`     // default 30s
 	SessionExpiry time.Duration `yaml:"session_expiry"` // default 5m
+	Username      string        `yaml:"username"`       // MQTT CONNECT user name; empty means none
+	Password      Secret        `yaml:"password"`       // its password; or $EDGEFENCE_MQTT_PASSWORD(_FILE)
+	TLS           TLSConfig     `yaml:"tls"`            // for mqtts:// (ssl, tls, tcps) brokers
 }
 
 // APIConfig is the local control API (a unix socket).
@@ -170,92 +177,180 @@ func (c *Config) Bridged() []DeviceConfig {
 	return out
 }
 
-// LoadConfig reads and validates a YAML config file. Unknown keys are errors.
-func LoadConfig(path string) (*Config, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
-	}
-	c, err := ParseConfig(b)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	return c, nil
+// Override changes a decoded config before it is validated: a command-line
+// flag. Problems with Key or the keys under it are reported as Flag's.
+type Override struct {
+	Flag  string // e.g. --etcd
+	Key   string // the dotted key it sets, e.g. etcd.endpoints
+	Apply func(*Config)
 }
 
-// ParseConfig decodes and validates YAML config bytes.
-func ParseConfig(b []byte) (*Config, error) {
-	var c Config
-	dec := yaml.NewDecoder(bytes.NewReader(b))
-	dec.KnownFields(true)
-	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+// LoadConfig reads a YAML config file, applies the environment overrides
+// of secrets (EDGEFENCE_MQTT_PASSWORD, EDGEFENCE_ETCD_PASSWORD and their
+// _FILE variants) and then overrides, and validates the result. Every
+// problem is reported, joined (errors.Join): each a *ConfigError naming
+// the file, line and dotted key (see ConfigErrors), wrapping ErrConfig.
+// Unknown keys are errors.
+func LoadConfig(path string, overrides ...Override) (*Config, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, &ConfigError{File: path, Msg: err.Error()}
 	}
-	if err := c.Validate(); err != nil {
-		return nil, err
+	return parseConfig(b, path, os.LookupEnv, overrides)
+}
+
+// ParseConfig decodes and validates YAML config bytes (no environment
+// overrides); errors are as LoadConfig's, without a file name.
+func ParseConfig(b []byte) (*Config, error) {
+	return parseConfig(b, "", nil, nil)
+}
+
+func parseConfig(b []byte, file string, lookup func(string) (string, bool), overrides []Override) (*Config, error) {
+	var doc yaml.Node
+	if err := yaml.Unmarshal(b, &doc); err != nil {
+		return nil, withFile(file, yamlErrors(err, nil, true))
+	}
+	var c Config
+	lines := keyLines{}
+	var errs []error
+	decoded := true
+	if len(doc.Content) > 0 {
+		root := doc.Content[0]
+		if root.Kind != yaml.MappingNode {
+			return nil, withFile(file, []error{&ConfigError{Line: root.Line, Msg: "not a config: want a mapping of keys (gateway:, etcd:, …)"}})
+		}
+		walkNode(root, reflect.TypeFor[Config](), "", lines, &errs)
+		if err := root.Decode(&c); err != nil {
+			errs = append(errs, yamlErrors(err, lines, false)...)
+			decoded = false
+		}
+	}
+	if lookup != nil {
+		errs = append(errs, c.applyEnv(lookup)...)
+	}
+	for _, o := range overrides {
+		o.Apply(&c)
+	}
+	if decoded {
+		verr := c.Validate()
+		for _, ce := range ConfigErrors(verr) {
+			for _, o := range overrides {
+				if ce.Key == o.Key || strings.HasPrefix(ce.Key, o.Key+".") || strings.HasPrefix(ce.Key, o.Key+"[") {
+					ce.Key, ce.Line = o.Flag, -1
+				}
+			}
+			if ce.Line == 0 {
+				ce.Line = lines.line(ce.Key)
+			}
+			errs = append(errs, ce)
+		}
+	}
+	if lookup != nil && len(errs) == 0 {
+		// Read from a file on the gateway: the TLS files must load.
+		for _, t := range []struct {
+			key string
+			cfg TLSConfig
+		}{{"etcd.tls", c.Etcd.TLS}, {"mqtt.tls", c.MQTT.TLS}} {
+			if _, err := t.cfg.Load(t.key); err != nil {
+				for _, ce := range ConfigErrors(err) {
+					ce.Line = lines.line(ce.Key)
+					errs = append(errs, ce)
+				}
+			}
+		}
+	}
+	if len(errs) > 0 {
+		return nil, withFile(file, errs)
 	}
 	return &c, nil
 }
 
-func fieldErr(field, format string, args ...any) error {
-	return fmt.Errorf("%w: %s: %s", ErrConfig, field, fmt.Sprintf(format, args...))
+// withFile sets the file of errs (not of flag errors, Line -1), orders
+// them by line, and joins them.
+func withFile(file string, errs []error) error {
+	sort.SliceStable(errs, func(i, j int) bool { return lineOf(errs[i]) < lineOf(errs[j]) })
+	for _, e := range errs {
+		if ce, ok := e.(*ConfigError); ok {
+			if ce.Line < 0 {
+				ce.Line = 0
+				continue
+			}
+			ce.File = file
+		}
+	}
+	return errors.Join(errs...)
 }
 
-// Validate checks every field, fills in defaults, and returns an error
-// wrapping ErrConfig that names the first bad field.
-func (c *Config) Validate() error {
-	if c.Gateway == "" {
-		return fieldErr("gateway", "required")
+func lineOf(err error) int {
+	if ce, ok := err.(*ConfigError); ok {
+		return ce.Line
 	}
-	if err := fence.ValidateDeviceID(c.Gateway); err != nil {
-		return fieldErr("gateway", "%q: use [A-Za-z0-9._-]", c.Gateway)
+	return 0
+}
+
+// serialFields maps transport/serial.PortConfig's field names to keys.
+var serialFields = map[string]string{"Path": "port", "Baud": "baud", "DataBits": "data_bits", "Parity": "parity", "StopBits": "stop_bits", "ReadTimeout": "read_timeout"}
+
+// Validate checks every field and fills in defaults. It reports every
+// problem, joined: each a *ConfigError naming the dotted key (no line: see
+// LoadConfig), wrapping ErrConfig.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(key, format string, args ...any) {
+		errs = append(errs, &ConfigError{Key: key, Msg: fmt.Sprintf(format, args...)})
+	}
+	if c.Gateway == "" {
+		bad("gateway", "required")
+	} else if err := fence.ValidateDeviceID(c.Gateway); err != nil {
+		bad("gateway", "%q: use [A-Za-z0-9._-]", c.Gateway)
 	}
 	if c.StateDir == "" {
 		c.StateDir = DefaultStateDir
 	}
 	if len(c.Etcd.Endpoints) == 0 {
-		return fieldErr("etcd.endpoints", "at least one endpoint required")
+		bad("etcd.endpoints", "at least one endpoint required")
 	}
 	for i, e := range c.Etcd.Endpoints {
 		if err := checkURL(e, "http", "https"); err != nil {
-			return fieldErr(fmt.Sprintf("etcd.endpoints[%d]", i), "%v", err)
+			bad(fmt.Sprintf("etcd.endpoints[%d]", i), "%v", err)
 		}
 	}
 	if c.Etcd.Prefix == "" {
 		c.Etcd.Prefix = DefaultEtcdPrefix
 	}
 	if !strings.HasPrefix(c.Etcd.Prefix, "/") || strings.HasSuffix(c.Etcd.Prefix, "/") {
-		return fieldErr("etcd.prefix", "%q must start with / and not end with /", c.Etcd.Prefix)
+		bad("etcd.prefix", "%q must start with / and not end with /", c.Etcd.Prefix)
 	}
 	if c.Etcd.DialTimeout == 0 {
 		c.Etcd.DialTimeout = 5 * time.Second
 	}
 	if c.Etcd.DialTimeout < 0 {
-		return fieldErr("etcd.dial_timeout", "must be positive")
+		bad("etcd.dial_timeout", "must be positive")
 	}
 	switch ttl := c.Etcd.LeaseTTL; {
 	case ttl == 0:
 		c.Etcd.LeaseTTL = DefaultLeaseTTL
 	case ttl < MinLeaseTTL:
-		return fieldErr("etcd.lease_ttl", "%v is below the minimum %v", ttl, MinLeaseTTL)
+		bad("etcd.lease_ttl", "%v is below the minimum %v", ttl, MinLeaseTTL)
 	case ttl%time.Second != 0:
-		return fieldErr("etcd.lease_ttl", "%v: etcd leases are whole seconds", ttl)
+		bad("etcd.lease_ttl", "%v: etcd leases are whole seconds", ttl)
 	}
+	c.credentials("etcd", c.Etcd.Username, c.Etcd.Password, c.Etcd.TLS, bad)
 	if len(c.MQTT.Brokers) == 0 {
-		return fieldErr("mqtt.brokers", "at least one broker URL required")
+		bad("mqtt.brokers", "at least one broker URL required")
 	}
 	for i, b := range c.MQTT.Brokers {
 		if err := checkURL(b, "mqtt", "tcp", "mqtts", "ssl", "tls", "tcps"); err != nil {
-			return fieldErr(fmt.Sprintf("mqtt.brokers[%d]", i), "%v", err)
+			bad(fmt.Sprintf("mqtt.brokers[%d]", i), "%v", err)
 		}
 	}
 	if c.MQTT.Prefix == "" {
 		c.MQTT.Prefix = DefaultMQTTPrefix
 	}
 	if strings.ContainsAny(c.MQTT.Prefix, "+#") || strings.HasPrefix(c.MQTT.Prefix, "/") || strings.HasSuffix(c.MQTT.Prefix, "/") {
-		return fieldErr("mqtt.prefix", "%q: no wildcards, no leading or trailing /", c.MQTT.Prefix)
+		bad("mqtt.prefix", "%q: no wildcards, no leading or trailing /", c.MQTT.Prefix)
 	}
-	if c.MQTT.ClientID == "" {
+	if c.MQTT.ClientID == "" && c.Gateway != "" {
 		c.MQTT.ClientID = "edgefence-" + c.Gateway
 	}
 	if c.MQTT.KeepAlive == 0 {
@@ -264,64 +359,65 @@ func (c *Config) Validate() error {
 	if c.MQTT.SessionExpiry == 0 {
 		c.MQTT.SessionExpiry = 5 * time.Minute
 	}
-	if c.MQTT.KeepAlive < time.Second || c.MQTT.SessionExpiry < 0 {
-		return fieldErr("mqtt.keep_alive", "keep_alive must be at least 1s and session_expiry not negative")
+	if c.MQTT.KeepAlive < time.Second {
+		bad("mqtt.keep_alive", "%v: must be at least 1s", c.MQTT.KeepAlive)
 	}
+	if c.MQTT.SessionExpiry < 0 {
+		bad("mqtt.session_expiry", "must not be negative")
+	}
+	c.credentials("mqtt", c.MQTT.Username, c.MQTT.Password, c.MQTT.TLS, bad)
 	if c.API.Socket == "" {
 		c.API.Socket = DefaultSocket
 	}
 	if l := c.Metrics.Listen; l != "" {
 		if err := checkListen(l); err != nil {
-			return fieldErr("metrics.listen", "%v (e.g. 127.0.0.1:9464)", err)
+			bad("metrics.listen", "%v (e.g. 127.0.0.1:9464)", err)
 		}
 	}
 	if c.Command.Timeout == 0 {
 		c.Command.Timeout = DefaultCommandTimeout
 	}
 	if c.Command.Timeout < 0 {
-		return fieldErr("command.timeout", "must be positive")
+		bad("command.timeout", "must be positive")
 	}
 	o := &c.Outbox
-	switch {
-	case o.MaxPerDevice < 0:
-		return fieldErr("outbox.max_per_device", "must not be negative")
-	case o.MaxBytesPerDevice < 0:
-		return fieldErr("outbox.max_bytes_per_device", "must not be negative")
-	case o.MaxTotal < 0:
-		return fieldErr("outbox.max_total", "must not be negative")
-	case o.MaxTotalBytes < 0:
-		return fieldErr("outbox.max_total_bytes", "must not be negative")
-	case o.TTL < 0:
-		return fieldErr("outbox.ttl", "must not be negative")
-	case o.Retention < 0:
-		return fieldErr("outbox.retention", "must not be negative")
+	for _, n := range []struct {
+		key string
+		neg bool
+	}{
+		{"outbox.max_per_device", o.MaxPerDevice < 0}, {"outbox.max_bytes_per_device", o.MaxBytesPerDevice < 0},
+		{"outbox.max_total", o.MaxTotal < 0}, {"outbox.max_total_bytes", o.MaxTotalBytes < 0},
+		{"outbox.ttl", o.TTL < 0}, {"outbox.retention", o.Retention < 0},
+	} {
+		if n.neg {
+			bad(n.key, "must not be negative")
+		}
 	}
 	switch c.Log.Level {
 	case "":
 		c.Log.Level = "info"
 	case "debug", "info", "warn", "error":
 	default:
-		return fieldErr("log.level", "%q: want debug, info, warn or error", c.Log.Level)
+		bad("log.level", "%q: want debug, info, warn or error", c.Log.Level)
 	}
 	switch c.Log.Format {
 	case "":
 		c.Log.Format = "auto"
 	case "auto", "json", "text":
 	default:
-		return fieldErr("log.format", "%q: want auto, json or text", c.Log.Format)
+		bad("log.format", "%q: want auto, json or text", c.Log.Format)
 	}
 	if len(c.Devices) == 0 {
-		return fieldErr("devices", "at least one device required")
+		bad("devices", "at least one device required")
 	}
 	seen := make(map[string]bool, len(c.Devices))
 	for i := range c.Devices {
 		d := &c.Devices[i]
 		f := fmt.Sprintf("devices[%d]", i)
 		if err := fence.ValidateDeviceID(d.ID); err != nil {
-			return fieldErr(f+".id", "%v", err)
-		}
-		if seen[d.ID] {
-			return fieldErr(f+".id", "%q listed twice", d.ID)
+			bad(f+".id", "%v", err)
+		} else if seen[d.ID] {
+			bad(f+".id", "%q listed twice", d.ID)
 		}
 		seen[d.ID] = true
 		switch d.Fence {
@@ -329,40 +425,61 @@ func (c *Config) Validate() error {
 			d.Fence = FenceDevice
 		case FenceDevice, FenceGateway:
 		default:
-			return fieldErr(f+".fence", "%q: want %q or %q", d.Fence, FenceDevice, FenceGateway)
+			bad(f+".fence", "%q: want %q or %q", d.Fence, FenceDevice, FenceGateway)
 		}
 		link := d.Serial != nil || d.MQTTTopic != ""
 		switch {
 		case d.Fence == FenceDevice && (d.Home != "" || link):
-			return fieldErr(f+".home", "home, serial and mqtt_topic are for `fence: gateway` devices")
+			bad(f+".home", "home, serial and mqtt_topic are for `fence: gateway` devices")
 		case d.Fence == FenceGateway && d.Home == "":
-			return fieldErr(f+".home", "a `fence: gateway` device needs its home gateway")
+			bad(f+".home", "a `fence: gateway` device needs its home gateway")
 		case d.Fence == FenceGateway && d.Home == c.Gateway && !link:
-			return fieldErr(f+".serial", "this gateway is %q's home: give its serial port or its mqtt_topic", d.ID)
+			bad(f+".serial", "this gateway is %q's home: give its serial port or its mqtt_topic", d.ID)
 		case d.Serial != nil && d.MQTTTopic != "":
-			return fieldErr(f+".mqtt_topic", "a device is on serial or on mqtt_topic, not both")
+			bad(f+".mqtt_topic", "a device is on serial or on mqtt_topic, not both")
 		case d.Fence == FenceGateway && d.Home != c.Gateway && link:
-			return fieldErr(f+".serial", "only the home gateway %q reaches %q's link (serial or mqtt_topic)", d.Home, d.ID)
+			bad(f+".serial", "only the home gateway %q reaches %q's link (serial or mqtt_topic)", d.Home, d.ID)
 		case strings.ContainsAny(d.MQTTTopic, "+#") || strings.HasPrefix(d.MQTTTopic, c.MQTT.Prefix+"/"):
-			return fieldErr(f+".mqtt_topic", "%q: no wildcards, and not under mqtt.prefix", d.MQTTTopic)
-		}
-		if d.Serial != nil && d.Serial.Port == "" {
-			return fieldErr(f+".serial.port", "required")
+			bad(f+".mqtt_topic", "%q: no wildcards, and not under mqtt.prefix", d.MQTTTopic)
+		case d.Serial != nil && d.Serial.Port == "":
+			bad(f+".serial.port", "required")
+		case d.Serial != nil:
+			s := d.Serial
+			pc := serial.PortConfig{Path: s.Port, Baud: s.Baud, DataBits: s.DataBits, Parity: s.Parity, StopBits: s.StopBits, ReadTimeout: s.ReadTimeout}
+			if err := pc.Validate(); err != nil {
+				msg := strings.TrimPrefix(strings.TrimPrefix(err.Error(), serial.ErrInvalidConfig.Error()), ": ")
+				key := f + ".serial"
+				if name, _, _ := strings.Cut(msg, " "); serialFields[name] != "" {
+					key += "." + serialFields[name]
+				}
+				bad(key, "%s", msg)
+			}
 		}
 		switch d.Policy {
 		case "":
 			d.Policy = PolicyStrict
 		case PolicyStrict, PolicyAutonomous:
 		default:
-			return fieldErr(f+".policy", "%q: want %q or %q", d.Policy, PolicyStrict, PolicyAutonomous)
+			bad(f+".policy", "%q: want %q or %q", d.Policy, PolicyStrict, PolicyAutonomous)
 		}
 		for j, k := range d.ReissueKinds {
 			if k == "" || len(k) > fence.MaxKindLen {
-				return fieldErr(fmt.Sprintf("%s.reissue_kinds[%d]", f, j), "%q is not a command kind", k)
+				bad(fmt.Sprintf("%s.reissue_kinds[%d]", f, j), "%q is not a command kind", k)
 			}
 		}
 	}
-	return nil
+	return errors.Join(errs...)
+}
+
+// credentials checks a client's user, password and TLS files.
+func (c *Config) credentials(key, user string, pass Secret, t TLSConfig, bad func(key, format string, args ...any)) {
+	if isPlaceholder(pass.Value()) {
+		bad(key+".password", "%q is a redacted placeholder printed by `edgefence config check`, not a password", pass.Value())
+	}
+	if pass.Value() != "" && user == "" {
+		bad(key+".username", "required with a password")
+	}
+	t.validate(key+".tls", bad)
 }
 
 // checkListen checks a host:port to listen on: a numeric port in 1-65535
@@ -384,7 +501,14 @@ func checkListen(s string) error {
 func checkURL(s string, schemes ...string) error {
 	u, err := url.Parse(s)
 	if err != nil {
-		return err
+		if ue, ok := errors.AsType[*url.Error](err); ok {
+			err = ue.Err // without the URL: it may hold a password
+		}
+		return fmt.Errorf("not a URL: %w", err)
+	}
+	if u.User != nil {
+		// Not used by the clients, and printed wherever the URL is.
+		return fmt.Errorf("%q: no credentials in URLs; use username, and password or its environment override", u.Redacted())
 	}
 	for _, sc := range schemes {
 		if u.Scheme == sc {

@@ -19,6 +19,11 @@ var (
 	// answers, or expired if never sent within its time to live); its
 	// terminal state is recorded in the outbox (`edgefence outbox show`).
 	ErrQueued = errors.New("agent: command queued in the outbox")
+	// ErrUnreachable means no agent answers on the API socket: the socket
+	// file is missing (ENOENT), refuses connections (ECONNREFUSED: a stale
+	// socket of an agent that exited), or may not be opened (EACCES). The
+	// error also wraps the syscall error.
+	ErrUnreachable = errors.New("agent: not reachable")
 	// ErrNoOutbox means the call needs the agent to have an outbox.
 	ErrNoOutbox = errors.New("agent: no outbox")
 )

@@ -38,7 +38,10 @@ type DeviceStatus struct {
 	MaxToken fence.Token `json:"max_token_held,omitempty"`
 	LastAck  *AckStatus  `json:"last_ack,omitempty"`
 	Policy   string      `json:"policy"`
+	Fence    string      `json:"fence"`            // fence point: device or gateway
+	Home     string      `json:"home,omitempty"`   // home gateway of a fence: gateway device
 	Queued   int         `json:"queued,omitempty"` // commands pending in the outbox
+	Oldest   time.Time   `json:"oldest,omitzero"`  // creation time of the oldest pending command
 	// Verdicts counts the device's commands that ended, by verdict (the
 	// per-device split of Counters' acks_* and commands_expired).
 	Verdicts VerdictCounts `json:"verdicts"`
@@ -123,10 +126,20 @@ func (a *Agent) Status() Status {
 		ts := a.TwinStats()
 		s.Twins = &ts
 	}
+	var oldest map[string]time.Time // of each device's pending commands
+	if a.outbox != nil {
+		if sum, err := a.outbox.Summary(""); err == nil {
+			oldest = make(map[string]time.Time, len(sum.Devices))
+			for _, ds := range sum.Devices {
+				oldest[ds.Device] = ds.Oldest
+			}
+		}
+	}
 	for _, id := range a.order {
 		d := a.devices[id]
 		d.mu.Lock()
-		ds := DeviceStatus{ID: id, State: d.state, Since: d.since, MaxToken: d.maxToken, LastAck: NewAckStatus(d.lastAck), Policy: d.policy}
+		ds := DeviceStatus{ID: id, State: d.state, Since: d.since, MaxToken: d.maxToken, LastAck: NewAckStatus(d.lastAck), Policy: d.policy,
+			Fence: d.fence, Home: d.home}
 		if d.ctl != nil {
 			ds.Token, ds.LockKey = d.ctl.token, d.ctl.key
 		}
@@ -144,6 +157,7 @@ func (a *Agent) Status() Status {
 		}
 		if a.outbox != nil {
 			ds.Queued, _ = a.outbox.Pending(id)
+			ds.Oldest = oldest[id]
 		}
 		v := &d.verdicts
 		ds.Verdicts = VerdictCounts{Accepted: v[0].Load(), Duplicate: v[1].Load(), Stale: v[2].Load(), Invalid: v[3].Load(), Expired: v[4].Load()}

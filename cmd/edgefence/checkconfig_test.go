@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -31,23 +32,24 @@ func TestCheckConfig(t *testing.T) {
 		want []string // in stderr
 	}{
 		{"good", goodConfig, 0, nil},
-		{"unknown top-level key", goodConfig + "bogus_key: 1\n", 1, []string{"bogus_key", "not found"}},
-		{"unknown nested key", strings.Replace(goodConfig, "etcd:\n", "etcd:\n  lease_tll: 10s\n", 1), 1, []string{"lease_tll"}},
-		{"lease_ttl below minimum", strings.Replace(goodConfig, "etcd:\n", "etcd:\n  lease_ttl: 1s\n", 1), 1, []string{"etcd.lease_ttl", "1s", "minimum"}},
+		{"unknown top-level key", goodConfig + "bogus_key: 1\n", 1, []string{":11: bogus_key: unknown key"}},
+		{"unknown nested key", strings.Replace(goodConfig, "etcd:\n", "etcd:\n  lease_tll: 10s\n", 1), 1, []string{":3: etcd.lease_tll: unknown key (did you mean lease_ttl?)"}},
+		{"lease_ttl below minimum", strings.Replace(goodConfig, "etcd:\n", "etcd:\n  lease_ttl: 1s\n", 1), 1, []string{":3: etcd.lease_ttl: 1s is below the minimum 2s"}},
 		{"lease_ttl not whole seconds", strings.Replace(goodConfig, "etcd:\n", "etcd:\n  lease_ttl: 2500ms\n", 1), 1, []string{"etcd.lease_ttl", "whole seconds"}},
 		{"bad device id", strings.Replace(goodConfig, "id: dev-2", "id: dev/2", 1), 1, []string{"devices[1].id", "dev/2"}},
 		{"device listed twice", strings.Replace(goodConfig, "id: dev-2", "id: dev-1", 1), 1, []string{"devices[1].id", "twice"}},
 		{"no gateway", strings.Replace(goodConfig, "gateway: gw-1\n", "", 1), 1, []string{"gateway", "required"}},
 		{"bad etcd url", strings.Replace(goodConfig, "http://127.0.0.1:2379", "127.0.0.1:2379", 1), 1, []string{"etcd.endpoints[0]"}},
 		{"gateway fence without home", strings.Replace(goodConfig, "id: dev-2", "id: dev-2\n    fence: gateway", 1), 1, []string{"devices[1].home", "home gateway"}},
-		{"bad serial parity", strings.Replace(goodConfig, "id: dev-2", "id: dev-2\n    fence: gateway\n    home: gw-1\n    serial: {port: /dev/ttyUSB9, parity: X}", 1), 1, []string{"devices[1].serial", "arity"}},
+		{"bad serial parity", strings.Replace(goodConfig, "id: dev-2", "id: dev-2\n    fence: gateway\n    home: gw-1\n    serial: {port: /dev/ttyUSB9, parity: X}", 1), 1, []string{":13: devices[1].serial.parity: Parity \"X\""}},
+		{"mqtt password from a missing file", strings.Replace(goodConfig, "mqtt:\n", "mqtt:\n  username: gw\n  tls: {ca_file: /nonexistent/ca.pem}\n", 1), 1, []string{":6: mqtt.tls.ca_file: open /nonexistent/ca.pem"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "-")+".yaml")
 			if err := os.WriteFile(path, []byte(tc.yaml), 0o644); err != nil {
 				t.Fatal(err)
 			}
-			r := edgefence(t, "check-config", path)
+			r := edgefence(t, "config", "check", path)
 			if r.code != tc.code {
 				t.Fatalf("exit %d, want %d\n%s", r.code, tc.code, r)
 			}
@@ -72,7 +74,7 @@ func TestCheckConfig(t *testing.T) {
 // filled in as a config file that reads back the same.
 func TestCheckConfigExample(t *testing.T) {
 	example := filepath.Join("..", "..", "configs", "edgefence.example.yaml")
-	r := edgefence(t, "check-config", example)
+	r := edgefence(t, "config", "check", example)
 	if r.code != 0 || r.stderr != "" {
 		t.Fatalf("example config rejected\n%s", r)
 	}
@@ -100,10 +102,15 @@ func TestCheckConfigUsage(t *testing.T) {
 		code int
 		want string // in stdout or stderr
 	}{
-		{[]string{"check-config"}, 2, "usage"},
-		{[]string{"check-config", "a.yaml", "b.yaml"}, 2, "usage"},
-		{[]string{"check-config", "-h"}, 0, "usage"},
-		{[]string{"check-config", filepath.Join(t.TempDir(), "missing.yaml")}, 1, "missing.yaml"},
+		{[]string{"config", "check"}, 2, "usage"},
+		{[]string{"config", "check", "a.yaml", "b.yaml"}, 2, "usage"},
+		{[]string{"config", "check", "--bogus", "a.yaml"}, 2, "usage"},
+		{[]string{"config", "check", "-h"}, 0, "usage"},
+		{[]string{"config"}, 2, "usage"},
+		{[]string{"config", "lint"}, 2, "unknown command"},
+		{[]string{"config", "check", filepath.Join(t.TempDir(), "missing.yaml")}, 1, "missing.yaml: no such file or directory"},
+		{[]string{"check-config"}, 2, "usage"}, // the old name, a hidden alias
+		{[]string{"check-config", filepath.Join("..", "..", "configs", "edgefence.example.yaml")}, 0, "gateway: gw-01"},
 	} {
 		r := edgefence(t, tc.args...)
 		if r.code != tc.code || !strings.Contains(r.stdout+r.stderr, tc.want) {
@@ -128,5 +135,61 @@ func TestRunBadConfig(t *testing.T) {
 		if r.code != 1 || !strings.Contains(r.stderr, "invalid config") {
 			t.Errorf("want exit 1 and invalid config\n%s", r)
 		}
+	}
+	// A flag's problem names the flag, not a line of the file.
+	r := edgefence(t, "run", "--config", filepath.Join("..", "..", "configs", "edgefence.example.yaml"), "--mqtt", "mqtt://ok:1883,ftp://x")
+	if r.code != 1 || !strings.HasPrefix(r.stderr, "--mqtt: \"ftp://x\": scheme must be one of") {
+		t.Errorf("want exit 1 and the --mqtt flag named\n%s", r)
+	}
+}
+
+// Every problem of a config is reported, one a line, FILE:LINE: KEY: MESSAGE;
+// --json prints the effective config with the file's keys; secrets never.
+func TestConfigCheck(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.yaml")
+	src := `gateway: gw-1
+etcd:
+  endpoints: [http://127.0.0.1:2379]
+  lease_ttl: 1s
+mqtt:
+  brokerz: [mqtt://127.0.0.1:1883]
+devices:
+  - id: dev-1
+  - id: dev-2
+  - id: dev-3
+  - id: dev-4
+    fence: gatway
+`
+	if err := os.WriteFile(bad, []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := edgefence(t, "config", "check", bad)
+	want := bad + `:4: etcd.lease_ttl: 1s is below the minimum 2s
+` + bad + `:5: mqtt.brokers: at least one broker URL required
+` + bad + `:6: mqtt.brokerz: unknown key (did you mean brokers?)
+` + bad + `:12: devices[3].fence: "gatway": want "device" or "gateway"
+edgefence: invalid config: 4 problems
+`
+	if r.code != 1 || r.stderr != want || r.stdout != "" {
+		t.Fatalf("want exit 1 and\n%s\n%s", want, r)
+	}
+
+	good := filepath.Join(dir, "good.yaml")
+	if err := os.WriteFile(good, []byte(strings.Replace(goodConfig, "mqtt:\n", "mqtt:\n  username: gw-1\n  password: in-the-file\n", 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r = edgefence(t, "config", "check", "--json", good)
+	var js map[string]any
+	if err := json.Unmarshal([]byte(r.stdout), &js); r.code != 0 || err != nil {
+		t.Fatalf("config check --json: %v\n%s", err, r)
+	}
+	etcd, _ := js["etcd"].(map[string]any)
+	mqtt, _ := js["mqtt"].(map[string]any)
+	if etcd["lease_ttl"] != "10s" || mqtt["client_id"] != "edgefence-gw-1" || mqtt["password"] != "<redacted>" {
+		t.Fatalf("config check --json:\n%s", r.stdout)
+	}
+	if strings.Contains(r.stdout, "in-the-file") {
+		t.Fatalf("the password is printed:\n%s", r.stdout)
 	}
 }

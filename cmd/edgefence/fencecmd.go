@@ -200,6 +200,9 @@ func cmdFenceList(args []string, stdout, stderr io.Writer) error {
 	}
 	defer tab.Close()
 	recs, listErr := tab.List() // the readable records even if some are not
+	if errors.Is(listErr, agent.ErrUnreachable) {
+		return listErr
+	}
 	if err := printRecords(stdout, recs, f.asJSON); err != nil {
 		return err
 	}
@@ -226,6 +229,8 @@ func cmdFenceShow(args []string, stdout, stderr io.Writer) error {
 	for _, dev := range devices {
 		r, found, err := tab.Get(dev)
 		switch {
+		case errors.Is(err, agent.ErrUnreachable):
+			return err
 		case err != nil:
 			errs = append(errs, err)
 		case !found:

@@ -1,13 +1,19 @@
-// Command edgefence is the gateway agent and its operator CLI.
+// Command edgefence is the gateway agent and its operator CLI:
 //
-//	edgefence run --config FILE        run the agent (systemd: Type=notify comes later)
-//	edgefence status [--socket PATH]   leases held, token per device, connections
-//	edgefence send DEVICE KIND [JSON]  issue one command via the running agent; prints the verdict
-//	edgefence check-config FILE        validate a config file
-//	edgefence fence list|show          read the gateway's fence table file
-//	edgefence outbox list|show         read the agent's outbox (queued commands and their terminal states)
-//	edgefence twin get|set|watch       read, write and follow a device's twin in etcd
-//	edgefence version
+//	edgefence run [--config FILE]          run the agent (systemd Type=notify)
+//	edgefence status [--json]              the running agent: session, links, devices, counters
+//	edgefence devices [--json]             the running agent's devices: state, token, fence, outbox, verdicts
+//	edgefence send DEVICE KIND [JSON]      issue one command via the running agent; prints the verdict
+//	edgefence fence list|show [--json]     the gateway's fence table
+//	edgefence outbox list|show [--json]    the agent's outbox: queued commands and terminal states
+//	edgefence twin get|set|watch [--json]  a device's twin in etcd
+//	edgefence config check [--json] FILE   validate a config file; print it with defaults filled in
+//	edgefence version [--json]
+//	edgefence help [COMMAND]
+//
+// Exit status, for scripts: 0 ok; 1 error; 2 usage; 3 send: a verdict other
+// than accepted; 4 send: queued, no verdict yet; 5 twin set: version
+// conflict; 6 the agent is not running or not reachable on its socket.
 package main
 
 import (
@@ -18,6 +24,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"runtime"
@@ -25,8 +32,6 @@ import (
 	"strings"
 	"syscall"
 	"time"
-
-	"gopkg.in/yaml.v3"
 
 	"github.com/edgefence/edgefence/agent"
 	"github.com/edgefence/edgefence/fence"
@@ -40,8 +45,16 @@ var (
 	commit  = ""
 )
 
-// versionLine is what `edgefence version` prints.
-func versionLine() string {
+// buildInfo is what `edgefence version` prints.
+type buildInfo struct {
+	Version string `json:"version"`
+	Commit  string `json:"commit"`
+	Go      string `json:"go"`
+	OS      string `json:"os"`
+	Arch    string `json:"arch"`
+}
+
+func readBuildInfo() buildInfo {
 	c := commit
 	if c == "" {
 		if bi, ok := debug.ReadBuildInfo(); ok {
@@ -55,7 +68,13 @@ func versionLine() string {
 	if c == "" {
 		c = "unknown"
 	}
-	return fmt.Sprintf("edgefence %s (commit %s, %s %s/%s)", version, c, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+	return buildInfo{Version: version, Commit: c, Go: runtime.Version(), OS: runtime.GOOS, Arch: runtime.GOARCH}
+}
+
+// versionLine is what `edgefence version` prints.
+func versionLine() string {
+	b := readBuildInfo()
+	return fmt.Sprintf("edgefence %s (commit %s, %s %s/%s)", b.Version, b.Commit, b.Go, b.OS, b.Arch)
 }
 
 func main() {
@@ -65,59 +84,127 @@ func main() {
 const usage = `usage: edgefence <command> [flags]
 
 commands:
-  run --config FILE          run the agent
-  status                     show leases, tokens and connections of the running agent
-  send DEVICE KIND [JSON]    issue one command via the running agent and print the verdict
-  check-config FILE          validate a config file and print it with defaults filled in
-  fence list | show DEVICE   print the fence table's marks (read from its file)
-  outbox list | show ID      print the outbox's queued commands and terminal states
-  twin get | set | watch     read a device's twin, merge into its desired state, follow it live
-  version                    print the version
+  run [--config FILE]             run the agent
+  status [--json]                 the running agent: session, links, devices, counters
+  devices [--json]                the running agent's devices: state, token, fence, policy,
+                                  outbox backlog, verdict counts
+  send DEVICE KIND [JSON]         issue one command via the running agent; print the verdict
+  fence list | show DEVICE        the fence table's marks (from its file or the agent)
+  outbox list | show ID           the outbox's queued commands and terminal states
+  twin get | set | watch          a device's twin in etcd: read, merge into desired, follow
+  config check [--json] FILE      validate a config file; print it with defaults filled in
+  version [--json]                version, commit, Go version, OS and architecture
+  help [COMMAND]                  this text, or a command's
 
-Run 'edgefence <command> -h' for the flags of a command.
+Read commands take --json. Commands that talk to the running agent find its
+socket with --socket PATH, or --config FILE (its api.socket), or
+$EDGEFENCE_SOCKET, or ` + agent.DefaultSocket + `.
+
+exit status:
+  0  ok
+  1  error (the message says which)
+  2  usage: unknown command or flag, wrong arguments
+  3  send: the device's verdict is not accepted (duplicate, stale, invalid)
+  4  send: queued in the agent's outbox, no verdict yet
+  5  twin set --if-version: conflict, desired moved on
+  6  the agent is not running or not reachable on its socket
+
+Run 'edgefence help COMMAND' or 'edgefence COMMAND -h' for a command's flags.
 `
+
+// Exit statuses (see usage).
+const (
+	exitOK          = 0
+	exitFailure     = 1
+	exitUsage       = 2
+	exitVerdict     = 3 // send: a verdict other than accepted
+	exitQueued      = 4 // send: stored in the outbox, no verdict yet
+	exitUnreachable = 6 // no agent answers on the socket
+)
+
+// commands are the top-level commands; hidden ones are not in usage.
+var commands = map[string]command{
+	"run":     func(args []string, _, stderr io.Writer) error { return cmdRun(args, stderr) },
+	"status":  func(args []string, stdout, stderr io.Writer) error { return cmdStatus(args, stdout, stderr) },
+	"devices": cmdDevices,
+	"send":    cmdSend,
+	"fence":   cmdFence,
+	"outbox":  cmdOutbox,
+	"twin":    cmdTwin,
+	"config":  cmdConfig,
+	"version": cmdVersion,
+	// Hidden aliases.
+	"check-config": cmdConfigCheck,
+	"--version":    cmdVersion,
+}
 
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
-		return 2
+		return exitUsage
 	}
-	var err error
-	switch args[0] {
-	case "run":
-		err = cmdRun(args[1:], stderr)
-	case "status":
-		err = cmdStatus(args[1:], stdout)
-	case "send":
-		err = cmdSend(args[1:], stdout, stderr)
-	case "check-config":
-		err = cmdCheckConfig(args[1:], stdout)
-	case "fence":
-		err = cmdFence(args[1:], stdout, stderr)
-	case "outbox":
-		err = cmdOutbox(args[1:], stdout, stderr)
-	case "twin":
-		err = cmdTwin(args[1:], stdout, stderr)
-	case "version", "--version":
-		fmt.Fprintln(stdout, versionLine())
+	name, rest := args[0], args[1:]
+	switch name {
 	case "help", "-h", "--help":
-		fmt.Fprint(stdout, usage)
-	default:
-		fmt.Fprintf(stderr, "edgefence: unknown command %q\n\n%s", args[0], usage)
-		return 2
-	}
-	if err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
+		if len(rest) == 0 {
+			fmt.Fprint(stdout, usage)
+			return exitOK
 		}
-		var ex exitError
-		if errors.As(err, &ex) {
-			return ex.code
-		}
-		fmt.Fprintln(stderr, "edgefence:", err)
-		return 1
+		// help CMD [SUB] is CMD [SUB] -h, its text on stdout.
+		name, rest = rest[0], append(rest[1:], "-h")
+		stderr = stdout
 	}
-	return 0
+	c, ok := commands[name]
+	if !ok {
+		fmt.Fprintf(stderr, "edgefence: unknown command %q\n\n%s", name, usage)
+		return exitUsage
+	}
+	return report(c(rest, stdout, stderr), stderr)
+}
+
+// report prints err for people and returns the exit status.
+func report(err error, stderr io.Writer) int {
+	if err == nil || errors.Is(err, flag.ErrHelp) {
+		return exitOK
+	}
+	if ex, ok := errors.AsType[exitError](err); ok {
+		return ex.code
+	}
+	if errors.Is(err, agent.ErrUnreachable) {
+		fmt.Fprintln(stderr, "edgefence:", unreachable(err))
+		return exitUnreachable
+	}
+	if ces := agent.ConfigErrors(err); len(ces) > 0 {
+		// One problem a line, file:line: key: message, as compilers do.
+		for _, ce := range ces {
+			fmt.Fprintln(stderr, ce)
+		}
+		n := "1 problem"
+		if len(ces) > 1 {
+			n = fmt.Sprintf("%d problems", len(ces))
+		}
+		fmt.Fprintf(stderr, "edgefence: invalid config: %s\n", n)
+		return exitFailure
+	}
+	fmt.Fprintln(stderr, "edgefence:", err)
+	return exitFailure
+}
+
+// unreachable explains why no agent answers on its socket.
+func unreachable(err error) string {
+	sock := "the socket"
+	if e, ok := errors.AsType[*net.OpError](err); ok && e.Addr != nil {
+		sock = e.Addr.String()
+	}
+	switch {
+	case errors.Is(err, syscall.ENOENT):
+		return fmt.Sprintf("no agent at %s (is edgefence running? systemctl status edgefence; or pass --socket/--config)", sock)
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return fmt.Sprintf("no agent listens on %s: a stale socket, left by an agent that exited (systemctl status edgefence; journalctl -u edgefence)", sock)
+	case errors.Is(err, syscall.EACCES), errors.Is(err, syscall.EPERM):
+		return fmt.Sprintf("permission denied on %s: the socket is for the agent's user and group (run with sudo, or as a member of its group)", sock)
+	}
+	return err.Error()
 }
 
 // exitError carries an exit code for a failure already reported.
@@ -146,30 +233,80 @@ func socketFlags(fs *flag.FlagSet) func() (string, error) {
 	}
 }
 
-func cmdStatus(args []string, stdout io.Writer) error {
+func cmdStatus(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
+	fs.SetOutput(stderr)
 	sock := socketFlags(fs)
 	asJSON := fs.Bool("json", false, "print JSON")
-	if err := fs.Parse(args); err != nil {
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: edgefence status [flags]\n\nThe running agent: gateway, etcd session, MQTT link, devices, counters.")
+		fs.PrintDefaults()
+	}
+	if err := parseFlags(fs, args, 0); err != nil {
 		return err
 	}
-	path, err := sock()
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	st, err := agent.NewAPIClient(path).Status(ctx)
+	st, err := agentStatus(sock)
 	if err != nil {
 		return err
 	}
 	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(st)
+		return printJSON(stdout, st)
 	}
 	printStatus(stdout, st)
 	return nil
+}
+
+// parseFlags parses args into fs and wants nargs arguments after the
+// flags (-1: any): else it prints usage and is a usage error.
+func parseFlags(fs *flag.FlagSet, args []string, nargs int) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return exitError{exitUsage}
+	}
+	if nargs >= 0 && fs.NArg() != nargs {
+		fs.Usage()
+		return exitError{exitUsage}
+	}
+	return nil
+}
+
+// agentStatus asks the running agent for its status.
+func agentStatus(sock func() (string, error)) (*agent.Status, error) {
+	path, err := sock()
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return agent.NewAPIClient(path).Status(ctx)
+}
+
+// printJSON prints v as indented JSON.
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false)
+	return enc.Encode(v)
+}
+
+func cmdVersion(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("version", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	asJSON := fs.Bool("json", false, "print JSON: version, commit, go, os, arch")
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: edgefence version [--json]")
+		fs.PrintDefaults()
+	}
+	if err := parseFlags(fs, args, 0); err != nil {
+		return err
+	}
+	if *asJSON {
+		return printJSON(stdout, readBuildInfo())
+	}
+	_, err := fmt.Fprintln(stdout, versionLine())
+	return err
 }
 
 func printStatus(w io.Writer, st *agent.Status) {
@@ -197,10 +334,19 @@ func printStatus(w io.Writer, st *agent.Status) {
 	c := st.Counters
 	fmt.Fprintf(w, "\nsent %d: accepted %d, duplicate %d, stale %d, invalid %d, no ack %d, send errors %d\n",
 		c.Sent, c.Accepted, c.Duplicate, c.Stale, c.Invalid, c.NoAck, c.SendErrors)
+	if t := st.Twins; t != nil {
+		watch := "watching desired"
+		if !t.Watching {
+			watch = "not watching"
+		}
+		fmt.Fprintf(w, "twins %s: %d desired changes, %d twin.set sent (%d refused), reported %d written, %d fenced, %d queued, %d device reports, %d errors\n",
+			watch, t.Events, t.Sent, t.Refused, t.Written, t.Fenced, t.Queued, t.Reports, t.Errors)
+	}
 }
 
 func cmdSend(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("send", flag.ContinueOnError)
+	fs.SetOutput(stderr)
 	sock := socketFlags(fs)
 	timeout := fs.Duration("timeout", 30*time.Second, "give up after this long")
 	noWait := fs.Bool("no-wait", false, "return once the command is stored in the agent's outbox (exit 4), without waiting for the device's verdict")
@@ -210,10 +356,11 @@ func cmdSend(args []string, stdout, stderr io.Writer) error {
 Exit status: 0 accepted by the device; 3 another verdict (duplicate, stale,
 invalid); 4 queued: stored in the agent's outbox without a verdict yet (it is
 delivered when it can be: see edgefence outbox show ID); 1 refused (not the
-holder, unknown device, outbox full) or failed; 2 usage.`)
+holder, unknown device, outbox full) or failed; 2 usage; 6 no agent answers
+on the socket. The result is printed as JSON on stdout.`)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, -1); err != nil {
 		return err
 	}
 	if fs.NArg() < 2 || fs.NArg() > 3 {
@@ -245,7 +392,7 @@ holder, unknown device, outbox full) or failed; 2 usage.`)
 		if res.Verdict != "" {
 			var v fence.Verdict
 			if v.UnmarshalText([]byte(res.Verdict)) == nil && v != fence.Accepted {
-				return exitError{3} // a verdict other than accepted
+				return exitError{exitVerdict} // a verdict other than accepted
 			}
 			return nil
 		}
@@ -253,7 +400,7 @@ holder, unknown device, outbox full) or failed; 2 usage.`)
 			if res.Error != "" {
 				fmt.Fprintf(stderr, "edgefence: no verdict yet; queued as %s (edgefence outbox show %s)\n", res.ID, res.ID)
 			}
-			return exitError{4}
+			return exitError{exitQueued}
 		}
 		// No verdict: the agent refused (unknown device, not the holder,
 		// outbox full). The JSON on stdout says so for scripts; say it
@@ -266,36 +413,6 @@ holder, unknown device, outbox full) or failed; 2 usage.`)
 		return exitError{1}
 	}
 	return err
-}
-
-func cmdCheckConfig(args []string, stdout io.Writer) error {
-	fs := flag.NewFlagSet("check-config", flag.ContinueOnError)
-	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: edgefence check-config FILE\n\nValidates FILE and prints it, with the defaults filled in, as a config file.")
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return exitError{2}
-	}
-	if fs.NArg() != 1 {
-		fs.Usage()
-		return exitError{2}
-	}
-	c, err := agent.LoadConfig(fs.Arg(0))
-	if err != nil {
-		return err
-	}
-	if _, err := bridgeDevices(c); err != nil { // serial port settings
-		return fmt.Errorf("%s: %w", fs.Arg(0), err)
-	}
-	enc := yaml.NewEncoder(stdout)
-	enc.SetIndent(2)
-	if err := enc.Encode(c); err != nil {
-		return err
-	}
-	return enc.Close()
 }
 
 func newLogger(c agent.LogConfig, w *os.File) *slog.Logger {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -157,6 +156,9 @@ func cmdOutboxList(args []string, stdout, stderr io.Writer) error {
 	}
 	defer src.Close()
 	recs, sum, listErr := src.List(filter) // the readable records even if some are not
+	if errors.Is(listErr, agent.ErrUnreachable) {
+		return listErr
+	}
 	if recs == nil {
 		recs = []offline.Record{}
 	}
@@ -200,6 +202,8 @@ func cmdOutboxShow(args []string, stdout, stderr io.Writer) error {
 	for _, id := range ids {
 		r, err := src.Find(id)
 		switch {
+		case errors.Is(err, agent.ErrUnreachable):
+			return err
 		case errors.Is(err, offline.ErrNotFound):
 			errs = append(errs, fmt.Errorf("%s: no such entry in the outbox (never appended, or compacted after its retention)", id))
 		case err != nil:
@@ -270,12 +274,6 @@ func summaryLine(s offline.Summary) string {
 	}
 	fmt.Fprintf(&b, "; total %d (%d B), oldest %s", s.Pending, s.Bytes, fmtAge(s.OldestAge))
 	return b.String()
-}
-
-func printJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
 }
 
 // shortID is the first 12 characters of a command id: enough to tell

@@ -219,7 +219,7 @@ func TestOutboxErrors(t *testing.T) {
 		{"empty state dir", []string{"outbox", "list", "--state-dir", t.TempDir()}, 1, "no agent has kept an outbox there"},
 		{"bad config", []string{"outbox", "list", "--config", filepath.Join(dir, "nope.yaml")}, 1, "nope.yaml"},
 		{"not an outbox", []string{"outbox", "list", "--file", garbage}, 1, "outbox record corrupt"},
-		{"no agent on the socket", []string{"outbox", "list", "--socket", filepath.Join(dir, "nope.sock")}, 1, "is it running?"},
+		{"no agent on the socket", []string{"outbox", "list", "--socket", filepath.Join(dir, "nope.sock")}, 6, "is edgefence running?"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := edgefence(t, tc.args...)

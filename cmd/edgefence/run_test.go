@@ -2,11 +2,15 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -150,11 +154,42 @@ func TestRunStatusSend(t *testing.T) {
 		}
 	})
 
+	t.Run("devices", func(t *testing.T) {
+		r := edgefence(t, "devices", "--json", "--socket", sock)
+		var devs []agent.DeviceStatus
+		if err := json.Unmarshal([]byte(r.stdout), &devs); r.code != 0 || err != nil {
+			t.Fatalf("devices --json: %v\n%s", err, r)
+		}
+		if len(devs) != 3 || devs[0].Verdicts.Accepted != 2 || devs[1].Verdicts.Invalid != 1 || devs[2].Verdicts.Accepted != 1 ||
+			devs[0].Fence != agent.FenceDevice || devs[0].Policy != agent.PolicyStrict {
+			t.Fatalf("devices %+v", devs)
+		}
+		r = edgefence(t, "devices", "--socket", sock)
+		if r.code != 0 {
+			t.Fatalf("devices failed\n%s", r)
+		}
+		lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+		if len(lines) != 4 || strings.Join(strings.Fields(lines[0]), " ") != "DEVICE STATE TOKEN FENCE POLICY PENDING OLDEST ACCEPTED/STALE LAST VERDICT" {
+			t.Fatalf("devices table:\n%s", r.stdout)
+		}
+		for i, d := range devs {
+			f := strings.Fields(lines[i+1])
+			want := []string{d.ID, agent.StateHolding, fmt.Sprint(d.Token), "device", "strict", "0", "-"}
+			if len(f) < 8 || !slices.Equal(f[:7], want) {
+				t.Errorf("row %q, want it to start with %q", f, want)
+			}
+		}
+		if !strings.Contains(lines[1], "2/0") || !strings.Contains(lines[2], "0/0 (dup 0, inv 1, exp 0)") || !strings.Contains(lines[2], "invalid (token") {
+			t.Errorf("devices table verdicts:\n%s", r.stdout)
+		}
+	})
+
 	// Stopping the agent is checked by the cleanup: SIGTERM, exit 0.
 }
 
-// Without a running agent, status and send fail at once with a clear
-// error: no socket file, or a stale one nobody listens on.
+// Without a running agent, every command that asks it fails at once with
+// exit 6 and an error that says why: no socket file, a stale one nobody
+// listens on, or one we may not open.
 func TestNoAgent(t *testing.T) {
 	dir := t.TempDir()
 	missing, stale := filepath.Join(dir, "none.sock"), filepath.Join(dir, "stale.sock")
@@ -164,21 +199,92 @@ func TestNoAgent(t *testing.T) {
 	}
 	l.(*net.UnixListener).SetUnlinkOnClose(false)
 	l.Close()
-	for _, args := range [][]string{
-		{"send", "--socket", missing, "dev-1", "set", `{"setpoint":22}`},
-		{"status", "--socket", missing},
-		{"send", "--socket", stale, "dev-1", "set", `{"setpoint":22}`},
-		{"status", "--socket", stale},
-	} {
-		sock := args[2]
-		start := time.Now()
-		r := edgefence(t, args...)
-		if r.code != 1 || !strings.Contains(r.stderr, sock) || !strings.Contains(r.stderr, "is it running") {
-			t.Errorf("want exit 1 and an error naming the socket\n%s", r)
-		}
-		if r.stdout != "" {
-			t.Errorf("stdout not empty\n%s", r)
-		}
-		t.Logf("%s failed in %v: %s", args[0], time.Since(start), strings.TrimSpace(r.stderr))
+	cases := []struct {
+		sock string
+		want string
+	}{
+		{missing, "no agent at " + missing + " (is edgefence running? systemctl status edgefence; or pass --socket/--config)"},
+		{stale, "no agent listens on " + stale + ": a stale socket"},
 	}
+	if os.Geteuid() == 0 {
+		t.Run("EACCES as nobody", testNoAgentAsNobody)
+	} else {
+		// A socket with a listener that we may not open.
+		locked := filepath.Join(dir, "locked.sock")
+		l, err := net.Listen("unix", locked)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		if err := os.Chmod(locked, 0); err != nil {
+			t.Fatal(err)
+		}
+		cases = append(cases, struct{ sock, want string }{locked, "permission denied on " + locked})
+	}
+	for _, tc := range cases {
+		for _, args := range [][]string{
+			{"send", "--socket", tc.sock, "dev-1", "set", `{"setpoint":22}`},
+			{"status", "--socket", tc.sock},
+			{"status", "--json", "--socket", tc.sock},
+			{"devices", "--socket", tc.sock},
+			{"outbox", "list", "--socket", tc.sock},
+			{"fence", "list", "--socket", tc.sock},
+		} {
+			start := time.Now()
+			r := edgefence(t, args...)
+			if r.code != 6 || !strings.Contains(r.stderr, tc.want) {
+				t.Errorf("want exit 6 and %q\n%s", tc.want, r)
+			}
+			if r.stdout != "" {
+				t.Errorf("stdout not empty\n%s", r)
+			}
+			t.Logf("%s failed in %v: %s", args[0], time.Since(start), strings.TrimSpace(r.stderr))
+		}
+	}
+}
+
+// testNoAgentAsNobody checks, when the tests run as root (who may open any
+// socket), the permission-denied message as user nobody: a copy of this
+// binary run with uid/gid 65534 on a root-only socket.
+func testNoAgentAsNobody(t *testing.T) {
+	// t.TempDir's parent is private to root: a dir in the system's own.
+	dir, err := os.MkdirTemp("", "edgefence-eacces-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for d := filepath.Dir(dir); d != "/" && d != "."; d = filepath.Dir(d) {
+		if fi, err := os.Stat(d); err != nil || fi.Mode().Perm()&0o001 == 0 {
+			t.Skipf("EACCES not tested: %s is not searchable by nobody", d)
+		}
+	}
+	bin := filepath.Join(dir, "edgefence")
+	src, err := os.ReadFile(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, src, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(dir, "root-only.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if err := os.Chmod(sock, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.CommandContext(t.Context(), bin, "status", "--socket", sock)
+	cmd.Env = append(os.Environ(), subprocEnv()...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 6 || !strings.Contains(string(out), "permission denied on "+sock) {
+		t.Errorf("status as nobody on a root-only socket: %v\n%s", err, out)
+	}
+	t.Logf("as nobody: %s", strings.TrimSpace(string(out)))
 }

@@ -14,9 +14,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
-
 	"github.com/edgefence/edgefence/agent"
 	"github.com/edgefence/edgefence/fence/history"
 	"github.com/edgefence/edgefence/offline"
@@ -42,23 +39,43 @@ func cmdRun(args []string, stderr io.Writer) error {
 	mqttURL := fs.String("mqtt", "", "override mqtt.brokers (comma-separated)")
 	socket := fs.String("socket", "", "override api.socket")
 	histPath := fs.String("history", "", "append a JSON-lines history of created and terminal commands to `file` (fault-injection tests)")
-	if err := fs.Parse(args); err != nil {
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), `usage: edgefence run [flags]
+
+Runs the agent: campaigns for the configured devices' leases in etcd, issues
+fenced commands over MQTT (and serial, on a home gateway), serves the local
+API on api.socket. Under systemd: Type=notify. SIGTERM or SIGINT stop it
+cleanly (locks released, lease revoked). The config is validated first; every
+problem is reported as FILE:LINE: KEY: MESSAGE (or --FLAG: MESSAGE) and the
+exit status is 1. Secrets may come from the environment: %s,
+%s, their _FILE variants, or $CREDENTIALS_DIRECTORY.
+
+`, agent.EnvMQTTPassword, agent.EnvEtcdPassword)
+		fs.PrintDefaults()
+	}
+	if err := parseFlags(fs, args, 0); err != nil {
 		return err
 	}
-	cfg, err := agent.LoadConfig(*configPath)
+	// Flag overrides are validated with the file; their problems name the flag.
+	var overrides []agent.Override
+	if *etcdURL != "" {
+		overrides = append(overrides, agent.Override{Flag: "--etcd", Key: "etcd.endpoints",
+			Apply: func(c *agent.Config) { c.Etcd.Endpoints = strings.Split(*etcdURL, ",") }})
+	}
+	if *mqttURL != "" {
+		overrides = append(overrides, agent.Override{Flag: "--mqtt", Key: "mqtt.brokers",
+			Apply: func(c *agent.Config) { c.MQTT.Brokers = strings.Split(*mqttURL, ",") }})
+	}
+	if *socket != "" {
+		overrides = append(overrides, agent.Override{Flag: "--socket", Key: "api.socket",
+			Apply: func(c *agent.Config) { c.API.Socket = *socket }})
+	}
+	cfg, err := agent.LoadConfig(*configPath, overrides...)
 	if err != nil {
 		return err
 	}
-	if *etcdURL != "" {
-		cfg.Etcd.Endpoints = strings.Split(*etcdURL, ",")
-	}
-	if *mqttURL != "" {
-		cfg.MQTT.Brokers = strings.Split(*mqttURL, ",")
-	}
-	if *socket != "" {
-		cfg.API.Socket = *socket
-	}
-	if err := cfg.Validate(); err != nil {
+	ecfg, err := etcdClientConfig(cfg.Etcd)
+	if err != nil {
 		return err
 	}
 	log := newLogger(cfg.Log, os.Stderr)
@@ -104,13 +121,12 @@ func cmdRun(args []string, stderr io.Writer) error {
 		defer hist.Close()
 	}
 
-	cli, err := clientv3.New(clientv3.Config{
-		Endpoints:   cfg.Etcd.Endpoints,
-		DialTimeout: cfg.Etcd.DialTimeout,
-		Logger:      zap.NewNop(),
-	})
+	cli, err := newEtcdClient(ctx, ecfg, log)
 	if err != nil {
-		return fmt.Errorf("etcd client: %w", err)
+		if ctx.Err() != nil {
+			return nil // stopped while waiting for etcd: nothing held, a clean exit
+		}
+		return err
 	}
 	defer cli.Close()
 
@@ -128,6 +144,9 @@ func cmdRun(args []string, stderr io.Writer) error {
 		KeepAlive:     cfg.MQTT.KeepAlive,
 		SessionExpiry: cfg.MQTT.SessionExpiry,
 		Logger:        log.With("component", "mqtt"),
+	}
+	if err := mqttCredentials(cfg.MQTT, &mcfg); err != nil {
+		return err
 	}
 	var opts agent.Options
 	if br != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -64,6 +65,11 @@ func TestRunTwins(t *testing.T) {
 			t.Fatalf("device state report not in reported: %+v %v", rep, err)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+	// status text shows the twin counters in one line.
+	r := edgefence(t, "status", "--socket", sock)
+	if r.code != 0 || !strings.Contains(r.stdout, "twins watching desired: ") || !strings.Contains(r.stdout, "twin.set sent") {
+		t.Errorf("status text lacks the twin counters\n%s", r)
 	}
 	if _, err := os.Stat(filepath.Join(e.dir, "gw-1-state", shadow.CacheFile)); err != nil {
 		t.Fatalf("twin cache: %v", err)

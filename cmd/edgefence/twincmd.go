@@ -17,7 +17,6 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 
 	"github.com/edgefence/edgefence/agent"
 	"github.com/edgefence/edgefence/fence"
@@ -113,6 +112,7 @@ func (f *twinFlags) open(dev, writer string) (*twinConn, error) {
 	prefix := agent.DefaultEtcdPrefix
 	dial := 5 * time.Second
 	var known map[string]bool
+	var etcdCfg agent.EtcdConfig // auth and TLS, from the config file
 	config := f.config
 	if config == "" && f.etcd == "" {
 		config = defaultConfig
@@ -123,6 +123,7 @@ func (f *twinFlags) open(dev, writer string) (*twinConn, error) {
 			return nil, err
 		}
 		endpoints, prefix, dial = c.Etcd.Endpoints, c.Etcd.Prefix, c.Etcd.DialTimeout
+		etcdCfg = c.Etcd
 		known = make(map[string]bool, len(c.Devices))
 		for _, d := range c.Devices {
 			known[d.ID] = true
@@ -153,7 +154,12 @@ func (f *twinFlags) open(dev, writer string) (*twinConn, error) {
 		slices.Sort(ids)
 		return nil, fmt.Errorf("unknown device %q: not among the devices of %s (%s)", dev, config, strings.Join(ids, ", "))
 	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: dial, Logger: zap.NewNop()})
+	etcdCfg.Endpoints, etcdCfg.DialTimeout = endpoints, dial
+	ccfg, err := etcdClientConfig(etcdCfg)
+	if err != nil {
+		return nil, err
+	}
+	cli, err := clientv3.New(ccfg)
 	if err != nil {
 		return nil, fmt.Errorf("etcd client: %w", err)
 	}

@@ -18,11 +18,12 @@ import (
 // testBroker is an in-process mochi-mqtt v2 broker on a fixed 127.0.0.1
 // port, so that it can be stopped and restarted at the same address.
 type testBroker struct {
-	t     testing.TB
-	addr  string
-	hooks []mochi.Hook
-	tls   *tls.Config // serve TLS if set
-	auth  mochi.Hook  // replaces auth.AllowHook if set
+	t        testing.TB
+	addr     string
+	hooks    []mochi.Hook
+	tls      *tls.Config // serve TLS if set
+	auth     mochi.Hook  // replaces auth.AllowHook if set
+	authOpts any         // auth's options (auth.Options for auth.Hook)
 
 	mu  sync.Mutex
 	srv *mochi.Server // nil while stopped
@@ -72,7 +73,7 @@ func (b *testBroker) start() {
 	if b.auth != nil {
 		authHook = b.auth
 	}
-	if err := srv.AddHook(authHook, nil); err != nil { // mochi denies everyone by default
+	if err := srv.AddHook(authHook, b.authOpts); err != nil { // mochi denies everyone by default
 		b.t.Fatal(err)
 	}
 	for _, h := range b.hooks {

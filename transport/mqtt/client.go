@@ -97,6 +97,8 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 		SessionExpiryInterval:         cfg.sessionExpirySeconds(),
 		ReconnectBackoff:              c.backoff,
 		ConnectTimeout:                cfg.ConnectTimeout,
+		ConnectUsername:               cfg.Username,
+		ConnectPassword:               cfg.Password,
 		AttemptConnection:             c.attemptConnection,
 		OnConnectionUp:                c.onConnectionUp,
 		OnConnectionDown:              c.onConnectionDown,

@@ -65,6 +65,13 @@ type Config struct {
 	// filters whose queued messages must not be lost.
 	Subscriptions []Subscription
 
+	// Username and Password go in every CONNECT when set (the broker's
+	// authentication); a broker that refuses them answers CONNACK "bad user
+	// name or password" or "not authorized", and the client keeps retrying
+	// with backoff, logging each refusal at Warn.
+	Username string
+	Password []byte
+
 	// TLSConfig is used for TLS broker URLs; nil means the system roots and
 	// the URL's host name.
 	TLSConfig *tls.Config
