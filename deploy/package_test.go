@@ -65,7 +65,7 @@ func TestPackage(t *testing.T) {
 		checkFiles(t, dpkgDeb, deb, map[string]os.FileMode{
 			"/usr/bin/edgefence":                    0o755,
 			"/lib/systemd/system/edgefence.service": 0o644,
-			"/etc/edgefence/edgefence.yaml":         0o644, // read by a DynamicUser: not 0640 root
+			"/etc/edgefence/config.yaml":         0o644, // read by a DynamicUser: not 0640 root
 			"/usr/share/doc/edgefence/README.md":    0o644,
 			"/usr/share/doc/edgefence/copyright":    0o644,
 		})
@@ -78,8 +78,8 @@ func TestPackage(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := strings.Fields(string(b)); !slices.Equal(got, []string{"/etc/edgefence/edgefence.yaml"}) {
-			t.Fatalf("conffiles %q, want exactly /etc/edgefence/edgefence.yaml", got)
+		if got := strings.Fields(string(b)); !slices.Equal(got, []string{"/etc/edgefence/config.yaml"}) {
+			t.Fatalf("conffiles %q, want exactly /etc/edgefence/config.yaml", got)
 		}
 	})
 	t.Run("maintainer scripts", func(t *testing.T) {
@@ -90,7 +90,7 @@ func TestPackage(t *testing.T) {
 	run(t, time.Minute, ".", nil, dpkgDeb, "-x", deb, root)
 	t.Run("same files as the tree", func(t *testing.T) {
 		for inst, src := range map[string]string{"/lib/systemd/system/edgefence.service": "deploy/edgefence.service",
-			"/etc/edgefence/edgefence.yaml": "configs/edgefence.example.yaml", "/usr/share/doc/edgefence/copyright": "deploy/copyright"} {
+			"/etc/edgefence/config.yaml": "configs/edgefence.example.yaml", "/usr/share/doc/edgefence/copyright": "deploy/copyright"} {
 			a, err1 := os.ReadFile(filepath.Join(root, inst))
 			b, err2 := os.ReadFile(filepath.Join(repoRoot, src))
 			if err := errors.Join(err1, err2); err != nil || !bytes.Equal(a, b) {
@@ -111,7 +111,7 @@ func TestPackage(t *testing.T) {
 			t.Errorf("installed edgefence version: %q, want %q and linux/amd64", out, describe)
 		}
 		// The installed default config is valid as shipped.
-		run(t, time.Minute, ".", nil, bin, append(checkConfig, filepath.Join(root, "etc/edgefence/edgefence.yaml"))...)
+		run(t, time.Minute, ".", nil, bin, append(checkConfig, filepath.Join(root, "etc/edgefence/config.yaml"))...)
 	})
 	t.Run("systemd-analyze verify", func(t *testing.T) {
 		verifyUnit(t, root)
@@ -264,10 +264,10 @@ func checkConfigMatchesUnit(t *testing.T, root string) {
 		}
 		return string(m[1])
 	}
-	if want := "/usr/bin/edgefence run --config /etc/edgefence/edgefence.yaml"; key("ExecStart") != want {
+	if want := "/usr/bin/edgefence run --config /etc/edgefence/config.yaml"; key("ExecStart") != want {
 		t.Errorf("ExecStart=%s, want %s (the binary and conffile the package installs)", key("ExecStart"), want)
 	}
-	c, err := agent.LoadConfig(filepath.Join(root, "etc/edgefence/edgefence.yaml"))
+	c, err := agent.LoadConfig(filepath.Join(root, "etc/edgefence/config.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,10 +7,8 @@ import (
 	"time"
 )
 
-// checkConfig is the subcommand that validates a config file. `edgefence
-// config check FILE` is coming, with check-config kept as an alias: switch
-// here.
-var checkConfig = []string{"check-config"}
+// checkConfig is the subcommand that validates a config file.
+var checkConfig = []string{"config", "check"}
 
 // The gateway builds run: each is cross-built the way `make cross` builds
 // it (static, trimpath, the Makefile's GOTAGS) and run under

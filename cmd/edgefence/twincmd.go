@@ -25,7 +25,7 @@ import (
 
 // defaultConfig is the config file the commands that need one read when
 // none is named.
-const defaultConfig = "/etc/edgefence/edgefence.yaml"
+const defaultConfig = "/etc/edgefence/config.yaml"
 
 // exitConflict is the exit status of `twin set --if-version N` losing to
 // another writer: read again and retry.

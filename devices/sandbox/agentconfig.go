@@ -68,7 +68,7 @@ func (c AgentConfig) YAML() ([]byte, error) {
 		}
 		return d.String()
 	}
-	fmt.Fprintf(&b, "# edgefence agent config for the sandbox; check with: edgefence check-config FILE\n")
+	fmt.Fprintf(&b, "# edgefence agent config for the sandbox; check with: edgefence config check FILE\n")
 	line("", "gateway", yamlQuote(c.Gateway))
 	line("", "state_dir", yamlQuote(c.StateDir))
 	b.WriteString("etcd:\n")
