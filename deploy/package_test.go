@@ -65,7 +65,7 @@ func TestPackage(t *testing.T) {
 		checkFiles(t, dpkgDeb, deb, map[string]os.FileMode{
 			"/usr/bin/edgefence":                    0o755,
 			"/lib/systemd/system/edgefence.service": 0o644,
-			"/etc/edgefence/config.yaml":         0o644, // read by a DynamicUser: not 0640 root
+			"/etc/edgefence/config.yaml":            0o644, // read by a DynamicUser: not 0640 root
 			"/usr/share/doc/edgefence/README.md":    0o644,
 			"/usr/share/doc/edgefence/copyright":    0o644,
 		})
