@@ -210,7 +210,9 @@ func (a *Agent) dropSession(lease clientv3.LeaseID) {
 				d.mu.Unlock()
 				continue
 			}
-			a.stats.lost.Add(1)
+			if !d.ctl.lost.Load() { // a stale verdict may have counted it
+				a.stats.lost.Add(1)
+			}
 			if d.policy == PolicyAutonomous {
 				// Keep commanding under the last token: the fence point
 				// refuses it once a newer holder reaches the device.

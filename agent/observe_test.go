@@ -281,6 +281,8 @@ func TestObservabilityEndToEnd(t *testing.T) {
 	wantSample(t, mf, 2, "edgefence_fence_table_commands_total", "verdict", "accepted") // ours and the intruder's
 	// Send returns on the verdict; the deposed controller stops just after.
 	w.waitSample(t, 1, "edgefence_device_state", "device", obsMeter, "state", StateLost)
+	// The stale verdict is the loss of the meter's lock: counted once.
+	wantSample(t, scrape(t, w.srv), 1, "edgefence_lease_losses_total")
 
 	// 5. A device nobody answers: its command waits in the outbox and the
 	// device's oldest-pending age grows.

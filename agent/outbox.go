@@ -345,7 +345,16 @@ func (a *Agent) deposed(d *device, ctl *controller, env *fence.Envelope, ack *fe
 	}
 	a.log.Warn("lease lost", "device", d.id, "token", env.Token, "reason", reason, "holder", a.cfg.Gateway, "fence_token", ack.MaxToken)
 	if !a.unsafe {
-		ctl.lost.Store(true)
+		if !ctl.lost.Swap(true) {
+			// The first news of this lock's loss counts as one loss,
+			// unless the session's end already counted it (autonomy).
+			d.mu.Lock()
+			counted := d.autonomy && d.ctl == ctl
+			d.mu.Unlock()
+			if !counted {
+				a.stats.lost.Add(1)
+			}
+		}
 		a.setState(d, ctl, StateLost)
 	}
 }

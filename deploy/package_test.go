@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -32,14 +33,7 @@ func TestPackage(t *testing.T) {
 	mk := tool(t, "make", "apt-get install make")
 	dpkgDeb := tool(t, "dpkg-deb", "apt-get install dpkg")
 
-	// A describe string with commits after a tag and a dirty tree: the
-	// Debian version must come out valid and sort after 1.2.3.
-	const describe, version = "v1.2.3-4-gabc1234-dirty", "1.2.3+git4.gabc1234.dirty"
-	dist := t.TempDir()
-	start := time.Now()
-	run(t, 10*time.Minute, repoRoot, nil, mk, "-s", "package", "ARCHS=amd64", "DIST="+dist, "VERSION="+describe)
-	t.Logf("make package ARCHS=amd64: %.1f s", time.Since(start).Seconds())
-
+	dist := amd64Packages(t, mk)
 	deb := filepath.Join(dist, "edgefence_"+version+"_amd64.deb")
 	t.Run("control", func(t *testing.T) {
 		f := control(t, dpkgDeb, deb)
@@ -133,6 +127,38 @@ func TestPackage(t *testing.T) {
 			t.Errorf("devsim control archive has %d files, want control and md5sums only (no conffiles, no scripts)", len(ents))
 		}
 	})
+}
+
+// A describe string with commits after a tag and a dirty tree: the Debian
+// version must come out valid and sort after 1.2.3.
+const describe, version = "v1.2.3-4-gabc1234-dirty", "1.2.3+git4.gabc1234.dirty"
+
+var packages struct {
+	sync.Mutex
+	dist string
+}
+
+// amd64Packages runs `make package ARCHS=amd64` once per test binary and
+// returns the directory with the .debs (TestPackage and
+// TestInstallAndOperate share it).
+func amd64Packages(t *testing.T, mk string) string {
+	t.Helper()
+	packages.Lock()
+	defer packages.Unlock()
+	if packages.dist == "" {
+		dist, err := os.MkdirTemp("", "edgefence-deb-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		if out, err := runErr(t, 10*time.Minute, repoRoot, nil, mk, "-s", "package", "ARCHS=amd64", "DIST="+dist, "VERSION="+describe); err != nil {
+			os.RemoveAll(dist)
+			t.Fatalf("make package ARCHS=amd64: %v\n%s", err, out)
+		}
+		t.Logf("make package ARCHS=amd64: %.1f s", time.Since(start).Seconds())
+		packages.dist = dist
+	}
+	return packages.dist
 }
 
 // control returns the package's control fields.

@@ -14,6 +14,14 @@ import (
 	"time"
 )
 
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if packages.dist != "" {
+		os.RemoveAll(packages.dist)
+	}
+	os.Exit(code)
+}
+
 // repoRoot is the repository, seen from this package's directory.
 const repoRoot = ".."
 

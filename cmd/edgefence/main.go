@@ -350,6 +350,9 @@ func cmdSend(args []string, stdout, stderr io.Writer) error {
 	sock := socketFlags(fs)
 	timeout := fs.Duration("timeout", 30*time.Second, "give up after this long")
 	noWait := fs.Bool("no-wait", false, "return once the command is stored in the agent's outbox (exit 4), without waiting for the device's verdict")
+	// The result is JSON in any case; --json is accepted so that scripts
+	// can pass it to every command alike.
+	fs.Bool("json", true, "print the result as JSON (the only format of send)")
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), `usage: edgefence send [flags] DEVICE KIND [JSON-BODY]
 
