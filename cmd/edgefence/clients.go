@@ -64,7 +64,9 @@ func anyPrefix(ss []string, prefix string) bool {
 // (the agent's session loop retries). With one, clientv3.New authenticates
 // at once and fails if etcd is out of reach: then it is retried with
 // backoff until ctx ends, and a refused user or password is an error.
-func newEtcdClient(ctx context.Context, cfg clientv3.Config, log *slog.Logger) (*clientv3.Client, error) {
+// waiting, if set, is told before each wait why and for how long (the
+// systemd notifier extends its start timeout with it).
+func newEtcdClient(ctx context.Context, cfg clientv3.Config, log *slog.Logger, waiting func(why string, next time.Duration)) (*clientv3.Client, error) {
 	backoff := 500 * time.Millisecond
 	for {
 		cli, err := clientv3.New(cfg)
@@ -77,6 +79,9 @@ func newEtcdClient(ctx context.Context, cfg clientv3.Config, log *slog.Logger) (
 			return nil, fmt.Errorf("etcd client: %w", err)
 		}
 		log.Warn("etcd: cannot authenticate yet; retrying", "endpoints", cfg.Endpoints, "user", cfg.Username, "err", err, "retry_in", backoff)
+		if waiting != nil {
+			waiting("etcd unreachable: waiting to authenticate as "+cfg.Username, backoff+cfg.DialTimeout)
+		}
 		select {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("etcd client: %w", err)

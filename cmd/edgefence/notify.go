@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -42,6 +43,15 @@ type sdNotify func(state string) error
 func systemdNotify(state string) error {
 	_, err := daemon.SdNotify(false, state)
 	return err
+}
+
+// startWaitNotice is the notification sent while the start waits for
+// something it cannot do without (etcd, to authenticate): the reason, the
+// start timeout extended past the next attempt, and a watchdog ping — the
+// process is not stuck, it waits on purpose.
+func startWaitNotice(why string, next time.Duration) string {
+	extend := next + 10*time.Second
+	return fmt.Sprintf("STATUS=starting: %s\nEXTEND_TIMEOUT_USEC=%d\nWATCHDOG=1", why, extend.Microseconds())
 }
 
 // notifier drives the notifications for one run of the agent. Create it

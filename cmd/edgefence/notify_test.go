@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -365,5 +366,60 @@ func TestUnitVerify(t *testing.T) {
 	out, err := exec.CommandContext(ctx, sa, "verify", path).CombinedOutput()
 	if err != nil || len(bytes.TrimSpace(out)) != 0 {
 		t.Fatalf("systemd-analyze verify: %v; want exit 0 and no warnings:\n%s", err, out)
+	}
+}
+
+// With etcd auth the agent cannot start before etcd answers (clientv3
+// authenticates when the client is made). While it waits it tells systemd
+// why, extends the start timeout and pings the watchdog, so that a gateway
+// booting with its uplink down is not failed by TimeoutStartSec/WatchdogSec
+// and then given up by StartLimitBurst; SIGTERM while waiting is a clean
+// exit 0.
+func TestEtcdAuthWaitNotifies(t *testing.T) {
+	dir := t.TempDir()
+	etcdPort, err := sandbox.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mqttPort, err := sandbox.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(dir, "gw.yaml")
+	if err := os.WriteFile(cfg, fmt.Appendf(nil, `gateway: gw-auth
+state_dir: %q
+etcd:
+  endpoints: ["http://127.0.0.1:%d"]
+  username: gw-auth
+  dial_timeout: 1s
+mqtt:
+  brokers: ["mqtt://127.0.0.1:%d"]
+api:
+  socket: %q
+devices:
+  - id: dev-1
+`, filepath.Join(dir, "state"), etcdPort, mqttPort, filepath.Join(dir, "gw.sock")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sd := listenNotify(t)
+	env := append(subprocEnv(), "NOTIFY_SOCKET="+sd.path, "EDGEFENCE_ETCD_PASSWORD=secret")
+	p, err := sandbox.StartProc("gw-auth", filepath.Join(dir, "gw.log"), env, os.Args[0], "run", "--config", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Stop(10 * time.Second) })
+	m := sd.next(t, 30*time.Second)
+	if !strings.HasPrefix(m, "STATUS=starting: etcd unreachable: waiting to authenticate as gw-auth\n") ||
+		!strings.Contains(m, "\nEXTEND_TIMEOUT_USEC=") || !strings.Contains(m, "\nWATCHDOG=1") {
+		t.Fatalf("first notify message %q: want the reason, EXTEND_TIMEOUT_USEC and WATCHDOG=1", m)
+	}
+	if strings.Contains(m, "secret") {
+		t.Fatalf("the password in a notify message: %q", m)
+	}
+	if m := sd.next(t, 30*time.Second); !strings.HasPrefix(m, "STATUS=starting: etcd unreachable") {
+		t.Fatalf("second notify message %q: want another wait notice (it retries)", m)
+	}
+	if err := p.Stop(30 * time.Second); err != nil {
+		t.Fatalf("SIGTERM while waiting for etcd: %v, want exit 0", err)
 	}
 }

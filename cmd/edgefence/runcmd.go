@@ -121,7 +121,16 @@ exit status is 1. Secrets may come from the environment: %s,
 		defer hist.Close()
 	}
 
-	cli, err := newEtcdClient(ctx, ecfg, log)
+	// With etcd auth the client cannot exist before etcd answers (it
+	// authenticates in clientv3.New), so the agent cannot start offline.
+	// Tell systemd why the start takes long and keep it from timing the
+	// start out (TimeoutStartSec) or killing us for silence (WatchdogSec):
+	// a failed start would be retried and, after StartLimitBurst, given up.
+	cli, err := newEtcdClient(ctx, ecfg, log, func(why string, next time.Duration) {
+		if err := systemdNotify(startWaitNotice(why, next)); err != nil {
+			log.Warn("systemd notify", "err", err)
+		}
+	})
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil // stopped while waiting for etcd: nothing held, a clean exit
