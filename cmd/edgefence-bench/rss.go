@@ -27,8 +27,8 @@ import (
 
 // rssConfig configures the agent memory benchmark.
 type rssConfig struct {
-	Sizes    []int  // device counts
-	AgentBin string // the edgefence binary; empty: build it
+	Sizes    []int         // device counts
+	AgentBin string        // the edgefence binary; empty: build it
 	Duration time.Duration // measure this long after the agent process started
 	Period   time.Duration // the load sends each device one command per Period...
 	MinRate  float64       // ...but at least MinRate commands/s over all devices
