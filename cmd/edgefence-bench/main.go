@@ -100,7 +100,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		backlog  = fs.Int("backlog", 10000, "replay: commands queued while the broker is down")
 		cmdTO    = fs.Duration("cmd-timeout", 10*time.Second, "replay: the agent's command timeout (command.timeout)")
 		ttls     = fs.String("ttls", "2s,5s,10s", "failover: lease_ttl values, comma-separated (whole seconds, at least 2s)")
-		faults   = fs.String("faults", "kill,stop", "failover: kill (SIGKILL) and/or stop (SIGSTOP, then SIGCONT once B took over), comma-separated")
+		faults   = fs.String("faults", "kill,stop", "failover: kill (SIGKILL), stop (SIGSTOP, then SIGCONT once B took over) and/or term (SIGTERM: clean shutdown), comma-separated")
+		probes   = fs.Int("probes", 0, "failover: send the load to this many devices, spread over the list (0: every device)")
 		interval = fs.Duration("interval", 10*time.Millisecond, "failover: the load sends one command per device this often through B")
 		devsim   = fs.String("devsim-bin", "", "failover: the edgefence-devsim binary (default: go build it)")
 		sizes    = fs.String("sizes", "10,1000,10000", "rss: device counts, comma-separated")
@@ -304,7 +305,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	if what == "failover" {
 		res, err := runFailover(ctx, etcd, failoverConfig{Devices: *devices, TTLs: ttlVals, Trials: *runs, Faults: faultVals,
-			Interval: *interval, AgentBin: *agentBin, DevsimBin: *devsim, Dir: dir, Log: stderr})
+			Interval: *interval, Probes: *probes, AgentBin: *agentBin, DevsimBin: *devsim, Dir: dir, Log: stderr})
 		if res != nil && len(res.Trials) > 0 {
 			printFailover(stdout, res)
 		}
@@ -370,10 +371,10 @@ func faultList(s string) ([]string, error) {
 	var out []string
 	for _, f := range strings.Split(s, ",") {
 		switch f = strings.TrimSpace(f); f {
-		case faultKill, faultStop:
+		case faultKill, faultStop, faultTerm:
 			out = append(out, f)
 		default:
-			return nil, fmt.Errorf("bad fault %q: want %s or %s", f, faultKill, faultStop)
+			return nil, fmt.Errorf("bad fault %q: want %s, %s or %s", f, faultKill, faultStop, faultTerm)
 		}
 	}
 	return out, nil
