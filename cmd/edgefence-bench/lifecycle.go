@@ -129,7 +129,20 @@ func lifecycleSizeRun(ctx context.Context, etcd *sandbox.Etcd, cli *clientv3.Cli
 				if k > 0 {
 					return nil
 				}
-				return sendEach(ctx, agent.NewAPIClient(c.Socket), devs, 8)
+				// The lock keys exist a moment before the agent holds
+				// (token read, outbox record): wait for its status.
+				api := agent.NewAPIClient(c.Socket)
+				for deadline := time.Now().Add(30 * time.Second); ; {
+					st, err := api.Status(ctx)
+					if err == nil && st.Counters.Acquired >= uint64(n) {
+						break
+					}
+					if time.Now().After(deadline) {
+						return fmt.Errorf("agent does not hold all %d devices (status err %v)", n, err)
+					}
+					time.Sleep(20 * time.Millisecond)
+				}
+				return sendEach(ctx, api, devs, 8)
 			})
 		if err != nil {
 			return sz, err
