@@ -43,6 +43,10 @@ type lifecycleRun struct {
 	Code     int           // exit code
 	LeftKeys int           // lock keys in etcd right after the exit
 	LeaseTTL int64         // TimeToLive of the agent's lease right after the exit (-1: revoked)
+
+	// From the agent's log (slog text, millisecond timestamps): from exec
+	// (Starting, Session) or from SIGTERM (Released, Stopped); -1 if absent.
+	Starting, Session, Released, Stopped time.Duration
 }
 
 type lifecycleSize struct {
@@ -111,7 +115,7 @@ func lifecycleSizeRun(ctx context.Context, etcd *sandbox.Etcd, cli *clientv3.Cli
 	c := sandbox.AgentConfig{Gateway: fmt.Sprintf("bench-lc-%d", n), Etcd: etcd.Endpoint(), MQTT: br.url, Devices: devs,
 		Socket: filepath.Join(dir, "agent.sock"), StateDir: filepath.Join(dir, "state"),
 		EtcdPrefix: etcdPrefix, MQTTPrefix: mqttPrefix, ClientID: fmt.Sprintf("bench-lc-agent-%d", n),
-		LeaseTTL: 10 * time.Second, LogLevel: "warn", LogFormat: "text"}
+		LeaseTTL: 10 * time.Second, LogLevel: "info", LogFormat: "text"}
 	cpath := filepath.Join(dir, "edgefence.yaml")
 	if err := c.Write(cpath); err != nil {
 		return nil, err
@@ -273,6 +277,10 @@ func lifecycleOnce(ctx context.Context, cli *clientv3.Client, etcdPrefix string,
 		return r, err
 	}
 	defer logf.Close()
+	logStart, err := logf.Seek(0, io.SeekEnd)
+	if err != nil {
+		return r, err
+	}
 	cmd := exec.Command(bin, "run", "--config", cpath)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = append(os.Environ(), "NOTIFY_SOCKET="+sockPath)
@@ -391,6 +399,25 @@ func lifecycleOnce(ctx context.Context, cli *clientv3.Client, etcdPrefix string,
 	if at, err := nl.wait(wctx, "STOPPING=1", nil); err == nil {
 		r.Stopping = at.Sub(tTerm)
 	}
+	r.Starting, r.Session, r.Released, r.Stopped = -1, -1, -1, -1
+	if b, err := os.ReadFile(logPath); err == nil && int64(len(b)) >= logStart {
+		for _, l := range strings.Split(string(b[logStart:]), "\n") {
+			at, msg, ok := slogLine(l)
+			if !ok {
+				continue
+			}
+			switch msg {
+			case "edgefence starting":
+				r.Starting = at.Sub(t0)
+			case "etcd session open":
+				r.Session = at.Sub(t0)
+			case "released locks":
+				r.Released = at.Sub(tTerm)
+			case "edgefence stopped":
+				r.Stopped = at.Sub(tTerm)
+			}
+		}
+	}
 	var ee *exec.ExitError
 	if errors.As(waitErr, &ee) {
 		r.Code = ee.ExitCode()
@@ -398,6 +425,31 @@ func lifecycleOnce(ctx context.Context, cli *clientv3.Client, etcdPrefix string,
 		return r, waitErr
 	}
 	return r, nil
+}
+
+// slogLine returns the time and msg of a slog text line.
+func slogLine(l string) (time.Time, string, bool) {
+	ts, ok := strings.CutPrefix(l, "time=")
+	if !ok {
+		return time.Time{}, "", false
+	}
+	ts, rest, _ := strings.Cut(ts, " ")
+	at, err := time.Parse(time.RFC3339Nano, ts)
+	if err != nil {
+		return time.Time{}, "", false
+	}
+	_, m, ok := strings.Cut(rest, "msg=")
+	if !ok {
+		return time.Time{}, "", false
+	}
+	if strings.HasPrefix(m, `"`) {
+		if end := strings.Index(m[1:], `"`); end >= 0 {
+			return at, m[1 : end+1], true
+		}
+		return time.Time{}, "", false
+	}
+	m, _, _ = strings.Cut(m, " ")
+	return at, m, true
 }
 
 func printLifecycle(w io.Writer, r *lifecycleResult) {
@@ -434,6 +486,12 @@ func printLifecycle(w io.Writer, r *lifecycleResult) {
 			each = append(each, fmt.Sprintf("%s/%s", ms(x.Ready), ms(x.Exit)))
 		}
 		fmt.Fprintf(w, "- %d devices, each run READY/exit ms: %s\n", s.Devices, strings.Join(each, ", "))
+		var st, se, rl, sp []time.Duration
+		for _, x := range s.Runs {
+			st, se, rl, sp = append(st, x.Starting), append(se, x.Session), append(rl, x.Released), append(sp, x.Stopped)
+		}
+		fmt.Fprintf(w, "- %d devices, from the agent's log (ms timestamps), medians: exec → \"edgefence starting\" (config, state opened, clients built) %s ms, → \"etcd session open\" %s ms; SIGTERM → \"released locks\" (lease revoked) %s ms, → \"edgefence stopped\" %s ms\n",
+			s.Devices, ms(median(st)), ms(median(se)), ms(median(rl)), ms(median(sp)))
 	}
 	fmt.Fprintln(w)
 }
