@@ -8,17 +8,23 @@
 //	locks      time for one agent to hold 1,000 devices on one etcd session,
 //	           beside bare concurrency.Mutex acquisition
 //	rss        resident memory of the real `edgefence run` binary (a
-//	           subprocess) at 10 and 1,000 devices
-//	all        the three above
+//	           subprocess) 60 s after its start, under a light command
+//	           load, at 10, 1,000 and 10,000 devices
+//	lifecycle  the real binary with existing local state: exec → READY=1
+//	           on a NOTIFY_SOCKET, SIGTERM → exit, lock keys and lease
+//	           checked in etcd after the exit (10 runs at 10 and 1,000
+//	           devices)
+//	all        the four above (≈ 6 min)
 //	replay     the outbox across a broker outage: the rate of durable
 //	           Enqueues while the broker is down, then, once it is back,
 //	           the time to the first replayed command accepted and the
 //	           replay rate; checks that every command ended accepted, once,
 //	           in order per device (in-process agent, mochi, sim.Fleet)
 //	failover   two real `edgefence run` agents on the same devices
-//	           (edgefence-devsim): the holder is killed (SIGKILL) or frozen
-//	           (SIGSTOP) under load, and the time until the other one's
-//	           first accepted command is measured per lease_ttl
+//	           (edgefence-devsim): the holder is killed (SIGKILL), frozen
+//	           (SIGSTOP) or stopped cleanly (SIGTERM) under load, and the
+//	           time until the other one's first accepted command is
+//	           measured per lease_ttl
 //	twins      the twin reconciler (issue 5), in process (agent with outbox
 //	           and twin cache, mochi, sim.Fleet): desired put → twin.set
 //	           accepted → reported written, p50/p99 for 1 and 100 devices
@@ -33,7 +39,9 @@
 //	go run ./cmd/edgefence-bench all
 //	go run ./cmd/edgefence-bench roundtrip --broker both --n 5000 --conc 32
 //	go run ./cmd/edgefence-bench locks --devices 1000 --runs 5
-//	go run ./cmd/edgefence-bench rss --sizes 10,1000
+//	go run ./cmd/edgefence-bench rss --sizes 10,1000,10000 --rss-duration 60s --rss-period 60s --rss-min-rate 5
+//	go run ./cmd/edgefence-bench lifecycle --lc-sizes 10,1000 --runs 10
+//	go run ./cmd/edgefence-bench failover --faults term --ttls 10s --runs 10 --devices 1000 --probes 20
 //	go run ./cmd/edgefence-bench replay --devices 10 --backlog 10000 --runs 3
 //	go run ./cmd/edgefence-bench failover --devices 4 --ttls 2s,5s,10s --runs 3 --faults kill,stop
 //	go run ./cmd/edgefence-bench twins --twin-sizes 1,100 --runs 30 --devices 1000 --changes 1 --twin-runs 3
@@ -313,8 +321,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			fail(err)
 		}
 	}
-	if what == "lifecycle" {
-		res, err := runLifecycle(ctx, etcd, lifecycleConfig{Sizes: lcSizeList, Runs: *runs, AgentBin: *agentBin, Dir: dir, Log: stderr})
+	if what == "lifecycle" || all {
+		lcRuns := *runs
+		if all && !set["runs"] {
+			lcRuns = 10 // all's --runs default (5) is the locks benchmark's
+		}
+		res, err := runLifecycle(ctx, etcd, lifecycleConfig{Sizes: lcSizeList, Runs: lcRuns, AgentBin: *agentBin, Dir: dir, Log: stderr})
 		if res != nil && len(res.Sizes) > 0 {
 			printLifecycle(stdout, res)
 		}
