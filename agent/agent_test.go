@@ -307,3 +307,46 @@ func TestDevicesHeldElsewhereDoNotStarveOthers(t *testing.T) {
 	a.stop()
 	waitFor(t, "b holds the rest after a leaves", holdingAll(b, held))
 }
+
+// A clean shutdown revokes the session's lease: every lock key goes in one
+// revision (one RPC, not one Unlock per device) and the lease is gone.
+func TestCleanShutdownRevokesLease(t *testing.T) {
+	prefix := "/t/" + t.Name()
+	devs := []string{"d1", "d2", "d3", "d4"}
+	a := startAgent(t, "gw-a", prefix, devs, newFencePoint(), Options{})
+	waitFor(t, "a holds all", holdingAll(a, devs))
+	r, err := a.cli.Get(context.Background(), prefix+"/", clientv3.WithPrefix())
+	if err != nil || len(r.Kvs) != len(devs) {
+		t.Fatalf("lock keys: %v %v", r, err)
+	}
+	lease := clientv3.LeaseID(r.Kvs[0].Lease)
+	wctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	wch := a.cli.Watch(wctx, prefix+"/", clientv3.WithPrefix(), clientv3.WithRev(r.Header.Revision+1))
+	a.stop()
+	revs := map[int64]int{}
+	for deleted := 0; deleted < len(devs); {
+		select {
+		case wr := <-wch:
+			if err := wr.Err(); err != nil {
+				t.Fatal(err)
+			}
+			for _, ev := range wr.Events {
+				if ev.Type != clientv3.EventTypeDelete {
+					t.Fatalf("unexpected event %v", ev)
+				}
+				revs[ev.Kv.ModRevision]++
+				deleted++
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("lock keys not deleted after a clean shutdown")
+		}
+	}
+	if len(revs) != 1 {
+		t.Fatalf("lock keys deleted in %d revisions, want 1 (the revoke): %v", len(revs), revs)
+	}
+	ttl, err := a.cli.TimeToLive(context.Background(), lease)
+	if err != nil || ttl.TTL != -1 {
+		t.Fatalf("lease after shutdown: %+v %v, want revoked (TTL -1)", ttl, err)
+	}
+}

@@ -234,8 +234,8 @@ func (a *Agent) dropSession(lease clientv3.LeaseID) {
 	}
 }
 
-// release unlocks every device lock held under sess and revokes its lease,
-// so that another gateway can take over at once instead of after the TTL.
+// release revokes sess's lease, which deletes every device lock held under
+// it, so that another gateway can take over at once instead of after the TTL.
 func (a *Agent) release(sess *concurrency.Session, mutexes []*concurrency.Mutex) {
 	for _, id := range a.order {
 		d := a.devices[id]
@@ -248,18 +248,20 @@ func (a *Agent) release(sess *concurrency.Session, mutexes []*concurrency.Mutex)
 		d.state, d.since = StateCampaigning, a.now()
 		d.mu.Unlock()
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), a.cfg.Etcd.DialTimeout)
-	defer cancel()
 	held := 0
 	for _, m := range mutexes {
-		if m.Key() == "" || m.Key() == "\x00" {
-			continue
-		}
-		if err := m.Unlock(ctx); err == nil {
+		if m.Key() != "" && m.Key() != "\x00" {
 			held++
 		}
 	}
-	if err := sess.Close(); err != nil { // revokes the lease: deletes every key under it
+	// One revoke deletes every lock key of the lease in one revision: no
+	// per-key Unlock, which took one round trip per device (1,000 devices:
+	// 0.5–2 s to exit on a busy 2-core box, docs/BENCHMARKS.md §17).
+	// Bounded by etcd.dial_timeout, as the unit's stop timeout expects.
+	sess.Orphan() // stops the keep-alive
+	ctx, cancel := context.WithTimeout(context.Background(), a.cfg.Etcd.DialTimeout)
+	defer cancel()
+	if _, err := a.cli.Revoke(ctx, sess.Lease()); err != nil {
 		a.log.Warn("revoke lease on shutdown", "err", err)
 	}
 	a.log.Info("released locks", "keys", held, "lease", fmt.Sprintf("%x", int64(sess.Lease())))

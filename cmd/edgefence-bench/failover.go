@@ -21,6 +21,7 @@ import (
 const (
 	faultKill = "kill" // SIGKILL: the holder is gone
 	faultStop = "stop" // SIGSTOP: the holder is frozen, then resumed
+	faultTerm = "term" // SIGTERM: a clean shutdown, the holder releases its locks
 )
 
 // failoverConfig configures the failover benchmark.
@@ -30,6 +31,7 @@ type failoverConfig struct {
 	Trials    int             // per TTL and fault
 	Faults    []string        // faultKill, faultStop
 	Interval  time.Duration   // the load loop's period per device
+	Probes    int             // the load goes to this many devices, spread over the list (0: all)
 	AgentBin  string          // empty: build ./cmd/edgefence
 	DevsimBin string          // empty: build ./cmd/edgefence-devsim
 	Dir       string
@@ -50,17 +52,19 @@ type failoverTrial struct {
 	LateA      int           // late commands A itself refused (409: it knew it had lost the lock)
 	LateDev    int           // late commands the fence point refused (stale)
 	Attempts   int           // load commands sent to B in all
+	Exit       time.Duration // faultTerm: A's process exited
 }
 
 type failoverResult struct {
 	Devices  int
+	Probes   int
 	Interval time.Duration
 	Built    string
 	Trials   []failoverTrial
 }
 
 func runFailover(ctx context.Context, etcd *sandbox.Etcd, cfg failoverConfig) (*failoverResult, error) {
-	res := &failoverResult{Devices: cfg.Devices, Interval: cfg.Interval, Built: "binaries given with --agent-bin/--devsim-bin"}
+	res := &failoverResult{Devices: cfg.Devices, Probes: len(probeDevices(cfg.Devices, cfg.Probes)), Interval: cfg.Interval, Built: "binaries given with --agent-bin/--devsim-bin"}
 	var err error
 	if cfg.AgentBin == "" || cfg.DevsimBin == "" {
 		res.Built = "CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' ./cmd/edgefence ./cmd/edgefence-devsim"
@@ -112,8 +116,8 @@ func runFailover(ctx context.Context, etcd *sandbox.Etcd, cfg failoverConfig) (*
 				if err != nil {
 					return res, fmt.Errorf("failover, lease_ttl %v, %s, trial %d: %w", ttl, fault, k+1, err)
 				}
-				fmt.Fprintf(cfg.Log, "failover: B holds all after %s ms; first device accepted %s ms, all %s ms (target ≤ %s ms) %s\n",
-					ms(tr.Held), ms(tr.First), ms(tr.All), ms(ttl+time.Second), tr.Late)
+				fmt.Fprintf(cfg.Log, "failover: B holds all after %s ms; first device accepted %s ms, all %s ms (target ≤ %s ms); A exited %s ms %s\n",
+					ms(tr.Held), ms(tr.First), ms(tr.All), ms(failoverTarget(fault, ttl)), ms(tr.Exit), tr.Late)
 				res.Trials = append(res.Trials, tr)
 			}
 		}
@@ -189,11 +193,8 @@ func failoverTrialRun(ctx context.Context, etcd *sandbox.Etcd, brokerURL, mqttPr
 	}
 	// A's first command per device, so that the fence points know A's
 	// token before B's arrive.
-	for _, d := range devs {
-		r, err := a.api.Send(ctx, d, sim.KindSet, json.RawMessage(`{"setpoint": 21}`))
-		if err != nil || r.Verdict != "accepted" {
-			return tr, fmt.Errorf("first command of agent A to %s: %v %v", d, r, err)
-		}
+	if err := sendEach(ctx, a.api, devs, 8); err != nil {
+		return tr, fmt.Errorf("first commands of agent A: %w", err)
 	}
 	b, err := startFailoverAgent(ctx, "gw-b", dir, etcd.Endpoint(), brokerURL, mqttPrefix, prefix, devs, ttl, cfg.AgentBin)
 	if err != nil {
@@ -214,9 +215,11 @@ func failoverTrialRun(ctx context.Context, etcd *sandbox.Etcd, brokerURL, mqttPr
 	}
 	lctx, lcancel := context.WithTimeout(ctx, ttl+30*time.Second+time.Duration(len(devs))*time.Second)
 	defer lcancel()
-	outs := make([]outcome, len(devs))
+	probes := probeDevices(len(devs), cfg.Probes)
+	outs := make([]outcome, len(probes))
 	var wg sync.WaitGroup
-	for i, d := range devs {
+	for i, di := range probes {
+		d := devs[di]
 		wg.Go(func() {
 			o := &outs[i]
 			t := time.NewTicker(cfg.Interval)
@@ -255,6 +258,14 @@ func failoverTrialRun(ctx context.Context, etcd *sandbox.Etcd, brokerURL, mqttPr
 		err = a.proc.Kill()
 	case faultStop:
 		err = a.proc.Freeze()
+	case faultTerm:
+		// Stop sends SIGCONT (a no-op here) and SIGTERM, and waits.
+		exited := make(chan time.Time, 1)
+		go func() {
+			_ = a.proc.Stop(10 * time.Second)
+			exited <- time.Now()
+		}()
+		defer func() { tr.Exit = (<-exited).Sub(fault0) }()
 	default:
 		err = fmt.Errorf("unknown fault %q", fault)
 	}
@@ -325,13 +336,39 @@ func lateCommands(ctx context.Context, a *failoverAgent, devs []string) (what st
 	return what, other == 0, notHolder, stale
 }
 
+// probeDevices returns the indices of p of n devices, spread evenly over
+// the list from the first to the last (all n if p is 0 or at least n).
+func probeDevices(n, p int) []int {
+	if p <= 0 || p >= n {
+		p = n
+	}
+	out := make([]int, p)
+	for i := range out {
+		if p == 1 {
+			break
+		}
+		out[i] = i * (n - 1) / (p - 1)
+	}
+	return out
+}
+
+// failoverTarget is the issue's target for fault → B's commands accepted:
+// a lease TTL and a second when the holder dies or freezes, a second after
+// a clean shutdown (it releases its locks).
+func failoverTarget(fault string, ttl time.Duration) time.Duration {
+	if fault == faultTerm {
+		return time.Second
+	}
+	return ttl + time.Second
+}
+
 func printFailover(w io.Writer, r *failoverResult) {
-	fmt.Fprintf(w, "### Failover: `edgefence run` ×2 over %d devices, holder killed or frozen (load every %v per device; %s)\n\n",
-		r.Devices, r.Interval, r.Built)
-	fmt.Fprintln(w, "Fault → B's first accepted command (the ack in the client's hand): for the first device, and for all (the last device).")
+	fmt.Fprintf(w, "### Failover: `edgefence run` ×2 over %d devices, holder killed, frozen or stopped (load every %v on each of %d devices; %s)\n\n",
+		r.Devices, r.Interval, r.Probes, r.Built)
+	fmt.Fprintf(w, "Fault → B's first accepted command (the ack in the client's hand): for the first of the %d loaded devices, and for all of them (the last); B holds all %d: B's status.\n", r.Probes, r.Devices)
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "| lease_ttl | fault | trials | fault after A started, median ms | B holds all, median ms | first device median ms | all devices median ms | all devices max ms | trials, all devices ms | target | met (max) |")
-	fmt.Fprintln(w, "|---:|---|---:|---:|---:|---:|---:|---:|---|---:|---|")
+	fmt.Fprintln(w, "| lease_ttl | fault | trials | fault after A started, median ms | B holds all, median ms | first device median ms | all devices median ms | all devices max ms | trials, all devices ms | A exited median / max ms | target | met (max) |")
+	fmt.Fprintln(w, "|---:|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|")
 	type key struct {
 		ttl   time.Duration
 		fault string
@@ -345,16 +382,19 @@ func printFailover(w io.Writer, r *failoverResult) {
 		}
 		groups[k] = append(groups[k], t)
 	}
-	var late []string
+	var late, firstLines []string
 	for _, k := range keys {
 		ts := groups[k]
 		var each []string
-		var fs, as, hs, fa []time.Duration
+		var fs, as, hs, fa, ex []time.Duration
 		var n, byA, byDev int
 		var notRefused []string
 		for _, t := range ts {
 			fs, as, hs, fa = append(fs, t.First), append(as, t.All), append(hs, t.Held), append(fa, t.FaultAfter)
 			each = append(each, ms(t.All))
+			if t.Fault == faultTerm {
+				ex = append(ex, t.Exit)
+			}
 			if t.Fault == faultStop {
 				n, byA, byDev = n+1, byA+t.LateA, byDev+t.LateDev
 				if !t.LateOK {
@@ -370,15 +410,37 @@ func printFailover(w io.Writer, r *failoverResult) {
 			}
 			late = append(late, l)
 		}
-		target := k.ttl + time.Second
-		fmt.Fprintf(w, "| %v | %s | %d | %s | %s | %s | %s | %s | %s | ≤ %s | **%s** |\n", k.ttl, k.fault, len(ts), ms(median(fa)), ms(median(hs)), ms(median(fs)), ms(median(as)),
-			ms(slicesMax(as)), strings.Join(each, ", "), ms(target), metOrNot(slicesMax(as) <= target))
+		target := failoverTarget(k.fault, k.ttl)
+		// kill/stop: every device back within T + 1 s; term: the standby's
+		// first accepted command within 1 s.
+		judged := slicesMax(as)
+		if k.fault == faultTerm {
+			judged = slicesMax(fs)
+		}
+		exited := "–"
+		if len(ex) > 0 {
+			exited = ms(median(ex)) + " / " + ms(slicesMax(ex))
+		}
+		fmt.Fprintf(w, "| %v | %s | %d | %s | %s | %s | %s | %s | %s | %s | ≤ %s | **%s** |\n", k.ttl, k.fault, len(ts), ms(median(fa)), ms(median(hs)), ms(median(fs)), ms(median(as)),
+			ms(slicesMax(as)), strings.Join(each, ", "), exited, ms(target), metOrNot(judged <= target))
+		if k.fault == faultTerm {
+			firstLines = append(firstLines, fmt.Sprintf("lease_ttl %v, term: the standby's first accepted command after SIGTERM to the holder, over %d trials: median %s ms, max %s ms (%s); target ≤ %s ms on the first command: **%s**",
+				k.ttl, len(ts), ms(median(fs)), ms(slicesMax(fs)), joinMs(fs), ms(target), metOrNot(slicesMax(fs) <= target)))
+		}
 	}
 	fmt.Fprintln(w)
-	for _, l := range late {
+	for _, l := range append(firstLines, late...) {
 		fmt.Fprintf(w, "- %s\n", l)
 	}
-	if len(late) > 0 {
+	if len(late)+len(firstLines) > 0 {
 		fmt.Fprintln(w)
 	}
+}
+
+func joinMs(ds []time.Duration) string {
+	var s []string
+	for _, d := range ds {
+		s = append(s, ms(d))
+	}
+	return strings.Join(s, ", ")
 }

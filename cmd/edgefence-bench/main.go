@@ -8,17 +8,23 @@
 //	locks      time for one agent to hold 1,000 devices on one etcd session,
 //	           beside bare concurrency.Mutex acquisition
 //	rss        resident memory of the real `edgefence run` binary (a
-//	           subprocess) at 10 and 1,000 devices
-//	all        the three above
+//	           subprocess) 60 s after its start, under a light command
+//	           load, at 10, 1,000 and 10,000 devices
+//	lifecycle  the real binary with existing local state: exec → READY=1
+//	           on a NOTIFY_SOCKET, SIGTERM → exit, lock keys and lease
+//	           checked in etcd after the exit (10 runs at 10 and 1,000
+//	           devices)
+//	all        the four above (≈ 6 min)
 //	replay     the outbox across a broker outage: the rate of durable
 //	           Enqueues while the broker is down, then, once it is back,
 //	           the time to the first replayed command accepted and the
 //	           replay rate; checks that every command ended accepted, once,
 //	           in order per device (in-process agent, mochi, sim.Fleet)
 //	failover   two real `edgefence run` agents on the same devices
-//	           (edgefence-devsim): the holder is killed (SIGKILL) or frozen
-//	           (SIGSTOP) under load, and the time until the other one's
-//	           first accepted command is measured per lease_ttl
+//	           (edgefence-devsim): the holder is killed (SIGKILL), frozen
+//	           (SIGSTOP) or stopped cleanly (SIGTERM) under load, and the
+//	           time until the other one's first accepted command is
+//	           measured per lease_ttl
 //	twins      the twin reconciler (issue 5), in process (agent with outbox
 //	           and twin cache, mochi, sim.Fleet): desired put → twin.set
 //	           accepted → reported written, p50/p99 for 1 and 100 devices
@@ -33,7 +39,9 @@
 //	go run ./cmd/edgefence-bench all
 //	go run ./cmd/edgefence-bench roundtrip --broker both --n 5000 --conc 32
 //	go run ./cmd/edgefence-bench locks --devices 1000 --runs 5
-//	go run ./cmd/edgefence-bench rss --sizes 10,1000
+//	go run ./cmd/edgefence-bench rss --sizes 10,1000,10000 --rss-duration 60s --rss-period 60s --rss-min-rate 5
+//	go run ./cmd/edgefence-bench lifecycle --lc-sizes 10,1000 --runs 10
+//	go run ./cmd/edgefence-bench failover --faults term --ttls 10s --runs 10 --devices 1000 --probes 20
 //	go run ./cmd/edgefence-bench replay --devices 10 --backlog 10000 --runs 3
 //	go run ./cmd/edgefence-bench failover --devices 4 --ttls 2s,5s,10s --runs 3 --faults kill,stop
 //	go run ./cmd/edgefence-bench twins --twin-sizes 1,100 --runs 30 --devices 1000 --changes 1 --twin-runs 3
@@ -71,7 +79,7 @@ func main() {
 	os.Exit(code)
 }
 
-const usage = `usage: edgefence-bench [flags] roundtrip|locks|rss|all|replay|failover|twins [flags]
+const usage = `usage: edgefence-bench [flags] roundtrip|locks|rss|all|replay|failover|twins|lifecycle [flags]
 
 Measures edgefence's performance figures on real components and prints
 Markdown tables (progress goes to stderr). Flags:
@@ -100,14 +108,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		backlog  = fs.Int("backlog", 10000, "replay: commands queued while the broker is down")
 		cmdTO    = fs.Duration("cmd-timeout", 10*time.Second, "replay: the agent's command timeout (command.timeout)")
 		ttls     = fs.String("ttls", "2s,5s,10s", "failover: lease_ttl values, comma-separated (whole seconds, at least 2s)")
-		faults   = fs.String("faults", "kill,stop", "failover: kill (SIGKILL) and/or stop (SIGSTOP, then SIGCONT once B took over), comma-separated")
+		faults   = fs.String("faults", "kill,stop", "failover: kill (SIGKILL), stop (SIGSTOP, then SIGCONT once B took over) and/or term (SIGTERM: clean shutdown), comma-separated")
+		probes   = fs.Int("probes", 0, "failover: send the load to this many devices, spread over the list (0: every device)")
 		interval = fs.Duration("interval", 10*time.Millisecond, "failover: the load sends one command per device this often through B")
 		devsim   = fs.String("devsim-bin", "", "failover: the edgefence-devsim binary (default: go build it)")
-		sizes    = fs.String("sizes", "10,1000", "rss: device counts, comma-separated")
+		sizes    = fs.String("sizes", "10,1000,10000", "rss: device counts, comma-separated")
+		rssDur   = fs.Duration("rss-duration", 60*time.Second, "rss: measure this long after the agent process started")
+		rssEvery = fs.Duration("rss-period", 60*time.Second, "rss: the load sends each device one command per period...")
+		rssMin   = fs.Float64("rss-min-rate", 5, "rss: ...but at least this many commands/s over all devices")
+		lcSizes  = fs.String("lc-sizes", "10,1000", "lifecycle: device counts, comma-separated")
+		rssConc  = fs.Int("rss-workers", 8, "rss: API clients sending the load concurrently")
 		agentBin = fs.String("agent-bin", "", "rss, failover: the edgefence binary (default: go build it from the module in the working directory)")
-		cmds     = fs.Int("commands", 20, "rss: commands sent through the agent's API before measuring")
 		agentEnv = fs.String("agent-env", "", "rss: extra environment for the agent, comma-separated (e.g. GOGC=50,GODEBUG=gctrace=1; see --keep for its log)")
-		settle   = fs.Duration("settle", 2*time.Second, "rss: wait after the commands before the last sample")
 		keep     = fs.Bool("keep", false, "keep the temp dir (logs, configs, data)")
 		cpuprof  = fs.String("cpuprofile", "", "write a CPU profile of this process (etcd, mochi, devices and the in-process agent) to FILE")
 	)
@@ -131,7 +143,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		what, rest = fs.Arg(0), fs.Args()[1:]
 	}
 	switch what {
-	case "roundtrip", "locks", "rss", "all", "replay", "failover", "twins":
+	case "roundtrip", "locks", "rss", "all", "replay", "failover", "twins", "lifecycle":
 	case "":
 		fs.Usage()
 		return 2
@@ -160,6 +172,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "edgefence-bench: --fleets:", err)
 		return 2
 	}
+	lcSizeList, err := intList(*lcSizes)
+	if err != nil {
+		fmt.Fprintln(stderr, "edgefence-bench: --lc-sizes:", err)
+		return 2
+	}
 	twSizeList, err := intList(*twSizes)
 	if err != nil {
 		fmt.Fprintln(stderr, "edgefence-bench: --twin-sizes:", err)
@@ -175,7 +192,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	if !set["runs"] {
-		*runs = map[string]int{"replay": 3, "failover": 3, "twins": 30}[what]
+		*runs = map[string]int{"replay": 3, "failover": 3, "twins": 30, "lifecycle": 10}[what]
 		if *runs == 0 {
 			*runs = 5
 		}
@@ -192,8 +209,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "edgefence-bench: --twin-sizes: %d devices at once, but --devices is %d\n", slices.Max(twSizeList), *devices)
 		return 2
 	}
-	if *cmdTO <= 0 || *interval <= 0 {
-		fmt.Fprintln(stderr, "edgefence-bench: --cmd-timeout and --interval must be positive")
+	if *cmdTO <= 0 || *interval <= 0 || *rssDur <= 0 || *rssEvery <= 0 || *rssMin <= 0 || *rssConc < 1 {
+		fmt.Fprintln(stderr, "edgefence-bench: --cmd-timeout, --interval, --rss-duration, --rss-period, --rss-min-rate and --rss-workers must be positive")
 		return 2
 	}
 	ttlVals, err := ttlList(*ttls)
@@ -270,7 +287,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	if what == "rss" || all {
-		res, err := runRSS(ctx, etcd, rssConfig{Sizes: sizeList, AgentBin: *agentBin, Commands: *cmds, Settle: *settle, Env: splitNonEmpty(*agentEnv), Dir: dir, Log: stderr})
+		res, err := runRSS(ctx, etcd, rssConfig{Sizes: sizeList, AgentBin: *agentBin, Duration: *rssDur, Period: *rssEvery, MinRate: *rssMin,
+			Workers: *rssConc, Env: splitNonEmpty(*agentEnv), Dir: dir, Log: stderr})
 		if err != nil {
 			fail(err)
 		} else {
@@ -295,9 +313,22 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	if what == "failover" {
 		res, err := runFailover(ctx, etcd, failoverConfig{Devices: *devices, TTLs: ttlVals, Trials: *runs, Faults: faultVals,
-			Interval: *interval, AgentBin: *agentBin, DevsimBin: *devsim, Dir: dir, Log: stderr})
+			Interval: *interval, Probes: *probes, AgentBin: *agentBin, DevsimBin: *devsim, Dir: dir, Log: stderr})
 		if res != nil && len(res.Trials) > 0 {
 			printFailover(stdout, res)
+		}
+		if err != nil {
+			fail(err)
+		}
+	}
+	if what == "lifecycle" || all {
+		lcRuns := *runs
+		if all && !set["runs"] {
+			lcRuns = 10 // all's --runs default (5) is the locks benchmark's
+		}
+		res, err := runLifecycle(ctx, etcd, lifecycleConfig{Sizes: lcSizeList, Runs: lcRuns, AgentBin: *agentBin, Dir: dir, Log: stderr})
+		if res != nil && len(res.Sizes) > 0 {
+			printLifecycle(stdout, res)
 		}
 		if err != nil {
 			fail(err)
@@ -352,10 +383,10 @@ func faultList(s string) ([]string, error) {
 	var out []string
 	for _, f := range strings.Split(s, ",") {
 		switch f = strings.TrimSpace(f); f {
-		case faultKill, faultStop:
+		case faultKill, faultStop, faultTerm:
 			out = append(out, f)
 		default:
-			return nil, fmt.Errorf("bad fault %q: want %s or %s", f, faultKill, faultStop)
+			return nil, fmt.Errorf("bad fault %q: want %s, %s or %s", f, faultKill, faultStop, faultTerm)
 		}
 	}
 	return out, nil
@@ -499,14 +530,20 @@ func slicesMax(ts []time.Duration) time.Duration {
 }
 
 func printRSS(w io.Writer, r *rssResult) {
-	fmt.Fprintf(w, "### Agent memory: `edgefence run` subprocess (binary %.1f MiB; %s)\n\n", float64(r.BinSize)/(1<<20), r.Built)
-	fmt.Fprintln(w, "| devices | all held after | VmRSS held | VmRSS after cmds | VmRSS +settle | RssAnon | RssFile | VmHWM | sampled peak (at) | threads | target | met (VmHWM) |")
-	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+	fmt.Fprintf(w, "### Agent memory after %v: `edgefence run` subprocess (binary %.1f MiB; %s)\n\n", r.Duration, float64(r.BinSize)/(1<<20), r.Built)
+	fmt.Fprintf(w, "Load from all held to the end: one `set` per device per %v, at least %.0f/s, round robin, through the API socket; devices: one sim.Fleet in the bench process (not counted).\n\n", r.Period, r.MinRate)
+	fmt.Fprintln(w, "| devices | all held after | VmRSS held | VmRSS at end | RssAnon | RssFile | VmHWM | sampled peak (at) | Go heap in use / sys | goroutines | threads | load cmds/s | accepted / sent | send p50 / p99 ms | target | met (VmRSS at end / VmHWM) |")
+	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
 	for _, x := range r.Rows {
 		t := rssTarget(x.Devices)
-		fmt.Fprintf(w, "| %d | %s ms | %s MiB | %s MiB | %s MiB | %s MiB | %s MiB | %s MiB | %s MiB (%s ms) | %d | ≤ %.0f MiB | **%s** |\n",
-			x.Devices, ms(x.Held), mib(x.AtHeld.VmRSS), mib(x.AtCmds.VmRSS), mib(x.AtIdle.VmRSS), mib(x.AtIdle.RssAnon),
-			mib(x.AtIdle.RssFile), mib(x.AtIdle.VmHWM), mib(x.Peak), ms(x.PeakAt), x.Threads, t, metOrNot(float64(x.AtIdle.VmHWM)/1024 <= t))
+		achieved := 0.0
+		if x.LoadFor > 0 {
+			achieved = float64(x.Sent) / x.LoadFor.Seconds()
+		}
+		fmt.Fprintf(w, "| %d | %s ms | %s MiB | %s MiB | %s MiB | %s MiB | %s MiB | %s MiB (%s ms) | %.1f / %.1f MiB | %.0f | %d | %.1f (planned %.1f) | %d / %d | %s / %s | ≤ %.0f MiB | **%s / %s** |\n",
+			x.Devices, ms(x.Held), mib(x.AtHeld.VmRSS), mib(x.AtEnd.VmRSS), mib(x.AtEnd.RssAnon),
+			mib(x.AtEnd.RssFile), mib(x.AtEnd.VmHWM), mib(x.Peak), ms(x.PeakAt), x.Go.HeapInuse/(1<<20), x.Go.Sys/(1<<20), x.Go.Goroutines,
+			x.Threads, achieved, x.Rate, x.Accepted, x.Sent, ms(x.SendP50), ms(x.SendP99), t, metOrNot(float64(x.AtEnd.VmRSS)/1024 <= t), metOrNot(float64(x.AtEnd.VmHWM)/1024 <= t))
 	}
 	fmt.Fprintln(w)
 }

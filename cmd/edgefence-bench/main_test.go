@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -117,5 +118,22 @@ func TestSetpointIs(t *testing.T) {
 		if setpointIs([]byte(v), 21.5) {
 			t.Fatalf("%s matched 21.5", v)
 		}
+	}
+}
+
+func TestSlogLine(t *testing.T) {
+	var b bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&b, nil))
+	log.Info("released locks", "keys", 3)
+	log.Info("ready")
+	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
+	for i, want := range []string{"released locks", "ready"} {
+		at, msg, ok := slogLine(lines[i])
+		if !ok || msg != want || time.Since(at) > time.Minute {
+			t.Fatalf("%q: %v %q %v", lines[i], at, msg, ok)
+		}
+	}
+	if _, _, ok := slogLine("gc 1 @0.01s"); ok {
+		t.Fatal("a gctrace line parsed")
 	}
 }

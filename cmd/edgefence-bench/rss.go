@@ -3,16 +3,21 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/edgefence/edgefence/agent"
 	"github.com/edgefence/edgefence/devices/sandbox"
@@ -22,11 +27,13 @@ import (
 
 // rssConfig configures the agent memory benchmark.
 type rssConfig struct {
-	Sizes    []int  // device counts
-	AgentBin string // the edgefence binary; empty: build it
-	Commands int    // commands sent through the agent's API before measuring
-	Settle   time.Duration
-	Env      []string // extra environment of the agent, e.g. GODEBUG=gctrace=1
+	Sizes    []int         // device counts
+	AgentBin string        // the edgefence binary; empty: build it
+	Duration time.Duration // measure this long after the agent process started
+	Period   time.Duration // the load sends each device one command per Period...
+	MinRate  float64       // ...but at least MinRate commands/s over all devices
+	Workers  int           // API clients sending the load concurrently
+	Env      []string      // extra environment of the agent, e.g. GODEBUG=gctrace=1
 	Dir      string
 	Log      io.Writer
 }
@@ -37,39 +44,66 @@ type procMem struct {
 }
 
 type rssRow struct {
-	Devices                int
-	Held                   time.Duration // process start → all devices held
-	AtHeld, AtCmds, AtIdle procMem       // when all held; after the commands; after Settle
-	Threads                int
-	PeakAt                 time.Duration // when the sampled VmRSS was highest, after process start
-	Peak                   int64         // that VmRSS, KiB
+	Devices       int
+	Held          time.Duration // process start → all lock keys in etcd
+	AtHeld, AtEnd procMem       // when all held; Duration after the start
+	Threads       int
+	PeakAt        time.Duration // when the sampled VmRSS was highest, after process start
+	Peak          int64         // that VmRSS, KiB
+	Rate          float64       // load, commands/s
+	Sent          int           // load commands sent
+	Accepted      int           // of them accepted
+	Other         int           // other answers (verdict or error)
+	SendP50       time.Duration // API send → accepted, median
+	SendP99       time.Duration
+	Go            goMem         // from the agent's /metrics, at the end
+	LoadFor       time.Duration // the load ran this long (all held → the end)
+}
+
+// goMem is what the agent's /metrics says about its Go runtime.
+type goMem struct {
+	HeapInuse, HeapAlloc, StackInuse, Sys, NextGC float64 // bytes
+	Goroutines                                    float64
 }
 
 type rssResult struct {
-	Bin     string
-	BinSize int64
-	Built   string // how it was built
-	Rows    []rssRow
+	Bin      string
+	BinSize  int64
+	Built    string // how it was built
+	Duration time.Duration
+	Period   time.Duration
+	MinRate  float64
+	Rows     []rssRow
 }
 
 // rssTarget returns the issue's RSS target for n devices, in MiB.
 func rssTarget(n int) float64 {
-	if n <= 10 {
+	switch {
+	case n <= 10:
 		return 20
+	case n <= 1000:
+		return 30
 	}
-	return 30
+	return 80
+}
+
+// rssRate is the load's rate for n devices: one command per device per
+// period, at least minRate.
+func rssRate(n int, period time.Duration, minRate float64) float64 {
+	return max(float64(n)/period.Seconds(), minRate)
 }
 
 func runRSS(ctx context.Context, etcd *sandbox.Etcd, cfg rssConfig) (*rssResult, error) {
-	res := &rssResult{Bin: cfg.AgentBin, Built: "given with --agent-bin"}
+	res := &rssResult{Bin: cfg.AgentBin, Built: "given with --agent-bin", Duration: cfg.Duration, Period: cfg.Period, MinRate: cfg.MinRate}
 	if res.Bin == "" {
 		// As the gateway binaries ship (make cross): static, no cgo.
-		res.Built = "CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' ./cmd/edgefence"
+		res.Built = "CGO_ENABLED=0 go build -tags grpcnotrace -trimpath -ldflags='-s -w' ./cmd/edgefence"
 		var err error
 		if res.Bin, err = buildBinary(ctx, cfg.Dir, "edgefence", cfg.Log); err != nil {
 			return nil, err
 		}
 	}
+	cfg.AgentBin = res.Bin
 	if fi, err := os.Stat(res.Bin); err == nil {
 		res.BinSize = fi.Size()
 	} else {
@@ -80,26 +114,50 @@ func runRSS(ctx context.Context, etcd *sandbox.Etcd, cfg rssConfig) (*rssResult,
 		return nil, err
 	}
 	defer br.stop()
+	cli, err := etcd.Client()
+	if err != nil {
+		return nil, err
+	}
+	defer cli.Close()
 	for _, n := range cfg.Sizes {
-		fmt.Fprintf(cfg.Log, "rss: agent with %d devices\n", n)
-		row, err := measureAgentRSS(ctx, etcd, br, n, cfg)
+		fmt.Fprintf(cfg.Log, "rss: agent with %d devices, %v\n", n, cfg.Duration)
+		row, err := measureAgentRSS(ctx, etcd, cli, br, n, cfg)
 		if err != nil {
 			return nil, fmt.Errorf("rss with %d devices: %w", n, err)
 		}
+		fmt.Fprintf(cfg.Log, "rss: %d devices: VmRSS %s MiB, VmHWM %s MiB, heap in use %.1f MiB, %d/%d accepted\n",
+			n, mib(row.AtEnd.VmRSS), mib(row.AtEnd.VmHWM), row.Go.HeapInuse/(1<<20), row.Accepted, row.Sent)
 		res.Rows = append(res.Rows, row)
 	}
 	return res, nil
 }
 
-func measureAgentRSS(ctx context.Context, etcd *sandbox.Etcd, br *broker, n int, cfg rssConfig) (rssRow, error) {
-	row := rssRow{Devices: n}
+// countLockKeys counts the lock keys under an agent's etcd prefix: how many
+// devices it holds, read from etcd so that the agent does no extra work.
+func countLockKeys(ctx context.Context, cli *clientv3.Client, prefix string) (int, error) {
+	r, err := cli.Get(ctx, prefix+"/devices/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, kv := range r.Kvs {
+		if strings.Contains(string(kv.Key), "/lock/") {
+			n++
+		}
+	}
+	return n, nil
+}
+
+func measureAgentRSS(ctx context.Context, etcd *sandbox.Etcd, cli *clientv3.Client, br *broker, n int, cfg rssConfig) (rssRow, error) {
+	row := rssRow{Devices: n, Rate: rssRate(n, cfg.Period, cfg.MinRate)}
 	dir := filepath.Join(cfg.Dir, fmt.Sprintf("rss-%d", n))
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return row, err
 	}
 	devs := deviceIDs("rss-", n)
 	prefix := fmt.Sprintf("rss%d", n)
-	// The devices answer the commands; they run here, not in the agent.
+	// The devices answer the commands; they run here, not in the agent:
+	// one sim.Fleet (one MQTT client, one bbolt file) for all of them.
 	fleet, err := sim.NewFleet(ctx, sim.FleetConfig{Devices: devs, DataDir: filepath.Join(dir, "devices"), Broker: br.url,
 		Prefix: prefix, ClientID: "bench-rss-fleet-" + prefix, MQTT: mqtt.Config{CleanStart: true, SessionExpiry: -1}})
 	if err != nil {
@@ -110,17 +168,23 @@ func measureAgentRSS(ctx context.Context, etcd *sandbox.Etcd, br *broker, n int,
 		defer cancel()
 		_ = fleet.Close(c)
 	}()
-	if err := awaitCtx(ctx, 30*time.Second, fleet.AwaitReady); err != nil {
+	if err := awaitCtx(ctx, 120*time.Second, fleet.AwaitReady); err != nil {
 		return row, err
 	}
+	mport, err := sandbox.FreePort()
+	if err != nil {
+		return row, err
+	}
+	metricsAddr := fmt.Sprintf("127.0.0.1:%d", mport)
 
 	sock := filepath.Join(dir, "agent.sock")
+	etcdPrefix := fmt.Sprintf("/bench/rss-%d-%d", n, time.Now().UnixNano())
 	var conf strings.Builder
 	fmt.Fprintf(&conf, `gateway: bench-rss-%d
 state_dir: %s
 etcd:
   endpoints: [%s]
-  prefix: /bench/rss-%d-%d
+  prefix: %s
   lease_ttl: 10s
 mqtt:
   brokers: [%s]
@@ -128,13 +192,15 @@ mqtt:
   client_id: bench-rss-agent-%d
 api:
   socket: %s
+metrics:
+  listen: %s
 command:
   timeout: 10s
 log:
   level: warn
   format: text
 devices:
-`, n, filepath.Join(dir, "state"), etcd.Endpoint(), n, time.Now().UnixNano(), br.url, prefix, n, sock)
+`, n, filepath.Join(dir, "state"), etcd.Endpoint(), etcdPrefix, br.url, prefix, n, sock, metricsAddr)
 	for _, d := range devs {
 		fmt.Fprintf(&conf, "  - id: %s\n", d)
 	}
@@ -147,7 +213,7 @@ devices:
 		return row, err
 	}
 	defer logf.Close()
-	cmd := exec.Command(cfg.AgentBinOr(), "run", "--config", cpath)
+	cmd := exec.Command(cfg.AgentBin, "run", "--config", cpath)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = append(os.Environ(), cfg.Env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -161,7 +227,7 @@ devices:
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		select {
 		case <-exited:
-		case <-time.After(10 * time.Second):
+		case <-time.After(30 * time.Second):
 			_ = cmd.Process.Kill()
 			<-exited
 		}
@@ -194,10 +260,12 @@ devices:
 		}
 	}()
 
-	api := agent.NewAPIClient(sock)
-	deadline := time.Now().Add(60 * time.Second)
+	// All held: every lock key in etcd (polled there, not through the
+	// agent's status, which would allocate in the agent).
+	end := start.Add(cfg.Duration)
+	deadline := start.Add(max(cfg.Duration, 120*time.Second))
 	for {
-		if st, err := api.Status(ctx); err == nil && st.Counters.Acquired >= uint64(n) {
+		if k, err := countLockKeys(ctx, cli, etcdPrefix); err == nil && k >= n {
 			row.Held = time.Since(start)
 			break
 		}
@@ -205,44 +273,127 @@ devices:
 		case err := <-exited:
 			exited <- err
 			return row, fmt.Errorf("agent exited: %v (log %s)", err, logf.Name())
-		case <-time.After(100 * time.Millisecond):
+		case <-ctx.Done():
+			return row, ctx.Err()
+		case <-time.After(20 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			return row, fmt.Errorf("agent does not hold all %d devices after 60s (log %s)", n, logf.Name())
+			return row, fmt.Errorf("agent does not hold all %d devices after %v (log %s)", n, deadline.Sub(start), logf.Name())
 		}
 	}
 	if row.AtHeld, err = readProcMem(pid); err != nil {
 		return row, err
 	}
-	for i := range cfg.Commands {
-		d := devs[i%len(devs)]
-		res, err := api.Send(ctx, d, sim.KindSet, []byte(fmt.Sprintf(`{"setpoint": %d}`, 18+i%5)))
-		if err != nil {
-			return row, fmt.Errorf("send to %s: %w", d, err)
+	if !time.Now().Before(end) {
+		return row, fmt.Errorf("all %d devices held only after %v, beyond --rss-duration %v", n, row.Held, cfg.Duration)
+	}
+	// The load until the end: one command per device per Period (at least
+	// MinRate/s), round robin over the devices, sent through the agent's
+	// API socket by Workers clients as the tick comes.
+	api := agent.NewAPIClient(sock)
+	lctx, lcancel := context.WithDeadline(ctx, end)
+	defer lcancel()
+	type answer struct {
+		ok  bool
+		lat time.Duration
+	}
+	jobs := make(chan string, cfg.Workers)
+	answers := make(chan answer, 1024)
+	var wg sync.WaitGroup
+	for range cfg.Workers {
+		wg.Go(func() {
+			for d := range jobs {
+				t0 := time.Now()
+				r, err := api.Send(context.Background(), d, sim.KindSet, json.RawMessage(`{"setpoint": 21}`))
+				a := answer{ok: err == nil && r != nil && r.Verdict == "accepted", lat: time.Since(t0)}
+				if !a.ok {
+					fmt.Fprintf(cfg.Log, "rss: send to %s: %+v %v\n", d, r, err)
+				}
+				answers <- a
+			}
+		})
+	}
+	var lat []time.Duration
+	collected := make(chan struct{})
+	go func() {
+		defer close(collected)
+		for a := range answers {
+			if a.ok {
+				row.Accepted++
+				lat = append(lat, a.lat)
+			} else {
+				row.Other++
+			}
 		}
-		if res.Verdict != "accepted" {
-			return row, fmt.Errorf("send to %s: verdict %q %s", d, res.Verdict, res.Error)
+	}()
+	row.LoadFor = time.Until(end)
+	every := time.Duration(float64(time.Second) / row.Rate)
+	tick := time.NewTicker(every)
+	next := 0
+load:
+	for {
+		select {
+		case <-lctx.Done():
+			break load
+		case <-tick.C:
+		}
+		select {
+		case jobs <- devs[next%n]:
+			row.Sent++
+			next++
+		case <-lctx.Done():
+			break load
 		}
 	}
-	if row.AtCmds, err = readProcMem(pid); err != nil {
-		return row, err
-	}
-	time.Sleep(cfg.Settle)
-	if row.AtIdle, err = readProcMem(pid); err != nil {
+	tick.Stop()
+	if row.AtEnd, err = readProcMem(pid); err != nil {
 		return row, err
 	}
 	row.Threads = readThreads(pid)
 	close(stopSampler)
 	<-sampled
+	close(jobs)
+	wg.Wait()
+	close(answers)
+	<-collected
+	s := summarize(lat)
+	row.SendP50, row.SendP99 = s.P50, s.P99
+	// The Go runtime's view, scraped once the figures above are read.
+	if g, err := scrapeGoMem(ctx, "http://"+metricsAddr+"/metrics"); err == nil {
+		row.Go = g
+	} else {
+		fmt.Fprintln(cfg.Log, "rss: /metrics:", err)
+	}
 	return row, nil
 }
 
-// AgentBinOr returns the binary to run.
-func (c rssConfig) AgentBinOr() string {
-	if c.AgentBin != "" {
-		return c.AgentBin
+// scrapeGoMem reads the go_memstats and go_goroutines lines of a
+// Prometheus text exposition.
+func scrapeGoMem(ctx context.Context, url string) (goMem, error) {
+	var g goMem
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return g, err
 	}
-	return filepath.Join(c.Dir, "edgefence")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return g, err
+	}
+	defer resp.Body.Close()
+	fields := map[string]*float64{"go_memstats_heap_inuse_bytes": &g.HeapInuse, "go_memstats_heap_alloc_bytes": &g.HeapAlloc,
+		"go_memstats_stack_inuse_bytes": &g.StackInuse, "go_memstats_sys_bytes": &g.Sys, "go_memstats_next_gc_bytes": &g.NextGC,
+		"go_goroutines": &g.Goroutines}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) == 2 {
+			if p, ok := fields[f[0]]; ok {
+				*p, _ = strconv.ParseFloat(f[1], 64)
+			}
+		}
+	}
+	return g, sc.Err()
 }
 
 // readProcMem reads the memory lines of /proc/PID/status.
