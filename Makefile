@@ -21,7 +21,7 @@ TEST_TIMEOUT ?= 15m
 .PHONY: help build test test-short deps lint bench bench-e2e demo chaos cross package fuzz clean
 
 help: ## show this help
-	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z_-]+:.*## /{printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 build: ## build the agent, the device simulator and the sandbox into bin/
 	@mkdir -p $(BIN)

@@ -3,6 +3,7 @@ package offline
 import (
 	"encoding/binary"
 	"fmt"
+	"time"
 
 	"go.etcd.io/bbolt"
 
@@ -15,22 +16,43 @@ import (
 // rebuilt from an old snapshot, and the agent refuses to command the device.
 var heldBucket = []byte("agent.held")
 
+// SetHeld's group commit: at most heldBatchSize calls per commit, and a
+// call waits at most heldBatchDelay for others to join it.
+const (
+	heldBatchSize  = 16
+	heldBatchDelay = 2 * time.Millisecond
+)
+
 // SetHeld records t as held for device, durably, if it is above the token
-// recorded so far; it never lowers the record.
+// recorded so far; it never lowers the record. Concurrent calls share one
+// commit (bbolt Batch: a takeover of 1,000 devices records 1,000 tokens in
+// about 1,000/heldBatchSize fsyncs, not 1,000); the check-and-raise is
+// idempotent, as Batch requires.
 func (ob *Outbox) SetHeld(device string, t fence.Token) error {
-	ob.mu.Lock()
-	defer ob.mu.Unlock()
-	err := ob.update(func(tx *bbolt.Tx) error {
-		b, err := tx.CreateBucketIfNotExists(heldBucket)
-		if err != nil {
-			return err
-		}
-		cur, err := heldIn(b, device)
-		if err != nil || t <= cur {
-			return err
-		}
-		return b.Put([]byte(device), binary.BigEndian.AppendUint64(nil, uint64(t)))
-	})
+	// Touches no in-memory state: a read lock keeps Close out, and
+	// writers that hold the write lock (Append, Resolve) are serialized
+	// with the batch by bbolt itself.
+	ob.mu.RLock()
+	defer ob.mu.RUnlock()
+	var err error
+	switch {
+	case ob.closed:
+		err = ErrClosed
+	case ob.opts.ReadOnly:
+		err = ErrReadOnly
+	default:
+		err = ob.db.Batch(func(tx *bbolt.Tx) error {
+			b, err := tx.CreateBucketIfNotExists(heldBucket)
+			if err != nil {
+				return err
+			}
+			cur, err := heldIn(b, device)
+			if err != nil || t <= cur {
+				return err
+			}
+			return b.Put([]byte(device), binary.BigEndian.AppendUint64(nil, uint64(t)))
+		})
+	}
 	if err != nil {
 		return fmt.Errorf("offline: record held token of %s: %w", device, err)
 	}

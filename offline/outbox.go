@@ -160,6 +160,9 @@ func Open(path string, opts *Options) (*Outbox, error) {
 	if err != nil {
 		return nil, openErr(path, &o, err)
 	}
+	// SetHeld's batches: an agent campaigns for up to 16 devices at once
+	// (agent.campaignSlots), and a lone call waits at most heldBatchDelay.
+	db.MaxBatchSize, db.MaxBatchDelay = heldBatchSize, heldBatchDelay
 	ob := &Outbox{db: db, path: path, opts: o, devs: make(map[string]usage)}
 	// Create the buckets (unless read-only) and count the pending entries.
 	// A write commit's fdatasync also flushes whatever a previous process

@@ -532,18 +532,18 @@ func slicesMax(ts []time.Duration) time.Duration {
 func printRSS(w io.Writer, r *rssResult) {
 	fmt.Fprintf(w, "### Agent memory after %v: `edgefence run` subprocess (binary %.1f MiB; %s)\n\n", r.Duration, float64(r.BinSize)/(1<<20), r.Built)
 	fmt.Fprintf(w, "Load from all held to the end: one `set` per device per %v, at least %.0f/s, round robin, through the API socket; devices: one sim.Fleet in the bench process (not counted).\n\n", r.Period, r.MinRate)
-	fmt.Fprintln(w, "| devices | all held after | VmRSS held | VmRSS at end | RssAnon | RssFile | VmHWM | sampled peak (at) | Go heap in use / sys | goroutines | threads | load cmds/s | accepted / sent | send p50 / p99 ms | target | met (VmRSS at end / VmHWM) |")
-	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+	fmt.Fprintln(w, "| devices | all held after | VmRSS held | VmRSS at end | RssAnon | RssFile | VmHWM | sampled peak (at) | Go heap in use / sys | goroutines | threads | load cmds/s | agent CPU % | accepted / sent | send p50 / p99 ms | target | met (VmRSS at end / VmHWM) |")
+	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
 	for _, x := range r.Rows {
 		t := rssTarget(x.Devices)
 		achieved := 0.0
 		if x.LoadFor > 0 {
 			achieved = float64(x.Sent) / x.LoadFor.Seconds()
 		}
-		fmt.Fprintf(w, "| %d | %s ms | %s MiB | %s MiB | %s MiB | %s MiB | %s MiB | %s MiB (%s ms) | %.1f / %.1f MiB | %.0f | %d | %.1f (planned %.1f) | %d / %d | %s / %s | ≤ %.0f MiB | **%s / %s** |\n",
+		fmt.Fprintf(w, "| %d | %s ms | %s MiB | %s MiB | %s MiB | %s MiB | %s MiB | %s MiB (%s ms) | %.1f / %.1f MiB | %.0f | %d | %.1f (planned %.1f) | %.1f | %d / %d | %s / %s | ≤ %.0f MiB | **%s / %s** |\n",
 			x.Devices, ms(x.Held), mib(x.AtHeld.VmRSS), mib(x.AtEnd.VmRSS), mib(x.AtEnd.RssAnon),
 			mib(x.AtEnd.RssFile), mib(x.AtEnd.VmHWM), mib(x.Peak), ms(x.PeakAt), x.Go.HeapInuse/(1<<20), x.Go.Sys/(1<<20), x.Go.Goroutines,
-			x.Threads, achieved, x.Rate, x.Accepted, x.Sent, ms(x.SendP50), ms(x.SendP99), t, metOrNot(float64(x.AtEnd.VmRSS)/1024 <= t), metOrNot(float64(x.AtEnd.VmHWM)/1024 <= t))
+			x.Threads, achieved, x.Rate, x.CPU, x.Accepted, x.Sent, ms(x.SendP50), ms(x.SendP99), t, metOrNot(float64(x.AtEnd.VmRSS)/1024 <= t), metOrNot(float64(x.AtEnd.VmHWM)/1024 <= t))
 	}
 	fmt.Fprintln(w)
 }

@@ -58,6 +58,7 @@ type rssRow struct {
 	SendP99       time.Duration
 	Go            goMem         // from the agent's /metrics, at the end
 	LoadFor       time.Duration // the load ran this long (all held → the end)
+	CPU           float64       // the agent's CPU time during the load, % of one core
 }
 
 // goMem is what the agent's /metrics says about its Go runtime.
@@ -281,6 +282,7 @@ devices:
 			return row, fmt.Errorf("agent does not hold all %d devices after %v (log %s)", n, deadline.Sub(start), logf.Name())
 		}
 	}
+	cpuHeld, heldAt := readProcCPU(pid), time.Now()
 	if row.AtHeld, err = readProcMem(pid); err != nil {
 		return row, err
 	}
@@ -346,6 +348,9 @@ load:
 		}
 	}
 	tick.Stop()
+	if since := time.Since(heldAt); since > 0 {
+		row.CPU = 100 * (readProcCPU(pid) - cpuHeld).Seconds() / since.Seconds()
+	}
 	if row.AtEnd, err = readProcMem(pid); err != nil {
 		return row, err
 	}
@@ -420,6 +425,31 @@ func readProcMem(pid int) (procMem, error) {
 		return m, errors.New("no VmRSS in /proc/PID/status")
 	}
 	return m, sc.Err()
+}
+
+// readProcCPU returns the user+system CPU time of process pid, from
+// /proc/PID/stat (clock ticks of 1/100 s, Linux's USER_HZ); 0 if unreadable.
+func readProcCPU(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// The command name (field 2) may hold spaces: fields count from the
+	// last ')'. utime and stime are fields 14 and 15.
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return 0
+	}
+	fs := strings.Fields(string(b[i+1:]))
+	if len(fs) < 13 {
+		return 0
+	}
+	u, err1 := strconv.ParseInt(fs[11], 10, 64)
+	st, err2 := strconv.ParseInt(fs[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0
+	}
+	return time.Duration(u+st) * 10 * time.Millisecond
 }
 
 func readThreads(pid int) int {
