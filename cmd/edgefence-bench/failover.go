@@ -67,7 +67,7 @@ func runFailover(ctx context.Context, etcd *sandbox.Etcd, cfg failoverConfig) (*
 	res := &failoverResult{Devices: cfg.Devices, Probes: len(probeDevices(cfg.Devices, cfg.Probes)), Interval: cfg.Interval, Built: "binaries given with --agent-bin/--devsim-bin"}
 	var err error
 	if cfg.AgentBin == "" || cfg.DevsimBin == "" {
-		res.Built = "CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' ./cmd/edgefence ./cmd/edgefence-devsim"
+		res.Built = "CGO_ENABLED=0 go build -tags grpcnotrace -trimpath -ldflags='-s -w' ./cmd/edgefence ./cmd/edgefence-devsim"
 	}
 	if cfg.AgentBin == "" {
 		if cfg.AgentBin, err = buildBinary(ctx, cfg.Dir, "edgefence", cfg.Log); err != nil {
