@@ -8,10 +8,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sync/atomic"
+	"time"
 
 	"github.com/edgefence/edgefence/agent"
 	"github.com/edgefence/edgefence/devices/sandbox"
+	"github.com/edgefence/edgefence/devices/sim"
 	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/transport/mqtt"
 )
 
 // Broker names accepted by --broker.
@@ -110,4 +113,25 @@ func buildBinary(ctx context.Context, dir, name string, log io.Writer) (string, 
 		return "", fmt.Errorf("build %s (run from the module, or pass the binary): %w", name, err)
 	}
 	return out, nil
+}
+
+// startFleet starts one sim.Fleet serving devs on the broker at url under
+// the MQTT prefix, its data in dir/devices, waits up to wait for it to be
+// subscribed, and returns it with the function that closes it.
+func startFleet(ctx context.Context, dir, url, prefix, clientID string, devs []string, wait time.Duration) (*sim.Fleet, func(), error) {
+	fleet, err := sim.NewFleet(ctx, sim.FleetConfig{Devices: devs, DataDir: filepath.Join(dir, "devices"), Broker: url,
+		Prefix: prefix, ClientID: clientID, MQTT: mqtt.Config{CleanStart: true, SessionExpiry: -1}})
+	if err != nil {
+		return nil, nil, err
+	}
+	closeFleet := func() {
+		c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = fleet.Close(c)
+	}
+	if err := awaitCtx(ctx, wait, fleet.AwaitReady); err != nil {
+		closeFleet()
+		return nil, nil, err
+	}
+	return fleet, closeFleet, nil
 }

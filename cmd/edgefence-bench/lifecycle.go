@@ -20,7 +20,6 @@ import (
 	"github.com/edgefence/edgefence/agent"
 	"github.com/edgefence/edgefence/devices/sandbox"
 	"github.com/edgefence/edgefence/devices/sim"
-	"github.com/edgefence/edgefence/transport/mqtt"
 )
 
 // lifecycleConfig configures the cold start and clean shutdown benchmark.
@@ -99,19 +98,11 @@ func lifecycleSizeRun(ctx context.Context, etcd *sandbox.Etcd, cli *clientv3.Cli
 	}
 	devs := deviceIDs("lc-", n)
 	mqttPrefix := fmt.Sprintf("lc%d", n)
-	fleet, err := sim.NewFleet(ctx, sim.FleetConfig{Devices: devs, DataDir: filepath.Join(dir, "devices"), Broker: br.url,
-		Prefix: mqttPrefix, ClientID: "bench-lc-fleet-" + mqttPrefix, MQTT: mqtt.Config{CleanStart: true, SessionExpiry: -1}})
+	_, closeFleet, err := startFleet(ctx, dir, br.url, mqttPrefix, "bench-lc-fleet-"+mqttPrefix, devs, 60*time.Second)
 	if err != nil {
 		return nil, err
 	}
-	defer func() {
-		c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = fleet.Close(c)
-	}()
-	if err := awaitCtx(ctx, 60*time.Second, fleet.AwaitReady); err != nil {
-		return nil, err
-	}
+	defer closeFleet()
 	etcdPrefix := fmt.Sprintf("/bench/lc-%d-%d", n, time.Now().UnixNano())
 	c := sandbox.AgentConfig{Gateway: fmt.Sprintf("bench-lc-%d", n), Etcd: etcd.Endpoint(), MQTT: br.url, Devices: devs,
 		Socket: filepath.Join(dir, "agent.sock"), StateDir: filepath.Join(dir, "state"),

@@ -22,7 +22,6 @@ import (
 	"github.com/edgefence/edgefence/agent"
 	"github.com/edgefence/edgefence/devices/sandbox"
 	"github.com/edgefence/edgefence/devices/sim"
-	"github.com/edgefence/edgefence/transport/mqtt"
 )
 
 // rssConfig configures the agent memory benchmark.
@@ -159,19 +158,11 @@ func measureAgentRSS(ctx context.Context, etcd *sandbox.Etcd, cli *clientv3.Clie
 	prefix := fmt.Sprintf("rss%d", n)
 	// The devices answer the commands; they run here, not in the agent:
 	// one sim.Fleet (one MQTT client, one bbolt file) for all of them.
-	fleet, err := sim.NewFleet(ctx, sim.FleetConfig{Devices: devs, DataDir: filepath.Join(dir, "devices"), Broker: br.url,
-		Prefix: prefix, ClientID: "bench-rss-fleet-" + prefix, MQTT: mqtt.Config{CleanStart: true, SessionExpiry: -1}})
+	_, closeFleet, err := startFleet(ctx, dir, br.url, prefix, "bench-rss-fleet-"+prefix, devs, 120*time.Second)
 	if err != nil {
 		return row, err
 	}
-	defer func() {
-		c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = fleet.Close(c)
-	}()
-	if err := awaitCtx(ctx, 120*time.Second, fleet.AwaitReady); err != nil {
-		return row, err
-	}
+	defer closeFleet()
 	mport, err := sandbox.FreePort()
 	if err != nil {
 		return row, err
