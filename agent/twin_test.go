@@ -181,6 +181,9 @@ func TestTwinConvergesEndToEnd(t *testing.T) {
 		}
 	}
 	waitFor(t, "reconciler sees convergence", func() bool { return a.twinSynced(dev, des.Version) })
+	// ReportState counts the report after etcd's commit, which the
+	// application can see first.
+	waitFor(t, "device report counted", func() bool { return a.TwinStats().Reports > 0 })
 	if s := a.TwinStats(); s.Sent != 1 || s.Written != 1 || s.Fenced != 0 || s.Reports == 0 {
 		t.Fatalf("stats after one change: %+v", s)
 	}
