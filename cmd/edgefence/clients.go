@@ -57,7 +57,7 @@ func mqttCredentials(c agent.MQTTConfig, mc *mqtt.Config) error {
 }
 
 // checkEtcdTLS connects to cfg's https:// endpoints with cfg.TLS, within
-// cfg.DialTimeout, and returns an error naming the TLS problem when no
+// cfg.DialTimeout (default 5s), and returns an error naming the TLS problem when no
 // endpoint accepts the TLS handshake and at least one refuses it: etcd's
 // certificate fails verification (etcd.tls.ca_file), or etcd refuses ours
 // (cert_file, key_file). The etcd client cannot say so itself: its RPCs
@@ -68,11 +68,12 @@ func checkEtcdTLS(ctx context.Context, cfg clientv3.Config) error {
 	if cfg.TLS == nil {
 		return nil
 	}
-	if cfg.DialTimeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, cfg.DialTimeout)
-		defer cancel()
+	wait := cfg.DialTimeout
+	if wait <= 0 {
+		wait = 5 * time.Second // etcd.dial_timeout's default
 	}
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
 	type verdict struct {
 		accepted bool
 		err      error
