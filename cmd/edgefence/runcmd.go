@@ -93,6 +93,11 @@ exit status is 1. Secrets may come from the environment: %s,
 	}
 	ctx, stop := signalContext()
 	defer stop()
+	// A TLS handshake etcd refuses never heals by retrying: say which
+	// files are wrong and stop, as for a refused password.
+	if err := checkEtcdTLS(ctx, ecfg); err != nil {
+		return err
+	}
 
 	// Claim the API socket first: a second agent on the same config must
 	// fail here, before it campaigns or takes over our MQTT client id.

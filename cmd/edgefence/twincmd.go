@@ -159,6 +159,9 @@ func (f *twinFlags) open(dev, writer string) (*twinConn, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := checkEtcdTLS(context.Background(), ccfg); err != nil {
+		return nil, err
+	}
 	cli, err := clientv3.New(ccfg)
 	if err != nil {
 		return nil, fmt.Errorf("etcd client: %w", err)

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -39,6 +40,21 @@ type EtcdConfig struct {
 	Logger *slog.Logger
 	// StartTimeout bounds the wait for readiness; 0 means DefaultStartTimeout.
 	StartTimeout time.Duration
+	// TLS, if set, serves the client URL over TLS: Endpoint is then
+	// https://. nil means plain http://.
+	TLS *EtcdTLS
+}
+
+// EtcdTLS is the TLS of etcd's client listener, as PEM files.
+type EtcdTLS struct {
+	CertFile, KeyFile string // the server's certificate and key
+	// ClientCAFile is the CA bundle client certificates are verified
+	// with; ClientCertAuth makes a valid one required (mutual TLS).
+	ClientCAFile   string
+	ClientCertAuth bool
+	// Client is what Etcd.Client connects with: its RootCAs and, for
+	// ClientCertAuth, its Certificates. nil fails Client.
+	Client *tls.Config
 }
 
 // Etcd is an embedded single-node etcd serving on loopback. Its endpoint
@@ -85,8 +101,16 @@ func StartEtcd(ctx context.Context, cfg EtcdConfig) (*Etcd, error) {
 	return nil, lastErr
 }
 
-// Endpoint returns the client URL, "http://127.0.0.1:PORT".
-func (e *Etcd) Endpoint() string { return "http://" + e.clientAddr }
+// Endpoint returns the client URL, "http://127.0.0.1:PORT", or
+// "https://127.0.0.1:PORT" with EtcdConfig.TLS.
+func (e *Etcd) Endpoint() string { return e.scheme() + "://" + e.clientAddr }
+
+func (e *Etcd) scheme() string {
+	if e.cfg.TLS != nil {
+		return "https"
+	}
+	return "http"
+}
 
 // Endpoints returns Endpoint as a slice, for clientv3.Config.Endpoints.
 func (e *Etcd) Endpoints() []string { return []string{e.Endpoint()} }
@@ -95,11 +119,18 @@ func (e *Etcd) Endpoints() []string { return []string{e.Endpoint()} }
 func (e *Etcd) Dir() string { return e.cfg.Dir }
 
 // Client returns a new etcd client for this server with a silent logger and
-// a 5 s dial timeout. The caller closes it.
+// a 5 s dial timeout (over TLS with EtcdTLS.Client). The caller closes it.
 func (e *Etcd) Client() (*clientv3.Client, error) {
+	var tc *tls.Config
+	if e.cfg.TLS != nil {
+		if tc = e.cfg.TLS.Client; tc == nil {
+			return nil, errors.New("sandbox: etcd client: EtcdTLS.Client is nil")
+		}
+	}
 	c, err := clientv3.New(clientv3.Config{
 		Endpoints:   e.Endpoints(),
 		DialTimeout: 5 * time.Second,
+		TLS:         tc,
 		Logger:      zap.NewNop(),
 	})
 	if err != nil {
@@ -206,7 +237,7 @@ func (e *Etcd) embedConfig(quiet *atomic.Bool) *embed.Config {
 	cfg := embed.NewConfig()
 	cfg.Name = "sandbox"
 	cfg.Dir = e.cfg.Dir
-	client := url.URL{Scheme: "http", Host: e.clientAddr}
+	client := url.URL{Scheme: e.scheme(), Host: e.clientAddr}
 	peer := url.URL{Scheme: "http", Host: e.peerAddr}
 	cfg.ListenClientUrls = []url.URL{client}
 	cfg.AdvertiseClientUrls = []url.URL{client}
@@ -215,6 +246,12 @@ func (e *Etcd) embedConfig(quiet *atomic.Bool) *embed.Config {
 	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
 	cfg.InitialClusterToken = "edgefence-sandbox"
 	cfg.ListenMetricsUrls = nil // no metrics listener
+	if t := e.cfg.TLS; t != nil {
+		cfg.ClientTLSInfo.CertFile = t.CertFile
+		cfg.ClientTLSInfo.KeyFile = t.KeyFile
+		cfg.ClientTLSInfo.TrustedCAFile = t.ClientCAFile
+		cfg.ClientTLSInfo.ClientCertAuth = t.ClientCertAuth
+	}
 	if e.cfg.Fast {
 		cfg.TickMs = 10
 		cfg.ElectionMs = 100

@@ -3,10 +3,13 @@ package mqtt
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/eclipse/paho.golang/autopaho"
 )
@@ -45,6 +48,54 @@ type tlsTrackedConn struct {
 	sync.Mutex
 	once    sync.Once
 	onClose func()
+	heard   atomic.Bool // a Read returned data
+}
+
+// alertWait bounds the look for a TLS alert after a failed write.
+const alertWait = 200 * time.Millisecond
+
+// Write returns, when a write fails before the broker has sent anything,
+// the TLS alert the broker sent instead, if there is one. A TLS 1.3 server
+// checks the client's certificate after the client's side of the handshake
+// is done, so a broker that refuses it ("tls: certificate required", "tls:
+// unknown certificate authority") closes the connection under the CONNECT
+// and the write alone says only "broken pipe".
+func (c *tlsTrackedConn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	if err != nil && !c.heard.Load() {
+		if alert := c.peerAlert(); alert != nil {
+			err = fmt.Errorf("%w (%w)", alert, err)
+		}
+	}
+	return n, err
+}
+
+func (c *tlsTrackedConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if n > 0 {
+		c.heard.Store(true)
+	}
+	return n, err
+}
+
+// peerAlert reads what the broker sent, briefly, and returns it if it is a
+// TLS alert.
+func (c *tlsTrackedConn) peerAlert() error {
+	if err := c.Conn.SetReadDeadline(time.Now().Add(alertWait)); err != nil {
+		return nil
+	}
+	var buf [1]byte
+	_, err := c.Conn.Read(buf[:])
+	if isTLSAlert(err) {
+		return err
+	}
+	return nil
+}
+
+// isTLSAlert reports whether err is an alert the peer sent.
+func isTLSAlert(err error) bool {
+	var oe *net.OpError
+	return errors.As(err, &oe) && oe.Op == "remote error"
 }
 
 func (c *tlsTrackedConn) Close() error {
