@@ -34,6 +34,7 @@ type Client struct {
 	cur         *link             // the connection that is up; nil while down
 	gen         uint64            // bumped on every connection up
 	subs        []subscription    // registered by Subscribe, kept for the client's life
+	routes      routes            // subs indexed for delivery
 	acked       map[string]uint64 // filter → gen of the connection that SUBACKed it
 	changed     chan struct{}     // closed and replaced on every state change
 	downSince   time.Time
@@ -82,7 +83,7 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 		changed: make(chan struct{}),
 	}
 	for _, s := range cfg.Subscriptions {
-		c.subs = append(c.subs, subscription{filter: s.Filter, h: s.Handler})
+		c.addSubLocked(s.Filter, s.Handler)
 	}
 	c.ctx, c.cancel = context.WithCancel(ctx)
 

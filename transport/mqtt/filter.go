@@ -75,3 +75,29 @@ func matchFilter(filter, topic string) bool {
 		filter, topic = frest, trest
 	}
 }
+
+// routes indexes subscriptions (by their position in registration order)
+// for delivery: a filter without wildcards matches exactly one topic, so
+// it is found by a map lookup; only filters with wildcards are matched one
+// by one. With one filter per device, delivery no longer grows with the
+// number of devices.
+type routes struct {
+	exact map[string][]int // topic → subscriptions whose filter is that topic
+	wild  []int            // subscriptions whose filter has '+' or '#'
+}
+
+// add indexes subscription i with a valid filter.
+func (r *routes) add(i int, filter string) {
+	f := filter
+	if rest, ok := strings.CutPrefix(f, "$share/"); ok {
+		_, f, _ = strings.Cut(rest, "/")
+	}
+	if strings.ContainsAny(f, "+#") {
+		r.wild = append(r.wild, i)
+		return
+	}
+	if r.exact == nil {
+		r.exact = make(map[string][]int)
+	}
+	r.exact[f] = append(r.exact[f], i)
+}

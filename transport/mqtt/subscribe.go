@@ -40,7 +40,7 @@ func (c *Client) Subscribe(filter string, h Handler) {
 		return
 	}
 	c.mu.Lock()
-	c.subs = append(c.subs, subscription{filter: filter, h: h})
+	c.addSubLocked(filter, h)
 	c.notifyLocked()
 	c.mu.Unlock()
 	c.kickRun()
@@ -152,14 +152,31 @@ func (c *Client) onPublishReceived(pr paho.PublishReceived) (bool, error) {
 	return true, nil
 }
 
+// addSubLocked registers a subscription and indexes it for delivery.
+func (c *Client) addSubLocked(filter string, h Handler) {
+	c.routes.add(len(c.subs), filter)
+	c.subs = append(c.subs, subscription{filter: filter, h: h})
+}
+
+// handlersFor returns the handlers of every subscription whose filter
+// matches topic, in registration order: one map lookup for the filters
+// without wildcards (an agent's per-device filters) and a scan of the
+// others only.
 func (c *Client) handlersFor(topic string) []Handler {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var hs []Handler
-	for _, s := range c.subs {
-		if matchFilter(s.filter, topic) {
+	exact, wild := c.routes.exact[topic], c.routes.wild
+	for len(exact) > 0 || len(wild) > 0 {
+		if len(wild) == 0 || len(exact) > 0 && exact[0] < wild[0] {
+			hs = append(hs, c.subs[exact[0]].h)
+			exact = exact[1:]
+			continue
+		}
+		if s := c.subs[wild[0]]; matchFilter(s.filter, topic) {
 			hs = append(hs, s.h)
 		}
+		wild = wild[1:]
 	}
 	return hs
 }
