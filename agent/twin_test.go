@@ -428,6 +428,72 @@ func TestTwinLocalChangeStays(t *testing.T) {
 	}
 }
 
+// TestTwinReacquireReadsReported: an agent that takes a device back under a
+// new token must not trust what it remembers of reported — another holder
+// may have written since (shadow.Store.Forget on acquisition). A converges
+// the device to 21; B takes over and the device reports a local change to
+// 25; A takes the device back and, seeing reported 25 in etcd (not the 21
+// it wrote itself), sends the delta and brings reported back to 21. Without
+// the Forget, A computes an empty delta from its memory and sends nothing.
+func TestTwinReacquireReadsReported(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	prefix := twinPrefix(t)
+	dev := "d1"
+	fp := newFencePoint()
+	a := runAgent(t, twinAgentConfig("gw-a", prefix, "mqtt://127.0.0.1:1", dev), etcdClient(t), fp,
+		Options{Twins: twinStore(t, prefix, "gw-a")})
+	waitFor(t, "a holds", holdingAll(a, []string{dev}))
+	app := twinStore(t, prefix, "app")
+	des, err := app.UpdateDesired(ctx, dev, map[string]any{"setpoint": 21}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a converges", func() bool { return a.twinSynced(dev, des.Version) })
+
+	// B waits in line, A's session ends, B holds and the device reports a
+	// local change through B.
+	b := runAgent(t, twinAgentConfig("gw-b", prefix, "mqtt://127.0.0.1:1", dev), etcdClient(t), fp,
+		Options{Twins: twinStore(t, prefix, "gw-b")})
+	waitFor(t, "b waits for the lock", func() bool {
+		r, err := a.cli.Get(ctx, a.LockPrefix(dev)+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+		return err == nil && r.Count == 2
+	})
+	ta, _ := a.Holding(dev)
+	revokeSession(t, a)
+	waitFor(t, "b holds", holdingAll(b, []string{dev}))
+	if err := b.ReportState(ctx, dev, map[string]any{"setpoint": 25}); err != nil {
+		t.Fatal(err)
+	}
+	if got := reportedFields(t, app, dev); !shadow.Equal(got, map[string]any{"setpoint": 25.0}) {
+		t.Fatalf("reported after b's report: %v", got)
+	}
+
+	// A campaigned again behind B: B's session ends, A holds under a new
+	// token and reconciles from etcd's reported.
+	waitFor(t, "a waits for the lock", func() bool {
+		r, err := a.cli.Get(ctx, a.LockPrefix(dev)+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+		return err == nil && r.Count == 2
+	})
+	sentA := a.TwinStats().Sent
+	revokeSession(t, b)
+	waitFor(t, "a holds again", holdingAll(a, []string{dev}))
+	ta2, _ := a.Holding(dev)
+	if ta2 <= ta {
+		t.Fatalf("a's token %d after taking the device back, not above %d", ta2, ta)
+	}
+	waitFor(t, "a brings reported back to desired", func() bool {
+		return shadow.Equal(reportedFields(t, app, dev), map[string]any{"setpoint": 21.0})
+	})
+	if s := a.TwinStats(); s.Sent != sentA+1 {
+		t.Fatalf("a sent %d twin.set after taking the device back, want 1: %+v", s.Sent-sentA, s)
+	}
+	applied := fp.appliedOf(dev)
+	if last := applied[len(applied)-1]; last.Token != ta2 || last.Kind != KindTwinSet {
+		t.Fatalf("last applied %+v, want a's twin.set under token %d", last, ta2)
+	}
+}
+
 // BenchmarkTwinConvergence measures desired put → twin.set through the
 // outbox, a real broker and simulated thermostats → reported written in
 // etcd (seen by a watch), for 1 and 100 devices changing at once; beside
