@@ -336,11 +336,11 @@ func (a *Agent) campaign(ctx context.Context, sess *concurrency.Session, d *devi
 		}
 	}
 	release()
-	if ok, resumed := a.install(ctx, d, token, m.Key(), sess.Lease()); ok {
+	if ok, _ := a.install(ctx, d, token, m.Key(), sess.Lease()); ok {
 		if a.outbox != nil {
 			a.kick(d)
 		}
-		a.twinAcquired(d.id, resumed) // twin.go: reconcile under the new token
+		a.twinKick(d.id) // twin.go: reconcile under the new token
 	}
 }
 
@@ -372,6 +372,11 @@ func (a *Agent) install(ctx context.Context, d *device, token fence.Token, key s
 			"reason", "token regression: etcd granted a token not above one held before; not commanding this device (see README, token regression)",
 			"holder", a.cfg.Gateway, "max_held", maxToken, "key", key)
 		return false, false
+	}
+	if !same {
+		// Before the controller is visible: no twin worker may push
+		// reported patches queued under an older token with this one.
+		a.twinNewToken(d.id, token)
 	}
 	if a.outbox != nil && !same {
 		// Durable before the first command under it can leave.

@@ -259,27 +259,33 @@ func (t *twins) dev(id string) *twinDev {
 	return td
 }
 
-// twinAcquired is called when the agent installs a controller for dev.
-// Under a new token (not a resumed session) what this process remembers of
-// the reported state may be stale — another holder may have written since —
-// and reported patches it queued under an older token must not be pushed
-// under the new one: the device reports its current state again.
-func (a *Agent) twinAcquired(dev string, resumed bool) {
+// twinNewToken is called by install before a controller under a new token
+// (not a resumed session) becomes visible. What this process remembers of
+// the reported state may be stale — another holder may have written since
+// — and reported patches it queued under an older token must not be pushed
+// under the new one: the device reports its current state again. If they
+// cannot be dropped, the twin controller stays stopped for the device
+// under this token (fail closed, as after a fenced write).
+func (a *Agent) twinNewToken(dev string, token fence.Token) {
 	t := a.twin
 	if t == nil {
 		return
 	}
-	if !resumed {
-		t.store.Forget(dev)
-		if t.cache != nil {
-			if p, err := t.cache.Pending(dev); err == nil && len(p) == 0 {
-				// nothing queued: no write (and no fsync) per device at start
-			} else if err := t.cache.Discard(dev, 0); err != nil {
-				a.log.Warn("twin: cannot drop reported patches queued under an older token", "device", dev, "err", err)
-			}
-		}
+	t.store.Forget(dev)
+	if t.cache == nil {
+		return
 	}
-	a.twinKick(dev)
+	if p, err := t.cache.Pending(dev); err == nil && len(p) == 0 {
+		return // nothing queued: no write (and no fsync) per device at start
+	}
+	if err := t.cache.Discard(dev, 0); err != nil {
+		t.mu.Lock()
+		td := t.dev(dev)
+		td.fencedAt = max(td.fencedAt, token)
+		t.mu.Unlock()
+		a.log.Error("twin: cannot drop reported patches queued under an older token; twins stop for the device under this token",
+			"device", dev, "token", token, "reason", "twin cache: "+err.Error())
+	}
 }
 
 // twinKick makes sure a worker reconciles dev. It does nothing if twins
