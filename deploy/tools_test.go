@@ -40,6 +40,16 @@ func tool(t *testing.T, name, hint string) string {
 	return p
 }
 
+// skipUnlessCI skips the test, except under CI=true, where what it would
+// skip must be there (CI runs on linux/amd64 with `make deps` done).
+func skipUnlessCI(t *testing.T, format string, args ...any) {
+	t.Helper()
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("required in CI: "+format, args...)
+	}
+	t.Skipf(format, args...)
+}
+
 // run runs a command in dir with extra environment and returns its
 // combined output, failing the test if it does not exit 0 in time.
 func run(t *testing.T, timeout time.Duration, dir string, env []string, name string, args ...string) []byte {
