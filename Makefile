@@ -71,7 +71,7 @@ test-short: ## unit tests only, no servers, no race detector
 bench: ## Go benchmarks of every package (figures go to docs/BENCHMARKS.md)
 	$(GO) test -run='^$$' -bench=. -benchmem -count=1 ./...
 
-bench-e2e: ## end-to-end figures: command round trip (mochi, Mosquitto), 1,000 locks, agent RSS
+bench-e2e: ## end-to-end figures: command round trip (mochi, Mosquitto), 1,000 locks, agent RSS by fleet size, cold start and SIGTERM
 	$(GO) run ./cmd/edgefence-bench all
 
 demo: build ## replay the article's Figure 1 on real etcd, MQTT and devices, and narrate it
