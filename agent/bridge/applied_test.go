@@ -2,9 +2,7 @@ package bridge
 
 import (
 	"bufio"
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -209,16 +207,17 @@ func TestCrashBetweenAdmitAndWire(t *testing.T) {
 
 	// The history: lost was accepted (first process), applied once (second
 	// process), and every duplicate verdict on it comes after that.
-	raw, err := os.ReadFile(hist)
+	evs, err := history.Read(hist)
 	if err != nil {
 		t.Fatal(err)
 	}
+	if rep := history.CheckWith(evs, history.CheckOptions{}); !rep.OK() {
+		t.Fatalf("bridge history: %v", rep.Violations)
+	}
+	raw, _ := os.ReadFile(hist)
 	var applied, accepted, dups int
-	for line := range bytes.Lines(raw) {
-		var e history.Event
-		if err := json.Unmarshal(line, &e); err != nil {
-			t.Fatalf("history line %q: %v", line, err)
-		}
+	for _, e := range evs {
+		line := fmt.Sprintf("%+v", e)
 		if e.ID != lost.ID {
 			continue
 		}
