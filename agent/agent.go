@@ -105,6 +105,9 @@ type Agent struct {
 	mu        sync.Mutex
 	lease     clientv3.LeaseID // current session's lease, 0 if none
 	lostLease clientv3.LeaseID // lease of the session last lost, to reattach to if it survived
+	diskLease clientv3.LeaseID // lease of the previous run, from the outbox file; 0 once its fate is known
+	resumed   clientv3.LeaseID // the previous run's lease, re-attached: its lock keys are ours again
+	run       *sessionRun      // the session whose campaigns run now; nil between sessions
 	sessions  uint64           // sessions opened so far
 	sessionUp bool
 
@@ -122,7 +125,7 @@ type counters struct {
 	acquired, lost, regressions     atomic.Uint64
 	queued, resent, expired, full   atomic.Uint64
 	reissued, outboxErr, reattached atomic.Uint64
-	superseded                      atomic.Uint64
+	superseded, released            atomic.Uint64
 }
 
 // device is the agent's view of one configured device.
@@ -147,6 +150,12 @@ type device struct {
 	delivering, kicked bool
 	inflight           string      // id of the entry the worker may have sent: never expired locally
 	deposedAt          fence.Token // highest token of ours a fence point refused as stale
+
+	// The lease's story for an operator (status.go).
+	reason    string      // why the device is lost or refused; "" while holding
+	fenceMark fence.Token // highest token a fence point of the device said it holds (stale acks)
+	refusals  int         // locks released after a refusal since the last accepted command: the backoff's exponent
+	holder    holderInfo  // the lock's owner while another session holds it
 
 	// verdicts counts the device's commands that ended, per verdict
 	// (verdictNames order): edgefence_device_commands_total.
@@ -188,7 +197,7 @@ const (
 	StateCampaigning = "campaigning" // waiting for the lock (another holder, or starting)
 	StateHolding     = "holding"     // holds the lock; commands are issued under its token
 	StateLost        = "lost"        // the session ended; no commands until re-acquired
-	StateRefused     = "refused"     // etcd granted a token lower than one held before
+	StateRefused     = "refused"     // token regression: etcd granted a token not above one the device or this agent saw before
 	StateAutonomous  = "autonomous"  // session lost; commands go on under the last token (policy autonomous)
 )
 
@@ -229,6 +238,16 @@ func New(cfg *Config, cli *clientv3.Client, s Sender, o Options) (*Agent, error)
 		}
 		a.devices[d.ID] = dev
 		a.order = append(a.order, d.ID)
+	}
+	if a.outbox != nil {
+		// The previous run's lease: Run re-attaches to it while it lives,
+		// so that the lock keys that run held do not lock this one out.
+		id, err := a.outbox.Lease()
+		if err != nil {
+			return nil, fmt.Errorf("agent: %w", err)
+		}
+		a.diskLease = clientv3.LeaseID(id)
+		a.lostLease = a.diskLease
 	}
 	if a.unsafe {
 		a.log.Warn("UNSAFE: session loss is ignored (I6 off); only for tests and demos")
@@ -336,6 +355,10 @@ func (a *Agent) sendDirect(ctx context.Context, d *device, ctl *controller, env 
 	a.countVerdict(d, ack.Verdict)
 	d.mu.Lock()
 	d.lastAck = ack
+	d.noteMark(ack)
+	if ack.Verdict == fence.Accepted {
+		d.refusals = 0
+	}
 	d.mu.Unlock()
 	a.logVerdict(d, env, ack, false)
 	if ack.Verdict == fence.Stale {
@@ -383,19 +406,6 @@ func (a *Agent) logVerdict(d *device, env *fence.Envelope, ack *fence.Ack, local
 	}
 	a.log.Warn("command refused", "device", d.id, "token", env.Token, "reason", reason, "verdict", ack.Verdict,
 		"seq", env.Seq, "id", env.ID, "kind", env.Kind, "fence_token", ack.MaxToken, "sent", !local)
-}
-
-// setState records a device state change if ctl is still the device's
-// controller (or ctl is nil).
-func (a *Agent) setState(d *device, ctl *controller, state string) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if ctl != nil && d.ctl != ctl {
-		return
-	}
-	if d.state != state {
-		d.state, d.since = state, a.now()
-	}
 }
 
 func newCommandID() string {

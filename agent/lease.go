@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -72,6 +74,17 @@ func (a *Agent) openSession(ctx context.Context) (*concurrency.Session, error) {
 	if err != nil {
 		return nil, fmt.Errorf("grant lease: %w", err)
 	}
+	if a.outbox != nil {
+		// Durable before any lock key exists under the lease: a run
+		// restarted after a crash re-attaches to it (reattach).
+		if err := a.outbox.SetLease(int64(g.ID)); err != nil {
+			a.stats.outboxErr.Add(1)
+			if _, rerr := a.cli.Revoke(gctx, g.ID); rerr != nil {
+				a.log.Warn("revoke lease", "lease", fmt.Sprintf("%x", int64(g.ID)), "err", rerr)
+			}
+			return nil, fmt.Errorf("record lease: %w", err)
+		}
+	}
 	// The session's own context must outlive ctx, so that a clean shutdown
 	// can still unlock and revoke; runSession closes the session.
 	sess, err := concurrency.NewSession(a.cli, concurrency.WithLease(g.ID), concurrency.WithTTL(int(a.sessionTTL())))
@@ -92,10 +105,14 @@ func (a *Agent) openSession(ctx context.Context) (*concurrency.Session, error) {
 // etcd may have kept the lease — it extends every lease when a member
 // restarts or a new leader is elected. Our lock keys then still exist, so
 // the devices are held under the same tokens and their controllers carry
-// on. It returns nil, nil if there is nothing to reattach to.
+// on. The same holds for the previous run's lease after a crash or a power
+// cut (recorded in the outbox file): its lock keys would otherwise lock this
+// run out until the TTL ran out, and its queue would be ended as superseded
+// by a session that was our own. It returns nil, nil if there is nothing to
+// reattach to.
 func (a *Agent) reattach(ctx context.Context) (*concurrency.Session, error) {
 	a.mu.Lock()
-	old := a.lostLease
+	old, fromDisk := a.lostLease, a.lostLease != 0 && a.lostLease == a.diskLease
 	a.mu.Unlock()
 	if old == 0 {
 		return nil, nil
@@ -105,29 +122,86 @@ func (a *Agent) reattach(ctx context.Context) (*concurrency.Session, error) {
 	if cc := a.cli.ActiveConnection(); cc != nil {
 		cc.ResetConnectBackoff()
 	}
-	ttl, err := a.cli.TimeToLive(ctx, old)
+	var opts []clientv3.LeaseOption
+	if fromDisk {
+		opts = append(opts, clientv3.WithAttachedKeys())
+	}
+	ttl, err := a.cli.TimeToLive(ctx, old, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("lease %x time to live: %w", int64(old), err)
 	}
 	a.mu.Lock()
-	a.lostLease = 0
+	a.lostLease, a.diskLease = 0, 0
 	a.mu.Unlock()
-	if ttl.TTL <= 0 {
-		a.log.Info("lost lease expired; opening a new session", "lease", fmt.Sprintf("%x", int64(old)))
+	lease := fmt.Sprintf("%x", int64(old))
+	switch {
+	case ttl.TTL <= 0:
+		a.log.Info("lost lease expired; opening a new session", "lease", lease, "previous_run", fromDisk)
+		return nil, nil
+	case fromDisk && ttl.GrantedTTL != a.sessionTTL():
+		// lease_ttl changed since: a lease keeps the TTL it was granted
+		// with, so do not carry the old one on. Revoking frees its locks.
+		if _, err := a.cli.Revoke(ctx, old); err != nil {
+			return nil, fmt.Errorf("revoke the previous run's lease %s: %w", lease, err)
+		}
+		a.log.Info("previous run's lease revoked: lease_ttl changed", "lease", lease, "granted_ttl_s", ttl.GrantedTTL, "ttl_s", a.sessionTTL())
 		return nil, nil
 	}
 	sess, err := concurrency.NewSession(a.cli, concurrency.WithLease(old), concurrency.WithTTL(int(a.sessionTTL())))
 	if err != nil {
 		return nil, fmt.Errorf("start keep-alive: %w", err)
 	}
+	if fromDisk {
+		a.sweepKeys(ctx, old, ttl.Keys)
+	}
 	a.mu.Lock()
 	a.lease, a.sessionUp = old, true
 	a.sessions++
 	n := a.sessions
+	if fromDisk {
+		a.resumed = old
+	}
 	a.mu.Unlock()
 	a.stats.reattached.Add(1)
-	a.log.Info("etcd session resumed: the lease survived", "lease", fmt.Sprintf("%x", int64(old)), "ttl_left_s", ttl.TTL, "session", n)
+	msg := "etcd session resumed: the lease survived"
+	if fromDisk {
+		msg = "etcd session resumed: the previous run's lease survived"
+	}
+	a.log.Info(msg, "lease", lease, "ttl_left_s", ttl.TTL, "session", n, "keys", len(ttl.Keys))
 	return sess, nil
+}
+
+// sweepKeys deletes the lock keys the previous run held under lease for
+// devices no longer in the configuration: nothing would ever release them
+// while this run keeps the lease alive.
+func (a *Agent) sweepKeys(ctx context.Context, lease clientv3.LeaseID, keys [][]byte) {
+	suffix := fmt.Sprintf("/lock/%x", int64(lease))
+	pfx := a.cfg.Etcd.Prefix + "/devices/"
+	for _, k := range keys {
+		id, ok := strings.CutPrefix(string(k), pfx)
+		if !ok {
+			continue
+		}
+		if id, ok = strings.CutSuffix(id, suffix); !ok || a.devices[id] != nil {
+			continue
+		}
+		if _, err := a.cli.Delete(ctx, string(k)); err != nil {
+			a.log.Warn("cannot delete the lock key of a device no longer configured", "key", string(k), "err", err)
+			continue
+		}
+		a.log.Info("lock released: the device is no longer configured", "device", id, "key", string(k))
+	}
+}
+
+// sessionRun is what a device's later campaign under the same session
+// needs: after a fence point refused our token, the lock is released and
+// campaigned for again (recampaign).
+type sessionRun struct {
+	sess  *concurrency.Session
+	ctx   context.Context // the session's campaigns' context
+	slots chan struct{}
+	wg    *sync.WaitGroup
+	ended bool // guarded by Agent.mu; set before wg.Wait, so no Add races it
 }
 
 // runSession campaigns for all devices under sess until the session ends or
@@ -136,24 +210,24 @@ func (a *Agent) runSession(ctx context.Context, sess *concurrency.Session) {
 	sctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	slots := make(chan struct{}, campaignSlots)
-	mutexes := make([]*concurrency.Mutex, len(a.order))
-	for i, id := range a.order {
-		mutexes[i] = concurrency.NewMutex(sess, a.LockPrefix(id))
-	}
+	run := &sessionRun{sess: sess, ctx: sctx, slots: slots, wg: &wg}
+	a.mu.Lock()
+	a.run = run
+	a.mu.Unlock()
 	// Start a device's campaign only once it has a slot: at most
 	// campaignSlots campaigns talk to etcd at once, and a campaign's
 	// goroutine outlives its slot only while another agent holds the device.
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		for i, id := range a.order {
+		for _, id := range a.order {
 			if !acquireSlot(sctx, slots) {
 				return
 			}
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				a.campaign(sctx, sess, a.devices[id], mutexes[i], slots)
+				a.campaign(sctx, sess, a.devices[id], concurrency.NewMutex(sess, a.LockPrefix(id)), slots)
 			}()
 		}
 	}()
@@ -179,6 +253,10 @@ wait:
 		// I6: stop this session's controllers before anything else.
 		a.dropSession(sess.Lease())
 	}
+	a.mu.Lock()
+	run.ended = true
+	a.run = nil
+	a.mu.Unlock()
 	cancel()
 	wg.Wait()
 
@@ -193,7 +271,7 @@ wait:
 		a.mu.Unlock()
 		return
 	}
-	a.release(sess, mutexes)
+	a.release(sess)
 }
 
 // dropSession removes every controller that belongs to lease.
@@ -201,7 +279,11 @@ func (a *Agent) dropSession(lease clientv3.LeaseID) {
 	for _, id := range a.order {
 		d := a.devices[id]
 		d.mu.Lock()
-		if d.ctl != nil && d.ctl.lease == lease {
+		if d.ctl != nil && d.ctl.lease == lease && d.ctl.lost.Load() && !a.unsafe {
+			// Already stopped by a fence point's refusal, its lock let
+			// go: the device keeps the state that refusal gave it.
+			d.ctl = nil
+		} else if d.ctl != nil && d.ctl.lease == lease {
 			if a.unsafe {
 				// Keep the controller: the demo's frozen holder that never
 				// noticed. Fence points must refuse it.
@@ -236,23 +318,19 @@ func (a *Agent) dropSession(lease clientv3.LeaseID) {
 
 // release revokes sess's lease, which deletes every device lock held under
 // it, so that another gateway can take over at once instead of after the TTL.
-func (a *Agent) release(sess *concurrency.Session, mutexes []*concurrency.Mutex) {
+func (a *Agent) release(sess *concurrency.Session) {
+	held := 0
 	for _, id := range a.order {
 		d := a.devices[id]
 		d.mu.Lock()
 		if d.ctl != nil {
+			held++
 			a.log.Info("lease released", "device", d.id, "token", d.ctl.token, "reason", "shutdown", "holder", a.cfg.Gateway)
 			d.ctl.lost.Store(true)
 			d.ctl = nil
 		}
 		d.state, d.since = StateCampaigning, a.now()
 		d.mu.Unlock()
-	}
-	held := 0
-	for _, m := range mutexes {
-		if m.Key() != "" && m.Key() != "\x00" {
-			held++
-		}
 	}
 	// One revoke deletes every lock key of the lease in one revision: no
 	// per-key Unlock, which took one round trip per device (1,000 devices:
@@ -273,7 +351,7 @@ func (a *Agent) release(sess *concurrency.Session, mutexes []*concurrency.Mutex)
 func (a *Agent) campaign(ctx context.Context, sess *concurrency.Session, d *device, m *concurrency.Mutex, slots chan struct{}) {
 	backoff := newBackoff(50*time.Millisecond, 2*time.Second)
 	d.mu.Lock()
-	if d.ctl == nil && d.state != StateRefused {
+	if (d.ctl == nil || d.ctl.lost.Load()) && d.state != StateRefused && d.state != StateCampaigning {
 		d.state, d.since = StateCampaigning, a.now()
 	}
 	d.mu.Unlock()
@@ -294,6 +372,7 @@ func (a *Agent) campaign(ctx context.Context, sess *concurrency.Session, d *devi
 			// from a lost session stops here (I6) — the fence would
 			// refuse it anyway once the holder reaches the device.
 			a.heldElsewhere(d)
+			a.noteHolder(ctx, d)
 			release()
 			if err = m.Lock(ctx); err == nil {
 				if !acquireSlot(ctx, slots) {
@@ -336,42 +415,70 @@ func (a *Agent) campaign(ctx context.Context, sess *concurrency.Session, d *devi
 		}
 	}
 	release()
-	if ok, _ := a.install(ctx, d, token, m.Key(), sess.Lease()); ok {
+	ok, _, refused := a.install(ctx, d, token, m.Key(), sess.Lease())
+	if ok {
 		if a.outbox != nil {
 			a.kick(d)
 		}
 		a.twinKick(d.id) // twin.go: reconcile under the new token
+		return
+	}
+	if refused {
+		// Not ours to command: let the lock move on, and try again later.
+		a.recampaign(d, token, m.Key(), sess.Lease(), false)
 	}
 }
 
 // install makes token the device's controller and reports whether it did,
-// and whether it resumed the same lock key (a reattached session).
-// It refuses a token below the highest ever held for the device (etcd was
-// rebuilt from an old snapshot), and one equal to it unless it is the same
-// lock key — the same lease, resumed (reattach) — in which case the
-// controller carries on with its seq.
-func (a *Agent) install(ctx context.Context, d *device, token fence.Token, key string, lease clientv3.LeaseID) (ok, resumed bool) {
+// whether it resumed the same lock key (a reattached session), and, if it
+// did not, whether it refused the token (the caller then lets the lock go).
+// It refuses a token below the highest ever held for the device or at or
+// below the highest a fence point of the device said it holds (etcd was
+// rebuilt from an old snapshot, or wiped: a token regression), and one equal
+// to the highest held unless it is the same lock key — the same lease,
+// resumed (reattach) — in which case the controller carries on with its
+// seq.
+func (a *Agent) install(ctx context.Context, d *device, token fence.Token, key string, lease clientv3.LeaseID) (ok, resumed, refused bool) {
 	// d.sem guards the seq a resumed controller carries on with.
 	select {
 	case d.sem <- struct{}{}:
 	case <-ctx.Done():
-		return false, false
+		return false, false, false
 	}
 	defer func() { <-d.sem }()
 	d.mu.Lock()
 	same := d.last != nil && d.last.token == token && d.last.key == key
-	maxToken := d.maxToken
+	maxToken, mark := d.maxToken, d.fenceMark
 	d.mu.Unlock()
-	if token < maxToken || (token == maxToken && !same) {
+	a.mu.Lock()
+	// The previous run's lease, re-attached (reattach): its lock key,
+	// and the token recorded durably as held, are ours.
+	fromDisk := !same && lease == a.resumed && token == maxToken
+	a.mu.Unlock()
+	var seq uint64
+	if fromDisk {
+		t, s, err := a.outbox.Issued(d.id)
+		if err != nil {
+			a.stats.outboxErr.Add(1)
+			a.refuse(d, token, "cannot read the last seq issued under the token; not commanding the device: "+err.Error(), false)
+			return false, false, true
+		}
+		if t == token {
+			seq = s // carry on above every seq the previous run issued
+		}
+		same = true
+	}
+	switch {
+	case token < maxToken || (token == maxToken && !same):
 		// etcd handed out a revision not above one we held before: the
 		// cluster was rebuilt from an old snapshot. Commanding would be
 		// refused at best; say why and hold off (README: recovery).
-		a.stats.regressions.Add(1)
-		a.setState(d, nil, StateRefused)
-		a.log.Error("lease refused", "device", d.id, "token", token,
-			"reason", "token regression: etcd granted a token not above one held before; not commanding this device (see README, token regression)",
-			"holder", a.cfg.Gateway, "max_held", maxToken, "key", key)
-		return false, false
+		a.refuse(d, token, fmt.Sprintf("token regression: etcd granted token %d, not above token %d this gateway held before; "+
+			"not commanding the device (README: Token regression: recovery runbook)", token, maxToken), true)
+		return false, false, true
+	case token <= mark:
+		a.refuse(d, token, regressionReason(token, mark), true)
+		return false, false, true
 	}
 	if !same {
 		// Before the controller is visible: no twin worker may push
@@ -382,9 +489,8 @@ func (a *Agent) install(ctx context.Context, d *device, token fence.Token, key s
 		// Durable before the first command under it can leave.
 		if err := a.outbox.SetHeld(d.id, token); err != nil {
 			a.stats.outboxErr.Add(1)
-			a.log.Error("lease refused", "device", d.id, "token", token, "reason", "cannot record the held token durably; not commanding the device",
-				"holder", a.cfg.Gateway, "err", err)
-			return false, false
+			a.refuse(d, token, "cannot record the held token durably; not commanding the device: "+err.Error(), false)
+			return false, false, true
 		}
 	}
 	d.mu.Lock()
@@ -394,6 +500,8 @@ func (a *Agent) install(ctx context.Context, d *device, token fence.Token, key s
 		// An autonomous controller whose lease survived: it simply
 		// carries on.
 		old.lease = lease
+	case fromDisk:
+		d.ctl = &controller{token: token, key: key, lease: lease, seq: seq}
 	case same:
 		d.ctl = &controller{token: token, key: key, lease: lease, seq: d.last.seq}
 	default:
@@ -404,15 +512,54 @@ func (a *Agent) install(ctx context.Context, d *device, token fence.Token, key s
 	}
 	d.last, d.autonomy = d.ctl, false
 	d.maxToken = token
-	d.state, d.since = StateHolding, a.now()
+	d.state, d.since, d.reason = StateHolding, a.now(), ""
+	d.holder = holderInfo{}
 	a.stats.acquired.Add(1)
 	reason := "acquired"
-	if same {
+	switch {
+	case fromDisk:
+		reason = "resumed: the previous run's lease survived"
+	case same:
 		reason = "resumed: the session's lease survived"
 	}
 	// The message stays "holding device": benchmarks count these lines.
-	a.log.Info("holding device", "device", d.id, "token", token, "reason", reason, "holder", a.cfg.Gateway, "key", key, "resumed", same)
-	return true, same
+	a.log.Info("holding device", "device", d.id, "token", token, "reason", reason, "holder", a.cfg.Gateway, "key", key, "resumed", same, "seq", d.ctl.seq)
+	return true, same, false
+}
+
+// regressionReason says why token is a regression against mark, the token
+// a fence point of the device holds.
+func regressionReason(token, mark fence.Token) string {
+	return fmt.Sprintf("token regression: the device's fence point holds token %d, above token %d that etcd granted us "+
+		"(etcd rebuilt or wiped); not commanding the device (README: Token regression: recovery runbook)", mark, token)
+}
+
+// refuse records that the agent will not command d under token, and why. A
+// regression puts d in state refused and counts in token_regressions once
+// until the device is held again (the campaigns after the backoff are
+// refused again: one line each, "lease refused again", not counted); any
+// other refusal leaves d campaigning.
+func (a *Agent) refuse(d *device, token fence.Token, reason string, regression bool) {
+	state := StateCampaigning
+	if regression {
+		state = StateRefused
+	}
+	d.mu.Lock()
+	again := regression && d.state == StateRefused
+	if d.state != state {
+		d.state, d.since = state, a.now()
+	}
+	d.reason = reason
+	maxHeld, mark, n := d.maxToken, d.fenceMark, d.refusals
+	d.mu.Unlock()
+	msg, level := "lease refused", slog.LevelError
+	if again {
+		msg, level = "lease refused again", slog.LevelWarn
+	} else if regression {
+		a.stats.regressions.Add(1)
+	}
+	a.log.Log(context.Background(), level, msg, "device", d.id, "token", token, "reason", reason, "holder", a.cfg.Gateway,
+		"max_held", maxHeld, "fence_token", mark, "releases", n)
 }
 
 // heldElsewhere is called when another session holds d's lock: every
@@ -466,16 +613,24 @@ func acquireSlot(ctx context.Context, slots chan struct{}) bool {
 
 // readToken returns the CreateRevision of our own lock key: the fencing
 // token. Not Header().Revision — after a contended acquisition that is a later
-// revision than the key's.
+// revision than the key's. In the same transaction it writes the gateway id
+// as the key's value (a Put keeps the CreateRevision), so that waiting
+// gateways, and `etcdctl get`, can tell who holds the device.
 func (a *Agent) readToken(ctx context.Context, m *concurrency.Mutex, lease clientv3.LeaseID) (fence.Token, error) {
-	resp, err := a.cli.Get(ctx, m.Key())
+	resp, err := a.cli.Txn(ctx).If(m.IsOwner()).
+		Then(clientv3.OpPut(m.Key(), a.cfg.Gateway, clientv3.WithLease(lease)), clientv3.OpGet(m.Key())).
+		Commit()
 	if err != nil {
 		return 0, fmt.Errorf("get %s: %w", m.Key(), err)
 	}
-	if len(resp.Kvs) == 0 || clientv3.LeaseID(resp.Kvs[0].Lease) != lease {
+	if !resp.Succeeded {
 		return 0, concurrency.ErrSessionExpired
 	}
-	return fence.Token(resp.Kvs[0].CreateRevision), nil
+	kvs := resp.Responses[1].GetResponseRange().Kvs
+	if len(kvs) == 0 || clientv3.LeaseID(kvs[0].Lease) != lease {
+		return 0, concurrency.ErrSessionExpired
+	}
+	return fence.Token(kvs[0].CreateRevision), nil
 }
 
 type backoff struct{ cur, min, max time.Duration }

@@ -125,7 +125,7 @@ type agentCollector struct {
 
 	buildInfo, leasesHeld, devicesConfigured, deviceToken, deviceState      *prometheus.Desc
 	deviceCommands, outboxDeviceOldestAge, twinDelta                        *prometheus.Desc
-	acquisitions, losses, regressions, reattached                           *prometheus.Desc
+	acquisitions, losses, regressions, reattached, released                 *prometheus.Desc
 	commands, sent, noAck, sendErrors, queued, resent, reissued, superseded *prometheus.Desc
 	outboxPending, outboxPendingTotal, outboxPendingBytes, outboxOldestAge  *prometheus.Desc
 	outboxFull, outboxErrors                                                *prometheus.Desc
@@ -149,8 +149,9 @@ func newAgentCollector(a *Agent, version string) *agentCollector {
 
 		acquisitions: d("lease_acquisitions_total", "Device locks acquired."),
 		losses:       d("lease_losses_total", "Device locks lost (session ended or lock key gone)."),
-		regressions:  d("token_regressions_total", "Tokens granted lower than one held before (refused)."),
-		reattached:   d("etcd_sessions_reattached_total", "Lost sessions resumed because the lease survived."),
+		regressions:  d("token_regressions_total", "Tokens from etcd not above one this gateway held or a fence point of the device holds (refused)."),
+		reattached:   d("etcd_sessions_reattached_total", "Sessions resumed because their lease survived (a lost session, or the previous run's after a restart)."),
+		released:     d("lock_releases_total", "Device locks let go after a fence point or the regression guard refused the token; each is campaigned for again after a backoff."),
 
 		commands:   d("commands_total", "Commands that ended, by verdict (accepted, duplicate, stale, invalid from device acks; expired from the outbox).", "verdict"),
 		sent:       d("commands_sent_total", "Command sends (first sends and resends)."),
@@ -194,7 +195,7 @@ func newAgentCollector(a *Agent, version string) *agentCollector {
 func (c *agentCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.buildInfo, c.leasesHeld, c.devicesConfigured, c.deviceToken, c.deviceState,
 		c.deviceCommands, c.outboxDeviceOldestAge, c.twinDelta,
-		c.acquisitions, c.losses, c.regressions, c.reattached,
+		c.acquisitions, c.losses, c.regressions, c.reattached, c.released,
 		c.commands, c.sent, c.noAck, c.sendErrors, c.queued, c.resent, c.reissued, c.superseded,
 		c.outboxPending, c.outboxPendingTotal, c.outboxPendingBytes, c.outboxOldestAge, c.outboxFull, c.outboxErrors,
 		c.etcdUp, c.etcdSessions, c.mqttConnected, c.mqttReconnects, c.tableCommands, c.bridgeErrors,
@@ -242,6 +243,7 @@ func (c *agentCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.losses, n.Lost)
 	counter(c.regressions, n.Regressions)
 	counter(c.reattached, n.Reattached)
+	counter(c.released, n.Released)
 	counter(c.commands, n.Accepted, "accepted")
 	counter(c.commands, n.Duplicate, "duplicate")
 	counter(c.commands, n.Stale, "stale")

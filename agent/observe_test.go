@@ -280,9 +280,15 @@ func TestObservabilityEndToEnd(t *testing.T) {
 	wantSample(t, mf, 1, "edgefence_fence_table_commands_total", "verdict", "stale")
 	wantSample(t, mf, 2, "edgefence_fence_table_commands_total", "verdict", "accepted") // ours and the intruder's
 	// Send returns on the verdict; the deposed controller stops just after.
-	w.waitSample(t, 1, "edgefence_device_state", "device", obsMeter, "state", StateLost)
+	// The intruder's token came from no lock key of this etcd — ours still
+	// holds the lock — so the agent takes it for a token regression: the
+	// meter is refused, and its lock is let go.
+	w.waitSample(t, 1, "edgefence_device_state", "device", obsMeter, "state", StateRefused)
+	waitFor(t, "the meter's lock let go", func() bool { v, _ := sample(scrape(t, w.srv), "edgefence_lock_releases_total"); return v >= 1 })
+	mf = scrape(t, w.srv)
 	// The stale verdict is the loss of the meter's lock: counted once.
-	wantSample(t, scrape(t, w.srv), 1, "edgefence_lease_losses_total")
+	wantSample(t, mf, 1, "edgefence_lease_losses_total")
+	wantSample(t, mf, 1, "edgefence_token_regressions_total")
 
 	// 5. A device nobody answers: its command waits in the outbox and the
 	// device's oldest-pending age grows.
@@ -378,10 +384,17 @@ func TestObservabilityEndToEnd(t *testing.T) {
 			t.Errorf("loss line: %v", l)
 		}
 	}
-	// The meter: deposed by the stale verdict, then its lock went with the
-	// session — two lease changes, two lines.
+	// The meter: deposed by the stale verdict, found to be a token
+	// regression, its lock let go; it held nothing when the session went.
 	one("meter deposed", "lease lost", "device", obsMeter, "token", first[obsMeter], "fence_token", newer)
-	one("meter's session loss", "lease lost", "device", obsMeter, "token", first[obsMeter], "reason", "etcd session lost")
+	if l := one("meter's regression", "lease refused", "device", obsMeter, "token", first[obsMeter]); l != nil &&
+		(l["fence_token"] != float64(newer) || !strings.Contains(l["reason"].(string), "token regression") || l["level"] != "ERROR") {
+		t.Errorf("regression line: %v", l)
+	}
+	one("meter's lock let go", "lock released after a refusal", "device", obsMeter, "token", first[obsMeter])
+	if got := find("lease lost", "device", obsMeter, "reason", "etcd session lost"); len(got) != 0 {
+		t.Errorf("the meter's lock, let go after the refusal, lost again with the session: %v", got)
+	}
 	// The stale refusal: one line from the agent, one from the fence table
 	// that refused it.
 	if l := one("agent's stale refusal", "command refused", "id", staleID, "by", nil); l != nil &&
@@ -393,8 +406,8 @@ func TestObservabilityEndToEnd(t *testing.T) {
 		t.Errorf("fence table refusal line: %v", l)
 	}
 	one("thermostat's invalid twin.set", "command refused", "device", obsThermo, "verdict", "invalid", "kind", KindTwinSet)
-	// Released at shutdown: each device under its second token.
-	for _, d := range obsDevices {
+	// Released at shutdown: each device held, under its second token.
+	for _, d := range []string{obsThermo, obsIdle} {
 		if got := find("lease released", "device", d, "reason", "shutdown"); len(got) != 1 {
 			t.Errorf("release of %s: %d lines, want one", d, len(got))
 		}
@@ -403,7 +416,7 @@ func TestObservabilityEndToEnd(t *testing.T) {
 	// reason; accepted commands are logged at debug only.
 	for _, l := range lines {
 		switch l["msg"] {
-		case "holding device", "lease lost", "lease released", "lease refused", "command refused":
+		case "holding device", "lease lost", "lease released", "lease refused", "lease refused again", "command refused":
 			if _, ok := l["device"].(string); !ok {
 				t.Errorf("no device: %v", l)
 			}

@@ -316,7 +316,13 @@ func (a *Agent) settle(d *device, e *offline.Entry, ack *fence.Ack, local bool) 
 	if ack.Verdict == fence.Stale && env.Token > d.deposedAt {
 		d.deposedAt = env.Token
 	}
+	if !local {
+		d.noteMark(ack)
+	}
 	ctl := d.ctl
+	if ack.Verdict == fence.Accepted && ctl != nil && ctl.token == env.Token {
+		d.refusals = 0
+	}
 	d.mu.Unlock()
 	if !local {
 		a.countVerdict(d, ack.Verdict)
@@ -337,26 +343,36 @@ func (a *Agent) settle(d *device, e *offline.Entry, ack *fence.Ack, local bool) 
 }
 
 // deposed stops ctl after a fence point refused its token: a newer holder
-// has reached the device (I6). It is a lease change, logged as one line.
+// has reached the device (I6), or the device holds a token from a past etcd
+// (a token regression, told apart by recampaign). It is a lease change,
+// logged as one line. The lock is let go, so that it can move on, and the
+// device is campaigned for again after a backoff.
 func (a *Agent) deposed(d *device, ctl *controller, env *fence.Envelope, ack *fence.Ack) {
 	reason := fmt.Sprintf("deposed: the fence point holds newer token %d", ack.MaxToken)
 	if a.unsafe {
 		reason += " (UNSAFE: the controller carries on)"
 	}
 	a.log.Warn("lease lost", "device", d.id, "token", env.Token, "reason", reason, "holder", a.cfg.Gateway, "fence_token", ack.MaxToken)
-	if !a.unsafe {
-		if !ctl.lost.Swap(true) {
-			// The first news of this lock's loss counts as one loss,
-			// unless the session's end already counted it (autonomy).
-			d.mu.Lock()
-			counted := d.autonomy && d.ctl == ctl
-			d.mu.Unlock()
-			if !counted {
-				a.stats.lost.Add(1)
-			}
-		}
-		a.setState(d, ctl, StateLost)
+	if a.unsafe {
+		return
 	}
+	if ctl.lost.Swap(true) {
+		return // another verdict, or the session's end, came first
+	}
+	// The first news of this lock's loss counts as one loss, unless the
+	// session's end already counted it (autonomy).
+	d.mu.Lock()
+	counted := d.autonomy && d.ctl == ctl
+	d.mu.Unlock()
+	if !counted {
+		a.stats.lost.Add(1)
+	}
+	d.mu.Lock()
+	if d.ctl == ctl {
+		d.state, d.since, d.reason = StateLost, a.now(), reason
+	}
+	d.mu.Unlock()
+	a.recampaign(d, ctl.token, ctl.key, ctl.lease, true)
 }
 
 // reissue queues the command of a refused old-token entry again under the

@@ -36,12 +36,21 @@ type DeviceStatus struct {
 	Seq      uint64      `json:"seq,omitempty"`   // last seq issued under it
 	LockKey  string      `json:"lock_key,omitempty"`
 	MaxToken fence.Token `json:"max_token_held,omitempty"`
-	LastAck  *AckStatus  `json:"last_ack,omitempty"`
-	Policy   string      `json:"policy"`
-	Fence    string      `json:"fence"`            // fence point: device or gateway
-	Home     string      `json:"home,omitempty"`   // home gateway of a fence: gateway device
-	Queued   int         `json:"queued,omitempty"` // commands pending in the outbox
-	Oldest   time.Time   `json:"oldest,omitzero"`  // creation time of the oldest pending command
+	// FenceToken is the highest token a fence point of the device said it
+	// holds (in a stale verdict): the figure the token regression runbook
+	// needs.
+	FenceToken fence.Token `json:"fence_token,omitempty"`
+	// Reason says why the device is lost or refused, or why the last
+	// acquisition was refused; empty while holding.
+	Reason string `json:"reason,omitempty"`
+	// Holder is who holds the device's lock while another session does.
+	Holder  *HolderStatus `json:"holder,omitempty"`
+	LastAck *AckStatus    `json:"last_ack,omitempty"`
+	Policy  string        `json:"policy"`
+	Fence   string        `json:"fence"`            // fence point: device or gateway
+	Home    string        `json:"home,omitempty"`   // home gateway of a fence: gateway device
+	Queued  int           `json:"queued,omitempty"` // commands pending in the outbox
+	Oldest  time.Time     `json:"oldest,omitzero"`  // creation time of the oldest pending command
 	// Verdicts counts the device's commands that ended, by verdict (the
 	// per-device split of Counters' acks_* and commands_expired).
 	Verdicts VerdictCounts `json:"verdicts"`
@@ -49,6 +58,17 @@ type DeviceStatus struct {
 	// (desired not yet in reported) at the reconciler's last look; set
 	// while twins are on and the agent holds the device.
 	TwinDelta *int `json:"twin_delta_fields,omitempty"`
+}
+
+// HolderStatus is the owner of a device's lock, as a waiting agent last
+// read it from etcd.
+type HolderStatus struct {
+	// Gateway is the gateway id on the lock key; empty for a holder that
+	// writes none, such as `etcdctl lock` (maintenance).
+	Gateway string      `json:"gateway"`
+	Token   fence.Token `json:"token"` // the key's CreateRevision
+	Key     string      `json:"key"`
+	Since   time.Time   `json:"since"` // when this agent first saw it hold
 }
 
 // VerdictCounts are one device's commands that ended, per verdict.
@@ -91,6 +111,7 @@ type Counters struct {
 	Acquired    uint64 `json:"locks_acquired"`
 	Lost        uint64 `json:"locks_lost"`
 	Regressions uint64 `json:"token_regressions"`
+	Released    uint64 `json:"locks_released"` // let go after a fence point or the regression guard refused the token
 	// With an outbox:
 	Queued     uint64 `json:"commands_queued"`     // appended to the outbox
 	Resent     uint64 `json:"commands_resent"`     // sent again after no ack (or after a restart)
@@ -139,7 +160,10 @@ func (a *Agent) Status() Status {
 		d := a.devices[id]
 		d.mu.Lock()
 		ds := DeviceStatus{ID: id, State: d.state, Since: d.since, MaxToken: d.maxToken, LastAck: NewAckStatus(d.lastAck), Policy: d.policy,
-			Fence: d.fence, Home: d.home}
+			Fence: d.fence, Home: d.home, FenceToken: d.fenceMark, Reason: d.reason}
+		if h := d.holder; h.key != "" && (d.ctl == nil || d.ctl.lost.Load()) {
+			ds.Holder = &HolderStatus{Gateway: h.gateway, Token: h.token, Key: h.key, Since: h.since}
+		}
 		if d.ctl != nil {
 			ds.Token, ds.LockKey = d.ctl.token, d.ctl.key
 		}
@@ -170,7 +194,7 @@ func (a *Agent) Status() Status {
 	st := &a.stats
 	s.Counters = Counters{Sent: st.sent.Load(), NoAck: st.noAck.Load(), SendErrors: st.sendErr.Load(),
 		Accepted: st.accepted.Load(), Duplicate: st.duplicate.Load(), Stale: st.stale.Load(), Invalid: st.inv.Load(),
-		Acquired: st.acquired.Load(), Lost: st.lost.Load(), Regressions: st.regressions.Load(),
+		Acquired: st.acquired.Load(), Lost: st.lost.Load(), Regressions: st.regressions.Load(), Released: st.released.Load(),
 		Queued: st.queued.Load(), Resent: st.resent.Load(), Expired: st.expired.Load(), Full: st.full.Load(),
 		Reissued: st.reissued.Load(), OutboxErr: st.outboxErr.Load(), Reattached: st.reattached.Load(), Superseded: st.superseded.Load()}
 	return s

@@ -328,6 +328,9 @@ func (ob *Outbox) Append(ctx context.Context, e *Entry) error {
 		if err := tx.Bucket(queueBucket).Put(queueKey(dev, r.pos), []byte(id)); err != nil {
 			return err
 		}
+		if err := raiseIssued(tx, &e.Envelope); err != nil {
+			return err
+		}
 		return entries.Put([]byte(id), r.encode())
 	})
 	if err != nil {
