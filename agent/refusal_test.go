@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -66,6 +67,14 @@ func TestRegressionReleasesLock(t *testing.T) {
 	})
 	if n := g.attempts.Load(); n != 1 {
 		t.Fatalf("a sent %d commands, want 1: the guard must refuse a token at or below the device's mark before sending", n)
+	}
+	// No ping-pong storm: the two refused gateways hand the lock back and
+	// forth only as fast as their backoffs let them (1 s, 2 s, 4 s … each;
+	// without a backoff it would be hundreds of times in these 5 s).
+	before := a.Status().Counters.Released + c.Status().Counters.Released
+	time.Sleep(5 * time.Second)
+	if n := a.Status().Counters.Released + c.Status().Counters.Released - before; n > 8 {
+		t.Fatalf("%d lock releases in 5 s: the backoff does not bound the hand-overs", n)
 	}
 }
 
