@@ -885,3 +885,39 @@ func TestMarshalAckRejects(t *testing.T) {
 		})
 	}
 }
+
+// An unknown key in a body is refused naming the key, not only its index in
+// the map (issue 11, finding 4), at the top level and in a nested map.
+func TestDecodeBodyNamesUnknownField(t *testing.T) {
+	type inner struct {
+		Level int `cbor:"level"`
+	}
+	type body struct {
+		Setpoint *float64 `cbor:"setpoint"`
+		Mode     string   `cbor:"mode"`
+		In       inner    `cbor:"in"`
+	}
+	for _, tc := range []struct {
+		name string
+		in   any
+		want string
+	}{
+		{"first", map[string]any{"foo": 1}, `unknown field "foo"`},
+		{"after known ones", map[string]any{"mode": "heat", "setpoint": 21.5, "zzz": true}, `unknown field "zzz"`},
+		{"integer key", map[any]any{"mode": "heat", 7: 1}, `unknown field "7"`},
+		{"nested", map[string]any{"mode": "heat", "in": map[string]any{"level": 1, "lvl": 2}}, `unknown field "lvl" in "in"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, err := fence.EncodeBody(tc.in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var v body
+			err = fence.DecodeBody(b, &v)
+			uf, ok := errors.AsType[*fence.UnknownFieldError](err)
+			if !errors.Is(err, fence.ErrInvalid) || !ok || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("DecodeBody: %v (%#v); want ErrInvalid and an UnknownFieldError saying %s", err, uf, tc.want)
+			}
+		})
+	}
+}
