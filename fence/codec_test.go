@@ -886,18 +886,24 @@ func TestMarshalAckRejects(t *testing.T) {
 	}
 }
 
-// An unknown key in a body is refused naming the key, not only its index in
-// the map (issue 11, finding 4), at the top level and in a nested map.
-func TestDecodeBodyNamesUnknownField(t *testing.T) {
-	type inner struct {
+// strictBody is a typed body for the unknown-field tests: a nested struct
+// too, so that a key unknown inside it is named with its place.
+type strictBody struct {
+	Setpoint *float64 `cbor:"setpoint"`
+	Mode     string   `cbor:"mode"`
+	In       struct {
 		Level int `cbor:"level"`
-	}
-	type body struct {
-		Setpoint *float64 `cbor:"setpoint"`
-		Mode     string   `cbor:"mode"`
-		In       inner    `cbor:"in"`
-	}
-	for _, tc := range []struct {
+	} `cbor:"in"`
+}
+
+// unknownFieldCases are bodies with a key strictBody does not have, and
+// what DecodeBody's error must say; FuzzDecodeBody's seeds.
+func unknownFieldCases() []struct {
+	name string
+	in   any
+	want string
+} {
+	return []struct {
 		name string
 		in   any
 		want string
@@ -906,13 +912,19 @@ func TestDecodeBodyNamesUnknownField(t *testing.T) {
 		{"after known ones", map[string]any{"mode": "heat", "setpoint": 21.5, "zzz": true}, `unknown field "zzz"`},
 		{"integer key", map[any]any{"mode": "heat", 7: 1}, `unknown field "7"`},
 		{"nested", map[string]any{"mode": "heat", "in": map[string]any{"level": 1, "lvl": 2}}, `unknown field "lvl" in "in"`},
-	} {
+	}
+}
+
+// An unknown key in a body is refused naming the key, not only its index in
+// the map (issue 11, finding 4), at the top level and in a nested map.
+func TestDecodeBodyNamesUnknownField(t *testing.T) {
+	for _, tc := range unknownFieldCases() {
 		t.Run(tc.name, func(t *testing.T) {
 			b, err := fence.EncodeBody(tc.in)
 			if err != nil {
 				t.Fatal(err)
 			}
-			var v body
+			var v strictBody
 			err = fence.DecodeBody(b, &v)
 			uf, ok := errors.AsType[*fence.UnknownFieldError](err)
 			if !errors.Is(err, fence.ErrInvalid) || !ok || !strings.Contains(err.Error(), tc.want) {
