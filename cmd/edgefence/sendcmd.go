@@ -22,7 +22,7 @@ The body is checked before the agent issues anything: one JSON value, with no
 number that CBOR cannot carry as written (1e999 would be +Inf; an integer
 beyond 64 bits) — else exit 1, naming where in the body. Which kinds and
 fields a device takes is the device's own; the simulated ones are in README
-("Device kinds and bodies"); a device refuses the others as invalid.
+("Command kinds and bodies"); a device refuses the others as invalid.
 
 Exit status:
   0  the device applied the command: accepted, or duplicate (it had already
@@ -45,7 +45,7 @@ func cmdSend(args []string, stdout, stderr io.Writer) error {
 	noWait := fs.Bool("no-wait", false, "return once the command is stored in the agent's outbox (exit 4), without waiting for the device's verdict")
 	asJSON := fs.Bool("json", false, "print the agent's answer as JSON")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), sendUsage)
+		fmt.Fprint(fs.Output(), sendUsage+"\n\n")
 		fs.PrintDefaults()
 	}
 	if err := parseFlags(fs, args, -1); err != nil {
