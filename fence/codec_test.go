@@ -893,6 +893,9 @@ type strictBody struct {
 	Mode     string   `cbor:"mode"`
 	In       struct {
 		Level int `cbor:"level"`
+		Deep  struct {
+			Y int `cbor:"y"`
+		} `cbor:"deep"`
 	} `cbor:"in"`
 }
 
@@ -912,6 +915,7 @@ func unknownFieldCases() []struct {
 		{"after known ones", map[string]any{"mode": "heat", "setpoint": 21.5, "zzz": true}, `unknown field "zzz"`},
 		{"integer key", map[any]any{"mode": "heat", 7: 1}, `unknown field "7"`},
 		{"nested", map[string]any{"mode": "heat", "in": map[string]any{"level": 1, "lvl": 2}}, `unknown field "lvl" in "in"`},
+		{"two levels down", map[string]any{"in": map[string]any{"level": 1, "deep": map[string]any{"y": 2, "x": 1}}}, `unknown field in "in" (map element index 0)`},
 	}
 }
 

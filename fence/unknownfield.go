@@ -44,7 +44,8 @@ func (e *UnknownFieldError) Error() string {
 // index idx (its position in whichever map it is in). A key of the body's
 // map is unknown if a map holding it alone, with a null value, is refused;
 // otherwise the key whose value is refused holds the unknown key, and idx
-// is a position in that value's map.
+// is a position in that value's map (or in one deeper down: then only the
+// body's key and the index are given).
 func unknownField(b []byte, v any, idx int) *UnknownFieldError {
 	e := &UnknownFieldError{Index: idx}
 	pairs, ok := mapPairs(b)
@@ -66,7 +67,10 @@ func unknownField(b []byte, v any, idx int) *UnknownFieldError {
 	for _, p := range pairs {
 		if refused(p[0], p[1]) {
 			e.In = keyText(p[0])
-			if inner, ok := mapPairs(p[1]); ok && idx < len(inner) {
+			// The key at idx of the value's map, if unknown there itself
+			// (deeper down, the message gives the index only).
+			if inner, ok := mapPairs(p[1]); ok && idx < len(inner) &&
+				refused(p[0], append(append([]byte{0xa1}, inner[idx][0]...), 0xf6)) {
 				e.Field = keyText(inner[idx][0])
 			}
 			return e
