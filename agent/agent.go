@@ -126,6 +126,8 @@ type counters struct {
 	queued, resent, expired, full   atomic.Uint64
 	reissued, outboxErr, reattached atomic.Uint64
 	superseded, released            atomic.Uint64
+
+	apiRefused [len(apiRefusals)]atomic.Uint64 // local API requests refused as bad input, by reason (api.go)
 }
 
 // device is the agent's view of one configured device.

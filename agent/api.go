@@ -25,6 +25,9 @@ import (
 //
 //	GET  /v1/status                       → Status
 //	POST /v1/send {device, kind, body}    → SendResult (body is any JSON value; sent as CBOR)
+//	     400 malformed, data after the object, or a body CBOR cannot carry as
+//	     written (±Inf, integers beyond 64 bits): refused before a seq is used;
+//	     413 over maxRequestBody
 //	     {…, "no_wait": true}             → 202 SendResult{queued} once stored in the outbox
 //	GET  /v1/fence                        → []fence.Record
 //	GET  /v1/fence/{device}               → fence.Record
@@ -196,13 +199,17 @@ func (a *Agent) handleOutboxList(w http.ResponseWriter, r *http.Request) {
 		f.TerminalOnly = true
 	case "all", "":
 	default:
-		writeJSON(w, http.StatusBadRequest, apiError{fmt.Sprintf("state %q: want pending, terminal or all", q.Get("state"))})
+		err := fmt.Errorf("state %q: want pending, terminal or all", q.Get("state"))
+		a.refused(r, refusedMalformed, err)
+		writeJSON(w, http.StatusBadRequest, apiError{err.Error()})
 		return
 	}
 	if l := q.Get("limit"); l != "" {
 		n, err := strconv.Atoi(l)
 		if err != nil || n < 0 {
-			writeJSON(w, http.StatusBadRequest, apiError{fmt.Sprintf("limit %q: want a count, 0 for all", l)})
+			err := fmt.Errorf("limit %q: want a count, 0 for all", l)
+			a.refused(r, refusedMalformed, err)
+			writeJSON(w, http.StatusBadRequest, apiError{err.Error()})
 			return
 		}
 		f.Limit = n
@@ -247,14 +254,20 @@ func (a *Agent) handleOutboxGet(w http.ResponseWriter, r *http.Request) {
 
 func (a *Agent) handleSend(w http.ResponseWriter, r *http.Request) {
 	var req SendRequest
-	dec := json.NewDecoder(io.LimitReader(r.Body, maxRequestBody))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
-		writeJSON(w, http.StatusBadRequest, SendResult{Error: "bad request: " + err.Error()})
+	if code, err := decodeRequest(w, r, &req); err != nil {
+		why := refusedMalformed
+		if code == http.StatusRequestEntityTooLarge {
+			why = refusedTooLarge
+		}
+		a.refused(r, why, err)
+		writeJSON(w, code, SendResult{Device: req.Device, Error: err.Error()})
 		return
 	}
+	// The body is converted, and refused if CBOR cannot carry it as
+	// written, before a command is issued: a refusal uses up no seq.
 	body, err := JSONToBody(req.Body)
 	if err != nil {
+		a.refused(r, refusedBody, err)
 		writeJSON(w, http.StatusBadRequest, SendResult{Device: req.Device, Error: err.Error()})
 		return
 	}
@@ -266,7 +279,7 @@ func (a *Agent) handleSend(w http.ResponseWriter, r *http.Request) {
 			writeJSON(w, http.StatusAccepted, res)
 			return
 		}
-		writeSendError(w, res, err)
+		a.writeSendError(w, r, res, err)
 		return
 	}
 	ack, err := a.Send(r.Context(), req.Device, req.Kind, body)
@@ -279,16 +292,65 @@ func (a *Agent) handleSend(w http.ResponseWriter, r *http.Request) {
 	if errors.As(err, &qe) {
 		res.ID, res.Token, res.Seq, res.Queued = qe.ID, uint64(qe.Token), qe.Seq, true
 	}
-	writeSendError(w, res, err)
+	a.writeSendError(w, r, res, err)
+}
+
+// decodeRequest decodes r's body, one JSON object of at most
+// maxRequestBody bytes with nothing after it, into v. On failure it
+// returns the status to answer: 413 for a body over the limit (naming it),
+// 400 for anything else.
+func decodeRequest(w http.ResponseWriter, r *http.Request, v any) (int, error) {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxRequestBody))
+	dec.DisallowUnknownFields()
+	err := dec.Decode(v)
+	if err == nil {
+		// A second value, or garbage, after the object: the request is
+		// not what its sender meant, so nothing of it is executed.
+		if _, terr := dec.Token(); !errors.Is(terr, io.EOF) {
+			err = errTrailingData
+			if terr != nil && !errors.As(terr, new(*json.SyntaxError)) {
+				err = terr
+			}
+		}
+	}
+	if tooLarge, ok := errors.AsType[*http.MaxBytesError](err); ok {
+		return http.StatusRequestEntityTooLarge, fmt.Errorf("request too large: the API takes at most %d MiB (%d bytes) a request; a command body is at most %d KiB as CBOR",
+			tooLarge.Limit>>20, tooLarge.Limit, fence.MaxBodySize>>10)
+	}
+	if err != nil {
+		return http.StatusBadRequest, fmt.Errorf("bad request: %w", err)
+	}
+	return http.StatusOK, nil
+}
+
+var errTrailingData = errors.New("data after the JSON object")
+
+// Why the local API refused a request as bad input: the reason label of
+// edgefence_api_requests_refused_total, indexes of counters.apiRefused.
+var apiRefusals = [...]string{"too_large", "malformed", "bad_body", "unknown_device"}
+
+const (
+	refusedTooLarge = iota
+	refusedMalformed
+	refusedBody
+	refusedUnknownDevice
+)
+
+// refused counts and logs a request refused as bad input; the caller
+// answers it.
+func (a *Agent) refused(r *http.Request, why int, err error) {
+	a.stats.apiRefused[why].Add(1)
+	a.log.Warn("api request refused", "method", r.Method, "path", r.URL.Path, "reason", apiRefusals[why], "err", err)
 }
 
 // writeSendError answers a send that got no verdict.
-func writeSendError(w http.ResponseWriter, res SendResult, err error) {
+func (a *Agent) writeSendError(w http.ResponseWriter, r *http.Request, res SendResult, err error) {
 	res.Error = err.Error()
 	code := http.StatusBadGateway
 	switch {
 	case errors.Is(err, ErrUnknownDevice):
 		code = http.StatusNotFound
+		a.refused(r, refusedUnknownDevice, err)
 	case errors.Is(err, ErrNotHolder):
 		code = http.StatusConflict
 	case errors.Is(err, fence.ErrInvalid):
@@ -301,49 +363,6 @@ func writeSendError(w http.ResponseWriter, res SendResult, err error) {
 		code = http.StatusNotImplemented
 	}
 	writeJSON(w, code, res)
-}
-
-// JSONToBody converts a JSON value to a CBOR command body. Empty input means
-// no body. Integral numbers become CBOR integers (a register address, a
-// count), others floats.
-func JSONToBody(js []byte) ([]byte, error) {
-	if len(bytes.TrimSpace(js)) == 0 {
-		return nil, nil
-	}
-	dec := json.NewDecoder(bytes.NewReader(js))
-	dec.UseNumber()
-	var v any
-	if err := dec.Decode(&v); err != nil {
-		return nil, fmt.Errorf("%w: body is not JSON: %v", fence.ErrInvalid, err)
-	}
-	if dec.More() {
-		return nil, fmt.Errorf("%w: body has more than one JSON value", fence.ErrInvalid)
-	}
-	return fence.EncodeBody(numbers(v))
-}
-
-// numbers replaces json.Numbers with int64, uint64 or float64.
-func numbers(v any) any {
-	switch x := v.(type) {
-	case json.Number:
-		if i, err := x.Int64(); err == nil {
-			return i
-		}
-		if u, err := strconv.ParseUint(string(x), 10, 64); err == nil {
-			return u
-		}
-		f, _ := x.Float64()
-		return f
-	case map[string]any:
-		for k, e := range x {
-			x[k] = numbers(e)
-		}
-	case []any:
-		for i, e := range x {
-			x[i] = numbers(e)
-		}
-	}
-	return v
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

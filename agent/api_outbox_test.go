@@ -226,12 +226,23 @@ func TestAPIOutboxCorrupt(t *testing.T) {
 // rawGet sends a GET the client would never send.
 func rawGet(t *testing.T, socket, path string) (int, string) {
 	t.Helper()
+	return rawDo(t, socket, http.MethodGet, path, nil)
+}
+
+// rawDo sends a request straight to the API socket and returns the status
+// and body of the answer.
+func rawDo(t *testing.T, socket, method, path string, body io.Reader) (int, string) {
+	t.Helper()
 	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		var d net.Dialer
 		return d.DialContext(ctx, "unix", socket)
 	}}}
 	defer hc.CloseIdleConnections()
-	resp, err := hc.Get("http://edgefence" + path)
+	req, err := http.NewRequest(method, "http://edgefence"+path, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := hc.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,6 +24,10 @@ var (
 	// socket of an agent that exited), or may not be opened (EACCES). The
 	// error also wraps the syscall error.
 	ErrUnreachable = errors.New("agent: not reachable")
+	// ErrBadBody means a command body (JSON) is refused before any command
+	// is issued: not one JSON value, or a number CBOR cannot carry as
+	// written. The message says where in the body.
+	ErrBadBody = errors.New("agent: bad command body")
 	// ErrNoOutbox means the call needs the agent to have an outbox.
 	ErrNoOutbox = errors.New("agent: no outbox")
 )

@@ -133,6 +133,7 @@ type agentCollector struct {
 	tableCommands, bridgeErrors                                             *prometheus.Desc
 	twinEvents, twinSent, twinWritten, twinFenced, twinRefused              *prometheus.Desc
 	twinQueued, twinErrors, twinReports, twinWatching                       *prometheus.Desc
+	apiRefused                                                              *prometheus.Desc
 }
 
 func newAgentCollector(a *Agent, version string) *agentCollector {
@@ -188,6 +189,8 @@ func newAgentCollector(a *Agent, version string) *agentCollector {
 		twinReports:  d("twin_device_reports_total", "Device state reports written to reported."),
 		twinWatching: d("twin_watching", "1 while the twin reconciler watches desired states."),
 		twinDelta:    d("twin_delta_fields", "Leaf fields of desired not yet in reported (the twin delta) at the reconciler's last look, per device the agent holds; 0 = converged.", "device"),
+
+		apiRefused: d("api_requests_refused_total", "Local API requests refused as bad input, by reason (too_large, malformed, bad_body, unknown_device).", "reason"),
 	}
 }
 
@@ -202,6 +205,7 @@ func (c *agentCollector) Describe(ch chan<- *prometheus.Desc) {
 		c.twinEvents, c.twinSent, c.twinWritten, c.twinFenced, c.twinRefused, c.twinQueued, c.twinErrors, c.twinReports, c.twinWatching} {
 		ch <- d
 	}
+	ch <- c.apiRefused
 }
 
 // Collect implements prometheus.Collector: one Status snapshot per scrape.
@@ -258,6 +262,9 @@ func (c *agentCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.superseded, n.Superseded)
 	counter(c.outboxFull, n.Full)
 	counter(c.outboxErrors, n.OutboxErr)
+	for i, why := range apiRefusals {
+		counter(c.apiRefused, c.a.stats.apiRefused[i].Load(), why)
+	}
 
 	if ob := c.a.outbox; ob != nil {
 		for _, d := range s.Devices {

@@ -121,6 +121,10 @@ type Counters struct {
 	Superseded uint64 `json:"commands_superseded"` // strict devices: never sent, ended stale once another session held the lock
 	OutboxErr  uint64 `json:"outbox_errors"`       // outbox reads or writes that failed
 	Reattached uint64 `json:"sessions_reattached"` // lost sessions resumed because the lease survived
+	// APIRefused counts local API requests refused as bad input (oversized,
+	// malformed, a body CBOR cannot carry, an unknown device); by reason in
+	// edgefence_api_requests_refused_total.
+	APIRefused uint64 `json:"api_requests_refused"`
 }
 
 // transportStatus is implemented by senders that can describe themselves.
@@ -197,6 +201,9 @@ func (a *Agent) Status() Status {
 		Acquired: st.acquired.Load(), Lost: st.lost.Load(), Regressions: st.regressions.Load(), Released: st.released.Load(),
 		Queued: st.queued.Load(), Resent: st.resent.Load(), Expired: st.expired.Load(), Full: st.full.Load(),
 		Reissued: st.reissued.Load(), OutboxErr: st.outboxErr.Load(), Reattached: st.reattached.Load(), Superseded: st.superseded.Load()}
+	for i := range st.apiRefused {
+		s.Counters.APIRefused += st.apiRefused[i].Load()
+	}
 	return s
 }
 

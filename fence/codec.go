@@ -1,6 +1,7 @@
 package fence
 
 import (
+	"errors"
 	"fmt"
 	"reflect"
 
@@ -150,6 +151,10 @@ func DecodeBody(b cbor.RawMessage, v any) error {
 		return fmt.Errorf("%w: %w: body %d bytes, limit %d", ErrInvalid, ErrTooLarge, len(b), MaxBodySize)
 	}
 	if err := decMode.Unmarshal(b, v); err != nil {
+		var uf *cbor.UnknownFieldError
+		if errors.As(err, &uf) {
+			return fmt.Errorf("%w: decode body: %w", ErrInvalid, unknownField(b, v, uf.Index))
+		}
 		return fmt.Errorf("%w: decode body: %v", ErrInvalid, err)
 	}
 	return nil

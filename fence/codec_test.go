@@ -885,3 +885,55 @@ func TestMarshalAckRejects(t *testing.T) {
 		})
 	}
 }
+
+// strictBody is a typed body for the unknown-field tests: a nested struct
+// too, so that a key unknown inside it is named with its place.
+type strictBody struct {
+	Setpoint *float64 `cbor:"setpoint"`
+	Mode     string   `cbor:"mode"`
+	In       struct {
+		Level int `cbor:"level"`
+		Deep  struct {
+			Y int `cbor:"y"`
+		} `cbor:"deep"`
+	} `cbor:"in"`
+}
+
+// unknownFieldCases are bodies with a key strictBody does not have, and
+// what DecodeBody's error must say; FuzzDecodeBody's seeds.
+func unknownFieldCases() []struct {
+	name string
+	in   any
+	want string
+} {
+	return []struct {
+		name string
+		in   any
+		want string
+	}{
+		{"first", map[string]any{"foo": 1}, `unknown field "foo"`},
+		{"after known ones", map[string]any{"mode": "heat", "setpoint": 21.5, "zzz": true}, `unknown field "zzz"`},
+		{"integer key", map[any]any{"mode": "heat", 7: 1}, `unknown field "7"`},
+		{"nested", map[string]any{"mode": "heat", "in": map[string]any{"level": 1, "lvl": 2}}, `unknown field "lvl" in "in"`},
+		{"two levels down", map[string]any{"in": map[string]any{"level": 1, "deep": map[string]any{"y": 2, "x": 1}}}, `unknown field in "in" (map element index 0)`},
+	}
+}
+
+// An unknown key in a body is refused naming the key, not only its index in
+// the map (issue 11, finding 4), at the top level and in a nested map.
+func TestDecodeBodyNamesUnknownField(t *testing.T) {
+	for _, tc := range unknownFieldCases() {
+		t.Run(tc.name, func(t *testing.T) {
+			b, err := fence.EncodeBody(tc.in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var v strictBody
+			err = fence.DecodeBody(b, &v)
+			uf, ok := errors.AsType[*fence.UnknownFieldError](err)
+			if !errors.Is(err, fence.ErrInvalid) || !ok || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("DecodeBody: %v (%#v); want ErrInvalid and an UnknownFieldError saying %s", err, uf, tc.want)
+			}
+		})
+	}
+}

@@ -115,3 +115,29 @@ func FuzzUnmarshalAck(f *testing.F) {
 		}
 	})
 }
+
+// FuzzDecodeBody: any input into a typed body is decoded or refused with
+// ErrInvalid, and an unknown key is always reported (named when found).
+func FuzzDecodeBody(f *testing.F) {
+	for _, c := range unknownFieldCases() {
+		b, err := fence.EncodeBody(c.in)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add([]byte(b))
+	}
+	f.Add([]byte{0xbb, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}) // a map claiming 2^64-1 pairs
+	f.Fuzz(func(t *testing.T, in []byte) {
+		var v strictBody
+		err := fence.DecodeBody(in, &v)
+		if err == nil {
+			return
+		}
+		if !errors.Is(err, fence.ErrInvalid) {
+			t.Fatalf("error %v does not wrap ErrInvalid", err)
+		}
+		if uf, ok := errors.AsType[*fence.UnknownFieldError](err); ok && uf.Error() == "" {
+			t.Fatal("empty UnknownFieldError")
+		}
+	})
+}

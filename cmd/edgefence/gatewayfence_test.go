@@ -48,7 +48,7 @@ func TestHomeGatewayBridge(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	r := edgefence(t, "send", "--socket", sock, "plc-1", "write_register", `{"addr": 3, "value": 4242}`)
+	r := edgefence(t, "send", "--json", "--socket", sock, "plc-1", "write_register", `{"addr": 3, "value": 4242}`)
 	if res := sendResult(t, r); r.code != 0 || res.Verdict != "accepted" {
 		t.Fatalf("write_register: %+v\n%s", res, r)
 	}

@@ -3,7 +3,7 @@
 //	edgefence run [--config FILE]          run the agent (systemd Type=notify)
 //	edgefence status [--json]              the running agent: session, links, devices, counters
 //	edgefence devices [--json]             the running agent's devices: state, token, fence, outbox, verdicts
-//	edgefence send DEVICE KIND [JSON]      issue one command via the running agent; prints the verdict
+//	edgefence send DEVICE KIND [JSON]      issue one command via the running agent; prints the verdict (--json)
 //	edgefence fence list|show [--json]     the gateway's fence table
 //	edgefence outbox list|show [--json]    the agent's outbox: queued commands and terminal states
 //	edgefence twin get|set|watch [--json]  a device's twin in etcd
@@ -11,9 +11,10 @@
 //	edgefence version [--json]
 //	edgefence help [COMMAND]
 //
-// Exit status, for scripts: 0 ok; 1 error; 2 usage; 3 send: a verdict other
-// than accepted; 4 send: queued, no verdict yet; 5 twin set: version
-// conflict; 6 the agent is not running or not reachable on its socket.
+// Exit status, for scripts: 0 ok (send: accepted or duplicate — the device
+// applied the command, once); 1 error; 2 usage; 3 send: the device refused
+// the command (stale, invalid); 4 send: queued, no verdict yet; 5 twin set:
+// version conflict; 6 the agent is not running or not reachable on its socket.
 package main
 
 import (
@@ -34,7 +35,6 @@ import (
 	"time"
 
 	"github.com/edgefence/edgefence/agent"
-	"github.com/edgefence/edgefence/fence"
 )
 
 // version and commit are set at build time with -ldflags
@@ -101,10 +101,11 @@ socket with --socket PATH, or --config FILE (its api.socket), or
 $EDGEFENCE_SOCKET, or ` + agent.DefaultSocket + `.
 
 exit status:
-  0  ok
+  0  ok (send: the device applied the command: accepted, or duplicate —
+     it had already applied this very command and did not apply it again)
   1  error (the message says which)
   2  usage: unknown command or flag, wrong arguments
-  3  send: the device's verdict is not accepted (duplicate, stale, invalid)
+  3  send: the device refused the command (stale, invalid)
   4  send: queued in the agent's outbox, no verdict yet
   5  twin set --if-version: conflict, desired moved on
   6  the agent is not running or not reachable on its socket
@@ -117,7 +118,7 @@ const (
 	exitOK          = 0
 	exitFailure     = 1
 	exitUsage       = 2
-	exitVerdict     = 3 // send: a verdict other than accepted
+	exitVerdict     = 3 // send: the device refused the command (stale, invalid)
 	exitQueued      = 4 // send: stored in the outbox, no verdict yet
 	exitUnreachable = 6 // no agent answers on the socket
 )
@@ -342,80 +343,6 @@ func printStatus(w io.Writer, st *agent.Status) {
 		fmt.Fprintf(w, "twins %s: %d desired changes, %d twin.set sent (%d refused), reported %d written, %d fenced, %d queued, %d device reports, %d errors\n",
 			watch, t.Events, t.Sent, t.Refused, t.Written, t.Fenced, t.Queued, t.Reports, t.Errors)
 	}
-}
-
-func cmdSend(args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("send", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	sock := socketFlags(fs)
-	timeout := fs.Duration("timeout", 30*time.Second, "give up after this long")
-	noWait := fs.Bool("no-wait", false, "return once the command is stored in the agent's outbox (exit 4), without waiting for the device's verdict")
-	// The result is JSON in any case; --json is accepted so that scripts
-	// can pass it to every command alike.
-	fs.Bool("json", true, "print the result as JSON (the only format of send)")
-	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), `usage: edgefence send [flags] DEVICE KIND [JSON-BODY]
-
-Exit status: 0 accepted by the device; 3 another verdict (duplicate, stale,
-invalid); 4 queued: stored in the agent's outbox without a verdict yet (it is
-delivered when it can be: see edgefence outbox show ID); 1 refused (not the
-holder, unknown device, outbox full) or failed; 2 usage; 6 no agent answers
-on the socket. The result is printed as JSON on stdout.`)
-		fs.PrintDefaults()
-	}
-	if err := parseFlags(fs, args, -1); err != nil {
-		return err
-	}
-	if fs.NArg() < 2 || fs.NArg() > 3 {
-		fs.Usage()
-		return exitError{2}
-	}
-	var body json.RawMessage
-	if fs.NArg() == 3 {
-		body = json.RawMessage(fs.Arg(2))
-		if !json.Valid(body) {
-			return fmt.Errorf("body is not valid JSON: %s", fs.Arg(2))
-		}
-	}
-	path, err := sock()
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
-	defer cancel()
-	api := agent.NewAPIClient(path)
-	send := api.Send
-	if *noWait {
-		send = api.Enqueue
-	}
-	res, err := send(ctx, fs.Arg(0), fs.Arg(1), body)
-	if res != nil {
-		enc := json.NewEncoder(stdout)
-		_ = enc.Encode(res)
-		if res.Verdict != "" {
-			var v fence.Verdict
-			if v.UnmarshalText([]byte(res.Verdict)) == nil && v != fence.Accepted {
-				return exitError{exitVerdict} // a verdict other than accepted
-			}
-			return nil
-		}
-		if res.Queued {
-			if res.Error != "" {
-				fmt.Fprintf(stderr, "edgefence: no verdict yet; queued as %s (edgefence outbox show %s)\n", res.ID, res.ID)
-			}
-			return exitError{exitQueued}
-		}
-		// No verdict: the agent refused (unknown device, not the holder,
-		// outbox full). The JSON on stdout says so for scripts; say it
-		// on stderr for people.
-		if res.Error != "" {
-			fmt.Fprintln(stderr, "edgefence:", res.Error)
-		} else if err != nil {
-			fmt.Fprintln(stderr, "edgefence:", err)
-		}
-		return exitError{1}
-	}
-	return err
 }
 
 func newLogger(c agent.LogConfig, w *os.File) *slog.Logger {

@@ -362,7 +362,7 @@ func TestOutboxRunningAgent(t *testing.T) {
 	cfg, sock := e.config("gw-1", 10*time.Second)
 	p := e.startAgent("gw-1", cfg)
 	e.waitHolding(p, sock)
-	r := edgefence(t, "send", "--socket", sock, "dev-1", "set", `{"setpoint":22}`)
+	r := edgefence(t, "send", "--json", "--socket", sock, "dev-1", "set", `{"setpoint":22}`)
 	if res := sendResult(t, r); r.code != 0 || res.Verdict != "accepted" {
 		t.Fatalf("send: %+v\n%s", res, r)
 	}

@@ -18,7 +18,7 @@ import (
 	"github.com/edgefence/edgefence/fence"
 )
 
-// sendResult parses the JSON line `edgefence send` prints.
+// sendResult parses the JSON `edgefence send --json` prints.
 func sendResult(t *testing.T, r result) agent.SendResult {
 	t.Helper()
 	var res agent.SendResult
@@ -45,7 +45,7 @@ func TestRunStatusSend(t *testing.T) {
 	}
 
 	t.Run("send accepted", func(t *testing.T) {
-		r := edgefence(t, "send", "--socket", sock, "dev-1", "set", `{"setpoint":22}`)
+		r := edgefence(t, "send", "--json", "--socket", sock, "dev-1", "set", `{"setpoint":22}`)
 		res := sendResult(t, r)
 		if r.code != 0 || res.Verdict != "accepted" || res.Device != "dev-1" || res.Seq != 1 || res.Token != uint64(st.Devices[0].Token) {
 			t.Fatalf("got %+v, want accepted seq 1 under token %d\n%s", res, st.Devices[0].Token, r)
@@ -53,14 +53,14 @@ func TestRunStatusSend(t *testing.T) {
 		if s, err := e.fleet.State("dev-1"); err != nil || s.Setpoint != 22 {
 			t.Fatalf("device state %+v, %v: want setpoint 22", s, err)
 		}
-		r = edgefence(t, "send", "--config", cfg, "dev-1", "set", `{"setpoint":23}`)
+		r = edgefence(t, "send", "--json", "--config", cfg, "dev-1", "set", `{"setpoint":23}`)
 		if res := sendResult(t, r); r.code != 0 || res.Verdict != "accepted" || res.Seq != 2 {
 			t.Fatalf("second send: %+v, want accepted seq 2\n%s", res, r)
 		}
 	})
 
 	t.Run("bad body is invalid", func(t *testing.T) {
-		r := edgefence(t, "send", "--socket", sock, "dev-2", "set", `{"mode":"warp"}`)
+		r := edgefence(t, "send", "--json", "--socket", sock, "dev-2", "set", `{"mode":"warp"}`)
 		res := sendResult(t, r)
 		if r.code != 3 || res.Verdict != "invalid" || res.Ack == nil || res.Ack.Verdict != fence.Invalid {
 			t.Fatalf("got %+v, want verdict invalid and exit 3\n%s", res, r)
@@ -71,7 +71,7 @@ func TestRunStatusSend(t *testing.T) {
 	})
 
 	t.Run("send --no-wait is queued, then accepted", func(t *testing.T) {
-		r := edgefence(t, "send", "--no-wait", "--socket", sock, "dev-3", "set", `{"setpoint":21}`)
+		r := edgefence(t, "send", "--json", "--no-wait", "--socket", sock, "dev-3", "set", `{"setpoint":21}`)
 		res := sendResult(t, r)
 		if r.code != 4 || !res.Queued || res.ID == "" || res.Verdict != "" || res.Token != uint64(st.Devices[2].Token) {
 			t.Fatalf("got %+v, want queued with an id and exit 4\n%s", res, r)
@@ -93,7 +93,7 @@ func TestRunStatusSend(t *testing.T) {
 	})
 
 	t.Run("unknown device", func(t *testing.T) {
-		r := edgefence(t, "send", "--socket", sock, "dev-9", "set", `{"setpoint":22}`)
+		r := edgefence(t, "send", "--json", "--socket", sock, "dev-9", "set", `{"setpoint":22}`)
 		res := sendResult(t, r)
 		if r.code != 1 || res.Verdict != "" || !strings.Contains(res.Error, "unknown device") {
 			t.Fatalf("got %+v, want an unknown device error and exit 1\n%s", res, r)

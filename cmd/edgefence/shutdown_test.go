@@ -88,7 +88,7 @@ func TestSIGTERMReleasesLocks(t *testing.T) {
 			t.Errorf("%s: gw-b token %d not above gw-a's %d", d.ID, d.Token, stA.Devices[i].Token)
 		}
 	}
-	r = edgefence(t, "send", "--socket", sockB, "dev-1", "set", `{"setpoint":25}`)
+	r = edgefence(t, "send", "--json", "--socket", sockB, "dev-1", "set", `{"setpoint":25}`)
 	if res := sendResult(t, r); r.code != 0 || res.Verdict != "accepted" || res.Token != uint64(stB.Devices[0].Token) {
 		t.Fatalf("gw-b send: %+v\n%s", res, r)
 	}

@@ -28,7 +28,7 @@ func TestStaleSocket(t *testing.T) {
 	if tok, old := st.Devices[0].Token, stA.Devices[0].Token; tok < old || (tok == old && st.Counters.Reattached != 1) {
 		t.Fatalf("token %d after restart (re-attached %d), want %d re-attached or above", tok, st.Counters.Reattached, old)
 	}
-	r := edgefence(t, "send", "--socket", sock, "dev-1", "set", `{"setpoint":22}`)
+	r := edgefence(t, "send", "--json", "--socket", sock, "dev-1", "set", `{"setpoint":22}`)
 	if res := sendResult(t, r); r.code != 0 || res.Verdict != "accepted" {
 		t.Fatalf("send after restart: %+v\n%s", res, r)
 	}
@@ -85,7 +85,7 @@ func TestSocketInUse(t *testing.T) {
 			t.Errorf("%s: %+v, want still holding under token %d", d.ID, d, stA.Devices[i].Token)
 		}
 	}
-	r = edgefence(t, "send", "--socket", sock, "dev-2", "set", `{"setpoint":22}`)
+	r = edgefence(t, "send", "--json", "--socket", sock, "dev-2", "set", `{"setpoint":22}`)
 	if res := sendResult(t, r); r.code != 0 || res.Verdict != "accepted" {
 		t.Fatalf("first agent's send after the second failed: %+v\n%s", res, r)
 	}

@@ -248,7 +248,7 @@ func TestRunTLS(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 		st, _ = status(t, sock)
 	}
-	r := edgefence(t, "send", "--socket", sock, "dev-1", "set", `{"setpoint":22}`)
+	r := edgefence(t, "send", "--json", "--socket", sock, "dev-1", "set", `{"setpoint":22}`)
 	if res := sendResult(t, r); r.code != 0 || res.Verdict != "accepted" || res.Device != "dev-1" {
 		t.Fatalf("send over mqtts: %+v, want accepted\n%s", res, r)
 	}

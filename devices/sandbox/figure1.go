@@ -272,7 +272,7 @@ func (f *figure1) send(ctx context.Context, sock, dev string, setpoint float64) 
 	if f.cfg.Serial {
 		kind, body = legacy.KindWriteRegister, fmt.Sprintf(`{"addr": 0, "value": %g}`, setpoint)
 	}
-	cmd := exec.CommandContext(ctx, f.cfg.AgentBin, "send", "--socket", sock, dev, kind, body)
+	cmd := exec.CommandContext(ctx, f.cfg.AgentBin, "send", "--json", "--socket", sock, dev, kind, body)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()

@@ -13,7 +13,7 @@
 //
 //	set   body: CBOR map with any of "setpoint" (number, -50..150),
 //	      "mode" (text) and "relay" (bool); at least one; anything else,
-//	      or a wrong type, is Invalid
+//	      or a wrong type, is Invalid, with a reason naming the field
 //	ping  no body (or CBOR null); no change but the applied count
 //	twin.set  body: a twin delta from the agent's reconciler, a CBOR map
 //	      with any of "setpoint", "mode" and "relay" (values as for set);

@@ -172,6 +172,9 @@ func parse(env *fence.Envelope) (SetBody, error) {
 	}
 	var set SetBody
 	if err := fence.DecodeBody(env.Body, &set); err != nil {
+		if _, ok := errors.AsType[*fence.UnknownFieldError](err); ok {
+			return SetBody{}, fmt.Errorf("%w: set: %w (a thermostat has %q)", ErrCommand, err, TwinFields)
+		}
 		return SetBody{}, fmt.Errorf("%w: set body: %w", ErrCommand, err)
 	}
 	return checkSet(set)

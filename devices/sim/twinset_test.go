@@ -69,3 +69,23 @@ func TestTwinSet(t *testing.T) {
 		})
 	}
 }
+
+// A set command with a field a thermostat does not have is refused naming
+// the field and the ones it has (issue 11, finding 4: the reason was
+// "cbor: found unknown field at map element index 0").
+func TestSetNamesUnknownField(t *testing.T) {
+	h := openHost(t, filepath.Join(t.TempDir(), "dev.db"), sim.HostConfig{})
+	for i, tc := range []struct {
+		body  map[string]any
+		field string
+	}{
+		{map[string]any{"foo": 1}, "foo"},
+		{map[string]any{"mode": "heat", "setpoint": 21.0, "zzz": true}, "zzz"},
+	} {
+		out := h.Handle("dev-1", cmd(t, "dev-1", 5, uint64(i+1), sim.KindSet, tc.body))
+		if out.Ack.Verdict != fence.Invalid || out.Applied || !strings.Contains(out.Ack.Reason, `unknown field "`+tc.field+`"`) ||
+			strings.Contains(out.Ack.Reason, "index") || !strings.Contains(out.Ack.Reason, `"setpoint" "mode" "relay"`) {
+			t.Fatalf("set %v: %+v, want Invalid naming %q and a thermostat's fields", tc.body, out.Ack, tc.field)
+		}
+	}
+}
