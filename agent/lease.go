@@ -19,6 +19,7 @@ import (
 // session and campaigns again. On return (ctx done) it has released every
 // lock it held and revoked its lease. Run returns nil on a clean shutdown.
 func (a *Agent) Run(ctx context.Context) error {
+	defer a.startTails(ctx)() // tail.go: the lease-threat meters
 	if a.outbox != nil {
 		octx, cancel := context.WithCancel(ctx)
 		done := make(chan struct{})
@@ -226,7 +227,7 @@ func (a *Agent) dropSession(lease clientv3.LeaseID) {
 			a.log.Warn("lease lost", "device", d.id, "token", d.ctl.token, "reason", "etcd session lost", "holder", a.cfg.Gateway)
 			d.ctl.lost.Store(true)
 			d.ctl = nil
-			d.state, d.since = StateLost, a.now()
+			d.setStateLocked(StateLost, "etcd session lost", a.now())
 		} else if d.ctl == nil {
 			d.state, d.since = StateCampaigning, a.now()
 		}
@@ -367,7 +368,7 @@ func (a *Agent) install(ctx context.Context, d *device, token fence.Token, key s
 		// cluster was rebuilt from an old snapshot. Commanding would be
 		// refused at best; say why and hold off (README: recovery).
 		a.stats.regressions.Add(1)
-		a.setState(d, nil, StateRefused)
+		a.setStateReason(d, nil, StateRefused, fmt.Sprintf("token regression: etcd granted token %d, not above %d held before (README, token regression)", token, maxToken))
 		a.log.Error("lease refused", "device", d.id, "token", token,
 			"reason", "token regression: etcd granted a token not above one held before; not commanding this device (see README, token regression)",
 			"holder", a.cfg.Gateway, "max_held", maxToken, "key", key)
