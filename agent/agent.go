@@ -111,7 +111,9 @@ type Agent struct {
 	sessions  uint64           // sessions opened so far
 	sessionUp bool
 
-	stats counters
+	stats   counters
+	reports stateReports // malformed device state reports (statereport.go)
+	tails   *tails       // the lease-threat meters (tail.go)
 
 	// Liveness and readiness for the service manager (systemd.go).
 	beatAt       atomic.Int64  // a.now() in Unix ns at the Run loop's last heartbeat; 0 before Run
@@ -145,6 +147,7 @@ type device struct {
 	since    time.Time
 	maxToken fence.Token // highest token this agent ever held for the device (durable with an outbox)
 	lastAck  *fence.Ack
+	reason   stateReason // why the device is in its state (lost, refused): setStateReason
 	last     *controller // the last controller installed, kept after it is dropped
 	autonomy bool        // the session is lost and ctl carries on under the autonomous policy
 
@@ -154,7 +157,6 @@ type device struct {
 	deposedAt          fence.Token // highest token of ours a fence point refused as stale
 
 	// The lease's story for an operator (status.go).
-	reason    string      // why the device is lost or refused; "" while holding
 	fenceMark fence.Token // highest token a fence point of the device said it holds (stale acks)
 	refusals  int         // locks released after a refusal since the last accepted command: the backoff's exponent
 	holder    holderInfo  // the lock's owner while another session holds it
@@ -162,6 +164,9 @@ type device struct {
 	// verdicts counts the device's commands that ended, per verdict
 	// (verdictNames order): edgefence_device_commands_total.
 	verdicts [len(verdictNames)]atomic.Uint64
+	// superseded counts the device's commands ended stale by the agent,
+	// never sent (commands_superseded per device).
+	superseded atomic.Uint64
 }
 
 // verdictNames are the terminal verdicts the agent counts, globally and
@@ -217,6 +222,11 @@ func New(cfg *Config, cli *clientv3.Client, s Sender, o Options) (*Agent, error)
 	}
 	if a.log == nil {
 		a.log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	a.tails = newTails()
+	if a.outbox != nil && !a.outbox.ReadOnly() {
+		a.tails.fsyncOn = true
+		a.outbox.ObserveCommits(a.tails.observeFsync)
 	}
 	if a.now == nil {
 		a.now = time.Now
@@ -408,6 +418,43 @@ func (a *Agent) logVerdict(d *device, env *fence.Envelope, ack *fence.Ack, local
 	}
 	a.log.Warn("command refused", "device", d.id, "token", env.Token, "reason", reason, "verdict", ack.Verdict,
 		"seq", env.Seq, "id", env.ID, "kind", env.Kind, "fence_token", ack.MaxToken, "sent", !local)
+}
+
+// setStateReason records a device state change if ctl is still the
+// device's controller (or ctl is nil), with the reason the device entered
+// it (lost, refused), which Status shows while the device stays in it.
+func (a *Agent) setStateReason(d *device, ctl *controller, state, reason string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if ctl != nil && d.ctl != ctl {
+		return
+	}
+	d.setStateLocked(state, reason, a.now())
+}
+
+// setStateLocked moves d to state, giving the reason; d.mu is held. A
+// reason belongs to the state and the moment it was given (stateReason),
+// so the places that set d.state directly need not clear it.
+func (d *device) setStateLocked(state, reason string, now time.Time) {
+	if d.state != state {
+		d.state, d.since = state, now
+	}
+	d.reason = stateReason{state: state, since: d.since, text: reason}
+}
+
+// stateReason is why a device entered a state.
+type stateReason struct {
+	state string
+	since time.Time
+	text  string
+}
+
+// current returns the reason if it was given for d's current state.
+func (r stateReason) current(d *device) string {
+	if r.state != d.state || !r.since.Equal(d.since) {
+		return ""
+	}
+	return r.text
 }
 
 func newCommandID() string {

@@ -21,6 +21,7 @@ import (
 // session and campaigns again. On return (ctx done) it has released every
 // lock it held and revoked its lease. Run returns nil on a clean shutdown.
 func (a *Agent) Run(ctx context.Context) error {
+	defer a.startTails(ctx)() // tail.go: the lease-threat meters
 	if a.outbox != nil {
 		octx, cancel := context.WithCancel(ctx)
 		done := make(chan struct{})
@@ -299,7 +300,7 @@ func (a *Agent) dropSession(lease clientv3.LeaseID) {
 				// Keep commanding under the last token: the fence point
 				// refuses it once a newer holder reaches the device.
 				d.autonomy = true
-				d.state, d.since = StateAutonomous, a.now()
+				d.setStateLocked(StateAutonomous, "etcd session lost; autonomous policy: commands go on under the last token", a.now())
 				a.log.Warn("lease lost", "device", d.id, "token", d.ctl.token,
 					"reason", "etcd session lost; autonomous policy: commands go on under the last token", "holder", a.cfg.Gateway)
 				d.mu.Unlock()
@@ -308,7 +309,7 @@ func (a *Agent) dropSession(lease clientv3.LeaseID) {
 			a.log.Warn("lease lost", "device", d.id, "token", d.ctl.token, "reason", "etcd session lost", "holder", a.cfg.Gateway)
 			d.ctl.lost.Store(true)
 			d.ctl = nil
-			d.state, d.since = StateLost, a.now()
+			d.setStateLocked(StateLost, "etcd session lost", a.now())
 		} else if d.ctl == nil {
 			d.state, d.since = StateCampaigning, a.now()
 		}
@@ -352,7 +353,9 @@ func (a *Agent) campaign(ctx context.Context, sess *concurrency.Session, d *devi
 	backoff := newBackoff(50*time.Millisecond, 2*time.Second)
 	d.mu.Lock()
 	if (d.ctl == nil || d.ctl.lost.Load()) && d.state != StateRefused && d.state != StateCampaigning {
-		d.state, d.since = StateCampaigning, a.now()
+		// Keep saying why the device is campaigning again (deposed,
+		// session lost).
+		d.setStateLocked(StateCampaigning, d.reason.current(d), a.now())
 	}
 	d.mu.Unlock()
 	// The campaign starts holding one of the session's slots; it gives the
@@ -512,7 +515,7 @@ func (a *Agent) install(ctx context.Context, d *device, token fence.Token, key s
 	}
 	d.last, d.autonomy = d.ctl, false
 	d.maxToken = token
-	d.state, d.since, d.reason = StateHolding, a.now(), ""
+	d.setStateLocked(StateHolding, "", a.now())
 	d.holder = holderInfo{}
 	a.stats.acquired.Add(1)
 	reason := "acquired"
@@ -546,10 +549,7 @@ func (a *Agent) refuse(d *device, token fence.Token, reason string, regression b
 	}
 	d.mu.Lock()
 	again := regression && d.state == StateRefused
-	if d.state != state {
-		d.state, d.since = state, a.now()
-	}
-	d.reason = reason
+	d.setStateLocked(state, reason, a.now())
 	maxHeld, mark, n := d.maxToken, d.fenceMark, d.refusals
 	d.mu.Unlock()
 	msg, level := "lease refused", slog.LevelError

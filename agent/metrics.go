@@ -128,7 +128,7 @@ type agentCollector struct {
 	acquisitions, losses, regressions, reattached, released                 *prometheus.Desc
 	commands, sent, noAck, sendErrors, queued, resent, reissued, superseded *prometheus.Desc
 	outboxPending, outboxPendingTotal, outboxPendingBytes, outboxOldestAge  *prometheus.Desc
-	outboxFull, outboxErrors                                                *prometheus.Desc
+	outboxFull, outboxErrors, stateMalformed                                *prometheus.Desc
 	etcdUp, etcdSessions, mqttConnected, mqttReconnects                     *prometheus.Desc
 	tableCommands, bridgeErrors                                             *prometheus.Desc
 	twinEvents, twinSent, twinWritten, twinFenced, twinRefused              *prometheus.Desc
@@ -170,6 +170,7 @@ func newAgentCollector(a *Agent, version string) *agentCollector {
 		outboxDeviceOldestAge: d("outbox_device_oldest_pending_age_seconds", "Age of the oldest pending command of the device, the head of its queue (only devices with pending commands).", "device"),
 		outboxFull:            d("outbox_full_total", "Commands refused because an outbox limit was reached."),
 		outboxErrors:          d("outbox_errors_total", "Outbox reads or writes that failed."),
+		stateMalformed:        d("state_reports_malformed_total", "Device state reports (MQTT state topic) that did not decode and were dropped."),
 
 		etcdUp:         d("etcd_session_up", "1 while the agent's etcd session is open."),
 		etcdSessions:   d("etcd_sessions_total", "etcd sessions opened since start."),
@@ -202,10 +203,12 @@ func (c *agentCollector) Describe(ch chan<- *prometheus.Desc) {
 		c.commands, c.sent, c.noAck, c.sendErrors, c.queued, c.resent, c.reissued, c.superseded,
 		c.outboxPending, c.outboxPendingTotal, c.outboxPendingBytes, c.outboxOldestAge, c.outboxFull, c.outboxErrors,
 		c.etcdUp, c.etcdSessions, c.mqttConnected, c.mqttReconnects, c.tableCommands, c.bridgeErrors,
-		c.twinEvents, c.twinSent, c.twinWritten, c.twinFenced, c.twinRefused, c.twinQueued, c.twinErrors, c.twinReports, c.twinWatching} {
+		c.twinEvents, c.twinSent, c.twinWritten, c.twinFenced, c.twinRefused, c.twinQueued, c.twinErrors, c.twinReports, c.twinWatching,
+		c.stateMalformed} {
 		ch <- d
 	}
 	ch <- c.apiRefused
+	c.a.tails.describe(ch)
 }
 
 // Collect implements prometheus.Collector: one Status snapshot per scrape.
@@ -265,6 +268,7 @@ func (c *agentCollector) Collect(ch chan<- prometheus.Metric) {
 	for i, why := range apiRefusals {
 		counter(c.apiRefused, c.a.stats.apiRefused[i].Load(), why)
 	}
+	c.a.tails.collect(ch, s.LeaseTail)
 
 	if ob := c.a.outbox; ob != nil {
 		for _, d := range s.Devices {
@@ -318,6 +322,7 @@ func (c *agentCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.twinErrors, t.Errors)
 		counter(c.twinReports, t.Reports)
 		gauge(c.twinWatching, b2f(t.Watching))
+		counter(c.stateMalformed, n.StateMalformed) // state reports are read only with twins on
 	}
 }
 

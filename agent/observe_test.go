@@ -19,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/edgefence/edgefence/agent/bridge"
 	"github.com/edgefence/edgefence/devices/sandbox"
 	"github.com/edgefence/edgefence/devices/sim"
@@ -555,6 +557,12 @@ func TestDashboardAndDocsMatchScrape(t *testing.T) {
 	used := map[string][]string{} // metric → where
 	use := func(where, expr string) {
 		for _, n := range metricName.FindAllString(expr, -1) {
+			// A histogram's series are its family's name plus a suffix.
+			for _, suf := range []string{"_bucket", "_sum", "_count"} {
+				if base, ok := strings.CutSuffix(n, suf); ok && mf[n] == nil && mf[base].GetType() == dto.MetricType_HISTOGRAM {
+					n = base
+				}
+			}
 			used[n] = append(used[n], where)
 		}
 	}

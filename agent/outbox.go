@@ -217,6 +217,7 @@ func (a *Agent) deliver(ctx context.Context, d *device) {
 				ack := &fence.Ack{V: fence.Version, Device: d.id, ID: e.Envelope.ID, Token: e.Envelope.Token, Seq: e.Envelope.Seq,
 					Verdict: fence.Stale, Reason: "superseded: another session holds the lock; never sent"}
 				a.stats.superseded.Add(1)
+				d.superseded.Add(1)
 				if !a.settle(d, e, ack, true) && !sleepCtx(ctx, backoff.next()) {
 					break
 				}
@@ -367,11 +368,7 @@ func (a *Agent) deposed(d *device, ctl *controller, env *fence.Envelope, ack *fe
 	if !counted {
 		a.stats.lost.Add(1)
 	}
-	d.mu.Lock()
-	if d.ctl == ctl {
-		d.state, d.since, d.reason = StateLost, a.now(), reason
-	}
-	d.mu.Unlock()
+	a.setStateReason(d, ctl, StateLost, reason)
 	a.recampaign(d, ctl.token, ctl.key, ctl.lease, true)
 }
 
@@ -448,13 +445,16 @@ func (a *Agent) expire() {
 	}
 	for _, x := range ended {
 		a.stats.expired.Add(1)
-		if d := a.devices[x.Device]; d != nil {
-			d.verdicts[verdictIndex(fence.Expired)].Add(1)
-		}
 		env := &fence.Envelope{Device: x.Device, ID: x.ID, Token: x.Token, Seq: x.Seq, Kind: x.Kind}
 		a.record(history.OpTerminal, env, fence.Expired.String(), "time to live passed before it was sent")
 		ack := &fence.Ack{V: fence.Version, Device: x.Device, ID: x.ID, Token: x.Token, Seq: x.Seq, Verdict: fence.Expired,
 			Reason: "time to live passed before it was sent"}
+		if d := a.devices[x.Device]; d != nil {
+			d.verdicts[verdictIndex(fence.Expired)].Add(1)
+			d.mu.Lock()
+			d.lastAck = ack // the last verdict shown is the last command that ended
+			d.mu.Unlock()
+		}
 		a.notify(x.ID, ack)
 		a.log.Warn("command refused", "device", x.Device, "token", x.Token, "reason", ack.Reason, "verdict", fence.Expired,
 			"seq", x.Seq, "id", x.ID, "kind", x.Kind, "sent", false)

@@ -476,6 +476,15 @@ func TestRestartedAgentEndsQueueHeldElsewhere(t *testing.T) {
 	// The head was resent and refused, the two others superseded (the
 	// verdict is counted just after the entry is resolved).
 	waitFor(t, "counters", func() bool { c := a2.Status().Counters; return c.Superseded == 2 && c.Stale == 1 })
+	// Per device too (issue 11, finding 5): the table's stale column and
+	// the last verdict agree, and the last one is marked never sent.
+	d := a2.Status().Devices[0]
+	if v := d.Verdicts; v.Stale != 1 || v.Superseded != 2 {
+		t.Errorf("d1 verdicts %+v, want stale 1 (the fence point's) and superseded 2", v)
+	}
+	if la := d.LastAck; la == nil || la.Verdict != fence.Stale || !la.Unsent {
+		t.Errorf("d1 last verdict %+v, want stale, unsent", la)
+	}
 }
 
 // TestResendAfter: an unanswered command is sent again after 1 s, 2 s,

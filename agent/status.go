@@ -16,6 +16,8 @@ type Status struct {
 	Twins     *TwinStats     `json:"twins,omitempty"`  // the twin reconciler's counters, when it is on
 	Devices   []DeviceStatus `json:"devices"`
 	Counters  Counters       `json:"counters"`
+	// LeaseTail: what threatens the lease, measured (tail.go).
+	LeaseTail TailStatus `json:"lease_tail"`
 }
 
 // EtcdStatus describes the agent's session.
@@ -32,17 +34,15 @@ type DeviceStatus struct {
 	ID       string      `json:"id"`
 	State    string      `json:"state"`
 	Since    time.Time   `json:"since"`
-	Token    fence.Token `json:"token,omitempty"` // current token while holding
-	Seq      uint64      `json:"seq,omitempty"`   // last seq issued under it
+	Reason   string      `json:"reason,omitempty"` // why the device entered its state (lost, refused, campaigning again); empty while holding
+	Token    fence.Token `json:"token,omitempty"`  // current token while holding
+	Seq      uint64      `json:"seq,omitempty"`    // last seq issued under it
 	LockKey  string      `json:"lock_key,omitempty"`
 	MaxToken fence.Token `json:"max_token_held,omitempty"`
 	// FenceToken is the highest token a fence point of the device said it
 	// holds (in a stale verdict): the figure the token regression runbook
 	// needs.
 	FenceToken fence.Token `json:"fence_token,omitempty"`
-	// Reason says why the device is lost or refused, or why the last
-	// acquisition was refused; empty while holding.
-	Reason string `json:"reason,omitempty"`
 	// Holder is who holds the device's lock while another session does.
 	Holder  *HolderStatus `json:"holder,omitempty"`
 	LastAck *AckStatus    `json:"last_ack,omitempty"`
@@ -52,7 +52,8 @@ type DeviceStatus struct {
 	Queued  int           `json:"queued,omitempty"` // commands pending in the outbox
 	Oldest  time.Time     `json:"oldest,omitzero"`  // creation time of the oldest pending command
 	// Verdicts counts the device's commands that ended, by verdict (the
-	// per-device split of Counters' acks_* and commands_expired).
+	// per-device split of Counters' acks_*, commands_expired and
+	// commands_superseded).
 	Verdicts VerdictCounts `json:"verdicts"`
 	// TwinDelta is the number of leaf fields in the device's twin delta
 	// (desired not yet in reported) at the reconciler's last look; set
@@ -78,6 +79,10 @@ type VerdictCounts struct {
 	Stale     uint64 `json:"stale,omitempty"`
 	Invalid   uint64 `json:"invalid,omitempty"`
 	Expired   uint64 `json:"expired,omitempty"`
+	// Superseded are commands the agent ended stale itself, never sent
+	// (strict devices, once another session held the lock); Stale counts
+	// only the fence point's stale verdicts.
+	Superseded uint64 `json:"superseded,omitempty"`
 }
 
 // AckStatus is an Ack in JSON form.
@@ -89,6 +94,10 @@ type AckStatus struct {
 	MaxToken fence.Token   `json:"max_token"`
 	LastSeq  uint64        `json:"last_seq"`
 	Reason   string        `json:"reason,omitempty"`
+	// Unsent: the agent ended the command itself without sending it
+	// (expired, superseded); no fence point answered, so MaxToken and
+	// LastSeq say nothing about the device.
+	Unsent bool `json:"unsent,omitempty"`
 }
 
 // NewAckStatus converts an Ack for JSON output.
@@ -96,7 +105,18 @@ func NewAckStatus(a *fence.Ack) *AckStatus {
 	if a == nil {
 		return nil
 	}
-	return &AckStatus{ID: a.ID, Verdict: a.Verdict, Token: a.Token, Seq: a.Seq, MaxToken: a.MaxToken, LastSeq: a.LastSeq, Reason: a.Reason}
+	return &AckStatus{ID: a.ID, Verdict: a.Verdict, Token: a.Token, Seq: a.Seq, MaxToken: a.MaxToken, LastSeq: a.LastSeq, Reason: a.Reason,
+		Unsent: EndedUnsent(a)}
+}
+
+// EndedUnsent reports whether ack is one the agent made for a command it
+// ended itself, without sending it: expired (its time to live passed in
+// the outbox) or stale because another session's lock superseded it. No
+// fence point gives either: fence.Admit answers stale only with a mark
+// above the command's token (which is at least 1), so a stale ack with
+// MaxToken 0 is the agent's, and expired is never a fence point's verdict.
+func EndedUnsent(ack *fence.Ack) bool {
+	return ack.Verdict == fence.Expired || (ack.Verdict == fence.Stale && ack.MaxToken == 0)
 }
 
 // Counters are the agent's running totals (they double as metrics).
@@ -125,6 +145,9 @@ type Counters struct {
 	// malformed, a body CBOR cannot carry, an unknown device); by reason in
 	// edgefence_api_requests_refused_total.
 	APIRefused uint64 `json:"api_requests_refused"`
+	// Device state reports (MQTT state topic, twins on) that did not
+	// decode and were dropped.
+	StateMalformed uint64 `json:"state_reports_malformed"`
 }
 
 // transportStatus is implemented by senders that can describe themselves.
@@ -141,6 +164,7 @@ func (a *Agent) Status() Status {
 		s.Etcd.Lease = fmt.Sprintf("%x", int64(a.lease))
 	}
 	a.mu.Unlock()
+	s.LeaseTail = a.tails.status(a.cfg.Etcd.LeaseTTL, time.Now())
 	if ts, ok := a.sender.(transportStatus); ok {
 		s.Transport = ts.Status()
 	}
@@ -163,8 +187,8 @@ func (a *Agent) Status() Status {
 	for _, id := range a.order {
 		d := a.devices[id]
 		d.mu.Lock()
-		ds := DeviceStatus{ID: id, State: d.state, Since: d.since, MaxToken: d.maxToken, LastAck: NewAckStatus(d.lastAck), Policy: d.policy,
-			Fence: d.fence, Home: d.home, FenceToken: d.fenceMark, Reason: d.reason}
+		ds := DeviceStatus{ID: id, State: d.state, Since: d.since, Reason: d.reason.current(d), MaxToken: d.maxToken, LastAck: NewAckStatus(d.lastAck),
+			Policy: d.policy, Fence: d.fence, Home: d.home, FenceToken: d.fenceMark}
 		if h := d.holder; h.key != "" && (d.ctl == nil || d.ctl.lost.Load()) {
 			ds.Holder = &HolderStatus{Gateway: h.gateway, Token: h.token, Key: h.key, Since: h.since}
 		}
@@ -188,7 +212,8 @@ func (a *Agent) Status() Status {
 			ds.Oldest = oldest[id]
 		}
 		v := &d.verdicts
-		ds.Verdicts = VerdictCounts{Accepted: v[0].Load(), Duplicate: v[1].Load(), Stale: v[2].Load(), Invalid: v[3].Load(), Expired: v[4].Load()}
+		ds.Verdicts = VerdictCounts{Accepted: v[0].Load(), Duplicate: v[1].Load(), Stale: v[2].Load(), Invalid: v[3].Load(), Expired: v[4].Load(),
+			Superseded: d.superseded.Load()}
 		if a.twin != nil && ctl != nil && (!ctl.lost.Load() || a.unsafe) {
 			n := a.twin.deltaFields(id)
 			ds.TwinDelta = &n
@@ -200,7 +225,8 @@ func (a *Agent) Status() Status {
 		Accepted: st.accepted.Load(), Duplicate: st.duplicate.Load(), Stale: st.stale.Load(), Invalid: st.inv.Load(),
 		Acquired: st.acquired.Load(), Lost: st.lost.Load(), Regressions: st.regressions.Load(), Released: st.released.Load(),
 		Queued: st.queued.Load(), Resent: st.resent.Load(), Expired: st.expired.Load(), Full: st.full.Load(),
-		Reissued: st.reissued.Load(), OutboxErr: st.outboxErr.Load(), Reattached: st.reattached.Load(), Superseded: st.superseded.Load()}
+		Reissued: st.reissued.Load(), OutboxErr: st.outboxErr.Load(), Reattached: st.reattached.Load(), Superseded: st.superseded.Load(),
+		StateMalformed: a.reports.malformed.Load()}
 	for i := range st.apiRefused {
 		s.Counters.APIRefused += st.apiRefused[i].Load()
 	}

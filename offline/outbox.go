@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/bbolt"
@@ -150,6 +151,20 @@ type Outbox struct {
 	devs    map[string]usage // pending, per device
 	total   usage            // pending, all devices
 	refused uint64           // Appends refused with ErrFull since Open
+
+	commits atomic.Pointer[func(time.Duration)] // ObserveCommits
+}
+
+// ObserveCommits makes the outbox call fn after each write transaction it
+// commits (all but SetHeld's, which go through bbolt's Batch), with the time bbolt spent writing and syncing it (its fsyncs:
+// bbolt's TxStats.WriteTime). fn runs on the writer's goroutine after the
+// file lock is released; it must be quick. nil stops the calls.
+func (ob *Outbox) ObserveCommits(fn func(write time.Duration)) {
+	if fn == nil {
+		ob.commits.Store(nil)
+		return
+	}
+	ob.commits.Store(&fn)
 }
 
 // Open opens (creating if need be) the outbox file at path, or, with
@@ -253,7 +268,17 @@ func (ob *Outbox) update(fn func(tx *bbolt.Tx) error) error {
 	case ob.opts.ReadOnly:
 		return ErrReadOnly
 	}
-	return ob.db.Update(fn)
+	obs := ob.commits.Load()
+	if obs == nil {
+		return ob.db.Update(fn)
+	}
+	return ob.db.Update(func(tx *bbolt.Tx) error {
+		tx.OnCommit(func() {
+			st := tx.Stats()
+			(*obs)(st.GetWriteTime())
+		})
+		return fn(tx)
+	})
 }
 
 // ReadOnly reports whether the outbox was opened with Options.ReadOnly.

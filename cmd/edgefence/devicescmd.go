@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -22,8 +23,15 @@ One row per configured device of the running agent: its state (holding,
 campaigning, lost, autonomous, …), the token it holds, where it is fenced
 (device: the firmware's shim; gateway: its home gateway's table), its
 autonomy policy, the commands pending in the outbox and the age of the
-oldest, and the fence point's verdicts on this agent's commands since start
-(accepted/stale, and duplicate/invalid when any).
+oldest, how this agent's commands to it ended since start, the last one to
+end, and why the device is lost or refused.
+
+ACCEPTED/STALE counts every command that ended so, whoever decided it: STALE
+includes the commands the agent ended stale itself without sending them
+(superseded: another session held the lock), which the parenthesis splits
+out with duplicate, invalid and expired (expired: never sent within its
+time to live) when there are any. LAST VERDICT is the last command that
+ended, by either.
 
 `)
 		fs.PrintDefaults()
@@ -44,7 +52,7 @@ oldest, and the fence point's verdicts on this agent's commands since start
 
 func printDevices(w io.Writer, devs []agent.DeviceStatus, now time.Time) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "DEVICE\tSTATE\tTOKEN\tFENCE\tPOLICY\tPENDING\tOLDEST\tACCEPTED/STALE\tLAST VERDICT")
+	fmt.Fprintln(tw, "DEVICE\tSTATE\tTOKEN\tFENCE\tPOLICY\tPENDING\tOLDEST\tACCEPTED/STALE\tLAST VERDICT\tREASON")
 	for _, d := range devs {
 		tok := "-"
 		if d.Token != 0 {
@@ -58,16 +66,28 @@ func printDevices(w io.Writer, devs []agent.DeviceStatus, now time.Time) {
 		if !d.Oldest.IsZero() {
 			oldest = fmtAge(now.Sub(d.Oldest))
 		}
-		v := d.Verdicts
-		counts := fmt.Sprintf("%d/%d", v.Accepted, v.Stale)
-		if v.Duplicate != 0 || v.Invalid != 0 || v.Expired != 0 {
-			counts += fmt.Sprintf(" (dup %d, inv %d, exp %d)", v.Duplicate, v.Invalid, v.Expired)
-		}
-		last := "-"
-		if d.LastAck != nil {
-			last = fmt.Sprintf("%s (token %d seq %d)", d.LastAck.Verdict, d.LastAck.Token, d.LastAck.Seq)
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", d.ID, d.State, tok, fenceAt, orDash(d.Policy), d.Queued, oldest, counts, last)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", d.ID, d.State, tok, fenceAt, orDash(d.Policy), d.Queued, oldest,
+			verdictCounts(d.Verdicts), lastVerdict(d.LastAck, false), orDash(oneLine(d.Reason)))
 	}
 	_ = tw.Flush()
+}
+
+// verdictCounts is the ACCEPTED/STALE cell: stale counts the fence point's
+// stale verdicts and the agent's superseded commands alike, since both
+// ended stale; the parenthesis splits out the rarer verdicts when any.
+func verdictCounts(v agent.VerdictCounts) string {
+	s := fmt.Sprintf("%d/%d", v.Accepted, v.Stale+v.Superseded)
+	var more []string
+	for _, c := range []struct {
+		name string
+		n    uint64
+	}{{"superseded", v.Superseded}, {"dup", v.Duplicate}, {"inv", v.Invalid}, {"exp", v.Expired}} {
+		if c.n != 0 {
+			more = append(more, fmt.Sprintf("%s %d", c.name, c.n))
+		}
+	}
+	if len(more) > 0 {
+		s += " (" + strings.Join(more, ", ") + ")"
+	}
+	return s
 }

@@ -317,31 +317,33 @@ func printStatus(w io.Writer, st *agent.Status) {
 	}
 	fmt.Fprintf(w, "gateway  %s\netcd     %s  session: %s, %d opened\n", st.Gateway, strings.Join(st.Etcd.Endpoints, ","), sess, st.Etcd.Sessions)
 	if st.Transport != nil {
-		b, _ := json.Marshal(st.Transport)
-		fmt.Fprintf(w, "mqtt     %s\n", b)
+		fmt.Fprintf(w, "mqtt     %s\n", mqttLine(st.Transport))
 	}
+	printTail(w, st.LeaseTail)
 	fmt.Fprintf(w, "\n%-20s %-12s %10s %8s  %s\n", "DEVICE", "STATE", "TOKEN", "SEQ", "LAST VERDICT")
 	for _, d := range st.Devices {
-		last := "-"
-		if d.LastAck != nil {
-			last = fmt.Sprintf("%s (token %d seq %d; fence at %d/%d)", d.LastAck.Verdict, d.LastAck.Token, d.LastAck.Seq, d.LastAck.MaxToken, d.LastAck.LastSeq)
-		}
 		tok := "-"
 		if d.Token != 0 {
 			tok = fmt.Sprint(d.Token)
 		}
-		fmt.Fprintf(w, "%-20s %-12s %10s %8d  %s\n", d.ID, d.State, tok, d.Seq, last)
+		fmt.Fprintf(w, "%-20s %-12s %10s %8d  %s\n", d.ID, d.State, tok, d.Seq, lastVerdict(d.LastAck, true))
+		if d.Reason != "" {
+			fmt.Fprintf(w, "%-20s %s: %s\n", "", d.State, oneLine(d.Reason))
+		}
 	}
 	c := st.Counters
 	fmt.Fprintf(w, "\nsent %d: accepted %d, duplicate %d, stale %d, invalid %d, no ack %d, send errors %d\n",
 		c.Sent, c.Accepted, c.Duplicate, c.Stale, c.Invalid, c.NoAck, c.SendErrors)
+	fmt.Fprintf(w, "ended unsent: expired %d, superseded %d\n", c.Expired, c.Superseded)
+	fmt.Fprintf(w, "leases: acquired %d, lost %d, token_regressions %d, sessions reattached %d\n",
+		c.Acquired, c.Lost, c.Regressions, c.Reattached)
 	if t := st.Twins; t != nil {
 		watch := "watching desired"
 		if !t.Watching {
 			watch = "not watching"
 		}
-		fmt.Fprintf(w, "twins %s: %d desired changes, %d twin.set sent (%d refused), reported %d written, %d fenced, %d queued, %d device reports, %d errors\n",
-			watch, t.Events, t.Sent, t.Refused, t.Written, t.Fenced, t.Queued, t.Reports, t.Errors)
+		fmt.Fprintf(w, "twins %s: %d desired changes, %d twin.set sent (%d refused), reported %d written, %d fenced, %d queued, %d device reports (%d malformed), %d errors\n",
+			watch, t.Events, t.Sent, t.Refused, t.Written, t.Fenced, t.Queued, t.Reports, c.StateMalformed, t.Errors)
 	}
 }
 

@@ -244,15 +244,18 @@ func printEntry(w io.Writer, r *offline.Record) {
 		fmt.Fprintf(tw, "resolved\t%s\n", r.Resolved.UTC().Format(ts))
 	}
 	switch a := r.Ack; {
+	case a != nil && agent.EndedUnsent(a):
+		// No fence point answered: there is no mark to show.
+		fmt.Fprintf(tw, "ack\t- (ended %s by the agent, never sent; token %d seq %d)\n", a.Verdict, a.Token, a.Seq)
 	case a != nil:
 		fmt.Fprintf(tw, "ack\t%s: token %d seq %d; fence point at token %d seq %d\n", a.Verdict, a.Token, a.Seq, a.MaxToken, a.LastSeq)
-		if a.Reason != "" {
-			fmt.Fprintf(tw, "reason\t%s\n", oneLine(a.Reason))
-		}
 	case r.State == fence.Expired:
 		fmt.Fprintf(tw, "ack\t- (expired in the outbox: no ack within its time to live)\n")
 	default:
 		fmt.Fprintf(tw, "ack\t- (pending)\n")
+	}
+	if a := r.Ack; a != nil && a.Reason != "" {
+		fmt.Fprintf(tw, "reason\t%s\n", oneLine(a.Reason))
 	}
 	_ = tw.Flush()
 }

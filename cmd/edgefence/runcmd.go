@@ -193,12 +193,7 @@ exit status is 1. Secrets may come from the environment: %s,
 			if !ok || leaf != mqtt.LeafState || ag == nil {
 				return
 			}
-			fields, err := shadow.DecodeCBOR(m.Payload, shadow.Limits{})
-			if err != nil {
-				log.Debug("device state report ignored", "device", dev, "err", err)
-				return
-			}
-			ag.DeviceState(dev, fields)
+			ag.DeviceStateReport(dev, m.Payload) // counts and logs (rate-limited) the malformed
 		}})
 	}
 	cmdr, err := mqtt.NewCommander(mctx, mcfg, mqtt.Topics{Prefix: cfg.MQTT.Prefix}, devices)

@@ -50,6 +50,7 @@ type Stats struct {
 	Received      uint64 // PUBLISH packets received from the broker
 	Reconnects    uint64 // connections established after the first
 	Connected     bool   // a connection is up now
+	Broker        string // the broker of the connection that is up (URL without credentials); "" when down
 }
 
 // Dial validates cfg and starts the connection manager, which connects in
@@ -142,13 +143,16 @@ func (c *Client) Connected() bool {
 
 // Stats returns a snapshot of the counters.
 func (c *Client) Stats() Stats {
-	return Stats{
+	s := Stats{
 		Published:     c.published.Load(),
 		PublishErrors: c.publishErrors.Load(),
 		Received:      c.received.Load(),
 		Reconnects:    c.reconnects.Load(),
-		Connected:     c.Connected(),
 	}
+	if l := c.current(); l != nil {
+		s.Connected, s.Broker = true, l.broker
+	}
+	return s
 }
 
 // Close disconnects cleanly (DISCONNECT, then closing the connection) and

@@ -154,6 +154,7 @@ func (m *Commander) Status() map[string]any {
 	m.mu.Unlock()
 	return map[string]any{
 		"connected":      s.Connected,
+		"broker":         s.Broker,
 		"published":      s.Published,
 		"publish_errors": s.PublishErrors,
 		"reconnects":     s.Reconnects,

@@ -1,0 +1,119 @@
+package hiccup_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/edgefence/edgefence/agent/hiccup"
+)
+
+// TestWakesAndStops: the meter wakes every interval, reports lateness
+// of 0 or more, and returns once ctx ends.
+func TestWakesAndStops(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	var lates []time.Duration
+	hiccup.Run(ctx, 10*time.Millisecond, func(late time.Duration, _ time.Time) {
+		if lates = append(lates, late); len(lates) == 3 {
+			cancel()
+		}
+	})
+	for _, l := range lates {
+		if l < 0 {
+			t.Errorf("negative lateness %v", l)
+		}
+	}
+}
+
+// TestSeesFrozenProcess: a real SIGSTOP of a child process running the
+// meter shows up as one wake late by about the freeze.
+func TestSeesFrozenProcess(t *testing.T) {
+	if os.Getenv("HICCUP_CHILD") == "1" {
+		child()
+		return
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestSeesFrozenProcess$")
+	cmd.Env = append(os.Environ(), "HICCUP_CHILD=1")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	defer cmd.Process.Kill()
+	buf := make([]byte, 64)
+	if _, err := out.Read(buf); err != nil { // "ready"
+		t.Fatal(err)
+	}
+	const freeze = 700 * time.Millisecond
+	if err := cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(freeze)
+	if err := cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	rest, err := io.ReadAll(out) // the child exits once it saw the stall
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ms int
+	if _, err := fmt.Sscanf(string(rest), "%d", &ms); err != nil {
+		t.Fatalf("child printed %q: %v", rest, err)
+	}
+	// At least most of the freeze (a timer set just before it wakes up to
+	// one interval into it); no upper bound: a slow machine adds to it.
+	if late := time.Duration(ms) * time.Millisecond; late < freeze-100*time.Millisecond {
+		t.Errorf("max lateness %v after a %v freeze", late, freeze)
+	}
+}
+
+// child runs the meter and prints "ready", then the first lateness above
+// 300 ms, in ms.
+func child() {
+	ctx, cancel := context.WithCancel(context.Background())
+	os.Stdout.WriteString("ready")
+	hiccup.Run(ctx, 50*time.Millisecond, func(late time.Duration, _ time.Time) {
+		if late > 300*time.Millisecond {
+			os.Stdout.WriteString(strconv.Itoa(int(late / time.Millisecond)))
+			cancel()
+		}
+	})
+}
+
+// BenchmarkIdleCPU measures the meter's CPU cost on an otherwise idle
+// process: each op is one second of the meter at the agent's 100 ms
+// interval; cpu-us/s is the process's user+system CPU per second of it,
+// baseline-us/s the same second without the meter.
+//
+//	go test ./agent/hiccup -run '^$' -bench IdleCPU -benchtime 10x
+func BenchmarkIdleCPU(b *testing.B) {
+	cpu := func() time.Duration {
+		var ru syscall.Rusage
+		if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+			b.Fatal(err)
+		}
+		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	var with, without time.Duration
+	for b.Loop() {
+		c0 := cpu()
+		time.Sleep(time.Second)
+		c1 := cpu()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		hiccup.Run(ctx, 100*time.Millisecond, func(time.Duration, time.Time) {})
+		cancel()
+		without += c1 - c0
+		with += cpu() - c1
+	}
+	b.ReportMetric(float64(with.Microseconds())/float64(b.N), "cpu-us/s")
+	b.ReportMetric(float64(without.Microseconds())/float64(b.N), "baseline-us/s")
+}

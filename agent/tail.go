@@ -1,0 +1,301 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/edgefence/edgefence/agent/hiccup"
+)
+
+// The lease-threat meters. A lease survives as long as a keep-alive reaches
+// etcd within the TTL of the last one; the client sends one every TTL/3.
+// What eats into that, measured on the running agent:
+//
+//   - stall: how late the agent's own goroutines run (a hiccup meter: a
+//     timer every hiccupEvery records how late it wakes; GC pauses, CPU
+//     starvation, a frozen process, swap);
+//   - keep-alive round trip: a LeaseTimeToLive on the session's lease every
+//     TTL/3, the keep-alive's cadence (the session's own keep-alive stream
+//     is internal to the etcd client; TimeToLive goes to the same leader
+//     over the same connection);
+//   - fsync: the time bbolt spends writing and syncing each outbox commit
+//     (offline.Outbox.ObserveCommits), the state dir's real writes.
+//
+// Each is a histogram in /metrics. Over a sliding window of about
+// tailWindow the agent keeps the maximum and a bucketed p99 of each; the
+// observed tail is the sum of the three maxima, the margin the lease TTL
+// less that tail, and the agent warns (log, status, metric) while the tail
+// is above a third of the TTL — one keep-alive interval.
+
+const (
+	hiccupEvery = 100 * time.Millisecond
+	tailSlot    = time.Minute // the window moves by one slot at a time
+	tailSlots   = 5           // window = tailSlots × tailSlot
+	tailWindow  = tailSlots * tailSlot
+	tailCheck   = time.Second // how often the warning is evaluated
+)
+
+// tailBuckets are the histograms' bounds, in seconds, for all three.
+var tailBuckets = [...]float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}
+
+// tailSeries is one measured quantity: a Prometheus histogram over the
+// agent's life and per-minute slots for the window.
+type tailSeries struct {
+	hist prometheus.Histogram
+
+	mu    sync.Mutex
+	slots [tailSlots]tailSlotData
+}
+
+type tailSlotData struct {
+	epoch  int64 // Unix time / tailSlot of the minute it holds
+	n      uint64
+	max    time.Duration
+	counts [len(tailBuckets) + 1]uint32 // per bucket, the last one +Inf
+}
+
+func newTailSeries(name, help string) *tailSeries {
+	return &tailSeries{hist: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "edgefence_" + name, Help: help, Buckets: tailBuckets[:]})}
+}
+
+// observe records one sample taken at now.
+func (s *tailSeries) observe(d time.Duration, now time.Time) {
+	d = max(d, 0)
+	s.hist.Observe(d.Seconds())
+	i := 0
+	for sec := d.Seconds(); i < len(tailBuckets) && sec > tailBuckets[i]; i++ {
+	}
+	epoch := now.UnixNano() / int64(tailSlot)
+	s.mu.Lock()
+	sl := &s.slots[epoch%tailSlots]
+	if sl.epoch != epoch {
+		*sl = tailSlotData{epoch: epoch}
+	}
+	sl.n++
+	sl.max = max(sl.max, d)
+	sl.counts[i]++
+	s.mu.Unlock()
+}
+
+// TailFigures are one quantity's figures over the window.
+type TailFigures struct {
+	Samples uint64  `json:"samples"`
+	P99     float64 `json:"p99_s"` // seconds; the bound of the bucket holding the 99th percentile, at most Max
+	Max     float64 `json:"max_s"` // seconds
+}
+
+// figures merges the slots of the window ending at now.
+func (s *tailSeries) figures(now time.Time) TailFigures {
+	epoch := now.UnixNano() / int64(tailSlot)
+	var counts [len(tailBuckets) + 1]uint64
+	var f TailFigures
+	var maxD time.Duration
+	s.mu.Lock()
+	for i := range s.slots {
+		sl := &s.slots[i]
+		if sl.n == 0 || sl.epoch <= epoch-tailSlots || sl.epoch > epoch {
+			continue
+		}
+		f.Samples += sl.n
+		maxD = max(maxD, sl.max)
+		for j, c := range sl.counts {
+			counts[j] += uint64(c)
+		}
+	}
+	s.mu.Unlock()
+	f.Max = maxD.Seconds()
+	if f.Samples == 0 {
+		return f
+	}
+	want := (f.Samples*99 + 99) / 100 // ceil(0.99 n)
+	var cum uint64
+	for j, c := range counts {
+		if cum += c; cum >= want {
+			f.P99 = f.Max
+			if j < len(tailBuckets) {
+				f.P99 = min(tailBuckets[j], f.Max)
+			}
+			break
+		}
+	}
+	return f
+}
+
+// tails are the agent's three meters and the warning state.
+type tails struct {
+	stall, keepAlive, fsync *tailSeries
+	fsyncOn                 bool // an outbox reports its commits
+
+	warning                atomic.Bool
+	tailGauge, warnGauge   *prometheus.Desc
+	keepAliveErrors        atomic.Uint64
+	keepAliveErrorsCounter *prometheus.Desc
+}
+
+func newTails() *tails {
+	return &tails{
+		stall: newTailSeries("scheduling_stall_seconds",
+			"How late the agent's hiccup meter woke (a timer every 100ms): scheduling stalls, GC pauses, a frozen process."),
+		keepAlive: newTailSeries("etcd_keepalive_rtt_seconds",
+			"Round trip of a LeaseTimeToLive on the session's lease, sent every lease_ttl/3 (the keep-alive's cadence)."),
+		fsync: newTailSeries("state_fsync_seconds",
+			"Time bbolt spent writing and syncing each outbox commit (with an outbox)."),
+		tailGauge: prometheus.NewDesc("edgefence_lease_tail_seconds",
+			"Observed tail over the last 5 minutes: max stall + max keep-alive round trip + max outbox fsync.", nil, nil),
+		warnGauge: prometheus.NewDesc("edgefence_lease_tail_warning",
+			"1 while the observed tail is above a third of lease_ttl (one keep-alive interval): raise etcd.lease_ttl or find the stall.", nil, nil),
+		keepAliveErrorsCounter: prometheus.NewDesc("edgefence_etcd_keepalive_probe_errors_total",
+			"LeaseTimeToLive probes that failed without a round trip to measure (session down, lease gone, connection refused).", nil, nil),
+	}
+}
+
+// TailStatus is the lease-threat summary in Status.
+type TailStatus struct {
+	Window    string       `json:"window"` // how far back the figures reach
+	Stall     TailFigures  `json:"stall"`
+	KeepAlive TailFigures  `json:"keepalive_rtt"`
+	Fsync     *TailFigures `json:"fsync,omitempty"` // nil without an outbox
+	TTL       float64      `json:"lease_ttl_s"`
+	Tail      float64      `json:"tail_s"`   // max stall + max keep-alive round trip + max fsync
+	Margin    float64      `json:"margin_s"` // lease_ttl − tail
+	// Warning is set while the tail is above lease_ttl/3.
+	Warning string `json:"warning,omitempty"`
+}
+
+// status summarises the window ending at now against ttl.
+func (t *tails) status(ttl time.Duration, now time.Time) TailStatus {
+	s := TailStatus{Window: tailWindow.String(), Stall: t.stall.figures(now), KeepAlive: t.keepAlive.figures(now), TTL: ttl.Seconds()}
+	s.Tail = s.Stall.Max + s.KeepAlive.Max
+	if t.fsyncOn {
+		f := t.fsync.figures(now)
+		s.Fsync = &f
+		s.Tail += f.Max
+	}
+	s.Margin = s.TTL - s.Tail
+	if s.Tail > s.TTL/3 {
+		s.Warning = fmt.Sprintf("observed tail %.2fs is above lease_ttl/3 (%.2fs): a stall this long eats a keep-alive interval; raise etcd.lease_ttl or find the stall (README, choosing lease_ttl)",
+			s.Tail, s.TTL/3)
+	}
+	return s
+}
+
+// describe and collect serve the meters through the agent's collector.
+func (t *tails) describe(ch chan<- *prometheus.Desc) {
+	for _, s := range []*tailSeries{t.stall, t.keepAlive, t.fsync} {
+		s.hist.Describe(ch)
+	}
+	ch <- t.tailGauge
+	ch <- t.warnGauge
+	ch <- t.keepAliveErrorsCounter
+}
+
+func (t *tails) collect(ch chan<- prometheus.Metric, s TailStatus) {
+	t.stall.hist.Collect(ch)
+	t.keepAlive.hist.Collect(ch)
+	if t.fsyncOn {
+		t.fsync.hist.Collect(ch)
+	}
+	ch <- prometheus.MustNewConstMetric(t.tailGauge, prometheus.GaugeValue, s.Tail)
+	ch <- prometheus.MustNewConstMetric(t.warnGauge, prometheus.GaugeValue, b2f(s.Warning != ""))
+	ch <- prometheus.MustNewConstMetric(t.keepAliveErrorsCounter, prometheus.CounterValue, float64(t.keepAliveErrors.Load()))
+}
+
+// startTails runs the meters until the returned stop is called; stop
+// waits for them. Run owns them: `defer a.startTails(ctx)()`.
+func (a *Agent) startTails(ctx context.Context) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		a.hiccups(ctx)
+	}()
+	go func() {
+		defer wg.Done()
+		a.probeKeepAlive(ctx)
+	}()
+	return func() { cancel(); wg.Wait() }
+}
+
+// hiccups runs the hiccup meter (agent/hiccup) at hiccupEvery and
+// evaluates the warning every tailCheck on the same goroutine.
+func (a *Agent) hiccups(ctx context.Context) {
+	var nextCheck time.Time
+	hiccup.Run(ctx, hiccupEvery, func(late time.Duration, now time.Time) {
+		a.tails.stall.observe(late, now)
+		if now.After(nextCheck) {
+			a.checkTail(now)
+			nextCheck = now.Add(tailCheck)
+		}
+	})
+}
+
+// checkTail logs when the observed tail rises above lease_ttl/3 and when it
+// falls back (one line each way: the window keeps a stall for about five
+// minutes, so a line per check would repeat the same news).
+func (a *Agent) checkTail(now time.Time) {
+	s := a.tails.status(a.cfg.Etcd.LeaseTTL, now)
+	warn := s.Warning != ""
+	if a.tails.warning.Swap(warn) == warn {
+		return
+	}
+	attrs := []any{"tail_s", round3(s.Tail), "max_stall_s", round3(s.Stall.Max), "keepalive_rtt_max_s", round3(s.KeepAlive.Max),
+		"lease_ttl_s", s.TTL, "margin_s", round3(s.Margin), "window", s.Window}
+	if s.Fsync != nil {
+		attrs = append(attrs, "fsync_max_s", round3(s.Fsync.Max))
+	}
+	if warn {
+		a.log.Warn("lease tail above lease_ttl/3: raise etcd.lease_ttl or find the stall (README, choosing lease_ttl)", attrs...)
+		return
+	}
+	a.log.Info("lease tail back under lease_ttl/3", attrs...)
+}
+
+func round3(f float64) float64 { return float64(int64(f*1000+0.5)) / 1000 }
+
+// probeKeepAlive times a LeaseTimeToLive on the session's lease every
+// lease_ttl/3 while a session is open. A probe that times out (after the
+// TTL) counts as a round trip that long: etcd did not answer for that long.
+// One that fails at once (no lease, connection refused) measures nothing
+// and is counted as a probe error.
+func (a *Agent) probeKeepAlive(ctx context.Context) {
+	ttl := a.cfg.Etcd.LeaseTTL
+	every := max(ttl/3, 100*time.Millisecond)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		a.mu.Lock()
+		lease, up := a.lease, a.sessionUp
+		a.mu.Unlock()
+		if !up || lease == 0 {
+			continue
+		}
+		pctx, cancel := context.WithTimeout(ctx, ttl)
+		start := time.Now()
+		_, err := a.cli.TimeToLive(pctx, lease)
+		rtt := time.Since(start)
+		cancel()
+		switch {
+		case err == nil, pctx.Err() != nil && ctx.Err() == nil: // answered, or not within the TTL
+			a.tails.keepAlive.observe(rtt, time.Now())
+		case ctx.Err() != nil:
+			return
+		default:
+			a.tails.keepAliveErrors.Add(1)
+			a.log.Debug("keep-alive probe", "lease", fmt.Sprintf("%x", int64(lease)), "err", err)
+		}
+	}
+}
+
+// observeFsync is the outbox's commit observer.
+func (t *tails) observeFsync(d time.Duration) { t.fsync.observe(d, time.Now()) }

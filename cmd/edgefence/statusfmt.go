@@ -1,0 +1,99 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/edgefence/edgefence/agent"
+)
+
+// The human forms of status parts that `status` and `devices` share.
+
+// lastVerdict describes a device's last ended command. A verdict the
+// agent decided itself (expired, superseded) says so: no fence point
+// answered it, so there is no fence mark to show. withMark adds the fence
+// point's mark of an answered one.
+func lastVerdict(a *agent.AckStatus, withMark bool) string {
+	switch {
+	case a == nil:
+		return "-"
+	case a.Unsent:
+		return fmt.Sprintf("%s (token %d seq %d; ended by the agent, never sent: %s)", a.Verdict, a.Token, a.Seq, oneLine(a.Reason))
+	case withMark:
+		return fmt.Sprintf("%s (token %d seq %d; fence at %d/%d)", a.Verdict, a.Token, a.Seq, a.MaxToken, a.LastSeq)
+	default:
+		return fmt.Sprintf("%s (token %d seq %d)", a.Verdict, a.Token, a.Seq)
+	}
+}
+
+// mqttLine is the transport's status map as one readable line. The map
+// comes through JSON, so its numbers are float64; keys it does not know
+// are left out of the line (status --json shows them all).
+func mqttLine(m map[string]any) string {
+	num := func(k string) uint64 {
+		switch v := m[k].(type) {
+		case float64:
+			return uint64(v)
+		case uint64:
+			return v
+		case int:
+			return uint64(v)
+		}
+		return 0
+	}
+	var b strings.Builder
+	switch c, ok := m["connected"].(bool); {
+	case !ok:
+		b.WriteString("state unknown")
+	case c && m["broker"] != nil && m["broker"] != "":
+		fmt.Fprintf(&b, "connected to %v", m["broker"])
+	case c:
+		b.WriteString("connected")
+	default:
+		b.WriteString("DISCONNECTED")
+	}
+	fmt.Fprintf(&b, ", %d reconnects; published %d (%d errors), %d in flight, %d resends; acks %d (%d unmatched, %d malformed)",
+		num("reconnects"), num("published"), num("publish_errors"), num("in_flight"), num("resends"),
+		num("acks"), num("acks_unmatched"), num("acks_malformed"))
+	return b.String()
+}
+
+// printTail writes the lease-tail summary: what threatens the lease,
+// measured, against lease_ttl, and the warning when it is on.
+func printTail(w io.Writer, t agent.TailStatus) {
+	sec := func(s float64) string { return fmtSeconds(s) }
+	fmt.Fprintf(w, "tail     last %s: max stall %s, keep-alive p99 %s (max %s, %d probes)", shortDur(t.Window),
+		sec(t.Stall.Max), sec(t.KeepAlive.P99), sec(t.KeepAlive.Max), t.KeepAlive.Samples)
+	if f := t.Fsync; f != nil {
+		fmt.Fprintf(w, ", fsync p99 %s (max %s, %d commits)", sec(f.P99), sec(f.Max), f.Samples)
+	}
+	fmt.Fprintf(w, "; lease_ttl %s: margin %s\n", sec(t.TTL), sec(t.Margin))
+	if t.Warning != "" {
+		fmt.Fprintf(w, "WARNING  %s\n", t.Warning)
+	}
+}
+
+// fmtSeconds prints seconds as ms below one second, else as seconds.
+func fmtSeconds(s float64) string {
+	d := time.Duration(s * float64(time.Second))
+	switch {
+	case d < 0:
+		return "-" + fmtSeconds(-s)
+	case d < time.Millisecond:
+		return fmt.Sprintf("%.2f ms", s*1000)
+	case d < time.Second:
+		return fmt.Sprintf("%.0f ms", s*1000)
+	default:
+		return fmt.Sprintf("%.1f s", s)
+	}
+}
+
+// shortDur drops the zero tail of a Duration's string ("5m0s" → "5m").
+func shortDur(s string) string {
+	if d, err := time.ParseDuration(s); err == nil && d%time.Minute == 0 && d > 0 {
+		return strings.TrimSuffix(d.String(), "0s")
+	}
+	return s
+}

@@ -1,0 +1,58 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/edgefence/edgefence/agent"
+	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/offline"
+)
+
+// superseded is the ack the agent makes for a strict device's queued
+// command once another session holds the lock (agent/outbox.go).
+var superseded = &fence.Ack{V: fence.Version, Device: "pump-7", ID: "c-1", Token: 9, Seq: 3, Verdict: fence.Stale,
+	Reason: "superseded: another session holds the lock; never sent"}
+
+// TestUnsentVerdictsShownAsSuch (issue 11, finding 5): a command the agent
+// ended itself without sending it is not shown as if a fence point had
+// answered "at token 0 seq 0", in outbox show, status and devices; the
+// devices table counts it in STALE, so ACCEPTED/STALE agrees with LAST
+// VERDICT; status shows why a device is refused and token_regressions.
+func TestUnsentVerdictsShownAsSuch(t *testing.T) {
+	var b bytes.Buffer
+	printEntry(&b, &offline.Record{ID: "c-1", Device: "pump-7", Token: 9, Seq: 3, Kind: "set", State: fence.Stale,
+		Ack: superseded, Resolved: time.Now()})
+	if s := b.String(); strings.Contains(s, "fence point at token 0") ||
+		!strings.Contains(s, "ack       - (ended stale by the agent, never sent; token 9 seq 3)") || !strings.Contains(s, "reason    superseded: ") {
+		t.Errorf("outbox show of a superseded command:\n%s", s)
+	}
+
+	dev := agent.DeviceStatus{ID: "pump-7", State: agent.StateRefused, Token: 0, Policy: "strict", Fence: "device",
+		Reason:   "token regression: etcd granted token 5, not above 9 held before (README, token regression)",
+		Verdicts: agent.VerdictCounts{Accepted: 2, Superseded: 1}, LastAck: agent.NewAckStatus(superseded)}
+	b.Reset()
+	printDevices(&b, []agent.DeviceStatus{dev}, time.Now())
+	s := b.String()
+	for _, want := range []string{"2/1 (superseded 1)", "stale (token 9 seq 3; ended by the agent, never sent: superseded: ", "token regression: etcd granted token 5"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("devices lacks %q:\n%s", want, s)
+		}
+	}
+	st := &agent.Status{Gateway: "gw-1", Devices: []agent.DeviceStatus{dev}, Counters: agent.Counters{Regressions: 1, Superseded: 1},
+		Transport: map[string]any{"connected": false, "reconnects": float64(9), "published": float64(120)}}
+	b.Reset()
+	printStatus(&b, st)
+	s = b.String()
+	for _, want := range []string{"never sent: superseded", "refused: token regression: etcd granted token 5", "token_regressions 1",
+		"superseded 1", "mqtt     DISCONNECTED, 9 reconnects; published 120 "} {
+		if !strings.Contains(s, want) {
+			t.Errorf("status lacks %q:\n%s", want, s)
+		}
+	}
+	if strings.Contains(s, "fence at 0/0") || strings.Contains(s, `{"`) {
+		t.Errorf("status shows an unsent command's fence mark, or raw JSON:\n%s", s)
+	}
+}
