@@ -67,7 +67,7 @@ func printDevices(w io.Writer, devs []agent.DeviceStatus, now time.Time) {
 			oldest = fmtAge(now.Sub(d.Oldest))
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", d.ID, d.State, tok, fenceAt, orDash(d.Policy), d.Queued, oldest,
-			verdictCounts(d.Verdicts), lastVerdict(d.LastAck, false), orDash(oneLine(d.Reason)))
+			verdictCounts(d.Verdicts), lastVerdict(d.LastAck, false), orDash(reasonCell(d, now)))
 	}
 	_ = tw.Flush()
 }

@@ -330,13 +330,16 @@ func printStatus(w io.Writer, st *agent.Status) {
 		if d.Reason != "" {
 			fmt.Fprintf(w, "%-20s %s: %s\n", "", d.State, oneLine(d.Reason))
 		}
+		if d.Holder != nil {
+			fmt.Fprintf(w, "%-20s %s\n", "", holderText(d.Holder, time.Now()))
+		}
 	}
 	c := st.Counters
 	fmt.Fprintf(w, "\nsent %d: accepted %d, duplicate %d, stale %d, invalid %d, no ack %d, send errors %d\n",
 		c.Sent, c.Accepted, c.Duplicate, c.Stale, c.Invalid, c.NoAck, c.SendErrors)
 	fmt.Fprintf(w, "ended unsent: expired %d, superseded %d\n", c.Expired, c.Superseded)
-	fmt.Fprintf(w, "leases: acquired %d, lost %d, token_regressions %d, sessions reattached %d\n",
-		c.Acquired, c.Lost, c.Regressions, c.Reattached)
+	fmt.Fprintf(w, "leases: acquired %d, lost %d, token_regressions %d, released after a refusal %d, sessions reattached %d\n",
+		c.Acquired, c.Lost, c.Regressions, c.Released, c.Reattached)
 	if t := st.Twins; t != nil {
 		watch := "watching desired"
 		if !t.Watching {

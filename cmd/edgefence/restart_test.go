@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -104,5 +106,35 @@ func TestKillRestartKeepsQueue(t *testing.T) {
 	r = edgefence(t, "send", "--json", "--socket", sock, "dev-1", "set", `{"setpoint":30}`)
 	if res := sendResult(t, r); r.code != 0 || res.Verdict != "accepted" || res.Seq != perDevice+1 {
 		t.Fatalf("send after the restart: %+v\n%s", res, r)
+	}
+}
+
+// TestWaitingAgentNamesHolder: a standby's `status` and `devices` say who
+// holds the device it waits for — the gateway id the holder wrote on its
+// lock key, with the key's token — instead of a bare "campaigning".
+func TestWaitingAgentNamesHolder(t *testing.T) {
+	e := newEnv(t, "dev-1")
+	cfg1, sock1 := e.config("gw-1", 10*time.Second)
+	st1 := e.waitHolding(e.startAgent("gw-1", cfg1), sock1)
+	cfg2, sock2 := e.config("gw-2", 10*time.Second)
+	e.startAgent("gw-2", cfg2)
+	want := fmt.Sprintf("lock held by gateway gw-1, token %d", st1.Devices[0].Token)
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		st, r := status(t, sock2)
+		if st != nil && st.Devices[0].Holder != nil {
+			if h := st.Devices[0].Holder; h.Gateway != "gw-1" || h.Token != st1.Devices[0].Token || st.Devices[0].State != agent.StateCampaigning {
+				t.Fatalf("gw-2's view of dev-1: %+v holder %+v", st.Devices[0], h)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("gw-2 does not name the holder\n%s", r)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for _, cmd := range []string{"status", "devices"} {
+		if r := edgefence(t, cmd, "--socket", sock2); r.code != 0 || !strings.Contains(r.stdout, want) {
+			t.Errorf("%s of the waiting agent lacks %q\n%s", cmd, want, r)
+		}
 	}
 }

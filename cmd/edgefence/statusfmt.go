@@ -97,3 +97,27 @@ func shortDur(s string) string {
 	}
 	return s
 }
+
+// holderText says who holds a device's lock while another session does:
+// the gateway id on its lock key, or, for a key without one, that it is
+// not a gateway (`etcdctl lock` on the device's lock prefix: maintenance).
+func holderText(h *agent.HolderStatus, now time.Time) string {
+	who := "gateway " + h.Gateway
+	if h.Gateway == "" {
+		who = "a session that names no gateway (etcdctl lock: maintenance?)"
+	}
+	return fmt.Sprintf("lock held by %s, token %d, seen holding for %s", who, h.Token, fmtAge(now.Sub(h.Since)))
+}
+
+// reasonCell is the devices table's REASON: why the device is in its
+// state, and who holds its lock while another session does.
+func reasonCell(d agent.DeviceStatus, now time.Time) string {
+	parts := []string{}
+	if d.Reason != "" {
+		parts = append(parts, oneLine(d.Reason))
+	}
+	if d.Holder != nil {
+		parts = append(parts, holderText(d.Holder, now))
+	}
+	return strings.Join(parts, "; ")
+}
