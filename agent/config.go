@@ -15,6 +15,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/offline"
 	"github.com/edgefence/edgefence/transport/serial"
 )
 
@@ -94,7 +95,8 @@ type CommandConfig struct {
 }
 
 // OutboxConfig bounds the durable outbox (offline.Options). Zero values
-// mean the offline package's defaults.
+// mean the offline package's defaults (offline.Default*); Validate fills
+// them in.
 type OutboxConfig struct {
 	MaxPerDevice      int           `yaml:"max_per_device"`       // pending commands per device, default 10000
 	MaxBytesPerDevice int64         `yaml:"max_bytes_per_device"` // pending envelope bytes per device, default 16 MiB
@@ -157,6 +159,7 @@ type DeviceConfig struct {
 }
 
 // SerialConfig is a device's serial line (see transport/serial.PortConfig).
+// Zero values mean transport/serial's defaults; Validate fills them in.
 type SerialConfig struct {
 	Port        string        `yaml:"port"`         // e.g. /dev/ttyUSB0 or /dev/serial/by-id/...
 	Baud        int           `yaml:"baud"`         // default 115200
@@ -393,6 +396,14 @@ func (c *Config) Validate() error {
 			bad(n.key, "must not be negative")
 		}
 	}
+	// The effective values, as the outbox applies them (offline.Options),
+	// so that `config check` shows what runs.
+	orDefault(&o.MaxPerDevice, offline.DefaultMaxPerDevice)
+	orDefault(&o.MaxBytesPerDevice, offline.DefaultMaxBytesPerDevice)
+	orDefault(&o.MaxTotal, offline.DefaultMaxTotal)
+	orDefault(&o.MaxTotalBytes, offline.DefaultMaxTotalBytes)
+	orDefault(&o.TTL, offline.DefaultTTL)
+	orDefault(&o.Retention, offline.DefaultRetention)
 	switch c.Log.Level {
 	case "":
 		c.Log.Level = "info"
@@ -445,6 +456,12 @@ func (c *Config) Validate() error {
 			bad(f+".serial.port", "required")
 		case d.Serial != nil:
 			s := d.Serial
+			// The effective values, as transport/serial applies them.
+			orDefault(&s.Baud, serial.DefaultBaud)
+			orDefault(&s.DataBits, serial.DefaultDataBits)
+			orDefault(&s.Parity, serial.DefaultParity)
+			orDefault(&s.StopBits, serial.DefaultStopBits)
+			orDefault(&s.ReadTimeout, serial.DefaultReadTimeout)
 			pc := serial.PortConfig{Path: s.Port, Baud: s.Baud, DataBits: s.DataBits, Parity: s.Parity, StopBits: s.StopBits, ReadTimeout: s.ReadTimeout}
 			if err := pc.Validate(); err != nil {
 				msg := strings.TrimPrefix(strings.TrimPrefix(err.Error(), serial.ErrInvalidConfig.Error()), ": ")
@@ -469,6 +486,14 @@ func (c *Config) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// orDefault sets *v to def if it is the zero value.
+func orDefault[T comparable](v *T, def T) {
+	var zero T
+	if *v == zero {
+		*v = def
+	}
 }
 
 // credentials checks a client's user, password and TLS files.

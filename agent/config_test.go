@@ -2,9 +2,13 @@ package agent
 
 import (
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/edgefence/edgefence/offline"
+	"github.com/edgefence/edgefence/transport/serial"
 )
 
 const goodConfig = `
@@ -153,5 +157,59 @@ func TestPolicyAndOutboxConfig(t *testing.T) {
 		if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), bad.field) {
 			t.Errorf("%q: %v, want an error naming %s", bad.yaml, err, bad.field)
 		}
+	}
+}
+
+// TestValidateFillsEveryDefault: after Validate no field whose zero value
+// means "the default" is still zero, so `config check` prints the values
+// that run (it printed outbox ttl 0s, serial baud 0). The keys whose zero
+// is a value of its own are listed.
+func TestValidateFillsEveryDefault(t *testing.T) {
+	c, err := ParseConfig([]byte(override(goodConfig, `devices:
+  - id: dev-1
+  - id: plc-1
+    fence: gateway
+    home: gw-a
+    serial: {port: /dev/ttyUSB0}`)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	zeroMeansItself := map[string]bool{
+		"etcd.username": true, "etcd.password": true, "etcd.tls.ca_file": true, "etcd.tls.cert_file": true, "etcd.tls.key_file": true,
+		"mqtt.username": true, "mqtt.password": true, "mqtt.tls.ca_file": true, "mqtt.tls.cert_file": true, "mqtt.tls.key_file": true,
+		"metrics.listen": true, "twins.enabled": true, // off
+		"devices[].home": true, "devices[].serial": true, "devices[].mqtt_topic": true, "devices[].reissue_kinds": true,
+	}
+	var walk func(v reflect.Value, key string)
+	walk = func(v reflect.Value, key string) {
+		typ := v.Type()
+		switch {
+		case typ.Kind() == reflect.Pointer && !v.IsNil():
+			walk(v.Elem(), key)
+		case typ.Kind() == reflect.Struct && typ.PkgPath() != "time" && !reflect.PointerTo(typ).Implements(unmarshalerType):
+			for i := range typ.NumField() {
+				name, _, _ := strings.Cut(typ.Field(i).Tag.Get("yaml"), ",")
+				k := name
+				if key != "" {
+					k = key + "." + name
+				}
+				walk(v.Field(i), k)
+			}
+		case typ.Kind() == reflect.Slice && typ.Elem().Kind() == reflect.Struct:
+			for i := range v.Len() {
+				walk(v.Index(i), key+"[]")
+			}
+		case v.IsZero() && !zeroMeansItself[key]:
+			t.Errorf("%s is %v after Validate: fill in its default", key, v.Interface())
+		}
+	}
+	walk(reflect.ValueOf(c).Elem(), "")
+	o := c.Outbox
+	if o.TTL != offline.DefaultTTL || o.Retention != offline.DefaultRetention || o.MaxPerDevice != offline.DefaultMaxPerDevice ||
+		o.MaxBytesPerDevice != offline.DefaultMaxBytesPerDevice || o.MaxTotal != offline.DefaultMaxTotal || o.MaxTotalBytes != offline.DefaultMaxTotalBytes {
+		t.Errorf("outbox %+v, want offline's defaults", o)
+	}
+	if s := c.Devices[1].Serial; s.Baud != serial.DefaultBaud || s.Parity != serial.DefaultParity || s.ReadTimeout != serial.DefaultReadTimeout {
+		t.Errorf("serial %+v, want transport/serial's defaults", *s)
 	}
 }
