@@ -217,6 +217,7 @@ func parseConfig(b []byte, file string, lookup func(string) (string, bool), over
 	lines := keyLines{}
 	var errs []error
 	decoded := true
+	var typeKeys []string // keys whose values did not decode: not validated again
 	if len(doc.Content) > 0 {
 		root := doc.Content[0]
 		if root.Kind != yaml.MappingNode {
@@ -224,8 +225,18 @@ func parseConfig(b []byte, file string, lookup func(string) (string, bool), over
 		}
 		walkNode(root, reflect.TypeFor[Config](), "", lines, &errs)
 		if err := root.Decode(&c); err != nil {
-			errs = append(errs, yamlErrors(err, lines, false)...)
-			decoded = false
+			ye := yamlErrors(err, lines, false)
+			errs = append(errs, ye...)
+			// After type errors yaml.v3 has decoded everything else, so
+			// the rest is validated too: every problem in one pass. Any
+			// other error leaves nothing to trust.
+			if _, ok := errors.AsType[*yaml.TypeError](err); ok {
+				for _, ce := range ConfigErrors(errors.Join(ye...)) {
+					typeKeys = append(typeKeys, ce.Key)
+				}
+			} else {
+				decoded = false
+			}
 		}
 	}
 	if lookup != nil {
@@ -237,6 +248,9 @@ func parseConfig(b []byte, file string, lookup func(string) (string, bool), over
 	if decoded {
 		verr := c.Validate()
 		for _, ce := range ConfigErrors(verr) {
+			if related(ce.Key, typeKeys) {
+				continue // the zero value the type error left behind
+			}
 			for _, o := range overrides {
 				if ce.Key == o.Key || strings.HasPrefix(ce.Key, o.Key+".") || strings.HasPrefix(ce.Key, o.Key+"[") {
 					ce.Key, ce.Line = o.Flag, -1
@@ -266,6 +280,21 @@ func parseConfig(b []byte, file string, lookup func(string) (string, bool), over
 		return nil, withFile(file, errs)
 	}
 	return &c, nil
+}
+
+// related reports whether key is one of keys, under one of them, or above
+// one of them (devices is above devices[1].policy). An empty key in keys
+// (a type error on a line with no key) relates to nothing.
+func related(key string, keys []string) bool {
+	under := func(k, parent string) bool {
+		return strings.HasPrefix(k, parent+".") || strings.HasPrefix(k, parent+"[")
+	}
+	for _, k := range keys {
+		if k != "" && (k == key || under(key, k) || under(k, key)) {
+			return true
+		}
+	}
+	return false
 }
 
 // withFile sets the file of errs (not of flag errors, Line -1), orders

@@ -55,6 +55,62 @@ devices:
 	}
 }
 
+// Type errors do not stop the check: the validation problems of the rest
+// of the file come in the same pass (a second run found 8 more), and a key
+// whose value did not decode gets one error, not a second one about the
+// zero value left behind.
+func TestTypeAndValidationErrorsInOnePass(t *testing.T) {
+	src := `gateway: gw-a
+etcd:
+  endpoints: [http://127.0.0.1:2379]
+  lease_ttl: soon
+  dial_timeout: -1s
+mqtt:
+  brokers: 5
+  keep_alive: 500ms
+command:
+  timeout: -5s
+outbox:
+  max_total: lots
+  ttl: -1h
+log:
+  level: loud
+devices:
+  - id: dev-1
+  - id: dev-1
+  - id: dev-3
+    policy: [x]
+  - id: dev-4
+    fence: magic
+  - 7
+`
+	_, err := ParseConfig([]byte(src))
+	want := []string{
+		"line 4: etcd.lease_ttl: cannot unmarshal",
+		"line 5: etcd.dial_timeout: must be positive",
+		"line 7: mqtt.brokers: cannot unmarshal",
+		"line 8: mqtt.keep_alive: 500ms: must be at least 1s",
+		"line 10: command.timeout: must be positive",
+		"line 12: outbox.max_total: cannot unmarshal",
+		"line 13: outbox.ttl: must not be negative",
+		"line 15: log.level: \"loud\": want debug, info, warn or error",
+		"line 18: devices[1].id: \"dev-1\" listed twice",
+		"line 20: devices[2].policy: cannot unmarshal",
+		"line 22: devices[3].fence: \"magic\": want \"device\" or \"gateway\"",
+		"line 23: devices[4]: cannot unmarshal",
+	}
+	got := ConfigErrors(err)
+	if len(got) != len(want) {
+		t.Errorf("%d problems, want %d:\n%v", len(got), len(want), err)
+	}
+	for i, w := range want {
+		if i >= len(got) || !strings.HasPrefix(got[i].Error(), w) {
+			t.Errorf("problem %d: want %q\ngot:\n%v", i, w, err)
+			break
+		}
+	}
+}
+
 func TestParseConfigSyntaxAndTypeErrorsHaveLines(t *testing.T) {
 	for _, tc := range []struct{ yaml, want string }{
 		{"gateway: gw-a\netcd:\n  endpoints: [http://x:1\n", "line 2: yaml syntax:"},
