@@ -223,20 +223,26 @@ func parseConfig(b []byte, file string, lookup func(string) (string, bool), over
 		if root.Kind != yaml.MappingNode {
 			return nil, withFile(file, []error{&ConfigError{Line: root.Line, Msg: "not a config: want a mapping of keys (gateway:, etcd:, …)"}})
 		}
-		walkNode(root, reflect.TypeFor[Config](), "", lines, &errs)
+		aliased := walkNode(root, reflect.TypeFor[Config](), "", lines, &errs)
 		if err := root.Decode(&c); err != nil {
 			ye := yamlErrors(err, lines, false)
-			errs = append(errs, ye...)
-			// After type errors yaml.v3 has decoded everything else, so
-			// the rest is validated too: every problem in one pass. Any
-			// other error leaves nothing to trust.
 			if _, ok := errors.AsType[*yaml.TypeError](err); ok {
+				// yaml.v3 has decoded everything else, so the rest is
+				// validated too: every problem in one pass. A type error
+				// met through an alias is reported at the anchor's line,
+				// so keys holding aliases are left out too.
 				for _, ce := range ConfigErrors(errors.Join(ye...)) {
 					typeKeys = append(typeKeys, ce.Key)
 				}
+				typeKeys = append(typeKeys, aliased...)
 			} else {
+				// Any other error leaves nothing to trust.
 				decoded = false
+				if ce := aliasBomb(root, lines); ce != nil && strings.Contains(err.Error(), "excessive aliasing") {
+					ye = []error{ce} // the same problem, with its key and line
+				}
 			}
+			errs = append(errs, ye...)
 		}
 	}
 	if lookup != nil {

@@ -111,6 +111,39 @@ devices:
 	}
 }
 
+// A type error met through an alias is reported at the anchor's line: the
+// key that holds the alias is not validated again either.
+func TestTypeErrorThroughAnAlias(t *testing.T) {
+	_, err := ParseConfig([]byte("x: &e [[a]]\n" + strings.Replace(goodConfig, "endpoints: [http://127.0.0.1:2379]", "endpoints: *e", 1)))
+	if strings.Contains(err.Error(), "etcd.endpoints") || len(ConfigErrors(err)) != 2 {
+		t.Fatalf("want the unknown key x and one type error, nothing about etcd.endpoints:\n%v", err)
+	}
+}
+
+// An alias bomb is refused (yaml.v3's "excessive aliasing") with the key
+// and line where the aliases are, not a bare "document contains excessive
+// aliasing".
+func TestAliasBombNamesTheKey(t *testing.T) {
+	head := "gateway: gw-a\netcd: {endpoints: [http://127.0.0.1:2379]}\nmqtt: {brokers: [mqtt://127.0.0.1:1883]}\n"
+	dev := "x: &a {id: d, reissue_kinds: [" + strings.Repeat("k,", 199) + "k]}\n"
+	many := "[" + strings.Repeat("*a,", 1999) + "*a]"
+	for _, tc := range []struct{ name, yaml, want string }{
+		{"spread over a list", head + dev + "devices: " + many + "\n",
+			"line 5: devices: its aliases expand to 410001 nodes: excessive aliasing"},
+		{"one alias", head + dev + "y: &d " + many + "\nmqtt2: 1\ndevices: *d\n",
+			"line 7: devices: alias *d expands to 410001 nodes: excessive aliasing"},
+		{"under a device", head + dev + "y: &d " + many + "\ndevices:\n  - id: a\n  - id: b\n    reissue_kinds: *d\n",
+			"line 9: devices[1].reissue_kinds: alias *d expands to"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ParseConfig([]byte(tc.yaml))
+			if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got\n%v\nwant a line %q", err, tc.want)
+			}
+		})
+	}
+}
+
 func TestParseConfigSyntaxAndTypeErrorsHaveLines(t *testing.T) {
 	for _, tc := range []struct{ yaml, want string }{
 		{"gateway: gw-a\netcd:\n  endpoints: [http://x:1\n", "line 2: yaml syntax:"},
@@ -288,6 +321,7 @@ func FuzzParseConfig(f *testing.F) {
 	f.Add([]byte(override(goodConfig, "devices:\n  - id: d\n    fence: gateway\n    home: gw-a\n    serial: {port: /dev/ttyS0, parity: X}")))
 	f.Add([]byte("mqtt: {brokerz: 1, tls: {ca_file: x}, password: '<redacted>'}\n"))
 	f.Add([]byte("a: &x [*x]\n"))
+	f.Add([]byte("x: &a {id: d, reissue_kinds: [k, k, k]}\ny: &d [*a, *a, *a]\ndevices: *d\n"))
 	if b, err := os.ReadFile("../configs/edgefence.example.yaml"); err == nil {
 		f.Add(b)
 	}
