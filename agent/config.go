@@ -337,10 +337,8 @@ func (c *Config) Validate() error {
 	bad := func(key, format string, args ...any) {
 		errs = append(errs, &ConfigError{Key: key, Msg: fmt.Sprintf(format, args...)})
 	}
-	if c.Gateway == "" {
-		bad("gateway", "required")
-	} else if err := fence.ValidateDeviceID(c.Gateway); err != nil {
-		bad("gateway", "%q: use [A-Za-z0-9._-]", c.Gateway)
+	if p := idProblem(c.Gateway); p != "" {
+		bad("gateway", "%s", p)
 	}
 	if c.StateDir == "" {
 		c.StateDir = DefaultStateDir
@@ -460,8 +458,8 @@ func (c *Config) Validate() error {
 	for i := range c.Devices {
 		d := &c.Devices[i]
 		f := fmt.Sprintf("devices[%d]", i)
-		if err := fence.ValidateDeviceID(d.ID); err != nil {
-			bad(f+".id", "%v", err)
+		if p := idProblem(d.ID); p != "" {
+			bad(f+".id", "%s", p)
 		} else if seen[d.ID] {
 			bad(f+".id", "%q listed twice", d.ID)
 		}
@@ -472,6 +470,9 @@ func (c *Config) Validate() error {
 		case FenceDevice, FenceGateway:
 		default:
 			bad(f+".fence", "%q: want %q or %q", d.Fence, FenceDevice, FenceGateway)
+		}
+		if p := idProblem(d.Home); d.Home != "" && p != "" {
+			bad(f+".home", "%s", p)
 		}
 		link := d.Serial != nil || d.MQTTTopic != ""
 		switch {
@@ -521,6 +522,24 @@ func (c *Config) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// idRule is fence.ValidateDeviceID's rule for device and gateway ids, in
+// a config's words.
+var idRule = fmt.Sprintf("may contain only letters A-Z a-z, digits 0-9, '.', '_' and '-', not start with '.', and be at most %d characters", fence.MaxDeviceIDLen)
+
+// idProblem says what is wrong with a device or gateway id — the value
+// and the rule, not the envelope codec's message — or "" if nothing is.
+func idProblem(id string) string {
+	switch {
+	case id == "":
+		return "required"
+	case len(id) > fence.MaxDeviceIDLen:
+		return fmt.Sprintf("%q… is %d characters: %s", id[:32], len(id), idRule)
+	case fence.ValidateDeviceID(id) != nil:
+		return fmt.Sprintf("%q: %s", id, idRule)
+	}
+	return ""
 }
 
 // orDefault sets *v to def if it is the zero value.

@@ -213,3 +213,23 @@ func TestValidateFillsEveryDefault(t *testing.T) {
 		t.Errorf("serial %+v, want transport/serial's defaults", *s)
 	}
 }
+
+// Bad ids are reported in a config's words: the key, the value and the
+// rule, not "fence: invalid envelope: device id".
+func TestIDErrorsSayTheRule(t *testing.T) {
+	long := strings.Repeat("d", 129)
+	const idRule = "may contain only letters A-Z a-z, digits 0-9, '.', '_' and '-'"
+	for _, tc := range []struct{ edit, want string }{
+		{"devices:\n  - id: a\n  - id: b\n  - id: a/b", `devices[2].id: "a/b": ` + idRule},
+		{"devices:\n  - id: .hidden", `devices[0].id: ".hidden": ` + idRule},
+		{"devices:\n  - id: ''", `devices[0].id: required`},
+		{"devices:\n  - id: " + long, `devices[0].id: "` + long[:32] + `"… is 129 characters: ` + idRule},
+		{"gateway: 'gw 1'", `gateway: "gw 1": ` + idRule},
+		{"devices:\n  - id: d\n    fence: gateway\n    home: gw/2", `devices[0].home: "gw/2": ` + idRule},
+	} {
+		_, err := ParseConfig([]byte(override(goodConfig, tc.edit)))
+		if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "envelope") {
+			t.Errorf("%q: got\n%v\nwant a line with %q", tc.edit, err, tc.want)
+		}
+	}
+}
