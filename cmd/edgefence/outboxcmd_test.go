@@ -13,7 +13,6 @@ import (
 	"go.etcd.io/bbolt"
 
 	"github.com/edgefence/edgefence/agent"
-	"github.com/edgefence/edgefence/devices/sandbox"
 	"github.com/edgefence/edgefence/fence"
 	"github.com/edgefence/edgefence/offline"
 )
@@ -274,53 +273,10 @@ func TestOutboxErrors(t *testing.T) {
 func TestOutboxViaAgent(t *testing.T) {
 	dir := t.TempDir()
 	path := outboxAt(t, dir)
-	etcd, err := sandbox.StartEtcd(t.Context(), sandbox.EtcdConfig{Dir: filepath.Join(dir, "etcd"), Fast: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer etcd.Close()
-	cli, err := etcd.Client()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
-	sockDir, err := os.MkdirTemp("", "outbox-") // a socket path must stay under 108 bytes
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(sockDir)
-
+	w := newAPIWorld(t, dir)
 	serve := func(name string, ob *offline.Outbox) (cfgPath, sock string) {
 		t.Helper()
-		sock = filepath.Join(sockDir, name+".sock")
-		cfgPath = filepath.Join(dir, name+".yaml")
-		yaml := "gateway: gw-1\netcd:\n  endpoints: [" + strings.Join(etcd.Endpoints(), ",") + "]\n" +
-			"mqtt:\n  brokers: [mqtt://127.0.0.1:1]\napi:\n  socket: " + sock + "\nstate_dir: " + dir + "\ndevices:\n  - id: pump-7\n"
-		if err := os.WriteFile(cfgPath, []byte(yaml), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		c, err := agent.LoadConfig(cfgPath)
-		if err != nil {
-			t.Fatal(err)
-		}
-		a, err := agent.New(c, cli, nil, agent.Options{Outbox: ob})
-		if err != nil {
-			t.Fatal(err)
-		}
-		l, err := agent.ListenAPI(sock)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- a.ServeAPIListener(ctx, l) }()
-		t.Cleanup(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Error(err)
-			}
-		})
-		return cfgPath, sock
+		return w.serve(name, "  - id: pump-7\n", agent.Options{Outbox: ob})
 	}
 
 	ob, err := offline.Open(path, nil) // the agent's lock
