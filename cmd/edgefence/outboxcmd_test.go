@@ -72,8 +72,12 @@ func outboxAt(t *testing.T, dir string) string {
 	return path
 }
 
-// summaryRE is the summary line of outboxAt's file.
-var summaryRE = regexp.MustCompile(`^pending: meter-1 1 \(\d+ B, oldest 2d02h\), pump-7 2 \(\d+ B, oldest 2d02h\); total 3 \(\d+ B\), oldest 2d02h$`)
+// summaryRE is the pending summary of outboxAt's file: one device a line
+// (it was one long line), and the total.
+var summaryRE = regexp.MustCompile(`^DEVICE +PENDING +BYTES +OLDEST
+meter-1 +1 +\d+ +2d02h
+pump-7 +2 +\d+ +2d02h
+\(total\) +3 +\d+ +2d02h$`)
 
 func TestOutboxList(t *testing.T) {
 	dir := t.TempDir()
@@ -102,14 +106,14 @@ func TestOutboxList(t *testing.T) {
 			t.Errorf("%s\nwant line %q", r, line)
 		}
 	}
-	if n := strings.Count(r.stdout, "\n"); n != 1+6+2 {
+	if n := strings.Count(r.stdout, "\n"); n != 1+6+1+4 {
 		t.Errorf("%d lines:\n%s", n, r.stdout)
 	}
 
 	// Filters: terminal only, one device, a limit; the summary follows --device.
 	r = edgefence(t, "outbox", "list", "--file", path, "--state", "terminal", "--device", "pump-7", "--limit", "1")
-	if r.code != 0 || !strings.Contains(r.stdout, "c-pump-7-1") || strings.Count(r.stdout, "\n") != 1+1+2 ||
-		!regexp.MustCompile(`\npending: pump-7 2 \(\d+ B, oldest 2d02h\); total 2 `).MatchString(r.stdout) {
+	if r.code != 0 || !strings.Contains(r.stdout, "c-pump-7-1") || strings.Count(r.stdout, "\n") != 1+1+1+2 ||
+		!regexp.MustCompile(`\n\nDEVICE +PENDING +BYTES +OLDEST\npump-7 +2 +\d+ +2d02h\n$`).MatchString(r.stdout) {
 		t.Error(r)
 	}
 
@@ -288,7 +292,7 @@ func TestOutboxViaAgent(t *testing.T) {
 
 	r := edgefence(t, "outbox", "list", "--config", cfg, "--timeout", "100ms")
 	if r.code != 0 || r.stderr != "" || !strings.Contains(r.stdout, "pump-7   c-pump-7-4    12     2    set   pending  2d02h  -\n") ||
-		!summaryRE.MatchString(strings.TrimSpace(r.stdout[strings.LastIndex(strings.TrimSpace(r.stdout), "\n")+1:])) {
+		!summaryRE.MatchString(strings.TrimSpace(r.stdout[strings.LastIndex(r.stdout, "\n\n")+2:])) {
 		t.Fatal(r)
 	}
 	r = edgefence(t, "outbox", "list", "--socket", sock, "--json", "--state", "all", "--device", "pump-7")
