@@ -16,6 +16,7 @@ import (
 
 	"github.com/edgefence/edgefence/fence"
 	"github.com/edgefence/edgefence/offline"
+	"github.com/edgefence/edgefence/transport/mqtt"
 	"github.com/edgefence/edgefence/transport/serial"
 )
 
@@ -26,8 +27,12 @@ const (
 	DefaultLeaseTTL       = 10 * time.Second
 	MinLeaseTTL           = 2 * time.Second
 	DefaultCommandTimeout = 10 * time.Second
-	DefaultSocket         = "/run/edgefence/edgefence.sock"
-	DefaultStateDir       = "/var/lib/edgefence"
+	// DefaultMQTTReconnectBackoffMax is mqtt.reconnect_backoff_max's
+	// default: well under command.timeout, so that a command sent during a
+	// broker outage is still answered in time once the broker is back.
+	DefaultMQTTReconnectBackoffMax = 5 * time.Second
+	DefaultSocket                  = "/run/edgefence/edgefence.sock"
+	DefaultStateDir                = "/var/lib/edgefence"
 )
 
 // Fence point kinds of a device.
@@ -70,9 +75,14 @@ type MQTTConfig struct {
 	ClientID      string        `yaml:"client_id"`      // default edgefence-<gateway>
 	KeepAlive     time.Duration `yaml:"keep_alive"`     // default 30s
 	SessionExpiry time.Duration `yaml:"session_expiry"` // default 5m
-	Username      string        `yaml:"username"`       // MQTT CONNECT user name; empty means none
-	Password      Secret        `yaml:"password"`       // its password; or $EDGEFENCE_MQTT_PASSWORD(_FILE)
-	TLS           TLSConfig     `yaml:"tls"`            // for mqtts:// (ssl, tls, tcps) brokers
+	// ReconnectBackoffMax is the ceiling of the delay between attempts to
+	// reach the broker after the connection is lost (exponential with
+	// jitter from 250ms up to it): the longest the agent stays away from
+	// a broker that is back. Default 5s, minimum 250ms.
+	ReconnectBackoffMax time.Duration `yaml:"reconnect_backoff_max"`
+	Username            string        `yaml:"username"` // MQTT CONNECT user name; empty means none
+	Password            Secret        `yaml:"password"` // its password; or $EDGEFENCE_MQTT_PASSWORD(_FILE)
+	TLS                 TLSConfig     `yaml:"tls"`      // for mqtts:// (ssl, tls, tcps) brokers
 }
 
 // APIConfig is the local control API (a unix socket).
@@ -226,7 +236,7 @@ func parseConfig(b []byte, file string, lookup func(string) (string, bool), over
 		aliased := walkNode(root, reflect.TypeFor[Config](), "", lines, &errs)
 		if err := root.Decode(&c); err != nil {
 			ye := yamlErrors(err, lines, false)
-			if _, ok := errors.AsType[*yaml.TypeError](err); ok {
+			if _, ok := errors.AsType[*yaml.TypeError](err); ok && !strings.Contains(err.Error(), "already defined at line") {
 				// yaml.v3 has decoded everything else, so the rest is
 				// validated too: every problem in one pass. A type error
 				// met through an alias is reported at the anchor's line,
@@ -236,7 +246,8 @@ func parseConfig(b []byte, file string, lookup func(string) (string, bool), over
 				}
 				typeKeys = append(typeKeys, aliased...)
 			} else {
-				// Any other error leaves nothing to trust.
+				// Any other error — a key given twice, which makes yaml.v3
+				// skip its whole mapping, too — leaves nothing to trust.
 				decoded = false
 				if ce := aliasBomb(root, lines); ce != nil && strings.Contains(err.Error(), "excessive aliasing") {
 					ye = []error{ce} // the same problem, with its key and line
@@ -400,6 +411,12 @@ func (c *Config) Validate() error {
 	}
 	if c.MQTT.SessionExpiry < 0 {
 		bad("mqtt.session_expiry", "must not be negative")
+	}
+	switch rb := c.MQTT.ReconnectBackoffMax; {
+	case rb == 0:
+		c.MQTT.ReconnectBackoffMax = DefaultMQTTReconnectBackoffMax
+	case rb < mqtt.DefaultMinBackoff:
+		bad("mqtt.reconnect_backoff_max", "%v is below the first retry's delay %v", rb, mqtt.DefaultMinBackoff)
 	}
 	c.credentials("mqtt", c.MQTT.Username, c.MQTT.Password, c.MQTT.TLS, bad)
 	if c.API.Socket == "" {

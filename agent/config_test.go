@@ -30,7 +30,8 @@ func TestParseConfigDefaults(t *testing.T) {
 	}
 	if c.Etcd.LeaseTTL != DefaultLeaseTTL || c.Etcd.Prefix != DefaultEtcdPrefix || c.MQTT.Prefix != DefaultMQTTPrefix ||
 		c.MQTT.ClientID != "edgefence-gw-a" || c.API.Socket != DefaultSocket || c.Command.Timeout != DefaultCommandTimeout ||
-		c.Devices[0].Fence != FenceDevice || c.MQTT.SessionExpiry != 5*time.Minute || c.Log.Format != "auto" {
+		c.Devices[0].Fence != FenceDevice || c.MQTT.SessionExpiry != 5*time.Minute || c.Log.Format != "auto" ||
+		c.MQTT.ReconnectBackoffMax != 5*time.Second {
 		t.Fatalf("defaults not filled in: %+v", c)
 	}
 }
@@ -139,8 +140,9 @@ func TestExampleConfigParses(t *testing.T) {
 }
 
 func TestPolicyAndOutboxConfig(t *testing.T) {
-	base := "gateway: g\netcd: {endpoints: [http://127.0.0.1:2379]}\nmqtt: {brokers: [mqtt://127.0.0.1:1883]}\n"
-	c, err := ParseConfig([]byte(base + "devices:\n  - id: a\n  - id: b\n    policy: autonomous\n    reissue_kinds: [set]\n"))
+	base := "gateway: g\netcd: {endpoints: [http://127.0.0.1:2379]}\n"
+	mqtt := "mqtt: {brokers: [mqtt://127.0.0.1:1883]}\n"
+	c, err := ParseConfig([]byte(base + mqtt + "devices:\n  - id: a\n  - id: b\n    policy: autonomous\n    reissue_kinds: [set]\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,6 +159,23 @@ func TestPolicyAndOutboxConfig(t *testing.T) {
 		if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), bad.field) {
 			t.Errorf("%q: %v, want an error naming %s", bad.yaml, err, bad.field)
 		}
+	}
+}
+
+func TestMQTTReconnectBackoffMaxConfig(t *testing.T) {
+	for _, tc := range []struct{ value, want string }{
+		{"100ms", "line 6: mqtt.reconnect_backoff_max: 100ms is below the first retry's delay 250ms"},
+		{"-1s", "line 6: mqtt.reconnect_backoff_max: -1s is below the first retry's delay 250ms"},
+		{"soon", "line 6: mqtt.reconnect_backoff_max: cannot unmarshal"},
+	} {
+		_, err := ParseConfig([]byte(override(goodConfig, "mqtt:\n  brokers: [mqtt://127.0.0.1:1883]\n  reconnect_backoff_max: "+tc.value)))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want %q", tc.value, err, tc.want)
+		}
+	}
+	c, err := ParseConfig([]byte(override(goodConfig, "mqtt:\n  brokers: [mqtt://127.0.0.1:1883]\n  reconnect_backoff_max: 250ms")))
+	if err != nil || c.MQTT.ReconnectBackoffMax != 250*time.Millisecond {
+		t.Fatalf("250ms: %v %+v", err, c)
 	}
 }
 

@@ -338,3 +338,12 @@ func FuzzParseConfig(f *testing.F) {
 		}
 	})
 }
+
+// A key given twice makes yaml.v3 skip its whole mapping: that one error,
+// not "required" for every key of the skipped mapping.
+func TestDuplicateKeyIsOneProblem(t *testing.T) {
+	_, err := ParseConfig([]byte(goodConfig + "mqtt:\n  brokers: [mqtt://127.0.0.1:1884]\n"))
+	if ces := ConfigErrors(err); len(ces) != 1 || !strings.Contains(err.Error(), `mapping key "mqtt" already defined`) {
+		t.Fatalf("want one problem, the duplicate key:\n%v", err)
+	}
+}
