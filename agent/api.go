@@ -153,7 +153,7 @@ func (a *Agent) APIHandler() http.Handler {
 	mux.HandleFunc("POST /v1/send", a.handleSend)
 	mux.HandleFunc("GET /v1/fence", func(w http.ResponseWriter, r *http.Request) {
 		if a.table == nil {
-			writeJSON(w, http.StatusNotFound, apiError{"this agent keeps no fence table (no fence: gateway device has it as home)"})
+			writeJSON(w, http.StatusNotFound, apiError{noFenceTable})
 			return
 		}
 		recs, err := a.table.List()
@@ -165,7 +165,7 @@ func (a *Agent) APIHandler() http.Handler {
 	})
 	mux.HandleFunc("GET /v1/fence/{device}", func(w http.ResponseWriter, r *http.Request) {
 		if a.table == nil {
-			writeJSON(w, http.StatusNotFound, apiError{"this agent keeps no fence table"})
+			writeJSON(w, http.StatusNotFound, apiError{noFenceTable})
 			return
 		}
 		rec, ok, err := a.table.Get(r.PathValue("device"))
@@ -423,23 +423,37 @@ func (c *APIClient) Enqueue(ctx context.Context, device, kind string, body json.
 	return &res, err
 }
 
-// FenceList returns the agent's fence table records.
+// noFenceTable is the API's answer (404) when the agent has no table.
+const noFenceTable = "this agent keeps no fence table: its gateway is home of no `fence: gateway` device"
+
+// FenceList returns the agent's fence table records. An agent that keeps
+// no table answers an error wrapping ErrNoFenceTable.
 func (c *APIClient) FenceList(ctx context.Context) ([]fence.Record, error) {
 	var recs []fence.Record
 	if err := c.do(ctx, http.MethodGet, "/v1/fence", nil, &recs); err != nil {
-		return nil, err
+		return nil, noTable(err)
 	}
 	return recs, nil
 }
 
 // FenceGet returns one device's fence table record; found is false if the
-// table has no mark for it.
+// table has no mark for it. An agent that keeps no table answers an error
+// wrapping ErrNoFenceTable.
 func (c *APIClient) FenceGet(ctx context.Context, device string) (rec fence.Record, found bool, err error) {
 	err = c.do(ctx, http.MethodGet, "/v1/fence/"+url.PathEscape(device), nil, &rec)
 	if errors.Is(err, ErrNotFound) && strings.Contains(err.Error(), "no mark for") {
 		return fence.Record{}, false, nil
 	}
-	return rec, err == nil, err
+	return rec, err == nil, noTable(err)
+}
+
+// noTable wraps ErrNoFenceTable around the API's answer that there is no
+// fence table.
+func noTable(err error) error {
+	if errors.Is(err, ErrNotFound) && strings.Contains(err.Error(), "keeps no fence table") {
+		return fmt.Errorf("%w: %w", ErrNoFenceTable, err)
+	}
+	return err
 }
 
 // OutboxList returns the agent's outbox records selected by f, and the

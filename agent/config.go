@@ -15,6 +15,8 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/offline"
+	"github.com/edgefence/edgefence/transport/mqtt"
 	"github.com/edgefence/edgefence/transport/serial"
 )
 
@@ -25,8 +27,12 @@ const (
 	DefaultLeaseTTL       = 10 * time.Second
 	MinLeaseTTL           = 2 * time.Second
 	DefaultCommandTimeout = 10 * time.Second
-	DefaultSocket         = "/run/edgefence/edgefence.sock"
-	DefaultStateDir       = "/var/lib/edgefence"
+	// DefaultMQTTReconnectBackoffMax is mqtt.reconnect_backoff_max's
+	// default: well under command.timeout, so that a command sent during a
+	// broker outage is still answered in time once the broker is back.
+	DefaultMQTTReconnectBackoffMax = 5 * time.Second
+	DefaultSocket                  = "/run/edgefence/edgefence.sock"
+	DefaultStateDir                = "/var/lib/edgefence"
 )
 
 // Fence point kinds of a device.
@@ -69,9 +75,14 @@ type MQTTConfig struct {
 	ClientID      string        `yaml:"client_id"`      // default edgefence-<gateway>
 	KeepAlive     time.Duration `yaml:"keep_alive"`     // default 30s
 	SessionExpiry time.Duration `yaml:"session_expiry"` // default 5m
-	Username      string        `yaml:"username"`       // MQTT CONNECT user name; empty means none
-	Password      Secret        `yaml:"password"`       // its password; or $EDGEFENCE_MQTT_PASSWORD(_FILE)
-	TLS           TLSConfig     `yaml:"tls"`            // for mqtts:// (ssl, tls, tcps) brokers
+	// ReconnectBackoffMax is the ceiling of the delay between attempts to
+	// reach the broker after the connection is lost (exponential with
+	// jitter from 250ms up to it): the longest the agent stays away from
+	// a broker that is back. Default 5s, minimum 250ms.
+	ReconnectBackoffMax time.Duration `yaml:"reconnect_backoff_max"`
+	Username            string        `yaml:"username"` // MQTT CONNECT user name; empty means none
+	Password            Secret        `yaml:"password"` // its password; or $EDGEFENCE_MQTT_PASSWORD(_FILE)
+	TLS                 TLSConfig     `yaml:"tls"`      // for mqtts:// (ssl, tls, tcps) brokers
 }
 
 // APIConfig is the local control API (a unix socket).
@@ -94,7 +105,8 @@ type CommandConfig struct {
 }
 
 // OutboxConfig bounds the durable outbox (offline.Options). Zero values
-// mean the offline package's defaults.
+// mean the offline package's defaults (offline.Default*); Validate fills
+// them in.
 type OutboxConfig struct {
 	MaxPerDevice      int           `yaml:"max_per_device"`       // pending commands per device, default 10000
 	MaxBytesPerDevice int64         `yaml:"max_bytes_per_device"` // pending envelope bytes per device, default 16 MiB
@@ -157,6 +169,7 @@ type DeviceConfig struct {
 }
 
 // SerialConfig is a device's serial line (see transport/serial.PortConfig).
+// Zero values mean transport/serial's defaults; Validate fills them in.
 type SerialConfig struct {
 	Port        string        `yaml:"port"`         // e.g. /dev/ttyUSB0 or /dev/serial/by-id/...
 	Baud        int           `yaml:"baud"`         // default 115200
@@ -214,15 +227,33 @@ func parseConfig(b []byte, file string, lookup func(string) (string, bool), over
 	lines := keyLines{}
 	var errs []error
 	decoded := true
+	var typeKeys []string // keys whose values did not decode: not validated again
 	if len(doc.Content) > 0 {
 		root := doc.Content[0]
 		if root.Kind != yaml.MappingNode {
 			return nil, withFile(file, []error{&ConfigError{Line: root.Line, Msg: "not a config: want a mapping of keys (gateway:, etcd:, …)"}})
 		}
-		walkNode(root, reflect.TypeFor[Config](), "", lines, &errs)
+		aliased := walkNode(root, reflect.TypeFor[Config](), "", lines, &errs)
 		if err := root.Decode(&c); err != nil {
-			errs = append(errs, yamlErrors(err, lines, false)...)
-			decoded = false
+			ye := yamlErrors(err, lines, false)
+			if _, ok := errors.AsType[*yaml.TypeError](err); ok && !strings.Contains(err.Error(), "already defined at line") {
+				// yaml.v3 has decoded everything else, so the rest is
+				// validated too: every problem in one pass. A type error
+				// met through an alias is reported at the anchor's line,
+				// so keys holding aliases are left out too.
+				for _, ce := range ConfigErrors(errors.Join(ye...)) {
+					typeKeys = append(typeKeys, ce.Key)
+				}
+				typeKeys = append(typeKeys, aliased...)
+			} else {
+				// Any other error — a key given twice, which makes yaml.v3
+				// skip its whole mapping, too — leaves nothing to trust.
+				decoded = false
+				if ce := aliasBomb(root, lines); ce != nil && strings.Contains(err.Error(), "excessive aliasing") {
+					ye = []error{ce} // the same problem, with its key and line
+				}
+			}
+			errs = append(errs, ye...)
 		}
 	}
 	if lookup != nil {
@@ -234,6 +265,9 @@ func parseConfig(b []byte, file string, lookup func(string) (string, bool), over
 	if decoded {
 		verr := c.Validate()
 		for _, ce := range ConfigErrors(verr) {
+			if related(ce.Key, typeKeys) {
+				continue // the zero value the type error left behind
+			}
 			for _, o := range overrides {
 				if ce.Key == o.Key || strings.HasPrefix(ce.Key, o.Key+".") || strings.HasPrefix(ce.Key, o.Key+"[") {
 					ce.Key, ce.Line = o.Flag, -1
@@ -263,6 +297,21 @@ func parseConfig(b []byte, file string, lookup func(string) (string, bool), over
 		return nil, withFile(file, errs)
 	}
 	return &c, nil
+}
+
+// related reports whether key is one of keys, under one of them, or above
+// one of them (devices is above devices[1].policy). An empty key in keys
+// (a type error on a line with no key) relates to nothing.
+func related(key string, keys []string) bool {
+	under := func(k, parent string) bool {
+		return strings.HasPrefix(k, parent+".") || strings.HasPrefix(k, parent+"[")
+	}
+	for _, k := range keys {
+		if k != "" && (k == key || under(key, k) || under(k, key)) {
+			return true
+		}
+	}
+	return false
 }
 
 // withFile sets the file of errs (not of flag errors, Line -1), orders
@@ -299,10 +348,8 @@ func (c *Config) Validate() error {
 	bad := func(key, format string, args ...any) {
 		errs = append(errs, &ConfigError{Key: key, Msg: fmt.Sprintf(format, args...)})
 	}
-	if c.Gateway == "" {
-		bad("gateway", "required")
-	} else if err := fence.ValidateDeviceID(c.Gateway); err != nil {
-		bad("gateway", "%q: use [A-Za-z0-9._-]", c.Gateway)
+	if p := idProblem(c.Gateway); p != "" {
+		bad("gateway", "%s", p)
 	}
 	if c.StateDir == "" {
 		c.StateDir = DefaultStateDir
@@ -365,6 +412,12 @@ func (c *Config) Validate() error {
 	if c.MQTT.SessionExpiry < 0 {
 		bad("mqtt.session_expiry", "must not be negative")
 	}
+	switch rb := c.MQTT.ReconnectBackoffMax; {
+	case rb == 0:
+		c.MQTT.ReconnectBackoffMax = DefaultMQTTReconnectBackoffMax
+	case rb < mqtt.DefaultMinBackoff:
+		bad("mqtt.reconnect_backoff_max", "%v is below the first retry's delay %v", rb, mqtt.DefaultMinBackoff)
+	}
 	c.credentials("mqtt", c.MQTT.Username, c.MQTT.Password, c.MQTT.TLS, bad)
 	if c.API.Socket == "" {
 		c.API.Socket = DefaultSocket
@@ -393,6 +446,14 @@ func (c *Config) Validate() error {
 			bad(n.key, "must not be negative")
 		}
 	}
+	// The effective values, as the outbox applies them (offline.Options),
+	// so that `config check` shows what runs.
+	orDefault(&o.MaxPerDevice, offline.DefaultMaxPerDevice)
+	orDefault(&o.MaxBytesPerDevice, offline.DefaultMaxBytesPerDevice)
+	orDefault(&o.MaxTotal, offline.DefaultMaxTotal)
+	orDefault(&o.MaxTotalBytes, offline.DefaultMaxTotalBytes)
+	orDefault(&o.TTL, offline.DefaultTTL)
+	orDefault(&o.Retention, offline.DefaultRetention)
 	switch c.Log.Level {
 	case "":
 		c.Log.Level = "info"
@@ -414,8 +475,8 @@ func (c *Config) Validate() error {
 	for i := range c.Devices {
 		d := &c.Devices[i]
 		f := fmt.Sprintf("devices[%d]", i)
-		if err := fence.ValidateDeviceID(d.ID); err != nil {
-			bad(f+".id", "%v", err)
+		if p := idProblem(d.ID); p != "" {
+			bad(f+".id", "%s", p)
 		} else if seen[d.ID] {
 			bad(f+".id", "%q listed twice", d.ID)
 		}
@@ -426,6 +487,9 @@ func (c *Config) Validate() error {
 		case FenceDevice, FenceGateway:
 		default:
 			bad(f+".fence", "%q: want %q or %q", d.Fence, FenceDevice, FenceGateway)
+		}
+		if p := idProblem(d.Home); d.Home != "" && p != "" {
+			bad(f+".home", "%s", p)
 		}
 		link := d.Serial != nil || d.MQTTTopic != ""
 		switch {
@@ -445,6 +509,12 @@ func (c *Config) Validate() error {
 			bad(f+".serial.port", "required")
 		case d.Serial != nil:
 			s := d.Serial
+			// The effective values, as transport/serial applies them.
+			orDefault(&s.Baud, serial.DefaultBaud)
+			orDefault(&s.DataBits, serial.DefaultDataBits)
+			orDefault(&s.Parity, serial.DefaultParity)
+			orDefault(&s.StopBits, serial.DefaultStopBits)
+			orDefault(&s.ReadTimeout, serial.DefaultReadTimeout)
 			pc := serial.PortConfig{Path: s.Port, Baud: s.Baud, DataBits: s.DataBits, Parity: s.Parity, StopBits: s.StopBits, ReadTimeout: s.ReadTimeout}
 			if err := pc.Validate(); err != nil {
 				msg := strings.TrimPrefix(strings.TrimPrefix(err.Error(), serial.ErrInvalidConfig.Error()), ": ")
@@ -469,6 +539,32 @@ func (c *Config) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// idRule is fence.ValidateDeviceID's rule for device and gateway ids, in
+// a config's words.
+var idRule = fmt.Sprintf("may contain only letters A-Z a-z, digits 0-9, '.', '_' and '-', not start with '.', and be at most %d characters", fence.MaxDeviceIDLen)
+
+// idProblem says what is wrong with a device or gateway id — the value
+// and the rule, not the envelope codec's message — or "" if nothing is.
+func idProblem(id string) string {
+	switch {
+	case id == "":
+		return "required"
+	case len(id) > fence.MaxDeviceIDLen:
+		return fmt.Sprintf("%q… is %d characters: %s", id[:32], len(id), idRule)
+	case fence.ValidateDeviceID(id) != nil:
+		return fmt.Sprintf("%q: %s", id, idRule)
+	}
+	return ""
+}
+
+// orDefault sets *v to def if it is the zero value.
+func orDefault[T comparable](v *T, def T) {
+	var zero T
+	if *v == zero {
+		*v = def
+	}
 }
 
 // credentials checks a client's user, password and TLS files.

@@ -2,9 +2,13 @@ package agent
 
 import (
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/edgefence/edgefence/offline"
+	"github.com/edgefence/edgefence/transport/serial"
 )
 
 const goodConfig = `
@@ -26,7 +30,8 @@ func TestParseConfigDefaults(t *testing.T) {
 	}
 	if c.Etcd.LeaseTTL != DefaultLeaseTTL || c.Etcd.Prefix != DefaultEtcdPrefix || c.MQTT.Prefix != DefaultMQTTPrefix ||
 		c.MQTT.ClientID != "edgefence-gw-a" || c.API.Socket != DefaultSocket || c.Command.Timeout != DefaultCommandTimeout ||
-		c.Devices[0].Fence != FenceDevice || c.MQTT.SessionExpiry != 5*time.Minute || c.Log.Format != "auto" {
+		c.Devices[0].Fence != FenceDevice || c.MQTT.SessionExpiry != 5*time.Minute || c.Log.Format != "auto" ||
+		c.MQTT.ReconnectBackoffMax != 5*time.Second {
 		t.Fatalf("defaults not filled in: %+v", c)
 	}
 }
@@ -135,8 +140,9 @@ func TestExampleConfigParses(t *testing.T) {
 }
 
 func TestPolicyAndOutboxConfig(t *testing.T) {
-	base := "gateway: g\netcd: {endpoints: [http://127.0.0.1:2379]}\nmqtt: {brokers: [mqtt://127.0.0.1:1883]}\n"
-	c, err := ParseConfig([]byte(base + "devices:\n  - id: a\n  - id: b\n    policy: autonomous\n    reissue_kinds: [set]\n"))
+	base := "gateway: g\netcd: {endpoints: [http://127.0.0.1:2379]}\n"
+	mqtt := "mqtt: {brokers: [mqtt://127.0.0.1:1883]}\n"
+	c, err := ParseConfig([]byte(base + mqtt + "devices:\n  - id: a\n  - id: b\n    policy: autonomous\n    reissue_kinds: [set]\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,6 +158,97 @@ func TestPolicyAndOutboxConfig(t *testing.T) {
 		_, err := ParseConfig([]byte(base + bad.yaml))
 		if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), bad.field) {
 			t.Errorf("%q: %v, want an error naming %s", bad.yaml, err, bad.field)
+		}
+	}
+}
+
+func TestMQTTReconnectBackoffMaxConfig(t *testing.T) {
+	for _, tc := range []struct{ value, want string }{
+		{"100ms", "line 6: mqtt.reconnect_backoff_max: 100ms is below the first retry's delay 250ms"},
+		{"-1s", "line 6: mqtt.reconnect_backoff_max: -1s is below the first retry's delay 250ms"},
+		{"soon", "line 6: mqtt.reconnect_backoff_max: cannot unmarshal"},
+	} {
+		_, err := ParseConfig([]byte(override(goodConfig, "mqtt:\n  brokers: [mqtt://127.0.0.1:1883]\n  reconnect_backoff_max: "+tc.value)))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want %q", tc.value, err, tc.want)
+		}
+	}
+	c, err := ParseConfig([]byte(override(goodConfig, "mqtt:\n  brokers: [mqtt://127.0.0.1:1883]\n  reconnect_backoff_max: 250ms")))
+	if err != nil || c.MQTT.ReconnectBackoffMax != 250*time.Millisecond {
+		t.Fatalf("250ms: %v %+v", err, c)
+	}
+}
+
+// TestValidateFillsEveryDefault: after Validate no field whose zero value
+// means "the default" is still zero, so `config check` prints the values
+// that run (it printed outbox ttl 0s, serial baud 0). The keys whose zero
+// is a value of its own are listed.
+func TestValidateFillsEveryDefault(t *testing.T) {
+	c, err := ParseConfig([]byte(override(goodConfig, `devices:
+  - id: dev-1
+  - id: plc-1
+    fence: gateway
+    home: gw-a
+    serial: {port: /dev/ttyUSB0}`)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	zeroMeansItself := map[string]bool{
+		"etcd.username": true, "etcd.password": true, "etcd.tls.ca_file": true, "etcd.tls.cert_file": true, "etcd.tls.key_file": true,
+		"mqtt.username": true, "mqtt.password": true, "mqtt.tls.ca_file": true, "mqtt.tls.cert_file": true, "mqtt.tls.key_file": true,
+		"metrics.listen": true, "twins.enabled": true, // off
+		"devices[].home": true, "devices[].serial": true, "devices[].mqtt_topic": true, "devices[].reissue_kinds": true,
+	}
+	var walk func(v reflect.Value, key string)
+	walk = func(v reflect.Value, key string) {
+		typ := v.Type()
+		switch {
+		case typ.Kind() == reflect.Pointer && !v.IsNil():
+			walk(v.Elem(), key)
+		case typ.Kind() == reflect.Struct && typ.PkgPath() != "time" && !reflect.PointerTo(typ).Implements(unmarshalerType):
+			for i := range typ.NumField() {
+				name, _, _ := strings.Cut(typ.Field(i).Tag.Get("yaml"), ",")
+				k := name
+				if key != "" {
+					k = key + "." + name
+				}
+				walk(v.Field(i), k)
+			}
+		case typ.Kind() == reflect.Slice && typ.Elem().Kind() == reflect.Struct:
+			for i := range v.Len() {
+				walk(v.Index(i), key+"[]")
+			}
+		case v.IsZero() && !zeroMeansItself[key]:
+			t.Errorf("%s is %v after Validate: fill in its default", key, v.Interface())
+		}
+	}
+	walk(reflect.ValueOf(c).Elem(), "")
+	o := c.Outbox
+	if o.TTL != offline.DefaultTTL || o.Retention != offline.DefaultRetention || o.MaxPerDevice != offline.DefaultMaxPerDevice ||
+		o.MaxBytesPerDevice != offline.DefaultMaxBytesPerDevice || o.MaxTotal != offline.DefaultMaxTotal || o.MaxTotalBytes != offline.DefaultMaxTotalBytes {
+		t.Errorf("outbox %+v, want offline's defaults", o)
+	}
+	if s := c.Devices[1].Serial; s.Baud != serial.DefaultBaud || s.Parity != serial.DefaultParity || s.ReadTimeout != serial.DefaultReadTimeout {
+		t.Errorf("serial %+v, want transport/serial's defaults", *s)
+	}
+}
+
+// Bad ids are reported in a config's words: the key, the value and the
+// rule, not "fence: invalid envelope: device id".
+func TestIDErrorsSayTheRule(t *testing.T) {
+	long := strings.Repeat("d", 129)
+	const idRule = "may contain only letters A-Z a-z, digits 0-9, '.', '_' and '-'"
+	for _, tc := range []struct{ edit, want string }{
+		{"devices:\n  - id: a\n  - id: b\n  - id: a/b", `devices[2].id: "a/b": ` + idRule},
+		{"devices:\n  - id: .hidden", `devices[0].id: ".hidden": ` + idRule},
+		{"devices:\n  - id: ''", `devices[0].id: required`},
+		{"devices:\n  - id: " + long, `devices[0].id: "` + long[:32] + `"… is 129 characters: ` + idRule},
+		{"gateway: 'gw 1'", `gateway: "gw 1": ` + idRule},
+		{"devices:\n  - id: d\n    fence: gateway\n    home: gw/2", `devices[0].home: "gw/2": ` + idRule},
+	} {
+		_, err := ParseConfig([]byte(override(goodConfig, tc.edit)))
+		if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "envelope") {
+			t.Errorf("%q: got\n%v\nwant a line with %q", tc.edit, err, tc.want)
 		}
 	}
 }

@@ -100,18 +100,19 @@ func (kl keyLines) keyAt(line int) string {
 var unmarshalerType = reflect.TypeFor[yaml.Unmarshaler]()
 
 // walkNode records the line of every key under n, a node decoding into t,
-// and reports keys t does not have.
-func walkNode(n *yaml.Node, t reflect.Type, key string, lines keyLines, errs *[]error) {
+// reports keys t does not have, and returns the keys whose values are
+// aliases.
+func walkNode(n *yaml.Node, t reflect.Type, key string, lines keyLines, errs *[]error) (aliased []string) {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
 	if n.Kind == yaml.AliasNode {
 		// Not followed: the anchor's keys are checked where it is, and
 		// following aliases would multiply the work (billion laughs).
-		return
+		return []string{key}
 	}
 	if reflect.PointerTo(t).Implements(unmarshalerType) {
-		return // a leaf with its own decoding (Secret)
+		return nil // a leaf with its own decoding (Secret)
 	}
 	switch {
 	case t.Kind() == reflect.Struct && n.Kind == yaml.MappingNode:
@@ -132,15 +133,16 @@ func walkNode(n *yaml.Node, t reflect.Type, key string, lines keyLines, errs *[]
 				continue
 			}
 			lines[child] = k.Line
-			walkNode(v, f.Type, child, lines, errs)
+			aliased = append(aliased, walkNode(v, f.Type, child, lines, errs)...)
 		}
 	case t.Kind() == reflect.Slice && n.Kind == yaml.SequenceNode:
 		for i, item := range n.Content {
 			child := key + "[" + strconv.Itoa(i) + "]"
 			lines[child] = item.Line
-			walkNode(item, t.Elem(), child, lines, errs)
+			aliased = append(aliased, walkNode(item, t.Elem(), child, lines, errs)...)
 		}
 	}
+	return aliased
 }
 
 // yamlFields returns the fields of struct type t by yaml name.
@@ -260,4 +262,75 @@ func yamlErrors(err error, lines keyLines, syntax bool) []error {
 		out = append(out, ce)
 	}
 	return out
+}
+
+// aliasBomb says where the aliases are that make root expand to far more
+// nodes than it has (yaml.v3 refuses such a document with "document
+// contains excessive aliasing", naming no key): from the root it follows,
+// along the config's keys, the child that holds most of the expansion,
+// and stops at an alias or where the expansion is spread over many
+// children (devices: [*a, *a, …]). It returns nil if no key can be named.
+func aliasBomb(root *yaml.Node, lines keyLines) *ConfigError {
+	sizes := map[*yaml.Node]uint64{}
+	var size func(n *yaml.Node) uint64
+	size = func(n *yaml.Node) uint64 {
+		if s, ok := sizes[n]; ok {
+			return s
+		}
+		sizes[n] = 1 // an alias of its own ancestor counts once
+		s := uint64(1)
+		if n.Kind == yaml.AliasNode && n.Alias != nil {
+			s = size(n.Alias)
+		}
+		for _, c := range n.Content {
+			s = min(s+size(c), 1<<62)
+		}
+		sizes[n] = s
+		return s
+	}
+	n, t, key := root, reflect.TypeFor[Config](), ""
+	for n.Kind != yaml.AliasNode {
+		var best *yaml.Node
+		var bestT reflect.Type
+		bestKey := ""
+		var sum uint64 // of the children that decode: not unknown keys
+		consider := func(c *yaml.Node, ct reflect.Type, ck string) {
+			sum = min(sum+size(c), 1<<62)
+			if best == nil || size(c) > size(best) {
+				best, bestT, bestKey = c, ct, ck
+			}
+		}
+		for t.Kind() == reflect.Pointer {
+			t = t.Elem()
+		}
+		switch {
+		case t.Kind() == reflect.Struct && n.Kind == yaml.MappingNode:
+			fields := yamlFields(t)
+			for i := 0; i+1 < len(n.Content); i += 2 {
+				if f, ok := fields[n.Content[i].Value]; ok {
+					consider(n.Content[i+1], f.Type, strings.TrimPrefix(key+"."+n.Content[i].Value, "."))
+				}
+			}
+		case t.Kind() == reflect.Slice && n.Kind == yaml.SequenceNode:
+			for i, c := range n.Content {
+				consider(c, t.Elem(), key+"["+strconv.Itoa(i)+"]")
+			}
+		}
+		if best == nil || 2*size(best) <= sum {
+			break
+		}
+		n, t, key = best, bestT, bestKey
+	}
+	total := size(n)
+	if n == root {
+		return nil // no key to name: yaml's message stands
+	}
+	ce := &ConfigError{Line: lines.line(key), Key: key}
+	if n.Kind == yaml.AliasNode {
+		ce.Line = n.Line
+		ce.Msg = fmt.Sprintf("alias *%s expands to %d nodes: excessive aliasing (a YAML alias bomb?); write the value out", n.Value, total)
+	} else {
+		ce.Msg = fmt.Sprintf("its aliases expand to %d nodes: excessive aliasing (a YAML alias bomb?); write the values out", total)
+	}
+	return ce
 }

@@ -55,6 +55,95 @@ devices:
 	}
 }
 
+// Type errors do not stop the check: the validation problems of the rest
+// of the file come in the same pass (a second run found 8 more), and a key
+// whose value did not decode gets one error, not a second one about the
+// zero value left behind.
+func TestTypeAndValidationErrorsInOnePass(t *testing.T) {
+	src := `gateway: gw-a
+etcd:
+  endpoints: [http://127.0.0.1:2379]
+  lease_ttl: soon
+  dial_timeout: -1s
+mqtt:
+  brokers: 5
+  keep_alive: 500ms
+command:
+  timeout: -5s
+outbox:
+  max_total: lots
+  ttl: -1h
+log:
+  level: loud
+devices:
+  - id: dev-1
+  - id: dev-1
+  - id: dev-3
+    policy: [x]
+  - id: dev-4
+    fence: magic
+  - 7
+`
+	_, err := ParseConfig([]byte(src))
+	want := []string{
+		"line 4: etcd.lease_ttl: cannot unmarshal",
+		"line 5: etcd.dial_timeout: must be positive",
+		"line 7: mqtt.brokers: cannot unmarshal",
+		"line 8: mqtt.keep_alive: 500ms: must be at least 1s",
+		"line 10: command.timeout: must be positive",
+		"line 12: outbox.max_total: cannot unmarshal",
+		"line 13: outbox.ttl: must not be negative",
+		"line 15: log.level: \"loud\": want debug, info, warn or error",
+		"line 18: devices[1].id: \"dev-1\" listed twice",
+		"line 20: devices[2].policy: cannot unmarshal",
+		"line 22: devices[3].fence: \"magic\": want \"device\" or \"gateway\"",
+		"line 23: devices[4]: cannot unmarshal",
+	}
+	got := ConfigErrors(err)
+	if len(got) != len(want) {
+		t.Errorf("%d problems, want %d:\n%v", len(got), len(want), err)
+	}
+	for i, w := range want {
+		if i >= len(got) || !strings.HasPrefix(got[i].Error(), w) {
+			t.Errorf("problem %d: want %q\ngot:\n%v", i, w, err)
+			break
+		}
+	}
+}
+
+// A type error met through an alias is reported at the anchor's line: the
+// key that holds the alias is not validated again either.
+func TestTypeErrorThroughAnAlias(t *testing.T) {
+	_, err := ParseConfig([]byte("x: &e [[a]]\n" + strings.Replace(goodConfig, "endpoints: [http://127.0.0.1:2379]", "endpoints: *e", 1)))
+	if strings.Contains(err.Error(), "etcd.endpoints") || len(ConfigErrors(err)) != 2 {
+		t.Fatalf("want the unknown key x and one type error, nothing about etcd.endpoints:\n%v", err)
+	}
+}
+
+// An alias bomb is refused (yaml.v3's "excessive aliasing") with the key
+// and line where the aliases are, not a bare "document contains excessive
+// aliasing".
+func TestAliasBombNamesTheKey(t *testing.T) {
+	head := "gateway: gw-a\netcd: {endpoints: [http://127.0.0.1:2379]}\nmqtt: {brokers: [mqtt://127.0.0.1:1883]}\n"
+	dev := "x: &a {id: d, reissue_kinds: [" + strings.Repeat("k,", 199) + "k]}\n"
+	many := "[" + strings.Repeat("*a,", 1999) + "*a]"
+	for _, tc := range []struct{ name, yaml, want string }{
+		{"spread over a list", head + dev + "devices: " + many + "\n",
+			"line 5: devices: its aliases expand to 410001 nodes: excessive aliasing"},
+		{"one alias", head + dev + "y: &d " + many + "\nmqtt2: 1\ndevices: *d\n",
+			"line 7: devices: alias *d expands to 410001 nodes: excessive aliasing"},
+		{"under a device", head + dev + "y: &d " + many + "\ndevices:\n  - id: a\n  - id: b\n    reissue_kinds: *d\n",
+			"line 9: devices[1].reissue_kinds: alias *d expands to"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ParseConfig([]byte(tc.yaml))
+			if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got\n%v\nwant a line %q", err, tc.want)
+			}
+		})
+	}
+}
+
 func TestParseConfigSyntaxAndTypeErrorsHaveLines(t *testing.T) {
 	for _, tc := range []struct{ yaml, want string }{
 		{"gateway: gw-a\netcd:\n  endpoints: [http://x:1\n", "line 2: yaml syntax:"},
@@ -232,6 +321,7 @@ func FuzzParseConfig(f *testing.F) {
 	f.Add([]byte(override(goodConfig, "devices:\n  - id: d\n    fence: gateway\n    home: gw-a\n    serial: {port: /dev/ttyS0, parity: X}")))
 	f.Add([]byte("mqtt: {brokerz: 1, tls: {ca_file: x}, password: '<redacted>'}\n"))
 	f.Add([]byte("a: &x [*x]\n"))
+	f.Add([]byte("x: &a {id: d, reissue_kinds: [k, k, k]}\ny: &d [*a, *a, *a]\ndevices: *d\n"))
 	if b, err := os.ReadFile("../configs/edgefence.example.yaml"); err == nil {
 		f.Add(b)
 	}
@@ -247,4 +337,13 @@ func FuzzParseConfig(f *testing.F) {
 			t.Fatalf("valid config does not validate again: %v", err)
 		}
 	})
+}
+
+// A key given twice makes yaml.v3 skip its whole mapping: that one error,
+// not "required" for every key of the skipped mapping.
+func TestDuplicateKeyIsOneProblem(t *testing.T) {
+	_, err := ParseConfig([]byte(goodConfig + "mqtt:\n  brokers: [mqtt://127.0.0.1:1884]\n"))
+	if ces := ConfigErrors(err); len(ces) != 1 || !strings.Contains(err.Error(), `mapping key "mqtt" already defined`) {
+		t.Fatalf("want one problem, the duplicate key:\n%v", err)
+	}
 }

@@ -30,4 +30,7 @@ var (
 	ErrBadBody = errors.New("agent: bad command body")
 	// ErrNoOutbox means the call needs the agent to have an outbox.
 	ErrNoOutbox = errors.New("agent: no outbox")
+	// ErrNoFenceTable means the agent keeps no fence table: its gateway is
+	// home of no `fence: gateway` device.
+	ErrNoFenceTable = errors.New("agent: no fence table")
 )

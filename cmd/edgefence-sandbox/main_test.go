@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/url"
@@ -55,6 +56,116 @@ func TestUsage(t *testing.T) {
 		if code := run(tc.args, &out, &errOut); code != tc.code {
 			t.Errorf("run(%q) = %d, want %d; stderr: %s", tc.args, code, tc.code, errOut.String())
 		}
+	}
+}
+
+// runMain runs edgefence-sandbox with args in a subprocess (so that a
+// command that would start servers cannot hang the test) and returns its
+// output and exit status.
+func runMain(t *testing.T, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], args...)
+	cmd.Env = append(os.Environ(), beMain+"=1")
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	if ctx.Err() != nil {
+		t.Fatalf("edgefence-sandbox %q still running after 30s (it started a server?); stdout:\n%s", args, out.String())
+	}
+	if _, ok := err.(*exec.ExitError); err != nil && !ok {
+		t.Fatal(err)
+	}
+	return out.String(), errOut.String(), cmd.ProcessState.ExitCode()
+}
+
+// TestFirstContact: with no command the sandbox does not start a server
+// but lists its commands; -h and help list every command with a line each;
+// a command's -h names the command, not "Usage of serve:".
+func TestFirstContact(t *testing.T) {
+	listsAll := func(t *testing.T, what, text string) {
+		t.Helper()
+		for _, want := range []string{"serve ", "demo ", "help ", "usage: edgefence-sandbox <command>"} {
+			if !strings.Contains(text, want) {
+				t.Errorf("%s lacks %q:\n%s", what, want, text)
+			}
+		}
+	}
+	stdout, stderr, code := runMain(t)
+	if code != 2 || stdout != "" {
+		t.Errorf("no arguments: exit %d, stdout %q; want 2 and nothing on stdout", code, stdout)
+	}
+	listsAll(t, "no arguments: stderr", stderr)
+
+	for _, args := range [][]string{{"-h"}, {"--help"}, {"help"}} {
+		stdout, stderr, code := runMain(t, args...)
+		if code != 0 || strings.Contains(stderr, "Usage of") {
+			t.Errorf("%q: exit %d, stderr %q", args, code, stderr)
+		}
+		listsAll(t, fmt.Sprintf("%q: stdout", args), stdout)
+	}
+
+	for _, name := range []string{"serve", "demo"} {
+		for _, args := range [][]string{{name, "-h"}, {"help", name}} {
+			var out, errOut bytes.Buffer
+			code := run(args, &out, &errOut)
+			text := out.String() + errOut.String()
+			if code != 0 || strings.Contains(text, "Usage of") ||
+				!strings.Contains(text, "usage: edgefence-sandbox "+name+" [flags]") || !strings.Contains(text, commands()[name].summary) {
+				t.Errorf("%q: exit %d, output:\n%s", args, code, text)
+			}
+		}
+	}
+
+	// A flag first is a usage error that says where the command goes.
+	if _, stderr, code := runMain(t, "--fast"); code != 2 || !strings.Contains(stderr, "edgefence-sandbox serve --fast") {
+		t.Errorf("--fast: exit %d, stderr:\n%s", code, stderr)
+	}
+}
+
+// TestServeBrokenStdout: serve whose stdout is a pipe nobody reads any
+// more (serve | head -1, head gone) stops cleanly and removes its temp
+// dir, instead of dying of SIGPIPE and leaving it behind.
+func TestServeBrokenStdout(t *testing.T) {
+	tmp := t.TempDir()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Close() // the reader has gone before the first line is written
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "serve", "--fast", "--devices", "1")
+	cmd.Env = append(os.Environ(), beMain+"=1", "TMPDIR="+tmp)
+	if g := os.Getenv("GORACE"); !strings.Contains(g, "atexit_sleep_ms") {
+		cmd.Env = append(cmd.Env, strings.TrimSpace("GORACE="+g+" atexit_sleep_ms=0"))
+	}
+	var stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = w, &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	err = cmd.Wait()
+	if ctx.Err() != nil {
+		t.Fatalf("serve still running 60s after its stdout closed; stderr:\n%s", stderr.String())
+	}
+	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		t.Errorf("serve killed by %v", ws.Signal())
+	}
+	if code := cmd.ProcessState.ExitCode(); code != 1 || !strings.Contains(stderr.String(), "stdout closed") {
+		t.Errorf("exit %v (code %d), want 1 and a line saying stdout closed; stderr:\n%s", err, code, stderr.String())
+	}
+	if !strings.Contains(stderr.String(), "stopped") {
+		t.Errorf("no clean stop logged; stderr:\n%s", stderr.String())
+	}
+	left, err := filepath.Glob(filepath.Join(tmp, "edgefence-sandbox-*"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(left) > 0 {
+		t.Errorf("temp dir left behind: %q", left)
 	}
 }
 

@@ -28,8 +28,7 @@ const (
 
 // serve runs the default world and simulated devices until ctx is done.
 func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("serve", "[flags]", stderr)
 	dir := fs.String("dir", "", "data dir (default: a new temp dir, removed on exit)")
 	fast := fs.Bool("fast", false, "fast etcd timing (tick 10 ms, election 100 ms): honours 1–2 s lease TTLs")
 	etcdAddr := fs.String("etcd-addr", "", "etcd client address HOST:PORT (default: a free 127.0.0.1 port)")

@@ -186,7 +186,9 @@ edgefence: invalid config: 4 problems
 	}
 	etcd, _ := js["etcd"].(map[string]any)
 	mqtt, _ := js["mqtt"].(map[string]any)
-	if etcd["lease_ttl"] != "10s" || mqtt["client_id"] != "edgefence-gw-1" || mqtt["password"] != "<redacted>" {
+	outbox, _ := js["outbox"].(map[string]any)
+	if etcd["lease_ttl"] != "10s" || mqtt["client_id"] != "edgefence-gw-1" || mqtt["password"] != "<redacted>" ||
+		outbox["ttl"] != "1h0m0s" || outbox["retention"] != "24h0m0s" || outbox["max_per_device"] != 10000.0 {
 		t.Fatalf("config check --json:\n%s", r.stdout)
 	}
 	if strings.Contains(r.stdout, "in-the-file") {

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"text/tabwriter"
 	"time"
@@ -114,13 +115,30 @@ type agentSource struct{ c *agent.APIClient }
 func (a agentSource) List() ([]fence.Record, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	return a.c.FenceList(ctx)
+	recs, err := a.c.FenceList(ctx)
+	return recs, a.explain(err)
 }
 
 func (a agentSource) Get(device string) (fence.Record, bool, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	return a.c.FenceGet(ctx, device)
+	rec, found, err := a.c.FenceGet(ctx, device)
+	return rec, found, a.explain(err)
+}
+
+// explain says which agent keeps no fence table.
+func (a agentSource) explain(err error) error {
+	if errors.Is(err, agent.ErrNoFenceTable) {
+		return errNoTable("the gateway of the agent at " + a.c.Socket)
+	}
+	return err
+}
+
+// errNoTable is the error of the fence commands on a gateway without a
+// fence table: who is home of no gateway-fenced device.
+func errNoTable(who string) error {
+	return fmt.Errorf("%w: %s is home of no `fence: gateway` device, so it keeps none "+
+		"(a `fence: device` device keeps its mark itself: edgefence devices)", agent.ErrNoFenceTable, who)
 }
 
 func (agentSource) Close() error { return nil }
@@ -140,10 +158,15 @@ func (f *fenceFlags) open() (fenceSource, error) {
 		return agentSource{agent.NewAPIClient(loc.socket)}, nil
 	}
 	t, err := fence.OpenTable(loc.path, &fence.TableOptions{ReadOnly: true, Timeout: f.timeout})
-	if errors.Is(err, fence.ErrTableLocked) && loc.socket != "" {
+	switch {
+	case errors.Is(err, fence.ErrTableLocked) && loc.socket != "":
 		return agentSource{agent.NewAPIClient(loc.socket)}, nil
-	}
-	if err != nil {
+	case errors.Is(err, os.ErrNotExist) && loc.cfg != nil && len(loc.cfg.Bridged()) == 0:
+		return nil, errNoTable("gateway " + loc.cfg.Gateway)
+	case errors.Is(err, os.ErrNotExist) && loc.cfg != nil:
+		return nil, fmt.Errorf("%w (gateway %s is home of %d `fence: gateway` devices: its agent creates the table when it first starts)",
+			err, loc.cfg.Gateway, len(loc.cfg.Bridged()))
+	case err != nil:
 		return nil, err
 	}
 	return t, nil
@@ -154,7 +177,8 @@ func (f *fenceFlags) open() (fenceSource, error) {
 type stateLocation struct {
 	path      string
 	socket    string
-	agentOnly bool // only a socket was given: ask the agent
+	agentOnly bool          // only a socket was given: ask the agent
+	cfg       *agent.Config // the --config file's, if given
 }
 
 // locateState resolves the --file/--table, --config, --socket and
@@ -172,7 +196,7 @@ func locateState(file, config, socket, stateDir, name string) (stateLocation, er
 		if err != nil {
 			return loc, err
 		}
-		loc.path = filepath.Join(c.StateDir, name)
+		loc.path, loc.cfg = filepath.Join(c.StateDir, name), c
 		if loc.socket == "" {
 			loc.socket = c.API.Socket
 		}
@@ -200,7 +224,7 @@ func cmdFenceList(args []string, stdout, stderr io.Writer) error {
 	}
 	defer tab.Close()
 	recs, listErr := tab.List() // the readable records even if some are not
-	if errors.Is(listErr, agent.ErrUnreachable) {
+	if errors.Is(listErr, agent.ErrUnreachable) || errors.Is(listErr, agent.ErrNoFenceTable) {
 		return listErr
 	}
 	if err := printRecords(stdout, recs, f.asJSON); err != nil {
@@ -229,7 +253,7 @@ func cmdFenceShow(args []string, stdout, stderr io.Writer) error {
 	for _, dev := range devices {
 		r, found, err := tab.Get(dev)
 		switch {
-		case errors.Is(err, agent.ErrUnreachable):
+		case errors.Is(err, agent.ErrUnreachable), errors.Is(err, agent.ErrNoFenceTable):
 			return err
 		case err != nil:
 			errs = append(errs, err)

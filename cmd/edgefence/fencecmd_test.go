@@ -11,6 +11,7 @@ import (
 
 	"go.etcd.io/bbolt"
 
+	"github.com/edgefence/edgefence/agent"
 	"github.com/edgefence/edgefence/fence"
 )
 
@@ -195,4 +196,43 @@ func TestFenceErrors(t *testing.T) {
 			t.Error(r)
 		}
 	})
+}
+
+// On a gateway that is home of no `fence: gateway` device there is no
+// fence table: list and show say so, with --config (no file) and with
+// --socket (the agent answers 404), exit 1, and print no table header.
+func TestFenceNoTable(t *testing.T) {
+	dir := t.TempDir()
+	w := newAPIWorld(t, dir)
+	cfg, sock := w.serve("nohome", "  - id: dev-1\n  - id: plc-2\n    fence: gateway\n    home: gw-2\n", agent.Options{})
+	for _, args := range [][]string{
+		{"fence", "list", "--config", cfg},
+		{"fence", "list", "--config", cfg, "--json"},
+		{"fence", "show", "--config", cfg, "plc-2"},
+		{"fence", "list", "--socket", sock},
+		{"fence", "list", "--socket", sock, "--json"},
+		{"fence", "show", "--socket", sock, "plc-2"},
+	} {
+		r := edgefence(t, args...)
+		if r.code != 1 || r.stdout != "" || !strings.Contains(r.stderr, "is home of no `fence: gateway` device, so it keeps none") ||
+			strings.Contains(r.stderr, "no such file") || strings.Contains(r.stderr, "404") {
+			t.Errorf("%q: want exit 1, nothing on stdout, and why there is no table\n%s", args, r)
+		}
+		if strings.Contains(strings.Join(args, " "), "--socket") && !strings.Contains(r.stderr, sock) {
+			t.Errorf("%q: the agent is not named\n%s", args, r)
+		}
+		if strings.Contains(strings.Join(args, " "), "--config") && !strings.Contains(r.stderr, "gateway gw-1 is home") {
+			t.Errorf("%q: the gateway is not named\n%s", args, r)
+		}
+	}
+
+	// The home of a device whose agent never ran: no file yet, and why.
+	home, _ := w.serve("home", "  - id: plc-1\n    fence: gateway\n    home: gw-1\n    mqtt_topic: site/plc-1\n", agent.Options{})
+	if err := os.Remove(filepath.Join(dir, fence.TableFile)); err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	r := edgefence(t, "fence", "list", "--config", home)
+	if r.code != 1 || r.stdout != "" || !strings.Contains(r.stderr, "its agent creates the table when it first starts") {
+		t.Errorf("home without a table yet\n%s", r)
+	}
 }

@@ -178,7 +178,9 @@ func cmdOutboxList(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	fmt.Fprintln(stdout)
-	fmt.Fprintln(stdout, summaryLine(sum))
+	if err := printSummary(stdout, sum); err != nil {
+		return err
+	}
 	return listErr
 }
 
@@ -260,23 +262,24 @@ func printEntry(w io.Writer, r *offline.Record) {
 	_ = tw.Flush()
 }
 
-// summaryLine is the pending count and bytes per device, and the age of
-// the oldest pending entry.
-func summaryLine(s offline.Summary) string {
+// printSummary writes the pending count and bytes per device, and the age
+// of each device's oldest pending entry: a table, one device a line, and a
+// total line; or "pending: none".
+func printSummary(w io.Writer, s offline.Summary) error {
 	if s.Pending == 0 {
-		return "pending: none"
+		_, err := fmt.Fprintln(w, "pending: none")
+		return err
 	}
-	var b strings.Builder
-	b.WriteString("pending:")
-	for i, d := range s.Devices {
-		sep := ","
-		if i == 0 {
-			sep = ""
-		}
-		fmt.Fprintf(&b, "%s %s %d (%d B, oldest %s)", sep, d.Device, d.Pending, d.Bytes, fmtAge(d.OldestAge))
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "DEVICE\tPENDING\tBYTES\tOLDEST")
+	for _, d := range s.Devices {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\n", d.Device, d.Pending, d.Bytes, fmtAge(d.OldestAge))
 	}
-	fmt.Fprintf(&b, "; total %d (%d B), oldest %s", s.Pending, s.Bytes, fmtAge(s.OldestAge))
-	return b.String()
+	if len(s.Devices) != 1 {
+		// Not a device id: those have no parentheses.
+		fmt.Fprintf(tw, "(total)\t%d\t%d\t%s\n", s.Pending, s.Bytes, fmtAge(s.OldestAge))
+	}
+	return tw.Flush()
 }
 
 // shortID is the first 12 characters of a command id: enough to tell

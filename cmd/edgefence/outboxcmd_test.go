@@ -13,7 +13,6 @@ import (
 	"go.etcd.io/bbolt"
 
 	"github.com/edgefence/edgefence/agent"
-	"github.com/edgefence/edgefence/devices/sandbox"
 	"github.com/edgefence/edgefence/fence"
 	"github.com/edgefence/edgefence/offline"
 )
@@ -73,8 +72,12 @@ func outboxAt(t *testing.T, dir string) string {
 	return path
 }
 
-// summaryRE is the summary line of outboxAt's file.
-var summaryRE = regexp.MustCompile(`^pending: meter-1 1 \(\d+ B, oldest 2d02h\), pump-7 2 \(\d+ B, oldest 2d02h\); total 3 \(\d+ B\), oldest 2d02h$`)
+// summaryRE is the pending summary of outboxAt's file: one device a line
+// (it was one long line), and the total.
+var summaryRE = regexp.MustCompile(`^DEVICE +PENDING +BYTES +OLDEST
+meter-1 +1 +\d+ +2d02h
+pump-7 +2 +\d+ +2d02h
+\(total\) +3 +\d+ +2d02h$`)
 
 func TestOutboxList(t *testing.T) {
 	dir := t.TempDir()
@@ -103,14 +106,14 @@ func TestOutboxList(t *testing.T) {
 			t.Errorf("%s\nwant line %q", r, line)
 		}
 	}
-	if n := strings.Count(r.stdout, "\n"); n != 1+6+2 {
+	if n := strings.Count(r.stdout, "\n"); n != 1+6+1+4 {
 		t.Errorf("%d lines:\n%s", n, r.stdout)
 	}
 
 	// Filters: terminal only, one device, a limit; the summary follows --device.
 	r = edgefence(t, "outbox", "list", "--file", path, "--state", "terminal", "--device", "pump-7", "--limit", "1")
-	if r.code != 0 || !strings.Contains(r.stdout, "c-pump-7-1") || strings.Count(r.stdout, "\n") != 1+1+2 ||
-		!regexp.MustCompile(`\npending: pump-7 2 \(\d+ B, oldest 2d02h\); total 2 `).MatchString(r.stdout) {
+	if r.code != 0 || !strings.Contains(r.stdout, "c-pump-7-1") || strings.Count(r.stdout, "\n") != 1+1+1+2 ||
+		!regexp.MustCompile(`\n\nDEVICE +PENDING +BYTES +OLDEST\npump-7 +2 +\d+ +2d02h\n$`).MatchString(r.stdout) {
 		t.Error(r)
 	}
 
@@ -274,53 +277,10 @@ func TestOutboxErrors(t *testing.T) {
 func TestOutboxViaAgent(t *testing.T) {
 	dir := t.TempDir()
 	path := outboxAt(t, dir)
-	etcd, err := sandbox.StartEtcd(t.Context(), sandbox.EtcdConfig{Dir: filepath.Join(dir, "etcd"), Fast: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer etcd.Close()
-	cli, err := etcd.Client()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
-	sockDir, err := os.MkdirTemp("", "outbox-") // a socket path must stay under 108 bytes
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(sockDir)
-
+	w := newAPIWorld(t, dir)
 	serve := func(name string, ob *offline.Outbox) (cfgPath, sock string) {
 		t.Helper()
-		sock = filepath.Join(sockDir, name+".sock")
-		cfgPath = filepath.Join(dir, name+".yaml")
-		yaml := "gateway: gw-1\netcd:\n  endpoints: [" + strings.Join(etcd.Endpoints(), ",") + "]\n" +
-			"mqtt:\n  brokers: [mqtt://127.0.0.1:1]\napi:\n  socket: " + sock + "\nstate_dir: " + dir + "\ndevices:\n  - id: pump-7\n"
-		if err := os.WriteFile(cfgPath, []byte(yaml), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		c, err := agent.LoadConfig(cfgPath)
-		if err != nil {
-			t.Fatal(err)
-		}
-		a, err := agent.New(c, cli, nil, agent.Options{Outbox: ob})
-		if err != nil {
-			t.Fatal(err)
-		}
-		l, err := agent.ListenAPI(sock)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- a.ServeAPIListener(ctx, l) }()
-		t.Cleanup(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Error(err)
-			}
-		})
-		return cfgPath, sock
+		return w.serve(name, "  - id: pump-7\n", agent.Options{Outbox: ob})
 	}
 
 	ob, err := offline.Open(path, nil) // the agent's lock
@@ -332,7 +292,7 @@ func TestOutboxViaAgent(t *testing.T) {
 
 	r := edgefence(t, "outbox", "list", "--config", cfg, "--timeout", "100ms")
 	if r.code != 0 || r.stderr != "" || !strings.Contains(r.stdout, "pump-7   c-pump-7-4    12     2    set   pending  2d02h  -\n") ||
-		!summaryRE.MatchString(strings.TrimSpace(r.stdout[strings.LastIndex(strings.TrimSpace(r.stdout), "\n")+1:])) {
+		!summaryRE.MatchString(strings.TrimSpace(r.stdout[strings.LastIndex(r.stdout, "\n\n")+2:])) {
 		t.Fatal(r)
 	}
 	r = edgefence(t, "outbox", "list", "--socket", sock, "--json", "--state", "all", "--device", "pump-7")

@@ -169,6 +169,7 @@ exit status is 1. Secrets may come from the environment: %s,
 		ClientID:      cfg.MQTT.ClientID,
 		KeepAlive:     cfg.MQTT.KeepAlive,
 		SessionExpiry: cfg.MQTT.SessionExpiry,
+		MaxBackoff:    cfg.MQTT.ReconnectBackoffMax,
 		Logger:        log.With("component", "mqtt"),
 	}
 	if err := mqttCredentials(cfg.MQTT, &mcfg); err != nil {

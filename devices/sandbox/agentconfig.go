@@ -29,8 +29,10 @@ type AgentConfig struct {
 	ClientID       string
 	LeaseTTL       time.Duration
 	CommandTimeout time.Duration
-	LogLevel       string
-	LogFormat      string
+	// MQTTReconnectMax is mqtt.reconnect_backoff_max (0: the default).
+	MQTTReconnectMax time.Duration
+	LogLevel         string
+	LogFormat        string
 }
 
 // AgentConfig returns a config for an agent of this world named gateway,
@@ -79,6 +81,7 @@ func (c AgentConfig) YAML() ([]byte, error) {
 	line("  ", "brokers", "["+yamlQuote(c.MQTT)+"]")
 	line("  ", "prefix", yamlQuote(c.MQTTPrefix))
 	line("  ", "client_id", yamlQuote(c.ClientID))
+	line("  ", "reconnect_backoff_max", dur(c.MQTTReconnectMax))
 	b.WriteString("api:\n")
 	line("  ", "socket", yamlQuote(c.Socket))
 	if c.CommandTimeout != 0 {

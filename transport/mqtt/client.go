@@ -314,7 +314,7 @@ func (c *Client) linkClosed(l *link) {
 		c.log.Info("mqtt disconnected", "broker", l.broker)
 		return
 	}
-	c.log.Warn("mqtt connection lost; reconnecting", "broker", l.broker)
+	c.log.Warn("mqtt connection lost; reconnecting", "broker", l.broker, "backoff_max", c.cfg.MaxBackoff.String())
 }
 
 // onConnectionDown runs on autopaho's goroutine once paho has fully shut the

@@ -163,5 +163,7 @@ func (m *Commander) Status() map[string]any {
 		"acks_malformed": m.badAcks.Load(),
 		"resends":        m.retries.Load(),
 		"in_flight":      inflight,
+		// The ceiling of the delay between reconnection attempts.
+		"reconnect_backoff_max": m.c.cfg.MaxBackoff.String(),
 	}
 }

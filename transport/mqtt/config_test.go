@@ -3,6 +3,8 @@ package mqtt
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -97,5 +99,43 @@ func TestBackoffDelay(t *testing.T) {
 	}
 	if got := backoffDelay(200, time.Nanosecond, time.Duration(1<<62), top); got <= 0 || got > time.Duration(1<<62) {
 		t.Errorf("overflow: %v", got)
+	}
+}
+
+// TestBackoffAfterOutage measures what the ceiling (agent config key
+// mqtt.reconnect_backoff_max) means for a broker outage of 30s: how long
+// after the broker is back the client's next attempt comes, and how many
+// attempts the outage cost (README, "MQTT broker outages"). Attempts
+// against a down broker are taken as instant (connection refused).
+//
+//	go test ./transport/mqtt -run TestBackoffAfterOutage -v
+func TestBackoffAfterOutage(t *testing.T) {
+	const outage, runs = 30 * time.Second, 20000
+	rnd := rand.New(rand.NewPCG(1, 2))
+	for _, hi := range []time.Duration{2 * time.Second, 5 * time.Second, 10 * time.Second} {
+		gaps := make([]time.Duration, 0, runs)
+		attempts := 0
+		for range runs {
+			var at time.Duration
+			for a := 0; ; a++ {
+				at += backoffDelay(a, DefaultMinBackoff, hi, rnd.Int64N)
+				if at >= outage {
+					gaps = append(gaps, at-outage)
+					break
+				}
+				attempts++
+			}
+		}
+		slices.Sort(gaps)
+		var sum time.Duration
+		for _, g := range gaps {
+			sum += g
+		}
+		if gaps[len(gaps)-1] > hi {
+			t.Errorf("ceiling %v: a gap of %v", hi, gaps[len(gaps)-1])
+		}
+		t.Logf("ceiling %v: back %v after the broker on average (p99 %v, max %v); %.1f attempts during the outage",
+			hi, (sum / runs).Round(time.Millisecond), gaps[runs*99/100].Round(time.Millisecond), gaps[runs-1].Round(time.Millisecond),
+			float64(attempts)/runs)
 	}
 }
