@@ -186,9 +186,9 @@ func TestTokenRegressionRunbook(t *testing.T) {
 	}
 }
 
-// etcdctlLock runs `etcdctl lock NAME` and returns once it holds the lock
-// (it prints its key).
-func etcdctlLock(t *testing.T, etcdctl, endpoint, name string, ttl int) *exec.Cmd {
+// etcdctlLock starts `etcdctl lock NAME` and returns it with a function
+// that waits until it holds the lock (it prints its key).
+func etcdctlLock(t *testing.T, etcdctl, endpoint, name string, ttl int) (*exec.Cmd, func()) {
 	t.Helper()
 	cmd := exec.CommandContext(t.Context(), etcdctl, "--endpoints", endpoint, "lock", "--ttl", strconv.Itoa(ttl), name)
 	cmd.Env = append(os.Environ(), "ETCDCTL_API=3")
@@ -201,60 +201,69 @@ func etcdctlLock(t *testing.T, etcdctl, endpoint, name string, ttl int) *exec.Cm
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	})
 	line := make(chan string, 1)
+	drained := make(chan struct{})
 	go func() {
+		defer close(drained)
 		sc := bufio.NewScanner(out)
 		sc.Scan()
 		line <- sc.Text()
-		for sc.Scan() { // drain until it exits
+		for sc.Scan() { // until it exits
 		}
 	}()
-	select {
-	case l := <-line:
-		if !strings.HasPrefix(l, name+"/") {
-			t.Fatalf("etcdctl lock %s printed %q; stderr: %s", name, l, stderr.String())
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-drained
+		_ = cmd.Wait()
+	})
+	return cmd, func() {
+		t.Helper()
+		select {
+		case l := <-line:
+			if !strings.HasPrefix(l, name+"/") {
+				t.Fatalf("etcdctl lock %s printed %q; stderr: %s", name, l, stderr.String())
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("etcdctl lock %s: not held after 30 s; stderr: %s", name, stderr.String())
 		}
-	case <-time.After(30 * time.Second):
-		t.Fatalf("etcdctl lock %s: not held after 30 s; stderr: %s", name, stderr.String())
 	}
-	return cmd
 }
 
 // README, "Maintenance: keep every gateway off a device": `etcdctl lock
-// <prefix>/devices/<id>/lock` on Debian's etcd keeps the agent off the
-// device (campaigning, nothing sent) until etcdctl lets go: at once on
-// Ctrl-C, within its --ttl when it is killed.
+// <prefix>/devices/<id>/lock` on Debian's etcd queues behind the gateway
+// holding the device, gets it when that agent restarts, and keeps the agent
+// off the device (campaigning, nothing sent) until etcdctl lets go: at once
+// on Ctrl-C, within its --ttl when it is killed.
 func TestEtcdctlLockKeepsAgentOff(t *testing.T) {
 	etcdctl := sandbox.NeedEtcdctl(t)
 	e := newEnv(t, "dev-1", "dev-2", "dev-3")
 	p := sandbox.NewEtcdProc(t, sandbox.EtcdProcConfig{Fast: true})
 	e.etcdURL = p.Endpoint()
-	lockName := func(dev string) string { return agent.DefaultEtcdPrefix + "/devices/" + dev + "/lock" }
-	ctrlC := etcdctlLock(t, etcdctl, p.Endpoint(), lockName("dev-1"), 10)
-	killed := etcdctlLock(t, etcdctl, p.Endpoint(), lockName("dev-2"), 2)
-
-	cfg, sock := e.config("gw-1", 5*time.Second)
-	gw := e.startAgent("gw-1", cfg)
-	waitDeviceState(t, gw, sock, "dev-3", agent.StateHolding)
 	cli, err := p.Client()
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer cli.Close()
 	e.etcd = cli // lockKeys reads this etcd
+	cfg, sock := e.config("gw-1", 5*time.Second)
+	gw := e.startAgent("gw-1", cfg)
+	e.waitHolding(gw, sock)
+
+	// etcdctl waits in line behind the agent; the agent's restart
+	// (systemctl restart edgefence) lets it in first.
+	lockName := func(dev string) string { return agent.DefaultEtcdPrefix + "/devices/" + dev + "/lock" }
+	ctrlC, held1 := etcdctlLock(t, etcdctl, p.Endpoint(), lockName("dev-1"), 10)
+	killed, held2 := etcdctlLock(t, etcdctl, p.Endpoint(), lockName("dev-2"), 2)
+	waitLockKeys(t, e, 2, "dev-1", "dev-2") // the agent's and etcdctl's
+	if err := gw.Stop(10 * time.Second); err != nil {
+		t.Fatalf("gw-1 did not stop cleanly: %v", err)
+	}
+	held1()
+	held2()
+	gw = e.startAgent("gw-1-restarted", cfg)
+	waitDeviceState(t, gw, sock, "dev-3", agent.StateHolding)
+	waitLockKeys(t, e, 2, "dev-1", "dev-2") // etcdctl's, then the agent's
 	for _, dev := range []string{"dev-1", "dev-2"} {
-		// The agent waits in line: its own key behind etcdctl's.
-		deadline := time.Now().Add(30 * time.Second)
-		for len(e.lockKeys(dev)) != 2 {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: lock keys %v, want etcdctl's and the agent's", dev, e.lockKeys(dev))
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
 		d := waitDeviceState(t, gw, sock, dev, agent.StateCampaigning)
 		if d.Token != 0 {
 			t.Fatalf("%s: %+v, want no token while etcdctl holds the lock", dev, d)
@@ -266,10 +275,13 @@ func TestEtcdctlLockKeepsAgentOff(t *testing.T) {
 	if r := edgefence(t, "status", "--socket", sock); r.code != 0 || !strings.Contains(r.stdout, "campaigning") {
 		t.Fatalf("status text: want the locked devices campaigning\n%s", r)
 	}
+	applied := map[string]uint64{}
 	for _, dev := range []string{"dev-1", "dev-2"} {
-		if s, err := e.fleet.State(dev); err != nil || s.Applied != 0 {
-			t.Fatalf("%s state %+v, %v: a command reached it under the maintenance lock", dev, s, err)
+		s, err := e.fleet.State(dev)
+		if err != nil {
+			t.Fatal(err)
 		}
+		applied[dev] = s.Applied
 	}
 
 	// Ctrl-C: etcdctl unlocks at once. kill -9: its lease, and the lock
@@ -284,6 +296,23 @@ func TestEtcdctlLockKeepsAgentOff(t *testing.T) {
 	for _, dev := range []string{"dev-1", "dev-2"} {
 		if r, res := e.set(sock, dev, 31); r.code != 0 || res.Verdict != "accepted" {
 			t.Fatalf("send to %s after etcdctl let go: want accepted\n%s", dev, r)
+		}
+		if s, err := e.fleet.State(dev); err != nil || s.Applied != applied[dev]+1 || s.Setpoint != 31 {
+			t.Fatalf("%s state %+v, %v: want exactly the command sent after etcdctl let go applied", dev, s, err)
+		}
+	}
+}
+
+// waitLockKeys polls until each device has n lock keys: n sessions in line.
+func waitLockKeys(t *testing.T, e *env, n int, devs ...string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for _, dev := range devs {
+		for len(e.lockKeys(dev)) != n {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: lock keys %v, want %d", dev, e.lockKeys(dev), n)
+			}
+			time.Sleep(20 * time.Millisecond)
 		}
 	}
 }
