@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -216,7 +215,7 @@ func highestInFiles(files []string) (*highestToken, error) {
 		var data []byte
 		var err error
 		if name == "-" {
-			data, err = io.ReadAll(bufio.NewReader(os.Stdin))
+			data, err = io.ReadAll(os.Stdin)
 		} else {
 			data, err = os.ReadFile(name)
 		}
