@@ -24,7 +24,7 @@ import (
 
 // Bump defaults.
 const (
-	DefaultBumpWriters       = 16
+	DefaultBumpWriters       = 64
 	DefaultBumpProgressEvery = time.Second
 	// DefaultBumpCompactEvery is how many revisions BumpConfig.Compact lets
 	// pass between compactions on the way: each revision of the scratch
@@ -50,7 +50,9 @@ type BumpConfig struct {
 	// revision is at least To, so every key written afterwards — every new
 	// lock key, hence every token — is above To. Required.
 	To int64
-	// Writers is how many Puts are in flight at once (default 16).
+	// Writers is how many Puts are in flight at once (default 64: etcd
+	// commits concurrent writes together, so more in flight is faster, up
+	// to where the client's own CPU is the limit; docs/BENCHMARKS.md §19).
 	Writers int
 	// For stops the writes after this long even short of To (a sample to
 	// measure the rate: the writes done count towards To). 0: until To.
