@@ -27,7 +27,7 @@ build: ## build the agent, the device simulator and the sandbox into bin/
 	@mkdir -p $(BIN)
 	$(GO) build -tags $(GOTAGS) -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/ $(addprefix ./cmd/,$(CMDS))
 
-deps: ## install what the tests need (Mosquitto for interop tests, systemd-analyze to verify the unit, qemu-user-static for the arm smoke test)
+deps: ## install what the tests need (Mosquitto for interop tests, Debian's etcd 3.4 and etcdctl for the recovery tests, systemd-analyze to verify the unit, qemu-user-static for the arm smoke test)
 	@if ! command -v mosquitto >/dev/null && [ ! -x /usr/sbin/mosquitto ]; then \
 		if command -v apt-get >/dev/null; then \
 			echo "installing mosquitto (apt-get)"; \
@@ -35,6 +35,15 @@ deps: ## install what the tests need (Mosquitto for interop tests, systemd-analy
 			$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq mosquitto >/dev/null; \
 		else \
 			echo "mosquitto not found and no apt-get: Mosquitto interop tests will be skipped (they fail under CI=true)"; \
+		fi; \
+	fi
+	@if [ ! -x /usr/bin/etcd ] || [ ! -x /usr/bin/etcdctl ]; then \
+		if command -v apt-get >/dev/null; then \
+			echo "installing etcd-server and etcd-client (apt-get) for the recovery tests on Debian's etcd"; \
+			SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+			$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq etcd-server etcd-client >/dev/null; \
+		else \
+			echo "etcd/etcdctl not in /usr/bin and no apt-get: the tests on Debian's etcd are skipped (they fail under CI=true)"; \
 		fi; \
 	fi
 	@if ! command -v systemd-analyze >/dev/null; then \

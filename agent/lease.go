@@ -324,7 +324,7 @@ func (a *Agent) release(sess *concurrency.Session) {
 	for _, id := range a.order {
 		d := a.devices[id]
 		d.mu.Lock()
-		if d.ctl != nil {
+		if d.ctl != nil && !d.ctl.lost.Load() {
 			held++
 			a.log.Info("lease released", "device", d.id, "token", d.ctl.token, "reason", "shutdown", "holder", a.cfg.Gateway)
 			d.ctl.lost.Store(true)

@@ -7,6 +7,7 @@
 //	edgefence fence list|show [--json]     the gateway's fence table
 //	edgefence outbox list|show [--json]    the agent's outbox: queued commands and terminal states
 //	edgefence twin get|set|watch [--json]  a device's twin in etcd
+//	edgefence etcd bump-revision --to N    raise etcd's revision past the tokens in use (any etcd version)
 //	edgefence config check [--json] FILE   validate a config file; print it with defaults filled in
 //	edgefence version [--json]
 //	edgefence help [COMMAND]
@@ -92,6 +93,8 @@ commands:
   fence list | show DEVICE        the fence table's marks (from its file or the agent)
   outbox list | show ID           the outbox's queued commands and terminal states
   twin get | set | watch          a device's twin in etcd: read, merge into desired, follow
+  etcd bump-revision --to N       raise etcd's revision to N, so that every new token is above
+                                  it: token regression recovery on any etcd version
   config check [--json] FILE      validate a config file; print it with defaults filled in
   version [--json]                version, commit, Go version, OS and architecture
   help [COMMAND]                  this text, or a command's
@@ -132,6 +135,7 @@ var commands = map[string]command{
 	"fence":   cmdFence,
 	"outbox":  cmdOutbox,
 	"twin":    cmdTwin,
+	"etcd":    cmdEtcd,
 	"config":  cmdConfig,
 	"version": cmdVersion,
 	// Hidden aliases.

@@ -98,6 +98,7 @@ type env struct {
 	etcd    *clientv3.Client
 	fleet   *sim.Fleet
 	devices []string
+	etcdURL string // the agents' etcd, if not the world's (Debian's etcd)
 }
 
 // newEnv starts a fast etcd, a broker and a fleet serving devices.
@@ -140,6 +141,9 @@ func (e *env) config(gateway string, leaseTTL time.Duration) (path, socket strin
 	c := e.world.AgentConfig(gateway, e.dir, e.devices)
 	c.LeaseTTL = leaseTTL
 	c.LogFormat = "json"
+	if e.etcdURL != "" {
+		c.Etcd = e.etcdURL
+	}
 	path = filepath.Join(e.dir, gateway+".yaml")
 	if err := c.Write(path); err != nil {
 		e.t.Fatal(err)

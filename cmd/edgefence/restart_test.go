@@ -22,8 +22,15 @@ import (
 // same tokens at once and every queued command is accepted exactly once —
 // none is ended "superseded" by a session that was its own.
 func TestKillRestartKeepsQueue(t *testing.T) {
+	for _, kind := range etcdKinds { // Debian's etcd 3.4 and the embedded one
+		t.Run(kind.name, func(t *testing.T) { testKillRestartKeepsQueue(t, kind.start) })
+	}
+}
+
+func testKillRestartKeepsQueue(t *testing.T, startEtcd func(*testing.T, *env) agentEtcd) {
 	devs := []string{"dev-1", "dev-2"}
 	e := newEnv(t, devs...)
+	e.etcdURL = startEtcd(t, e).url
 	cfg, sock := e.config("gw-1", 30*time.Second)
 	a := e.startAgent("gw-1", cfg)
 	st := e.waitHolding(a, sock)

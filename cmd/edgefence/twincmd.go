@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/url"
 	"os"
 	"os/user"
 	"slices"
@@ -76,9 +75,7 @@ type twinFlags struct {
 func newTwinFlags(name, args string, stderr io.Writer) *twinFlags {
 	f := &twinFlags{fenceFlags: fenceFlags{fs: flag.NewFlagSet("twin "+name, flag.ContinueOnError)}}
 	f.fs.SetOutput(stderr)
-	f.fs.StringVar(&f.config, "config", "", "agent config file: etcd endpoints, prefix and devices (default "+defaultConfig+" unless --etcd is given)")
-	f.fs.StringVar(&f.etcd, "etcd", "", "etcd endpoints, comma-separated (overrides the config's)")
-	f.fs.StringVar(&f.prefix, "prefix", "", "etcd key prefix (overrides the config's; default "+agent.DefaultEtcdPrefix+")")
+	addEtcdFlags(f.fs, &f.config, &f.etcd, &f.prefix)
 	f.fs.BoolVar(&f.asJSON, "json", false, "print JSON")
 	f.fs.DurationVar(&f.timeout, "timeout", 10*time.Second, "give up on etcd after this long")
 	f.fs.Usage = func() {
@@ -108,69 +105,30 @@ func (c *twinConn) etcdErr(err error) error {
 // open checks dev and connects to etcd as the flags say. writer is
 // recorded in the metadata of the fields written.
 func (f *twinFlags) open(dev, writer string) (*twinConn, error) {
-	var endpoints []string
-	prefix := agent.DefaultEtcdPrefix
-	dial := 5 * time.Second
-	var known map[string]bool
-	var etcdCfg agent.EtcdConfig // auth and TLS, from the config file
-	config := f.config
-	if config == "" && f.etcd == "" {
-		config = defaultConfig
-	}
-	if config != "" {
-		c, err := agent.LoadConfig(config)
-		if err != nil {
-			return nil, err
-		}
-		endpoints, prefix, dial = c.Etcd.Endpoints, c.Etcd.Prefix, c.Etcd.DialTimeout
-		etcdCfg = c.Etcd
-		known = make(map[string]bool, len(c.Devices))
-		for _, d := range c.Devices {
-			known[d.ID] = true
-		}
-	}
-	if f.etcd != "" {
-		endpoints = strings.Split(f.etcd, ",")
-		for _, e := range endpoints {
-			if u, err := url.Parse(e); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-				return nil, fmt.Errorf("--etcd: %q is not an http:// or https:// URL", e)
-			}
-		}
-	}
-	if f.prefix != "" {
-		if !strings.HasPrefix(f.prefix, "/") || strings.HasSuffix(f.prefix, "/") {
-			return nil, fmt.Errorf("--prefix %q must start with / and not end with /", f.prefix)
-		}
-		prefix = f.prefix
+	t, err := resolveEtcd(f.config, f.etcd, f.prefix)
+	if err != nil {
+		return nil, err
 	}
 	if err := fence.ValidateDeviceID(dev); err != nil {
 		return nil, err
 	}
-	if known != nil && !known[dev] {
-		ids := make([]string, 0, len(known))
-		for id := range known {
+	if t.known != nil && !t.known[dev] {
+		ids := make([]string, 0, len(t.known))
+		for id := range t.known {
 			ids = append(ids, id)
 		}
 		slices.Sort(ids)
-		return nil, fmt.Errorf("unknown device %q: not among the devices of %s (%s)", dev, config, strings.Join(ids, ", "))
+		return nil, fmt.Errorf("unknown device %q: not among the devices of %s (%s)", dev, t.config, strings.Join(ids, ", "))
 	}
-	etcdCfg.Endpoints, etcdCfg.DialTimeout = endpoints, dial
-	ccfg, err := etcdClientConfig(etcdCfg)
+	cli, err := t.dial()
 	if err != nil {
 		return nil, err
 	}
-	if err := checkEtcdTLS(context.Background(), ccfg); err != nil {
-		return nil, err
+	cfg := shadow.StoreConfig{Prefix: t.prefix, Writer: writer}
+	if t.known != nil {
+		cfg.KnownDevice = func(d string) bool { return t.known[d] }
 	}
-	cli, err := clientv3.New(ccfg)
-	if err != nil {
-		return nil, fmt.Errorf("etcd client: %w", err)
-	}
-	cfg := shadow.StoreConfig{Prefix: prefix, Writer: writer}
-	if known != nil {
-		cfg.KnownDevice = func(d string) bool { return known[d] }
-	}
-	return &twinConn{cli: cli, store: shadow.NewStore(cli, cfg), endpoints: strings.Join(endpoints, ",")}, nil
+	return &twinConn{cli: cli, store: shadow.NewStore(cli, cfg), endpoints: strings.Join(t.endpoints, ",")}, nil
 }
 
 // oneDevice parses the flags and the single DEVICE argument.

@@ -7,6 +7,10 @@ var (
 	// is not installed (apt-get install mosquitto).
 	ErrNoMosquitto = errors.New("sandbox: mosquitto not installed")
 
+	// ErrNoEtcd is returned by StartEtcdProc and FindEtcdctl when the etcd
+	// binaries are not installed (apt-get install etcd-server etcd-client).
+	ErrNoEtcd = errors.New("sandbox: etcd binary not installed")
+
 	// ErrClosed is returned by Start and Restart after Close.
 	ErrClosed = errors.New("sandbox: closed")
 )

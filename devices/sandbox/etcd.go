@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -169,11 +170,32 @@ func (e *Etcd) Stop() error {
 func (e *Etcd) Restart(ctx context.Context) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.closed {
+	return restartServer(ctx, e.closed, e.stopLocked, e.startLocked, "")
+}
+
+// Wipe stops the server, empties its data dir and starts a new cluster on
+// the same ports: every key and lease is gone and revisions start again at
+// 1, as after a rebuild from nothing.
+func (e *Etcd) Wipe(ctx context.Context) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return restartServer(ctx, e.closed, e.stopLocked, e.startLocked, e.cfg.Dir)
+}
+
+// restartServer stops a server and starts it again on the same ports; with
+// a wipeDir it empties that data dir in between. The caller holds the
+// server's lock.
+func restartServer(ctx context.Context, closed bool, stop func(), start func(context.Context) error, wipeDir string) error {
+	if closed {
 		return ErrClosed
 	}
-	e.stopLocked()
-	return e.startLocked(ctx)
+	stop()
+	if wipeDir != "" {
+		if err := os.RemoveAll(wipeDir); err != nil {
+			return fmt.Errorf("sandbox: wipe etcd: %w", err)
+		}
+	}
+	return start(ctx)
 }
 
 // Close stops the server and waits for it. It is idempotent and safe on an

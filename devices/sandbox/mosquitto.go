@@ -38,15 +38,41 @@ type Mosquitto struct {
 	conf    string
 
 	mu     sync.Mutex
-	proc   *mosquittoProc // nil while stopped
+	proc   *childProc // nil while stopped
 	closed bool
 }
 
-type mosquittoProc struct {
+// childProc is a server run as a subprocess (mosquitto, etcd).
+type childProc struct {
 	cmd    *exec.Cmd
-	stderr *tailBuffer
+	stderr *tailBuffer   // its stdout and stderr, the last 4 KiB
 	done   chan struct{} // closed when the process has exited and been reaped
 	err    error         // cmd.Wait's result, valid after done
+}
+
+// startChild starts bin in dir with env added to ours; cancelling life
+// terminates it (SIGTERM, SIGKILL after mosquittoStopGrace), and so does
+// the death of this process (Linux).
+func startChild(life context.Context, dir string, env []string, bin string, args ...string) (*childProc, error) {
+	cmd := exec.CommandContext(life, bin, args...)
+	cmd.Dir = dir
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = mosquittoStopGrace
+	setParentDeathSignal(cmd)
+	p := &childProc{cmd: cmd, stderr: &tailBuffer{max: 4096}, done: make(chan struct{})}
+	cmd.Stdout = p.stderr
+	cmd.Stderr = p.stderr
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	go func() {
+		p.err = cmd.Wait()
+		close(p.done)
+	}()
+	return p, nil
 }
 
 // StartMosquitto writes a config into dir (a new temp dir if dir is "") and
@@ -184,21 +210,10 @@ func (m *Mosquitto) Close() error {
 }
 
 func (m *Mosquitto) startLocked(ctx context.Context) error {
-	cmd := exec.CommandContext(m.life, m.bin, "-c", m.conf)
-	cmd.Dir = m.dir
-	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
-	cmd.WaitDelay = mosquittoStopGrace
-	setParentDeathSignal(cmd)
-	p := &mosquittoProc{cmd: cmd, stderr: &tailBuffer{max: 4096}, done: make(chan struct{})}
-	cmd.Stdout = p.stderr
-	cmd.Stderr = p.stderr
-	if err := cmd.Start(); err != nil {
+	p, err := startChild(m.life, m.dir, nil, m.bin, "-c", m.conf)
+	if err != nil {
 		return fmt.Errorf("sandbox: start mosquitto: %w", err)
 	}
-	go func() {
-		p.err = cmd.Wait()
-		close(p.done)
-	}()
 	if err := waitListening(ctx, m.addr, p.done); err != nil {
 		stopProc(p)
 		out := strings.TrimSpace(p.stderr.String())
@@ -222,7 +237,7 @@ func (m *Mosquitto) stopLocked() {
 	m.proc = nil
 }
 
-func stopProc(p *mosquittoProc) {
+func stopProc(p *childProc) {
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	t := time.NewTimer(mosquittoStopGrace)
 	defer t.Stop()
