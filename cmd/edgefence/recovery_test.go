@@ -298,12 +298,23 @@ func TestEtcdctlLockKeepsAgentOff(t *testing.T) {
 		if d.Token != 0 {
 			t.Fatalf("%s: %+v, want no token while etcdctl holds the lock", dev, d)
 		}
+		// The holder is etcdctl's key: a token, no gateway id.
+		for deadline := time.Now().Add(30 * time.Second); d.Holder == nil || d.Holder.Token == 0; d = waitDeviceState(t, gw, sock, dev, agent.StateCampaigning) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %+v, want etcdctl's key shown as the holder", dev, d)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		if d.Holder.Gateway != "" {
+			t.Fatalf("%s: holder %+v, want etcdctl's (no gateway id)", dev, d.Holder)
+		}
 		if r, res := e.set(sock, dev, 30); r.code == 0 || res.Verdict != "" {
 			t.Fatalf("send to %s while etcdctl holds its lock: want refused by the agent, nothing sent\n%s", dev, r)
 		}
 	}
-	if r := edgefence(t, "status", "--socket", sock); r.code != 0 || !strings.Contains(r.stdout, "campaigning") {
-		t.Fatalf("status text: want the locked devices campaigning\n%s", r)
+	if r := edgefence(t, "status", "--socket", sock); r.code != 0 || !strings.Contains(r.stdout, "campaigning") ||
+		!strings.Contains(r.stdout, "lock held by a session that names no gateway (etcdctl lock: maintenance?)") {
+		t.Fatalf("status text: want the locked devices campaigning, held by etcdctl\n%s", r)
 	}
 	applied := map[string]uint64{}
 	for _, dev := range []string{"dev-1", "dev-2"} {
