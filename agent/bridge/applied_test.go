@@ -145,6 +145,9 @@ func TestCrashBetweenAdmitAndWire(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer closeCtx(cmdr.Close)
+	if err := awaitSubscribed(cmdr); err != nil { // else the first ack may reach nobody
+		t.Fatal(err)
+	}
 	send := func(env *fence.Envelope, timeout time.Duration) (*fence.Ack, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		defer cancel()
@@ -305,6 +308,9 @@ func TestResendWhileQueuedWaits(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer closeCtx(other.Close)
+	if err := awaitSubscribed(other); err != nil {
+		t.Fatal(err)
+	}
 	type res struct {
 		a   *fence.Ack
 		err error
@@ -366,4 +372,12 @@ func tableUnapplied(t *testing.T, tbl *fence.Table) []*fence.Envelope {
 		t.Fatal(err)
 	}
 	return envs
+}
+
+// awaitSubscribed waits until the commander's ack subscription is in
+// place: an ack published before it reaches nobody.
+func awaitSubscribed(c *mqtt.Commander) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return c.Client().AwaitSubscribed(ctx)
 }

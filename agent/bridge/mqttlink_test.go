@@ -62,6 +62,11 @@ func TestMQTTLinkDevice(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer closeCtx(cmdr.Close)
+	// The ack subscription must be in place before the first command, or
+	// its ack is published to nobody.
+	if err := awaitSubscribed(cmdr); err != nil {
+		t.Fatal(err)
+	}
 	send := func(tok fence.Token, seq uint64, kind string, v any) *fence.Ack {
 		body, err := fence.EncodeBody(v)
 		if err != nil {

@@ -49,7 +49,7 @@ func TestMQTTReconnectCeiling(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor("the agent sees the broker gone", func() bool { return !connected() })
-	r := edgefence(t, "send", "--socket", c.Socket, "--no-wait", "dev-1", "set", `{"setpoint": 21}`)
+	r := edgefence(t, "send", "--json", "--socket", c.Socket, "--no-wait", "dev-1", "set", `{"setpoint": 21}`)
 	var res agent.SendResult
 	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil || r.code != exitQueued || res.ID == "" {
 		t.Fatalf("send during the outage: want queued (exit %d)\n%s", exitQueued, r)
