@@ -55,8 +55,10 @@ func testKillRestartKeepsQueue(t *testing.T, startEtcd func(*testing.T, *env) ag
 	if err := a.Kill(); err != nil { // no revoke, no unlock: the lease lives on
 		t.Fatal(err)
 	}
+	restarted := time.Now()
 	a2 := e.startAgent("gw-1-restarted", cfg)
 	st2 := e.waitHolding(a2, sock)
+	t.Logf("restart → every device held again: %v (lease TTL 30 s)", time.Since(restarted).Round(time.Millisecond))
 	for i, d := range st2.Devices {
 		if d.Token != st.Devices[i].Token {
 			t.Errorf("%s: token %d after the restart, want the same %d (the re-attached lease's key)", d.ID, d.Token, st.Devices[i].Token)
