@@ -126,6 +126,13 @@ func TestPackage(t *testing.T) {
 		if ents, _ := os.ReadDir(c); len(ents) != 2 { // control, md5sums
 			t.Errorf("devsim control archive has %d files, want control and md5sums only (no conffiles, no scripts)", len(ents))
 		}
+		r := t.TempDir()
+		run(t, time.Minute, ".", nil, dpkgDeb, "-x", devsim, r)
+		a, err1 := os.ReadFile(filepath.Join(r, "usr/share/doc/edgefence-devsim/copyright"))
+		b, err2 := os.ReadFile("copyright")
+		if err := errors.Join(err1, err2); err != nil || !bytes.Equal(a, b) {
+			t.Errorf("devsim's copyright differs from deploy/copyright (%v)", err)
+		}
 	})
 }
 
