@@ -270,7 +270,7 @@ func editConfig(t *testing.T, path string, set map[string]any) {
 // with its config path moved into the scratch root.
 func unitExecStart(t *testing.T, root string) []string {
 	t.Helper()
-	f, err := os.Open(filepath.Join(root, "lib/systemd/system/edgefence.service"))
+	f, err := os.Open(filepath.Join(root, unitPath))
 	if err != nil {
 		t.Fatal(err)
 	}
