@@ -97,6 +97,10 @@ type MetricsConfig struct {
 	// Recommended: 127.0.0.1:9464, local to the gateway. An empty host
 	// (":9464") listens on every interface.
 	Listen string `yaml:"listen"`
+	// PerDevice adds the series with a device label (state, token,
+	// verdicts, outbox depth and age, twin delta: 11 to 14 per device).
+	// Default false: fleet-level series only, whatever the fleet's size.
+	PerDevice bool `yaml:"per_device"`
 }
 
 // CommandConfig tunes the command path.
