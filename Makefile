@@ -18,7 +18,7 @@ CMDS := edgefence edgefence-devsim edgefence-sandbox edgefence-chaos
 CROSS_CMDS := edgefence edgefence-devsim
 TEST_TIMEOUT ?= 15m
 
-.PHONY: help build test test-short deps lint bench bench-e2e demo chaos cross package fuzz clean
+.PHONY: help build test test-short deps lint tidy-check bench bench-e2e demo chaos cross package fuzz clean
 
 help: ## show this help
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -65,11 +65,17 @@ deps: ## install what the tests need (Mosquitto for interop tests, Debian's etcd
 		fi; \
 	fi
 
-lint: ## gofmt, go vet and staticcheck
+lint: tidy-check ## go.mod tidy, gofmt, go vet and staticcheck
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 		if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
+
+# go mod tidy -diff (Go 1.23+) prints what tidy would change and exits 1;
+# stdout only: stderr carries its "go: downloading" lines.
+tidy-check: ## fail if go.mod or go.sum differ from what go mod tidy makes
+	@out=$$($(GO) mod tidy -diff); rc=$$?; \
+		if [ $$rc != 0 ] || [ -n "$$out" ]; then echo "go.mod/go.sum not tidy (run go mod tidy):"; echo "$$out"; exit 1; fi
 
 test: deps lint ## lint, then every test with the race detector (what CI runs)
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...

@@ -12,7 +12,7 @@ import (
 	"strings"
 	"time"
 
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/edgefence/edgefence/fence"
 	"github.com/edgefence/edgefence/offline"
@@ -97,6 +97,10 @@ type MetricsConfig struct {
 	// Recommended: 127.0.0.1:9464, local to the gateway. An empty host
 	// (":9464") listens on every interface.
 	Listen string `yaml:"listen"`
+	// PerDevice adds the series with a device label (state, token,
+	// verdicts, outbox depth and age, twin delta: 11 to 14 per device).
+	// Default false: fleet-level series only, whatever the fleet's size.
+	PerDevice bool `yaml:"per_device"`
 }
 
 // CommandConfig tunes the command path.
@@ -237,7 +241,7 @@ func parseConfig(b []byte, file string, lookup func(string) (string, bool), over
 		if err := root.Decode(&c); err != nil {
 			ye := yamlErrors(err, lines, false)
 			if _, ok := errors.AsType[*yaml.TypeError](err); ok && !strings.Contains(err.Error(), "already defined at line") {
-				// yaml.v3 has decoded everything else, so the rest is
+				// yaml/v3 has decoded everything else, so the rest is
 				// validated too: every problem in one pass. A type error
 				// met through an alias is reported at the anchor's line,
 				// so keys holding aliases are left out too.
@@ -246,7 +250,7 @@ func parseConfig(b []byte, file string, lookup func(string) (string, bool), over
 				}
 				typeKeys = append(typeKeys, aliased...)
 			} else {
-				// Any other error — a key given twice, which makes yaml.v3
+				// Any other error — a key given twice, which makes yaml/v3
 				// skip its whole mapping, too — leaves nothing to trust.
 				decoded = false
 				if ce := aliasBomb(root, lines); ce != nil && strings.Contains(err.Error(), "excessive aliasing") {

@@ -162,6 +162,33 @@ func TestPolicyAndOutboxConfig(t *testing.T) {
 	}
 }
 
+// metrics.per_device: off unless set; anything but a boolean names the key.
+func TestMetricsPerDeviceConfig(t *testing.T) {
+	for _, tc := range []struct {
+		value   string
+		want    bool
+		wantErr string
+	}{
+		{"", false, ""},
+		{"  per_device: true\n", true, ""},
+		{"  per_device: false\n", false, ""},
+		{"  per_device: maybe\n", false, "metrics.per_device: cannot unmarshal"},
+		{"  per_device: [true]\n", false, "metrics.per_device: cannot unmarshal"},
+	} {
+		c, err := ParseConfig([]byte(override(goodConfig, "metrics:\n  listen: 127.0.0.1:9464\n"+tc.value)))
+		switch {
+		case tc.wantErr != "":
+			if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("%q: %v, want %q", tc.value, err, tc.wantErr)
+			}
+		case err != nil:
+			t.Errorf("%q: %v", tc.value, err)
+		case c.Metrics.PerDevice != tc.want:
+			t.Errorf("%q: per_device %v, want %v", tc.value, c.Metrics.PerDevice, tc.want)
+		}
+	}
+}
+
 func TestMQTTReconnectBackoffMaxConfig(t *testing.T) {
 	for _, tc := range []struct{ value, want string }{
 		{"100ms", "line 6: mqtt.reconnect_backoff_max: 100ms is below the first retry's delay 250ms"},
@@ -196,7 +223,7 @@ func TestValidateFillsEveryDefault(t *testing.T) {
 	zeroMeansItself := map[string]bool{
 		"etcd.username": true, "etcd.password": true, "etcd.tls.ca_file": true, "etcd.tls.cert_file": true, "etcd.tls.key_file": true,
 		"mqtt.username": true, "mqtt.password": true, "mqtt.tls.ca_file": true, "mqtt.tls.cert_file": true, "mqtt.tls.key_file": true,
-		"metrics.listen": true, "twins.enabled": true, // off
+		"metrics.listen": true, "metrics.per_device": true, "twins.enabled": true, // off
 		"devices[].home": true, "devices[].serial": true, "devices[].mqtt_topic": true, "devices[].reissue_kinds": true,
 	}
 	var walk func(v reflect.Value, key string)

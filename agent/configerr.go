@@ -9,7 +9,7 @@ import (
 	"strconv"
 	"strings"
 
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 )
 
 // ConfigError is one problem in a configuration: the dotted key it is
@@ -236,7 +236,7 @@ func editDistance(a, b string) int {
 
 var yamlLineRE = regexp.MustCompile(`^(?:yaml: )?line (\d+): (.*)$`)
 
-// yamlErrors converts a yaml.v3 decoding error into ConfigErrors with
+// yamlErrors converts a yaml/v3 decoding error into ConfigErrors with
 // lines (and keys, where the line has one).
 func yamlErrors(err error, lines keyLines, syntax bool) []error {
 	var msgs []string
@@ -265,7 +265,7 @@ func yamlErrors(err error, lines keyLines, syntax bool) []error {
 }
 
 // aliasBomb says where the aliases are that make root expand to far more
-// nodes than it has (yaml.v3 refuses such a document with "document
+// nodes than it has (yaml/v3 refuses such a document with "document
 // contains excessive aliasing", naming no key): from the root it follows,
 // along the config's keys, the child that holds most of the expansion,
 // and stops at an alias or where the expansion is spread over many

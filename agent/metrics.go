@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -21,7 +22,8 @@ import (
 // one Status snapshot (plus the outbox summary) into Prometheus samples, so
 // the agent keeps a single set of counters and `edgefence status` and
 // /metrics always agree. The series are listed in docs/ARCHITECTURE.md,
-// "Metrics".
+// "Metrics". Fleet-level series are always there; the series with a device
+// label only with metrics.per_device (MetricsConfig.PerDevice).
 
 // MetricsRegistry returns a new registry (not the global default) holding
 // the agent's collector, the Go runtime collector and the process collector.
@@ -122,12 +124,14 @@ var deviceStates = [...]string{StateCampaigning, StateHolding, StateLost, StateR
 type agentCollector struct {
 	a                 *Agent
 	version, revision string
+	perDevice         bool // metrics.per_device: the series with a device label
 
-	buildInfo, leasesHeld, devicesConfigured, deviceToken, deviceState      *prometheus.Desc
-	deviceCommands, outboxDeviceOldestAge, twinDelta                        *prometheus.Desc
+	buildInfo, leasesHeld, devicesConfigured, devicesInState                *prometheus.Desc
+	deviceToken, deviceState, deviceCommands, outboxDevicePending           *prometheus.Desc
+	outboxDeviceOldestAge, twinDelta, twinUnconverged                       *prometheus.Desc
 	acquisitions, losses, regressions, reattached, released                 *prometheus.Desc
 	commands, sent, noAck, sendErrors, queued, resent, reissued, superseded *prometheus.Desc
-	outboxPending, outboxPendingTotal, outboxPendingBytes, outboxOldestAge  *prometheus.Desc
+	outboxPendingTotal, outboxPendingBytes, outboxOldestAge                 *prometheus.Desc
 	outboxFull, outboxErrors, stateMalformed                                *prometheus.Desc
 	etcdUp, etcdSessions, mqttConnected, mqttReconnects                     *prometheus.Desc
 	tableCommands, bridgeErrors                                             *prometheus.Desc
@@ -140,10 +144,11 @@ func newAgentCollector(a *Agent, version string) *agentCollector {
 	d := func(name, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc("edgefence_"+name, help, labels, nil)
 	}
-	return &agentCollector{a: a, version: version, revision: vcsRevision(),
+	return &agentCollector{a: a, version: version, revision: vcsRevision(), perDevice: a.cfg.Metrics.PerDevice,
 		buildInfo:         d("build_info", "Always 1; the labels give the agent's version, VCS revision, Go version and gateway id.", "version", "revision", "goversion", "gateway"),
 		leasesHeld:        d("leases_held", "Devices whose lock this agent holds now."),
 		devicesConfigured: d("devices_configured", "Devices in this agent's configuration (leases it campaigns for)."),
+		devicesInState:    d("devices", "Devices in each lease state (sums to edgefence_devices_configured).", "state"),
 		deviceCommands:    d("device_commands_total", "Commands of the device that ended, by verdict (as edgefence_commands_total, per device).", "device", "verdict"),
 		deviceToken:       d("device_token", "The fencing token the agent issues commands under (present while holding, or autonomous).", "device"),
 		deviceState:       d("device_state", "1 for the device's current lease state, 0 for the others.", "device", "state"),
@@ -163,7 +168,7 @@ func newAgentCollector(a *Agent, version string) *agentCollector {
 		reissued:   d("commands_reissued_total", "Queued commands re-issued under a newer token (reissue_kinds)."),
 		superseded: d("commands_superseded_total", "Queued commands of strict devices ended stale, never sent, once another session held the lock."),
 
-		outboxPending:         d("outbox_pending", "Commands pending in the outbox, per device.", "device"),
+		outboxDevicePending:   d("outbox_device_pending_commands", "Commands of the device pending in the outbox.", "device"),
 		outboxPendingTotal:    d("outbox_pending_commands", "Commands pending in the outbox in all."),
 		outboxPendingBytes:    d("outbox_pending_bytes", "Envelope bytes pending in the outbox in all."),
 		outboxOldestAge:       d("outbox_oldest_pending_age_seconds", "Age of the oldest pending command (0 if none)."),
@@ -191,17 +196,19 @@ func newAgentCollector(a *Agent, version string) *agentCollector {
 		twinWatching: d("twin_watching", "1 while the twin reconciler watches desired states."),
 		twinDelta:    d("twin_delta_fields", "Leaf fields of desired not yet in reported (the twin delta) at the reconciler's last look, per device the agent holds; 0 = converged.", "device"),
 
+		twinUnconverged: d("twin_devices_unconverged", "Devices the agent holds whose twin delta was above 0 at the reconciler's last look."),
+
 		apiRefused: d("api_requests_refused_total", "Local API requests refused as bad input, by reason (too_large, malformed, bad_body, unknown_device).", "reason"),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *agentCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.buildInfo, c.leasesHeld, c.devicesConfigured, c.deviceToken, c.deviceState,
-		c.deviceCommands, c.outboxDeviceOldestAge, c.twinDelta,
+	for _, d := range []*prometheus.Desc{c.buildInfo, c.leasesHeld, c.devicesConfigured, c.devicesInState, c.deviceToken, c.deviceState,
+		c.deviceCommands, c.outboxDevicePending, c.outboxDeviceOldestAge, c.twinDelta, c.twinUnconverged,
 		c.acquisitions, c.losses, c.regressions, c.reattached, c.released,
 		c.commands, c.sent, c.noAck, c.sendErrors, c.queued, c.resent, c.reissued, c.superseded,
-		c.outboxPending, c.outboxPendingTotal, c.outboxPendingBytes, c.outboxOldestAge, c.outboxFull, c.outboxErrors,
+		c.outboxPendingTotal, c.outboxPendingBytes, c.outboxOldestAge, c.outboxFull, c.outboxErrors,
 		c.etcdUp, c.etcdSessions, c.mqttConnected, c.mqttReconnects, c.tableCommands, c.bridgeErrors,
 		c.twinEvents, c.twinSent, c.twinWritten, c.twinFenced, c.twinRefused, c.twinQueued, c.twinErrors, c.twinReports, c.twinWatching,
 		c.stateMalformed} {
@@ -223,27 +230,24 @@ func (c *agentCollector) Collect(ch chan<- prometheus.Metric) {
 
 	gauge(c.buildInfo, 1, c.version, c.revision, runtime.Version(), s.Gateway)
 
-	held := 0
+	var inState [len(deviceStates)]int
+	unconverged := 0
 	for _, d := range s.Devices {
-		if d.State == StateHolding {
-			held++
+		if i := slices.Index(deviceStates[:], d.State); i >= 0 {
+			inState[i]++
 		}
-		if (d.State == StateHolding || d.State == StateAutonomous) && d.Token != 0 {
-			gauge(c.deviceToken, float64(d.Token), d.ID)
-		}
-		for _, st := range deviceStates {
-			gauge(c.deviceState, b2f(d.State == st), d.ID, st)
-		}
-		v := d.Verdicts
-		for i, n := range [len(verdictNames)]uint64{v.Accepted, v.Duplicate, v.Stale, v.Invalid, v.Expired} {
-			counter(c.deviceCommands, n, d.ID, verdictNames[i])
-		}
-		if d.TwinDelta != nil {
-			gauge(c.twinDelta, float64(*d.TwinDelta), d.ID)
+		if d.TwinDelta != nil && *d.TwinDelta > 0 {
+			unconverged++
 		}
 	}
-	gauge(c.leasesHeld, float64(held))
+	for i, st := range deviceStates {
+		gauge(c.devicesInState, float64(inState[i]), st)
+	}
+	gauge(c.leasesHeld, float64(inState[slices.Index(deviceStates[:], StateHolding)]))
 	gauge(c.devicesConfigured, float64(len(s.Devices)))
+	if c.perDevice {
+		c.collectDevices(ch, s)
+	}
 
 	n := s.Counters
 	counter(c.acquisitions, n.Acquired)
@@ -271,15 +275,12 @@ func (c *agentCollector) Collect(ch chan<- prometheus.Metric) {
 	c.a.tails.collect(ch, s.LeaseTail)
 
 	if ob := c.a.outbox; ob != nil {
-		for _, d := range s.Devices {
-			gauge(c.outboxPending, float64(d.Queued), d.ID)
-		}
 		if sum, err := ob.Summary(""); err == nil {
 			// Only devices with pending commands (Summary's list): an
 			// empty queue has no age, and 10,000 idle devices cost no
 			// series.
 			for _, ds := range sum.Devices {
-				if ds.Pending > 0 {
+				if c.perDevice && ds.Pending > 0 {
 					gauge(c.outboxDeviceOldestAge, max(ds.OldestAge, 0).Seconds(), ds.Device)
 				}
 			}
@@ -322,7 +323,34 @@ func (c *agentCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.twinErrors, t.Errors)
 		counter(c.twinReports, t.Reports)
 		gauge(c.twinWatching, b2f(t.Watching))
+		gauge(c.twinUnconverged, float64(unconverged))
 		counter(c.stateMalformed, n.StateMalformed) // state reports are read only with twins on
+	}
+}
+
+// collectDevices sends the series with a device label (metrics.per_device):
+// 11 to 14 per device, so off by default.
+func (c *agentCollector) collectDevices(ch chan<- prometheus.Metric, s Status) {
+	metric := func(d *prometheus.Desc, t prometheus.ValueType, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, t, v, labels...)
+	}
+	for _, d := range s.Devices {
+		if (d.State == StateHolding || d.State == StateAutonomous) && d.Token != 0 {
+			metric(c.deviceToken, prometheus.GaugeValue, float64(d.Token), d.ID)
+		}
+		for _, st := range deviceStates {
+			metric(c.deviceState, prometheus.GaugeValue, b2f(d.State == st), d.ID, st)
+		}
+		v := d.Verdicts
+		for i, n := range [len(verdictNames)]uint64{v.Accepted, v.Duplicate, v.Stale, v.Invalid, v.Expired} {
+			metric(c.deviceCommands, prometheus.CounterValue, float64(n), d.ID, verdictNames[i])
+		}
+		if d.TwinDelta != nil {
+			metric(c.twinDelta, prometheus.GaugeValue, float64(*d.TwinDelta), d.ID)
+		}
+		if c.a.outbox != nil {
+			metric(c.outboxDevicePending, prometheus.GaugeValue, float64(d.Queued), d.ID)
+		}
 	}
 }
 

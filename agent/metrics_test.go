@@ -97,7 +97,7 @@ func TestMetricsEndpoint(t *testing.T) {
 	ob := openOutbox(t, filepath.Join(t.TempDir(), "outbox.db"), nil)
 	cfg := &Config{Gateway: "gw-m", Etcd: EtcdConfig{Endpoints: testEtcd.Endpoints(), Prefix: prefix, LeaseTTL: 2 * time.Second},
 		MQTT: MQTTConfig{Brokers: []string{"mqtt://127.0.0.1:1"}}, Command: CommandConfig{Timeout: 5 * time.Second},
-		Devices: devCfgs("d1", "d2")}
+		Metrics: MetricsConfig{PerDevice: true}, Devices: devCfgs("d1", "d2")}
 	// New, not runAgent: /readyz is checked before the session exists.
 	a, err := New(cfg, etcdClient(t), fp, Options{Outbox: ob})
 	if err != nil {
@@ -169,7 +169,7 @@ func TestMetricsEndpoint(t *testing.T) {
 	wantSample(t, mf, 3, "edgefence_commands_queued_total")
 	wantSample(t, mf, 0, "edgefence_commands_resent_total")
 	wantSample(t, mf, 0, "edgefence_outbox_full_total")
-	wantSample(t, mf, 0, "edgefence_outbox_pending", "device", "d1")
+	wantSample(t, mf, 0, "edgefence_outbox_device_pending_commands", "device", "d1")
 	wantSample(t, mf, 0, "edgefence_outbox_pending_commands")
 	wantSample(t, mf, 0, "edgefence_outbox_oldest_pending_age_seconds")
 	wantSample(t, mf, 0, "edgefence_token_regressions_total")
@@ -191,6 +191,7 @@ func TestMetricsEndpoint(t *testing.T) {
 		}
 	}
 	wantSample(t, mf, holding, "edgefence_leases_held")
+	wantSample(t, mf, holding, "edgefence_devices", "state", StateHolding)
 	wantSample(t, mf, 1, "edgefence_device_state", "device", "d2", "state", StateHolding)
 	for _, name := range []string{"go_goroutines", "process_start_time_seconds"} {
 		if mf[name] == nil {

@@ -158,6 +158,7 @@ func startObsWorld(t *testing.T) *obsWorld {
 
 	cfg := twinAgentConfig("gw-obs", prefix, br.URL(), obsDevices...)
 	cfg.MQTT.Prefix = w.topics.Prefix
+	cfg.Metrics.PerDevice = true
 	ob := openOutbox(t, filepath.Join(t.TempDir(), "outbox.db"), nil)
 	w.agent = runAgent(t, cfg, etcdClient(t), cmdr, Options{Logger: log, Outbox: ob, Twins: twinStore(t, prefix, "gw-obs"),
 		BridgeStatus: func() any { return bri.Stats() }})
@@ -238,12 +239,14 @@ func TestObservabilityEndToEnd(t *testing.T) {
 	w.waitSample(t, 1, "edgefence_twin_set_refused_total")
 	mf = scrape(t, w.srv)
 	wantSample(t, mf, 2, "edgefence_twin_delta_fields", "device", obsThermo)
+	wantSample(t, mf, 1, "edgefence_twin_devices_unconverged")
 	wantSample(t, mf, 1, "edgefence_device_commands_total", "device", obsThermo, "verdict", "invalid")
 	if _, err := w.app.UpdateDesiredAny(ctx, obsThermo, map[string]any{"fan": nil}); err != nil {
 		t.Fatal(err)
 	}
 	w.waitSample(t, 0, "edgefence_twin_delta_fields", "device", obsThermo)
 	mf = scrape(t, w.srv)
+	wantSample(t, mf, 0, "edgefence_twin_devices_unconverged")
 	wantSample(t, mf, 2, "edgefence_device_commands_total", "device", obsThermo, "verdict", "accepted")
 	if v, _ := sample(mf, "edgefence_twin_reported_written_total"); v < 1 {
 		t.Errorf("edgefence_twin_reported_written_total = %v after convergence", v)
@@ -297,7 +300,7 @@ func TestObservabilityEndToEnd(t *testing.T) {
 	if _, err := a.Enqueue(ctx, obsIdle, sim.KindPing, nil); err != nil {
 		t.Fatal(err)
 	}
-	w.waitSample(t, 1, "edgefence_outbox_pending", "device", obsIdle)
+	w.waitSample(t, 1, "edgefence_outbox_device_pending_commands", "device", obsIdle)
 	waitFor(t, "idle-1's oldest pending age grows", func() bool {
 		v, _ := sample(scrape(t, w.srv), "edgefence_outbox_device_oldest_pending_age_seconds", "device", obsIdle)
 		return v > 0
@@ -451,7 +454,7 @@ func TestDashboardAndDocsMatchScrape(t *testing.T) {
 	if _, err := w.agent.Enqueue(context.Background(), obsIdle, sim.KindPing, nil); err != nil {
 		t.Fatal(err)
 	}
-	w.waitSample(t, 1, "edgefence_outbox_pending", "device", obsIdle)
+	w.waitSample(t, 1, "edgefence_outbox_device_pending_commands", "device", obsIdle)
 	mf := scrape(t, w.srv)
 
 	// The docs' table.
@@ -619,7 +622,7 @@ func TestDashboardAndDocsMatchScrape(t *testing.T) {
 	}
 	// The panels the fencing picture needs.
 	for _, name := range []string{"edgefence_device_commands_total", "edgefence_device_token", "edgefence_leases_held",
-		"edgefence_devices_configured", "edgefence_commands_total", "edgefence_outbox_pending",
+		"edgefence_devices_configured", "edgefence_devices", "edgefence_twin_devices_unconverged", "edgefence_commands_total", "edgefence_outbox_device_pending_commands",
 		"edgefence_outbox_device_oldest_pending_age_seconds", "edgefence_etcd_session_up", "edgefence_mqtt_connected",
 		"edgefence_mqtt_reconnects_total", "edgefence_etcd_sessions_total", "edgefence_twin_delta_fields",
 		"edgefence_fence_table_commands_total", "edgefence_build_info"} {
@@ -642,37 +645,92 @@ var (
 	metricName = regexp.MustCompile(`\b(?:edgefence|go|process)_[a-zA-Z0-9_]+`)
 )
 
-// BenchmarkScrape measures one /metrics scrape of an agent configured for
-// 10,000 devices (about 14 series each; not running, so no tokens).
-func BenchmarkScrape(b *testing.B) {
-	devs := make([]DeviceConfig, 10000)
+// idleMetrics serves /metrics of an agent configured for n devices, with
+// an outbox, not running: no session, so no tokens; no twins, nothing
+// pending.
+func idleMetrics(tb testing.TB, n int, perDevice bool) *httptest.Server {
+	tb.Helper()
+	devs := make([]DeviceConfig, n)
 	for i := range devs {
 		devs[i] = DeviceConfig{ID: fmt.Sprintf("dev-%05d", i)}
 	}
 	cfg := &Config{Gateway: "gw-bench", Etcd: EtcdConfig{Endpoints: []string{"http://127.0.0.1:1"}, Prefix: "/bench", LeaseTTL: 2 * time.Second},
-		MQTT: MQTTConfig{Brokers: []string{"mqtt://127.0.0.1:1"}}, Devices: devs}
-	ob, err := offline.Open(filepath.Join(b.TempDir(), "outbox.db"), nil)
+		MQTT: MQTTConfig{Brokers: []string{"mqtt://127.0.0.1:1"}}, Metrics: MetricsConfig{PerDevice: perDevice}, Devices: devs}
+	ob, err := offline.Open(filepath.Join(tb.TempDir(), "outbox.db"), nil)
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
-	defer ob.Close()
+	tb.Cleanup(func() { ob.Close() })
 	a, err := New(cfg, nil, benchNopSender{}, Options{Outbox: ob})
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	srv := httptest.NewServer(a.MetricsHandler("bench"))
-	defer srv.Close()
-	var size int
-	for b.Loop() {
-		res, err := srv.Client().Get(srv.URL + "/metrics")
-		if err != nil {
-			b.Fatal(err)
+	tb.Cleanup(srv.Close)
+	return srv
+}
+
+// TestScrapeSeriesByFleetSize counts the series of a real scrape (one per
+// sample line of the text format) at 10 and 1,000 idle devices, with
+// metrics.per_device off and on. Off, the edgefence_* series do not grow
+// with the fleet and none has a device label; on, each idle device adds
+// 11 (5 states, 5 verdicts, its outbox depth). docs/BENCHMARKS.md records
+// the counts (go test -v).
+func TestScrapeSeriesByFleetSize(t *testing.T) {
+	count := func(n int, perDevice bool) (all, ours int) {
+		_, body := get(t, idleMetrics(t, n, perDevice), "/metrics")
+		labelled := 0
+		for l := range strings.Lines(body) {
+			if l == "\n" || strings.HasPrefix(l, "#") {
+				continue
+			}
+			all++
+			if strings.HasPrefix(l, "edgefence_") {
+				ours++
+				if !perDevice && strings.Contains(l, `device="`) {
+					if labelled++; labelled == 1 {
+						t.Errorf("per_device off, %d devices: series with a device label: %s", n, strings.TrimSpace(l))
+					}
+				}
+			}
 		}
-		n, _ := io.Copy(io.Discard, res.Body)
-		res.Body.Close()
-		size = int(n)
+		return all, ours
 	}
-	b.ReportMetric(float64(size), "bytes/scrape")
+	const idlePerDevice = 11
+	for _, perDevice := range []bool{false, true} {
+		all10, ours10 := count(10, perDevice)
+		all1k, ours1k := count(1000, perDevice)
+		t.Logf("per_device %-5v: 10 devices %5d series (%5d edgefence_*), 1,000 devices %5d series (%5d edgefence_*)",
+			perDevice, all10, ours10, all1k, ours1k)
+		want := 0
+		if perDevice {
+			want = idlePerDevice
+		}
+		if got := ours1k - ours10; got != want*990 {
+			t.Errorf("per_device %v: 990 more devices add %d edgefence_* series, want %d (%d each)", perDevice, got, want*990, want)
+		}
+	}
+}
+
+// BenchmarkScrape measures one /metrics scrape of an agent configured for
+// 10,000 idle devices (see idleMetrics), with metrics.per_device off and on.
+func BenchmarkScrape(b *testing.B) {
+	for _, perDevice := range []bool{false, true} {
+		b.Run(fmt.Sprintf("per_device=%v", perDevice), func(b *testing.B) {
+			srv := idleMetrics(b, 10000, perDevice)
+			var size int
+			for b.Loop() {
+				res, err := srv.Client().Get(srv.URL + "/metrics")
+				if err != nil {
+					b.Fatal(err)
+				}
+				n, _ := io.Copy(io.Discard, res.Body)
+				res.Body.Close()
+				size = int(n)
+			}
+			b.ReportMetric(float64(size), "bytes/scrape")
+		})
+	}
 }
 
 // TestLogRefusedWithoutSending: the refusals the agent decides itself are
@@ -689,7 +747,7 @@ func TestLogRefusedWithoutSending(t *testing.T) {
 	}
 	cfg := &Config{Gateway: "gw-r", Etcd: EtcdConfig{Endpoints: testEtcd.Endpoints(), Prefix: "/t/" + t.Name(), LeaseTTL: 2 * time.Second},
 		MQTT: MQTTConfig{Brokers: []string{"mqtt://127.0.0.1:1"}}, Command: CommandConfig{Timeout: 300 * time.Millisecond},
-		Devices: devCfgs("d1", "d2")}
+		Metrics: MetricsConfig{PerDevice: true}, Devices: devCfgs("d1", "d2")}
 	a := runAgent(t, cfg, etcdClient(t), g, Options{Outbox: ob, Logger: slog.New(slog.NewJSONHandler(logs, nil))})
 	srv := httptest.NewServer(a.MetricsHandler("test"))
 	defer srv.Close()
@@ -706,6 +764,11 @@ func TestLogRefusedWithoutSending(t *testing.T) {
 	waitFor(t, "two expired", func() bool { n, _ := ob.Pending("d2"); return n == 1 })
 	g.down.Store(false)
 	waitFor(t, "head delivered", pendingZero(ob))
+	// The verdict is counted just after the outbox records it.
+	waitFor(t, "d2's accepted verdict counted", func() bool {
+		v, _ := sample(scrape(t, srv), "edgefence_device_commands_total", "device", "d2", "verdict", "accepted")
+		return v == 1
+	})
 	mf := scrape(t, srv)
 	wantSample(t, mf, 2, "edgefence_device_commands_total", "device", "d2", "verdict", "expired")
 	wantSample(t, mf, 1, "edgefence_device_commands_total", "device", "d2", "verdict", "accepted")

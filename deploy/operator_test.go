@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/edgefence/edgefence/agent"
 	"github.com/edgefence/edgefence/devices/sandbox"
@@ -82,13 +82,14 @@ func TestInstallAndOperate(t *testing.T) {
 	metricsAddr := fmt.Sprintf("127.0.0.1:%d", port)
 	socket := filepath.Join(dir, "edgefence.sock")
 	editConfig(t, cfgPath, map[string]any{
-		"gateway":        "gw-pi-07",
-		"state_dir":      filepath.Join(dir, "state"), // the unit's StateDirectory
-		"etcd.endpoints": []string{w.Etcd.Endpoint()},
-		"mqtt.brokers":   []string{w.Broker.URL()},
-		"api.socket":     socket, // the unit's RuntimeDirectory
-		"metrics.listen": metricsAddr,
-		"devices":        []map[string]string{{"id": devices[0]}, {"id": devices[1], "policy": "autonomous"}},
+		"gateway":            "gw-pi-07",
+		"state_dir":          filepath.Join(dir, "state"), // the unit's StateDirectory
+		"etcd.endpoints":     []string{w.Etcd.Endpoint()},
+		"mqtt.brokers":       []string{w.Broker.URL()},
+		"api.socket":         socket, // the unit's RuntimeDirectory
+		"metrics.listen":     metricsAddr,
+		"metrics.per_device": true, // the device series below
+		"devices":            []map[string]string{{"id": devices[0]}, {"id": devices[1], "policy": "autonomous"}},
 	})
 	if out, err := runErr(t, time.Minute, ".", nil, bin, "config", "check", cfgPath); err != nil {
 		t.Fatalf("config check of the edited config: %v\n%s", err, out)
@@ -202,6 +203,7 @@ func TestInstallAndOperate(t *testing.T) {
 		// thermostat-1: refused (no token), a token regression counted;
 		// thermostat-2 still held under its token.
 		"edgefence_leases_held 1",
+		`edgefence_devices{state="refused"} 1`,
 		fmt.Sprintf(`edgefence_device_state{device=%q,state="refused"} 1`, devices[0]),
 		"edgefence_token_regressions_total 1",
 		fmt.Sprintf(`edgefence_device_token{device=%q} %d`, devices[1], st.Devices[1].Token),
@@ -270,7 +272,7 @@ func editConfig(t *testing.T, path string, set map[string]any) {
 // with its config path moved into the scratch root.
 func unitExecStart(t *testing.T, root string) []string {
 	t.Helper()
-	f, err := os.Open(filepath.Join(root, "lib/systemd/system/edgefence.service"))
+	f, err := os.Open(filepath.Join(root, unitPath))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -57,11 +57,11 @@ func TestPackage(t *testing.T) {
 
 	t.Run("files", func(t *testing.T) {
 		checkFiles(t, dpkgDeb, deb, map[string]os.FileMode{
-			"/usr/bin/edgefence":                    0o755,
-			"/lib/systemd/system/edgefence.service": 0o644,
-			"/etc/edgefence/config.yaml":            0o644, // read by a DynamicUser: not 0640 root
-			"/usr/share/doc/edgefence/README.md":    0o644,
-			"/usr/share/doc/edgefence/copyright":    0o644,
+			"/usr/bin/edgefence":                 0o755,
+			unitPath:                             0o644,
+			"/etc/edgefence/config.yaml":         0o644, // read by a DynamicUser: not 0640 root
+			"/usr/share/doc/edgefence/README.md": 0o644,
+			"/usr/share/doc/edgefence/copyright": 0o644,
 		})
 	})
 
@@ -83,7 +83,7 @@ func TestPackage(t *testing.T) {
 	root := t.TempDir()
 	run(t, time.Minute, ".", nil, dpkgDeb, "-x", deb, root)
 	t.Run("same files as the tree", func(t *testing.T) {
-		for inst, src := range map[string]string{"/lib/systemd/system/edgefence.service": "deploy/edgefence.service",
+		for inst, src := range map[string]string{unitPath: "deploy/edgefence.service",
 			"/etc/edgefence/config.yaml": "configs/edgefence.example.yaml", "/usr/share/doc/edgefence/copyright": "deploy/copyright"} {
 			a, err1 := os.ReadFile(filepath.Join(root, inst))
 			b, err2 := os.ReadFile(filepath.Join(repoRoot, src))
@@ -126,8 +126,20 @@ func TestPackage(t *testing.T) {
 		if ents, _ := os.ReadDir(c); len(ents) != 2 { // control, md5sums
 			t.Errorf("devsim control archive has %d files, want control and md5sums only (no conffiles, no scripts)", len(ents))
 		}
+		r := t.TempDir()
+		run(t, time.Minute, ".", nil, dpkgDeb, "-x", devsim, r)
+		a, err1 := os.ReadFile(filepath.Join(r, "usr/share/doc/edgefence-devsim/copyright"))
+		b, err2 := os.ReadFile("copyright")
+		if err := errors.Join(err1, err2); err != nil || !bytes.Equal(a, b) {
+			t.Errorf("devsim's copyright differs from deploy/copyright (%v)", err)
+		}
 	})
 }
+
+// unitPath is where the package installs the unit: systemd's directory for
+// units of installed packages, /usr/lib/systemd/system (not /lib, which
+// merged-/usr systems only alias).
+const unitPath = "/usr/lib/systemd/system/edgefence.service"
 
 // A describe string with commits after a tag and a dirty tree: the Debian
 // version must come out valid and sort after 1.2.3.
@@ -279,7 +291,7 @@ func checkScripts(t *testing.T, ctrl string) {
 // config's state_dir and socket are in the directories systemd makes for
 // the unit (StateDirectory, RuntimeDirectory).
 func checkConfigMatchesUnit(t *testing.T, root string) {
-	unit, err := os.ReadFile(filepath.Join(root, "lib/systemd/system/edgefence.service"))
+	unit, err := os.ReadFile(filepath.Join(root, unitPath))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -328,7 +340,7 @@ func verifyUnit(t *testing.T, root string) {
 		if err != nil {
 			continue
 		}
-		if err := os.WriteFile(filepath.Join(root, "lib/systemd/system", filepath.Base(u)), b, 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(root, filepath.Dir(unitPath), filepath.Base(u)), b, 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -48,6 +48,7 @@ func TestDependencies(t *testing.T) {
 		{"html/template", "reflect method calls disable dead-code removal (+3 MB)"},
 		{"text/template", "reflect method calls disable dead-code removal"},
 		{"testing", "test code in the binary"},
+		{"gopkg.in/yaml.v3", "archived: go.yaml.in/yaml/v3 is its successor, same API"},
 	}
 	var n int
 	for _, pkg := range strings.Fields(string(out)) {
@@ -59,6 +60,36 @@ func TestDependencies(t *testing.T) {
 		}
 	}
 	t.Logf("%d packages linked (tags %q)", n, shipTags(t))
+}
+
+// archived are modules no package of ours may import, in product or test
+// code: archived upstream, each with a maintained successor.
+var archived = map[string]string{
+	"gopkg.in/yaml.v3": "go.yaml.in/yaml/v3",
+}
+
+// TestNoArchivedImports: no package of the module, tests included, imports
+// an archived module. (gopkg.in/yaml.v3 may stay in go.mod as indirect: the
+// sandbox's MQTT broker, mochi, imports it in its auth hook.)
+func TestNoArchivedImports(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs go list")
+	}
+	cmd := exec.Command("go", "list", "-test", "-f", `{{.ImportPath}}{{"\t"}}{{join .Imports " "}}`, "github.com/edgefence/edgefence/...")
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		pkg, imps, _ := strings.Cut(l, "\t")
+		for _, imp := range strings.Fields(imps) {
+			for old, succ := range archived {
+				if imp == old || strings.HasPrefix(imp, old+"/") {
+					t.Errorf("%s imports %s (archived): import %s", pkg, imp, succ)
+				}
+			}
+		}
+	}
 }
 
 // TestBinarySize builds the agent as `make cross` ships it for a Raspberry Pi

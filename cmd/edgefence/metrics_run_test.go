@@ -45,7 +45,11 @@ func TestRunMetrics(t *testing.T) {
 	for {
 		code, body := get("/metrics")
 		if code == 200 && strings.Contains(body, "edgefence_leases_held 2") {
-			for _, want := range []string{`edgefence_device_state{device="dev-1",state="holding"} 1`, "edgefence_etcd_session_up 1", "edgefence_build_info{"} {
+			// metrics.per_device is off by default: fleet-level series only.
+			if strings.Contains(body, `device="`) {
+				t.Errorf("/metrics has series with a device label without metrics.per_device:\n%s", body)
+			}
+			for _, want := range []string{`edgefence_devices{state="holding"} 2`, "edgefence_etcd_session_up 1", "edgefence_build_info{"} {
 				if !strings.Contains(body, want) {
 					t.Errorf("/metrics lacks %q", want)
 				}
