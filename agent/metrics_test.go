@@ -158,6 +158,10 @@ func TestMetricsEndpoint(t *testing.T) {
 		t.Fatalf("send after a newer holder: %v, want ErrStale", err)
 	}
 	waitFor(t, "outbox drained", pendingZero(ob))
+	// That "newer holder" came from no lock of this etcd while the
+	// agent's key held d1's lock: the agent tells it for a token
+	// regression (recampaign.go), after the verdict.
+	waitFor(t, "the regression counted", func() bool { return a.Status().Counters.Regressions == 1 })
 
 	mf = scrape(t, srv)
 	wantSample(t, mf, 1, "edgefence_build_info", "version", "v1.2.3-test")
@@ -172,7 +176,7 @@ func TestMetricsEndpoint(t *testing.T) {
 	wantSample(t, mf, 0, "edgefence_outbox_device_pending_commands", "device", "d1")
 	wantSample(t, mf, 0, "edgefence_outbox_pending_commands")
 	wantSample(t, mf, 0, "edgefence_outbox_oldest_pending_age_seconds")
-	wantSample(t, mf, 0, "edgefence_token_regressions_total")
+	wantSample(t, mf, 1, "edgefence_token_regressions_total")
 	// The stale refusal tells the agent d1 has a newer holder, and it
 	// may campaign again meanwhile: check that the scrape is one
 	// consistent snapshot (one state per device, leases_held = holding).
