@@ -78,8 +78,9 @@ func (p *Proc) Pid() int { return p.cmd.Process.Pid }
 // Done is closed when the process has exited.
 func (p *Proc) Done() <-chan struct{} { return p.done }
 
-// WaitLine waits until a stderr line contains substr.
-func (p *Proc) WaitLine(ctx context.Context, substr string) error {
+// WaitLine waits until a stderr line contains substr, or any of or.
+func (p *Proc) WaitLine(ctx context.Context, substr string, or ...string) error {
+	want := append([]string{substr}, or...)
 	stop := context.AfterFunc(ctx, func() {
 		p.mu.Lock()
 		p.seen.Broadcast()
@@ -90,17 +91,19 @@ func (p *Proc) WaitLine(ctx context.Context, substr string) error {
 	defer p.mu.Unlock()
 	for i := 0; ; {
 		for ; i < len(p.lines); i++ {
-			if strings.Contains(p.lines[i], substr) {
-				return nil
+			for _, w := range want {
+				if strings.Contains(p.lines[i], w) {
+					return nil
+				}
 			}
 		}
 		select {
 		case <-p.done:
-			return fmt.Errorf("%s exited (%v) before %q; last output:\n%s", p.Name, p.err, substr, p.tailLocked(20))
+			return fmt.Errorf("%s exited (%v) before %q; last output:\n%s", p.Name, p.err, want, p.tailLocked(20))
 		default:
 		}
 		if ctx.Err() != nil {
-			return fmt.Errorf("%s: waiting for %q: %w; last output:\n%s", p.Name, substr, ctx.Err(), p.tailLocked(20))
+			return fmt.Errorf("%s: waiting for %q: %w; last output:\n%s", p.Name, want, ctx.Err(), p.tailLocked(20))
 		}
 		p.seen.Wait()
 	}

@@ -380,7 +380,13 @@ func (r *round) runAgent(ctx context.Context, a *agentProc) error {
 	a.mu.Lock()
 	a.proc = p
 	a.mu.Unlock()
-	return p.WaitLine(ctx, "etcd session open")
+	// A restart within the lease TTL re-attaches to the killed run's
+	// lease ("etcd session resumed"); later it opens a new one. Bounded,
+	// so that an agent that never gets a session fails the round instead
+	// of hanging it.
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	return p.WaitLine(wctx, "etcd session open", "etcd session resumed")
 }
 
 // status asks a for its status, briefly.
