@@ -381,7 +381,10 @@ func (r *round) runAgent(ctx context.Context, a *agentProc) error {
 	a.mu.Lock()
 	a.proc = p
 	a.mu.Unlock()
-	return p.WaitLine(ctx, "etcd session open")
+	// A new session ("etcd session open") or, after a kill -9 within the
+	// TTL, the previous run's lease resumed ("etcd session resumed: …");
+	// not the "etcd session" warning of a failed attempt.
+	return p.WaitLine(ctx, `"msg":"etcd session `)
 }
 
 // status asks a for its status, briefly.
