@@ -10,6 +10,8 @@ import (
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/edgefence/edgefence/internal/backoff"
 )
 
 // Raising etcd's revision past the tokens devices have accepted, on any
@@ -233,7 +235,7 @@ func (b *bumper) writer(ctx context.Context) error {
 			}
 			if errors.Is(err, rpctypes.ErrTooManyRequests) {
 				// etcd's apply lags its commits: let it catch up.
-				if !sleepCtx(ctx, 50*time.Millisecond) {
+				if !backoff.Sleep(ctx, 50*time.Millisecond) {
 					return nil
 				}
 				continue

@@ -13,6 +13,7 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/internal/backoff"
 )
 
 // Run campaigns for every configured device until ctx ends. It opens one
@@ -42,7 +43,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		}()
 		defer func() { cancel(); <-done }()
 	}
-	backoff := newBackoff(100*time.Millisecond, 5*time.Second)
+	// Jittered, so that the gateways that lost etcd together do not come
+	// back to it in step.
+	delay := backoff.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
 	for ctx.Err() == nil {
 		a.beat() // systemd.go: the watchdog's liveness probe
 		sess, err := a.openSession(ctx)
@@ -50,14 +53,14 @@ func (a *Agent) Run(ctx context.Context) error {
 			if ctx.Err() != nil {
 				break
 			}
-			d := backoff.next()
+			d := delay.Next()
 			a.log.Warn("etcd session", "err", err, "retry_in", d)
 			if !a.sleepBeating(ctx, d) {
 				break
 			}
 			continue
 		}
-		backoff.reset()
+		delay.Reset()
 		a.runSession(ctx, sess)
 	}
 	return nil
@@ -350,7 +353,8 @@ func (a *Agent) release(sess *concurrency.Session) {
 // it), reads the token and installs a controller. It is called holding one
 // of slots and gives it back.
 func (a *Agent) campaign(ctx context.Context, sess *concurrency.Session, d *device, m *concurrency.Mutex, slots chan struct{}) {
-	backoff := newBackoff(50*time.Millisecond, 2*time.Second)
+	// Jittered: the gateways retrying one lock do not retry in step.
+	delay := backoff.Backoff{Min: 50 * time.Millisecond, Max: 2 * time.Second}
 	d.mu.Lock()
 	if (d.ctl == nil || d.ctl.lost.Load()) && d.state != StateRefused && d.state != StateCampaigning {
 		// Keep saying why the device is campaigning again (deposed,
@@ -390,9 +394,9 @@ func (a *Agent) campaign(ctx context.Context, sess *concurrency.Session, d *devi
 		if ctx.Err() != nil || errors.Is(err, concurrency.ErrSessionExpired) {
 			return
 		}
-		wait := backoff.next()
+		wait := delay.Next()
 		a.log.Warn("lock", "device", d.id, "err", err, "retry_in", wait)
-		if !sleepCtx(ctx, wait) {
+		if !backoff.Sleep(ctx, wait) {
 			return
 		}
 		if !held {
@@ -413,7 +417,7 @@ func (a *Agent) campaign(ctx context.Context, sess *concurrency.Session, d *devi
 			return
 		}
 		a.log.Warn("read token", "device", d.id, "err", err)
-		if !sleepCtx(ctx, backoff.next()) {
+		if !backoff.Sleep(ctx, delay.Next()) {
 			return
 		}
 	}
@@ -631,30 +635,4 @@ func (a *Agent) readToken(ctx context.Context, m *concurrency.Mutex, lease clien
 		return 0, concurrency.ErrSessionExpired
 	}
 	return fence.Token(kvs[0].CreateRevision), nil
-}
-
-type backoff struct{ cur, min, max time.Duration }
-
-func newBackoff(min, max time.Duration) *backoff { return &backoff{min: min, max: max} }
-
-func (b *backoff) next() time.Duration {
-	if b.cur == 0 {
-		b.cur = b.min
-	} else if b.cur *= 2; b.cur > b.max {
-		b.cur = b.max
-	}
-	return b.cur
-}
-
-func (b *backoff) reset() { b.cur = 0 }
-
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }

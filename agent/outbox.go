@@ -8,6 +8,7 @@ import (
 
 	"github.com/edgefence/edgefence/fence"
 	"github.com/edgefence/edgefence/fence/history"
+	"github.com/edgefence/edgefence/internal/backoff"
 	"github.com/edgefence/edgefence/offline"
 )
 
@@ -175,7 +176,8 @@ func (a *Agent) superseded(d *device, e *offline.Entry) bool {
 // order until none is left (or the device's policy holds them back, or ctx
 // ends).
 func (a *Agent) deliver(ctx context.Context, d *device) {
-	backoff := newBackoff(100*time.Millisecond, 5*time.Second)
+	// Jittered: the workers that failed together resend spread out.
+	delay := backoff.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
 	var headID string // the entry being sent, and how often it was
 	var tries int
 	for {
@@ -188,7 +190,7 @@ func (a *Agent) deliver(ctx context.Context, d *device) {
 				// until an operator repairs it; try again later.
 				a.stats.outboxErr.Add(1)
 				a.log.Error("outbox: cannot read the next command; device queue held", "device", d.id, "err", err)
-				if !sleepCtx(ctx, backoff.next()) {
+				if !backoff.Sleep(ctx, delay.Next()) {
 					break
 				}
 				continue
@@ -218,7 +220,7 @@ func (a *Agent) deliver(ctx context.Context, d *device) {
 					Verdict: fence.Stale, Reason: "superseded: another session holds the lock; never sent"}
 				a.stats.superseded.Add(1)
 				d.superseded.Add(1)
-				if !a.settle(d, e, ack, true) && !sleepCtx(ctx, backoff.next()) {
+				if !a.settle(d, e, ack, true) && !backoff.Sleep(ctx, delay.Next()) {
 					break
 				}
 				continue
@@ -247,24 +249,24 @@ func (a *Agent) deliver(ctx context.Context, d *device) {
 					if l.AwaitConnection(ctx) != nil {
 						break
 					}
-					backoff.reset()
+					delay.Reset()
 					continue
 				}
-				wait := backoff.next()
+				wait := delay.Next()
 				a.log.Warn("no verdict yet; command stays queued and will be resent", "device", d.id, "token", e.Envelope.Token,
 					"seq", e.Envelope.Seq, "id", e.Envelope.ID, "err", err, "retry_in", wait)
-				if !sleepCtx(ctx, wait) {
+				if !backoff.Sleep(ctx, wait) {
 					break
 				}
 				continue
 			}
 			if !a.settle(d, e, ack, false) {
-				if !sleepCtx(ctx, backoff.next()) {
+				if !backoff.Sleep(ctx, delay.Next()) {
 					break
 				}
 				continue
 			}
-			backoff.reset()
+			delay.Reset()
 		}
 		d.mu.Lock()
 		if d.kicked && ctx.Err() == nil {

@@ -2,13 +2,13 @@ package agent
 
 import (
 	"context"
-	"math/rand/v2"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/internal/backoff"
 )
 
 // After a fence point refused our token, or the regression guard refused
@@ -24,14 +24,12 @@ const (
 	refusalBackoffMax = 30 * time.Second
 )
 
-// refusalBackoff is the wait before the n-th campaign after a refusal: the
-// exponential step with "equal jitter" (half fixed, half random).
+// refusalBackoff is the wait before the n-th campaign after a refusal
+// (n ≥ 1): the exponential step with "equal jitter" (half fixed, half
+// random), in [step/2, step] for the step 1 s·2ⁿ⁻¹ capped at 30 s.
 func refusalBackoff(n int) time.Duration {
-	d := refusalBackoffMax
-	if n <= 6 {
-		d = min(refusalBackoffMax, refusalBackoffMin<<max(n-1, 0))
-	}
-	return d/2 + rand.N(d/2+1)
+	b := backoff.Backoff{Min: refusalBackoffMin / 2, Max: refusalBackoffMax, Jitter: backoff.Equal}
+	return b.Delay(n - 1)
 }
 
 // recampaign lets d's lock key (token, under lease) go and campaigns for d
@@ -68,7 +66,7 @@ func (a *Agent) recampaign(d *device, token fence.Token, key string, lease clien
 			a.log.Warn("lock released after a refusal", "device", d.id, "token", token, "key", key, "holder", a.cfg.Gateway,
 				"retry_in", wait.Round(time.Millisecond))
 		}
-		if !sleepCtx(r.ctx, wait) || !acquireSlot(r.ctx, r.slots) {
+		if !backoff.Sleep(r.ctx, wait) || !acquireSlot(r.ctx, r.slots) {
 			return
 		}
 		a.campaign(r.ctx, r.sess, d, concurrency.NewMutex(r.sess, a.LockPrefix(d.id)), r.slots)

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/edgefence/edgefence/internal/backoff"
 )
 
 // What a service manager (systemd, via cmd/edgefence) asks of the agent:
@@ -30,12 +32,12 @@ func (a *Agent) beat() {
 	a.beatAt.Store(a.now().UnixNano())
 }
 
-// sleepBeating is sleepCtx for the Run loop: it beats at least every
+// sleepBeating is backoff.Sleep for the Run loop: it beats at least every
 // heartbeatEvery while it waits.
 func (a *Agent) sleepBeating(ctx context.Context, d time.Duration) bool {
 	for d > 0 {
 		step := min(d, heartbeatEvery)
-		if !sleepCtx(ctx, step) {
+		if !backoff.Sleep(ctx, step) {
 			return false
 		}
 		d -= step

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/internal/backoff"
 	"github.com/edgefence/edgefence/offline"
 	"github.com/edgefence/edgefence/shadow"
 )
@@ -196,12 +197,12 @@ func (a *Agent) runTwins(ctx context.Context) {
 			}
 		}
 	}
-	backoff := newBackoff(100*time.Millisecond, 5*time.Second)
+	delay := backoff.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
 	for ctx.Err() == nil {
 		// Watch re-opens itself after lost connections; it returns only
 		// when ctx ends or on a bad argument.
 		err := t.store.Watch(ctx, "", 0, func(ev shadow.Event) error {
-			backoff.reset()
+			delay.Reset()
 			a.desiredEvent(ev)
 			return nil
 		})
@@ -209,7 +210,7 @@ func (a *Agent) runTwins(ctx context.Context) {
 			return
 		}
 		a.log.Warn("twin: watch of desired states ended", "err", err)
-		if !sleepCtx(ctx, backoff.next()) {
+		if !backoff.Sleep(ctx, delay.Next()) {
 			return
 		}
 	}
@@ -368,12 +369,12 @@ func (a *Agent) fenced(dev string, token fence.Token, err error) {
 // as long as the agent holds the device.
 func (a *Agent) reconcile(ctx context.Context, dev string) {
 	t := a.twin
-	backoff := newBackoff(100*time.Millisecond, 5*time.Second)
+	delay := backoff.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
 	retry := func(what string, err error) bool {
 		t.stats.errors.Add(1)
-		wait := backoff.next()
+		wait := delay.Next()
 		a.log.Warn("twin: "+what, "device", dev, "err", err, "retry_in", wait)
-		return sleepCtx(ctx, wait)
+		return backoff.Sleep(ctx, wait)
 	}
 	var written *shadow.State // reported as the last write left it
 	for round := 0; round < twinRounds && ctx.Err() == nil; {
@@ -480,7 +481,7 @@ func (a *Agent) reconcile(ctx context.Context, dev string) {
 			return
 		}
 		written = st // what etcd has now: the next round needs no read
-		backoff.reset()
+		delay.Reset()
 	}
 }
 

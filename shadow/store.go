@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"math/rand/v2"
 	"strings"
 	"sync"
 	"time"
@@ -12,6 +11,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/internal/backoff"
 )
 
 // DefaultMaxRetries bounds the read-merge-write rounds of UpdateDesiredAny
@@ -402,17 +402,14 @@ func (s *Store) updateReported(ctx context.Context, dev string, patch map[string
 // pauses and reads again.
 const quickRetries = 2
 
-// pauseAndRead waits a random time that grows with the attempt (up to
-// ~3 ms), so that writers who keep colliding on one key spread out, then
-// reads the key afresh.
+// pauseAndRead waits a random time that grows with the attempt, so that
+// writers who keep colliding on one key spread out, then reads the key
+// afresh. The pause after attempt n is drawn from [50 µs, min(100 µs·2ⁿ,
+// 3.2 ms)].
 func (s *Store) pauseAndRead(ctx context.Context, dev, key string, attempt int) (State, error) {
-	d := time.Duration(rand.Int64N(int64(100*time.Microsecond) << min(attempt, 5)))
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
+	pause := backoff.Backoff{Min: 50 * time.Microsecond, Max: 3200 * time.Microsecond}
+	if !backoff.Sleep(ctx, pause.Delay(attempt)) {
 		return State{}, fmt.Errorf("shadow: update %s: %w", key, ctx.Err())
-	case <-t.C:
 	}
 	r, err := s.kv.Get(ctx, key)
 	if err != nil {

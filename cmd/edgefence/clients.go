@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/edgefence/edgefence/agent"
+	"github.com/edgefence/edgefence/internal/backoff"
 	"github.com/edgefence/edgefence/transport/mqtt"
 )
 
@@ -178,7 +179,9 @@ func anyPrefix(ss []string, prefix string) bool {
 // waiting, if set, is told before each wait why and for how long (the
 // systemd notifier extends its start timeout with it).
 func newEtcdClient(ctx context.Context, cfg clientv3.Config, log *slog.Logger, waiting func(why string, next time.Duration)) (*clientv3.Client, error) {
-	backoff := 500 * time.Millisecond
+	// Jittered: the gateways of a site that lost power together do not
+	// all come back to etcd in step.
+	delay := backoff.Backoff{Min: 500 * time.Millisecond, Max: 10 * time.Second}
 	for {
 		cli, err := clientv3.New(cfg)
 		switch {
@@ -189,15 +192,13 @@ func newEtcdClient(ctx context.Context, cfg clientv3.Config, log *slog.Logger, w
 		case cfg.Username == "":
 			return nil, fmt.Errorf("etcd client: %w", err)
 		}
-		log.Warn("etcd: cannot authenticate yet; retrying", "endpoints", cfg.Endpoints, "user", cfg.Username, "err", err, "retry_in", backoff)
+		wait := delay.Next()
+		log.Warn("etcd: cannot authenticate yet; retrying", "endpoints", cfg.Endpoints, "user", cfg.Username, "err", err, "retry_in", wait)
 		if waiting != nil {
-			waiting("etcd unreachable: waiting to authenticate as "+cfg.Username, backoff+cfg.DialTimeout)
+			waiting("etcd unreachable: waiting to authenticate as "+cfg.Username, wait+cfg.DialTimeout)
 		}
-		select {
-		case <-ctx.Done():
+		if !backoff.Sleep(ctx, wait) {
 			return nil, fmt.Errorf("etcd client: %w", err)
-		case <-time.After(backoff):
 		}
-		backoff = min(2*backoff, 10*time.Second)
 	}
 }

@@ -12,6 +12,8 @@ import (
 
 	"github.com/eclipse/paho.golang/autopaho"
 	"github.com/eclipse/paho.golang/paho"
+
+	"github.com/edgefence/edgefence/internal/backoff"
 )
 
 // Client is an MQTT v5 connection that keeps itself up: it reconnects with
@@ -27,7 +29,8 @@ type Client struct {
 	kick   chan struct{} // capacity 1: subscription work may be pending
 	done   chan struct{} // closed once every goroutine has stopped
 
-	everUp atomic.Bool // a connection has been up at least once
+	everUp    atomic.Bool     // a connection has been up at least once
+	reconnect backoff.Backoff // MinBackoff to MaxBackoff, full jitter (backoff.go)
 
 	mu          sync.Mutex
 	pending     *link             // dialled, waiting for CONNACK
@@ -83,6 +86,7 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 		acked:   make(map[string]uint64),
 		changed: make(chan struct{}),
 	}
+	c.reconnect = backoff.Backoff{Min: cfg.MinBackoff, Max: cfg.MaxBackoff}
 	for _, s := range cfg.Subscriptions {
 		c.addSubLocked(s.Filter, s.Handler)
 	}
@@ -186,7 +190,9 @@ func (c *Client) run() {
 	defer close(c.done)
 	defer func() { <-c.cm.Done() }()
 
-	delay := c.cfg.MinBackoff
+	// Full jitter: the gateways of a fleet resubscribing to one broker
+	// should not retry in step.
+	resub := backoff.Backoff{Min: c.cfg.MinBackoff, Max: c.cfg.MaxBackoff}
 	for {
 		select {
 		case <-c.ctx.Done():
@@ -196,17 +202,18 @@ func (c *Client) run() {
 		for c.ctx.Err() == nil {
 			l, gen, filters := c.unsubscribed()
 			if l == nil || len(filters) == 0 {
-				delay = c.cfg.MinBackoff
+				resub.Reset()
 				break
 			}
 			err := c.subscribe(l, gen, filters)
 			if err == nil {
-				delay = c.cfg.MinBackoff
+				resub.Reset()
 				continue
 			}
 			if l.ctx.Err() != nil {
 				break // connection lost; the next connection up kicks us again
 			}
+			delay := resub.Next()
 			c.log.Warn("mqtt subscribe failed; retrying", "filters", filters, "retry_in", delay, "err", err)
 			t := time.NewTimer(delay)
 			select {
@@ -217,7 +224,6 @@ func (c *Client) run() {
 				t.Stop()
 			case <-t.C:
 			}
-			delay = min(2*delay, c.cfg.MaxBackoff)
 		}
 	}
 }

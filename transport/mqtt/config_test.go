@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/edgefence/edgefence/internal/backoff"
 )
 
 func TestConfigDefaults(t *testing.T) {
@@ -79,26 +81,27 @@ func TestConfigInvalid(t *testing.T) {
 	}
 }
 
-func TestBackoffDelay(t *testing.T) {
-	lo, hi := 250*time.Millisecond, 10*time.Second
-	zero := func(int64) int64 { return 0 }
-	top := func(n int64) int64 { return n - 1 }
-	for attempt, wantMax := range []time.Duration{500 * time.Millisecond, time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second, hi, hi} {
-		if got := backoffDelay(attempt, lo, hi, zero); got != lo {
-			t.Errorf("attempt %d: min delay %v, want %v", attempt, got, lo)
+// TestReconnectBackoff: the client's first attempt is immediate, later ones
+// (and every one after a lost connection) wait within [MinBackoff,
+// min(MinBackoff·2^(attempt+1), MaxBackoff)] of its Config.
+func TestReconnectBackoff(t *testing.T) {
+	lo, hi := 300*time.Millisecond, 3*time.Second
+	c, err := Dial(context.Background(), Config{Brokers: []string{"mqtt://127.0.0.1:1"}, ClientID: "c", MinBackoff: lo, MaxBackoff: hi})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(context.Background())
+	if d := c.backoff(0); d != 0 {
+		t.Errorf("first attempt ever: waits %v", d)
+	}
+	c.everUp.Store(true)
+	for attempt := range 8 {
+		ceiling := min(lo<<(attempt+1), hi)
+		for range 100 {
+			if d := c.backoff(attempt); d < lo || d > ceiling {
+				t.Fatalf("attempt %d: %v outside [%v, %v]", attempt, d, lo, ceiling)
+			}
 		}
-		if got := backoffDelay(attempt, lo, hi, top); got != wantMax {
-			t.Errorf("attempt %d: max delay %v, want %v", attempt, got, wantMax)
-		}
-	}
-	if got := backoffDelay(1<<20, lo, hi, top); got != hi {
-		t.Errorf("huge attempt: %v", got)
-	}
-	if got := backoffDelay(3, time.Second, time.Second, top); got != time.Second {
-		t.Errorf("lo == hi: %v", got)
-	}
-	if got := backoffDelay(200, time.Nanosecond, time.Duration(1<<62), top); got <= 0 || got > time.Duration(1<<62) {
-		t.Errorf("overflow: %v", got)
 	}
 }
 
@@ -115,10 +118,11 @@ func TestBackoffAfterOutage(t *testing.T) {
 	for _, hi := range []time.Duration{2 * time.Second, 5 * time.Second, 10 * time.Second} {
 		gaps := make([]time.Duration, 0, runs)
 		attempts := 0
+		b := backoff.Backoff{Min: DefaultMinBackoff, Max: hi, Rand: rnd.Int64N}
 		for range runs {
 			var at time.Duration
 			for a := 0; ; a++ {
-				at += backoffDelay(a, DefaultMinBackoff, hi, rnd.Int64N)
+				at += b.Delay(a)
 				if at >= outage {
 					gaps = append(gaps, at-outage)
 					break

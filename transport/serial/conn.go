@@ -5,10 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/edgefence/edgefence/internal/backoff"
 )
 
 // Conn defaults, applied to zero ConnConfig fields.
@@ -88,6 +89,11 @@ type Conn struct {
 	rport   *Port
 	attempt int
 	nextTry time.Time
+	// reopen draws the delay before attempt n from [MinBackoff,
+	// min(MinBackoff·2^(n+1), MaxBackoff)] (full jitter above a floor), so
+	// that the gateways of a site whose hub lost power do not retry in
+	// lockstep.
+	reopen backoff.Backoff
 
 	wmu sync.Mutex // serialises writes, so frames never interleave
 
@@ -118,6 +124,7 @@ func OpenConn(cfg ConnConfig) (*Conn, error) {
 		log:     cfg.Logger.With("port", cfg.Port.Path),
 		closing: make(chan struct{}),
 		up:      make(chan struct{}),
+		reopen:  backoff.Backoff{Min: cfg.MinBackoff, Max: cfg.MaxBackoff},
 	}
 	c.readMu.Lock()
 	defer c.readMu.Unlock()
@@ -172,7 +179,7 @@ func (c *Conn) drop() {
 
 // schedule sets the time of the next attempt to open the port.
 func (c *Conn) schedule() time.Duration {
-	delay := backoffDelay(c.attempt, c.cfg.MinBackoff, c.cfg.MaxBackoff, rand.Int64N)
+	delay := c.reopen.Delay(c.attempt)
 	c.nextTry = time.Now().Add(delay)
 	c.attempt++
 	return delay

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -229,19 +230,22 @@ func TestConnConfig(t *testing.T) {
 	}
 }
 
-func TestBackoffDelay(t *testing.T) {
+// TestReopenBackoff: the delay before reopening attempt n lies in
+// [MinBackoff, min(MinBackoff·2^(n+1), MaxBackoff)] of the Conn's config.
+func TestReopenBackoff(t *testing.T) {
 	lo, hi := 100*time.Millisecond, 5*time.Second
-	maxRand := func(n int64) int64 { return n - 1 }
-	zero := func(int64) int64 { return 0 }
-	for attempt, want := range []time.Duration{200, 400, 800, 1600, 3200, 5000, 5000} {
-		if got := backoffDelay(attempt, lo, hi, maxRand); got != want*time.Millisecond {
-			t.Errorf("attempt %d: max delay %v, want %v", attempt, got, want*time.Millisecond)
-		}
-		if got := backoffDelay(attempt, lo, hi, zero); got != lo {
-			t.Errorf("attempt %d: min delay %v, want %v", attempt, got, lo)
-		}
+	conn, err := OpenConn(ConnConfig{Port: PortConfig{Path: filepath.Join(t.TempDir(), "ttyUSB9")}, MinBackoff: lo, MaxBackoff: hi})
+	if !errors.Is(err, ErrPortMissing) {
+		t.Fatalf("OpenConn: %v, want ErrPortMissing", err)
 	}
-	if got := backoffDelay(1000, lo, hi, maxRand); got != hi {
-		t.Errorf("attempt 1000: %v", got)
+	defer conn.Close()
+	conn.readMu.Lock()
+	defer conn.readMu.Unlock()
+	conn.attempt = 0
+	for attempt := range 1000 {
+		ceiling := min(lo<<min(attempt+1, 10), hi)
+		if d := conn.schedule(); d < lo || d > ceiling {
+			t.Fatalf("attempt %d: %v outside [%v, %v]", attempt, d, lo, ceiling)
+		}
 	}
 }

@@ -7,12 +7,13 @@ import (
 	"time"
 
 	"github.com/edgefence/edgefence/devices/sandbox"
+	"github.com/edgefence/edgefence/internal/backoff"
 )
 
 // inject runs the round's fault during the load window and heals it before
 // it returns.
 func (r *round) inject(ctx context.Context) error {
-	if !sleepCtx(ctx, r.jitter(300*time.Millisecond, r.cfg.Load/4)) {
+	if !backoff.Sleep(ctx, r.jitter(300*time.Millisecond, r.cfg.Load/4)) {
 		return ctx.Err()
 	}
 	r.res.FaultStart = time.Now()
@@ -39,7 +40,7 @@ func (r *round) injectFault(ctx context.Context) error {
 			if err := r.killDevsim(ctx); err != nil {
 				return err
 			}
-			sleepCtx(ctx, r.jitter(200*time.Millisecond, time.Second))
+			backoff.Sleep(ctx, r.jitter(200*time.Millisecond, time.Second))
 		}
 		return nil
 	case FaultEtcdRestart:
@@ -49,7 +50,7 @@ func (r *round) injectFault(ctx context.Context) error {
 		r.fault(FaultEtcdRestart)
 		d := r.outage(ttl/2, 3*ttl)
 		r.logf("etcd stopped for %v", d)
-		sleepCtx(ctx, d)
+		backoff.Sleep(ctx, d)
 		return r.etcd.Start(ctx)
 	case FaultLeaderLoss:
 		l, err := r.cluster.WaitLeader(ctx, -1)
@@ -64,7 +65,7 @@ func (r *round) injectFault(ctx context.Context) error {
 			return err
 		}
 		r.logf("etcd leader %d killed; new leader elected", l)
-		sleepCtx(ctx, r.outage(500*time.Millisecond, 2*ttl))
+		backoff.Sleep(ctx, r.outage(500*time.Millisecond, 2*ttl))
 		return r.cluster.Restart(ctx, l)
 	case FaultBroker:
 		if err := r.broker.Stop(); err != nil {
@@ -73,7 +74,7 @@ func (r *round) injectFault(ctx context.Context) error {
 		r.fault(FaultBroker)
 		d := r.outage(300*time.Millisecond, 3*time.Second)
 		r.logf("broker down (no persistence) for %v", d)
-		sleepCtx(ctx, d)
+		backoff.Sleep(ctx, d)
 		return r.broker.Start(ctx)
 	case FaultPartition:
 		if err := r.lab.Partition(nodeA, nodeServer); err != nil {
@@ -83,12 +84,12 @@ func (r *round) injectFault(ctx context.Context) error {
 		r.fault(FaultPartition)
 		d := r.outage(ttl+500*time.Millisecond, 3*ttl)
 		r.logf("gw-a cut from etcd and broker for %v", d)
-		sleepCtx(ctx, d)
+		backoff.Sleep(ctx, d)
 		return r.lab.Heal(nodeA, nodeServer)
 	case FaultDuplicate:
 		// The duplicator works from the start; count what it did once
 		// the load is over.
-		sleepCtx(ctx, r.cfg.Load/2)
+		backoff.Sleep(ctx, r.cfg.Load/2)
 		r.faultMu.Lock()
 		r.res.Faults[FaultDuplicate] += int(r.dup.Duplicated())
 		r.faultMu.Unlock()
@@ -99,11 +100,11 @@ func (r *round) injectFault(ctx context.Context) error {
 			r.fault(FaultSerialNoise)
 			if i == 0 {
 				l.Unplug()
-				sleepCtx(ctx, r.jitter(100*time.Millisecond, time.Second))
+				backoff.Sleep(ctx, r.jitter(100*time.Millisecond, time.Second))
 				l.Plug()
 			}
 		}
-		sleepCtx(ctx, r.outage(time.Second, 3*time.Second))
+		backoff.Sleep(ctx, r.outage(time.Second, 3*time.Second))
 		for _, l := range r.lines {
 			l.SetNoise(sandbox.LineNoise{})
 		}
@@ -134,7 +135,7 @@ func (r *round) freezeHolder(ctx context.Context, d time.Duration) error {
 	}
 	r.fault(FaultFreeze)
 	r.logf("%s frozen (SIGSTOP) for %v", victim.name, d)
-	sleepCtx(ctx, d)
+	backoff.Sleep(ctx, d)
 	return p.Resume()
 }
 
@@ -151,7 +152,7 @@ func (r *round) killAgent(ctx context.Context, a *agentProc) error {
 	}
 	down := r.jitter(100*time.Millisecond, 1500*time.Millisecond)
 	r.logf("%s killed (SIGKILL); restart in %v", a.name, down)
-	sleepCtx(ctx, down)
+	backoff.Sleep(ctx, down)
 	return r.runAgent(ctx, a)
 }
 
@@ -168,6 +169,6 @@ func (r *round) killDevsim(ctx context.Context) error {
 	r.fault(FaultKillDevsim)
 	down := r.jitter(50*time.Millisecond, time.Second)
 	r.logf("device simulator killed (SIGKILL); restart in %v", down)
-	sleepCtx(ctx, down)
+	backoff.Sleep(ctx, down)
 	return r.startDevsim(ctx)
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/edgefence/edgefence/agent"
 	"github.com/edgefence/edgefence/devices/legacy"
 	"github.com/edgefence/edgefence/devices/sandbox"
+	"github.com/edgefence/edgefence/internal/backoff"
 )
 
 // Node names of the partition scenario's network lab.
@@ -181,7 +182,7 @@ func (r *round) run(ctx context.Context) error {
 	// Commands keep flowing for the whole load window, also after the
 	// fault healed.
 	if rest := r.cfg.Load - time.Since(loadStart); rest > 0 {
-		sleepCtx(ctx, rest)
+		backoff.Sleep(ctx, rest)
 	}
 	stopLoad()
 	load.Wait()
@@ -423,7 +424,7 @@ func (r *round) waitAllHeld(ctx context.Context, bound time.Duration) error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("devices not all held after %v: %d of %d", bound, len(h), len(r.shimDevs)+len(r.serialDevs))
 		}
-		if !sleepCtx(ctx, 50*time.Millisecond) {
+		if !backoff.Sleep(ctx, 50*time.Millisecond) {
 			return ctx.Err()
 		}
 	}
@@ -459,7 +460,7 @@ func (r *round) load(ctx context.Context, dev string, serial bool) {
 			}
 			break
 		}
-		if !sleepCtx(ctx, r.cfg.Pause) {
+		if !backoff.Sleep(ctx, r.cfg.Pause) {
 			return
 		}
 	}
@@ -496,19 +497,8 @@ func (r *round) drain(ctx context.Context, bound time.Duration) error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("commands still queued after %v: %d pending, %d agents unreachable", bound, pending, unreachable)
 		}
-		if !sleepCtx(ctx, 100*time.Millisecond) {
+		if !backoff.Sleep(ctx, 100*time.Millisecond) {
 			return ctx.Err()
 		}
-	}
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }
