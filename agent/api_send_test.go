@@ -11,11 +11,11 @@ import (
 	"testing"
 )
 
-// Issue 11, finding 4: the local API executed a request with data after
-// its JSON object, sent {"setpoint": 1e999} as +Inf, and cut a 10 MB
-// request at 1 MiB answering "unexpected EOF". Each is refused now — 400,
-// or 413 naming the limit — before a command is issued (no seq is used:
-// the next good command is seq 1), with a log line and a counter.
+// The local API refuses a request with data after its JSON object, a
+// {"setpoint": 1e999} that would be sent as +Inf, and a 10 MB request (not
+// cut at 1 MiB with "unexpected EOF"): 400, or 413 naming the limit, before
+// a command is issued (no seq is used: the next good command is seq 1),
+// with a log line and a counter.
 func TestAPISendRefusesBadInput(t *testing.T) {
 	fp := newFencePoint()
 	logs := &logBuffer{}

@@ -337,8 +337,8 @@ func (a *Agent) release(sess *concurrency.Session) {
 		d.mu.Unlock()
 	}
 	// One revoke deletes every lock key of the lease in one revision: no
-	// per-key Unlock, which took one round trip per device (1,000 devices:
-	// 0.5–2 s to exit on a busy 2-core box, docs/BENCHMARKS.md §17).
+	// per-key Unlock, which took one round trip per device and made a large
+	// fleet slow to exit (docs/BENCHMARKS.md §17).
 	// Bounded by etcd.dial_timeout, as the unit's stop timeout expects.
 	sess.Orphan() // stops the keep-alive
 	ctx, cancel := context.WithTimeout(context.Background(), a.cfg.Etcd.DialTimeout)
@@ -600,10 +600,10 @@ func (a *Agent) heldElsewhere(d *device) {
 }
 
 // campaignSlots bounds how many campaigns talk to etcd at once. A thousand
-// devices campaigning at the same moment otherwise peak at ~50 MiB RSS (a
-// goroutine, an in-flight RPC and its buffers each); with 16 slots the agent
-// peaks at ~24 MiB and still acquires 1,000 devices in ~0.2 s
-// (docs/BENCHMARKS.md, `edgefence-bench rss` and `locks`).
+// devices campaigning at the same moment otherwise double the agent's peak
+// RSS (a goroutine, an in-flight RPC and its buffers each); with 16 slots
+// 1,000 devices are still acquired well within the lock target
+// (docs/BENCHMARKS.md §2 and §3).
 const campaignSlots = 16
 
 func acquireSlot(ctx context.Context, slots chan struct{}) bool {

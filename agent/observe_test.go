@@ -30,7 +30,7 @@ import (
 	"github.com/edgefence/edgefence/transport/mqtt"
 )
 
-// Observability (issue 6) against real parts: embedded etcd, an in-process
+// Observability against real parts: embedded etcd, an in-process
 // mochi broker, a simulated thermostat (sim.Fleet, the device-side shim),
 // a legacy meter behind the home gateway's fence bridge (fence table on
 // bbolt, MQTT-link device), the agent commanding both over MQTT with an

@@ -476,7 +476,7 @@ func TestRestartedAgentEndsQueueHeldElsewhere(t *testing.T) {
 	// The head was resent and refused, the two others superseded (the
 	// verdict is counted just after the entry is resolved).
 	waitFor(t, "counters", func() bool { c := a2.Status().Counters; return c.Superseded == 2 && c.Stale == 1 })
-	// Per device too (issue 11, finding 5): the table's stale column and
+	// Per device too: the table's stale column and
 	// the last verdict agree, and the last one is marked never sent.
 	d := a2.Status().Devices[0]
 	if v := d.Verdicts; v.Stale != 1 || v.Superseded != 2 {

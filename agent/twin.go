@@ -14,7 +14,7 @@ import (
 	"github.com/edgefence/edgefence/shadow"
 )
 
-// The twin reconciler (issue 5), on when Options.Twins is set:
+// The twin reconciler, on when Options.Twins is set:
 //
 //	Store.Watch(all devices) ─▶ desired[dev] ─▶ twinKick(dev) ─▶ worker(dev):
 //	  holder(dev) → lock key, token      (not holding: nothing to do)

@@ -73,7 +73,7 @@ func reportedHistory(t *testing.T, cli *clientv3.Client, key string, from, to in
 	return nil
 }
 
-// TestTwinOfflineConverges (issue 5, offline): the agent's etcd client
+// TestTwinOfflineConverges (twins offline): the agent's etcd client
 // goes through a proxy that is cut for a few seconds, shorter than the
 // lease TTL. While cut, an application writes desired (straight to etcd)
 // and the device changes its state locally twice: the agent queues the
@@ -258,7 +258,7 @@ func TestTwinOfflineConverges(t *testing.T) {
 	}
 }
 
-// TestTwinOfflineDeposedQueueFenced (issue 5, offline, I5): the cut
+// TestTwinOfflineDeposedQueueFenced (twins offline, I5): the cut
 // outlasts the lease; another gateway takes the device over and writes
 // reported. The cut-off holder (one that ignores session loss, so that it
 // still tries) queued a device report meanwhile: after the heal its push

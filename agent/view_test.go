@@ -16,7 +16,7 @@ import (
 	"github.com/edgefence/edgefence/offline"
 )
 
-// TestStateReasons (issue 11, finding 5): a device that is refused or
+// TestStateReasons: a device that is refused or
 // lost says why in Status — the token regression with both tokens, the
 // fence point's newer token — and a reason never outlives its state.
 func TestStateReasons(t *testing.T) {
@@ -70,7 +70,7 @@ func TestStateReasons(t *testing.T) {
 	}
 }
 
-// TestMalformedStateReports (issue 11, finding 5): a state report that
+// TestMalformedStateReports: a state report that
 // does not decode is counted and logged at WARN, at most once per device
 // per malformedLogEvery, the next line saying how many were left out;
 // devices the agent does not know share one limit. A good report is not
@@ -124,7 +124,7 @@ func TestMalformedStateReports(t *testing.T) {
 	}
 }
 
-// TestTailWarning (issue 11, finding 9): the warning is on exactly while
+// TestTailWarning: the lease-tail warning is on exactly while
 // the observed tail (max stall + max keep-alive round trip + max fsync over
 // the window) is above lease_ttl/3, and the log says so once each way.
 func TestTailWarning(t *testing.T) {

@@ -26,7 +26,7 @@ import (
 	"github.com/edgefence/edgefence/transport/mqtt"
 )
 
-// TestInstallAndOperate is issue 6's "done when", step by step, with what
+// TestInstallAndOperate operates an installed agent end to end, with what
 // the package installs: the amd64 .deb unpacked into a scratch root, the
 // installed /etc/edgefence/config.yaml edited (gateway id, etcd, broker,
 // devices, metrics), `config check`, the agent started the way the

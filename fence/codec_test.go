@@ -920,7 +920,7 @@ func unknownFieldCases() []struct {
 }
 
 // An unknown key in a body is refused naming the key, not only its index in
-// the map (issue 11, finding 4), at the top level and in a nested map.
+// the map, at the top level and in a nested map.
 func TestDecodeBodyNamesUnknownField(t *testing.T) {
 	for _, tc := range unknownFieldCases() {
 		t.Run(tc.name, func(t *testing.T) {

@@ -25,7 +25,7 @@
 //	           (SIGSTOP) or stopped cleanly (SIGTERM) under load, and the
 //	           time until the other one's first accepted command is
 //	           measured per lease_ttl
-//	twins      the twin reconciler (issue 5), in process (agent with outbox
+//	twins      the twin reconciler, in process (agent with outbox
 //	           and twin cache, mochi, sim.Fleet): desired put → twin.set
 //	           accepted → reported written, p50/p99 for 1 and 100 devices
 //	           changing at once beside bare etcd put → watch; updates/s for

@@ -27,7 +27,7 @@ import (
 	"github.com/edgefence/edgefence/transport/mqtt"
 )
 
-// twinsConfig configures the twin benchmark (issue 5).
+// twinsConfig configures the twin benchmark.
 type twinsConfig struct {
 	Sizes   []int // devices changing at once in the latency rounds
 	Rounds  int   // latency rounds per size

@@ -85,9 +85,9 @@ exit status is 1. Secrets may come from the environment: %s,
 	log := newLogger(cfg.Log, os.Stderr)
 	if os.Getenv("GOGC") == "" {
 		// A gateway agent allocates little: half the Go default keeps the
-		// heap's floor at 2 MiB instead of 4 (RSS 20.8 → 19.6 MiB at 10
-		// devices, ≈ 6 MiB less at 10,000; docs/BENCHMARKS.md §16) for
-		// GC cycles that cost next to nothing at its allocation rate.
+		// heap's floor at 2 MiB instead of 4, which keeps the agent within
+		// its RSS budget (docs/BENCHMARKS.md §16), for GC cycles that cost
+		// next to nothing at its allocation rate.
 		// GOGC in the environment (e.g. a unit drop-in) wins.
 		debug.SetGCPercent(gcPercent)
 	}

@@ -12,8 +12,8 @@ import (
 	"github.com/edgefence/edgefence/transport/mqtt"
 )
 
-// Issue 11, findings 3, 4 and 6 on a running agent and real devices:
-// send prints a line for people by default and JSON with --json; a
+// TestSendVerdictsAndBodies, on a running agent and real devices: send
+// prints a line for people by default and JSON with --json; a
 // duplicate (the device had already applied this very command) exits 0
 // like accepted, not 3; a body CBOR cannot carry as written is refused
 // before a seq is used; a field the device does not have is named.

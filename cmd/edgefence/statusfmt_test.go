@@ -16,7 +16,7 @@ import (
 var superseded = &fence.Ack{V: fence.Version, Device: "pump-7", ID: "c-1", Token: 9, Seq: 3, Verdict: fence.Stale,
 	Reason: "superseded: another session holds the lock; never sent"}
 
-// TestUnsentVerdictsShownAsSuch (issue 11, finding 5): a command the agent
+// TestUnsentVerdictsShownAsSuch: a command the agent
 // ended itself without sending it is not shown as if a fence point had
 // answered "at token 0 seq 0", in outbox show, status and devices; the
 // devices table counts it in STALE, so ACCEPTED/STALE agrees with LAST

@@ -68,7 +68,7 @@ func pollStatus(t *testing.T, sock, what string, cond func(*agent.Status) bool) 
 	}
 }
 
-// TestRunOperatorView (issue 11, findings 5 and 9) runs the real binary
+// TestRunOperatorView runs the real binary
 // with twins and metrics on:
 //
 //   - malformed device state reports on the MQTT state topic are counted

@@ -71,8 +71,8 @@ func TestTwinSet(t *testing.T) {
 }
 
 // A set command with a field a thermostat does not have is refused naming
-// the field and the ones it has (issue 11, finding 4: the reason was
-// "cbor: found unknown field at map element index 0").
+// the field and the ones it has (not "cbor: found unknown field at map
+// element index 0").
 func TestSetNamesUnknownField(t *testing.T) {
 	h := openHost(t, filepath.Join(t.TempDir(), "dev.db"), sim.HostConfig{})
 	for i, tc := range []struct {

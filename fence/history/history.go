@@ -4,31 +4,22 @@
 // and nothing below an accepted token is accepted again — and I4 — every
 // command created has exactly one terminal state.
 //
-// Each process appends to its own file (or several to one file opened with
-// O_APPEND: every event is a single write(2), so lines never interleave). A
-// process killed with SIGKILL leaves at most a torn last line, which Read
-// skips; a Writer reopening such a file seals the torn line off first
-// (OpOpened), so a restarted process can keep appending to the same file.
+// Every event is a single write(2) to an O_APPEND file, so several
+// processes may share a file and a SIGKILL leaves at most a torn last line,
+// which Read skips; a Writer reopening the file seals it off (OpOpened).
 //
-// A fence point records each decision BEFORE the commit that makes it
-// durable (a line written with write(2) to an O_APPEND file survives
-// SIGKILL): a line written after the commit could be lost with the commit
-// in place, and the checker would then see an acknowledged command the
-// fence point never accepted. The price is that a process killed between
-// the line and the commit leaves an accept that never took effect, and
-// after the restart the same command may be accepted again. So when the
-// fence point opens its store again (and after a failed commit) it calls
-// Writer.Recover, which records an OpOpened event {Source, Device, Token,
-// Seq: the durable mark it recovered} for each device it has such accepts
-// for. The rule, applied by Check before anything else: an accept of
-// source S for device D whose (token, seq) is above the (token, seq) of
-// S's next OpOpened event for D was never committed; it is discarded with
-// all its effects (Report.Uncommitted counts them). A history without
-// OpOpened events is checked exactly as recorded. A source must name one
-// fence point (one store) across its restarts.
+// A fence point records each decision before the commit that makes it
+// durable, so a logged accept may never have taken effect. When it opens
+// its store again (and after a failed commit) it calls Writer.Recover,
+// which records an OpOpened event {Source, Device, Token, Seq: the durable
+// mark} per device. Check discards, first, every accept of source S for
+// device D above the (token, seq) of S's next OpOpened for D
+// (Report.Uncommitted counts them); a source must name one fence point
+// across its restarts. Why before and not after: docs/ARCHITECTURE.md,
+// "Fault injection".
 //
 // Fence points record with a Writer (devices/shim: Options.History;
-// edgefence-devsim: --history). Read loads files, Check (or CheckWith)
+// edgefence-devsim: --history). Read loads files; Check (or CheckWith)
 // returns a Report whose Violations name the invariant, device and command.
 // Package fence/history/linear checks the same events for linearizability
 // against a fenced register model (porcupine).
