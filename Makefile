@@ -11,6 +11,11 @@ LDFLAGS := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 # binaries: 17.2 MB -> 14.1 MB stripped on arm64. grpc tracing is off by default
 # anyway. cmd/edgefence's TestDependencies reads this line.
 GOTAGS := grpcnotrace
+# edgefence_unsafe compiles the failpoints in (EDGEFENCE_FAILPOINTS, devsim's
+# --unsafe-no-fence): test and demo builds only. `build` (bin/, what demo and
+# chaos run) and `test` use it; `cross` and `package` (what ships) do not, and
+# cmd/edgefence's TestShippedBinaryHasNoFailpoints checks they carry none.
+UNSAFETAGS := $(GOTAGS),edgefence_unsafe
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 CMDS := edgefence edgefence-devsim edgefence-sandbox edgefence-chaos
 # The agent and the device simulator are what ships to gateways and devices;
@@ -23,9 +28,9 @@ TEST_TIMEOUT ?= 15m
 help: ## show this help
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-build: ## build the agent, the device simulator and the sandbox into bin/
+build: ## test/demo build (failpoints compiled in) of the agent, the device simulator, the sandbox and chaos into bin/
 	@mkdir -p $(BIN)
-	$(GO) build -tags $(GOTAGS) -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/ $(addprefix ./cmd/,$(CMDS))
+	$(GO) build -tags $(UNSAFETAGS) -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/ $(addprefix ./cmd/,$(CMDS))
 
 deps: ## install what the tests need (Mosquitto for interop tests, Debian's etcd 3.4 and etcdctl for the recovery tests, systemd-analyze to verify the unit, qemu-user-static for the arm smoke test)
 	@if ! command -v mosquitto >/dev/null && [ ! -x /usr/sbin/mosquitto ]; then \
@@ -69,6 +74,7 @@ lint: tidy-check ## go.mod tidy, gofmt, go vet and staticcheck
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 		if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) vet -tags $(UNSAFETAGS) ./...
 	$(GO) run $(STATICCHECK) ./...
 
 # go mod tidy -diff (Go 1.23+) prints what tidy would change and exits 1;
@@ -78,7 +84,7 @@ tidy-check: ## fail if go.mod or go.sum differ from what go mod tidy makes
 		if [ $$rc != 0 ] || [ -n "$$out" ]; then echo "go.mod/go.sum not tidy (run go mod tidy):"; echo "$$out"; exit 1; fi
 
 test: deps lint ## lint, then every test with the race detector (what CI runs)
-	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -tags $(UNSAFETAGS) ./...
 
 test-short: ## unit tests only, no servers, no race detector
 	$(GO) test -short -count=1 ./...

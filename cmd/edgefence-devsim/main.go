@@ -56,7 +56,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		dir      = fs.String("dir", "", "data directory for the marks and states (required)")
 		logPath  = fs.String("log", "", "verdict log file, JSON lines, appended (default stdout)")
 		clientID = fs.String("client-id", "", "MQTT client id (default derived from the host name and --dir)")
-		noFence  = fs.Bool("unsafe-no-fence", false, "DISABLE THE FENCE: apply stale and duplicate commands (tests and demos only)")
+		noFence  = unsafeFlags(fs)
 		port     = fs.String("serial", "", "run ONE legacy register device (no fence of its own) on this serial port instead of MQTT devices")
 		regs     = fs.Int("registers", 0, "with --serial: number of holding registers (default 256)")
 		histPath = fs.String("history", "", "append every fence decision to this file as history events (JSON lines, fence/history)")
@@ -76,7 +76,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	if *port != "" {
 		if *broker != "" || *count != 0 || *noFence || *dir != "" || *histPath != "" {
-			return usage("--serial runs a legacy device: it takes --devices ID (one), --registers, --log; not --mqtt, --count, --dir, --unsafe-no-fence or --history (it has no fence point and never sees command ids)")
+			return usage("--serial runs a legacy device: it takes --devices ID (one), --registers, --log; not --mqtt, --count, --dir, --history or an unsafe flag (it has no fence point and never sees command ids)")
 		}
 		id := "plc-1"
 		if *devices != "" {

@@ -439,22 +439,6 @@ func TestDevsimSecondInstanceOnSameDir(t *testing.T) {
 	d.stop(t, syscall.SIGTERM)
 }
 
-func TestDevsimUnsafeNoFence(t *testing.T) {
-	url := startBroker(t)
-	topics := mqtt.Topics{}
-	k := newCommander(t, url, topics)
-	d := startDevsim(t, "--mqtt", url, "--devices", "boiler", "--dir", t.TempDir(), "--unsafe-no-fence", "--log", filepath.Join(t.TempDir(), "v"))
-	d.awaitReady(t)
-	k.send(t, "boiler", 5, 1, sim.SetBody{Mode: ptr("cool")})
-	if a := k.send(t, "boiler", 4, 1, sim.SetBody{Mode: ptr("heat")}); a.Verdict != fence.Accepted || !strings.Contains(a.Reason, "FENCE DISABLED") {
-		t.Fatalf("unfenced stale: %+v", a)
-	}
-	d.stop(t, syscall.SIGTERM)
-	if !strings.Contains(d.log(), "FENCE DISABLED") {
-		t.Fatalf("no warning:\n%s", d.log())
-	}
-}
-
 func TestUsage(t *testing.T) {
 	for _, tt := range []struct {
 		args []string

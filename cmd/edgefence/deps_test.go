@@ -1,10 +1,12 @@
 package main
 
 import (
+	"bytes"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -114,5 +116,64 @@ func TestBinarySize(t *testing.T) {
 	t.Logf("linux/arm64 stripped: %d bytes (budget %d)", fi.Size(), budget)
 	if fi.Size() > budget {
 		t.Errorf("linux/arm64 agent is %d bytes, over the %d byte budget: see TestDependencies and `go tool nm -size -sort size`", fi.Size(), budget)
+	}
+}
+
+// failpointMarks are what a build with the failpoints compiled in carries:
+// symbols (`go tool nm`) and strings. The shipped binaries have none.
+var failpointMarks = struct{ symbols, strings []string }{
+	symbols: []string{"main.failpoint", "main.unsafeFlags"},
+	strings: []string{"EDGEFENCE_FAILPOINTS", "unsafe-no-fence"},
+}
+
+// failpointsIn builds ./cmd/<name> with tags (not stripped: nm needs the
+// symbol table) and returns the failpoint symbols and strings it carries.
+func failpointsIn(t *testing.T, name, tags string) []string {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), name)
+	cmd := exec.Command("go", "build", "-tags", tags, "-trimpath", "-o", out, "../"+name)
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build %s: %v\n%s", name, err, b)
+	}
+	nm, err := exec.Command("go", "tool", "nm", out).Output()
+	if err != nil {
+		t.Fatalf("go tool nm %s: %v", name, err)
+	}
+	var found []string
+	for _, l := range strings.Split(string(nm), "\n") {
+		if f := strings.Fields(l); len(f) >= 3 && slices.Contains(failpointMarks.symbols, f[len(f)-1]) {
+			found = append(found, "symbol "+f[len(f)-1])
+		}
+	}
+	bin, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range failpointMarks.strings {
+		if bytes.Contains(bin, []byte(s)) {
+			found = append(found, "string "+s)
+		}
+	}
+	return found
+}
+
+// TestShippedBinaryHasNoFailpoints: the agent and the device simulator, as
+// `make cross` ships them (the Makefile's GOTAGS), carry no failpoint; built
+// with -tags edgefence_unsafe (`make build`, the tests' binaries) they do,
+// which shows the check sees them.
+func TestShippedBinaryHasNoFailpoints(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binaries")
+	}
+	for _, name := range []string{"edgefence", "edgefence-devsim"} {
+		if found := failpointsIn(t, name, shipTags(t)); len(found) > 0 {
+			t.Errorf("%s built with -tags %s carries failpoints: %s", name, shipTags(t), strings.Join(found, ", "))
+		}
+		if found := failpointsIn(t, name, shipTags(t)+",edgefence_unsafe"); !slices.ContainsFunc(found, func(f string) bool { return strings.HasPrefix(f, "symbol ") }) {
+			t.Errorf("%s built with edgefence_unsafe: %q, no failpoint symbol: the check does not see them (failpointMarks)", name, found)
+		} else {
+			t.Logf("%s with edgefence_unsafe: %s", name, strings.Join(found, ", "))
+		}
 	}
 }

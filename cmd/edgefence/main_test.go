@@ -44,7 +44,7 @@ func TestMain(m *testing.M) {
 // subprocEnv is the environment of every edgefence subprocess, on top of
 // the test's own.
 func subprocEnv() []string {
-	env := []string{beMain + "=1", failpointsEnv + "="}
+	env := []string{beMain + "=1", "EDGEFENCE_FAILPOINTS="} // none, in a build with edgefence_unsafe
 	// The race detector sleeps 1s at exit by default so that late reports
 	// get out; the CLI is run dozens of times, and races are still reported.
 	if g := os.Getenv("GORACE"); !strings.Contains(g, "atexit_sleep_ms") {

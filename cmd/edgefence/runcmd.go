@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,18 +21,8 @@ import (
 	"github.com/edgefence/edgefence/transport/mqtt"
 )
 
-// Failpoints are test-only switches, set in the environment as a comma list:
-// EDGEFENCE_FAILPOINTS=ignore-session-loss. They exist so that tests and the
-// demo can run the agent as a frozen process that never notices it was
-// deposed (invariant I6 off) and show the fence points keep I1 alone.
-const failpointsEnv = "EDGEFENCE_FAILPOINTS"
-
 // gcPercent is the agent's GOGC unless the environment sets one.
 const gcPercent = 50
-
-func failpoint(name string) bool {
-	return slices.Contains(strings.Split(os.Getenv(failpointsEnv), ","), name)
-}
 
 func cmdRun(args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)

@@ -6,12 +6,18 @@ import (
 	"os/exec"
 )
 
+// UnsafeTag is the build tag of test and demo builds: with it, the agent
+// reads EDGEFENCE_FAILPOINTS and the device simulator has --unsafe-no-fence.
+// The shipped binaries are built without it.
+const UnsafeTag = "edgefence_unsafe"
+
 // BuildCommands builds the module's commands (names under ./cmd, e.g.
-// "edgefence") into dir with `go build`, with the race detector if race.
-// Tests that run the real binaries use it; it needs the go tool and the
-// module's source (run from inside the module).
+// "edgefence") into dir with `go build -tags edgefence_unsafe` (a test
+// build, failpoints compiled in), with the race detector if race. Tests that
+// run the real binaries use it; it needs the go tool and the module's source
+// (run from inside the module).
 func BuildCommands(ctx context.Context, dir string, race bool, names ...string) error {
-	args := []string{"build", "-o", dir + "/"}
+	args := []string{"build", "-tags", UnsafeTag, "-o", dir + "/"}
 	if race {
 		args = append(args, "-race")
 	}
