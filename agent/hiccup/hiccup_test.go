@@ -38,7 +38,9 @@ func TestSeesFrozenProcess(t *testing.T) {
 		child()
 		return
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestSeesFrozenProcess$")
+	// The child gives up by itself after childLimit: no hang, whatever
+	// happens to the signals.
+	cmd := exec.Command(os.Args[0], "-test.run=^TestSeesFrozenProcess$", "-test.timeout="+(2*childLimit).String())
 	cmd.Env = append(os.Environ(), "HICCUP_CHILD=1")
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -49,8 +51,8 @@ func TestSeesFrozenProcess(t *testing.T) {
 	}
 	defer cmd.Wait()
 	defer cmd.Process.Kill()
-	buf := make([]byte, 64)
-	if _, err := out.Read(buf); err != nil { // "ready"
+	buf := make([]byte, len("ready"))
+	if _, err := io.ReadFull(out, buf); err != nil { // "ready": the meter has woken once
 		t.Fatal(err)
 	}
 	const freeze = 700 * time.Millisecond
@@ -76,17 +78,31 @@ func TestSeesFrozenProcess(t *testing.T) {
 	}
 }
 
-// child runs the meter and prints "ready", then the first lateness above
-// 300 ms, in ms.
+// childLimit bounds the child's wait for a stall.
+const childLimit = time.Minute
+
+// child runs the meter, prints "ready" at its first wake (so that the
+// freeze cannot come before the meter runs), then the first lateness above
+// 300 ms, in ms; "none" if it saw none within childLimit.
 func child() {
-	ctx, cancel := context.WithCancel(context.Background())
-	os.Stdout.WriteString("ready")
+	ctx, cancel := context.WithTimeout(context.Background(), childLimit)
+	defer cancel()
+	ready := false
+	seen := false
 	hiccup.Run(ctx, 50*time.Millisecond, func(late time.Duration, _ time.Time) {
-		if late > 300*time.Millisecond {
+		switch {
+		case !ready:
+			ready = true
+			os.Stdout.WriteString("ready")
+		case late > 300*time.Millisecond:
+			seen = true
 			os.Stdout.WriteString(strconv.Itoa(int(late / time.Millisecond)))
 			cancel()
 		}
 	})
+	if !seen {
+		os.Stdout.WriteString("none")
+	}
 }
 
 // BenchmarkIdleCPU measures the meter's CPU cost on an otherwise idle
