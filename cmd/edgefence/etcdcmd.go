@@ -62,30 +62,40 @@ type highestToken struct {
 	Field  string      `json:"field"` // max_token_held, token, last_ack.max_token or mark.token
 }
 
-func cmdBumpRevision(args []string, stdout, stderr io.Writer) error {
+// bumpOpts are the flags of `edgefence etcd bump-revision`.
+type bumpOpts struct {
+	config, etcd, prefix string
+	to                   int64
+	from                 []string
+	writers              int
+	dryRun, compact      bool
+	asJSON               bool
+	estimate             time.Duration
+}
+
+// parseBumpFlags reads the command's flags; a usage problem is exitUsage.
+func parseBumpFlags(args []string, stderr io.Writer) (*bumpOpts, error) {
+	o := &bumpOpts{}
 	fs := flag.NewFlagSet("etcd bump-revision", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var config, etcd, prefix string
-	addEtcdFlags(fs, &config, &etcd, &prefix)
-	var to int64
+	addEtcdFlags(fs, &o.config, &o.etcd, &o.prefix)
 	fs.Func("to", "target revision `N`: afterwards etcd's revision is at least N, and every token it grants is above N", func(s string) error {
 		v, err := strconv.ParseInt(s, 10, 64)
 		if err != nil || v <= 0 {
 			return errors.New("want a revision > 0")
 		}
-		to = v
+		o.to = v
 		return nil
 	})
-	var from []string
 	fs.Func("from", "`FILE`: the output of `edgefence status --json` or `edgefence fence list --json` of a gateway (several concatenated are fine; - for stdin); the target is at least the highest token in it; repeatable", func(s string) error {
-		from = append(from, s)
+		o.from = append(o.from, s)
 		return nil
 	})
-	writers := fs.Int("writers", agent.DefaultBumpWriters, "writes in flight at once")
-	dryRun := fs.Bool("dry-run", false, "print the revision, the target and the writes needed; write nothing")
-	estimate := fs.Duration("estimate", 0, "write for this long to measure the rate, then print how long the rest would take and stop (the writes done count towards the target)")
-	compact := fs.Bool("compact", false, "compact etcd's history to the final revision (and every 10⁶ revisions on the way): frees the scratch key's versions; keeps the latest version of every live key")
-	asJSON := fs.Bool("json", false, "print the result as JSON")
+	fs.IntVar(&o.writers, "writers", agent.DefaultBumpWriters, "writes in flight at once")
+	fs.BoolVar(&o.dryRun, "dry-run", false, "print the revision, the target and the writes needed; write nothing")
+	fs.DurationVar(&o.estimate, "estimate", 0, "write for this long to measure the rate, then print how long the rest would take and stop (the writes done count towards the target)")
+	fs.BoolVar(&o.compact, "compact", false, "compact etcd's history to the final revision (and every 10⁶ revisions on the way): frees the scratch key's versions; keeps the latest version of every live key")
+	fs.BoolVar(&o.asJSON, "json", false, "print the result as JSON")
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), `usage: edgefence etcd bump-revision [flags] --to N | --from FILE... (or both: the higher)
 
@@ -103,22 +113,30 @@ Exit status: 0 done (or --dry-run, --estimate); 1 error or interrupted; 2 usage.
 		fs.PrintDefaults()
 	}
 	if err := parseFlags(fs, args, 0); err != nil {
+		return nil, err
+	}
+	if (o.to == 0 && len(o.from) == 0) || o.writers <= 0 || o.estimate < 0 || (o.dryRun && o.estimate > 0) {
+		fs.Usage()
+		return nil, exitError{exitUsage}
+	}
+	return o, nil
+}
+
+func cmdBumpRevision(args []string, stdout, stderr io.Writer) error {
+	o, err := parseBumpFlags(args, stderr)
+	if err != nil {
 		return err
 	}
-	if (to == 0 && len(from) == 0) || *writers <= 0 || *estimate < 0 || (*dryRun && *estimate > 0) {
-		fs.Usage()
-		return exitError{exitUsage}
-	}
-	rep := bumpReport{To: to, Writers: *writers, DryRun: *dryRun}
-	if len(from) > 0 {
-		h, err := highestInFiles(from)
+	rep := bumpReport{To: o.to, Writers: o.writers, DryRun: o.dryRun}
+	if len(o.from) > 0 {
+		h, err := highestInFiles(o.from)
 		if err != nil {
 			return err
 		}
 		rep.Highest = h
 		rep.To = max(rep.To, int64(h.Token))
 	}
-	t, err := resolveEtcd(config, etcd, prefix)
+	t, err := resolveEtcd(o.config, o.etcd, o.prefix)
 	if err != nil {
 		return err
 	}
@@ -135,13 +153,13 @@ Exit status: 0 done (or --dry-run, --estimate); 1 error or interrupted; 2 usage.
 		return fmt.Errorf("etcd %v: read the revision: %w", t.endpoints, err)
 	}
 	rep.From, rep.Revision = cur.Header.Revision, cur.Header.Revision
-	if !*asJSON {
+	if !o.asJSON {
 		fmt.Fprintf(stdout, "etcd %v: revision %d; target %d%s: %d writes, %d writers\n",
 			t.endpoints, rep.From, rep.To, rep.Highest.describe(), max(0, rep.To-rep.From), rep.Writers)
 	}
-	if *dryRun || rep.From >= rep.To {
+	if o.dryRun || rep.From >= rep.To {
 		rep.Done = rep.From >= rep.To
-		if *asJSON {
+		if o.asJSON {
 			return printJSON(stdout, rep)
 		}
 		if rep.Done {
@@ -154,7 +172,7 @@ Exit status: 0 done (or --dry-run, --estimate); 1 error or interrupted; 2 usage.
 	ctx, stop := signalContext()
 	defer stop()
 	res, err := agent.BumpRevision(ctx, cli, agent.BumpConfig{
-		Prefix: t.prefix, To: rep.To, Writers: *writers, For: *estimate, Compact: *compact,
+		Prefix: t.prefix, To: rep.To, Writers: o.writers, For: o.estimate, Compact: o.compact,
 		Progress: func(p agent.BumpProgress) {
 			fmt.Fprintf(stderr, "revision %d of %d (%.0f%%), %d writes, %.0f writes/s, %s left\n",
 				p.Revision, p.To, 100*float64(p.Revision-p.From)/float64(max(1, p.To-p.From)), p.Writes, p.Rate(), p.ETA().Round(time.Second))
@@ -162,18 +180,18 @@ Exit status: 0 done (or --dry-run, --estimate); 1 error or interrupted; 2 usage.
 	})
 	rep.Writes, rep.Revision, rep.Final, rep.Compacted, rep.Done = res.Writes, res.Revision, res.Final, res.Compacted, res.Done
 	rep.Seconds, rep.Rate = res.Elapsed.Seconds(), res.Rate()
-	if *estimate > 0 && !res.Done {
+	if o.estimate > 0 && !res.Done {
 		rep.ETASeconds = res.ETA().Seconds()
 	}
 	if err != nil {
 		rep.Error = err.Error()
 	}
-	if *asJSON {
+	if o.asJSON {
 		if perr := printJSON(stdout, rep); perr != nil {
 			return perr
 		}
 	} else {
-		printBump(stdout, rep, t.prefix, *estimate > 0)
+		printBump(stdout, rep, t.prefix, o.estimate > 0)
 	}
 	return err
 }

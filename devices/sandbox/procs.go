@@ -109,6 +109,28 @@ func (p *Proc) WaitLine(ctx context.Context, substr string, or ...string) error 
 	}
 }
 
+// ownFrames returns up to n stderr lines of a goroutine dump that name
+// edgefence code (with the goroutine headers before them).
+func (p *Proc) ownFrames(n int) string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []string
+	header := ""
+	for _, l := range p.lines {
+		switch {
+		case strings.HasPrefix(l, "goroutine "):
+			header = l
+		case strings.Contains(l, "github.com/edgefence/edgefence/") && len(out) < n:
+			if header != "" {
+				out = append(out, header)
+				header = ""
+			}
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
 func (p *Proc) tailLocked(n int) string {
 	l := p.lines
 	if len(l) > n {
@@ -161,8 +183,15 @@ func (p *Proc) Stop(grace time.Duration) error {
 	case <-p.done:
 		return p.err
 	case <-t.C:
-		_ = p.cmd.Process.Kill()
-		<-p.done
-		return errors.Join(fmt.Errorf("%s: killed after %v", p.Name, grace), p.err)
+		// A Go process dumps its goroutines on SIGQUIT: keep the frames
+		// of our own code, which say where the shutdown hangs.
+		_ = p.cmd.Process.Signal(syscall.SIGQUIT)
+		select {
+		case <-p.done:
+		case <-time.After(3 * time.Second):
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+		return errors.Join(fmt.Errorf("%s: no exit within %v of SIGTERM; its goroutines in edgefence code:\n%s", p.Name, grace, p.ownFrames(60)), p.err)
 	}
 }
