@@ -85,6 +85,8 @@ tidy-check: ## fail if go.mod or go.sum differ from what go mod tidy makes
 
 test: deps lint ## lint, then every test with the race detector (what CI runs)
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -tags $(UNSAFETAGS) ./...
+	@# The shipped build's side of the switches: it refuses them.
+	$(GO) test -count=1 -tags $(GOTAGS) -run 'Unsafe.*Refused' ./agent/ ./agent/bridge/
 
 test-short: ## unit tests only, no servers, no race detector
 	$(GO) test -short -count=1 ./...

@@ -47,12 +47,12 @@ type Options struct {
 	// the agent holds the file's lock, so they cannot open it themselves.
 	FenceTable FenceTable
 
-	// Outbox, if set, makes every command durable before it is sent:
+	// Outbox (required) makes every command durable before it is sent:
 	// Send appends it, a per-device worker delivers the device's entries
 	// in order (resending the same envelope until an ack comes), and the
 	// ack is recorded as the entry's terminal state (invariant I4). A
 	// caller whose Send times out gets ErrQueued: the command stays queued
-	// and is delivered later. Without an outbox, Send delivers directly.
+	// and is delivered later. New fails with ErrNoOutbox without one.
 	Outbox *offline.Outbox
 
 	// History, if set, receives a "created" event for every command the
@@ -78,6 +78,16 @@ type FenceTable interface {
 
 // Agent campaigns for its devices' locks and issues fenced commands for the
 // devices it holds. Create it with New, run it with Run.
+//
+// Its parts, one file each: leases (lease.go, recampaign.go, holder.go:
+// the session, campaigns, tokens, the regression guard; a.mu), delivery
+// (outbox.go: the outbox workers, resend, settle; a.wmu, a.expireMu), the
+// twin reconciler (twin.go: its own type, twins, with its own lock) and
+// the local API (api.go). device.mu guards one device's lease state;
+// device.sem orders its seqs.
+//
+// Lock order, where two nest: d.sem → a.expireMu → a.wmu → d.mu. a.mu is
+// never held with another lock; twins.mu and stateReports.mu are leaves.
 type Agent struct {
 	cfg    Config
 	cli    *clientv3.Client
@@ -87,7 +97,7 @@ type Agent struct {
 	unsafe bool
 	bridge func() any
 	table  FenceTable
-	outbox *offline.Outbox // nil: no durable queue
+	outbox *offline.Outbox // the durable queue; never nil
 	hist   *history.Writer // nil: no history
 	twin   *twins          // nil: no twin reconciler
 
@@ -214,17 +224,17 @@ func New(cfg *Config, cli *clientv3.Client, s Sender, o Options) (*Agent, error)
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	if o.Outbox == nil {
+		return nil, fmt.Errorf("agent: %w", ErrNoOutbox)
+	}
 	a := &Agent{cfg: *cfg, cli: cli, sender: s, log: o.Logger, now: o.Now, unsafe: o.UnsafeIgnoreSessionLoss, bridge: o.BridgeStatus, table: o.FenceTable, outbox: o.Outbox, hist: o.History,
 		devices: make(map[string]*device, len(cfg.Devices)), waiters: make(map[string]chan *fence.Ack),
 		campaigning: make(chan struct{})}
-	if o.Twins != nil {
-		a.twin = newTwins(o.Twins, o.TwinCache)
-	}
 	if a.log == nil {
 		a.log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	a.tails = newTails()
-	if a.outbox != nil && !a.outbox.ReadOnly() {
+	if !a.outbox.ReadOnly() {
 		a.tails.fsyncOn = true
 		a.outbox.ObserveCommits(a.tails.observeFsync)
 	}
@@ -239,29 +249,31 @@ func New(cfg *Config, cli *clientv3.Client, s Sender, o Options) (*Agent, error)
 				dev.reissue[k] = true
 			}
 		}
-		if a.outbox != nil {
-			// The durable regression guard: the highest token any run of
-			// this agent held for the device.
-			t, err := a.outbox.Held(d.ID)
-			if err != nil {
-				return nil, fmt.Errorf("agent: %w", err)
-			}
-			dev.maxToken = t
-		}
-		a.devices[d.ID] = dev
-		a.order = append(a.order, d.ID)
-	}
-	if a.outbox != nil {
-		// The previous run's lease: Run re-attaches to it while it lives,
-		// so that the lock keys that run held do not lock this one out.
-		id, err := a.outbox.Lease()
+		// The durable regression guard: the highest token any run of
+		// this agent held for the device.
+		t, err := a.outbox.Held(d.ID)
 		if err != nil {
 			return nil, fmt.Errorf("agent: %w", err)
 		}
-		a.diskLease = clientv3.LeaseID(id)
-		a.lostLease = a.diskLease
+		dev.maxToken = t
+		a.devices[d.ID] = dev
+		a.order = append(a.order, d.ID)
 	}
-	if a.unsafe {
+	// The previous run's lease: Run re-attaches to it while it lives, so
+	// that the lock keys that run held do not lock this one out.
+	id, err := a.outbox.Lease()
+	if err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
+	a.diskLease = clientv3.LeaseID(id)
+	a.lostLease = a.diskLease
+	if o.UnsafeIgnoreSessionLoss && !unsafeBuild {
+		return nil, fmt.Errorf("agent: UnsafeIgnoreSessionLoss: %w", ErrUnsafeBuild)
+	}
+	if o.Twins != nil {
+		a.twin = newTwins(a, o.Twins, o.TwinCache)
+	}
+	if a.ignoresLoss() {
 		a.log.Warn("UNSAFE: session loss is ignored (I6 off); only for tests and demos")
 	}
 	return a, nil
@@ -276,30 +288,23 @@ func (a *Agent) LockPrefix(dev string) string {
 // Send issues one command to dev under the current token and returns the
 // fence point's Ack. When an Ack arrived the error is ack.Err(), so callers
 // can test errors.Is(err, fence.ErrStale) and still read the Ack. Without the
-// lease it fails with ErrNotHolder and sends nothing. With an outbox, a
-// command with no ack within the command timeout stays queued: the error
-// wraps ErrNoAck and ErrQueued.
+// lease it fails with ErrNotHolder and sends nothing. A command with no ack
+// within the command timeout stays queued: the error wraps ErrNoAck and
+// ErrQueued.
 func (a *Agent) Send(ctx context.Context, dev, kind string, body []byte) (*fence.Ack, error) {
 	d, ctl, env, err := a.issue(ctx, dev, kind, body)
 	if err != nil {
 		return nil, err
 	}
-	if a.outbox != nil {
-		ack, _, err := a.sendQueued(ctx, d, ctl, env, true) // releases d.sem
-		return ack, err
-	}
-	defer func() { <-d.sem }()
-	return a.sendDirect(ctx, d, ctl, env)
+	ack, _, err := a.sendQueued(ctx, d, ctl, env, true) // releases d.sem
+	return ack, err
 }
 
 // Enqueue issues one command to dev under the current token, stores it in
 // the outbox (durably) and returns its envelope without waiting for the
 // device: its terminal state is recorded in the outbox (`edgefence outbox
-// show ID`). It needs an outbox (ErrNoOutbox).
+// show ID`).
 func (a *Agent) Enqueue(ctx context.Context, dev, kind string, body []byte) (*fence.Envelope, error) {
-	if a.outbox == nil {
-		return nil, fmt.Errorf("enqueue to %s: %w", dev, ErrNoOutbox)
-	}
 	d, ctl, env, err := a.issue(ctx, dev, kind, body)
 	if err != nil {
 		return nil, err
@@ -323,7 +328,7 @@ func (a *Agent) issue(ctx context.Context, dev, kind string, body []byte) (*devi
 	d.mu.Lock()
 	ctl := d.ctl
 	d.mu.Unlock()
-	if ctl == nil || (ctl.lost.Load() && !a.unsafe) {
+	if !a.usable(ctl) {
 		<-d.sem
 		return nil, nil, nil, fmt.Errorf("send to %s: %w", dev, ErrNotHolder)
 	}
@@ -345,40 +350,6 @@ func (a *Agent) issue(ctx context.Context, dev, kind string, body []byte) (*devi
 		return nil, nil, nil, fmt.Errorf("send to %s: %w", dev, err)
 	}
 	return d, ctl, env, nil
-}
-
-// sendDirect delivers env without an outbox and waits for its ack.
-func (a *Agent) sendDirect(ctx context.Context, d *device, ctl *controller, env *fence.Envelope) (*fence.Ack, error) {
-	dev := d.id
-	sctx, cancel := context.WithTimeout(ctx, a.cfg.Command.Timeout)
-	defer cancel()
-	a.stats.sent.Add(1)
-	ack, err := a.sender.Send(sctx, env)
-	if err != nil {
-		if sctx.Err() != nil && ctx.Err() == nil {
-			a.stats.noAck.Add(1)
-			err = fmt.Errorf("%w within %v: %w", ErrNoAck, a.cfg.Command.Timeout, err)
-		} else {
-			a.stats.sendErr.Add(1)
-		}
-		a.log.Warn("command without verdict", "device", dev, "token", env.Token, "seq", env.Seq, "id", env.ID, "err", err)
-		return nil, fmt.Errorf("send to %s (token %d seq %d): %w", dev, env.Token, env.Seq, err)
-	}
-	a.countVerdict(d, ack.Verdict)
-	d.mu.Lock()
-	d.lastAck = ack
-	d.noteMark(ack)
-	if ack.Verdict == fence.Accepted {
-		d.refusals = 0
-	}
-	d.mu.Unlock()
-	a.logVerdict(d, env, ack, false)
-	if ack.Verdict == fence.Stale {
-		// A newer holder has reached the device. Stop issuing (I6); the
-		// session loop will notice its loss and campaign again.
-		a.deposed(d, ctl, env, ack)
-	}
-	return ack, ack.Err()
 }
 
 // countVerdict counts a verdict a fence point gave one of d's commands,

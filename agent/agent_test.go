@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/edgefence/edgefence/devices/sandbox"
 	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/offline"
 )
 
 // fencePoint is an in-process fence point for lease tests: the real admit rule
@@ -92,10 +94,50 @@ func startAgent(t *testing.T, gw, prefix string, devs []string, fp *fencePoint, 
 	return runAgent(t, cfg, etcdClient(t), fp, o)
 }
 
+// needUnsafeBuild skips a test of UnsafeIgnoreSessionLoss outside a build
+// with -tags edgefence_unsafe (make test has it; under CI=true it fails).
+func needUnsafeBuild(t *testing.T) {
+	t.Helper()
+	if unsafeBuild {
+		return
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatal("needs -tags edgefence_unsafe (make test)")
+	}
+	t.Skip("needs -tags edgefence_unsafe (make test)")
+}
+
+// TestUnsafeOptionRefused: a shipped build refuses the switch.
+func TestUnsafeOptionRefused(t *testing.T) {
+	if unsafeBuild {
+		t.Skip("a test build honours it")
+	}
+	cfg := &Config{Gateway: "gw", Etcd: EtcdConfig{Endpoints: []string{"http://127.0.0.1:1"}},
+		MQTT: MQTTConfig{Brokers: []string{"mqtt://127.0.0.1:1"}}, Devices: []DeviceConfig{{ID: "d1"}}}
+	if _, err := newAgent(t, cfg, nil, newFencePoint(), Options{UnsafeIgnoreSessionLoss: true}); !errors.Is(err, ErrUnsafeBuild) {
+		t.Fatalf("New: %v", err)
+	}
+}
+
+// newAgent is New with a fresh outbox in a temporary directory unless o
+// has one.
+func newAgent(tb testing.TB, cfg *Config, cli *clientv3.Client, s Sender, o Options) (*Agent, error) {
+	tb.Helper()
+	if o.Outbox == nil {
+		ob, err := offline.Open(filepath.Join(tb.TempDir(), offline.File), nil)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		tb.Cleanup(func() { ob.Close() })
+		o.Outbox = ob
+	}
+	return New(cfg, cli, s, o)
+}
+
 // runAgent runs an agent for cfg until the test ends (or stop is called).
 func runAgent(t *testing.T, cfg *Config, cli *clientv3.Client, s Sender, o Options) *testAgent {
 	t.Helper()
-	a, err := New(cfg, cli, s, o)
+	a, err := newAgent(t, cfg, cli, s, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -237,6 +279,7 @@ func TestSessionLossStopsControllers(t *testing.T) {
 // sending under its old token; the fence point refuses every such command
 // once the new holder's first command is accepted (I1).
 func TestFrozenHolderRefusedByFence(t *testing.T) {
+	needUnsafeBuild(t)
 	prefix := "/t/" + t.Name()
 	fp := newFencePoint()
 	a := startAgent(t, "gw-a", prefix, []string{"d1"}, fp, Options{UnsafeIgnoreSessionLoss: true})

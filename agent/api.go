@@ -183,13 +183,7 @@ func (a *Agent) APIHandler() http.Handler {
 	return mux
 }
 
-const noOutbox = "this agent keeps no outbox (it delivers every command directly)"
-
 func (a *Agent) handleOutboxList(w http.ResponseWriter, r *http.Request) {
-	if a.outbox == nil {
-		writeJSON(w, http.StatusNotFound, apiError{noOutbox})
-		return
-	}
 	q := r.URL.Query()
 	f := offline.Filter{Device: q.Get("device")}
 	switch q.Get("state") {
@@ -235,10 +229,6 @@ func (a *Agent) handleOutboxList(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *Agent) handleOutboxGet(w http.ResponseWriter, r *http.Request) {
-	if a.outbox == nil {
-		writeJSON(w, http.StatusNotFound, apiError{noOutbox})
-		return
-	}
 	rec, err := a.outbox.Find(r.PathValue("id"))
 	switch {
 	case errors.Is(err, offline.ErrNotFound):
@@ -359,8 +349,6 @@ func (a *Agent) writeSendError(w http.ResponseWriter, r *http.Request, res SendR
 		code = http.StatusGatewayTimeout // queued in the outbox: resent until the device answers
 	case errors.Is(err, offline.ErrFull):
 		code = http.StatusServiceUnavailable // backpressure: try again later
-	case errors.Is(err, ErrNoOutbox):
-		code = http.StatusNotImplemented
 	}
 	writeJSON(w, code, res)
 }

@@ -51,7 +51,7 @@ func newAPIAgent(t *testing.T, o Options) *Agent {
 	cfg := &Config{Gateway: "gw-1", Etcd: EtcdConfig{Endpoints: testEtcd.Endpoints(), Prefix: "/api-test", LeaseTTL: 2 * time.Second},
 		MQTT: MQTTConfig{Brokers: []string{"mqtt://127.0.0.1:1"}}, Command: CommandConfig{Timeout: 5 * time.Second},
 		Devices: []DeviceConfig{{ID: "dev-a"}, {ID: "dev-b"}}}
-	a, err := New(cfg, etcdClient(t), newFencePoint(), o)
+	a, err := newAgent(t, cfg, etcdClient(t), newFencePoint(), o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,19 +176,6 @@ func TestAPIOutbox(t *testing.T) {
 		if code != http.StatusBadRequest || !strings.Contains(body, `"error"`) {
 			t.Errorf("%s: %d %s", q, code, body)
 		}
-	}
-}
-
-// An agent without an outbox answers 404 with a clear error.
-func TestAPINoOutbox(t *testing.T) {
-	c := serveAPI(t, newAPIAgent(t, Options{}))
-	ctx := context.Background()
-	if _, err := c.OutboxList(ctx, offline.Filter{}); !errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), "keeps no outbox") {
-		t.Errorf("OutboxList: %v", err)
-	}
-	_, err := c.OutboxGet(ctx, "a1")
-	if !errors.Is(err, ErrNotFound) || errors.Is(err, offline.ErrNotFound) || !strings.Contains(err.Error(), "keeps no outbox") {
-		t.Errorf("OutboxGet: %v", err)
 	}
 }
 

@@ -172,7 +172,7 @@ func newBenchAgent(b *testing.B, devs []string, s Sender, brokerURL string, log 
 	if err != nil {
 		b.Fatal(err)
 	}
-	a, err := New(cfg, cli, s, Options{Logger: log})
+	a, err := newAgent(b, cfg, cli, s, Options{Logger: log})
 	if err != nil {
 		b.Fatal(err)
 	}

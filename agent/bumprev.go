@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -92,13 +93,18 @@ func (p BumpProgress) Rate() float64 {
 func (p BumpProgress) Remaining() int64 { return max(0, p.To-p.Revision) }
 
 // ETA is how long the remaining writes take at the rate so far (0 without
-// a rate).
+// a rate; at most math.MaxInt64 ns, some 292 years, where a slow rate and a
+// far target would overflow a Duration).
 func (p BumpProgress) ETA() time.Duration {
 	r := p.Rate()
 	if r <= 0 {
 		return 0
 	}
-	return time.Duration(float64(p.Remaining()) / r * float64(time.Second))
+	ns := float64(p.Remaining()) / r * float64(time.Second)
+	if ns >= math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return time.Duration(ns)
 }
 
 // BumpResult is the outcome of BumpRevision.
@@ -223,10 +229,12 @@ const bumpPutTimeout = 10 * time.Second
 // errSampleDone ends the writes of a bump with BumpConfig.For.
 var errSampleDone = errors.New("sample done")
 
-// writer puts the scratch key until the revision reaches the target.
+// writer puts the scratch key until the revision reaches the target or
+// ctx ends. A Put is never cancelled half-way: etcd may apply a Put whose
+// caller gave up, after the cleanup's Delete, and leave the scratch key.
 func (b *bumper) writer(ctx context.Context) error {
-	for b.rev.Load() < b.cfg.To {
-		pctx, cancel := context.WithTimeout(ctx, bumpPutTimeout)
+	for b.rev.Load() < b.cfg.To && ctx.Err() == nil {
+		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), bumpPutTimeout)
 		resp, err := b.cli.Put(pctx, b.key, "")
 		cancel()
 		if err != nil {

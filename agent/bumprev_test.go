@@ -147,3 +147,15 @@ func TestBumpRevision(t *testing.T) {
 		t.Fatalf("no target: %v, want ErrBumpNoTarget", err)
 	}
 }
+
+// A slow rate and a far target: the estimate saturates instead of
+// overflowing into a negative Duration (a loaded machine hit it).
+func TestBumpETASaturates(t *testing.T) {
+	p := BumpProgress{Revision: 1, To: 1 << 40, Writes: 10, Elapsed: time.Second}
+	if eta := p.ETA(); eta <= 0 {
+		t.Fatalf("ETA %v, want positive", eta)
+	}
+	if eta := (BumpProgress{Revision: 1, To: 100, Writes: 1, Elapsed: time.Second}).ETA(); eta != 99*time.Second {
+		t.Fatalf("ETA %v, want 99s", eta)
+	}
+}

@@ -28,7 +28,11 @@ var (
 	// is issued: not one JSON value, or a number CBOR cannot carry as
 	// written. The message says where in the body.
 	ErrBadBody = errors.New("agent: bad command body")
-	// ErrNoOutbox means the call needs the agent to have an outbox.
+	// ErrUnsafeBuild means a test or demo switch (an Unsafe option) was
+	// set in a build without -tags edgefence_unsafe.
+	ErrUnsafeBuild = errors.New("agent: unsafe option needs a build with -tags edgefence_unsafe")
+	// ErrNoOutbox means New was given no outbox: every command goes
+	// through one (Options.Outbox).
 	ErrNoOutbox = errors.New("agent: no outbox")
 	// ErrNoFenceTable means the agent keeps no fence table: its gateway is
 	// home of no `fence: gateway` device.

@@ -23,23 +23,21 @@ import (
 // lock it held and revoked its lease. Run returns nil on a clean shutdown.
 func (a *Agent) Run(ctx context.Context) error {
 	defer a.startTails(ctx)() // tail.go: the lease-threat meters
-	if a.outbox != nil {
-		octx, cancel := context.WithCancel(ctx)
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			a.runOutbox(octx)
-		}()
-		// The workers stop when ctx ends (with the campaigns); Run
-		// returns only once they have.
-		defer func() { cancel(); <-done }()
-	}
+	octx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		a.runOutbox(octx)
+	}()
+	// The workers stop when ctx ends (with the campaigns); Run returns
+	// only once they have.
+	defer func() { cancel(); <-done }()
 	if a.twin != nil {
 		tctx, cancel := context.WithCancel(ctx)
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			a.runTwins(tctx) // twin.go
+			a.twin.run(tctx) // twin.go
 		}()
 		defer func() { cancel(); <-done }()
 	}
@@ -78,16 +76,14 @@ func (a *Agent) openSession(ctx context.Context) (*concurrency.Session, error) {
 	if err != nil {
 		return nil, fmt.Errorf("grant lease: %w", err)
 	}
-	if a.outbox != nil {
-		// Durable before any lock key exists under the lease: a run
-		// restarted after a crash re-attaches to it (reattach).
-		if err := a.outbox.SetLease(int64(g.ID)); err != nil {
-			a.stats.outboxErr.Add(1)
-			if _, rerr := a.cli.Revoke(gctx, g.ID); rerr != nil {
-				a.log.Warn("revoke lease", "lease", fmt.Sprintf("%x", int64(g.ID)), "err", rerr)
-			}
-			return nil, fmt.Errorf("record lease: %w", err)
+	// Durable before any lock key exists under the lease: a run restarted
+	// after a crash re-attaches to it (reattach).
+	if err := a.outbox.SetLease(int64(g.ID)); err != nil {
+		a.stats.outboxErr.Add(1)
+		if _, rerr := a.cli.Revoke(gctx, g.ID); rerr != nil {
+			a.log.Warn("revoke lease", "lease", fmt.Sprintf("%x", int64(g.ID)), "err", rerr)
 		}
+		return nil, fmt.Errorf("record lease: %w", err)
 	}
 	// The session's own context must outlive ctx, so that a clean shutdown
 	// can still unlock and revoke; runSession closes the session.
@@ -283,12 +279,12 @@ func (a *Agent) dropSession(lease clientv3.LeaseID) {
 	for _, id := range a.order {
 		d := a.devices[id]
 		d.mu.Lock()
-		if d.ctl != nil && d.ctl.lease == lease && d.ctl.lost.Load() && !a.unsafe {
+		if d.ctl != nil && d.ctl.lease == lease && d.ctl.lost.Load() && !a.ignoresLoss() {
 			// Already stopped by a fence point's refusal, its lock let
 			// go: the device keeps the state that refusal gave it.
 			d.ctl = nil
 		} else if d.ctl != nil && d.ctl.lease == lease {
-			if a.unsafe {
+			if a.ignoresLoss() {
 				// Keep the controller: the demo's frozen holder that never
 				// noticed. Fence points must refuse it.
 				a.log.Warn("lease lost", "device", d.id, "token", d.ctl.token, "reason", "etcd session lost (UNSAFE: the controller carries on)",
@@ -424,10 +420,8 @@ func (a *Agent) campaign(ctx context.Context, sess *concurrency.Session, d *devi
 	release()
 	ok, _, refused := a.install(ctx, d, token, m.Key(), sess.Lease())
 	if ok {
-		if a.outbox != nil {
-			a.kick(d)
-		}
-		a.twinKick(d.id) // twin.go: reconcile under the new token
+		a.kick(d)
+		a.twin.kick(d.id) // twin.go: reconcile under the new token
 		return
 	}
 	if refused {
@@ -490,9 +484,9 @@ func (a *Agent) install(ctx context.Context, d *device, token fence.Token, key s
 	if !same {
 		// Before the controller is visible: no twin worker may push
 		// reported patches queued under an older token with this one.
-		a.twinNewToken(d.id, token)
+		a.twin.newToken(d.id, token)
 	}
-	if a.outbox != nil && !same {
+	if !same {
 		// Durable before the first command under it can leave.
 		if err := a.outbox.SetHeld(d.id, token); err != nil {
 			a.stats.outboxErr.Add(1)
@@ -592,7 +586,7 @@ func (a *Agent) heldElsewhere(d *device) {
 		d.deposedAt = top
 	}
 	d.mu.Unlock()
-	if superseded && a.outbox != nil {
+	if superseded {
 		if n, _ := a.outbox.Pending(d.id); n > 0 {
 			a.kick(d)
 		}

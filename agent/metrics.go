@@ -9,16 +9,17 @@ import (
 	"runtime"
 	"runtime/debug"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/edgefence/edgefence/agent/bridge"
+	"github.com/edgefence/edgefence/offline"
 )
 
-// Metrics are read from the agent at scrape time: the collector below turns
+// Metrics are read from the agent at scrapeView time: the collector below turns
 // one Status snapshot (plus the outbox summary) into Prometheus samples, so
 // the agent keeps a single set of counters and `edgefence status` and
 // /metrics always agree. The series are listed in docs/ARCHITECTURE.md,
@@ -26,15 +27,17 @@ import (
 // label only with metrics.per_device (MetricsConfig.PerDevice).
 
 // MetricsRegistry returns a new registry (not the global default) holding
-// the agent's collector, the Go runtime collector and the process collector.
-// version is reported by edgefence_build_info.
-func (a *Agent) MetricsRegistry(version string) *prometheus.Registry {
+// the agent's collector, the Go runtime collector, the process collector
+// and extra (e.g. the gateway fence bridge's, bridge.Collector). version is
+// reported by edgefence_build_info.
+func (a *Agent) MetricsRegistry(version string, extra ...prometheus.Collector) *prometheus.Registry {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(
 		newAgentCollector(a, version),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
+	reg.MustRegister(extra...)
 	return reg
 }
 
@@ -47,8 +50,8 @@ func (a *Agent) MetricsRegistry(version string) *prometheus.Registry {
 //     report its state (no Status() map with a "connected" key, e.g. the
 //     in-process senders of tests) counts as connected: readiness is then
 //     the etcd session alone.
-func (a *Agent) MetricsHandler(version string) http.Handler {
-	reg := a.MetricsRegistry(version)
+func (a *Agent) MetricsHandler(version string, extra ...prometheus.Collector) http.Handler {
+	reg := a.MetricsRegistry(version, extra...)
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -120,238 +123,254 @@ func ServeMetrics(ctx context.Context, addr string, h http.Handler) error {
 // each per device.
 var deviceStates = [...]string{StateCampaigning, StateHolding, StateLost, StateRefused, StateAutonomous}
 
-// agentCollector is a prometheus.Collector over Agent.Status.
+// series is one metric family the agent exports. The list below is the
+// only place a series is named: Describe and Collect both walk it, so a new
+// counter is one entry (plus its field in Counters).
+type series struct {
+	name, help string
+	typ        prometheus.ValueType
+	labels     []string
+	perDevice  bool // has a device label: only with metrics.per_device
+	collect    func(v *scrapeView, emit func(float64, ...string))
+}
+
+// scrapeView is what one Collect reads: one Status snapshot and one outbox
+// summary, so that every series of a scrapeView agrees.
+type scrapeView struct {
+	s           Status
+	n           Counters
+	sum         offline.Summary
+	sumErr      error
+	inState     [len(deviceStates)]int
+	unconverged int
+	apiRefused  [len(apiRefusals)]uint64
+}
+
+func gauge(name, help string, f func(*scrapeView) float64) series {
+	return series{name: name, help: help, typ: prometheus.GaugeValue,
+		collect: func(v *scrapeView, emit func(float64, ...string)) { emit(f(v)) }}
+}
+
+func counter(name, help string, f func(*Counters) uint64) series {
+	return series{name: name, help: help, typ: prometheus.CounterValue,
+		collect: func(v *scrapeView, emit func(float64, ...string)) { emit(float64(f(&v.n))) }}
+}
+
+// twinCounter and twinGauge are there only while the reconciler runs.
+func twinCounter(name, help string, f func(*scrapeView) uint64) series {
+	return series{name: name, help: help, typ: prometheus.CounterValue,
+		collect: func(v *scrapeView, emit func(float64, ...string)) {
+			if v.s.Twins != nil {
+				emit(float64(f(v)))
+			}
+		}}
+}
+
+func twinGauge(name, help string, f func(*scrapeView) float64) series {
+	return series{name: name, help: help, typ: prometheus.GaugeValue,
+		collect: func(v *scrapeView, emit func(float64, ...string)) {
+			if v.s.Twins != nil {
+				emit(f(v))
+			}
+		}}
+}
+
+// perDevice is a series with a device label (and maybe more labels).
+func perDevice(name, help string, typ prometheus.ValueType, labels []string, f func(d *DeviceStatus, emit func(float64, ...string))) series {
+	return series{name: name, help: help, typ: typ, labels: append([]string{"device"}, labels...), perDevice: true,
+		collect: func(v *scrapeView, emit func(float64, ...string)) {
+			for i := range v.s.Devices {
+				d := &v.s.Devices[i]
+				f(d, func(x float64, l ...string) { emit(x, append([]string{d.ID}, l...)...) })
+			}
+		}}
+}
+
+// agentSeries is every series of the agent's collector but the lease-tail
+// meters (tail.go), in exposition order.
+var agentSeries = []series{
+	{name: "build_info", help: "Always 1; the labels give the agent's version, VCS revision, Go version and gateway id.",
+		typ: prometheus.GaugeValue, labels: []string{"version", "revision", "goversion", "gateway"}}, // Collect fills it
+	gauge("leases_held", "Devices whose lock this agent holds now.",
+		func(v *scrapeView) float64 { return float64(v.inState[slices.Index(deviceStates[:], StateHolding)]) }),
+	gauge("devices_configured", "Devices in this agent's configuration (leases it campaigns for).",
+		func(v *scrapeView) float64 { return float64(len(v.s.Devices)) }),
+	{name: "devices", help: "Devices in each lease state (sums to edgefence_devices_configured).", typ: prometheus.GaugeValue, labels: []string{"state"},
+		collect: func(v *scrapeView, emit func(float64, ...string)) {
+			for i, st := range deviceStates {
+				emit(float64(v.inState[i]), st)
+			}
+		}},
+
+	perDevice("device_token", "The fencing token the agent issues commands under (present while holding, or autonomous).", prometheus.GaugeValue, nil,
+		func(d *DeviceStatus, emit func(float64, ...string)) {
+			if (d.State == StateHolding || d.State == StateAutonomous) && d.Token != 0 {
+				emit(float64(d.Token))
+			}
+		}),
+	perDevice("device_state", "1 for the device's current lease state, 0 for the others.", prometheus.GaugeValue, []string{"state"},
+		func(d *DeviceStatus, emit func(float64, ...string)) {
+			for _, st := range deviceStates {
+				emit(b2f(d.State == st), st)
+			}
+		}),
+	perDevice("device_commands_total", "Commands of the device that ended, by verdict (as edgefence_commands_total, per device).", prometheus.CounterValue, []string{"verdict"},
+		func(d *DeviceStatus, emit func(float64, ...string)) {
+			v := d.Verdicts
+			for i, n := range [len(verdictNames)]uint64{v.Accepted, v.Duplicate, v.Stale, v.Invalid, v.Expired} {
+				emit(float64(n), verdictNames[i])
+			}
+		}),
+	perDevice("outbox_device_pending_commands", "Commands of the device pending in the outbox.", prometheus.GaugeValue, nil,
+		func(d *DeviceStatus, emit func(float64, ...string)) { emit(float64(d.Queued)) }),
+	{name: "outbox_device_oldest_pending_age_seconds", help: "Age of the oldest pending command of the device, the head of its queue (only devices with pending commands).",
+		typ: prometheus.GaugeValue, labels: []string{"device"}, perDevice: true,
+		collect: func(v *scrapeView, emit func(float64, ...string)) {
+			// Only devices with pending commands (Summary's list): an
+			// empty queue has no age, and 10,000 idle devices cost no
+			// series.
+			for _, ds := range v.sum.Devices {
+				if ds.Pending > 0 {
+					emit(max(ds.OldestAge, 0).Seconds(), ds.Device)
+				}
+			}
+		}},
+	perDevice("twin_delta_fields", "Leaf fields of desired not yet in reported (the twin delta) at the reconciler's last look, per device the agent holds; 0 = converged.", prometheus.GaugeValue, nil,
+		func(d *DeviceStatus, emit func(float64, ...string)) {
+			if d.TwinDelta != nil {
+				emit(float64(*d.TwinDelta))
+			}
+		}),
+
+	counter("lease_acquisitions_total", "Device locks acquired.", func(n *Counters) uint64 { return n.Acquired }),
+	counter("lease_losses_total", "Device locks lost (session ended or lock key gone).", func(n *Counters) uint64 { return n.Lost }),
+	counter("token_regressions_total", "Tokens from etcd not above one this gateway held or a fence point of the device holds (refused).", func(n *Counters) uint64 { return n.Regressions }),
+	counter("etcd_sessions_reattached_total", "Sessions resumed because their lease survived (a lost session, or the previous run's after a restart).", func(n *Counters) uint64 { return n.Reattached }),
+	counter("lock_releases_total", "Device locks let go after a fence point or the regression guard refused the token; each is campaigned for again after a backoff.", func(n *Counters) uint64 { return n.Released }),
+
+	{name: "commands_total", help: "Commands that ended, by verdict (accepted, duplicate, stale, invalid from device acks; expired from the outbox).",
+		typ: prometheus.CounterValue, labels: []string{"verdict"},
+		collect: func(v *scrapeView, emit func(float64, ...string)) {
+			n := &v.n
+			for i, c := range [len(verdictNames)]uint64{n.Accepted, n.Duplicate, n.Stale, n.Invalid, n.Expired} {
+				emit(float64(c), verdictNames[i])
+			}
+		}},
+	counter("commands_sent_total", "Command sends (first sends and resends).", func(n *Counters) uint64 { return n.Sent }),
+	counter("commands_no_ack_total", "Sends that got no ack in time.", func(n *Counters) uint64 { return n.NoAck }),
+	counter("command_send_errors_total", "Sends the transport failed.", func(n *Counters) uint64 { return n.SendErrors }),
+	counter("commands_queued_total", "Commands appended to the outbox.", func(n *Counters) uint64 { return n.Queued }),
+	counter("commands_resent_total", "Commands sent again after no ack or a restart.", func(n *Counters) uint64 { return n.Resent }),
+	counter("commands_reissued_total", "Queued commands re-issued under a newer token (reissue_kinds).", func(n *Counters) uint64 { return n.Reissued }),
+	counter("commands_superseded_total", "Queued commands of strict devices ended stale, never sent, once another session held the lock.", func(n *Counters) uint64 { return n.Superseded }),
+
+	{name: "outbox_pending_commands", help: "Commands pending in the outbox in all.", typ: prometheus.GaugeValue}, // Collect fills it (or says why not)
+	gauge("outbox_pending_bytes", "Envelope bytes pending in the outbox in all.", func(v *scrapeView) float64 { return float64(v.sum.Bytes) }),
+	gauge("outbox_oldest_pending_age_seconds", "Age of the oldest pending command (0 if none).", func(v *scrapeView) float64 { return max(v.sum.OldestAge, 0).Seconds() }),
+	counter("outbox_full_total", "Commands refused because an outbox limit was reached.", func(n *Counters) uint64 { return n.Full }),
+	counter("outbox_errors_total", "Outbox reads or writes that failed.", func(n *Counters) uint64 { return n.OutboxErr }),
+
+	gauge("etcd_session_up", "1 while the agent's etcd session is open.", func(v *scrapeView) float64 { return b2f(v.s.Etcd.Session) }),
+	{name: "etcd_sessions_total", help: "etcd sessions opened since start.", typ: prometheus.CounterValue,
+		collect: func(v *scrapeView, emit func(float64, ...string)) { emit(float64(v.s.Etcd.Sessions)) }},
+	{name: "mqtt_connected", help: "1 while the MQTT transport is connected.", typ: prometheus.GaugeValue,
+		collect: func(v *scrapeView, emit func(float64, ...string)) {
+			if c, ok := v.s.Transport["connected"].(bool); ok {
+				emit(b2f(c))
+			}
+		}},
+	{name: "mqtt_reconnects_total", help: "MQTT connections established after the first.", typ: prometheus.CounterValue,
+		collect: func(v *scrapeView, emit func(float64, ...string)) {
+			if n, ok := v.s.Transport["reconnects"].(uint64); ok {
+				emit(float64(n))
+			}
+		}},
+
+	twinCounter("twin_desired_events_total", "Desired-state changes seen by the twin watch.", func(v *scrapeView) uint64 { return v.s.Twins.Events }),
+	twinCounter("twin_set_sent_total", "twin.set commands issued.", func(v *scrapeView) uint64 { return v.s.Twins.Sent }),
+	twinCounter("twin_reported_written_total", "Fenced reported-state writes etcd accepted.", func(v *scrapeView) uint64 { return v.s.Twins.Written }),
+	twinCounter("twin_reported_fenced_total", "Reported-state writes etcd refused because the lock was lost (I5).", func(v *scrapeView) uint64 { return v.s.Twins.Fenced }),
+	twinCounter("twin_set_refused_total", "twin.set commands the device refused as invalid.", func(v *scrapeView) uint64 { return v.s.Twins.Refused }),
+	twinCounter("twin_reported_queued_total", "Reported patches queued in the local cache (etcd out of reach).", func(v *scrapeView) uint64 { return v.s.Twins.Queued }),
+	twinCounter("twin_errors_total", "Other twin reconciler failures (retried).", func(v *scrapeView) uint64 { return v.s.Twins.Errors }),
+	twinCounter("twin_device_reports_total", "Device state reports written to reported.", func(v *scrapeView) uint64 { return v.s.Twins.Reports }),
+	twinGauge("twin_watching", "1 while the twin reconciler watches desired states.", func(v *scrapeView) float64 { return b2f(v.s.Twins.Watching) }),
+	twinGauge("twin_devices_unconverged", "Devices the agent holds whose twin delta was above 0 at the reconciler's last look.", func(v *scrapeView) float64 { return float64(v.unconverged) }),
+	// State reports are read only with twins on.
+	twinCounter("state_reports_malformed_total", "Device state reports (MQTT state topic) that did not decode and were dropped.", func(v *scrapeView) uint64 { return v.n.StateMalformed }),
+
+	{name: "api_requests_refused_total", help: "Local API requests refused as bad input (too_large, malformed, bad_body, unknown_device).",
+		typ: prometheus.CounterValue, labels: []string{"reason"},
+		collect: func(v *scrapeView, emit func(float64, ...string)) {
+			for i, why := range apiRefusals {
+				emit(float64(v.apiRefused[i]), why)
+			}
+		}},
+}
+
+// agentCollector is a prometheus.Collector over Agent.Status and the
+// outbox summary, walking agentSeries.
 type agentCollector struct {
 	a                 *Agent
 	version, revision string
-	perDevice         bool // metrics.per_device: the series with a device label
-
-	buildInfo, leasesHeld, devicesConfigured, devicesInState                *prometheus.Desc
-	deviceToken, deviceState, deviceCommands, outboxDevicePending           *prometheus.Desc
-	outboxDeviceOldestAge, twinDelta, twinUnconverged                       *prometheus.Desc
-	acquisitions, losses, regressions, reattached, released                 *prometheus.Desc
-	commands, sent, noAck, sendErrors, queued, resent, reissued, superseded *prometheus.Desc
-	outboxPendingTotal, outboxPendingBytes, outboxOldestAge                 *prometheus.Desc
-	outboxFull, outboxErrors, stateMalformed                                *prometheus.Desc
-	etcdUp, etcdSessions, mqttConnected, mqttReconnects                     *prometheus.Desc
-	tableCommands, bridgeErrors                                             *prometheus.Desc
-	twinEvents, twinSent, twinWritten, twinFenced, twinRefused              *prometheus.Desc
-	twinQueued, twinErrors, twinReports, twinWatching                       *prometheus.Desc
-	apiRefused                                                              *prometheus.Desc
+	perDevice         bool               // metrics.per_device: the series with a device label
+	descs             []*prometheus.Desc // agentSeries[i]'s
 }
 
 func newAgentCollector(a *Agent, version string) *agentCollector {
-	d := func(name, help string, labels ...string) *prometheus.Desc {
-		return prometheus.NewDesc("edgefence_"+name, help, labels, nil)
+	c := &agentCollector{a: a, version: version, revision: vcsRevision(), perDevice: a.cfg.Metrics.PerDevice}
+	for _, s := range agentSeries {
+		c.descs = append(c.descs, prometheus.NewDesc("edgefence_"+s.name, s.help, s.labels, nil))
 	}
-	return &agentCollector{a: a, version: version, revision: vcsRevision(), perDevice: a.cfg.Metrics.PerDevice,
-		buildInfo:         d("build_info", "Always 1; the labels give the agent's version, VCS revision, Go version and gateway id.", "version", "revision", "goversion", "gateway"),
-		leasesHeld:        d("leases_held", "Devices whose lock this agent holds now."),
-		devicesConfigured: d("devices_configured", "Devices in this agent's configuration (leases it campaigns for)."),
-		devicesInState:    d("devices", "Devices in each lease state (sums to edgefence_devices_configured).", "state"),
-		deviceCommands:    d("device_commands_total", "Commands of the device that ended, by verdict (as edgefence_commands_total, per device).", "device", "verdict"),
-		deviceToken:       d("device_token", "The fencing token the agent issues commands under (present while holding, or autonomous).", "device"),
-		deviceState:       d("device_state", "1 for the device's current lease state, 0 for the others.", "device", "state"),
-
-		acquisitions: d("lease_acquisitions_total", "Device locks acquired."),
-		losses:       d("lease_losses_total", "Device locks lost (session ended or lock key gone)."),
-		regressions:  d("token_regressions_total", "Tokens from etcd not above one this gateway held or a fence point of the device holds (refused)."),
-		reattached:   d("etcd_sessions_reattached_total", "Sessions resumed because their lease survived (a lost session, or the previous run's after a restart)."),
-		released:     d("lock_releases_total", "Device locks let go after a fence point or the regression guard refused the token; each is campaigned for again after a backoff."),
-
-		commands:   d("commands_total", "Commands that ended, by verdict (accepted, duplicate, stale, invalid from device acks; expired from the outbox).", "verdict"),
-		sent:       d("commands_sent_total", "Command sends (first sends and resends)."),
-		noAck:      d("commands_no_ack_total", "Sends that got no ack in time."),
-		sendErrors: d("command_send_errors_total", "Sends the transport failed."),
-		queued:     d("commands_queued_total", "Commands appended to the outbox."),
-		resent:     d("commands_resent_total", "Commands sent again after no ack or a restart."),
-		reissued:   d("commands_reissued_total", "Queued commands re-issued under a newer token (reissue_kinds)."),
-		superseded: d("commands_superseded_total", "Queued commands of strict devices ended stale, never sent, once another session held the lock."),
-
-		outboxDevicePending:   d("outbox_device_pending_commands", "Commands of the device pending in the outbox.", "device"),
-		outboxPendingTotal:    d("outbox_pending_commands", "Commands pending in the outbox in all."),
-		outboxPendingBytes:    d("outbox_pending_bytes", "Envelope bytes pending in the outbox in all."),
-		outboxOldestAge:       d("outbox_oldest_pending_age_seconds", "Age of the oldest pending command (0 if none)."),
-		outboxDeviceOldestAge: d("outbox_device_oldest_pending_age_seconds", "Age of the oldest pending command of the device, the head of its queue (only devices with pending commands).", "device"),
-		outboxFull:            d("outbox_full_total", "Commands refused because an outbox limit was reached."),
-		outboxErrors:          d("outbox_errors_total", "Outbox reads or writes that failed."),
-		stateMalformed:        d("state_reports_malformed_total", "Device state reports (MQTT state topic) that did not decode and were dropped."),
-
-		etcdUp:         d("etcd_session_up", "1 while the agent's etcd session is open."),
-		etcdSessions:   d("etcd_sessions_total", "etcd sessions opened since start."),
-		mqttConnected:  d("mqtt_connected", "1 while the MQTT transport is connected."),
-		mqttReconnects: d("mqtt_reconnects_total", "MQTT connections established after the first."),
-
-		tableCommands: d("fence_table_commands_total", "Commands the gateway fence table decided, by verdict (accepted = admitted; duplicate, stale, invalid, busy = refused).", "verdict"),
-		bridgeErrors:  d("bridge_errors_total", "Gateway fence bridge failures, by kind (table, serial, device, ack).", "kind"),
-
-		twinEvents:   d("twin_desired_events_total", "Desired-state changes seen by the twin watch."),
-		twinSent:     d("twin_set_sent_total", "twin.set commands issued."),
-		twinWritten:  d("twin_reported_written_total", "Fenced reported-state writes etcd accepted."),
-		twinFenced:   d("twin_reported_fenced_total", "Reported-state writes etcd refused because the lock was lost (I5)."),
-		twinRefused:  d("twin_set_refused_total", "twin.set commands the device refused as invalid."),
-		twinQueued:   d("twin_reported_queued_total", "Reported patches queued in the local cache (etcd out of reach)."),
-		twinErrors:   d("twin_errors_total", "Other twin reconciler failures (retried)."),
-		twinReports:  d("twin_device_reports_total", "Device state reports written to reported."),
-		twinWatching: d("twin_watching", "1 while the twin reconciler watches desired states."),
-		twinDelta:    d("twin_delta_fields", "Leaf fields of desired not yet in reported (the twin delta) at the reconciler's last look, per device the agent holds; 0 = converged.", "device"),
-
-		twinUnconverged: d("twin_devices_unconverged", "Devices the agent holds whose twin delta was above 0 at the reconciler's last look."),
-
-		apiRefused: d("api_requests_refused_total", "Local API requests refused as bad input, by reason (too_large, malformed, bad_body, unknown_device).", "reason"),
-	}
+	return c
 }
 
 // Describe implements prometheus.Collector.
 func (c *agentCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.buildInfo, c.leasesHeld, c.devicesConfigured, c.devicesInState, c.deviceToken, c.deviceState,
-		c.deviceCommands, c.outboxDevicePending, c.outboxDeviceOldestAge, c.twinDelta, c.twinUnconverged,
-		c.acquisitions, c.losses, c.regressions, c.reattached, c.released,
-		c.commands, c.sent, c.noAck, c.sendErrors, c.queued, c.resent, c.reissued, c.superseded,
-		c.outboxPendingTotal, c.outboxPendingBytes, c.outboxOldestAge, c.outboxFull, c.outboxErrors,
-		c.etcdUp, c.etcdSessions, c.mqttConnected, c.mqttReconnects, c.tableCommands, c.bridgeErrors,
-		c.twinEvents, c.twinSent, c.twinWritten, c.twinFenced, c.twinRefused, c.twinQueued, c.twinErrors, c.twinReports, c.twinWatching,
-		c.stateMalformed} {
+	for _, d := range c.descs {
 		ch <- d
 	}
-	ch <- c.apiRefused
 	c.a.tails.describe(ch)
 }
 
-// Collect implements prometheus.Collector: one Status snapshot per scrape.
+// Collect implements prometheus.Collector: one Status snapshot per scrapeView.
 func (c *agentCollector) Collect(ch chan<- prometheus.Metric) {
-	s := c.a.Status()
-	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
-	}
-	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
-	}
-
-	gauge(c.buildInfo, 1, c.version, c.revision, runtime.Version(), s.Gateway)
-
-	var inState [len(deviceStates)]int
-	unconverged := 0
-	for _, d := range s.Devices {
+	v := &scrapeView{s: c.a.Status()}
+	v.n = v.s.Counters
+	for _, d := range v.s.Devices {
 		if i := slices.Index(deviceStates[:], d.State); i >= 0 {
-			inState[i]++
+			v.inState[i]++
 		}
 		if d.TwinDelta != nil && *d.TwinDelta > 0 {
-			unconverged++
+			v.unconverged++
 		}
 	}
-	for i, st := range deviceStates {
-		gauge(c.devicesInState, float64(inState[i]), st)
+	for i := range apiRefusals {
+		v.apiRefused[i] = c.a.stats.apiRefused[i].Load()
 	}
-	gauge(c.leasesHeld, float64(inState[slices.Index(deviceStates[:], StateHolding)]))
-	gauge(c.devicesConfigured, float64(len(s.Devices)))
-	if c.perDevice {
-		c.collectDevices(ch, s)
-	}
-
-	n := s.Counters
-	counter(c.acquisitions, n.Acquired)
-	counter(c.losses, n.Lost)
-	counter(c.regressions, n.Regressions)
-	counter(c.reattached, n.Reattached)
-	counter(c.released, n.Released)
-	counter(c.commands, n.Accepted, "accepted")
-	counter(c.commands, n.Duplicate, "duplicate")
-	counter(c.commands, n.Stale, "stale")
-	counter(c.commands, n.Invalid, "invalid")
-	counter(c.commands, n.Expired, "expired")
-	counter(c.sent, n.Sent)
-	counter(c.noAck, n.NoAck)
-	counter(c.sendErrors, n.SendErrors)
-	counter(c.queued, n.Queued)
-	counter(c.resent, n.Resent)
-	counter(c.reissued, n.Reissued)
-	counter(c.superseded, n.Superseded)
-	counter(c.outboxFull, n.Full)
-	counter(c.outboxErrors, n.OutboxErr)
-	for i, why := range apiRefusals {
-		counter(c.apiRefused, c.a.stats.apiRefused[i].Load(), why)
-	}
-	c.a.tails.collect(ch, s.LeaseTail)
-
-	if ob := c.a.outbox; ob != nil {
-		if sum, err := ob.Summary(""); err == nil {
-			// Only devices with pending commands (Summary's list): an
-			// empty queue has no age, and 10,000 idle devices cost no
-			// series.
-			for _, ds := range sum.Devices {
-				if c.perDevice && ds.Pending > 0 {
-					gauge(c.outboxDeviceOldestAge, max(ds.OldestAge, 0).Seconds(), ds.Device)
-				}
+	v.sum, v.sumErr = c.a.outbox.Summary("")
+	for i, s := range agentSeries {
+		desc := c.descs[i]
+		emit := func(x float64, labels ...string) {
+			ch <- prometheus.MustNewConstMetric(desc, s.typ, x, labels...)
+		}
+		switch {
+		case s.perDevice && !c.perDevice:
+		case s.name == "build_info":
+			emit(1, c.version, c.revision, runtime.Version(), v.s.Gateway)
+		case s.name == "outbox_pending_commands":
+			if v.sumErr != nil {
+				ch <- prometheus.NewInvalidMetric(desc, fmt.Errorf("outbox summary: %w", v.sumErr))
+			} else {
+				emit(float64(v.sum.Pending))
 			}
-			gauge(c.outboxPendingTotal, float64(sum.Pending))
-			gauge(c.outboxPendingBytes, float64(sum.Bytes))
-			gauge(c.outboxOldestAge, max(sum.OldestAge, 0).Seconds())
-		} else {
-			ch <- prometheus.NewInvalidMetric(c.outboxPendingTotal, fmt.Errorf("outbox summary: %w", err))
+		case v.sumErr != nil && strings.HasPrefix(s.name, "outbox_") && s.typ == prometheus.GaugeValue:
+			// No summary: the pending gauges would read 0.
+		default:
+			s.collect(v, emit)
 		}
 	}
-
-	gauge(c.etcdUp, b2f(s.Etcd.Session))
-	counter(c.etcdSessions, s.Etcd.Sessions)
-	if v, ok := s.Transport["connected"].(bool); ok {
-		gauge(c.mqttConnected, b2f(v))
-	}
-	if v, ok := s.Transport["reconnects"].(uint64); ok {
-		counter(c.mqttReconnects, v)
-	}
-
-	if b, ok := s.Bridge.(bridge.Stats); ok {
-		counter(c.tableCommands, b.Accepted, "accepted")
-		counter(c.tableCommands, b.Duplicate, "duplicate")
-		counter(c.tableCommands, b.Stale, "stale")
-		counter(c.tableCommands, b.Invalid, "invalid")
-		counter(c.tableCommands, b.Busy, "busy")
-		counter(c.bridgeErrors, b.TableErrors, "table")
-		counter(c.bridgeErrors, b.SerialErrors, "serial")
-		counter(c.bridgeErrors, b.DeviceErrors, "device")
-		counter(c.bridgeErrors, b.AckErrors, "ack")
-	}
-
-	if t := s.Twins; t != nil {
-		counter(c.twinEvents, t.Events)
-		counter(c.twinSent, t.Sent)
-		counter(c.twinWritten, t.Written)
-		counter(c.twinFenced, t.Fenced)
-		counter(c.twinRefused, t.Refused)
-		counter(c.twinQueued, t.Queued)
-		counter(c.twinErrors, t.Errors)
-		counter(c.twinReports, t.Reports)
-		gauge(c.twinWatching, b2f(t.Watching))
-		gauge(c.twinUnconverged, float64(unconverged))
-		counter(c.stateMalformed, n.StateMalformed) // state reports are read only with twins on
-	}
-}
-
-// collectDevices sends the series with a device label (metrics.per_device):
-// 11 to 14 per device, so off by default.
-func (c *agentCollector) collectDevices(ch chan<- prometheus.Metric, s Status) {
-	metric := func(d *prometheus.Desc, t prometheus.ValueType, v float64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, t, v, labels...)
-	}
-	for _, d := range s.Devices {
-		if (d.State == StateHolding || d.State == StateAutonomous) && d.Token != 0 {
-			metric(c.deviceToken, prometheus.GaugeValue, float64(d.Token), d.ID)
-		}
-		for _, st := range deviceStates {
-			metric(c.deviceState, prometheus.GaugeValue, b2f(d.State == st), d.ID, st)
-		}
-		v := d.Verdicts
-		for i, n := range [len(verdictNames)]uint64{v.Accepted, v.Duplicate, v.Stale, v.Invalid, v.Expired} {
-			metric(c.deviceCommands, prometheus.CounterValue, float64(n), d.ID, verdictNames[i])
-		}
-		if d.TwinDelta != nil {
-			metric(c.twinDelta, prometheus.GaugeValue, float64(*d.TwinDelta), d.ID)
-		}
-		if c.a.outbox != nil {
-			metric(c.outboxDevicePending, prometheus.GaugeValue, float64(d.Queued), d.ID)
-		}
-	}
+	c.a.tails.collect(ch, v.s.LeaseTail)
 }
 
 // vcsRevision is the VCS revision go build stamped into the binary ("" if

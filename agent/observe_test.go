@@ -162,7 +162,7 @@ func startObsWorld(t *testing.T) *obsWorld {
 	ob := openOutbox(t, filepath.Join(t.TempDir(), "outbox.db"), nil)
 	w.agent = runAgent(t, cfg, etcdClient(t), cmdr, Options{Logger: log, Outbox: ob, Twins: twinStore(t, prefix, "gw-obs"),
 		BridgeStatus: func() any { return bri.Stats() }})
-	w.srv = httptest.NewServer(w.agent.MetricsHandler("v0.0.0-obs"))
+	w.srv = httptest.NewServer(w.agent.MetricsHandler("v0.0.0-obs", bri.Collector()))
 	t.Cleanup(w.srv.Close)
 	w.app = twinStore(t, prefix, "app")
 	waitFor(t, "agent holds its devices", holdingAll(w.agent, obsDevices))

@@ -145,7 +145,7 @@ func (a *Agent) kick(d *device) {
 func (a *Agent) mayDeliver(d *device, e *offline.Entry) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.policy == PolicyAutonomous || a.unsafe {
+	if d.policy == PolicyAutonomous || a.ignoresLoss() {
 		return true
 	}
 	if d.ctl != nil && !d.ctl.lost.Load() {
@@ -166,7 +166,7 @@ type link interface {
 func (a *Agent) superseded(d *device, e *offline.Entry) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.policy == PolicyAutonomous || a.unsafe || e.Envelope.Token > d.deposedAt {
+	if d.policy == PolicyAutonomous || a.ignoresLoss() || e.Envelope.Token > d.deposedAt {
 		return false
 	}
 	return d.ctl == nil || d.ctl.lost.Load() || d.ctl.token != e.Envelope.Token
@@ -352,11 +352,11 @@ func (a *Agent) settle(d *device, e *offline.Entry, ack *fence.Ack, local bool) 
 // device is campaigned for again after a backoff.
 func (a *Agent) deposed(d *device, ctl *controller, env *fence.Envelope, ack *fence.Ack) {
 	reason := fmt.Sprintf("deposed: the fence point holds newer token %d", ack.MaxToken)
-	if a.unsafe {
+	if a.ignoresLoss() {
 		reason += " (UNSAFE: the controller carries on)"
 	}
 	a.log.Warn("lease lost", "device", d.id, "token", env.Token, "reason", reason, "holder", a.cfg.Gateway, "fence_token", ack.MaxToken)
-	if a.unsafe {
+	if a.ignoresLoss() {
 		return
 	}
 	if ctl.lost.Swap(true) {

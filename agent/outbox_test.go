@@ -63,6 +63,12 @@ func startOutboxAgent(t *testing.T, gw, prefix string, devs []DeviceConfig, s Se
 		// reconnect.
 		e, ttl = etcds[0], 8*time.Second
 	}
+	return startOutboxAgentOn(t, e, ttl, gw, prefix, devs, s, ob)
+}
+
+// startOutboxAgentOn runs an agent with an outbox on e, with lease TTL ttl.
+func startOutboxAgentOn(t *testing.T, e *sandbox.Etcd, ttl time.Duration, gw, prefix string, devs []DeviceConfig, s Sender, ob *offline.Outbox) *testAgent {
+	t.Helper()
 	endpoints := e.Endpoints()
 	cfg := &Config{Gateway: gw, Etcd: EtcdConfig{Endpoints: endpoints, Prefix: prefix, LeaseTTL: ttl, DialTimeout: time.Second},
 		MQTT: MQTTConfig{Brokers: []string{"mqtt://127.0.0.1:1"}}, Command: CommandConfig{Timeout: 300 * time.Millisecond},
@@ -422,8 +428,14 @@ func TestEnqueue(t *testing.T) {
 			t.Fatalf("applied #%d has seq %d", i, e.Seq)
 		}
 	}
-	if _, err := startAgent(t, "gw-b", "/t/"+t.Name()+"-b", []string{"d1"}, newFencePoint(), Options{}).Enqueue(context.Background(), "d1", "set", nil); !errors.Is(err, ErrNoOutbox) {
-		t.Fatalf("enqueue without an outbox: %v", err)
+}
+
+// The outbox is not optional: New refuses to build an agent without one.
+func TestNewRequiresOutbox(t *testing.T) {
+	cfg := &Config{Gateway: "gw", Etcd: EtcdConfig{Endpoints: []string{"http://127.0.0.1:1"}},
+		MQTT: MQTTConfig{Brokers: []string{"mqtt://127.0.0.1:1"}}, Devices: []DeviceConfig{{ID: "d1"}}}
+	if _, err := New(cfg, nil, newFencePoint(), Options{}); !errors.Is(err, ErrNoOutbox) {
+		t.Fatalf("New without an outbox: %v", err)
 	}
 }
 

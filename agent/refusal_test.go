@@ -169,7 +169,8 @@ func TestRestartWithinTTLKeepsQueue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a1 := startOutboxAgent(t, "gw-a", prefix, devCfgs(devs...), g, ob1)
+	const ttl = 15 * time.Second
+	a1 := startOutboxAgentOn(t, testEtcd, ttl, "gw-a", prefix, devCfgs(devs...), g, ob1)
 	waitFor(t, "a1 holds", holdingAll(a1, devs))
 	tokens := map[string]fence.Token{}
 	for _, d := range devs {
@@ -193,7 +194,9 @@ func TestRestartWithinTTLKeepsQueue(t *testing.T) {
 	g.down.Store(false)
 
 	ob2 := openOutbox(t, path, nil)
-	a2 := startOutboxAgent(t, "gw-a", prefix, devCfgs(devs...), g, ob2)
+	// The restart must come within the TTL: generous, so that a loaded
+	// machine (a1's shutdown, a2's start) does not outlast it.
+	a2 := startOutboxAgentOn(t, testEtcd, ttl, "gw-a", prefix, devCfgs(devs...), g, ob2)
 	waitFor(t, "a2 holds under the same tokens", func() bool {
 		for _, d := range devs {
 			if tok, ok := a2.Holding(d); !ok || tok != tokens[d] {

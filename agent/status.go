@@ -176,12 +176,10 @@ func (a *Agent) Status() Status {
 		s.Twins = &ts
 	}
 	var oldest map[string]time.Time // of each device's pending commands
-	if a.outbox != nil {
-		if sum, err := a.outbox.Summary(""); err == nil {
-			oldest = make(map[string]time.Time, len(sum.Devices))
-			for _, ds := range sum.Devices {
-				oldest[ds.Device] = ds.Oldest
-			}
+	if sum, err := a.outbox.Summary(""); err == nil {
+		oldest = make(map[string]time.Time, len(sum.Devices))
+		for _, ds := range sum.Devices {
+			oldest[ds.Device] = ds.Oldest
 		}
 	}
 	for _, id := range a.order {
@@ -207,14 +205,12 @@ func (a *Agent) Status() Status {
 			default:
 			}
 		}
-		if a.outbox != nil {
-			ds.Queued, _ = a.outbox.Pending(id)
-			ds.Oldest = oldest[id]
-		}
+		ds.Queued, _ = a.outbox.Pending(id)
+		ds.Oldest = oldest[id]
 		v := &d.verdicts
 		ds.Verdicts = VerdictCounts{Accepted: v[0].Load(), Duplicate: v[1].Load(), Stale: v[2].Load(), Invalid: v[3].Load(), Expired: v[4].Load(),
 			Superseded: d.superseded.Load()}
-		if a.twin != nil && ctl != nil && (!ctl.lost.Load() || a.unsafe) {
+		if a.twin != nil && a.usable(ctl) {
 			n := a.twin.deltaFields(id)
 			ds.TwinDelta = &n
 		}
@@ -241,7 +237,7 @@ func (a *Agent) Holding(dev string) (fence.Token, bool) {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.ctl == nil || (d.ctl.lost.Load() && !a.unsafe) {
+	if !a.usable(d.ctl) {
 		return 0, false
 	}
 	return d.ctl.token, true

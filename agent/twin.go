@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -52,10 +53,19 @@ const twinRounds = 4
 // queued in the outbox without an ack, for its terminal state.
 const twinPoll = 200 * time.Millisecond
 
-// twins is the agent's twin reconciler state.
+// twins is the agent's twin reconciler. It sees the rest of the agent
+// through twinHost (who holds a device; the fenced command path) and the
+// outbox (the fate of a queued twin.set). Its one lock, mu, is a leaf: no
+// other lock is taken while it is held.
 type twins struct {
-	store *shadow.Store
-	cache *shadow.Cache // nil: reported writes are not queued while etcd is out of reach
+	store       *shadow.Store
+	cache       *shadow.Cache // nil: reported writes are not queued while etcd is out of reach
+	host        twinHost
+	outbox      *offline.Outbox
+	log         *slog.Logger
+	dialTimeout time.Duration   // etcd.dial_timeout: bounds a reported write before it is queued
+	order       []string        // the configured devices, in config order
+	known       map[string]bool // the configured devices
 
 	mu      sync.Mutex
 	ctx     context.Context // set while Run runs; nil: no new workers
@@ -137,16 +147,34 @@ type TwinStats struct {
 	Watching bool   `json:"watching"`
 }
 
-func newTwins(store *shadow.Store, cache *shadow.Cache) *twins {
-	return &twins{store: store, cache: cache, devs: make(map[string]*twinDev)}
+// twinHost is what the reconciler needs of the agent's leases and
+// delivery.
+type twinHost interface {
+	// holder returns the lock key and token of dev's controller, if the
+	// agent holds dev.
+	holder(dev string) (key string, token fence.Token, ok bool)
+	// Send issues a fenced command through the outbox (Agent.Send).
+	Send(ctx context.Context, dev, kind string, body []byte) (*fence.Ack, error)
+}
+
+func newTwins(a *Agent, store *shadow.Store, cache *shadow.Cache) *twins {
+	t := &twins{store: store, cache: cache, host: a, outbox: a.outbox, log: a.log, dialTimeout: a.cfg.Etcd.DialTimeout,
+		order: a.order, known: make(map[string]bool, len(a.order)), devs: make(map[string]*twinDev)}
+	for _, id := range a.order {
+		t.known[id] = true
+	}
+	return t
 }
 
 // TwinStats returns the twin reconciler's counters (zero if it is off).
 func (a *Agent) TwinStats() TwinStats {
-	t := a.twin
-	if t == nil {
+	if a.twin == nil {
 		return TwinStats{}
 	}
+	return a.twin.statsNow()
+}
+
+func (t *twins) statsNow() TwinStats {
 	t.mu.Lock()
 	watching := t.ctx != nil
 	t.mu.Unlock()
@@ -164,7 +192,7 @@ func (a *Agent) holder(dev string) (key string, token fence.Token, ok bool) {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.ctl == nil || (d.ctl.lost.Load() && !a.unsafe) {
+	if !a.usable(d.ctl) {
 		return "", 0, false
 	}
 	return d.ctl.key, d.ctl.token, true
@@ -172,8 +200,7 @@ func (a *Agent) holder(dev string) (key string, token fence.Token, ok bool) {
 
 // runTwins watches desired states of every device until ctx ends, kicking
 // a device's reconciler on each change, and waits for the workers.
-func (a *Agent) runTwins(ctx context.Context) {
-	t := a.twin
+func (t *twins) run(ctx context.Context) {
 	t.mu.Lock()
 	t.ctx = ctx
 	t.mu.Unlock()
@@ -186,14 +213,14 @@ func (a *Agent) runTwins(ctx context.Context) {
 	// Offline start: reconcile from the cached desired states until the
 	// watch's first read replaces them.
 	if t.cache != nil {
-		for _, id := range a.order {
+		for _, id := range t.order {
 			st, ok, err := t.cache.Desired(id)
 			if err != nil {
-				a.log.Warn("twin: cached desired state", "device", id, "err", err)
+				t.log.Warn("twin: cached desired state", "device", id, "err", err)
 				continue
 			}
 			if ok {
-				a.setDesired(id, st)
+				t.setDesired(id, st)
 			}
 		}
 	}
@@ -203,13 +230,13 @@ func (a *Agent) runTwins(ctx context.Context) {
 		// when ctx ends or on a bad argument.
 		err := t.store.Watch(ctx, "", 0, func(ev shadow.Event) error {
 			delay.Reset()
-			a.desiredEvent(ev)
+			t.desiredEvent(ev)
 			return nil
 		})
 		if ctx.Err() != nil {
 			return
 		}
-		a.log.Warn("twin: watch of desired states ended", "err", err)
+		t.log.Warn("twin: watch of desired states ended", "err", err)
 		if !backoff.Sleep(ctx, delay.Next()) {
 			return
 		}
@@ -217,29 +244,27 @@ func (a *Agent) runTwins(ctx context.Context) {
 }
 
 // desiredEvent records one change of desired state and kicks the device.
-func (a *Agent) desiredEvent(ev shadow.Event) {
-	if _, ok := a.devices[ev.Device]; !ok {
+func (t *twins) desiredEvent(ev shadow.Event) {
+	if !t.known[ev.Device] {
 		return // another agent's device
 	}
-	t := a.twin
 	t.stats.events.Add(1)
 	if ev.Err != nil {
 		t.stats.errors.Add(1)
-		a.log.Warn("twin: unreadable desired state ignored", "device", ev.Device, "revision", ev.Revision, "err", ev.Err)
+		t.log.Warn("twin: unreadable desired state ignored", "device", ev.Device, "revision", ev.Revision, "err", ev.Err)
 		return
 	}
 	if t.cache != nil {
 		if _, err := t.cache.PutDesired(ev.Device, ev.Desired); err != nil {
-			a.log.Warn("twin: cache desired state", "device", ev.Device, "err", err)
+			t.log.Warn("twin: cache desired state", "device", ev.Device, "err", err)
 		}
 	}
-	a.setDesired(ev.Device, ev.Desired)
+	t.setDesired(ev.Device, ev.Desired)
 }
 
 // setDesired makes st dev's desired state unless a newer one is known, and
 // kicks the device.
-func (a *Agent) setDesired(dev string, st shadow.State) {
-	t := a.twin
+func (t *twins) setDesired(dev string, st shadow.State) {
 	t.mu.Lock()
 	td := t.dev(dev)
 	if td.haveDesired && st.Version != 0 && td.desired.Version > st.Version {
@@ -248,7 +273,7 @@ func (a *Agent) setDesired(dev string, st shadow.State) {
 	}
 	td.desired, td.haveDesired = st, true
 	t.mu.Unlock()
-	a.twinKick(dev)
+	t.kick(dev)
 }
 
 func (t *twins) dev(id string) *twinDev {
@@ -267,8 +292,7 @@ func (t *twins) dev(id string) *twinDev {
 // under the new one: the device reports its current state again. If they
 // cannot be dropped, the twin controller stays stopped for the device
 // under this token (fail closed, as after a fenced write).
-func (a *Agent) twinNewToken(dev string, token fence.Token) {
-	t := a.twin
+func (t *twins) newToken(dev string, token fence.Token) {
 	if t == nil {
 		return
 	}
@@ -284,15 +308,14 @@ func (a *Agent) twinNewToken(dev string, token fence.Token) {
 		td := t.dev(dev)
 		td.fencedAt = max(td.fencedAt, token)
 		t.mu.Unlock()
-		a.log.Error("twin: cannot drop reported patches queued under an older token; twins stop for the device under this token",
+		t.log.Error("twin: cannot drop reported patches queued under an older token; twins stop for the device under this token",
 			"device", dev, "token", token, "reason", "twin cache: "+err.Error())
 	}
 }
 
 // twinKick makes sure a worker reconciles dev. It does nothing if twins
 // are off or Run is not running.
-func (a *Agent) twinKick(dev string) {
-	t := a.twin
+func (t *twins) kick(dev string) {
 	if t == nil {
 		return
 	}
@@ -311,17 +334,16 @@ func (a *Agent) twinKick(dev string) {
 	t.workers.Add(1)
 	go func() {
 		defer t.workers.Done()
-		a.twinWorker(ctx, dev)
+		t.worker(ctx, dev)
 	}()
 }
 
-func (a *Agent) twinWorker(ctx context.Context, dev string) {
-	t := a.twin
+func (t *twins) worker(ctx context.Context, dev string) {
 	for {
-		if report := a.takeReport(dev); report != nil {
-			a.writeDeviceReport(ctx, dev, report)
+		if report := t.takeReport(dev); report != nil {
+			t.writeDeviceReport(ctx, dev, report)
 		}
-		a.reconcile(ctx, dev)
+		t.reconcile(ctx, dev)
 		t.mu.Lock()
 		if t.dev(dev).again && ctx.Err() == nil {
 			t.dev(dev).again = false
@@ -336,12 +358,11 @@ func (a *Agent) twinWorker(ctx context.Context, dev string) {
 
 // twinHolder returns dev's lock key and token if the agent holds dev and
 // etcd has not fenced the reconciler under that token.
-func (a *Agent) twinHolder(dev string) (string, fence.Token, bool) {
-	key, token, ok := a.holder(dev)
+func (t *twins) holding(dev string) (string, fence.Token, bool) {
+	key, token, ok := t.host.holder(dev)
 	if !ok {
 		return "", 0, false
 	}
-	t := a.twin
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if token <= t.dev(dev).fencedAt {
@@ -352,53 +373,51 @@ func (a *Agent) twinHolder(dev string) (string, fence.Token, bool) {
 
 // fenced records that etcd refused a reported write of dev under token:
 // the reconciler stops for the device until it holds a newer token (I5).
-func (a *Agent) fenced(dev string, token fence.Token, err error) {
-	t := a.twin
+func (t *twins) fenced(dev string, token fence.Token, err error) {
 	t.stats.fenced.Add(1)
 	t.mu.Lock()
 	td := t.dev(dev)
 	td.fencedAt = max(td.fencedAt, token)
 	t.mu.Unlock()
 	t.store.Forget(dev)
-	a.log.Warn("twin: reported write refused by etcd; the twin controller stops for the device (I5)",
+	t.log.Warn("twin: reported write refused by etcd; the twin controller stops for the device (I5)",
 		"device", dev, "token", token, "reason", "fenced: the lock key of this token is gone (no longer the holder)", "err", err)
 }
 
 // reconcile runs send → write rounds for dev until its delta is empty or
 // it can do nothing more now. Transient failures are retried with backoff
 // as long as the agent holds the device.
-func (a *Agent) reconcile(ctx context.Context, dev string) {
-	t := a.twin
+func (t *twins) reconcile(ctx context.Context, dev string) {
 	delay := backoff.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
 	retry := func(what string, err error) bool {
 		t.stats.errors.Add(1)
 		wait := delay.Next()
-		a.log.Warn("twin: "+what, "device", dev, "err", err, "retry_in", wait)
+		t.log.Warn("twin: "+what, "device", dev, "err", err, "retry_in", wait)
 		return backoff.Sleep(ctx, wait)
 	}
 	var written *shadow.State // reported as the last write left it
 	for round := 0; round < twinRounds && ctx.Err() == nil; {
-		key, token, ok := a.twinHolder(dev)
+		key, token, ok := t.holding(dev)
 		if !ok {
 			return
 		}
 		// Bounded: with etcd away the worker must come back to queue
 		// device reports (below) instead of waiting in the client.
-		fctx, cancel := context.WithTimeout(ctx, a.cfg.Etcd.DialTimeout)
-		flushed := a.flushReported(fctx, dev)
+		fctx, cancel := context.WithTimeout(ctx, t.dialTimeout)
+		flushed := t.flushReported(fctx, dev)
 		cancel()
 		if !flushed {
 			if ctx.Err() != nil {
 				return
 			}
-			if _, _, ok := a.twinHolder(dev); !ok {
+			if _, _, ok := t.holding(dev); !ok {
 				return // fenced
 			}
 			// A device report that came meanwhile goes behind the queued
 			// patches: reports reach etcd in the order the device made
 			// them, and durably.
-			if report := a.takeReport(dev); report != nil {
-				a.queueReport(dev, report)
+			if report := t.takeReport(dev); report != nil {
+				t.queueReport(dev, report)
 			}
 			if !retry("queued reported patches not written yet", errors.New("etcd unreachable")) {
 				return
@@ -441,12 +460,12 @@ func (a *Agent) reconcile(ctx context.Context, dev string) {
 		body, err := shadow.EncodeCBOR(delta, shadow.Limits{})
 		if err != nil {
 			t.stats.errors.Add(1)
-			a.log.Error("twin: delta does not encode; not sent", "device", dev, "err", err)
+			t.log.Error("twin: delta does not encode; not sent", "device", dev, "err", err)
 			return
 		}
 		round++
 		t.stats.sent.Add(1)
-		ack, err := a.twinSend(ctx, dev, body)
+		ack, err := t.send(ctx, dev, body)
 		if err != nil {
 			if errors.Is(err, ErrNotHolder) || ctx.Err() != nil {
 				return
@@ -465,18 +484,18 @@ func (a *Agent) reconcile(ctx context.Context, dev string) {
 			t.mu.Lock()
 			t.dev(dev).refused = desired.Version
 			t.mu.Unlock()
-			a.log.Warn("twin: device refused the desired state; not sent again until desired changes",
+			t.log.Warn("twin: device refused the desired state; not sent again until desired changes",
 				"device", dev, "token", ack.Token, "reason", ack.Reason, "verdict", ack.Verdict, "id", ack.ID, "desired_version", desired.Version)
 			return
 		}
 		if ack.Token != token {
 			// Issued under a controller installed since holder(): the
 			// key read then is not that token's.
-			if key, token, ok = a.twinHolder(dev); !ok || token != ack.Token {
+			if key, token, ok = t.holding(dev); !ok || token != ack.Token {
 				continue
 			}
 		}
-		st, ok := a.writeReported(ctx, dev, delta, key, token)
+		st, ok := t.writeReported(ctx, dev, delta, key, token)
 		if !ok {
 			return
 		}
@@ -489,8 +508,8 @@ func (a *Agent) reconcile(ctx context.Context, dev string) {
 // a command not acked within the command timeout stays queued: twinSend
 // then waits for its terminal state in the outbox, so that a device that is
 // away gets one twin.set, not one per timeout.
-func (a *Agent) twinSend(ctx context.Context, dev string, body []byte) (*fence.Ack, error) {
-	ack, err := a.Send(ctx, dev, KindTwinSet, body)
+func (t *twins) send(ctx context.Context, dev string, body []byte) (*fence.Ack, error) {
+	ack, err := t.host.Send(ctx, dev, KindTwinSet, body)
 	if ack != nil {
 		return ack, nil
 	}
@@ -506,7 +525,7 @@ func (a *Agent) twinSend(ctx context.Context, dev string, body []byte) (*fence.A
 			return nil, ctx.Err()
 		case <-tick.C:
 		}
-		rec, err := a.outbox.Find(qe.ID)
+		rec, err := t.outbox.Find(qe.ID)
 		if errors.Is(err, offline.ErrNotFound) {
 			return nil, fmt.Errorf("twin.set %s: gone from the outbox: %w", qe.ID, err)
 		}
@@ -527,11 +546,10 @@ func (a *Agent) twinSend(ctx context.Context, dev string, body []byte) (*fence.A
 // cannot be reached within etcd.dial_timeout and the agent has a twin
 // cache, the patch is queued there (durably) and pushed later by
 // flushReported.
-func (a *Agent) writeReported(ctx context.Context, dev string, patch map[string]any, key string, token fence.Token) (st *shadow.State, ok bool) {
-	t := a.twin
+func (t *twins) writeReported(ctx context.Context, dev string, patch map[string]any, key string, token fence.Token) (st *shadow.State, ok bool) {
 	// Bounded: with etcd out of reach the patch goes to the cache instead
 	// of waiting for etcd (the client would wait as long as ctx lasts).
-	wctx, cancel := context.WithTimeout(ctx, a.cfg.Etcd.DialTimeout)
+	wctx, cancel := context.WithTimeout(ctx, t.dialTimeout)
 	rep, err := t.store.UpdateReported(wctx, dev, patch, key, int64(token))
 	cancel()
 	switch {
@@ -539,13 +557,13 @@ func (a *Agent) writeReported(ctx context.Context, dev string, patch map[string]
 		t.stats.written.Add(1)
 		return &rep, true
 	case errors.Is(err, shadow.ErrFenced):
-		a.fenced(dev, token, err)
+		t.fenced(dev, token, err)
 		return nil, false
 	case ctx.Err() != nil:
 		return nil, false
 	case errors.Is(err, shadow.ErrInvalid):
 		t.stats.errors.Add(1)
-		a.log.Error("twin: reported patch refused as invalid", "device", dev, "err", err)
+		t.log.Error("twin: reported patch refused as invalid", "device", dev, "err", err)
 		return nil, false
 	}
 	if t.cache == nil {
@@ -553,23 +571,22 @@ func (a *Agent) writeReported(ctx context.Context, dev string, patch map[string]
 		// missing: the device answers a setting it has as a new command,
 		// which changes nothing.
 		t.stats.errors.Add(1)
-		a.log.Warn("twin: reported not written", "device", dev, "token", token, "err", err)
+		t.log.Warn("twin: reported not written", "device", dev, "token", token, "err", err)
 		return nil, true
 	}
 	if _, qerr := t.cache.Enqueue(dev, patch); qerr != nil {
 		t.stats.errors.Add(1)
-		a.log.Error("twin: reported not written and not queued", "device", dev, "err", errors.Join(err, qerr))
+		t.log.Error("twin: reported not written and not queued", "device", dev, "err", errors.Join(err, qerr))
 		return nil, true
 	}
 	t.stats.queued.Add(1)
-	a.log.Warn("twin: reported queued in the cache until etcd is back", "device", dev, "token", token, "err", err)
+	t.log.Warn("twin: reported queued in the cache until etcd is back", "device", dev, "token", token, "err", err)
 	return nil, true
 }
 
 // flushReported pushes dev's queued reported patches (twin cache) under
 // the token the agent holds now. It reports whether the queue is empty.
-func (a *Agent) flushReported(ctx context.Context, dev string) bool {
-	t := a.twin
+func (t *twins) flushReported(ctx context.Context, dev string) bool {
 	if t.cache == nil {
 		return true
 	}
@@ -581,21 +598,21 @@ func (a *Agent) flushReported(ctx context.Context, dev string) bool {
 		if d != dev {
 			return "", 0, false
 		}
-		k, tok, ok := a.twinHolder(d)
+		k, tok, ok := t.holding(d)
 		token = tok
 		return k, int64(tok), ok
 	})
 	if len(fenced) > 0 {
 		// Not the holder under this token: the patches are dropped, the
 		// next holder reconciles from what etcd has.
-		a.fenced(dev, token, err)
+		t.fenced(dev, token, err)
 		if derr := t.cache.Discard(dev, 0); derr != nil {
-			a.log.Warn("twin: discard queued reported patches", "device", dev, "err", derr)
+			t.log.Warn("twin: discard queued reported patches", "device", dev, "err", derr)
 		}
 		return false
 	}
 	if err != nil {
-		a.log.Warn("twin: flush queued reported patches", "device", dev, "err", err)
+		t.log.Warn("twin: flush queued reported patches", "device", dev, "err", err)
 		return false
 	}
 	return true
@@ -608,20 +625,24 @@ func (a *Agent) flushReported(ctx context.Context, dev string) bool {
 // rule at the top of this file). It returns ErrNotHolder if the agent does not hold
 // the device, and an error wrapping shadow.ErrFenced if etcd refused it.
 func (a *Agent) ReportState(ctx context.Context, dev string, fields map[string]any) error {
-	t := a.twin
-	if t == nil {
+	if a.twin == nil {
 		return fmt.Errorf("report %s: twins are off", dev)
 	}
-	if _, ok := a.devices[dev]; !ok {
+	return a.twin.reportState(ctx, dev, fields)
+}
+
+// reportState is ReportState with twins on.
+func (t *twins) reportState(ctx context.Context, dev string, fields map[string]any) error {
+	if !t.known[dev] {
 		return fmt.Errorf("report %q: %w", dev, ErrUnknownDevice)
 	}
-	key, token, ok := a.twinHolder(dev)
+	key, token, ok := t.holding(dev)
 	if !ok {
 		return fmt.Errorf("report %s: %w", dev, ErrNotHolder)
 	}
 	if _, err := t.store.UpdateReported(ctx, dev, fields, key, int64(token)); err != nil {
 		if errors.Is(err, shadow.ErrFenced) {
-			a.fenced(dev, token, err)
+			t.fenced(dev, token, err)
 		} else {
 			t.stats.errors.Add(1)
 		}
@@ -640,26 +661,28 @@ func (a *Agent) ReportState(ctx context.Context, dev string, fields map[string]a
 // Reports for devices the agent does not know, or while twins are off, are
 // ignored.
 func (a *Agent) DeviceState(dev string, fields map[string]any) {
-	t := a.twin
-	if t == nil {
+	if a.twin != nil {
+		a.twin.deviceState(dev, fields)
+	}
+}
+
+// deviceState is DeviceState with twins on.
+func (t *twins) deviceState(dev string, fields map[string]any) {
+	if !t.known[dev] {
 		return
 	}
-	if _, ok := a.devices[dev]; !ok {
-		return
-	}
-	if _, _, ok := a.twinHolder(dev); !ok {
+	if _, _, ok := t.holding(dev); !ok {
 		return // another holder writes it
 	}
 	t.mu.Lock()
 	t.dev(dev).report = fields
 	t.mu.Unlock()
-	a.twinKick(dev)
+	t.kick(dev)
 }
 
 // takeReport returns dev's device report not yet written, if any, and
 // clears it.
-func (a *Agent) takeReport(dev string) map[string]any {
-	t := a.twin
+func (t *twins) takeReport(dev string) map[string]any {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	report := t.dev(dev).report
@@ -672,16 +695,15 @@ func (a *Agent) takeReport(dev string) map[string]any {
 // and if etcd cannot be reached within etcd.dial_timeout the report is
 // queued behind them (whole: what differs from reported is not known), so
 // that reports reach etcd in the order the device made them.
-func (a *Agent) writeDeviceReport(ctx context.Context, dev string, fields map[string]any) {
-	t := a.twin
+func (t *twins) writeDeviceReport(ctx context.Context, dev string, fields map[string]any) {
 	wctx := ctx
 	if t.cache != nil {
 		var cancel context.CancelFunc
-		wctx, cancel = context.WithTimeout(ctx, a.cfg.Etcd.DialTimeout)
+		wctx, cancel = context.WithTimeout(ctx, t.dialTimeout)
 		defer cancel()
-		if !a.flushReported(wctx, dev) {
+		if !t.flushReported(wctx, dev) {
 			if ctx.Err() == nil {
-				a.queueReport(dev, fields)
+				t.queueReport(dev, fields)
 			}
 			return
 		}
@@ -689,18 +711,18 @@ func (a *Agent) writeDeviceReport(ctx context.Context, dev string, fields map[st
 	rep, err := t.store.LastReported(wctx, dev)
 	if err != nil {
 		if t.cache != nil && ctx.Err() == nil {
-			a.queueReport(dev, fields)
+			t.queueReport(dev, fields)
 			return
 		}
 		t.stats.errors.Add(1)
-		a.log.Warn("twin: device report not written: read reported", "device", dev, "err", err)
+		t.log.Warn("twin: device report not written: read reported", "device", dev, "err", err)
 		return
 	}
 	patch := shadow.Delta(fields, rep.Fields)
 	if len(patch) == 0 {
 		return
 	}
-	err = a.ReportState(wctx, dev, patch)
+	err = t.reportState(wctx, dev, patch)
 	if err == nil {
 		// The report moved reported: a local change shows as delta
 		// (which the reconciler leaves alone), a catching-up one clears it.
@@ -715,25 +737,24 @@ func (a *Agent) writeDeviceReport(ctx context.Context, dev string, fields map[st
 	case err == nil || errors.Is(err, ErrNotHolder) || errors.Is(err, shadow.ErrFenced):
 	case t.cache != nil && ctx.Err() == nil && !errors.Is(err, shadow.ErrInvalid):
 		// Perhaps written after all: pushing it again changes nothing.
-		a.queueReport(dev, patch)
+		t.queueReport(dev, patch)
 	default:
-		a.log.Warn("twin: device report not written", "device", dev, "err", err)
+		t.log.Warn("twin: device report not written", "device", dev, "err", err)
 	}
 }
 
 // queueReport queues a device report (or the part of it that differs from
 // reported) in the twin cache, if the agent may still write dev's reported
 // state: flushReported pushes it, fenced, once etcd is back.
-func (a *Agent) queueReport(dev string, fields map[string]any) {
-	t := a.twin
-	if _, _, ok := a.twinHolder(dev); !ok {
+func (t *twins) queueReport(dev string, fields map[string]any) {
+	if _, _, ok := t.holding(dev); !ok {
 		return // not the holder, or fenced: the holder writes it
 	}
 	if _, err := t.cache.Enqueue(dev, fields); err != nil {
 		t.stats.errors.Add(1)
-		a.log.Error("twin: device report not written and not queued", "device", dev, "err", err)
+		t.log.Error("twin: device report not written and not queued", "device", dev, "err", err)
 		return
 	}
 	t.stats.queued.Add(1)
-	a.log.Warn("twin: device report queued in the cache until etcd is back", "device", dev)
+	t.log.Warn("twin: device report queued in the cache until etcd is back", "device", dev)
 }

@@ -265,6 +265,7 @@ func TestTwinOfflineConverges(t *testing.T) {
 // is refused by etcd, the queue is dropped, and nothing lands under its
 // old token.
 func TestTwinOfflineDeposedQueueFenced(t *testing.T) {
+	needUnsafeBuild(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	prefix := twinPrefix(t)
@@ -332,7 +333,7 @@ func TestTwinOfflineDeposedQueueFenced(t *testing.T) {
 		ps, err := cache.Pending(dev)
 		return err == nil && len(ps) == 0 && a.TwinStats().Fenced == 1
 	})
-	if _, _, ok := a.twinHolder(dev); ok {
+	if _, _, ok := a.twin.holding(dev); ok {
 		t.Fatal("a's twin controller still runs under its fenced token")
 	}
 	r, err = direct.Get(ctx, app.ReportedKey(dev))

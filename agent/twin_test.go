@@ -277,6 +277,7 @@ func (g *ackGate) Send(ctx context.Context, env *fence.Envelope) (*fence.Ack, er
 // reconciles; when A resumes, etcd refuses its reported write, the twin
 // shows only B's writes, and A's twin controller for the device stops.
 func TestTwinDeposedHolderFenced(t *testing.T) {
+	needUnsafeBuild(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	prefix := twinPrefix(t)
@@ -357,7 +358,7 @@ func TestTwinDeposedHolderFenced(t *testing.T) {
 		defer a.twin.mu.Unlock()
 		return a.twin.devs[dev].desired.Version == des.Version
 	})
-	a.twinKick(dev) // even when asked, a does nothing under its fenced token
+	a.twin.kick(dev) // even when asked, a does nothing under its fenced token
 	waitFor(t, "a's reconciler idle", func() bool { return a.twinIdle(dev) })
 	if s := a.TwinStats(); s.Sent != sentA || s.Written != 0 {
 		t.Fatalf("fenced a kept reconciling: %+v", s)
@@ -402,7 +403,7 @@ func TestTwinLocalChangeStays(t *testing.T) {
 	if !shadow.Equal(doc.Delta, map[string]any{"setpoint": 21.0}) {
 		t.Fatalf("delta after a local change: %v", doc.Delta)
 	}
-	a.twinKick(dev)
+	a.twin.kick(dev)
 	waitFor(t, "reconciler idle", func() bool { return a.twinIdle(dev) })
 	if s := a.TwinStats(); s.Sent != 1 || s.Reports != 1 {
 		t.Fatalf("a local change caused a command: %+v", s)
@@ -716,7 +717,7 @@ func TestTwinReportedQueuedWhileEtcdAway(t *testing.T) {
 	a.twin.store = shadow.NewStore(dead, shadow.StoreConfig{Prefix: prefix, Writer: "gw-a"})
 	a.twin.mu.Unlock()
 	for _, p := range []map[string]any{{"setpoint": 20}, {"setpoint": 21, "mode": "heat"}} {
-		if st, ok := a.writeReported(ctx, dev, p, key, token); !ok || st != nil {
+		if st, ok := a.twin.writeReported(ctx, dev, p, key, token); !ok || st != nil {
 			t.Fatalf("write with etcd away: %v %v, want queued", st, ok)
 		}
 	}
@@ -728,7 +729,7 @@ func TestTwinReportedQueuedWhileEtcdAway(t *testing.T) {
 	a.twin.mu.Lock()
 	a.twin.store = live
 	a.twin.mu.Unlock()
-	if !a.flushReported(ctx, dev) {
+	if !a.twin.flushReported(ctx, dev) {
 		t.Fatal("flush failed")
 	}
 	rep, err := live.GetReported(ctx, dev)
@@ -752,13 +753,13 @@ func TestTwinReportedQueuedWhileEtcdAway(t *testing.T) {
 	if _, err := a.cli.Delete(ctx, key); err != nil {
 		t.Fatal(err)
 	}
-	if a.flushReported(ctx, dev) {
+	if a.twin.flushReported(ctx, dev) {
 		t.Fatal("flush under a revoked lock succeeded")
 	}
 	if ps, err := cache.Pending(dev); err != nil || len(ps) != 0 {
 		t.Fatalf("queue after a fenced flush: %d (%v), want dropped", len(ps), err)
 	}
-	if _, _, ok := a.twinHolder(dev); ok || a.TwinStats().Fenced != 1 {
+	if _, _, ok := a.twin.holding(dev); ok || a.TwinStats().Fenced != 1 {
 		t.Fatalf("worker not stopped under the fenced token: %+v", a.TwinStats())
 	}
 	if got := reportedFields(t, live, dev); got["setpoint"] != 21.0 {

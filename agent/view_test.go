@@ -80,7 +80,7 @@ func TestMalformedStateReports(t *testing.T) {
 	clk := time.Unix(1000, 0)
 	cfg := &Config{Gateway: "gw-m", Etcd: EtcdConfig{Endpoints: testEtcd.Endpoints(), Prefix: "/t/" + t.Name(), LeaseTTL: 2 * time.Second},
 		MQTT: MQTTConfig{Brokers: []string{"mqtt://127.0.0.1:1"}}, Devices: devCfgs("d1", "d2")}
-	a, err := New(cfg, nil, newFencePoint(), Options{Logger: slog.New(slog.NewJSONHandler(logs, nil)), Now: func() time.Time { return clk }})
+	a, err := newAgent(t, cfg, nil, newFencePoint(), Options{Logger: slog.New(slog.NewJSONHandler(logs, nil)), Now: func() time.Time { return clk }})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/edgefence/edgefence/agent"
 	"github.com/edgefence/edgefence/fence/history"
 	"github.com/edgefence/edgefence/offline"
@@ -279,7 +281,11 @@ exit status is 1. Secrets may come from the environment: %s,
 		go func() {
 			defer wg.Done()
 			// /metrics, /healthz, /readyz; the agent runs on without them.
-			if err := agent.ServeMetrics(actx, cfg.Metrics.Listen, ag.MetricsHandler(version)); err != nil {
+			var extra []prometheus.Collector
+			if br != nil {
+				extra = append(extra, br.Collector())
+			}
+			if err := agent.ServeMetrics(actx, cfg.Metrics.Listen, ag.MetricsHandler(version, extra...)); err != nil {
 				log.Error("metrics endpoint", "listen", cfg.Metrics.Listen, "err", err)
 			}
 		}()

@@ -1,0 +1,44 @@
+package bridge
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Collector returns a prometheus.Collector over the bridge's counters
+// (Stats): edgefence_fence_table_commands_total{verdict} and
+// edgefence_bridge_errors_total{kind}. The daemon registers it beside the
+// agent's collector.
+func (b *Bridge) Collector() prometheus.Collector { return collector{b} }
+
+var (
+	tableCommandsDesc = prometheus.NewDesc("edgefence_fence_table_commands_total",
+		"Commands the gateway fence table decided, by verdict (accepted = admitted; duplicate, stale, invalid, busy = refused).", []string{"verdict"}, nil)
+	bridgeErrorsDesc = prometheus.NewDesc("edgefence_bridge_errors_total",
+		"Gateway fence bridge failures, by kind (table, serial, device, ack).", []string{"kind"}, nil)
+)
+
+type collector struct{ b *Bridge }
+
+func (collector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- tableCommandsDesc
+	ch <- bridgeErrorsDesc
+}
+
+func (c collector) Collect(ch chan<- prometheus.Metric) {
+	s := c.b.Stats()
+	for _, v := range []struct {
+		d     *prometheus.Desc
+		n     uint64
+		label string
+	}{
+		{tableCommandsDesc, s.Accepted, "accepted"},
+		{tableCommandsDesc, s.Duplicate, "duplicate"},
+		{tableCommandsDesc, s.Stale, "stale"},
+		{tableCommandsDesc, s.Invalid, "invalid"},
+		{tableCommandsDesc, s.Busy, "busy"},
+		{bridgeErrorsDesc, s.TableErrors, "table"},
+		{bridgeErrorsDesc, s.SerialErrors, "serial"},
+		{bridgeErrorsDesc, s.DeviceErrors, "device"},
+		{bridgeErrorsDesc, s.AckErrors, "ack"},
+	} {
+		ch <- prometheus.MustNewConstMetric(v.d, prometheus.CounterValue, float64(v.n), v.label)
+	}
+}
