@@ -259,7 +259,8 @@ type Override struct {
 
 // LoadConfig reads a YAML config file, applies the environment overrides
 // of secrets (EDGEFENCE_MQTT_PASSWORD, EDGEFENCE_ETCD_PASSWORD and their
-// _FILE variants) and then overrides, and validates the result. Every
+// _FILE variants) and then overrides, fills in the defaults
+// (ApplyDefaults) and validates the result (Validate). Every
 // problem is reported, joined (errors.Join): each a *ConfigError naming
 // the file, line and dotted key (see ConfigErrors), wrapping ErrConfig.
 // Unknown keys are errors.
@@ -271,8 +272,9 @@ func LoadConfig(path string, overrides ...Override) (*Config, error) {
 	return parseConfig(b, path, os.LookupEnv, overrides)
 }
 
-// ParseConfig decodes and validates YAML config bytes (no environment
-// overrides); errors are as LoadConfig's, without a file name.
+// ParseConfig decodes YAML config bytes, fills in the defaults and
+// validates them (no environment overrides); errors are as LoadConfig's,
+// without a file name.
 func ParseConfig(b []byte) (*Config, error) {
 	return parseConfig(b, "", nil, nil)
 }
