@@ -218,9 +218,10 @@ const (
 	StateAutonomous  = "autonomous"  // session lost; commands go on under the last token (policy autonomous)
 )
 
-// New returns an agent for cfg (which must have passed Validate), using cli
-// for locks and s to deliver commands.
+// New returns an agent for cfg (which must pass Validate; New fills in its
+// defaults), using cli for locks and s to deliver commands.
 func New(cfg *Config, cli *clientv3.Client, s Sender, o Options) (*Agent, error) {
+	cfg.ApplyDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}

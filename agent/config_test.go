@@ -206,11 +206,11 @@ func TestMQTTReconnectBackoffMaxConfig(t *testing.T) {
 	}
 }
 
-// TestValidateFillsEveryDefault: after Validate no field whose zero value
-// means "the default" is still zero, so `config check` prints the values
-// that run (it printed outbox ttl 0s, serial baud 0). The keys whose zero
-// is a value of its own are listed.
-func TestValidateFillsEveryDefault(t *testing.T) {
+// TestApplyDefaultsFillsEveryDefault: after ParseConfig (ApplyDefaults) no
+// field whose zero value means "the default" is still zero, so `config
+// check` prints the values that run (it printed outbox ttl 0s, serial baud
+// 0). The keys whose zero is a value of its own are listed.
+func TestApplyDefaultsFillsEveryDefault(t *testing.T) {
 	c, err := ParseConfig([]byte(override(goodConfig, `devices:
   - id: dev-1
   - id: plc-1
@@ -246,7 +246,7 @@ func TestValidateFillsEveryDefault(t *testing.T) {
 				walk(v.Index(i), key+"[]")
 			}
 		case v.IsZero() && !zeroMeansItself[key]:
-			t.Errorf("%s is %v after Validate: fill in its default", key, v.Interface())
+			t.Errorf("%s is %v after ApplyDefaults: fill in its default", key, v.Interface())
 		}
 	}
 	walk(reflect.ValueOf(c).Elem(), "")

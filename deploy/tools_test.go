@@ -1,6 +1,8 @@
 // Package deploy_test checks what ships to gateways: the .deb packages
 // (`make package`, deploy/nfpm*.yaml) and the cross-built binaries under
-// qemu-user-static. There is no Go code in deploy/, only these tests.
+// qemu-user-static; and the guards over the whole repository (license,
+// tidy go.mod, function length). There is no Go code in deploy/, only
+// these tests.
 package deploy_test
 
 import (
