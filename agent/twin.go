@@ -401,61 +401,25 @@ func (t *twins) reconcile(ctx context.Context, dev string) {
 		if !ok {
 			return
 		}
-		// Bounded: with etcd away the worker must come back to queue
-		// device reports (below) instead of waiting in the client.
-		fctx, cancel := context.WithTimeout(ctx, t.dialTimeout)
-		flushed := t.flushReported(fctx, dev)
-		cancel()
-		if !flushed {
-			if ctx.Err() != nil {
-				return
-			}
-			if _, _, ok := t.holding(dev); !ok {
-				return // fenced
-			}
-			// A device report that came meanwhile goes behind the queued
-			// patches: reports reach etcd in the order the device made
-			// them, and durably.
-			if report := t.takeReport(dev); report != nil {
-				t.queueReport(dev, report)
-			}
+		if flushed, stop := t.flushBefore(ctx, dev); stop {
+			return
+		} else if !flushed {
 			if !retry("queued reported patches not written yet", errors.New("etcd unreachable")) {
 				return
 			}
 			continue
 		}
-		t.mu.Lock()
-		td := t.dev(dev)
-		desired, have, refused := td.desired, td.haveDesired, td.refused
-		done := td.synced == desired.Version && td.syncedToken == token
-		t.mu.Unlock()
-		if !have || done {
-			return
-		}
 		rep := written
 		written = nil
-		if rep == nil {
-			st, err := t.store.LastReported(ctx, dev)
-			if err != nil {
-				if ctx.Err() != nil || !retry("read reported", err) {
-					return
-				}
-				continue
-			}
-			rep = &st
-		}
-		delta := shadow.Delta(desired.Fields, rep.Fields)
-		t.setDelta(dev, delta)
-		if len(delta) == 0 {
-			// Converged: nothing to send (a repeated desired value
-			// costs one read).
-			t.mu.Lock()
-			td.synced, td.syncedToken = desired.Version, token
-			t.mu.Unlock()
+		delta, version, done, err := t.deltaFor(ctx, dev, token, rep)
+		if done {
 			return
 		}
-		if desired.Version != 0 && desired.Version == refused {
-			return // the device refused this desired state; wait for a new one
+		if err != nil {
+			if ctx.Err() != nil || !retry("read reported", err) {
+				return
+			}
+			continue
 		}
 		body, err := shadow.EncodeCBOR(delta, shadow.Limits{})
 		if err != nil {
@@ -475,17 +439,7 @@ func (t *twins) reconcile(ctx context.Context, dev string) {
 			}
 			continue
 		}
-		switch ack.Verdict {
-		case fence.Accepted, fence.Duplicate:
-		case fence.Stale:
-			return // a newer holder reached the device; the session loop notices
-		default:
-			t.stats.refused.Add(1)
-			t.mu.Lock()
-			t.dev(dev).refused = desired.Version
-			t.mu.Unlock()
-			t.log.Warn("twin: device refused the desired state; not sent again until desired changes",
-				"device", dev, "token", ack.Token, "reason", ack.Reason, "verdict", ack.Verdict, "id", ack.ID, "desired_version", desired.Version)
+		if !t.applied(dev, ack, version) {
 			return
 		}
 		if ack.Token != token {
@@ -504,10 +458,91 @@ func (t *twins) reconcile(ctx context.Context, dev string) {
 	}
 }
 
-// twinSend issues one twin.set command and returns its ack. With an outbox,
-// a command not acked within the command timeout stays queued: twinSend
-// then waits for its terminal state in the outbox, so that a device that is
-// away gets one twin.set, not one per timeout.
+// deltaFor returns what dev must still be sent to reach its desired state
+// under token, comparing with rep (reading reported if rep is nil), and
+// the desired version. done: nothing to send now (no desired state, this
+// version converged under token, or the device refused it).
+func (t *twins) deltaFor(ctx context.Context, dev string, token fence.Token, rep *shadow.State) (delta map[string]any, version int64, done bool, err error) {
+	t.mu.Lock()
+	td := t.dev(dev)
+	desired, have, refused := td.desired, td.haveDesired, td.refused
+	synced := td.synced == desired.Version && td.syncedToken == token
+	t.mu.Unlock()
+	if !have || synced {
+		return nil, 0, true, nil
+	}
+	if rep == nil {
+		st, err := t.store.LastReported(ctx, dev)
+		if err != nil {
+			return nil, 0, false, err
+		}
+		rep = &st
+	}
+	delta = shadow.Delta(desired.Fields, rep.Fields)
+	t.setDelta(dev, delta)
+	if len(delta) == 0 {
+		// Converged: nothing to send (a repeated desired value costs one
+		// read).
+		t.mu.Lock()
+		td.synced, td.syncedToken = desired.Version, token
+		t.mu.Unlock()
+		return nil, desired.Version, true, nil
+	}
+	if desired.Version != 0 && desired.Version == refused {
+		return nil, desired.Version, true, nil // refused: wait for a new desired state
+	}
+	return delta, desired.Version, false, nil
+}
+
+// flushBefore pushes dev's queued reported patches before a reconcile
+// round, bounded by etcd.dial_timeout: with etcd away the worker must come
+// back to queue device reports instead of waiting in the client. stop: the
+// round must not go on (ctx ended, or fenced); !flushed: retry later.
+func (t *twins) flushBefore(ctx context.Context, dev string) (flushed, stop bool) {
+	fctx, cancel := context.WithTimeout(ctx, t.dialTimeout)
+	flushed = t.flushReported(fctx, dev)
+	cancel()
+	if flushed {
+		return true, false
+	}
+	if ctx.Err() != nil {
+		return false, true
+	}
+	if _, _, ok := t.holding(dev); !ok {
+		return false, true // fenced
+	}
+	// A device report that came meanwhile goes behind the queued patches:
+	// reports reach etcd in the order the device made them, and durably.
+	if report := t.takeReport(dev); report != nil {
+		t.queueReport(dev, report)
+	}
+	return false, false
+}
+
+// applied reports whether the device applied a twin.set (accepted or
+// duplicate). A stale verdict means a newer holder reached the device (the
+// session loop notices); any other refusal is remembered for the desired
+// version, which is not sent again until desired changes.
+func (t *twins) applied(dev string, ack *fence.Ack, version int64) bool {
+	switch ack.Verdict {
+	case fence.Accepted, fence.Duplicate:
+		return true
+	case fence.Stale:
+		return false
+	}
+	t.stats.refused.Add(1)
+	t.mu.Lock()
+	t.dev(dev).refused = version
+	t.mu.Unlock()
+	t.log.Warn("twin: device refused the desired state; not sent again until desired changes",
+		"device", dev, "token", ack.Token, "reason", ack.Reason, "verdict", ack.Verdict, "id", ack.ID, "desired_version", version)
+	return false
+}
+
+// send issues one twin.set command and returns its ack. A command not
+// acked within the command timeout stays queued: send then waits for its
+// terminal state in the outbox, so that a device that is away gets one
+// twin.set, not one per timeout.
 func (t *twins) send(ctx context.Context, dev string, body []byte) (*fence.Ack, error) {
 	ack, err := t.host.Send(ctx, dev, KindTwinSet, body)
 	if ack != nil {
