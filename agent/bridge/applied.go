@@ -133,10 +133,6 @@ func (b *Bridge) settle(p *port, j *job, res result, reason string, r *legacy.Re
 		}
 	}
 	b.ack(p.dev.ID, j.env, u.v, j.m, u.reason)
-	if b.cfg.UnsafeNoTable {
-		b.complete(p, u)
-		return
-	}
 	ticket, err := b.cfg.Table.MarkApplied(p.dev.ID, j.m)
 	if err != nil {
 		b.tableErr.Add(1)

@@ -54,6 +54,10 @@ const (
 // ErrConfig means the bridge configuration is unusable.
 var ErrConfig = errors.New("bridge: invalid config")
 
+// ErrUnsafeBuild means a test or demo switch (NoTable) was asked for in a
+// build without -tags edgefence_unsafe.
+var ErrUnsafeBuild = errors.New("bridge: unsafe switch needs a build with -tags edgefence_unsafe")
+
 // Device is one device the bridge fronts, on a serial line (Port) or, for
 // a legacy device that speaks plain MQTT (Topic), on the broker.
 type Device struct {
@@ -65,9 +69,20 @@ type Device struct {
 	Topic string
 }
 
+// Table is what the bridge needs of the gateway's fence table;
+// *fence.Table is the one a gateway runs. (A build with -tags
+// edgefence_unsafe also has NoTable, which admits everything, for the
+// demo that shows what the table prevents.)
+type Table interface {
+	Admit(ctx context.Context, env *fence.Envelope) (fence.Verdict, fence.Mark, error)
+	MarkApplied(device string, m fence.Mark) (ticket uint64, err error)
+	AwaitApplied(ctx context.Context, ticket uint64) error
+	Unapplied(device string) ([]*fence.Envelope, error)
+}
+
 // Config configures a Bridge.
 type Config struct {
-	Table   *fence.Table // the gateway's fence table (required)
+	Table   Table // the gateway's fence table (required)
 	Topics  mqtt.Topics
 	Devices []Device
 	// CommandTimeout bounds one command on the serial link, retries and
@@ -77,9 +92,6 @@ type Config struct {
 	// new commands are refused (Invalid, "busy") before admission.
 	Queue  int
 	Logger *slog.Logger
-	// UnsafeNoTable skips the fence table and forwards every command: TEST
-	// AND DEMO ONLY, to show what the table prevents.
-	UnsafeNoTable bool
 	// History, if set, records every verdict the bridge gives a command
 	// (history.OpVerdict) and every command a device answered
 	// (history.OpApplied).
@@ -164,7 +176,7 @@ type job struct {
 // New checks cfg and prepares the bridge. Register Subscriptions with the
 // MQTT client before it connects, then call Start.
 func New(cfg Config) (*Bridge, error) {
-	if cfg.Table == nil && !cfg.UnsafeNoTable {
+	if cfg.Table == nil {
 		return nil, fmt.Errorf("%w: no fence table", ErrConfig)
 	}
 	if cfg.CommandTimeout <= 0 {
@@ -191,12 +203,10 @@ func New(cfg Config) (*Bridge, error) {
 		b.devices[d.ID] = &port{dev: d, queue: make(chan *job, cfg.Queue),
 			pending: make(map[fence.Mark]*job), failed: make(map[fence.Mark]outcome)}
 	}
-	if !cfg.UnsafeNoTable {
-		if err := b.recover(); err != nil {
-			return nil, err
-		}
+	if err := b.recover(); err != nil {
+		return nil, err
 	}
-	if cfg.UnsafeNoTable {
+	if _, ok := cfg.Table.(noTable); ok {
 		b.log.Warn("UNSAFE: the fence table is off; every command reaches the devices (tests and demos only)")
 	}
 	return b, nil
@@ -321,19 +331,16 @@ func (b *Bridge) onCommand(msg mqtt.Message) {
 		b.refuse(dev, env, fence.Invalid, fence.Mark{}, "busy: too many commands waiting for the device; not admitted")
 		return
 	}
-	v, m := fence.Accepted, fence.Mark{Token: env.Token, Seq: env.Seq}
-	if !b.cfg.UnsafeNoTable {
-		v, m, err = b.cfg.Table.Admit(context.Background(), env)
-		if v == fence.Invalid {
-			b.refuse(dev, env, fence.Invalid, m, err.Error())
-			return
-		}
-		if err != nil {
-			b.tableErr.Add(1)
-			b.log.Error("fence table", "device", dev, "err", err)
-			b.refuse(dev, env, fence.Invalid, m, "fence table: "+err.Error())
-			return
-		}
+	v, m, err := b.cfg.Table.Admit(context.Background(), env)
+	if v == fence.Invalid {
+		b.refuse(dev, env, fence.Invalid, m, err.Error())
+		return
+	}
+	if err != nil {
+		b.tableErr.Add(1)
+		b.log.Error("fence table", "device", dev, "err", err)
+		b.refuse(dev, env, fence.Invalid, m, "fence table: "+err.Error())
+		return
 	}
 	if v == fence.Duplicate && b.resent(p, env) {
 		return // answered with the outcome of the command it repeats

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"sync"
@@ -125,14 +126,17 @@ func closeCtx(f func(context.Context) error) {
 func (r *rig) startBridge(tablePath string, unsafe bool) (*Bridge, func()) {
 	t := r.t
 	t.Helper()
-	var tbl *fence.Table
-	if !unsafe {
-		var err error
-		if tbl, err = fence.OpenTable(tablePath, nil); err != nil {
-			t.Fatal(err)
-		}
+	var tbl Table
+	var err error
+	if unsafe {
+		tbl, err = NoTable()
+	} else {
+		tbl, err = fence.OpenTable(tablePath, nil)
 	}
-	return r.startBridgeWith(Config{Table: tbl, UnsafeNoTable: unsafe})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r.startBridgeWith(Config{Table: tbl})
 }
 
 // startBridgeWith runs a bridge for plc-1 configured by cfg (Topics,
@@ -166,8 +170,8 @@ func (r *rig) startBridgeWith(cfg Config) (*Bridge, func()) {
 		once.Do(func() {
 			br.Close()
 			closeCtx(c.Close)
-			if tbl != nil {
-				tbl.Close()
+			if c, ok := tbl.(io.Closer); ok {
+				c.Close()
 			}
 		})
 	}

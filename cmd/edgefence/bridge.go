@@ -48,12 +48,19 @@ func openBridge(cfg *agent.Config, log *slog.Logger) (*bridge.Bridge, *fence.Tab
 	if err := os.MkdirAll(cfg.StateDir, 0o750); err != nil {
 		return nil, nil, nil, fmt.Errorf("state dir: %w", err)
 	}
-	unsafe := failpoint("no-fence-table")
+	// The table the bridge admits through: the gateway's, or in a test or
+	// demo build with the no-fence-table failpoint, none.
 	var tbl *fence.Table
-	if !unsafe {
+	var admit bridge.Table
+	if failpoint("no-fence-table") {
+		if admit, err = bridge.NoTable(); err != nil {
+			return nil, nil, nil, err
+		}
+	} else {
 		if tbl, err = fence.OpenTable(filepath.Join(cfg.StateDir, fence.TableFile), nil); err != nil {
 			return nil, nil, nil, err
 		}
+		admit = tbl
 	}
 	// EDGEFENCE_HISTORY=<file> records the bridge's verdicts and applied
 	// commands (fence/history), for tests and audits; the config file has
@@ -67,8 +74,8 @@ func openBridge(cfg *agent.Config, log *slog.Logger) (*bridge.Bridge, *fence.Tab
 			return nil, nil, nil, fmt.Errorf("%s: %w", historyEnv, err)
 		}
 	}
-	br, err := bridge.New(bridge.Config{Table: tbl, Topics: mqtt.Topics{Prefix: cfg.MQTT.Prefix}, Devices: devs,
-		Logger: log.With("component", "bridge"), UnsafeNoTable: unsafe, History: hist})
+	br, err := bridge.New(bridge.Config{Table: admit, Topics: mqtt.Topics{Prefix: cfg.MQTT.Prefix}, Devices: devs,
+		Logger: log.With("component", "bridge"), History: hist})
 	if err != nil {
 		hist.Close()
 		if tbl != nil {

@@ -1,0 +1,31 @@
+package bridge
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/edgefence/edgefence/fence"
+)
+
+// NoTable returns a Table that admits every command and remembers
+// nothing: the bridge then forwards stale and repeated commands to the
+// device. TEST AND DEMO ONLY, to show what the fence table prevents; only a
+// build with -tags edgefence_unsafe has it (ErrUnsafeBuild otherwise).
+func NoTable() (Table, error) {
+	if !unsafeBuild {
+		return nil, fmt.Errorf("%w: NoTable", ErrUnsafeBuild)
+	}
+	return noTable{}, nil
+}
+
+type noTable struct{}
+
+func (noTable) Admit(_ context.Context, env *fence.Envelope) (fence.Verdict, fence.Mark, error) {
+	if err := env.Validate(); err != nil {
+		return fence.Invalid, fence.Mark{}, err
+	}
+	return fence.Accepted, fence.Mark{Token: env.Token, Seq: env.Seq}, nil
+}
+func (noTable) MarkApplied(string, fence.Mark) (uint64, error) { return 0, nil }
+func (noTable) AwaitApplied(context.Context, uint64) error     { return nil }
+func (noTable) Unapplied(string) ([]*fence.Envelope, error)    { return nil, nil }
