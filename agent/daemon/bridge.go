@@ -1,4 +1,4 @@
-package main
+package daemon
 
 import (
 	"fmt"
@@ -40,7 +40,7 @@ func bridgeDevices(cfg *agent.Config) ([]bridge.Device, error) {
 // openBridge opens the fence table and prepares the bridge when this
 // gateway is home for `fence: gateway` devices. The returned func closes
 // both; it is safe to call twice.
-func openBridge(cfg *agent.Config, log *slog.Logger) (*bridge.Bridge, *fence.Table, func(), error) {
+func openBridge(cfg *agent.Config, log *slog.Logger, o Options) (*bridge.Bridge, *fence.Table, func(), error) {
 	devs, err := bridgeDevices(cfg)
 	if err != nil || len(devs) == 0 {
 		return nil, nil, func() {}, err
@@ -48,23 +48,20 @@ func openBridge(cfg *agent.Config, log *slog.Logger) (*bridge.Bridge, *fence.Tab
 	if err := os.MkdirAll(cfg.StateDir, 0o750); err != nil {
 		return nil, nil, nil, fmt.Errorf("state dir: %w", err)
 	}
-	unsafe := failpoint("no-fence-table")
+	unsafe := o.UnsafeNoFenceTable
 	var tbl *fence.Table
 	if !unsafe {
 		if tbl, err = fence.OpenTable(filepath.Join(cfg.StateDir, fence.TableFile), nil); err != nil {
 			return nil, nil, nil, err
 		}
 	}
-	// EDGEFENCE_HISTORY=<file> records the bridge's verdicts and applied
-	// commands (fence/history), for tests and audits; the config file has
-	// no key for it yet.
 	var hist *history.Writer
-	if path := os.Getenv(historyEnv); path != "" {
-		if hist, err = history.Create(path, "table:"+cfg.Gateway); err != nil {
+	if o.BridgeHistoryPath != "" {
+		if hist, err = history.Create(o.BridgeHistoryPath, "table:"+cfg.Gateway); err != nil {
 			if tbl != nil {
 				tbl.Close()
 			}
-			return nil, nil, nil, fmt.Errorf("%s: %w", historyEnv, err)
+			return nil, nil, nil, fmt.Errorf("bridge history: %w", err)
 		}
 	}
 	br, err := bridge.New(bridge.Config{Table: tbl, Topics: mqtt.Topics{Prefix: cfg.MQTT.Prefix}, Devices: devs,
@@ -87,6 +84,3 @@ func openBridge(cfg *agent.Config, log *slog.Logger) (*bridge.Bridge, *fence.Tab
 		})
 	}, nil
 }
-
-// historyEnv names the file the bridge records its history in.
-const historyEnv = "EDGEFENCE_HISTORY"
