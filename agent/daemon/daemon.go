@@ -104,10 +104,23 @@ func New(ctx context.Context, cfg *agent.Config, o Options) (_ *Daemon, err erro
 			d.close()
 		}
 	}()
+	ecfg, err := EtcdClientConfig(c.Etcd)
+	if err != nil {
+		return nil, err
+	}
+	if o.EtcdClient != nil {
+		o.EtcdClient(&ecfg)
+	}
+	// A TLS handshake etcd refuses never heals by retrying: say which
+	// files are wrong and stop, as for a refused password, before
+	// anything is opened.
+	if err := CheckEtcdTLS(ctx, ecfg); err != nil {
+		return nil, err
+	}
 	if err := d.openLocal(); err != nil {
 		return nil, err
 	}
-	if err := d.openClients(ctx); err != nil {
+	if err := d.openClients(ctx, ecfg); err != nil {
 		return nil, err
 	}
 	if err := d.newAgent(); err != nil {
@@ -163,22 +176,11 @@ func (d *Daemon) openLocal() error {
 	return nil
 }
 
-// openClients makes the etcd client and the MQTT commander, and starts the
-// bridge on the commander's client.
-func (d *Daemon) openClients(ctx context.Context) error {
+// openClients makes the etcd client (of ecfg) and the MQTT commander, and
+// starts the bridge on the commander's client.
+func (d *Daemon) openClients(ctx context.Context, ecfg clientv3.Config) error {
 	cfg, log := d.cfg, d.log
-	ecfg, err := EtcdClientConfig(cfg.Etcd)
-	if err != nil {
-		return err
-	}
-	if d.o.EtcdClient != nil {
-		d.o.EtcdClient(&ecfg)
-	}
-	// A TLS handshake etcd refuses never heals by retrying: say which
-	// files are wrong and stop, as for a refused password.
-	if err := CheckEtcdTLS(ctx, ecfg); err != nil {
-		return err
-	}
+	var err error
 	// With etcd auth the client cannot exist before etcd answers (it
 	// authenticates in clientv3.New), so the agent cannot start offline.
 	// Tell systemd why the start takes long and keep it from timing the

@@ -1,11 +1,11 @@
 // Package daemon is the agent's composition root: what `edgefence run`
 // runs, and what the sandbox and the benchmarks build the agent through.
 //
-// New(ctx, cfg, Options) opens and owns, in this order: the API socket
-// (claimed first, so a second agent on the same config fails before it
-// campaigns), the fence table and bridge (home gateway only), the outbox,
-// the history files, the twin cache, the etcd client (checking its TLS
-// first; with etcd auth it waits for etcd until ctx ends), the MQTT
+// New(ctx, cfg, Options) checks etcd's TLS handshake, then opens and owns,
+// in this order: the API socket (claimed first, so a second agent on the
+// same config fails before it campaigns), the fence table and bridge (home
+// gateway only), the outbox, the history files, the twin cache, the etcd
+// client (with etcd auth it waits for etcd until ctx ends), the MQTT
 // commander (the bridge's command topics subscribed before it connects)
 // and the agent, whose Sender is the commander. The devices' state
 // reports are subscribed on the running client once the agent exists, so
