@@ -85,8 +85,9 @@ type Daemon struct {
 }
 
 // New opens the daemon's state and clients for cfg and builds its agent; it
-// starts nothing: Run does. It blocks only while etcd authentication waits
-// for etcd (until ctx ends). On an error everything opened is closed again.
+// starts nothing: Run does. It blocks for the etcd TLS check (at most
+// etcd.dial_timeout) and, with etcd auth, until etcd answers or ctx ends.
+// On an error everything opened is closed again.
 func New(ctx context.Context, cfg *agent.Config, o Options) (_ *Daemon, err error) {
 	c := *cfg
 	if err := c.Validate(); err != nil {
