@@ -30,7 +30,6 @@ type longFunc struct {
 // fails when a function not on it is longer, when a listed one grows, and
 // when a listed one is gone or down to maxFuncLines (take it off then).
 var longFuncs = map[string]longFunc{
-	"cmd/edgefence.cmdRun":                       {292, "the composition root: moves to a daemon package (lead)"},
 	"cmd/edgefence-bench.run":                    {265, "flag parsing and dispatch of every benchmark: one function per subcommand to come"},
 	"cmd/edgefence-bench.runTwins":               {254, "wires its own agent and twins: to build through the daemon constructor"},
 	"cmd/edgefence-bench.measureAgentRSS":        {214, "starts one agent per fleet size and samples it: to build through the daemon constructor"},
@@ -45,9 +44,7 @@ var longFuncs = map[string]longFunc{
 	"cmd/edgefence-devsim.run":                   {97, "flags and wiring of the device simulator: not split yet"},
 	"cmd/edgefence-chaos.run":                    {92, "flags and wiring of the chaos rounds: not split yet"},
 	"devices/sandbox/chaos.(*round).injectFault": {91, "one switch over the fault kinds: the harness moves under internal/"},
-	"cmd/edgefence-bench.newRTWorld":             {89, "wires its own agent: to build through the daemon constructor"},
 	"agent.(*Agent).install":                     {88, "installing a lock as a controller: split with the Agent (lead)"},
-	"cmd/edgefence-bench.printTwins":             {85, "one Markdown report of many tables: not split yet"},
 	"agent.(*Agent).campaign":                    {83, "the campaign loop: split with the Agent (lead)"},
 }
 

@@ -7,10 +7,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/edgefence/edgefence/agent"
+	"github.com/edgefence/edgefence/agent/daemon"
 	"github.com/edgefence/edgefence/devices/sandbox"
 	"github.com/edgefence/edgefence/devices/sim"
 	"github.com/edgefence/edgefence/fence"
@@ -63,15 +65,15 @@ func startEtcd(ctx context.Context, dir string) (*sandbox.Etcd, error) {
 	return sandbox.StartEtcd(ctx, sandbox.EtcdConfig{Dir: d, Fast: true})
 }
 
-// dupSender wraps the agent's real Sender. While dup is set it rewrites every
-// envelope's seq to 1, which the device has already accepted under the
+// dupSender wraps the agent's MQTT Commander. While dup is set it rewrites
+// every envelope's seq to 1, which the device has already accepted under the
 // current token: the fence point answers Duplicate without writing (no
 // fsync, no state change, no state publish). Everything else on the path —
-// agent.Send, the Commander, the broker, the device's decode and admit, the
-// ack — is unchanged. It is how the benchmarks isolate the fsync.
+// agent.Send, the outbox, the Commander, the broker, the device's decode and
+// admit, the ack — is unchanged. It is how the benchmarks isolate the fsync.
 type dupSender struct {
-	next agent.Sender
-	dup  atomic.Bool
+	*mqtt.Commander
+	dup atomic.Bool
 }
 
 func (s *dupSender) Send(ctx context.Context, env *fence.Envelope) (*fence.Ack, error) {
@@ -80,14 +82,45 @@ func (s *dupSender) Send(ctx context.Context, env *fence.Envelope) (*fence.Ack, 
 		e.Seq = 1
 		env = &e
 	}
-	return s.next.Send(ctx, env)
+	return s.Commander.Send(ctx, env)
 }
 
-// nopSender is the Sender of agents that never send (lock benchmarks).
-type nopSender struct{}
+// agentConfig is the config of an in-process bench agent on devs: etcd
+// under a prefix of its own, the broker at brokerURL, its state and API
+// socket in dir (keep dir short: a socket path has at most 107 bytes).
+func agentConfig(gateway, dir string, etcd *sandbox.Etcd, brokerURL string, devs []string) *agent.Config {
+	c := &agent.Config{Gateway: gateway, StateDir: dir,
+		Etcd:    agent.EtcdConfig{Endpoints: etcd.Endpoints(), Prefix: fmt.Sprintf("/bench/%s-%d", gateway, time.Now().UnixNano()), LeaseTTL: 10 * time.Second},
+		MQTT:    agent.MQTTConfig{Brokers: []string{brokerURL}, ClientID: gateway},
+		API:     agent.APIConfig{Socket: filepath.Join(dir, "api.sock")},
+		Command: agent.CommandConfig{Timeout: 10 * time.Second}}
+	for _, d := range devs {
+		c.Devices = append(c.Devices, agent.DeviceConfig{ID: d})
+	}
+	return c
+}
 
-func (nopSender) Send(context.Context, *fence.Envelope) (*fence.Ack, error) {
-	return nil, fmt.Errorf("nopSender: sending is not part of this benchmark")
+// benchAgent is an in-process agent built and run as `edgefence run` runs
+// it (agent/daemon: outbox, API socket, MQTT commander, systemd notifier).
+type benchAgent struct {
+	*agent.Agent
+	started time.Time    // when Run was started (after daemon.New)
+	stop    func() error // ends Run and waits for it; safe to call twice
+}
+
+// startAgent builds cfg's daemon with o (systemd notifications off) and
+// runs it until stop.
+func startAgent(ctx context.Context, cfg *agent.Config, o daemon.Options) (*benchAgent, error) {
+	o.Notify = func(string) error { return nil }
+	d, err := daemon.New(ctx, cfg, o)
+	if err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
+	rctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	started := time.Now()
+	go func() { done <- d.Run(rctx) }()
+	return &benchAgent{Agent: d.Agent(), started: started, stop: sync.OnceValue(func() error { cancel(); return <-done })}, nil
 }
 
 // deviceIDs returns n device ids prefix000, prefix001, ...

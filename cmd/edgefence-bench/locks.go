@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -12,7 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 
-	"github.com/edgefence/edgefence/agent"
+	"github.com/edgefence/edgefence/agent/daemon"
 	"github.com/edgefence/edgefence/devices/sandbox"
 )
 
@@ -20,6 +21,7 @@ import (
 type locksConfig struct {
 	N    int // devices
 	Runs int
+	Dir  string
 	Log  io.Writer
 }
 
@@ -45,11 +47,18 @@ func runLocks(ctx context.Context, etcd *sandbox.Etcd, cfg locksConfig) (*locksR
 		return nil, err
 	}
 	defer cli.Close()
+	// The agent's broker: it subscribes to the devices' ack topics, as in
+	// production, while it campaigns.
+	br, err := sandbox.StartBroker(sandbox.BrokerConfig{})
+	if err != nil {
+		return nil, err
+	}
+	defer br.Close()
 	res := &locksResult{N: cfg.N, Times: map[string][]time.Duration{}}
 	fmt.Fprintf(cfg.Log, "locks: %d devices, %d runs\n", cfg.N, cfg.Runs)
 	for r := range cfg.Runs {
 		// The variants take turns within each run.
-		acq, rel, err := agentAcquire(ctx, etcd, cfg.N, r)
+		acq, rel, err := agentAcquire(ctx, etcd, br.URL(), filepath.Join(cfg.Dir, fmt.Sprintf("locks-%d", r)), cfg.N)
 		if err != nil {
 			return nil, err
 		}
@@ -92,30 +101,20 @@ func (h *heldCounter) Handle(_ context.Context, r slog.Record) error {
 func (h *heldCounter) WithAttrs([]slog.Attr) slog.Handler { return h }
 func (h *heldCounter) WithGroup(string) slog.Handler      { return h }
 
-// agentAcquire runs a fresh agent for n devices and returns the time from
-// Run's start to the last device held, and the time its clean shutdown took.
-func agentAcquire(ctx context.Context, etcd *sandbox.Etcd, n, run int) (acquire, release time.Duration, err error) {
-	cli, err := etcd.Client()
-	if err != nil {
-		return 0, 0, err
-	}
-	defer cli.Close()
-	cfg := &agent.Config{Gateway: "bench-locks",
-		Etcd:    agent.EtcdConfig{Endpoints: etcd.Endpoints(), Prefix: fmt.Sprintf("/bench/locks/agent-%d-%d", run, time.Now().UnixNano()), LeaseTTL: 10 * time.Second},
-		MQTT:    agent.MQTTConfig{Brokers: []string{"mqtt://127.0.0.1:1"}},
-		Command: agent.CommandConfig{Timeout: time.Second}}
-	for _, d := range deviceIDs("dev-", n) {
-		cfg.Devices = append(cfg.Devices, agent.DeviceConfig{ID: d})
-	}
+// agentAcquire runs a fresh agent for n devices (agent/daemon, its state
+// in dir) and returns the time from Run's start to the last device held,
+// and the time its clean shutdown took (locks released, lease revoked,
+// everything closed).
+func agentAcquire(ctx context.Context, etcd *sandbox.Etcd, brokerURL, dir string, n int) (acquire, release time.Duration, err error) {
+	cfg := agentConfig("bench-locks", dir, etcd, brokerURL, deviceIDs("dev-", n))
+	cfg.Command.Timeout = time.Second
 	hc := &heldCounter{n: int64(n), all: make(chan struct{})}
-	a, err := agent.New(cfg, cli, nopSender{}, agent.Options{Logger: slog.New(hc)})
+	a, err := startAgent(ctx, cfg, daemon.Options{Logger: slog.New(hc)})
 	if err != nil {
 		return 0, 0, err
 	}
-	actx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	start := time.Now()
-	go func() { defer close(done); _ = a.Run(actx) }()
+	defer func() { _ = a.stop() }()
+	start := a.started
 
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
@@ -133,19 +132,16 @@ wait:
 				break wait
 			}
 		case <-limit:
-			cancel()
-			<-done
 			return 0, 0, fmt.Errorf("agent holds %d of %d devices after 60s", a.Status().Counters.Acquired, n)
 		}
 	}
 	if got := a.Status().Counters.Acquired; got != uint64(n) {
-		cancel()
-		<-done
 		return 0, 0, fmt.Errorf("agent acquired %d locks, want %d", got, n)
 	}
 	t0 := time.Now()
-	cancel()
-	<-done
+	if err := a.stop(); err != nil {
+		return 0, 0, err
+	}
 	return acquire, time.Since(t0), nil
 }
 

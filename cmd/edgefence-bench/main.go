@@ -25,13 +25,15 @@
 //	           (SIGSTOP) or stopped cleanly (SIGTERM) under load, and the
 //	           time until the other one's first accepted command is
 //	           measured per lease_ttl
-//	twins      the twin reconciler, in process (agent with outbox
-//	           and twin cache, mochi, sim.Fleet): desired put → twin.set
+//	twins      the twin reconciler, in process (agent with outbox, twin
+//	           cache and state reports, mochi, sim.Fleet): desired put → twin.set
 //	           accepted → reported written, p50/p99 for 1 and 100 devices
 //	           changing at once beside bare etcd put → watch; updates/s for
 //	           1,000 devices on one agent; etcd requests per twin update
 //
 // replay, failover and twins are not part of all (they take minutes).
+// roundtrip, locks, replay and twins run the agent in process, built and
+// run by agent/daemon as `edgefence run` builds it (outbox included).
 //
 // Usage (from the module root, so that rss and failover can build the
 // binaries):
@@ -102,8 +104,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		twSizes  = fs.String("twin-sizes", "1,100", "twins: devices changing at once in the latency rounds, comma-separated (at most --devices)")
 		twRuns   = fs.Int("twin-runs", 3, "twins: throughput runs (0: none)")
 		changes  = fs.Int("changes", 1, "twins: desired changes per device per throughput run (a stream; only the last must show in reported)")
-		reports  = fs.Bool("reports", true, "twins: wire the devices' state reports to agent.DeviceState, as edgefence run does")
-		twCache  = fs.Bool("twin-cache", true, "twins: give the agent a twin cache (Options.TwinCache), as edgefence run does")
 		twFleets = fs.Int("twin-fleets", 1, "twins: split the devices over this many sim.Fleets (an MQTT client + bbolt file each, commands handled one at a time per fleet)")
 		backlog  = fs.Int("backlog", 10000, "replay: commands queued while the broker is down")
 		cmdTO    = fs.Duration("cmd-timeout", 10*time.Second, "replay: the agent's command timeout (command.timeout)")
@@ -279,7 +279,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	if what == "locks" || all {
-		res, err := runLocks(ctx, etcd, locksConfig{N: *devices, Runs: *runs, Log: stderr})
+		res, err := runLocks(ctx, etcd, locksConfig{N: *devices, Runs: *runs, Dir: dir, Log: stderr})
 		if err != nil {
 			fail(err)
 		} else {
@@ -336,7 +336,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	if what == "twins" {
 		res, err := runTwins(ctx, etcd, twinsConfig{Sizes: twSizeList, Rounds: *runs, Devices: *devices, Changes: *changes,
-			TPRuns: *twRuns, Reports: *reports, Cache: *twCache, Fleets: *twFleets, Dir: dir, Log: stderr})
+			TPRuns: *twRuns, Fleets: *twFleets, Dir: dir, Log: stderr})
 		if res != nil && (len(res.Lat) > 0 || len(res.TP) > 0) {
 			printTwins(stdout, res)
 		}
@@ -481,7 +481,7 @@ func printRoundTrip(w io.Writer, results []*rtResult) {
 		hacc, ok5 := r.row(pathHostAcc, 1)
 		hdup, ok6 := r.row(pathHostDup, 1)
 		if ok2 && ok3 && ok4 && ok5 && ok6 {
-			fmt.Fprintf(w, "- p50 decomposition: bare 2 hops %s µs; + agent, Commander and shim decode/admit (duplicate − 2 hops) %s µs; "+
+			fmt.Fprintf(w, "- p50 decomposition: bare 2 hops %s µs; + agent (its outbox included), Commander and shim decode/admit (duplicate − 2 hops) %s µs; "+
 				"+ commit and state publish (accepted − duplicate) %s µs, of which Host.Handle's commit alone (accepted − duplicate) %s µs\n",
 				us(echo.S.P50), us(dup.S.P50-echo.S.P50), us(acc.S.P50-dup.S.P50), us(hacc.S.P50-hdup.S.P50))
 		}

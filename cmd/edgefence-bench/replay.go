@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/edgefence/edgefence/agent"
+	"github.com/edgefence/edgefence/agent/daemon"
 	"github.com/edgefence/edgefence/devices/sandbox"
 	"github.com/edgefence/edgefence/devices/sim"
 	"github.com/edgefence/edgefence/fence"
@@ -103,8 +104,8 @@ func replayOnce(ctx context.Context, etcd *sandbox.Etcd, cfg replayConfig, dir s
 	devs := deviceIDs("rp-", cfg.Devices)
 	topics := mqtt.Topics{Prefix: "replay"}
 	// The MQTT clients reconnect with the transport's default backoff, as
-	// the agent and devices do in production; a fresh session each, since
-	// the sandbox broker keeps none across a restart anyway.
+	// the agent and devices do in production; the devices with a fresh
+	// session (the sandbox broker keeps none across a restart anyway).
 	fresh := mqtt.Config{CleanStart: true, SessionExpiry: -1}
 	fleet, err := sim.NewFleet(ctx, sim.FleetConfig{Devices: devs, DataDir: filepath.Join(dir, "devices"), Broker: br.URL(),
 		Prefix: topics.Prefix, ClientID: "bench-replay-fleet-" + filepath.Base(dir), MQTT: fresh})
@@ -115,47 +116,25 @@ func replayOnce(ctx context.Context, etcd *sandbox.Etcd, cfg replayConfig, dir s
 	if err := awaitCtx(ctx, 10*time.Second, fleet.AwaitReady); err != nil {
 		return run, fmt.Errorf("fleet: %w", err)
 	}
-	mc := fresh
-	mc.Brokers, mc.ClientID = []string{br.URL()}, "bench-replay-agent-"+filepath.Base(dir)
-	cmdr, err := mqtt.NewCommander(context.Background(), mc, topics, devs)
+	// The agent as `edgefence run` builds it (agent/daemon), its outbox
+	// limits raised to hold the backlog whatever its spread.
+	acfg := agentConfig("bench-replay-"+filepath.Base(dir), filepath.Join(dir, "agent"), etcd, br.URL(), devs)
+	acfg.MQTT.Prefix, acfg.Command.Timeout = topics.Prefix, cfg.Timeout
+	acfg.Outbox = agent.OutboxConfig{MaxPerDevice: max(cfg.Backlog, offline.DefaultMaxPerDevice), MaxTotal: max(cfg.Backlog, offline.DefaultMaxTotal),
+		MaxBytesPerDevice: 1 << 30, MaxTotalBytes: 1 << 30}
+	var sender *ackLog
+	ag, err := startAgent(ctx, acfg, daemon.Options{Sender: func(c *mqtt.Commander) agent.Sender {
+		sender = &ackLog{Commander: c}
+		return sender
+	}})
 	if err != nil {
 		return run, err
 	}
-	defer closeCtx(cmdr.Close)
+	defer func() { _ = ag.stop() }()
+	cmdr := sender.Commander
 	if err := awaitCtx(ctx, 10*time.Second, cmdr.Client().AwaitSubscribed); err != nil {
 		return run, fmt.Errorf("commander: %w", err)
 	}
-	sender := &ackLog{Commander: cmdr}
-
-	// The outbox as `edgefence run` opens it, with limits raised to hold the
-	// backlog whatever its spread.
-	ob, err := offline.Open(filepath.Join(dir, offline.File), &offline.Options{
-		MaxPerDevice: max(cfg.Backlog, offline.DefaultMaxPerDevice), MaxTotal: max(cfg.Backlog, offline.DefaultMaxTotal),
-		MaxBytesPerDevice: 1 << 30, MaxTotalBytes: 1 << 30})
-	if err != nil {
-		return run, err
-	}
-	defer ob.Close()
-	acfg := &agent.Config{Gateway: "bench-replay",
-		Etcd:    agent.EtcdConfig{Endpoints: etcd.Endpoints(), Prefix: fmt.Sprintf("/bench/replay-%d", time.Now().UnixNano()), LeaseTTL: 10 * time.Second},
-		MQTT:    agent.MQTTConfig{Brokers: []string{br.URL()}, Prefix: topics.Prefix},
-		Command: agent.CommandConfig{Timeout: cfg.Timeout}}
-	for _, d := range devs {
-		acfg.Devices = append(acfg.Devices, agent.DeviceConfig{ID: d})
-	}
-	cli, err := etcd.Client()
-	if err != nil {
-		return run, err
-	}
-	defer cli.Close()
-	ag, err := agent.New(acfg, cli, sender, agent.Options{Outbox: ob})
-	if err != nil {
-		return run, err
-	}
-	actx, cancel := context.WithCancel(context.Background())
-	agDone := make(chan struct{})
-	go func() { defer close(agDone); _ = ag.Run(actx) }()
-	defer func() { cancel(); <-agDone }()
 	if err := waitHoldingAll(ctx, ag, len(devs), 30*time.Second); err != nil {
 		return run, err
 	}
@@ -253,6 +232,15 @@ func replayOnce(ctx context.Context, etcd *sandbox.Etcd, cfg replayConfig, dir s
 	if d := run.Done - run.FirstAccepted; d > 0 {
 		run.ReplayRate = float64(cfg.Backlog) / d.Seconds()
 	}
+	// The outbox's records, read once the agent has closed it.
+	if err := ag.stop(); err != nil {
+		return run, err
+	}
+	ob, err := offline.Open(filepath.Join(acfg.StateDir, offline.File), &offline.Options{ReadOnly: true})
+	if err != nil {
+		return run, err
+	}
+	defer ob.Close()
 	if run.Verdicts, err = checkReplay(ob, fleet, sender, devs, cfg.Backlog); err != nil {
 		run.Check = err.Error()
 		fmt.Fprintln(cfg.Log, "replay:", err)

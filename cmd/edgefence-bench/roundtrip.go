@@ -17,6 +17,7 @@ import (
 	"github.com/eclipse/paho.golang/paho"
 
 	"github.com/edgefence/edgefence/agent"
+	"github.com/edgefence/edgefence/agent/daemon"
 	"github.com/edgefence/edgefence/devices/sandbox"
 	"github.com/edgefence/edgefence/devices/sim"
 	"github.com/edgefence/edgefence/fence"
@@ -80,10 +81,8 @@ type rtWorld struct {
 	broker  *broker
 	devices []string
 	fleets  []*sim.Fleet
-	cmdr    *mqtt.Commander
 	sender  *dupSender
-	ag      *agent.Agent
-	stopAg  func()
+	ag      *benchAgent
 	bare    *bareEcho
 	host    *hostOnly
 }
@@ -149,35 +148,19 @@ func newRTWorld(ctx context.Context, etcd *sandbox.Etcd, name, dir string, fleet
 		}
 	}
 
-	// The agent: a real agent.Agent with the MQTT Commander as its Sender.
-	mc := fresh
-	mc.Brokers, mc.ClientID = []string{w.broker.url}, "bench-agent-"+name
-	if w.cmdr, err = mqtt.NewCommander(context.Background(), mc, topics, w.devices); err != nil {
+	// The agent, built and run as `edgefence run` runs it (agent/daemon):
+	// every command goes through the outbox (fsync) to the MQTT Commander.
+	acfg := agentConfig("bench-agent-"+name, filepath.Join(dir, "agent"), etcd, w.broker.url, w.devices)
+	acfg.MQTT.Prefix = topics.Prefix
+	if w.ag, err = startAgent(ctx, acfg, daemon.Options{Sender: func(c *mqtt.Commander) agent.Sender {
+		w.sender = &dupSender{Commander: c}
+		return w.sender
+	}}); err != nil {
 		return nil, err
 	}
-	if err := awaitCtx(ctx, 10*time.Second, w.cmdr.Client().AwaitSubscribed); err != nil {
+	if err := awaitCtx(ctx, 10*time.Second, w.sender.Client().AwaitSubscribed); err != nil {
 		return nil, fmt.Errorf("commander: %w", err)
 	}
-	w.sender = &dupSender{next: w.cmdr}
-	acfg := &agent.Config{Gateway: "bench-gw",
-		Etcd:    agent.EtcdConfig{Endpoints: etcd.Endpoints(), Prefix: fmt.Sprintf("/bench/rt-%s-%d", name, time.Now().UnixNano()), LeaseTTL: 10 * time.Second},
-		MQTT:    agent.MQTTConfig{Brokers: []string{w.broker.url}, Prefix: topics.Prefix},
-		Command: agent.CommandConfig{Timeout: 10 * time.Second}}
-	for _, d := range w.devices {
-		acfg.Devices = append(acfg.Devices, agent.DeviceConfig{ID: d})
-	}
-	cli, err := etcd.Client()
-	if err != nil {
-		return nil, err
-	}
-	if w.ag, err = agent.New(acfg, cli, w.sender, agent.Options{}); err != nil {
-		cli.Close()
-		return nil, err
-	}
-	actx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = w.ag.Run(actx) }()
-	w.stopAg = func() { cancel(); <-done; cli.Close() }
 	if err := waitHoldingAll(ctx, w.ag, len(w.devices), 30*time.Second); err != nil {
 		return nil, err
 	}
@@ -208,14 +191,11 @@ func (w *rtWorld) close() {
 	if w.bare != nil {
 		w.bare.close()
 	}
-	if w.stopAg != nil {
-		w.stopAg()
+	if w.ag != nil {
+		_ = w.ag.stop()
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if w.cmdr != nil {
-		_ = w.cmdr.Close(ctx)
-	}
 	for _, f := range w.fleets {
 		_ = f.Close(ctx)
 	}
@@ -395,7 +375,7 @@ func sampleSizes(dev string) (env, ack []byte, err error) {
 }
 
 // waitHoldingAll waits until ag holds n devices.
-func waitHoldingAll(ctx context.Context, ag *agent.Agent, n int, limit time.Duration) error {
+func waitHoldingAll(ctx context.Context, ag *benchAgent, n int, limit time.Duration) error {
 	deadline := time.Now().Add(limit)
 	for ag.Status().Counters.Acquired < uint64(n) {
 		if time.Now().After(deadline) || ctx.Err() != nil {

@@ -15,14 +15,13 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
 	"github.com/edgefence/edgefence/agent"
+	"github.com/edgefence/edgefence/agent/daemon"
 	"github.com/edgefence/edgefence/devices/sandbox"
 	"github.com/edgefence/edgefence/devices/sim"
 	"github.com/edgefence/edgefence/fence"
-	"github.com/edgefence/edgefence/offline"
 	"github.com/edgefence/edgefence/shadow"
 	"github.com/edgefence/edgefence/transport/mqtt"
 )
@@ -34,8 +33,6 @@ type twinsConfig struct {
 	Devices int   // devices on the agent; all change at once in the throughput runs
 	Changes int   // desired changes per device per throughput run (a stream)
 	TPRuns  int   // throughput runs
-	Reports bool  // wire device state reports (MQTT state topic) to agent.DeviceState, as `edgefence run` does
-	Cache   bool  // give the agent a twin cache (Options.TwinCache), as `edgefence run` does
 	Fleets  int   // sim.Fleets the devices are split over (device i on fleet i mod Fleets)
 	Dir     string
 	Log     io.Writer
@@ -293,8 +290,6 @@ type twinTPRun struct {
 
 type twinsResult struct {
 	Devices int
-	Reports bool
-	Cache   bool
 	Fleets  int
 	Held    time.Duration
 	Lat     []twinLatRow
@@ -302,7 +297,7 @@ type twinsResult struct {
 }
 
 func runTwins(ctx context.Context, etcd *sandbox.Etcd, cfg twinsConfig) (*twinsResult, error) {
-	res := &twinsResult{Devices: cfg.Devices, Reports: cfg.Reports, Cache: cfg.Cache}
+	res := &twinsResult{Devices: cfg.Devices}
 	nf := min(max(cfg.Fleets, 1), cfg.Devices)
 	res.Fleets = nf
 	dir := filepath.Join(cfg.Dir, "twins")
@@ -343,84 +338,40 @@ func runTwins(ctx context.Context, etcd *sandbox.Etcd, cfg twinsConfig) (*twinsR
 
 	prefix := fmt.Sprintf("/bench/twins-%d", time.Now().UnixNano())
 	obs := newTwinObserver()
-	var ag atomic.Pointer[agent.Agent]
-	mc := fresh
-	mc.Brokers, mc.ClientID = []string{br.URL()}, "bench-twins-agent"
-	if cfg.Reports {
-		// As `edgefence run` wires it (cmd/edgefence/runcmd.go).
-		mc.Subscriptions = append(mc.Subscriptions, mqtt.Subscription{Filter: topics.State("+"), Handler: func(m mqtt.Message) {
-			dev, leaf, ok := topics.Parse(m.Topic)
-			a := ag.Load()
-			if !ok || leaf != mqtt.LeafState || a == nil {
-				return
-			}
-			fields, err := shadow.DecodeCBOR(m.Payload, shadow.Limits{})
-			if err != nil {
-				return
-			}
-			a.DeviceState(dev, fields)
-		}})
-	}
-	cmdr, err := mqtt.NewCommander(context.Background(), mc, topics, devs)
-	if err != nil {
-		return res, err
-	}
-	defer closeCtx(cmdr.Close)
-	if err := awaitCtx(ctx, 10*time.Second, cmdr.Client().AwaitSubscribed); err != nil {
-		return res, fmt.Errorf("commander: %w", err)
-	}
-
-	// The agent's etcd client, counting its requests.
+	// The agent's etcd client counts its requests; the application's and
+	// the observer's (cli) are not counted.
 	counter := &reqCounter{}
-	acli, err := clientv3.New(clientv3.Config{
-		Endpoints: etcd.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
-		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(counter.unary), grpc.WithChainStreamInterceptor(counter.stream)},
-	})
-	if err != nil {
-		return res, err
-	}
-	defer acli.Close()
-	// The application's and the observer's client, not counted.
 	cli, err := etcd.Client()
 	if err != nil {
 		return res, err
 	}
 	defer cli.Close()
 
-	ob, err := offline.Open(filepath.Join(dir, offline.File), nil)
+	// The agent as `edgefence run` builds it (agent/daemon): outbox, twin
+	// cache, the devices' state reports wired to the reconciler.
+	acfg := agentConfig("bench-twins", filepath.Join(dir, "agent"), etcd, br.URL(), devs)
+	acfg.Etcd.Prefix, acfg.MQTT.Prefix, acfg.Command.Timeout = prefix, topics.Prefix, 20*time.Second
+	acfg.Twins.Enabled = true
+	var cmdr *mqtt.Commander
+	a, err := startAgent(ctx, acfg, daemon.Options{
+		EtcdClient: func(c *clientv3.Config) {
+			c.DialOptions = append(c.DialOptions, grpc.WithChainUnaryInterceptor(counter.unary), grpc.WithChainStreamInterceptor(counter.stream))
+		},
+		Sender: func(c *mqtt.Commander) agent.Sender {
+			cmdr = c
+			return &twinSender{Commander: c, obs: obs}
+		}})
 	if err != nil {
 		return res, err
 	}
-	defer ob.Close()
-	var tc *shadow.Cache
-	if cfg.Cache {
-		if tc, err = shadow.OpenCache(dir, nil); err != nil {
-			return res, err
-		}
-		defer tc.Close()
+	defer func() { _ = a.stop() }()
+	if err := awaitCtx(ctx, 10*time.Second, cmdr.Client().AwaitSubscribed); err != nil {
+		return res, fmt.Errorf("commander: %w", err)
 	}
-	acfg := &agent.Config{Gateway: "bench-twins",
-		Etcd:    agent.EtcdConfig{Endpoints: etcd.Endpoints(), Prefix: prefix, LeaseTTL: 10 * time.Second},
-		MQTT:    agent.MQTTConfig{Brokers: []string{br.URL()}, Prefix: topics.Prefix},
-		Command: agent.CommandConfig{Timeout: 20 * time.Second}}
-	for _, d := range devs {
-		acfg.Devices = append(acfg.Devices, agent.DeviceConfig{ID: d})
-	}
-	store := shadow.NewStore(acli, shadow.StoreConfig{Prefix: prefix, Writer: "bench-twins"})
-	a, err := agent.New(acfg, acli, &twinSender{Commander: cmdr, obs: obs}, agent.Options{Outbox: ob, Twins: store, TwinCache: tc})
-	if err != nil {
-		return res, err
-	}
-	ag.Store(a)
-	actx, cancel := context.WithCancel(context.Background())
-	agDone := make(chan struct{})
-	start := time.Now()
-	go func() { defer close(agDone); _ = a.Run(actx) }()
-	defer func() { cancel(); <-agDone }()
 	if err := waitHoldingAll(ctx, a, len(devs), 60*time.Second); err != nil {
 		return res, err
 	}
-	res.Held = time.Since(start)
+	res.Held = time.Since(a.started)
 	fmt.Fprintf(cfg.Log, "twins: agent holds %d devices after %s ms\n", len(devs), ms(res.Held))
 
 	// The observer's watch of everything under the prefix.
@@ -455,7 +406,7 @@ func runTwins(ctx context.Context, etcd *sandbox.Etcd, cfg twinsConfig) (*twinsR
 	if _, _, _, err := obs.wait(ctx, 5*time.Minute); err != nil {
 		return res, fmt.Errorf("initial wave: %w", err)
 	}
-	quiesce(ctx, a, counter)
+	quiesce(ctx, a.Agent, counter)
 
 	for _, n := range cfg.Sizes {
 		n = min(n, len(devs))
@@ -498,7 +449,7 @@ func runTwins(ctx context.Context, etcd *sandbox.Etcd, cfg twinsConfig) (*twinsR
 			// Count until the agent is quiet again (device state reports
 			// land after the reported write the round waits for), but
 			// not the bare puts of the next round.
-			quiesce(ctx, a, counter)
+			quiesce(ctx, a.Agent, counter)
 			reqs = addCounts(reqs, counter.snapshot().sub(c0))
 		}
 		st1 := a.TwinStats()
@@ -540,7 +491,7 @@ func runTwins(ctx context.Context, etcd *sandbox.Etcd, cfg twinsConfig) (*twinsR
 		}
 		run.Converged = time.Since(t0)
 		run.CPU = cpuTime() - cpu0
-		quiesce(ctx, a, counter)
+		quiesce(ctx, a.Agent, counter)
 		st1 := a.TwinStats()
 		run.Reqs = counter.snapshot().sub(c0)
 		run.TwinSets, run.Written, run.Reports, run.Errors = st1.Sent-st0.Sent, st1.Written-st0.Written, st1.Reports-st0.Reports, st1.Errors-st0.Errors
@@ -684,16 +635,8 @@ func perUpdate(n uint64, updates int) string {
 }
 
 func printTwins(w io.Writer, r *twinsResult) {
-	reports := "device state reports wired to agent.DeviceState as `edgefence run` does"
-	if !r.Reports {
-		reports = "device state reports not wired (--reports=false)"
-	}
-	cache := "twin cache"
-	if !r.Cache {
-		cache = "no twin cache (--twin-cache=false)"
-	}
-	fmt.Fprintf(w, "### Twin convergence: one agent holding %d devices on %d sim.Fleet(s) (outbox, %s; %s; all held after %s ms)\n\n",
-		r.Devices, r.Fleets, cache, reports, ms(r.Held))
+	fmt.Fprintf(w, "### Twin convergence: one agent holding %d devices on %d sim.Fleet(s) (built by agent/daemon as `edgefence run` builds it: outbox, twin cache, device state reports; all held after %s ms)\n\n",
+		r.Devices, r.Fleets, ms(r.Held))
 	if len(r.Lat) > 0 {
 		fmt.Fprintln(w, "Latency from the desired put (an application's `UpdateDesiredAny` on its own etcd client) to the twin.set")
 		fmt.Fprintln(w, "ack in the agent, and to the reported state with the new setpoint seen by a watch; beside it, in the same")

@@ -18,11 +18,10 @@ import (
 	"testing"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
-	"go.uber.org/zap"
 
 	"github.com/edgefence/edgefence/agent"
+	"github.com/edgefence/edgefence/agent/daemon"
 	"github.com/edgefence/edgefence/devices/sim"
 	"github.com/edgefence/edgefence/fence"
 	"github.com/edgefence/edgefence/transport/mqtt"
@@ -360,48 +359,31 @@ func TestServeNoDevices(t *testing.T) {
 	}
 }
 
-// runAgent runs an agent in-process from cfg, as `edgefence run` wires it,
-// waits until it holds every device, calls send with a client of its API
-// socket, and stops the agent.
+// runAgent runs an agent in-process from cfg, through agent/daemon as
+// `edgefence run` does (its state in a temp dir), waits until it holds
+// every device, calls send with a client of its API socket, and stops the
+// agent.
 func runAgent(t *testing.T, cfg *agent.Config, send func(*agent.APIClient) (*agent.SendResult, error)) *agent.SendResult {
 	t.Helper()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: cfg.Etcd.Endpoints, DialTimeout: cfg.Etcd.DialTimeout, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
-	ids := make([]string, len(cfg.Devices))
-	for i, d := range cfg.Devices {
-		ids[i] = d.ID
-	}
-	cmdr, err := mqtt.NewCommander(t.Context(), mqtt.Config{Brokers: cfg.MQTT.Brokers, ClientID: cfg.MQTT.ClientID},
-		mqtt.Topics{Prefix: cfg.MQTT.Prefix}, ids)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := cmdr.Close(ctx); err != nil {
-			t.Error(err)
-		}
-	}()
-	ag, err := agent.New(cfg, cli, cmdr, agent.Options{})
+	c := *cfg
+	c.StateDir = t.TempDir()
+	d, err := daemon.New(t.Context(), &c, daemon.Options{Notify: func(string) error { return nil }})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(t.Context())
-	errc := make(chan error, 2)
-	go func() { errc <- ag.Run(ctx) }()
-	go func() { errc <- ag.ServeAPI(ctx, cfg.API.Socket) }()
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
 	defer func() {
 		cancel()
-		for range 2 {
-			if err := <-errc; err != nil {
-				t.Error(err)
-			}
+		if err := <-done; err != nil {
+			t.Error(err)
 		}
 	}()
+	ids := make([]string, len(cfg.Devices))
+	for i, d := range cfg.Devices {
+		ids[i] = d.ID
+	}
 
 	client := agent.NewAPIClient(cfg.API.Socket)
 	for deadline := time.Now().Add(30 * time.Second); ; {

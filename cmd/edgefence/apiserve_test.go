@@ -11,6 +11,7 @@ import (
 
 	"github.com/edgefence/edgefence/agent"
 	"github.com/edgefence/edgefence/devices/sandbox"
+	"github.com/edgefence/edgefence/offline"
 )
 
 // apiWorld serves agents' local APIs in the test process, on a real etcd,
@@ -58,6 +59,14 @@ func (w *apiWorld) serve(name, devices string, o agent.Options) (cfgPath, sock s
 	c, err := agent.LoadConfig(cfgPath)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if o.Outbox == nil {
+		ob, err := offline.Open(filepath.Join(t.TempDir(), offline.File), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ob.Close() })
+		o.Outbox = ob
 	}
 	a, err := agent.New(c, w.cli, nil, o)
 	if err != nil {

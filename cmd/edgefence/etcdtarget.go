@@ -11,6 +11,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/edgefence/edgefence/agent"
+	"github.com/edgefence/edgefence/agent/daemon"
 )
 
 // addEtcdFlags registers --config, --etcd and --prefix: how the commands
@@ -69,11 +70,11 @@ func resolveEtcd(config, etcd, prefix string) (*etcdTarget, error) {
 // dial connects to the target; a TLS handshake that fails is an error at
 // once, an etcd out of reach is not (the first request times out).
 func (t *etcdTarget) dial() (*clientv3.Client, error) {
-	ccfg, err := etcdClientConfig(t.cfg)
+	ccfg, err := daemon.EtcdClientConfig(t.cfg)
 	if err != nil {
 		return nil, err
 	}
-	if err := checkEtcdTLS(context.Background(), ccfg); err != nil {
+	if err := daemon.CheckEtcdTLS(context.Background(), ccfg); err != nil {
 		return nil, err
 	}
 	cli, err := clientv3.New(ccfg)

@@ -21,7 +21,6 @@ import (
 	mochi "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/hooks/auth"
 	"github.com/mochi-mqtt/server/v2/listeners"
-	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/edgefence/edgefence/devices/sandbox"
 	"github.com/edgefence/edgefence/devices/sim"
@@ -315,20 +314,4 @@ func waitLogLine(t *testing.T, p *sandbox.Proc, path string, subs ...string) str
 // yamlString quotes s for YAML (a JSON string is a YAML double-quoted scalar).
 func yamlString(s string) string {
 	return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(s) + `"`
-}
-
-// An etcd out of reach is not a TLS problem: the agent starts without
-// etcd and retries, as over plain http.
-func TestCheckEtcdTLSUnreachable(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close() // refused from now on
-	cfg := clientv3.Config{Endpoints: []string{"https://" + addr}, DialTimeout: 2 * time.Second,
-		TLS: &tls.Config{MinVersion: tls.VersionTLS12}}
-	if err := checkEtcdTLS(t.Context(), cfg); err != nil {
-		t.Fatalf("etcd out of reach: %v, want nil", err)
-	}
 }

@@ -1,4 +1,4 @@
-package main
+package daemon
 
 import (
 	"context"
@@ -20,12 +20,11 @@ import (
 
 	"github.com/edgefence/edgefence/agent"
 	"github.com/edgefence/edgefence/internal/backoff"
-	"github.com/edgefence/edgefence/transport/mqtt"
 )
 
-// etcdClientConfig is the etcd client configuration of c: endpoints, dial
+// EtcdClientConfig is the etcd client configuration of c: endpoints, dial
 // timeout, user and password (etcd auth), and TLS for https:// endpoints.
-func etcdClientConfig(c agent.EtcdConfig) (clientv3.Config, error) {
+func EtcdClientConfig(c agent.EtcdConfig) (clientv3.Config, error) {
 	tc, err := c.TLS.Load("etcd.tls")
 	if err != nil {
 		return clientv3.Config{}, err
@@ -43,21 +42,7 @@ func etcdClientConfig(c agent.EtcdConfig) (clientv3.Config, error) {
 	}, nil
 }
 
-// mqttCredentials sets the MQTT user, password and TLS files of c in mc.
-func mqttCredentials(c agent.MQTTConfig, mc *mqtt.Config) error {
-	tc, err := c.TLS.Load("mqtt.tls")
-	if err != nil {
-		return err
-	}
-	mc.TLSConfig = tc // nil: the system roots, for mqtts:// brokers
-	mc.Username = c.Username
-	if p := c.Password.Value(); p != "" {
-		mc.Password = []byte(p)
-	}
-	return nil
-}
-
-// checkEtcdTLS connects to cfg's https:// endpoints with cfg.TLS, within
+// CheckEtcdTLS connects to cfg's https:// endpoints with cfg.TLS, within
 // cfg.DialTimeout (default 5s), and returns an error naming the TLS problem when no
 // endpoint accepts the TLS handshake and at least one refuses it: etcd's
 // certificate fails verification (etcd.tls.ca_file), or etcd refuses ours
@@ -65,7 +50,7 @@ func mqttCredentials(c agent.MQTTConfig, mc *mqtt.Config) error {
 // wait for a connection that never comes up and then report only
 // "context deadline exceeded". Endpoints out of reach are not a TLS
 // problem: the agent starts without etcd and retries.
-func checkEtcdTLS(ctx context.Context, cfg clientv3.Config) error {
+func CheckEtcdTLS(ctx context.Context, cfg clientv3.Config) error {
 	if cfg.TLS == nil {
 		return nil
 	}

@@ -1,4 +1,4 @@
-package main
+package daemon
 
 import (
 	"context"
@@ -9,10 +9,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/coreos/go-systemd/v22/daemon"
+	systemd "github.com/coreos/go-systemd/v22/daemon"
 )
 
-// The systemd notify protocol (sd_notify(3)) for `edgefence run` under
+// The systemd notify protocol (sd_notify(3)) for the daemon under
 // deploy/edgefence.service (Type=notify, WatchdogSec=). Without
 // NOTIFY_SOCKET in the environment every message is a no-op.
 //
@@ -37,11 +37,12 @@ const (
 	statusRefresh = 30 * time.Second
 )
 
-// sdNotify sends one notification; it is daemon.SdNotify, replaced in tests.
+// sdNotify sends one notification; it is systemd.SdNotify unless
+// Options.Notify replaces it.
 type sdNotify func(state string) error
 
 func systemdNotify(state string) error {
-	_, err := daemon.SdNotify(false, state)
+	_, err := systemd.SdNotify(false, state)
 	return err
 }
 
@@ -181,7 +182,7 @@ func (n *notifier) pingIfHealthy(unhealthy *bool) {
 // watchdogInterval returns the ping interval systemd asks for (half of
 // WATCHDOG_USEC), or 0 if the watchdog is off for this process.
 func watchdogInterval(log *slog.Logger) time.Duration {
-	d, err := daemon.SdWatchdogEnabled(false)
+	d, err := systemd.SdWatchdogEnabled(false)
 	if err != nil {
 		log.Warn("systemd watchdog settings", "err", err)
 		return 0

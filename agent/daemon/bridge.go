@@ -1,4 +1,4 @@
-package main
+package daemon
 
 import (
 	"fmt"
@@ -40,7 +40,7 @@ func bridgeDevices(cfg *agent.Config) ([]bridge.Device, error) {
 // openBridge opens the fence table and prepares the bridge when this
 // gateway is home for `fence: gateway` devices. The returned func closes
 // both; it is safe to call twice.
-func openBridge(cfg *agent.Config, log *slog.Logger) (*bridge.Bridge, *fence.Table, func(), error) {
+func openBridge(cfg *agent.Config, log *slog.Logger, o Options) (*bridge.Bridge, *fence.Table, func(), error) {
 	devs, err := bridgeDevices(cfg)
 	if err != nil || len(devs) == 0 {
 		return nil, nil, func() {}, err
@@ -52,7 +52,7 @@ func openBridge(cfg *agent.Config, log *slog.Logger) (*bridge.Bridge, *fence.Tab
 	// demo build with the no-fence-table failpoint, none.
 	var tbl *fence.Table
 	var admit bridge.Table
-	if failpoint("no-fence-table") {
+	if o.UnsafeNoFenceTable {
 		if admit, err = bridge.NoTable(); err != nil {
 			return nil, nil, nil, err
 		}
@@ -62,16 +62,13 @@ func openBridge(cfg *agent.Config, log *slog.Logger) (*bridge.Bridge, *fence.Tab
 		}
 		admit = tbl
 	}
-	// EDGEFENCE_HISTORY=<file> records the bridge's verdicts and applied
-	// commands (fence/history), for tests and audits; the config file has
-	// no key for it yet.
 	var hist *history.Writer
-	if path := os.Getenv(historyEnv); path != "" {
-		if hist, err = history.Create(path, "table:"+cfg.Gateway); err != nil {
+	if o.BridgeHistoryPath != "" {
+		if hist, err = history.Create(o.BridgeHistoryPath, "table:"+cfg.Gateway); err != nil {
 			if tbl != nil {
 				tbl.Close()
 			}
-			return nil, nil, nil, fmt.Errorf("%s: %w", historyEnv, err)
+			return nil, nil, nil, fmt.Errorf("bridge history: %w", err)
 		}
 	}
 	br, err := bridge.New(bridge.Config{Table: admit, Topics: mqtt.Topics{Prefix: cfg.MQTT.Prefix}, Devices: devs,
@@ -94,6 +91,3 @@ func openBridge(cfg *agent.Config, log *slog.Logger) (*bridge.Bridge, *fence.Tab
 		})
 	}, nil
 }
-
-// historyEnv names the file the bridge records its history in.
-const historyEnv = "EDGEFENCE_HISTORY"
