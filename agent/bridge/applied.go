@@ -36,9 +36,9 @@ import (
 	"slices"
 	"time"
 
-	"github.com/edgefence/edgefence/devices/legacy"
 	"github.com/edgefence/edgefence/fence"
 	"github.com/edgefence/edgefence/fence/history"
+	"github.com/edgefence/edgefence/transport/modbus"
 )
 
 // maxFailed bounds how many failed commands per device are remembered for
@@ -65,7 +65,7 @@ func (b *Bridge) recover() error {
 			if p.dev.Topic != "" {
 				j.json, j.err = bodyJSON(env)
 			} else {
-				j.req, j.err = legacy.CommandPDU(env)
+				j.req, j.err = modbus.CommandPDU(env)
 			}
 			p.recovered = append(p.recovered, j)
 			p.pending[j.m] = j
@@ -117,7 +117,7 @@ func (b *Bridge) resent(p *port, env *fence.Envelope) bool {
 // whose read-back finds the command applied, so never twice; a SIGKILL
 // between the device applying a write and the bridge reading its answer
 // leaves the command without one.
-func (b *Bridge) settle(p *port, j *job, res result, reason string, r *legacy.Response) {
+func (b *Bridge) settle(p *port, j *job, res result, reason string, r *modbus.Response) {
 	if res == resStopped {
 		return
 	}
@@ -128,7 +128,7 @@ func (b *Bridge) settle(p *port, j *job, res result, reason string, r *legacy.Re
 	if res == resApplied || res == resFound {
 		u.v, u.reason = fence.Accepted, ""
 		b.accepted.Add(1)
-		if r != nil && j.req.Func == legacy.FuncReadHolding {
+		if r != nil && j.req.Func == modbus.FuncReadHolding {
 			b.publishRead(p.dev.ID, j.env, r)
 		}
 	}
@@ -230,8 +230,8 @@ func (b *Bridge) complete(p *port, u *unsynced) {
 // holds reports whether the device's registers already hold what the write
 // q would put there: the read-back of a write that may have been applied
 // just before a crash.
-func (b *Bridge) holds(ctx context.Context, p *port, q *legacy.Request) (bool, error) {
-	rq := &legacy.Request{Func: legacy.FuncReadHolding, Addr: q.Addr, Count: uint16(len(q.Values))}
+func (b *Bridge) holds(ctx context.Context, p *port, q *modbus.Request) (bool, error) {
+	rq := &modbus.Request{Func: modbus.FuncReadHolding, Addr: q.Addr, Count: uint16(len(q.Values))}
 	pdu, err := rq.Encode()
 	if err != nil {
 		return false, err
@@ -240,7 +240,7 @@ func (b *Bridge) holds(ctx context.Context, p *port, q *legacy.Request) (bool, e
 	if err != nil {
 		return false, err
 	}
-	r, err := legacy.DecodeResponse(rq, resp)
+	r, err := modbus.DecodeResponse(rq, resp)
 	if err == nil {
 		err = r.Err()
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/edgefence/edgefence/devices/sandbox"
 	"github.com/edgefence/edgefence/fence"
 	"github.com/edgefence/edgefence/fence/history"
+	"github.com/edgefence/edgefence/transport/modbus"
 	"github.com/edgefence/edgefence/transport/mqtt"
 )
 
@@ -111,7 +112,7 @@ func writeEnv(t *testing.T, dev string, tok fence.Token, seq uint64, value uint1
 		t.Fatal(err)
 	}
 	return &fence.Envelope{V: fence.Version, Device: dev, Token: tok, Seq: seq, ID: fmt.Sprintf("%s-%d-%d", dev, tok, seq),
-		Kind: legacy.KindWriteRegister, Body: body, Holder: "holder"}
+		Kind: modbus.KindWriteRegister, Body: body, Holder: "holder"}
 }
 
 func appliedValues(t *testing.T, log *syncBuffer) []uint16 {

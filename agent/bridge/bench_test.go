@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgefence/edgefence/devices/legacy"
 	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/transport/modbus"
 )
 
 // BenchmarkBridgeCommand measures one fenced command to a legacy device
@@ -27,7 +27,7 @@ func BenchmarkBridgeCommand(b *testing.B) {
 	b.ResetTimer()
 	for i := range b.N {
 		env := &fence.Envelope{V: fence.Version, Device: "plc-1", Token: 1, Seq: uint64(i + 1), ID: "b" + itoa(i),
-			Kind: legacy.KindWriteRegister, Body: body}
+			Kind: modbus.KindWriteRegister, Body: body}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		start := time.Now()
 		ack, err := r.cmdr.Send(ctx, env)

@@ -7,7 +7,7 @@
 // command topic. The bridge takes each from the broker and:
 //
 //  1. decodes it and turns its kind and body into the device's request
-//     (devices/legacy: Modbus PDUs); anything malformed is answered Invalid
+//     (transport/modbus: Modbus PDUs); anything malformed is answered Invalid
 //     and never reaches the table or the wire;
 //  2. admits it through the gateway's fence.Table, committed with fsync,
 //     inside the MQTT handler, so before the broker's PUBACK: stale and
@@ -38,9 +38,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/edgefence/edgefence/devices/legacy"
 	"github.com/edgefence/edgefence/fence"
 	"github.com/edgefence/edgefence/fence/history"
+	"github.com/edgefence/edgefence/transport/modbus"
 	"github.com/edgefence/edgefence/transport/mqtt"
 	"github.com/edgefence/edgefence/transport/serial"
 )
@@ -158,7 +158,7 @@ type port struct {
 
 type job struct {
 	env  *fence.Envelope
-	req  *legacy.Request // serial devices
+	req  *modbus.Request // serial devices
 	json []byte          // MQTT-link devices: the body as JSON
 	m    fence.Mark
 	err  error // a recovered command that can no longer be built: answered Invalid
@@ -320,7 +320,7 @@ func (b *Bridge) onCommand(msg mqtt.Message) {
 	if p.dev.Topic != "" {
 		j.json, err = bodyJSON(env)
 	} else {
-		j.req, err = legacy.CommandPDU(env)
+		j.req, err = modbus.CommandPDU(env)
 	}
 	if err != nil {
 		b.refuse(dev, env, fence.Invalid, fence.Mark{}, err.Error())
@@ -472,7 +472,7 @@ func (b *Bridge) send(p *port, j *job) {
 	var (
 		res    result
 		reason string
-		r      *legacy.Response
+		r      *modbus.Response
 	)
 	if p.dev.Topic != "" {
 		res, reason = b.publish(p, j)
@@ -485,10 +485,10 @@ func (b *Bridge) send(p *port, j *job) {
 // transact runs one admitted command on a serial device. For a write
 // already applied before a restart (the one command that can have been) the
 // reason says so.
-func (b *Bridge) transact(p *port, j *job) (result, string, *legacy.Response) {
+func (b *Bridge) transact(p *port, j *job) (result, string, *modbus.Response) {
 	ctx, cancel := context.WithTimeout(b.ctx, b.cfg.CommandTimeout)
 	defer cancel()
-	if j.verify && j.req.Func != legacy.FuncReadHolding {
+	if j.verify && j.req.Func != modbus.FuncReadHolding {
 		done, err := b.holds(ctx, p, j.req)
 		switch {
 		case err != nil:
@@ -511,7 +511,7 @@ func (b *Bridge) transact(p *port, j *job) (result, string, *legacy.Response) {
 		b.log.Warn("device did not answer", "device", p.dev.ID, "id", j.env.ID, "err", err)
 		return resUnknown, "admitted, but the device did not answer (fate unknown): " + err.Error(), nil
 	}
-	r, err := legacy.DecodeResponse(j.req, resp)
+	r, err := modbus.DecodeResponse(j.req, resp)
 	if err == nil {
 		err = r.Err()
 	}
@@ -530,7 +530,7 @@ type ReadResult struct {
 	Values []uint16 `cbor:"values"`
 }
 
-func (b *Bridge) publishRead(dev string, env *fence.Envelope, r *legacy.Response) {
+func (b *Bridge) publishRead(dev string, env *fence.Envelope, r *modbus.Response) {
 	payload, err := fence.EncodeBody(ReadResult{ID: env.ID, Addr: r.Addr, Values: r.Values})
 	if err == nil {
 		ctx, cancel := context.WithTimeout(b.ctx, 10*time.Second)

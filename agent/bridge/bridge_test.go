@@ -16,6 +16,7 @@ import (
 	"github.com/edgefence/edgefence/devices/legacy"
 	"github.com/edgefence/edgefence/devices/sandbox"
 	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/transport/modbus"
 	"github.com/edgefence/edgefence/transport/mqtt"
 	"github.com/edgefence/edgefence/transport/serial"
 )
@@ -186,7 +187,7 @@ func (r *rig) write(token fence.Token, seq uint64, value uint16) *fence.Ack {
 		r.t.Fatal(err)
 	}
 	return r.send(&fence.Envelope{V: fence.Version, Device: "plc-1", Token: token, Seq: seq,
-		ID: "c-" + string(rune('a'+token)) + "-" + string(rune('0'+seq)), Kind: legacy.KindWriteRegister, Body: body, Holder: "gw"})
+		ID: "c-" + string(rune('a'+token)) + "-" + string(rune('0'+seq)), Kind: modbus.KindWriteRegister, Body: body, Holder: "gw"})
 }
 
 func (r *rig) send(env *fence.Envelope) *fence.Ack {
@@ -285,8 +286,8 @@ func TestBadInput(t *testing.T) {
 	}
 	for _, e := range []*fence.Envelope{
 		env("k1", "set", body(map[string]any{"setpoint": 1})),
-		env("k2", legacy.KindWriteRegister, body(map[string]any{"addr": 0, "value": 70000})),
-		env("k3", legacy.KindWriteRegisters, body(map[string]any{"addr": 0, "values": make([]int, 200)})),
+		env("k2", modbus.KindWriteRegister, body(map[string]any{"addr": 0, "value": 70000})),
+		env("k3", modbus.KindWriteRegisters, body(map[string]any{"addr": 0, "values": make([]int, 200)})),
 	} {
 		if a := r.send(e); a.Verdict != fence.Invalid || a.Reason == "" {
 			t.Fatalf("%s: %+v", e.ID, a)
@@ -294,7 +295,7 @@ func TestBadInput(t *testing.T) {
 	}
 	// A register beyond the device's bank: admitted by the table, refused
 	// by the device with a Modbus exception.
-	if a := r.send(env("k4", legacy.KindWriteRegister, body(map[string]any{"addr": 100, "value": 1}))); a.Verdict != fence.Invalid {
+	if a := r.send(env("k4", modbus.KindWriteRegister, body(map[string]any{"addr": 100, "value": 1}))); a.Verdict != fence.Invalid {
 		t.Fatalf("device exception: %+v", a)
 	}
 	// Garbage on the command topic: answered Invalid, nothing reaches the
@@ -324,10 +325,10 @@ func TestBadInput(t *testing.T) {
 	if err := c.AwaitSubscribed(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if a := r.send(env("k5", legacy.KindReadRegisters, body(map[string]any{"addr": 0, "count": 2}))); a.Verdict != fence.Duplicate {
+	if a := r.send(env("k5", modbus.KindReadRegisters, body(map[string]any{"addr": 0, "count": 2}))); a.Verdict != fence.Duplicate {
 		t.Fatalf("read with a used seq: %+v", a)
 	}
-	e := env("k6", legacy.KindReadRegisters, body(map[string]any{"addr": 0, "count": 2}))
+	e := env("k6", modbus.KindReadRegisters, body(map[string]any{"addr": 0, "count": 2}))
 	e.Seq = 3
 	if a := r.send(e); a.Verdict != fence.Accepted {
 		t.Fatalf("read: %+v", a)
@@ -396,7 +397,7 @@ func TestMissingPortKeepsOthersServed(t *testing.T) {
 	body, _ := fence.EncodeBody(map[string]any{"addr": 0, "value": 5})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	ack, err := cmdr.Send(ctx, &fence.Envelope{V: fence.Version, Device: "plc-9", Token: 3, Seq: 1, ID: "m1", Kind: legacy.KindWriteRegister, Body: body})
+	ack, err := cmdr.Send(ctx, &fence.Envelope{V: fence.Version, Device: "plc-9", Token: 3, Seq: 1, ID: "m1", Kind: modbus.KindWriteRegister, Body: body})
 	if err != nil || ack.Verdict != fence.Invalid || ack.Reason == "" {
 		t.Fatalf("command to the missing device: %+v %v", ack, err)
 	}
@@ -417,7 +418,7 @@ func TestMissingPortKeepsOthersServed(t *testing.T) {
 	// The port is reopened on the bridge's backoff (up to seconds): an
 	// operator retries until the device answers, each retry a new command.
 	for seq := uint64(2); ; seq++ {
-		ack, err = cmdr.Send(ctx, &fence.Envelope{V: fence.Version, Device: "plc-9", Token: 3, Seq: seq, ID: "m" + itoa(int(seq)), Kind: legacy.KindWriteRegister, Body: body})
+		ack, err = cmdr.Send(ctx, &fence.Envelope{V: fence.Version, Device: "plc-9", Token: 3, Seq: seq, ID: "m" + itoa(int(seq)), Kind: modbus.KindWriteRegister, Body: body})
 		if err != nil {
 			t.Fatalf("after the port appeared: %v", err)
 		}

@@ -20,6 +20,7 @@ import (
 	"github.com/edgefence/edgefence/devices/sandbox"
 	"github.com/edgefence/edgefence/fence"
 	"github.com/edgefence/edgefence/fence/history"
+	"github.com/edgefence/edgefence/transport/modbus"
 	"github.com/edgefence/edgefence/transport/mqtt"
 	"github.com/edgefence/edgefence/transport/serial"
 )
@@ -163,7 +164,7 @@ func TestBridgeKill9(t *testing.T) {
 					body, _ := fence.EncodeBody(map[string]any{"addr": 0, "value": n % 60000})
 					sctx, scancel := context.WithTimeout(ctx, 500*time.Millisecond)
 					ack, err := cmdr.Send(sctx, &fence.Envelope{V: fence.Version, Device: id, Token: tok, Seq: seq,
-						ID: fmt.Sprintf("%s-%d", id, n), Kind: legacy.KindWriteRegister, Body: body})
+						ID: fmt.Sprintf("%s-%d", id, n), Kind: modbus.KindWriteRegister, Body: body})
 					scancel()
 					if err != nil {
 						return // the bridge died with the command in flight

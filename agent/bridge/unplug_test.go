@@ -13,6 +13,7 @@ import (
 
 	"github.com/edgefence/edgefence/devices/legacy"
 	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/transport/modbus"
 	"github.com/edgefence/edgefence/transport/mqtt"
 	"github.com/edgefence/edgefence/transport/serial"
 )
@@ -132,7 +133,7 @@ func TestUnplugReplugMidStream(t *testing.T) {
 		}
 		body, _ := fence.EncodeBody(map[string]any{"addr": i, "value": 1000 + i})
 		ack, err := cmdr.Send(ctx, &fence.Envelope{V: fence.Version, Device: "plc-u", Token: 8, Seq: uint64(i),
-			ID: fmt.Sprintf("u%d", i), Kind: legacy.KindWriteRegister, Body: body})
+			ID: fmt.Sprintf("u%d", i), Kind: modbus.KindWriteRegister, Body: body})
 		if err != nil || ack.Verdict != fence.Accepted {
 			t.Fatalf("command %d: %+v %v", i, ack, err)
 		}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/edgefence/edgefence/devices/legacy"
 	"github.com/edgefence/edgefence/devices/sandbox"
+	"github.com/edgefence/edgefence/transport/modbus"
 	"github.com/edgefence/edgefence/transport/serial"
 )
 
@@ -43,7 +44,7 @@ func TestSerialLegacyDevice(t *testing.T) {
 	defer link.Close()
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	do := func(q legacy.Request) *legacy.Response {
+	do := func(q modbus.Request) *modbus.Response {
 		t.Helper()
 		pdu, err := q.Encode()
 		if err != nil {
@@ -53,22 +54,22 @@ func TestSerialLegacyDevice(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Do %+v: %v\n%s", q, err, d.log())
 		}
-		r, err := legacy.DecodeResponse(&q, resp)
+		r, err := modbus.DecodeResponse(&q, resp)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return r
 	}
-	if r := do(legacy.Request{Func: legacy.FuncWriteMultiple, Addr: 4, Values: []uint16{11, 12}}); r.Err() != nil {
+	if r := do(modbus.Request{Func: modbus.FuncWriteMultiple, Addr: 4, Values: []uint16{11, 12}}); r.Err() != nil {
 		t.Fatal(r.Err())
 	}
-	if r := do(legacy.Request{Func: legacy.FuncWriteSingle, Addr: 5, Values: []uint16{99}}); r.Err() != nil {
+	if r := do(modbus.Request{Func: modbus.FuncWriteSingle, Addr: 5, Values: []uint16{99}}); r.Err() != nil {
 		t.Fatal(r.Err())
 	}
-	if r := do(legacy.Request{Func: legacy.FuncReadHolding, Addr: 3, Count: 3}); r.Err() != nil || !slices.Equal(r.Values, []uint16{0, 11, 99}) {
+	if r := do(modbus.Request{Func: modbus.FuncReadHolding, Addr: 3, Count: 3}); r.Err() != nil || !slices.Equal(r.Values, []uint16{0, 11, 99}) {
 		t.Fatalf("read: %+v %v", r, r.Err())
 	}
-	if r := do(legacy.Request{Func: legacy.FuncWriteSingle, Addr: 32, Values: []uint16{1}}); r.Exception != legacy.ExIllegalAddress {
+	if r := do(modbus.Request{Func: modbus.FuncWriteSingle, Addr: 32, Values: []uint16{1}}); r.Exception != modbus.ExIllegalAddress {
 		t.Fatalf("out of range: %+v", r)
 	}
 	link.Close()

@@ -6,6 +6,8 @@ import (
 	"io"
 	"sync"
 	"time"
+
+	"github.com/edgefence/edgefence/transport/modbus"
 )
 
 // DefaultRegisters is the size of a simulated device's register bank.
@@ -47,31 +49,31 @@ func NewRegisters(id string, n int, log io.Writer) *Registers {
 // Handle answers one request PDU with a response PDU, applying writes. Bad
 // requests get Modbus exception responses, never a panic.
 func (d *Registers) Handle(pdu []byte) []byte {
-	q, err := DecodeRequest(pdu)
+	q, err := modbus.DecodeRequest(pdu)
 	if err != nil {
 		d.mu.Lock()
 		d.errs++
 		d.mu.Unlock()
 		fn := byte(0)
 		if len(pdu) > 0 {
-			fn = pdu[0] &^ exceptionFlag
+			fn = pdu[0] &^ modbus.ExceptionFlag
 		}
-		code := ExIllegalValue
-		if q != nil && q.Func != FuncReadHolding && q.Func != FuncWriteSingle && q.Func != FuncWriteMultiple {
-			code = ExIllegalFunction
+		code := modbus.ExIllegalValue
+		if q != nil && q.Func != modbus.FuncReadHolding && q.Func != modbus.FuncWriteSingle && q.Func != modbus.FuncWriteMultiple {
+			code = modbus.ExIllegalFunction
 		}
-		return (&Response{Func: fn, Exception: code}).Encode()
+		return (&modbus.Response{Func: fn, Exception: code}).Encode()
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if int(q.Addr)+int(q.span()) > len(d.regs) {
+	if int(q.Addr)+int(q.Span()) > len(d.regs) {
 		d.errs++
-		return (&Response{Func: q.Func, Exception: ExIllegalAddress}).Encode()
+		return (&modbus.Response{Func: q.Func, Exception: modbus.ExIllegalAddress}).Encode()
 	}
 	switch q.Func {
-	case FuncReadHolding:
+	case modbus.FuncReadHolding:
 		vals := append([]uint16(nil), d.regs[q.Addr:int(q.Addr)+int(q.Count)]...)
-		return (&Response{Func: q.Func, Values: vals}).Encode()
+		return (&modbus.Response{Func: q.Func, Values: vals}).Encode()
 	default:
 		copy(d.regs[q.Addr:], q.Values)
 		d.writes++
@@ -79,7 +81,7 @@ func (d *Registers) Handle(pdu []byte) []byte {
 			line, _ := json.Marshal(Applied{Time: d.now(), Device: d.id, Addr: q.Addr, Values: q.Values})
 			_, _ = d.log.Write(append(line, '\n')) // one Write per line
 		}
-		return (&Response{Func: q.Func, Addr: q.Addr, Count: uint16(len(q.Values)), Values: q.Values}).Encode()
+		return (&modbus.Response{Func: q.Func, Addr: q.Addr, Count: uint16(len(q.Values)), Values: q.Values}).Encode()
 	}
 }
 

@@ -2,127 +2,38 @@ package legacy
 
 import (
 	"bytes"
-	"errors"
 	"slices"
 	"testing"
 
-	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/transport/modbus"
 )
-
-func TestRequestRoundTrip(t *testing.T) {
-	for _, q := range []Request{
-		{Func: FuncReadHolding, Addr: 7, Count: 3},
-		{Func: FuncReadHolding, Addr: 0, Count: MaxReadRegisters},
-		{Func: FuncWriteSingle, Addr: 65535, Values: []uint16{0xbeef}},
-		{Func: FuncWriteMultiple, Addr: 10, Values: []uint16{1, 2, 3}},
-		{Func: FuncWriteMultiple, Addr: 0, Values: make([]uint16, MaxWriteRegisters)},
-	} {
-		b, err := q.Encode()
-		if err != nil {
-			t.Fatalf("%+v: %v", q, err)
-		}
-		got, err := DecodeRequest(b)
-		if err != nil || got.Func != q.Func || got.Addr != q.Addr || got.Count != q.Count || !slices.Equal(got.Values, q.Values) {
-			t.Fatalf("%+v → % x → %+v, %v", q, b, got, err)
-		}
-	}
-}
-
-// The Modbus specification's own examples (v1.1b3, 6.3, 6.6, 6.12).
-func TestSpecExamples(t *testing.T) {
-	q := &Request{Func: FuncReadHolding, Addr: 0x006b, Count: 3}
-	if b, _ := q.Encode(); !bytes.Equal(b, []byte{0x03, 0x00, 0x6b, 0x00, 0x03}) {
-		t.Fatalf("read request % x", b)
-	}
-	r, err := DecodeResponse(q, []byte{0x03, 0x06, 0x02, 0x2b, 0x00, 0x00, 0x00, 0x64})
-	if err != nil || !slices.Equal(r.Values, []uint16{0x022b, 0, 0x64}) {
-		t.Fatalf("read response %+v %v", r, err)
-	}
-	w := &Request{Func: FuncWriteSingle, Addr: 1, Values: []uint16{3}}
-	if b, _ := w.Encode(); !bytes.Equal(b, []byte{0x06, 0x00, 0x01, 0x00, 0x03}) {
-		t.Fatalf("write single % x", b)
-	}
-	m := &Request{Func: FuncWriteMultiple, Addr: 1, Values: []uint16{0x000a, 0x0102}}
-	if b, _ := m.Encode(); !bytes.Equal(b, []byte{0x10, 0x00, 0x01, 0x00, 0x02, 0x04, 0x00, 0x0a, 0x01, 0x02}) {
-		t.Fatalf("write multiple % x", b)
-	}
-	if r, err := DecodeResponse(m, []byte{0x10, 0x00, 0x01, 0x00, 0x02}); err != nil || r.Count != 2 {
-		t.Fatalf("write multiple response %+v %v", r, err)
-	}
-	if r, err := DecodeResponse(q, []byte{0x83, 0x02}); err != nil || !errors.Is(r.Err(), ErrException) {
-		t.Fatalf("exception %+v %v", r, err)
-	}
-}
-
-var badRequests = [][]byte{
-	nil,
-	{0x03},
-	{0x03, 0x00, 0x01, 0x00},
-	{0x03, 0x00, 0x01, 0x00, 0x00},             // count 0
-	{0x03, 0x00, 0x01, 0x00, 0x7e},             // count 126
-	{0x03, 0xff, 0xff, 0x00, 0x02},             // beyond the address space
-	{0x06, 0x00, 0x01, 0x00},                   // short
-	{0x06, 0x00, 0x01, 0x00, 0x01, 0x00},       // long
-	{0x10, 0x00, 0x01, 0x00, 0x02, 0x04, 0x00}, // truncated values
-	{0x10, 0x00, 0x01, 0x00, 0x02, 0x03, 0x00, 0x01, 0x00, 0x02}, // byte count mismatch
-	{0x10, 0x00, 0x01, 0x00, 0x00, 0x00},                         // zero registers
-	{0x2b, 0x00, 0x01, 0x00, 0x01},                               // unknown function
-	bytes.Repeat([]byte{0x10}, 300),
-}
-
-func TestDecodeRequestRejects(t *testing.T) {
-	for _, b := range badRequests {
-		if q, err := DecodeRequest(b); !errors.Is(err, ErrPDU) {
-			t.Errorf("% x: %+v %v", b, q, err)
-		}
-	}
-}
-
-func FuzzDecodeRequest(f *testing.F) {
-	for _, b := range badRequests {
-		f.Add(b)
-	}
-	f.Add([]byte{0x10, 0x00, 0x01, 0x00, 0x02, 0x04, 0x00, 0x0a, 0x01, 0x02})
-	f.Fuzz(func(t *testing.T, b []byte) {
-		q, err := DecodeRequest(b)
-		if err != nil {
-			return
-		}
-		enc, err := q.Encode()
-		if err != nil || !bytes.Equal(enc, b) {
-			t.Fatalf("% x decoded to %+v, re-encoded % x %v", b, q, enc, err)
-		}
-		d := NewRegisters("fz", 0, nil)
-		d.Handle(b) // never panics
-	})
-}
 
 func TestRegistersApplyAndLog(t *testing.T) {
 	var log bytes.Buffer
 	d := NewRegisters("plc-1", 16, &log)
-	pdu := func(q Request) []byte {
+	pdu := func(q modbus.Request) []byte {
 		b, err := q.Encode()
 		if err != nil {
 			t.Fatal(err)
 		}
 		return b
 	}
-	w := Request{Func: FuncWriteMultiple, Addr: 2, Values: []uint16{7, 8}}
-	if r, err := DecodeResponse(&w, d.Handle(pdu(w))); err != nil || r.Err() != nil {
+	w := modbus.Request{Func: modbus.FuncWriteMultiple, Addr: 2, Values: []uint16{7, 8}}
+	if r, err := modbus.DecodeResponse(&w, d.Handle(pdu(w))); err != nil || r.Err() != nil {
 		t.Fatal(r, err)
 	}
-	rd := Request{Func: FuncReadHolding, Addr: 1, Count: 3}
-	if r, err := DecodeResponse(&rd, d.Handle(pdu(rd))); err != nil || !slices.Equal(r.Values, []uint16{0, 7, 8}) {
+	rd := modbus.Request{Func: modbus.FuncReadHolding, Addr: 1, Count: 3}
+	if r, err := modbus.DecodeResponse(&rd, d.Handle(pdu(rd))); err != nil || !slices.Equal(r.Values, []uint16{0, 7, 8}) {
 		t.Fatal(r, err)
 	}
-	out := Request{Func: FuncWriteSingle, Addr: 16, Values: []uint16{1}}
-	if r, err := DecodeResponse(&out, d.Handle(pdu(out))); err != nil || r.Exception != ExIllegalAddress {
+	out := modbus.Request{Func: modbus.FuncWriteSingle, Addr: 16, Values: []uint16{1}}
+	if r, err := modbus.DecodeResponse(&out, d.Handle(pdu(out))); err != nil || r.Exception != modbus.ExIllegalAddress {
 		t.Fatal(r, err)
 	}
-	if r := d.Handle([]byte{0x2b, 0, 1, 0, 1}); !bytes.Equal(r, []byte{0xab, ExIllegalFunction}) {
+	if r := d.Handle([]byte{0x2b, 0, 1, 0, 1}); !bytes.Equal(r, []byte{0xab, modbus.ExIllegalFunction}) {
 		t.Fatalf("unknown function: % x", r)
 	}
-	if r := d.Handle([]byte{0x06, 0}); !bytes.Equal(r, []byte{0x86, ExIllegalValue}) {
+	if r := d.Handle([]byte{0x06, 0}); !bytes.Equal(r, []byte{0x86, modbus.ExIllegalValue}) {
 		t.Fatalf("short write: % x", r)
 	}
 	applied, err := ReadApplied(&log)
@@ -134,46 +45,14 @@ func TestRegistersApplyAndLog(t *testing.T) {
 	}
 }
 
-func TestCommandPDU(t *testing.T) {
-	body := func(v any) []byte {
-		b, err := fence.EncodeBody(v)
-		if err != nil {
-			t.Fatal(err)
+// FuzzHandle: any bytes get a response PDU, never a panic.
+func FuzzHandle(f *testing.F) {
+	f.Add([]byte{0x10, 0x00, 0x01, 0x00, 0x02, 0x04, 0x00, 0x0a, 0x01, 0x02})
+	f.Add([]byte{0x03, 0x00, 0x00, 0x00, 0x7e})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		d := NewRegisters("fz", 16, nil)
+		if r := d.Handle(b); len(r) == 0 {
+			t.Fatalf("% x: empty response", b)
 		}
-		return b
-	}
-	env := func(kind string, b []byte) *fence.Envelope {
-		return &fence.Envelope{V: fence.Version, Device: "plc-1", Token: 5, Seq: 1, ID: "c1", Kind: kind, Body: b}
-	}
-	ok := []struct {
-		env  *fence.Envelope
-		want Request
-	}{
-		{env(KindWriteRegister, body(map[string]any{"addr": 3, "value": 42})), Request{Func: FuncWriteSingle, Addr: 3, Values: []uint16{42}}},
-		{env(KindWriteRegisters, body(map[string]any{"addr": 0, "values": []int{1, 2}})), Request{Func: FuncWriteMultiple, Addr: 0, Values: []uint16{1, 2}}},
-		{env(KindReadRegisters, body(map[string]any{"addr": 9, "count": 4})), Request{Func: FuncReadHolding, Addr: 9, Count: 4}},
-	}
-	for _, c := range ok {
-		q, err := CommandPDU(c.env)
-		if err != nil || q.Func != c.want.Func || q.Addr != c.want.Addr || q.Count != c.want.Count || !slices.Equal(q.Values, c.want.Values) {
-			t.Errorf("%s: %+v %v", c.env.Kind, q, err)
-		}
-	}
-	for name, e := range map[string]*fence.Envelope{
-		"no body":        env(KindWriteRegister, nil),
-		"no addr":        env(KindWriteRegister, body(map[string]any{"value": 1})),
-		"value too big":  env(KindWriteRegister, body(map[string]any{"addr": 1, "value": 70000})),
-		"negative":       env(KindWriteRegister, body(map[string]any{"addr": 1, "value": -1})),
-		"unknown field":  env(KindWriteRegister, body(map[string]any{"addr": 1, "value": 1, "coil": true})),
-		"mixed":          env(KindWriteRegister, body(map[string]any{"addr": 1, "value": 1, "values": []int{1}})),
-		"too many":       env(KindWriteRegisters, body(map[string]any{"addr": 0, "values": make([]int, 124)})),
-		"empty values":   env(KindWriteRegisters, body(map[string]any{"addr": 0, "values": []int{}})),
-		"read zero":      env(KindReadRegisters, body(map[string]any{"addr": 0, "count": 0})),
-		"unknown kind":   env("set", body(map[string]any{"addr": 0})),
-		"string address": env(KindWriteRegister, body(map[string]any{"addr": "one", "value": 1})),
-	} {
-		if q, err := CommandPDU(e); !errors.Is(err, fence.ErrInvalid) {
-			t.Errorf("%s: %+v %v", name, q, err)
-		}
-	}
+	})
 }

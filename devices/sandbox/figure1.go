@@ -16,6 +16,7 @@ import (
 	"github.com/edgefence/edgefence/devices/legacy"
 	"github.com/edgefence/edgefence/devices/sim"
 	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/transport/modbus"
 )
 
 // Figure1Config sets up a replay of Figure 1 of the fencing article on real
@@ -270,7 +271,7 @@ func (f *figure1) waitHolding(ctx context.Context, p *Proc, sock string) (map[st
 func (f *figure1) send(ctx context.Context, sock, dev string, setpoint float64) (SendResult, error) {
 	kind, body := "set", fmt.Sprintf(`{"setpoint": %g}`, setpoint)
 	if f.cfg.Serial {
-		kind, body = legacy.KindWriteRegister, fmt.Sprintf(`{"addr": 0, "value": %g}`, setpoint)
+		kind, body = modbus.KindWriteRegister, fmt.Sprintf(`{"addr": 0, "value": %g}`, setpoint)
 	}
 	cmd := exec.CommandContext(ctx, f.cfg.AgentBin, "send", "--json", "--socket", sock, dev, kind, body)
 	var stderr bytes.Buffer

@@ -14,9 +14,9 @@ import (
 	"time"
 
 	"github.com/edgefence/edgefence/agent"
-	"github.com/edgefence/edgefence/devices/legacy"
 	"github.com/edgefence/edgefence/devices/sandbox"
 	"github.com/edgefence/edgefence/internal/backoff"
+	"github.com/edgefence/edgefence/transport/modbus"
 )
 
 // Node names of the partition scenario's network lab.
@@ -444,7 +444,7 @@ func (r *round) load(ctx context.Context, dev string, serial bool) {
 		}
 		kind, body := "set", json.RawMessage(fmt.Sprintf(`{"setpoint": %d}`, sp))
 		if serial {
-			kind, body = legacy.KindWriteRegister, json.RawMessage(fmt.Sprintf(`{"addr": 0, "value": %d}`, n%65536))
+			kind, body = modbus.KindWriteRegister, json.RawMessage(fmt.Sprintf(`{"addr": 0, "value": %d}`, n%65536))
 		}
 		first := int(r.jitter(0, time.Duration(len(r.agents))))
 		for i := range r.agents {

@@ -1,4 +1,4 @@
-package legacy
+package modbus
 
 import (
 	"encoding/binary"
@@ -11,9 +11,9 @@ const (
 	FuncReadHolding   byte = 0x03
 	FuncWriteSingle   byte = 0x06
 	FuncWriteMultiple byte = 0x10
-	exceptionFlag     byte = 0x80
-	MaxReadRegisters       = 125 // Modbus application protocol v1.1b3, 6.3
-	MaxWriteRegisters      = 123 // 6.12
+	ExceptionFlag     byte = 0x80 // set in a response's function code: an exception
+	MaxReadRegisters       = 125  // Modbus application protocol v1.1b3, 6.3
+	MaxWriteRegisters      = 123  // 6.12
 	maxPDU                 = 253
 )
 
@@ -29,9 +29,9 @@ const (
 var (
 	// ErrPDU means a PDU is malformed: wrong length, unknown function,
 	// counts out of range.
-	ErrPDU = errors.New("legacy: malformed PDU")
+	ErrPDU = errors.New("modbus: malformed PDU")
 	// ErrException means the device answered with a Modbus exception.
-	ErrException = errors.New("legacy: device exception")
+	ErrException = errors.New("modbus: device exception")
 )
 
 // Request is one Modbus request.
@@ -77,13 +77,14 @@ func (q *Request) Validate() error {
 	default:
 		return fmt.Errorf("%w: function 0x%02x", ErrPDU, q.Func)
 	}
-	if int(q.Addr)+int(q.span()) > 1<<16 {
-		return fmt.Errorf("%w: registers %d+%d beyond the address space", ErrPDU, q.Addr, q.span())
+	if int(q.Addr)+int(q.Span()) > 1<<16 {
+		return fmt.Errorf("%w: registers %d+%d beyond the address space", ErrPDU, q.Addr, q.Span())
 	}
 	return nil
 }
 
-func (q *Request) span() uint16 {
+// Span is how many registers q reads or writes.
+func (q *Request) Span() uint16 {
 	if q.Func == FuncReadHolding {
 		return q.Count
 	}
@@ -151,7 +152,7 @@ func DecodeRequest(b []byte) (*Request, error) {
 // Encode returns the response PDU.
 func (r *Response) Encode() []byte {
 	if r.Exception != 0 {
-		return []byte{r.Func | exceptionFlag, r.Exception}
+		return []byte{r.Func | ExceptionFlag, r.Exception}
 	}
 	b := []byte{r.Func}
 	switch r.Func {
@@ -176,7 +177,7 @@ func DecodeResponse(req *Request, b []byte) (*Response, error) {
 	if len(b) < 2 || len(b) > maxPDU {
 		return nil, fmt.Errorf("%w: response of %d bytes", ErrPDU, len(b))
 	}
-	if b[0] == req.Func|exceptionFlag {
+	if b[0] == req.Func|ExceptionFlag {
 		if len(b) != 2 {
 			return nil, fmt.Errorf("%w: exception response of %d bytes", ErrPDU, len(b))
 		}

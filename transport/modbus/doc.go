@@ -1,0 +1,14 @@
+// Package modbus is the Modbus application protocol as the gateway fence
+// speaks it to devices that cannot check a token: PDUs (function codes 0x03
+// read holding registers, 0x06 write single register, 0x10 write multiple
+// registers, and exception responses) with strict decoding (ErrPDU), and
+// CommandPDU, which turns an admitted envelope's kind and body into the
+// request the gateway sends:
+//
+//	write_register   {"addr": A, "value": V}        → 0x06
+//	write_registers  {"addr": A, "values": [V...]}  → 0x10 (1..123 registers)
+//	read_registers   {"addr": A, "count": N}        → 0x03 (1..125 registers)
+//
+// Today the PDUs travel in edgefence's serial frames (transport/serial:
+// COBS + CRC-32C); Modbus RTU and Modbus TCP framing land here next.
+package modbus
