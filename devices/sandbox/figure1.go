@@ -93,6 +93,10 @@ type agentStatus struct {
 		State string      `json:"state"`
 		Token fence.Token `json:"token"`
 	} `json:"devices"`
+	Etcd struct {
+		Session bool `json:"session"`
+	} `json:"etcd"`
+	Transport map[string]any `json:"transport"`
 }
 
 type figure1 struct {
@@ -245,23 +249,39 @@ func (f *figure1) status(ctx context.Context, sock string) (*agentStatus, error)
 // waitHolding polls the agent until it holds every device, and returns the
 // tokens.
 func (f *figure1) waitHolding(ctx context.Context, p *Proc, sock string) (map[string]fence.Token, error) {
+	toks := map[string]fence.Token{}
+	err := f.waitStatus(ctx, p, sock, "hold every device", func(st *agentStatus) bool {
+		clear(toks)
+		for _, d := range st.Devices {
+			if d.State == "holding" {
+				toks[d.ID] = d.Token
+			}
+		}
+		return len(toks) == len(f.cfg.Devices)
+	})
+	return toks, err
+}
+
+// waitUp polls the agent until its etcd session is open and, with bridge,
+// until the broker acknowledged its subscriptions (the bridge's command
+// topics among them): its status, not its log, says so.
+func (f *figure1) waitUp(ctx context.Context, p *Proc, sock string, bridge bool) error {
+	return f.waitStatus(ctx, p, sock, "come up", func(st *agentStatus) bool {
+		return st.Etcd.Session && (!bridge || st.Transport["subscribed"] == true)
+	})
+}
+
+// waitStatus polls the agent's status until ok says so.
+func (f *figure1) waitStatus(ctx context.Context, p *Proc, sock, what string, ok func(*agentStatus) bool) error {
 	for {
-		if st, err := f.status(ctx, sock); err == nil {
-			toks := map[string]fence.Token{}
-			for _, d := range st.Devices {
-				if d.State == "holding" {
-					toks[d.ID] = d.Token
-				}
-			}
-			if len(toks) == len(f.cfg.Devices) {
-				return toks, nil
-			}
+		if st, err := f.status(ctx, sock); err == nil && ok(st) {
+			return nil
 		}
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("%s does not hold every device: %w", p.Name, ctx.Err())
+			return fmt.Errorf("%s does not %s: %w", p.Name, what, ctx.Err())
 		case <-p.Done():
-			return nil, fmt.Errorf("%s exited", p.Name)
+			return fmt.Errorf("%s exited", p.Name)
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
@@ -323,13 +343,8 @@ func (f *figure1) run(ctx context.Context) (*Figure1Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := b.WaitLine(ctx, "etcd session open"); err != nil {
+	if err := f.waitUp(ctx, b, sockB, c.Serial); err != nil {
 		return nil, err
-	}
-	if c.Serial {
-		if err := b.WaitLine(ctx, "bridge ready"); err != nil {
-			return nil, err
-		}
 	}
 	f.say("agent B is up and campaigning for the same devices")
 

@@ -166,6 +166,9 @@ func TestBrokerRestart(t *testing.T) {
 		if err := sub.AwaitSubscribed(timeout(t, 10*time.Second)); err != nil {
 			t.Fatal(err)
 		}
+		if !sub.Subscribed() {
+			t.Fatal("Subscribed() false after AwaitSubscribed")
+		}
 		if err := pub.AwaitConnection(timeout(t, 10*time.Second)); err != nil {
 			t.Fatal(err)
 		}
@@ -185,6 +188,9 @@ func TestBrokerRestart(t *testing.T) {
 
 	b.stop()
 	waitFor(t, "clients to see the broker go", 5*time.Second, func() bool { return !sub.Connected() && !pub.Connected() })
+	if sub.Subscribed() {
+		t.Error("Subscribed() true with the broker gone")
+	}
 	start := time.Now()
 	err := pub.Publish(timeout(t, 5*time.Second), Message{Topic: "rs/a", Payload: []byte("lost")})
 	if !errors.Is(err, ErrNotConnected) || errors.Is(err, ErrConnectionLost) {

@@ -154,6 +154,7 @@ func (m *Commander) Status() map[string]any {
 	m.mu.Unlock()
 	return map[string]any{
 		"connected":      s.Connected,
+		"subscribed":     m.c.Subscribed(), // every filter acknowledged on this connection
 		"broker":         s.Broker,
 		"published":      s.Published,
 		"publish_errors": s.PublishErrors,

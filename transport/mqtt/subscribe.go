@@ -50,17 +50,28 @@ func (c *Client) Subscribe(filter string, h Handler) {
 // acknowledged (SUBACK) every filter registered so far on it, ctx's error if
 // ctx ends first, or ErrClosed.
 func (c *Client) AwaitSubscribed(ctx context.Context) error {
-	return c.await(ctx, "await subscribed", func() bool {
-		if !c.upLocked() {
+	return c.await(ctx, "await subscribed", c.subscribedLocked)
+}
+
+// Subscribed reports whether a connection is up and the broker has
+// acknowledged every filter registered so far on it (AwaitSubscribed
+// without the wait).
+func (c *Client) Subscribed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.subscribedLocked()
+}
+
+func (c *Client) subscribedLocked() bool {
+	if !c.upLocked() {
+		return false
+	}
+	for _, s := range c.subs {
+		if c.acked[s.filter] != c.gen {
 			return false
 		}
-		for _, s := range c.subs {
-			if c.acked[s.filter] != c.gen {
-				return false
-			}
-		}
-		return true
-	})
+	}
+	return true
 }
 
 // unsubscribed returns the current link, its generation and the filters not

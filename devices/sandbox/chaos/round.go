@@ -382,12 +382,23 @@ func (r *round) runAgent(ctx context.Context, a *agentProc) error {
 	a.proc = p
 	a.mu.Unlock()
 	// A restart within the lease TTL re-attaches to the killed run's
-	// lease ("etcd session resumed"); later it opens a new one. Bounded,
-	// so that an agent that never gets a session fails the round instead
-	// of hanging it.
+	// lease; later it opens a new one: either way its status says the
+	// session is up. Bounded, so that an agent that never gets a session
+	// fails the round instead of hanging it.
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	return p.WaitLine(wctx, "etcd session open", "etcd session resumed")
+	for {
+		if st, err := r.status(wctx, a); err == nil && st.Etcd.Session {
+			return nil
+		}
+		select {
+		case <-wctx.Done():
+			return fmt.Errorf("%s: no etcd session: %w", a.name, wctx.Err())
+		case <-p.Done():
+			return fmt.Errorf("%s exited", a.name)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 // status asks a for its status, briefly.
