@@ -1,6 +1,8 @@
 // Package shim is a fence point for Linux-class device firmware: it decides,
 // for every command envelope addressed to a device, whether the command may
-// take effect, and keeps the device's high-water mark durably in a bbolt file.
+// take effect, and keeps the device's high-water mark durably in a bbolt file
+// (a fence.MarkRecord per device; a record that fails its checksum refuses
+// that device's commands, counted in Stats.CorruptMarks).
 //
 // The decision is fence.Admit, the one admit rule. What the shim adds is
 // durability and ordering around it:

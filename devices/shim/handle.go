@@ -129,7 +129,7 @@ func (s *Shim) process(device string, raw []byte, d Device) Result {
 
 	live, stored, err := s.current(device)
 	if err != nil {
-		s.stats.storage.Add(1)
+		s.storageFailed(device, err)
 		return s.refuse(device, env, fence.Mark{}, err.Error())
 	}
 	verdict, next := fence.Admit(live.Mark, env.Token, env.Seq)
@@ -197,8 +197,9 @@ func (s *Shim) process(device string, raw []byte, d Device) Result {
 				s.stats.applyFailed.Add(1)
 				return s.refuse(device, env, live.Mark, ae.err.Error())
 			}
-			s.stats.storage.Add(1)
-			return s.refuse(device, env, live.Mark, storageErr(err).Error())
+			err = storageErr(err)
+			s.storageFailed(device, err)
+			return s.refuse(device, env, live.Mark, err.Error())
 		}
 		delete(s.pending, device)
 	}
@@ -220,6 +221,18 @@ func (s *Shim) process(device string, raw []byte, d Device) Result {
 			"would_be", verdict.String(), "mark", live.Mark.String())
 	}
 	return Result{Ack: fence.NewAck(env, fence.Accepted, next, reason), Envelope: env, Applied: true}
+}
+
+// storageFailed counts a decision refused because the marks could not be
+// read or written, and logs a corrupt mark record (the device's commands
+// are refused until an operator repairs or removes it).
+func (s *Shim) storageFailed(device string, err error) {
+	s.stats.storage.Add(1)
+	if errors.Is(err, fence.ErrMarkRecordCorrupt) {
+		s.stats.corrupt.Add(1)
+		s.log.Error("mark record corrupt: the device's commands are refused until it is repaired",
+			"device", device, "path", s.path, "err", err)
+	}
 }
 
 // refused answers a stale or duplicate command.

@@ -93,6 +93,7 @@ type Shim struct {
 	stats struct {
 		accepted, duplicate, stale, invalid      atomic.Uint64
 		unfenced, applyFailed, storage, deferred atomic.Uint64
+		corrupt                                  atomic.Uint64
 	}
 }
 
@@ -212,6 +213,7 @@ type Stats struct {
 	Unfenced      uint64 // accepted only because DisableFence is set
 	ApplyFailed   uint64 // effects that failed (also counted in Invalid)
 	StorageErrors uint64 // decisions refused because the marks could not be read or written (also in Invalid)
+	CorruptMarks  uint64 // of those, refused because the device's mark record is corrupt (fence.ErrMarkRecordCorrupt)
 	Deferred      uint64 // seq advances not fsynced (PersistOnTokenChangeOnly)
 }
 
@@ -225,6 +227,7 @@ func (s *Shim) Stats() Stats {
 		Unfenced:      s.stats.unfenced.Load(),
 		ApplyFailed:   s.stats.applyFailed.Load(),
 		StorageErrors: s.stats.storage.Load(),
+		CorruptMarks:  s.stats.corrupt.Load(),
 		Deferred:      s.stats.deferred.Load(),
 	}
 }
@@ -244,25 +247,6 @@ func (s *Shim) current(device string) (live, stored Record, err error) {
 		live = p
 	}
 	return live, stored, nil
-}
-
-func getRecord(b *bbolt.Bucket, device string) (Record, error) {
-	if b == nil {
-		return Record{}, fmt.Errorf("%w: bucket %s missing", ErrStorage, marksBucket)
-	}
-	v := b.Get([]byte(device))
-	if v == nil {
-		return Record{}, nil
-	}
-	return decodeRecord(v)
-}
-
-func putRecord(b *bbolt.Bucket, device string, r Record) error {
-	v, err := r.encode()
-	if err != nil {
-		return fmt.Errorf("%w: encode mark record: %v", ErrStorage, err)
-	}
-	return b.Put([]byte(device), v)
 }
 
 func storageErr(err error) error {
