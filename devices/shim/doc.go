@@ -22,8 +22,8 @@
 //
 // Options.PersistOnTokenChangeOnly trades the exactly-once/at-most-once
 // guarantee for flash wear on devices whose commands are all idempotent; see
-// its documentation. Options.DisableFence turns the fence off for tests and
-// demonstrations only.
+// its documentation. The fence cannot be turned off (the demonstrations'
+// unfenced device is a simulator kind of devices/sim, in test builds only).
 //
 // Handle never panics, whatever the input, and never moves the mark for input
 // it refuses. Stats counts verdicts; the Invalid count is the bad-input metric.

@@ -250,27 +250,6 @@ func frozenHolder(tb testing.TB, dev string) [][]byte {
 	}
 }
 
-func TestHostDisableFenceCorrupts(t *testing.T) {
-	run := func(disable bool) (sim.State, []fence.Verdict) {
-		h := openHost(t, filepath.Join(t.TempDir(), "devsim.db"), sim.HostConfig{DisableFence: disable})
-		var vs []fence.Verdict
-		for _, raw := range frozenHolder(t, "dev-1") {
-			vs = append(vs, h.Handle("dev-1", raw).Ack.Verdict)
-		}
-		return state(t, h, "dev-1"), vs
-	}
-	fenced, vs := run(false)
-	if fmt.Sprint(vs) != "[accepted accepted stale]" || fenced.Mode != "cool" || fenced.Setpoint != 18 || fenced.Relay {
-		t.Fatalf("fenced: %v %+v", vs, fenced)
-	}
-	unfenced, vs := run(true)
-	if fmt.Sprint(vs) != "[accepted accepted accepted]" || unfenced.Mode != "heat" || unfenced.Setpoint != 30 || !unfenced.Relay {
-		t.Fatalf("unfenced: %v %+v", vs, unfenced)
-	}
-	t.Logf("fenced: the new holder's %s/%v stands; unfenced: the paused holder overwrote it with %s/%v",
-		fenced.Mode, fenced.Setpoint, unfenced.Mode, unfenced.Setpoint)
-}
-
 func TestReadVerdictLogErrors(t *testing.T) {
 	if _, err := sim.ReadVerdictLog(strings.NewReader("{\"device\":\"d\",\"verdict\":\"accepted\"}\n\n{\"device\":")); err == nil ||
 		!strings.Contains(err.Error(), "line 3") {
