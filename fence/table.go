@@ -29,7 +29,8 @@ const (
 	// commit, and a group's size follows the load: about the number of
 	// admits that arrived during the commit before it. The cap bounds one
 	// transaction's work (and the wait of its last member); beyond it the
-	// next group forms behind it. See docs/BENCHMARKS.md §5 for rates.
+	// next group forms behind it. See docs/BENCHMARKS.md §5 for rates and
+	// §24 for why not bbolt's Batch.
 	DefaultMaxGroup = 256
 )
 
