@@ -250,6 +250,19 @@ func frozenHolder(tb testing.TB, dev string) [][]byte {
 	}
 }
 
+// TestHostFrozenHolderFenced: behind the fence the new holder's state
+// stands (the unfenced kind, in test builds, loses it: unfenced_test.go).
+func TestHostFrozenHolderFenced(t *testing.T) {
+	h := openHost(t, filepath.Join(t.TempDir(), "devsim.db"), sim.HostConfig{})
+	var vs []fence.Verdict
+	for _, raw := range frozenHolder(t, "dev-1") {
+		vs = append(vs, h.Handle("dev-1", raw).Ack.Verdict)
+	}
+	if s := state(t, h, "dev-1"); fmt.Sprint(vs) != "[accepted accepted stale]" || s.Mode != "cool" || s.Setpoint != 18 || s.Relay {
+		t.Fatalf("%v %+v", vs, s)
+	}
+}
+
 func TestReadVerdictLogErrors(t *testing.T) {
 	if _, err := sim.ReadVerdictLog(strings.NewReader("{\"device\":\"d\",\"verdict\":\"accepted\"}\n\n{\"device\":")); err == nil ||
 		!strings.Contains(err.Error(), "line 3") {
