@@ -17,7 +17,9 @@
 // deterministic CBOR (RFC 8949 core deterministic encoding) with small integer
 // map keys, and decoded with explicit limits on size, nesting, and container
 // lengths; duplicate map keys, indefinite lengths, tags and unknown fields are
-// rejected.
+// rejected. MarkRecord is the durable mark every fence point stores (Table
+// here, devices/shim on a device): a versioned binary record with a CRC-32C,
+// read back exactly or refused with ErrMarkRecordCorrupt.
 //
 // The package imports no network code so that device firmware written in Go
 // can use it as is.

@@ -29,7 +29,8 @@ const (
 	// commit, and a group's size follows the load: about the number of
 	// admits that arrived during the commit before it. The cap bounds one
 	// transaction's work (and the wait of its last member); beyond it the
-	// next group forms behind it. See docs/BENCHMARKS.md §5 for rates.
+	// next group forms behind it. See docs/BENCHMARKS.md §5 for rates and
+	// §24 for why not bbolt's Batch.
 	DefaultMaxGroup = 256
 )
 
@@ -41,7 +42,8 @@ var (
 	ErrTableLocked = errors.New("fence: another edgefence process holds the fence table")
 	// ErrTableCorrupt means a stored record or the file itself is not
 	// readable. The table fails closed: no command for the device is
-	// admitted until an operator repairs it.
+	// admitted until an operator repairs it. A mark record that fails its
+	// checksum or does not parse also wraps ErrMarkRecordCorrupt.
 	ErrTableCorrupt = errors.New("fence: fence table corrupt")
 	// ErrTableClosed means the Table was closed.
 	ErrTableClosed = errors.New("fence: fence table closed")
@@ -178,7 +180,7 @@ func OpenTable(path string, opts *TableOptions) (*Table, error) {
 			return err
 		}
 		return b.ForEach(func(k, v []byte) error {
-			if m, _, _, _, err := parseRecord(v); err == nil {
+			if m, _, _, _, err := parseMarkRecord(v); err == nil {
 				t.cache[string(k)] = m
 			}
 			return nil
@@ -452,8 +454,8 @@ type admitCall struct {
 	key  []byte // device id
 	rec  []byte // the record stored if accepted
 	pkey []byte // the command's key in the unapplied bucket
-	pval []byte // and its value there (nil if encoding failed: perr)
-	perr error
+	pval []byte // and its value there
+	perr error  // encoding rec or pval failed (Envelope.Validate prevents it)
 	tok  Token
 	seq  uint64
 
@@ -467,13 +469,14 @@ type admitCall struct {
 
 func newAdmitCall(env *Envelope, at int64) *admitCall {
 	// One pointer-free allocation holds the key and the record.
-	buf := make([]byte, 0, len(env.Device)+recordMin+len(env.Holder)+len(env.ID))
+	buf := make([]byte, 0, len(env.Device)+markRecordMin+len(env.Holder)+len(env.ID))
 	key := append(buf, env.Device...)
 	// Accepted always leaves the mark (token, seq): the record is known now.
 	m := Mark{Token: env.Token, Seq: env.Seq}
-	rec := appendRecord(key[len(key):], m, at, env.Holder, env.ID)
+	rec, rerr := MarkRecord{Mark: m, At: time.UnixMilli(at), Holder: env.Holder, ID: env.ID}.AppendBinary(key[len(key):])
 	pval, perr := encodePending(env)
-	return &admitCall{key: key, rec: rec, pkey: pendingKey(env.Device, m), pval: pval, perr: perr, tok: env.Token, seq: env.Seq}
+	return &admitCall{key: key, rec: rec, pkey: pendingKey(env.Device, m), pval: pval, perr: errors.Join(rerr, perr),
+		tok: env.Token, seq: env.Seq}
 }
 
 func (c *admitCall) result() *error { return &c.err }
@@ -492,15 +495,15 @@ func (c *admitCall) run(tx *bbolt.Tx) error {
 		if m != (Mark{Token: c.tok, Seq: c.seq}) { // cannot happen: Admit's contract
 			return fmt.Errorf("fence: admit rule accepted %d/%d as %v", c.tok, c.seq, m)
 		}
+		if c.perr != nil {
+			return c.perr
+		}
 		// bbolt keeps the value until the commit; rec is only ever
 		// written by newAdmitCall, so a rerun stores the same bytes.
 		if err := b.Put(c.key, c.rec); err != nil {
 			return err
 		}
 		// The command itself, unapplied, in the same commit as its mark.
-		if c.perr != nil {
-			return c.perr
-		}
 		p := tx.Bucket(pendingBucket)
 		if p == nil {
 			return fmt.Errorf("%w: bucket %s missing", ErrTableCorrupt, pendingBucket)
@@ -536,7 +539,7 @@ func (t *Table) Get(device string) (r Record, found bool, err error) {
 			return nil
 		}
 		found = true
-		r, err = decodeRecord(device, v)
+		r, err = decodeTableRecord(device, v)
 		return err
 	})
 	if err != nil {
@@ -558,7 +561,7 @@ func (t *Table) List() ([]Record, error) {
 				bad = append(bad, fmt.Errorf("%w: key %q is not a device id", ErrTableCorrupt, k))
 				return nil
 			}
-			r, err := decodeRecord(dev, v)
+			r, err := decodeTableRecord(dev, v)
 			if err != nil {
 				bad = append(bad, fmt.Errorf("%w (device %s)", err, dev))
 				return nil
@@ -605,6 +608,19 @@ func getMark(b *bbolt.Bucket, key []byte) (Mark, error) {
 	if v == nil {
 		return Mark{}, nil
 	}
-	m, _, _, _, err := parseRecord(v)
-	return m, err
+	m, _, _, _, err := parseMarkRecord(v)
+	if err != nil {
+		return Mark{}, fmt.Errorf("%w: %w", ErrTableCorrupt, err)
+	}
+	return m, nil
+}
+
+// decodeTableRecord decodes device's stored record. A failure wraps both
+// ErrTableCorrupt and ErrMarkRecordCorrupt.
+func decodeTableRecord(device string, v []byte) (Record, error) {
+	var r MarkRecord
+	if err := r.UnmarshalBinary(v); err != nil {
+		return Record{}, fmt.Errorf("%w: %w", ErrTableCorrupt, err)
+	}
+	return Record{Device: device, Mark: r.Mark, At: r.At, Holder: r.Holder, ID: r.ID}, nil
 }

@@ -94,14 +94,59 @@ func BenchmarkRawBolt(b *testing.B) {
 	}
 }
 
+// BenchmarkGroupCommit compares, in one run, the table's own group commit
+// with bbolt's DB.Batch doing the same work (Table.AdmitBatch, test-only:
+// the same cache check, decision, mark and unapplied command in the
+// transaction) at several MaxBatchDelay and MaxBatchSize settings. A delay
+// of 0 is bbolt's "no batching": an Update per admit. Every commit fsyncs.
+//
+//	go test -run '^$' -bench GroupCommit -benchtime 2s -count 5 ./fence/
+func BenchmarkGroupCommit(b *testing.B) {
+	for _, conc := range []int{1, 8, 64} {
+		b.Run(fmt.Sprintf("conc=%d/table", conc), func(b *testing.B) {
+			benchTable(b, nil, conc)
+		})
+		for _, s := range []struct {
+			delay time.Duration
+			size  int
+		}{
+			{0, 0},
+			{20 * time.Microsecond, 64},
+			{100 * time.Microsecond, 64},
+			{500 * time.Microsecond, 64},
+			{100 * time.Microsecond, 8},
+			{10 * time.Millisecond, 1000}, // bbolt's defaults
+		} {
+			b.Run(fmt.Sprintf("conc=%d/batch/delay=%v/size=%d", conc, s.delay, s.size), func(b *testing.B) {
+				benchAdmits(b, conc, func(tab *fence.Table) admitFunc {
+					tab.SetBatch(s.delay, s.size)
+					return tab.AdmitBatch
+				})
+			})
+		}
+	}
+}
+
+type admitFunc func(context.Context, *fence.Envelope) (fence.Verdict, fence.Mark, error)
+
 // benchTable admits b.N commands from conc goroutines, one device each,
 // each with the next seq of its device.
 func benchTable(b *testing.B, opts *fence.TableOptions, conc int) {
+	benchAdmitsOpts(b, opts, conc, func(tab *fence.Table) admitFunc { return tab.Admit })
+}
+
+// benchAdmits is benchTable admitting through the function with returns.
+func benchAdmits(b *testing.B, conc int, with func(*fence.Table) admitFunc) {
+	benchAdmitsOpts(b, nil, conc, with)
+}
+
+func benchAdmitsOpts(b *testing.B, opts *fence.TableOptions, conc int, with func(*fence.Table) admitFunc) {
 	tab, err := fence.OpenTable(filepath.Join(b.TempDir(), fence.TableFile), opts)
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer tab.Close()
+	admit := with(tab)
 	envs := make([]*fence.Envelope, conc)
 	for g := range envs {
 		envs[g] = &fence.Envelope{V: fence.Version, Device: fmt.Sprintf("dev-%04d", g), Token: 1 << 20,
@@ -112,7 +157,7 @@ func benchTable(b *testing.B, opts *fence.TableOptions, conc int) {
 		env := *envs[g] // a copy: the seq is the goroutine's own
 		envs[g].Seq++
 		env.Seq = envs[g].Seq
-		v, _, err := tab.Admit(ctx, &env)
+		v, _, err := admit(ctx, &env)
 		if err == nil && v != fence.Accepted {
 			err = fmt.Errorf("%s seq %d: %v", env.Device, env.Seq, v)
 		}

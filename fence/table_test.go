@@ -425,13 +425,13 @@ func TestTableCorruptRecord(t *testing.T) {
 			rawPut(t, path, "dev-a", tc.edit(good))
 			tab := openTable(t, path, nil)
 
-			if _, _, err := tab.Get("dev-a"); !errors.Is(err, fence.ErrTableCorrupt) {
-				t.Errorf("Get: %v, want ErrTableCorrupt", err)
+			if _, _, err := tab.Get("dev-a"); !errors.Is(err, fence.ErrTableCorrupt) || !errors.Is(err, fence.ErrMarkRecordCorrupt) {
+				t.Errorf("Get: %v, want ErrTableCorrupt and ErrMarkRecordCorrupt", err)
 			}
 			for _, env := range []*fence.Envelope{cmd("dev-a", 6, 1), cmd("dev-a", 5, 1), cmd("dev-a", 4, 1)} {
 				v, m, err := tab.Admit(ctx, env)
-				if v != 0 || m != (fence.Mark{}) || !errors.Is(err, fence.ErrTableCorrupt) {
-					t.Errorf("Admit %d/%d: %v %v %v, want no verdict and ErrTableCorrupt", env.Token, env.Seq, v, m, err)
+				if v != 0 || m != (fence.Mark{}) || !errors.Is(err, fence.ErrTableCorrupt) || !errors.Is(err, fence.ErrMarkRecordCorrupt) {
+					t.Errorf("Admit %d/%d: %v %v %v, want no verdict and ErrTableCorrupt, ErrMarkRecordCorrupt", env.Token, env.Seq, v, m, err)
 				} else if !strings.Contains(err.Error(), "dev-a") {
 					t.Errorf("Admit error does not name the device: %v", err)
 				}
@@ -645,5 +645,49 @@ func TestTableGetInvalidDevice(t *testing.T) {
 	tab := openTable(t, tablePath(t), nil)
 	if _, _, err := tab.Get("../etc"); !errors.Is(err, fence.ErrInvalid) {
 		t.Fatalf("Get(../etc): %v", err)
+	}
+}
+
+// A table file written before MarkRecord existed (testdata/README.md)
+// opens, lists its marks and unapplied commands, and goes on deciding from
+// them.
+func TestTableLoadsFixtureV1(t *testing.T) {
+	old, err := os.ReadFile("testdata/table-v1.db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := tablePath(t)
+	if err := os.WriteFile(path, old, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tab := openTable(t, path, nil)
+	recs, err := tab.List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.UnixMilli(1767225600123)
+	want := []fence.Record{
+		{Device: "plc-1", Mark: fence.Mark{Token: 5, Seq: 2}, At: at, Holder: "gw-a", ID: "a2"},
+		{Device: "plc-2", Mark: fence.Mark{Token: 9, Seq: 4}, At: at, Holder: "gw-b", ID: "b4"},
+	}
+	if len(recs) != len(want) {
+		t.Fatalf("List: %+v, want %+v", recs, want)
+	}
+	for i, r := range recs {
+		if w := want[i]; r.Device != w.Device || r.Mark != w.Mark || !r.At.Equal(w.At) || r.Holder != w.Holder || r.ID != w.ID {
+			t.Errorf("record %d: %+v, want %+v", i, r, w)
+		}
+	}
+	if got := fmt.Sprint(unappliedMarks(t, tab, "plc-1"), unappliedMarks(t, tab, "plc-2")); got != "[5/1 5/2] [9/4]" {
+		t.Errorf("unapplied %s", got)
+	}
+	ctx := context.Background()
+	for _, c := range []struct {
+		env  *fence.Envelope
+		want fence.Verdict
+	}{{cmd("plc-1", 5, 2), fence.Duplicate}, {cmd("plc-1", 4, 9), fence.Stale}, {cmd("plc-1", 5, 3), fence.Accepted}, {cmd("plc-2", 10, 1), fence.Accepted}} {
+		if v, _, err := tab.Admit(ctx, c.env); v != c.want || err != nil {
+			t.Errorf("Admit %s %d/%d: %v %v, want %v", c.env.Device, c.env.Token, c.env.Seq, v, err, c.want)
+		}
 	}
 }

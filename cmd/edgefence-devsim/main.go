@@ -117,7 +117,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 
 	fleet, err := sim.NewFleet(ctx, sim.FleetConfig{Devices: ids, DataDir: *dir, Broker: *broker, Prefix: *prefix,
-		ClientID: *clientID, VerdictLog: vlog, History: hist, DisableFence: *noFence, Logger: log})
+		ClientID: *clientID, VerdictLog: vlog, History: hist, Kind: deviceKind(*noFence), Logger: log})
 	if err != nil {
 		log.Error("start", "err", err)
 		return 1

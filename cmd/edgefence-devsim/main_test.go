@@ -77,6 +77,21 @@ func startDevsim(t *testing.T, args ...string) *devsim {
 	return d
 }
 
+// readVerdictLog reads the verdict log file at path.
+func readVerdictLog(t *testing.T, path string) []sim.VerdictRecord {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	recs, err := sim.ReadVerdictLog(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return recs
+}
+
 func (d *devsim) log() string {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -256,15 +271,7 @@ func TestDevsimRunsAndResumes(t *testing.T) {
 		t.Errorf("shutdown log:\n%s", l)
 	}
 
-	f, err := os.Open(vlog)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	recs, err := sim.ReadVerdictLog(f)
-	if err != nil {
-		t.Fatal(err)
-	}
+	recs := readVerdictLog(t, vlog)
 	// The broker may redeliver a command whose PUBACK the shutdown cut off:
 	// the resumed devsim must answer it as a duplicate, never apply it twice.
 	var got []string
@@ -389,15 +396,7 @@ func TestDevsimKill9(t *testing.T) {
 	if st.Applied != uint64(sent) || st.LastToken != tok || st.LastSeq != seq {
 		t.Fatalf("after %d commands and 5 kills: state %+v", sent, st)
 	}
-	f, err := os.Open(vlog)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	recs, err := sim.ReadVerdictLog(f)
-	if err != nil {
-		t.Fatal(err)
-	}
+	recs := readVerdictLog(t, vlog)
 	seen := map[fence.Mark]bool{}
 	dups, late := 0, 0
 	for _, r := range recs {

@@ -2,7 +2,11 @@
 
 package main
 
-import "flag"
+import (
+	"flag"
+
+	"github.com/edgefence/edgefence/devices/sim"
+)
 
 // unsafeFlags registers the switches of a test or demo build (-tags
 // edgefence_unsafe: `make build`, the tests' binaries) and returns
@@ -11,5 +15,14 @@ import "flag"
 //
 //go:noinline
 func unsafeFlags(fs *flag.FlagSet) *bool {
-	return fs.Bool("unsafe-no-fence", false, "DISABLE THE FENCE: apply stale and duplicate commands (test and demo builds only)")
+	return fs.Bool("unsafe-no-fence", false, "run unfenced devices (sim.DeviceUnfenced): they apply stale and duplicate commands (test and demo builds only)")
+}
+
+// deviceKind is the kind of device the fleet runs: unfenced thermostats
+// with --unsafe-no-fence.
+func deviceKind(noFence bool) sim.DeviceKind {
+	if noFence {
+		return sim.DeviceUnfenced
+	}
+	return sim.DeviceThermostat
 }

@@ -122,9 +122,13 @@ func TestBinarySize(t *testing.T) {
 // failpointMarks are what a build with the failpoints compiled in carries:
 // symbols (`go tool nm`) and strings. The shipped binaries have none.
 var failpointMarks = struct{ symbols, strings []string }{
-	symbols: []string{"main.failpoint", "main.unsafeFlags"},
+	symbols: []string{"main.failpoint", "main.unsafeFlags", unfencedKindSymbol},
 	strings: []string{"EDGEFENCE_FAILPOINTS", "unsafe-no-fence"},
 }
+
+// unfencedKindSymbol is the unfenced simulated device's constructor
+// (devices/sim, -tags edgefence_unsafe only).
+const unfencedKindSymbol = "github.com/edgefence/edgefence/devices/sim.openUnfenced"
 
 // failpointsIn builds ./cmd/<name> with tags (not stripped: nm needs the
 // symbol table) and returns the failpoint symbols and strings it carries.
@@ -170,8 +174,11 @@ func TestShippedBinaryHasNoFailpoints(t *testing.T) {
 		if found := failpointsIn(t, name, shipTags(t)); len(found) > 0 {
 			t.Errorf("%s built with -tags %s carries failpoints: %s", name, shipTags(t), strings.Join(found, ", "))
 		}
-		if found := failpointsIn(t, name, shipTags(t)+",edgefence_unsafe"); !slices.ContainsFunc(found, func(f string) bool { return strings.HasPrefix(f, "symbol ") }) {
+		found := failpointsIn(t, name, shipTags(t)+",edgefence_unsafe")
+		if !slices.ContainsFunc(found, func(f string) bool { return strings.HasPrefix(f, "symbol ") }) {
 			t.Errorf("%s built with edgefence_unsafe: %q, no failpoint symbol: the check does not see them (failpointMarks)", name, found)
+		} else if name == "edgefence-devsim" && !slices.Contains(found, "symbol "+unfencedKindSymbol) {
+			t.Errorf("%s built with edgefence_unsafe: %q, no %s: the check does not see the unfenced device kind", name, found, unfencedKindSymbol)
 		} else {
 			t.Logf("%s with edgefence_unsafe: %s", name, strings.Join(found, ", "))
 		}

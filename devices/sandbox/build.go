@@ -7,7 +7,8 @@ import (
 )
 
 // UnsafeTag is the build tag of test and demo builds: with it, the agent
-// reads EDGEFENCE_FAILPOINTS and the device simulator has --unsafe-no-fence.
+// reads EDGEFENCE_FAILPOINTS and the device simulator has --unsafe-no-fence
+// (the unfenced device kind).
 // The shipped binaries are built without it.
 const UnsafeTag = "edgefence_unsafe"
 

@@ -35,8 +35,9 @@ type Figure1Config struct {
 	EtcdPrefix string        // default /edgefence/v1; distinct per run when runs share an etcd
 	MQTTPrefix string        // default edgefence/v1
 
-	// NoFence runs the device simulator with --unsafe-no-fence, to show
-	// that without the fence the same schedule corrupts the devices.
+	// NoFence runs the device simulator with --unsafe-no-fence (unfenced
+	// devices, sim.DeviceUnfenced), to show that without the fence the
+	// same schedule corrupts the devices.
 	NoFence bool
 	// AgentAFailpoints is EDGEFENCE_FAILPOINTS for agent A; default
 	// "ignore-session-loss", the frozen holder that never notices it was

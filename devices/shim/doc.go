@@ -1,6 +1,8 @@
 // Package shim is a fence point for Linux-class device firmware: it decides,
 // for every command envelope addressed to a device, whether the command may
-// take effect, and keeps the device's high-water mark durably in a bbolt file.
+// take effect, and keeps the device's high-water mark durably in a bbolt file
+// (a fence.MarkRecord per device; a record that fails its checksum refuses
+// that device's commands, counted in Stats.CorruptMarks).
 //
 // The decision is fence.Admit, the one admit rule. What the shim adds is
 // durability and ordering around it:
@@ -20,8 +22,8 @@
 //
 // Options.PersistOnTokenChangeOnly trades the exactly-once/at-most-once
 // guarantee for flash wear on devices whose commands are all idempotent; see
-// its documentation. Options.DisableFence turns the fence off for tests and
-// demonstrations only.
+// its documentation. The fence cannot be turned off (the demonstrations'
+// unfenced device is a simulator kind of devices/sim, in test builds only).
 //
 // Handle never panics, whatever the input, and never moves the mark for input
 // it refuses. Stats counts verdicts; the Invalid count is the bad-input metric.

@@ -12,6 +12,9 @@ var (
 	ErrClosed = errors.New("shim: closed")
 	// ErrStorage means the fence point could not read or write its marks.
 	// Commands are refused (Invalid) while it persists: the shim fails
-	// closed.
+	// closed. A device's mark record that fails its checksum or does not
+	// parse also wraps fence.ErrMarkRecordCorrupt; that device's commands
+	// are refused until the record is repaired or removed, the other
+	// devices are served.
 	ErrStorage = errors.New("shim: storage")
 )

@@ -72,9 +72,9 @@ func (s *Shim) record(res Result) {
 // commit that makes it durable (inside the write transaction, or before
 // the effect of a deferred seq advance): a SIGKILL after the commit cannot
 // lose the line. Call with s.mu held.
-func (s *Shim) recordAccept(env *fence.Envelope, m fence.Mark, reason string) {
+func (s *Shim) recordAccept(env *fence.Envelope, m fence.Mark) {
 	if s.opts.History != nil {
-		s.record(Result{Ack: fence.NewAck(env, fence.Accepted, m, reason), Envelope: env})
+		s.record(Result{Ack: fence.NewAck(env, fence.Accepted, m, ""), Envelope: env})
 	}
 }
 
@@ -129,34 +129,26 @@ func (s *Shim) process(device string, raw []byte, d Device) Result {
 
 	live, stored, err := s.current(device)
 	if err != nil {
-		s.stats.storage.Add(1)
+		s.storageFailed(device, err)
 		return s.refuse(device, env, fence.Mark{}, err.Error())
 	}
 	verdict, next := fence.Admit(live.Mark, env.Token, env.Seq)
-	unfenced := false
 	switch verdict {
 	case fence.Accepted:
 	case fence.Stale, fence.Duplicate:
-		if !s.opts.DisableFence {
-			return s.refused(env, verdict, live.Mark)
-		}
-		unfenced, next = true, live.Mark // apply anyway; the mark only rises
+		return s.refused(env, verdict, live.Mark)
 	default: // Envelope.Validate already refused token 0 and seq 0
 		return s.refuse(device, env, live.Mark, "admit: "+verdict.String())
 	}
 
 	txa, isTx := d.(TxApplier)
 	rec := Record{Mark: next, At: time.Now(), Holder: env.Holder, ID: env.ID}
-	reason := ""
-	if unfenced {
-		reason = "FENCE DISABLED: applied although the fence says " + verdict.String()
-	}
 
-	if s.opts.PersistOnTokenChangeOnly && !isTx && !unfenced && next.Token == stored.Mark.Token {
+	if s.opts.PersistOnTokenChangeOnly && !isTx && next.Token == stored.Mark.Token {
 		// Seq-only advance under the durable token: no write, no fsync.
 		s.pending[device] = rec
 		s.stats.deferred.Add(1)
-		s.recordAccept(env, next, reason)
+		s.recordAccept(env, next)
 	} else {
 		recorded := false
 		err := s.db.Update(func(tx *bbolt.Tx) error {
@@ -170,14 +162,12 @@ func (s *Shim) process(device string, raw []byte, d Device) Result {
 			}
 			// The authoritative check-and-update, atomic in this transaction.
 			v, n := fence.Admit(cur.Mark, env.Token, env.Seq)
-			switch {
-			case v == fence.Accepted:
-				rec.Mark = n
-				if err := putRecord(b, device, rec); err != nil {
-					return err
-				}
-			case !unfenced:
+			if v != fence.Accepted {
 				return fmt.Errorf("%w: mark moved to %s during the decision", ErrStorage, cur.Mark)
+			}
+			rec.Mark = n
+			if err := putRecord(b, device, rec); err != nil {
+				return err
 			}
 			if isTx {
 				if err := guard("apply", func() error { return txa.ApplyTx(tx, env) }); err != nil {
@@ -185,7 +175,7 @@ func (s *Shim) process(device string, raw []byte, d Device) Result {
 				}
 			}
 			// Decided: on the record before the commit (history).
-			s.recordAccept(env, rec.Mark, reason)
+			s.recordAccept(env, rec.Mark)
 			recorded = true
 			return nil
 		})
@@ -197,8 +187,9 @@ func (s *Shim) process(device string, raw []byte, d Device) Result {
 				s.stats.applyFailed.Add(1)
 				return s.refuse(device, env, live.Mark, ae.err.Error())
 			}
-			s.stats.storage.Add(1)
-			return s.refuse(device, env, live.Mark, storageErr(err).Error())
+			err = storageErr(err)
+			s.storageFailed(device, err)
+			return s.refuse(device, env, live.Mark, err.Error())
 		}
 		delete(s.pending, device)
 	}
@@ -214,12 +205,19 @@ func (s *Shim) process(device string, raw []byte, d Device) Result {
 	}
 
 	s.stats.accepted.Add(1)
-	if unfenced {
-		s.stats.unfenced.Add(1)
-		s.log.Warn("unfenced apply", "device", device, "id", env.ID, "token", env.Token, "seq", env.Seq,
-			"would_be", verdict.String(), "mark", live.Mark.String())
+	return Result{Ack: fence.NewAck(env, fence.Accepted, next, ""), Envelope: env, Applied: true}
+}
+
+// storageFailed counts a decision refused because the marks could not be
+// read or written, and logs a corrupt mark record (the device's commands
+// are refused until an operator repairs or removes it).
+func (s *Shim) storageFailed(device string, err error) {
+	s.stats.storage.Add(1)
+	if errors.Is(err, fence.ErrMarkRecordCorrupt) {
+		s.stats.corrupt.Add(1)
+		s.log.Error("mark record corrupt: the device's commands are refused until it is repaired",
+			"device", device, "path", s.path, "err", err)
 	}
-	return Result{Ack: fence.NewAck(env, fence.Accepted, next, reason), Envelope: env, Applied: true}
 }
 
 // refused answers a stale or duplicate command.

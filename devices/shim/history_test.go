@@ -71,29 +71,6 @@ func TestHistory(t *testing.T) {
 	}
 }
 
-// TestHistoryShowsUnfencedCorruption: with the fence disabled the same
-// schedule as TestDisableFence applies a stale and a duplicate command, and
-// the history checker says so.
-func TestHistoryShowsUnfencedCorruption(t *testing.T) {
-	dir := t.TempDir()
-	hpath := filepath.Join(dir, "history.jsonl")
-	s := open(t, filepath.Join(dir, "fence.db"), &shim.Options{DisableFence: true, History: createHistory(t, hpath, "shim")})
-	for _, c := range []struct {
-		tok fence.Token
-		seq uint64
-	}{{10, 1}, {11, 1}, {10, 2}, {11, 1}} {
-		s.Handle("dev-1", envelope(t, "dev-1", c.tok, c.seq, "ok"), counter{})
-	}
-	evs, err := history.Read(hpath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := history.Check(evs)
-	if len(r.Violations) != 2 || r.Violations[0].ID != "c-10-2" || r.Violations[1].ID != "c-11-1" {
-		t.Fatalf("check:\n%s", r)
-	}
-}
-
 // TestHistoryConcurrent: decisions from many goroutines land one line each,
 // in decision order (the history checks clean).
 func TestHistoryConcurrent(t *testing.T) {

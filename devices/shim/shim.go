@@ -40,20 +40,12 @@ type Options struct {
 	// for free.
 	PersistOnTokenChangeOnly bool
 
-	// DisableFence is for tests and demonstrations ONLY. The shim accepts
-	// every decodable, checked command and applies it, even stale ones and
-	// duplicates, so that a test can show the same schedule corrupting the
-	// state that the fence protects. The recorded mark still only rises.
-	// Open logs a loud warning (to slog.Default if Logger is nil).
-	DisableFence bool
-
 	// LockTimeout bounds the wait for the database file lock; zero means
 	// DefaultLockTimeout. A second process opening the same file gets an
 	// error wrapping ErrLocked instead of hanging.
 	LockTimeout time.Duration
 
-	// Logger receives the shim's log lines; nil means none (except the
-	// DisableFence warning).
+	// Logger receives the shim's log lines; nil means none.
 	Logger *slog.Logger
 
 	// History, if not nil, gets one history.OpVerdict event per decision
@@ -91,8 +83,8 @@ type Shim struct {
 	pending map[string]Record // PersistOnTokenChangeOnly: seq advances not yet written
 
 	stats struct {
-		accepted, duplicate, stale, invalid      atomic.Uint64
-		unfenced, applyFailed, storage, deferred atomic.Uint64
+		accepted, duplicate, stale, invalid     atomic.Uint64
+		applyFailed, storage, deferred, corrupt atomic.Uint64
 	}
 }
 
@@ -127,14 +119,6 @@ func Open(path string, opts *Options) (*Shim, error) {
 	s := &Shim{db: db, path: path, opts: o, log: log, pending: make(map[string]Record)}
 	// Before any decision: say which recorded accepts never became durable.
 	s.recordDurable()
-	if o.DisableFence {
-		warn := o.Logger
-		if warn == nil {
-			warn = slog.Default()
-		}
-		warn.Warn("FENCE DISABLED: this fence point accepts and applies stale and duplicate commands; for tests and demos only, never in production",
-			"path", path)
-	}
 	if o.PersistOnTokenChangeOnly {
 		log.Info("fence point persists seq advances lazily; same-token duplicates may be re-applied after a crash",
 			"path", path)
@@ -204,14 +188,14 @@ func (s *Shim) View(fn func(tx *bbolt.Tx) error) error {
 
 // Stats are the shim's counters since Open.
 type Stats struct {
-	Accepted  uint64 // commands that took effect (including Unfenced)
+	Accepted  uint64 // commands that took effect
 	Duplicate uint64
 	Stale     uint64
 	Invalid   uint64 // bad input, failed checks and failed effects: the bad-input metric
 
-	Unfenced      uint64 // accepted only because DisableFence is set
 	ApplyFailed   uint64 // effects that failed (also counted in Invalid)
 	StorageErrors uint64 // decisions refused because the marks could not be read or written (also in Invalid)
+	CorruptMarks  uint64 // of those, refused because the device's mark record is corrupt (fence.ErrMarkRecordCorrupt)
 	Deferred      uint64 // seq advances not fsynced (PersistOnTokenChangeOnly)
 }
 
@@ -222,9 +206,9 @@ func (s *Shim) Stats() Stats {
 		Duplicate:     s.stats.duplicate.Load(),
 		Stale:         s.stats.stale.Load(),
 		Invalid:       s.stats.invalid.Load(),
-		Unfenced:      s.stats.unfenced.Load(),
 		ApplyFailed:   s.stats.applyFailed.Load(),
 		StorageErrors: s.stats.storage.Load(),
+		CorruptMarks:  s.stats.corrupt.Load(),
 		Deferred:      s.stats.deferred.Load(),
 	}
 }
@@ -244,25 +228,6 @@ func (s *Shim) current(device string) (live, stored Record, err error) {
 		live = p
 	}
 	return live, stored, nil
-}
-
-func getRecord(b *bbolt.Bucket, device string) (Record, error) {
-	if b == nil {
-		return Record{}, fmt.Errorf("%w: bucket %s missing", ErrStorage, marksBucket)
-	}
-	v := b.Get([]byte(device))
-	if v == nil {
-		return Record{}, nil
-	}
-	return decodeRecord(v)
-}
-
-func putRecord(b *bbolt.Bucket, device string, r Record) error {
-	v, err := r.encode()
-	if err != nil {
-		return fmt.Errorf("%w: encode mark record: %v", ErrStorage, err)
-	}
-	return b.Put([]byte(device), v)
 }
 
 func storageErr(err error) error {

@@ -7,7 +7,10 @@
 // applied, and the token, seq and id of the last one. Its state lives in the
 // same bbolt file as the shim's marks and is written in the same transaction
 // as the mark (shim.TxApplier), so every accepted command takes effect
-// exactly once, even across kill -9.
+// exactly once, even across kill -9. That is device kind DeviceThermostat,
+// the default and a shipped build's only kind; test and demo builds (-tags
+// edgefence_unsafe) also have DeviceUnfenced, the same thermostat with no
+// fence point, for showing what the fence prevents.
 //
 // Commands (Envelope.Kind):
 //

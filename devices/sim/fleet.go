@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -40,8 +41,9 @@ type FleetConfig struct {
 	// History, if not nil, gets every decision as a history event
 	// (shim.Options.History). The Fleet does not close it.
 	History *history.Writer
-	// DisableFence turns the fence off: TEST AND DEMO ONLY.
-	DisableFence bool
+	// Kind is what the fleet's devices are (HostConfig.Kind); empty means
+	// DeviceThermostat.
+	Kind DeviceKind
 	// Logger receives log lines (the MQTT client's too); nil means none.
 	Logger *slog.Logger
 
@@ -106,7 +108,7 @@ func NewFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	host, err := OpenHost(filepath.Join(cfg.DataDir, DBFile),
-		HostConfig{VerdictLog: cfg.VerdictLog, DisableFence: cfg.DisableFence, Logger: cfg.Logger, History: cfg.History})
+		HostConfig{VerdictLog: cfg.VerdictLog, Kind: cfg.Kind, Logger: cfg.Logger, History: cfg.History})
 	if err != nil {
 		return nil, fmt.Errorf("sim: fleet: %w", err)
 	}
@@ -131,7 +133,7 @@ func NewFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 		f.client.Subscribe(f.topics.Cmd(d), func(m mqtt.Message) { f.handle(d, m) })
 	}
 	log.Info("device fleet starting", "devices", len(f.devices), "broker", cfg.Broker,
-		"client_id", mc.ClientID, "db", filepath.Join(cfg.DataDir, DBFile), "fence", !cfg.DisableFence)
+		"client_id", mc.ClientID, "db", filepath.Join(cfg.DataDir, DBFile), "kind", cmp.Or(cfg.Kind, DeviceThermostat))
 	return f, nil
 }
 

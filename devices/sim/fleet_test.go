@@ -324,31 +324,6 @@ func TestFleetRestartResumes(t *testing.T) {
 	}
 }
 
-// TestFleetDisableFence runs the frozen-holder schedule over MQTT against a
-// fenced and an unfenced fleet: only the fence keeps the new holder's state.
-func TestFleetDisableFence(t *testing.T) {
-	url := startBroker(t)
-	topics := mqtt.Topics{}
-	a := newAgentClient(t, url, topics)
-	run := func(dev string, disable bool) (sim.State, []fence.Verdict) {
-		f := startFleet(t, sim.FleetConfig{Devices: []string{dev}, DataDir: t.TempDir(), Broker: url,
-			ClientID: "fleet-" + dev, DisableFence: disable})
-		var vs []fence.Verdict
-		for _, raw := range frozenHolder(t, dev) {
-			vs = append(vs, a.send(t, dev, raw, "").ack.Verdict)
-		}
-		return state(t, f, dev), vs
-	}
-	fenced, vs := run("fenced-1", false)
-	if fmt.Sprint(vs) != "[accepted accepted stale]" || fenced.Mode != "cool" || fenced.Setpoint != 18 {
-		t.Fatalf("fenced: %v %+v", vs, fenced)
-	}
-	unfenced, vs := run("unfenced-1", true)
-	if fmt.Sprint(vs) != "[accepted accepted accepted]" || unfenced.Mode != "heat" || unfenced.Setpoint != 30 {
-		t.Fatalf("unfenced: %v %+v", vs, unfenced)
-	}
-}
-
 func TestNewFleetConfigErrors(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()

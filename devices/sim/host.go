@@ -1,10 +1,15 @@
 package sim
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
+	"slices"
 	"time"
+
+	"go.etcd.io/bbolt"
 
 	"github.com/edgefence/edgefence/devices/shim"
 	"github.com/edgefence/edgefence/fence"
@@ -16,9 +21,9 @@ type HostConfig struct {
 	// VerdictLog receives one JSON line per decision (see VerdictRecord);
 	// nil means none. Write errors are logged, never fatal.
 	VerdictLog io.Writer
-	// DisableFence turns the fence off (shim.Options.DisableFence): TEST
-	// AND DEMO ONLY.
-	DisableFence bool
+	// Kind is what the Host simulates; empty means DeviceThermostat. Test
+	// and demo builds (-tags edgefence_unsafe) also have DeviceUnfenced.
+	Kind DeviceKind
 	// Logger receives log lines; nil means none.
 	Logger *slog.Logger
 	// Now is the clock for verdict log times; nil means time.Now.
@@ -28,10 +33,44 @@ type HostConfig struct {
 	History *history.Writer
 }
 
-// Host runs simulated thermostats behind one fence point (one bbolt file),
-// with no network: a Fleet puts one on MQTT, tests may drive one directly.
+// DeviceKind names what a Host simulates.
+type DeviceKind string
+
+// DeviceThermostat is a Thermostat behind a fence point (package shim): the
+// default, and the only kind of a shipped build.
+const DeviceThermostat DeviceKind = "thermostat"
+
+// ErrDeviceKind means HostConfig.Kind names no device kind of this build.
+var ErrDeviceKind = errors.New("sim: unknown device kind")
+
+// fencePoint is what a Host's devices sit behind: the shim for
+// DeviceThermostat (*shim.Shim), something else for the kinds of test and
+// demo builds.
+type fencePoint interface {
+	Process(device string, raw []byte, d shim.Device) shim.Result
+	Mark(device string) (fence.Mark, error)
+	Stats() shim.Stats
+	View(fn func(tx *bbolt.Tx) error) error
+	Close() error
+}
+
+// openers opens the fence point of each device kind this build has.
+var openers = map[DeviceKind]func(path string, cfg HostConfig) (fencePoint, error){
+	DeviceThermostat: openShim,
+}
+
+func openShim(path string, cfg HostConfig) (fencePoint, error) {
+	s, err := shim.Open(path, &shim.Options{Logger: cfg.Logger, History: cfg.History})
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Host runs simulated devices behind one fence point (one bbolt file), with
+// no network: a Fleet puts one on MQTT, tests may drive one directly.
 type Host struct {
-	shim *shim.Shim
+	fp   fencePoint
 	vlog *verdictLog
 	log  *slog.Logger
 	now  func() time.Time
@@ -44,8 +83,14 @@ func OpenHost(path string, cfg HostConfig) (*Host, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s, err := shim.Open(path, &shim.Options{DisableFence: cfg.DisableFence, Logger: cfg.Logger,
-		History: cfg.History})
+	if cfg.Kind == "" {
+		cfg.Kind = DeviceThermostat
+	}
+	open, ok := openers[cfg.Kind]
+	if !ok {
+		return nil, fmt.Errorf("%w %q: this build has %q", ErrDeviceKind, cfg.Kind, slices.Sorted(maps.Keys(openers)))
+	}
+	fp, err := open(path, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -53,11 +98,11 @@ func OpenHost(path string, cfg HostConfig) (*Host, error) {
 	if now == nil {
 		now = time.Now
 	}
-	return &Host{shim: s, vlog: &verdictLog{w: cfg.VerdictLog}, log: log, now: now}, nil
+	return &Host{fp: fp, vlog: &verdictLog{w: cfg.VerdictLog}, log: log, now: now}, nil
 }
 
 // Close closes the database.
-func (h *Host) Close() error { return h.shim.Close() }
+func (h *Host) Close() error { return h.fp.Close() }
 
 // Outcome is what handling one command produced.
 type Outcome struct {
@@ -70,7 +115,7 @@ type Outcome struct {
 // envelope), applies it if admitted, and appends the verdict log line. It
 // never panics.
 func (h *Host) Handle(device string, raw []byte) Outcome {
-	res := h.shim.Process(device, raw, Thermostat{})
+	res := h.fp.Process(device, raw, Thermostat{})
 	a := res.Ack
 	rec := VerdictRecord{Time: h.now().UTC(), Device: a.Device, Token: a.Token, Seq: a.Seq, ID: a.ID,
 		Verdict: a.Verdict, MaxToken: a.MaxToken, LastSeq: a.LastSeq, Reason: a.Reason}
@@ -78,7 +123,7 @@ func (h *Host) Handle(device string, raw []byte) Outcome {
 		rec.Kind, rec.Holder = env.Kind, env.Holder
 	}
 	if a.Device != "" {
-		st, err := readState(h.shim, a.Device)
+		st, err := readState(h.fp, a.Device)
 		if err != nil {
 			h.log.Error("read device state", "device", a.Device, "err", err)
 		} else {
@@ -97,7 +142,7 @@ func (h *Host) State(device string) (State, error) {
 	if err := fence.ValidateDeviceID(device); err != nil {
 		return State{}, err
 	}
-	st, err := readState(h.shim, device)
+	st, err := readState(h.fp, device)
 	if err != nil {
 		return State{}, fmt.Errorf("sim: state of %s: %w", device, err)
 	}
@@ -105,7 +150,7 @@ func (h *Host) State(device string) (State, error) {
 }
 
 // Mark returns a device's fence mark.
-func (h *Host) Mark(device string) (fence.Mark, error) { return h.shim.Mark(device) }
+func (h *Host) Mark(device string) (fence.Mark, error) { return h.fp.Mark(device) }
 
 // Stats returns the fence point's counters; Invalid counts bad input.
-func (h *Host) Stats() shim.Stats { return h.shim.Stats() }
+func (h *Host) Stats() shim.Stats { return h.fp.Stats() }

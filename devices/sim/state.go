@@ -232,8 +232,8 @@ func getState(b *bbolt.Bucket, device string) (State, error) {
 	return s, nil
 }
 
-// readState reads a device's state through the shim.
-func readState(s *shim.Shim, device string) (State, error) {
+// readState reads a device's state through its fence point.
+func readState(s fencePoint, device string) (State, error) {
 	var st State
 	err := s.View(func(tx *bbolt.Tx) error {
 		var err error

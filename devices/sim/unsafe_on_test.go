@@ -1,0 +1,5 @@
+//go:build edgefence_unsafe
+
+package sim_test
+
+const unsafeBuild = true
