@@ -4,11 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"sync"
 	"time"
 
 	"go.etcd.io/bbolt"
+
+	"github.com/edgefence/edgefence/internal/groupcommit"
 	bberrors "go.etcd.io/bbolt/errors"
 )
 
@@ -118,11 +119,7 @@ type Table struct {
 	mu     sync.RWMutex // shared by operations, exclusive in Close
 	closed bool
 
-	// Group commit: open is the group admits join, nil when none is
-	// forming; last is the newest group, the one a new group commits after.
-	groupMu sync.Mutex
-	open    *admitGroup
-	last    *admitGroup
+	group *groupcommit.Committer // admits share commits (internal/groupcommit)
 
 	// cache holds each device's mark as of a commit that returned: marks
 	// known durable. A read transaction would not do: bbolt publishes a
@@ -163,6 +160,7 @@ func OpenTable(path string, opts *TableOptions) (*Table, error) {
 		return nil, openErr(path, &o, err)
 	}
 	t := &Table{db: db, path: path, opts: o, cache: make(map[string]Mark), outstanding: make(map[uint64]struct{})}
+	t.group = groupcommit.New(t.update, o.MaxGroup)
 	if o.ReadOnly {
 		return t, nil
 	}
@@ -297,11 +295,9 @@ func (t *Table) Admit(ctx context.Context, env *Envelope) (Verdict, Mark, error)
 // the one of its group.
 func (t *Table) commit(c groupCall) error {
 	if t.opts.NoGroupCommit {
-		err := t.update(c.run)
-		*c.result() = err
-		return err
+		return t.update(c.run)
 	}
-	return t.groupCommit(c)
+	return t.group.Commit(c.run)
 }
 
 // cached returns the device's last mark known durable.
@@ -330,118 +326,11 @@ func markLess(a, b Mark) bool {
 	return a.Token < b.Token || a.Token == b.Token && a.Seq < b.Seq
 }
 
-// maxIdleYields is how many yields in a row that brought no admit into a
-// group end its leader's wait for company (see groupCommit).
-const maxIdleYields = 16
-
 // groupCall is one operation committed by a group: an admit, or the
-// removal of applied commands. run must be idempotent within one
-// transaction and decide again from scratch in a new one.
+// removal of applied commands. run must decide again from scratch in a new
+// transaction (a failed group's calls are rerun alone).
 type groupCall interface {
 	run(tx *bbolt.Tx) error
-	result() *error // where the commit's outcome for this call goes
-}
-
-// admitGroup is the calls committed in one transaction.
-type admitGroup struct {
-	calls []groupCall   // in enqueue order
-	prev  *admitGroup   // the group committed before this one; nil once it has
-	done  chan struct{} // closed when the commit returned and every call's err is set
-}
-
-// groupCommit enqueues c, waits until the transaction holding its decision
-// has committed (or failed), and returns c's error.
-//
-// The first admit of a group leads it: it waits for the commit of the group
-// before (if one is in progress; every admit that arrives meanwhile joins its
-// group), then closes the group to newcomers and commits all its calls in one
-// transaction, in enqueue order, so that each decides from the state the
-// calls before it left (admits for one device are decided one after the
-// other). Before closing the group the leader yields (runtime.Gosched, no
-// timer) until the group stops growing: the admits just woken by the previous commit come straight
-// back with their next command and join, instead of forming a group of
-// their own behind this one. A full group (MaxGroup calls) is closed at
-// once: the next admit leads a new group, committed after it. A lone admit
-// commits at once.
-func (t *Table) groupCommit(c groupCall) error {
-	t.groupMu.Lock()
-	g := t.open
-	lead := g == nil
-	if lead {
-		g = &admitGroup{prev: t.last, done: make(chan struct{})}
-		t.open, t.last = g, g
-	}
-	g.calls = append(g.calls, c)
-	if len(g.calls) >= t.opts.MaxGroup {
-		t.open = nil // full: later admits form the next group
-	}
-	t.groupMu.Unlock()
-
-	if !lead {
-		<-g.done
-		return *c.result()
-	}
-	if g.prev != nil {
-		<-g.prev.done // one commit at a time, in group order
-		g.prev = nil
-	}
-	// Let the admits just woken by that commit (or arriving with this one)
-	// run up to here and join before the group closes: yield while the
-	// group grows, and stop after maxIdleYields yields in a row that
-	// brought no one. Yields, not a timer: alone, they cost a few
-	// microseconds against a commit's 130 or more. Fewer do not do: the
-	// woken admits queue on the P that woke them, and a yield on the other
-	// P comes straight back to the leader.
-	for n, idle := 0, 0; idle < maxIdleYields; {
-		runtime.Gosched()
-		t.groupMu.Lock()
-		if t.open != g {
-			idle = maxIdleYields
-		} else if len(g.calls) > n {
-			idle = 0
-		} else {
-			idle++
-		}
-		n = len(g.calls)
-		t.groupMu.Unlock()
-	}
-	t.groupMu.Lock()
-	if t.open == g {
-		t.open = nil
-	}
-	calls := g.calls // no more appends: the group is closed
-	t.groupMu.Unlock()
-	t.commitGroup(calls)
-	t.groupMu.Lock()
-	g.calls = nil // t.last must not keep the calls (and their tx) alive
-	t.groupMu.Unlock()
-	close(g.done)
-	return *c.result()
-}
-
-// commitGroup decides and commits calls in one transaction and sets each
-// call's err. If that transaction fails (a call's error, or the commit's),
-// bbolt has rolled it back and no call's decision was stored: each call is
-// then run again alone, in its own transaction, so that one bad call (a
-// corrupt record) fails only its own admit.
-func (t *Table) commitGroup(calls []groupCall) {
-	err := t.update(func(tx *bbolt.Tx) error {
-		for _, c := range calls {
-			if err := c.run(tx); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err == nil || len(calls) == 1 {
-		for _, c := range calls {
-			*c.result() = err
-		}
-		return
-	}
-	for _, c := range calls {
-		*c.result() = t.update(c.run)
-	}
 }
 
 // admitCall is one admit's decision inside a write transaction. It may run
@@ -463,8 +352,6 @@ type admitCall struct {
 	tx *bbolt.Tx
 	v  Verdict
 	m  Mark
-
-	err error // of the transaction that decided the call (group commit)
 }
 
 func newAdmitCall(env *Envelope, at int64) *admitCall {
@@ -478,8 +365,6 @@ func newAdmitCall(env *Envelope, at int64) *admitCall {
 	return &admitCall{key: key, rec: rec, pkey: pendingKey(env.Device, m), pval: pval, perr: errors.Join(rerr, perr),
 		tok: env.Token, seq: env.Seq}
 }
-
-func (c *admitCall) result() *error { return &c.err }
 
 func (c *admitCall) run(tx *bbolt.Tx) error {
 	if c.tx == tx {

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"go.etcd.io/bbolt"
+
+	"github.com/edgefence/edgefence/internal/groupcommit"
 )
 
 // An admit's transaction function may run more than once: after a
@@ -88,11 +90,11 @@ func TestCommitGroupRerunsAlone(t *testing.T) {
 		newAdmitCall(env("dev-1", 4, 9), 4), // an older holder
 		newAdmitCall(env("dev-2", 1, 1), 5),
 	}
-	tab.commitGroup(asGroup(calls))
+	errs := groupcommit.CommitAll(tab.update, asGroup(calls))
 	want := []Verdict{Accepted, Duplicate, 0, Stale, Accepted}
 	for i, c := range calls {
-		if bad := i == 2; bad != errors.Is(c.err, ErrTableCorrupt) || !bad && (c.err != nil || c.v != want[i]) {
-			t.Errorf("call %d: %v %v, want %v", i, c.v, c.err, want[i])
+		if bad := i == 2; bad != errors.Is(errs[i], ErrTableCorrupt) || !bad && (errs[i] != nil || c.v != want[i]) {
+			t.Errorf("call %d: %v %v, want %v", i, c.v, errs[i], want[i])
 		}
 	}
 	for dev, m := range map[string]Mark{"dev-1": {Token: 5, Seq: 1}, "dev-2": {Token: 1, Seq: 1}} {
@@ -109,19 +111,19 @@ func TestCommitGroupRerunsAlone(t *testing.T) {
 		newAdmitCall(env("dev-3", 3, 1), 4),
 		newAdmitCall(env("dev-3", 2, 3), 5),
 	}
-	tab.commitGroup(asGroup(calls))
+	errs = groupcommit.CommitAll(tab.update, asGroup(calls))
 	want = []Verdict{Accepted, Accepted, Duplicate, Accepted, Stale}
 	for i, c := range calls {
-		if c.err != nil || c.v != want[i] {
-			t.Errorf("dev-3 call %d: %v %v, want %v", i, c.v, c.err, want[i])
+		if errs[i] != nil || c.v != want[i] {
+			t.Errorf("dev-3 call %d: %v %v, want %v", i, c.v, errs[i], want[i])
 		}
 	}
 }
 
-func asGroup(calls []*admitCall) []groupCall {
-	g := make([]groupCall, len(calls))
+func asGroup(calls []*admitCall) []groupcommit.Call {
+	g := make([]groupcommit.Call, len(calls))
 	for i, c := range calls {
-		g[i] = c
+		g[i] = c.run
 	}
 	return g
 }

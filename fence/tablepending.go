@@ -147,7 +147,7 @@ func (t *Table) flush() error {
 	if t.closed {
 		return ErrTableClosed
 	}
-	if err := t.commit(&flushCall{}); err != nil {
+	if err := t.commit(flushCall{}); err != nil {
 		return t.storageErr("(applied)", err)
 	}
 	return nil
@@ -160,10 +160,9 @@ type deferredDelete struct {
 }
 
 // flushCall is a group member with nothing of its own to write.
-type flushCall struct{ err error }
+type flushCall struct{}
 
-func (c *flushCall) result() *error      { return &c.err }
-func (c *flushCall) run(*bbolt.Tx) error { return nil }
+func (flushCall) run(*bbolt.Tx) error { return nil }
 
 // update runs fn in a write transaction that first removes the applied
 // commands queued so far (MarkApplied); when the commit succeeds their

@@ -8,7 +8,7 @@ import (
 	"github.com/edgefence/edgefence/fence"
 )
 
-// Concurrent SetHeld calls share commits (bbolt Batch) and each still ends
+// Concurrent SetHeld calls share commits (group commit) and each still ends
 // durable with the highest token: 16 goroutines, as the agent's campaign
 // slots, raise 256 devices' tokens in shuffled order; after a reopen every
 // device holds its maximum and no call lowered one.

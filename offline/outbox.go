@@ -14,6 +14,7 @@ import (
 	bberrors "go.etcd.io/bbolt/errors"
 
 	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/internal/groupcommit"
 )
 
 // File is the outbox's file name in the agent's state directory.
@@ -153,10 +154,11 @@ type Outbox struct {
 	refused uint64           // Appends refused with ErrFull since Open
 
 	commits atomic.Pointer[func(time.Duration)] // ObserveCommits
+	held    *groupcommit.Committer              // SetHeld's group commit
 }
 
 // ObserveCommits makes the outbox call fn after each write transaction it
-// commits (all but SetHeld's, which go through bbolt's Batch), with the time bbolt spent writing and syncing it (its fsyncs:
+// commits, with the time bbolt spent writing and syncing it (its fsyncs:
 // bbolt's TxStats.WriteTime). fn runs on the writer's goroutine after the
 // file lock is released; it must be quick. nil stops the calls.
 func (ob *Outbox) ObserveCommits(fn func(write time.Duration)) {
@@ -175,10 +177,8 @@ func Open(path string, opts *Options) (*Outbox, error) {
 	if err != nil {
 		return nil, openErr(path, &o, err)
 	}
-	// SetHeld's batches: an agent campaigns for up to 16 devices at once
-	// (agent.campaignSlots), and a lone call waits at most heldBatchDelay.
-	db.MaxBatchSize, db.MaxBatchDelay = heldBatchSize, heldBatchDelay
 	ob := &Outbox{db: db, path: path, opts: o, devs: make(map[string]usage)}
+	ob.held = groupcommit.New(ob.observedUpdate, 0)
 	// Create the buckets (unless read-only) and count the pending entries.
 	// A write commit's fdatasync also flushes whatever a previous process
 	// left in the page cache. An unreadable pending record counts as one
@@ -268,6 +268,11 @@ func (ob *Outbox) update(fn func(tx *bbolt.Tx) error) error {
 	case ob.opts.ReadOnly:
 		return ErrReadOnly
 	}
+	return ob.observedUpdate(fn)
+}
+
+// observedUpdate is db.Update, timed for ObserveCommits.
+func (ob *Outbox) observedUpdate(fn func(tx *bbolt.Tx) error) error {
 	obs := ob.commits.Load()
 	if obs == nil {
 		return ob.db.Update(fn)

@@ -1,0 +1,152 @@
+// Package groupcommit commits concurrent bbolt write transactions together:
+// one fsync for a group of calls instead of one each, without a timer.
+//
+// The first call of a group leads it: it waits for the commit of the group
+// before (every call that arrives meanwhile joins its group), yields
+// (runtime.Gosched) while the group still grows, then closes the group and
+// runs every call in one transaction, in arrival order, so that each sees
+// what the calls before it wrote. A lone call commits at once; a full
+// group (the maximum size) closes at once. If the group's transaction
+// fails, bbolt has rolled it back and every call is run again alone, so
+// that one bad call fails only itself. Commit returns only once the
+// transaction holding the call's writes has committed (fsynced), or failed.
+//
+// A Call may therefore run more than once, each time in a fresh
+// transaction: it must decide from what that transaction holds. bbolt's own
+// DB.Batch waits on a timer for company; docs/BENCHMARKS.md §24 measures
+// both: this approach wins at one writer, the common case on a gateway,
+// and at 8 and 64.
+package groupcommit
+
+import (
+	"runtime"
+	"sync"
+
+	"go.etcd.io/bbolt"
+)
+
+// Call does one caller's writes in tx.
+type Call func(tx *bbolt.Tx) error
+
+// DefaultMaxGroup caps the calls committed in one transaction.
+const DefaultMaxGroup = 256
+
+// maxIdleYields is how many yields in a row that brought no call into a
+// group end its leader's wait for company.
+const maxIdleYields = 16
+
+// Committer groups the calls of concurrent callers. The zero value is not
+// usable: use New.
+type Committer struct {
+	update func(func(*bbolt.Tx) error) error
+	max    int
+
+	mu   sync.Mutex
+	open *group // accepting calls; nil when none is
+	last *group // the group committed last or being committed
+}
+
+type group struct {
+	calls []Call
+	errs  []error       // set before done is closed
+	prev  *group        // the group committed before this one; nil once it has
+	done  chan struct{} // closed when the commit returned
+}
+
+// New returns a Committer whose transactions run through update (e.g.
+// (*bbolt.DB).Update, or a wrapper that also times the commit), at most
+// maxGroup calls each (DefaultMaxGroup if maxGroup ≤ 0).
+func New(update func(func(*bbolt.Tx) error) error, maxGroup int) *Committer {
+	if maxGroup <= 0 {
+		maxGroup = DefaultMaxGroup
+	}
+	return &Committer{update: update, max: maxGroup}
+}
+
+// Commit runs fn in a committed transaction, its own or its group's, and
+// returns fn's error or the transaction's.
+func (c *Committer) Commit(fn Call) error {
+	c.mu.Lock()
+	g := c.open
+	lead := g == nil
+	if lead {
+		g = &group{prev: c.last, done: make(chan struct{})}
+		c.open, c.last = g, g
+	}
+	i := len(g.calls)
+	g.calls = append(g.calls, fn)
+	if len(g.calls) >= c.max {
+		c.open = nil // full: later calls form the next group
+	}
+	c.mu.Unlock()
+
+	if !lead {
+		<-g.done
+		return g.errs[i]
+	}
+	if g.prev != nil {
+		<-g.prev.done // one commit at a time, in group order
+		g.prev = nil
+	}
+	c.gather(g)
+	c.mu.Lock()
+	if c.open == g {
+		c.open = nil
+	}
+	calls := g.calls // no more appends: the group is closed
+	c.mu.Unlock()
+	errs := CommitAll(c.update, calls)
+	c.mu.Lock()
+	g.calls, g.errs = nil, errs // c.last must not keep the calls alive
+	c.mu.Unlock()
+	close(g.done)
+	return errs[i]
+}
+
+// gather lets the callers just woken by the previous commit (or arriving
+// with this one) join g before it closes: the leader yields while the group
+// grows, and stops after maxIdleYields yields in a row that brought no one.
+// Yields, not a timer: alone they cost a few microseconds against a
+// commit's hundreds. Fewer do not do: the woken callers queue on the P
+// that woke them, and a yield on another P comes straight back.
+func (c *Committer) gather(g *group) {
+	for n, idle := 0, 0; idle < maxIdleYields; {
+		runtime.Gosched()
+		c.mu.Lock()
+		switch {
+		case c.open != g:
+			idle = maxIdleYields // closed because full
+		case len(g.calls) > n:
+			idle = 0
+		default:
+			idle++
+		}
+		n = len(g.calls)
+		c.mu.Unlock()
+	}
+}
+
+// CommitAll runs calls in one transaction through update, in order, and
+// returns each call's error. If that transaction fails (a call's error or
+// the commit's), each call is run again alone, in its own transaction.
+func CommitAll(update func(func(*bbolt.Tx) error) error, calls []Call) []error {
+	errs := make([]error, len(calls))
+	err := update(func(tx *bbolt.Tx) error {
+		for _, fn := range calls {
+			if err := fn(tx); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err == nil || len(calls) == 1 {
+		for i := range errs {
+			errs[i] = err
+		}
+		return errs
+	}
+	for i, fn := range calls {
+		errs[i] = update(fn)
+	}
+	return errs
+}

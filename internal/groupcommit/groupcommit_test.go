@@ -1,0 +1,171 @@
+package groupcommit
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"go.etcd.io/bbolt"
+)
+
+var bucket = []byte("b")
+
+func openDB(tb testing.TB) (*bbolt.DB, *atomic.Int64, func(func(*bbolt.Tx) error) error) {
+	tb.Helper()
+	db, err := bbolt.Open(filepath.Join(tb.TempDir(), "g.db"), 0o600, nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { db.Close() })
+	if err := db.Update(func(tx *bbolt.Tx) error { _, err := tx.CreateBucket(bucket); return err }); err != nil {
+		tb.Fatal(err)
+	}
+	var commits atomic.Int64
+	update := func(fn func(*bbolt.Tx) error) error {
+		return db.Update(func(tx *bbolt.Tx) error {
+			tx.OnCommit(func() { commits.Add(1) })
+			return fn(tx)
+		})
+	}
+	return db, &commits, update
+}
+
+func put(k string) Call {
+	return func(tx *bbolt.Tx) error { return tx.Bucket(bucket).Put([]byte(k), []byte("v")) }
+}
+
+var errBad = errors.New("bad call")
+
+// A group whose transaction fails is rerun call by call: only the bad call
+// fails, the others are committed.
+func TestCommitAllRerunsAlone(t *testing.T) {
+	db, commits, update := openDB(t)
+	calls := []Call{put("a"), func(*bbolt.Tx) error { return errBad }, put("c")}
+	errs := CommitAll(update, calls)
+	if errs[0] != nil || !errors.Is(errs[1], errBad) || errs[2] != nil {
+		t.Fatalf("errs %v", errs)
+	}
+	if n := commits.Load(); n != 2 {
+		t.Errorf("%d commits, want 2 (a and c alone)", n)
+	}
+	_ = db.View(func(tx *bbolt.Tx) error {
+		for _, k := range []string{"a", "c"} {
+			if tx.Bucket(bucket).Get([]byte(k)) == nil {
+				t.Errorf("%s not committed", k)
+			}
+		}
+		return nil
+	})
+}
+
+// Calls of one group see the writes of the calls before them.
+func TestCommitAllInOrder(t *testing.T) {
+	db, commits, update := openDB(t)
+	incr := func(tx *bbolt.Tx) error {
+		b := tx.Bucket(bucket)
+		var n uint64
+		if v := b.Get([]byte("n")); v != nil {
+			n = binary.BigEndian.Uint64(v)
+		}
+		return b.Put([]byte("n"), binary.BigEndian.AppendUint64(nil, n+1))
+	}
+	if errs := CommitAll(update, []Call{incr, incr, incr}); errors.Join(errs...) != nil {
+		t.Fatal(errs)
+	}
+	_ = db.View(func(tx *bbolt.Tx) error {
+		if n := binary.BigEndian.Uint64(tx.Bucket(bucket).Get([]byte("n"))); n != 3 || commits.Load() != 1 {
+			t.Errorf("n = %d in %d commits, want 3 in 1", n, commits.Load())
+		}
+		return nil
+	})
+}
+
+// Concurrent callers: every Commit returns after its write is committed,
+// each write exactly once, each caller's error its own; never more
+// transactions than calls, and with one call per group (maxGroup 1)
+// exactly as many.
+func TestCommitConcurrent(t *testing.T) {
+	for _, max := range []int{1, 4, DefaultMaxGroup} {
+		t.Run(fmt.Sprint("max", max), func(t *testing.T) {
+			db, commits, update := openDB(t)
+			c := New(update, max)
+			const writers, each = 16, 50
+			var wg sync.WaitGroup
+			for w := range writers {
+				wg.Go(func() {
+					for i := range each {
+						k := fmt.Sprintf("w%02d-%03d", w, i)
+						fn := put(k)
+						if i%10 == 9 {
+							fn = func(*bbolt.Tx) error { return fmt.Errorf("%s: %w", k, errBad) }
+						}
+						err := c.Commit(fn)
+						if bad := i%10 == 9; bad != errors.Is(err, errBad) || bad && err.Error() != k+": bad call" {
+							t.Errorf("%s: %v", k, err)
+							return
+						}
+						if err == nil {
+							// Committed before Commit returned.
+							_ = db.View(func(tx *bbolt.Tx) error {
+								if tx.Bucket(bucket).Get([]byte(k)) == nil {
+									t.Errorf("%s: not visible after Commit", k)
+								}
+								return nil
+							})
+						}
+					}
+				})
+			}
+			wg.Wait()
+			var keys int
+			_ = db.View(func(tx *bbolt.Tx) error { keys = tx.Bucket(bucket).Stats().KeyN; return nil })
+			if want := writers * each * 9 / 10; keys != want {
+				t.Errorf("%d keys, want %d", keys, want)
+			}
+			n := commits.Load()
+			if max == 1 && n != writers*each*9/10 {
+				t.Errorf("maxGroup 1: %d commits for %d good calls", n, writers*each*9/10)
+			}
+			t.Logf("maxGroup %d: %d calls in %d commits", max, writers*each, n)
+		})
+	}
+}
+
+// BenchmarkCommit: calls per second through Commit, one fsync per group,
+// against one bbolt Update (one fsync) per call, at 1, 8 and 64 writers.
+func BenchmarkCommit(b *testing.B) {
+	for _, writers := range []int{1, 8, 64} {
+		for _, mode := range []string{"group", "update"} {
+			b.Run(fmt.Sprintf("%s/writers=%d", mode, writers), func(b *testing.B) {
+				db, commits, update := openDB(b)
+				c := New(update, 0)
+				commit := c.Commit
+				if mode == "update" {
+					commit = func(fn Call) error { return db.Update(fn) }
+				}
+				var next atomic.Int64
+				b.SetParallelism(max(1, writers/2)) // 2 cores: GOMAXPROCS × this goroutines
+				if writers == 1 {
+					b.SetParallelism(1)
+				}
+				b.ResetTimer()
+				b.RunParallel(func(pb *testing.PB) {
+					for pb.Next() {
+						if err := commit(put(fmt.Sprint(next.Add(1)))); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				})
+				b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "calls/s")
+				if n := commits.Load(); n > 0 && mode == "group" {
+					b.ReportMetric(float64(b.N)/float64(n), "calls/commit")
+				}
+			})
+		}
+	}
+}
