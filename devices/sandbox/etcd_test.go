@@ -131,7 +131,9 @@ func TestEtcdLeaseExpiry(t *testing.T) {
 				if ev.Type == clientv3.EventTypeDelete {
 					took := time.Since(closed)
 					t.Logf("TTL=1 lease expired %v after keep-alive stopped", took)
-					if took > 3*time.Second {
+					// About 1 s; bounded generously (a loaded machine's etcd
+					// checks its leases late), but far below never.
+					if took > 20*time.Second {
 						t.Fatalf("lease took %v to expire, want about 1 s", took)
 					}
 					return

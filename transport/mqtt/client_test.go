@@ -196,8 +196,11 @@ func TestBrokerRestart(t *testing.T) {
 	if !errors.Is(err, ErrNotConnected) || errors.Is(err, ErrConnectionLost) {
 		t.Fatalf("Publish while down = %v, want ErrNotConnected", err)
 	}
-	if d := time.Since(start); d > 200*time.Millisecond {
-		t.Errorf("Publish while down took %v", d)
+	// Promptly: not after waiting for the connection until ctx ends (5 s).
+	// Typically well under a millisecond; bounded only against that wait,
+	// so that a loaded machine does not fail it.
+	if d := time.Since(start); d > 4*time.Second {
+		t.Errorf("Publish while down took %v: it waited for the connection", d)
 	}
 	if err := pub.AwaitConnection(timeout(t, 100*time.Millisecond)); !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("AwaitConnection while down = %v", err)
