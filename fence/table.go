@@ -9,6 +9,7 @@ import (
 
 	"go.etcd.io/bbolt"
 
+	"github.com/edgefence/edgefence/fence/history"
 	"github.com/edgefence/edgefence/internal/groupcommit"
 	bberrors "go.etcd.io/bbolt/errors"
 )
@@ -86,6 +87,17 @@ type TableOptions struct {
 	// Now is the clock stamped on records (information only, never used for
 	// a decision); nil means time.Now.
 	Now func() time.Time
+
+	// History, if not nil, gets one history.OpVerdict "accepted" event per
+	// accept, recorded inside the write transaction before the commit that
+	// makes it durable, as the device shim records its own: a SIGKILL after
+	// the commit (even inside its fsync, once the commit is in the page
+	// cache) cannot lose the line. OpenTable, and every failed commit,
+	// call History.Recover, so that the checker discards the accepts that
+	// never became durable. Refusals are the caller's to record. The
+	// history is a record of decisions, not part of them: a write error
+	// leaves the decision standing. The Table does not close it.
+	History *history.Writer
 }
 
 // Record is one device's stored high-water mark and who moved it there, when.
@@ -187,6 +199,8 @@ func OpenTable(path string, opts *TableOptions) (*Table, error) {
 		db.Close()
 		return nil, fmt.Errorf("fence: init table %s: %w", path, err)
 	}
+	// Accepts a previous process recorded but never committed.
+	t.recordDurable()
 	return t, nil
 }
 
@@ -284,6 +298,7 @@ func (t *Table) Admit(ctx context.Context, env *Envelope) (Verdict, Mark, error)
 	}
 
 	c := newAdmitCall(env, t.opts.Now().UnixMilli())
+	c.hist = t.opts.History
 	if err := t.commit(c); err != nil {
 		return 0, Mark{}, t.storageErr(env.Device, err)
 	}
@@ -347,6 +362,8 @@ type admitCall struct {
 	perr error  // encoding rec or pval failed (Envelope.Validate prevents it)
 	tok  Token
 	seq  uint64
+	env  *Envelope       // for the history event
+	hist *history.Writer // nil: no history
 
 	// Outcome of the latest run.
 	tx *bbolt.Tx
@@ -363,7 +380,7 @@ func newAdmitCall(env *Envelope, at int64) *admitCall {
 	rec, rerr := MarkRecord{Mark: m, At: time.UnixMilli(at), Holder: env.Holder, ID: env.ID}.AppendBinary(key[len(key):])
 	pval, perr := encodePending(env)
 	return &admitCall{key: key, rec: rec, pkey: pendingKey(env.Device, m), pval: pval, perr: errors.Join(rerr, perr),
-		tok: env.Token, seq: env.Seq}
+		tok: env.Token, seq: env.Seq, env: env}
 }
 
 func (c *admitCall) run(tx *bbolt.Tx) error {
@@ -396,9 +413,37 @@ func (c *admitCall) run(tx *bbolt.Tx) error {
 		if err := p.Put(c.pkey, c.pval); err != nil {
 			return err
 		}
+		c.record()
 	}
 	c.tx, c.v, c.m = tx, v, m
 	return nil
+}
+
+// record writes the accept to the history, if any: before the commit
+// (TableOptions.History).
+func (c *admitCall) record() {
+	if c.hist == nil {
+		return
+	}
+	_ = c.hist.Record(history.Event{Op: history.OpVerdict, Device: c.env.Device, ID: c.env.ID, Token: uint64(c.tok), Seq: c.seq,
+		Kind: c.env.Kind, Verdict: Accepted.String()})
+}
+
+// recordDurable records which recorded accepts did not become durable
+// (history.Writer.Recover): at open, and after a failed commit.
+func (t *Table) recordDurable() {
+	if t.opts.History == nil {
+		return
+	}
+	_ = t.opts.History.Recover(func(device string) (uint64, uint64, error) {
+		var m Mark
+		err := t.db.View(func(tx *bbolt.Tx) error {
+			var err error
+			m, err = getMark(tx.Bucket(tableBucket), []byte(device))
+			return err
+		})
+		return uint64(m.Token), m.Seq, err
+	})
 }
 
 func (t *Table) storageErr(device string, err error) error {

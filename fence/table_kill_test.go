@@ -18,6 +18,7 @@ import (
 	"go.etcd.io/bbolt"
 
 	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/fence/history"
 )
 
 // tableHelperEnv names the table file that TestTableHelperProcess, run in a
@@ -64,7 +65,13 @@ func TestTableHelperProcess(t *testing.T) {
 }
 
 func tableHelper(path string) int {
-	tab, err := fence.OpenTable(path, nil)
+	hist, err := history.Create(path+".jsonl", "table")
+	if err != nil {
+		fmt.Println("bad history:", err)
+		return 2
+	}
+	defer hist.Close()
+	tab, err := fence.OpenTable(path, &fence.TableOptions{History: hist})
 	if err != nil {
 		fmt.Println("bad open:", err)
 		return 2
@@ -148,7 +155,12 @@ func tableHelper(path string) int {
 // reads; every device's stored mark is at or beyond every command the child
 // acknowledged (durable before the ack), never below the mark seen after the
 // previous round (no regression), and at most one command beyond the last
-// acknowledged one (the one in flight). No assertion depends on timing.
+// acknowledged one (the one in flight); and every stored mark is an accept
+// in the table's history (TableOptions.History records it before the
+// commit: a kill inside the commit's fsync, with the commit already in the
+// page cache, cannot lose it). At the end the whole history checks clean,
+// accepts that never became durable discarded. No assertion depends on
+// timing.
 func TestTableKill9(t *testing.T) {
 	rounds := 200
 	if testing.Short() {
@@ -200,8 +212,30 @@ func TestTableKill9(t *testing.T) {
 				inFlight++
 			}
 		}
+		checkRecorded(t, round, path+".jsonl", stored)
 		prev = stored
 	}
+	// A last open records which accepts of the last round never became
+	// durable (Recover); then the history must hold no violation.
+	hist, err := history.Create(path+".jsonl", "table")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tab, err := fence.OpenTable(path, &fence.TableOptions{History: hist})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tab.Close()
+	hist.Close()
+	evs, err := history.Read(path + ".jsonl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := history.Check(evs)
+	for _, v := range rep.Violations {
+		t.Errorf("history: %s %s %s: %s", v.Invariant, v.Device, v.ID, v.Detail)
+	}
+	t.Logf("history: %d events, %d accepts discarded as never committed", rep.Events, rep.Uncommitted)
 	t.Logf("%d rounds in %v: %d acknowledged admits (%d of them the replayer's copy), all found; %d in-flight admits committed without their ack being read",
 		rounds, time.Since(start).Round(time.Millisecond), totalAcks, replayerAcks, inFlight)
 }
@@ -275,6 +309,30 @@ func killTableRound(t *testing.T, path string, d time.Duration) (acks map[string
 		t.Fatalf("helper said:\n%s", strings.Join(bad, "\n"))
 	}
 	return acks, n, replayed
+}
+
+// checkRecorded fails unless every device's stored (committed) mark is an
+// accept in the history file.
+func checkRecorded(t *testing.T, round int, path string, stored map[string]fence.Mark) {
+	t.Helper()
+	evs, err := history.Read(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recorded := make(map[string]map[fence.Mark]bool)
+	for _, e := range evs {
+		if e.Op == history.OpVerdict && e.Verdict == fence.Accepted.String() {
+			if recorded[e.Device] == nil {
+				recorded[e.Device] = make(map[fence.Mark]bool)
+			}
+			recorded[e.Device][fence.Mark{Token: fence.Token(e.Token), Seq: e.Seq}] = true
+		}
+	}
+	for dev, m := range stored {
+		if m != (fence.Mark{}) && !recorded[dev][m] {
+			t.Fatalf("round %d: %s: mark %v is committed but its accept is not in the history", round, dev, m)
+		}
+	}
 }
 
 // checkBolt runs bbolt's consistency check over the file.

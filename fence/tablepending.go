@@ -183,6 +183,9 @@ func (t *Table) update(fn func(*bbolt.Tx) error) error {
 		}
 		return fn(tx)
 	})
+	if err != nil {
+		t.recordDurable() // accepts recorded in the failed transaction did not happen
+	}
 	if len(taken) == 0 {
 		return err
 	}

@@ -92,9 +92,11 @@ type Config struct {
 	// new commands are refused (Invalid, "busy") before admission.
 	Queue  int
 	Logger *slog.Logger
-	// History, if set, records every verdict the bridge gives a command
+	// History, if set, records every refusal the bridge gives a command
 	// (history.OpVerdict) and every command a device answered
-	// (history.OpApplied).
+	// (history.OpApplied). Accepts are the table's to record, before its
+	// commit: give the table the same Writer (fence.TableOptions.History,
+	// NoTable's argument).
 	History *history.Writer
 
 	// beforeWire, if set, runs in the device's worker just before an
@@ -349,7 +351,8 @@ func (b *Bridge) onCommand(msg mqtt.Message) {
 		b.refuse(dev, env, v, m, "")
 		return
 	}
-	b.record(history.OpVerdict, env, fence.Accepted, "")
+	// The accept itself is in the history already: the table records it
+	// before its commit (fence.TableOptions.History).
 	j.m = m
 	p.mu.Lock()
 	p.pending[m] = j

@@ -5,24 +5,30 @@ import (
 	"fmt"
 
 	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/fence/history"
 )
 
 // NoTable returns a Table that admits every command and remembers
 // nothing: the bridge then forwards stale and repeated commands to the
 // device. TEST AND DEMO ONLY, to show what the fence table prevents; only a
 // build with -tags edgefence_unsafe has it (ErrUnsafeBuild otherwise).
-func NoTable() (Table, error) {
+// Accepts go to hist (nil: none), as a Table records them.
+func NoTable(hist *history.Writer) (Table, error) {
 	if !unsafeBuild {
 		return nil, fmt.Errorf("%w: NoTable", ErrUnsafeBuild)
 	}
-	return noTable{}, nil
+	return noTable{hist}, nil
 }
 
-type noTable struct{}
+type noTable struct{ hist *history.Writer }
 
-func (noTable) Admit(_ context.Context, env *fence.Envelope) (fence.Verdict, fence.Mark, error) {
+func (t noTable) Admit(_ context.Context, env *fence.Envelope) (fence.Verdict, fence.Mark, error) {
 	if err := env.Validate(); err != nil {
 		return fence.Invalid, fence.Mark{}, err
+	}
+	if t.hist != nil {
+		_ = t.hist.Record(history.Event{Op: history.OpVerdict, Device: env.Device, ID: env.ID, Token: uint64(env.Token),
+			Seq: env.Seq, Kind: env.Kind, Verdict: fence.Accepted.String()})
 	}
 	return fence.Accepted, fence.Mark{Token: env.Token, Seq: env.Seq}, nil
 }

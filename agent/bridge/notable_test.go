@@ -8,7 +8,7 @@ import (
 // TestUnsafeNoTableRefused: a shipped build has no way to run the bridge
 // without its fence table (make test runs this without the tag).
 func TestUnsafeNoTableRefused(t *testing.T) {
-	tbl, err := NoTable()
+	tbl, err := NoTable(nil)
 	if unsafeBuild {
 		if err != nil || tbl == nil {
 			t.Fatalf("NoTable in a test build: %v, %v", tbl, err)

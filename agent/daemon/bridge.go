@@ -48,28 +48,27 @@ func openBridge(cfg *agent.Config, log *slog.Logger, o Options) (*bridge.Bridge,
 	if err := os.MkdirAll(cfg.StateDir, 0o750); err != nil {
 		return nil, nil, nil, fmt.Errorf("state dir: %w", err)
 	}
+	// The history of the fence point: the table records its accepts
+	// (before each commit), the bridge its refusals and what the devices
+	// applied, under one source.
+	var hist *history.Writer
+	if o.BridgeHistoryPath != "" {
+		if hist, err = history.Create(o.BridgeHistoryPath, "table:"+cfg.Gateway); err != nil {
+			return nil, nil, nil, fmt.Errorf("bridge history: %w", err)
+		}
+	}
 	// The table the bridge admits through: the gateway's, or in a test or
 	// demo build with the no-fence-table failpoint, none.
 	var tbl *fence.Table
 	var admit bridge.Table
 	if o.UnsafeNoFenceTable {
-		if admit, err = bridge.NoTable(); err != nil {
-			return nil, nil, nil, err
-		}
-	} else {
-		if tbl, err = fence.OpenTable(filepath.Join(cfg.StateDir, fence.TableFile), nil); err != nil {
-			return nil, nil, nil, err
-		}
+		admit, err = bridge.NoTable(hist)
+	} else if tbl, err = fence.OpenTable(filepath.Join(cfg.StateDir, fence.TableFile), &fence.TableOptions{History: hist}); err == nil {
 		admit = tbl
 	}
-	var hist *history.Writer
-	if o.BridgeHistoryPath != "" {
-		if hist, err = history.Create(o.BridgeHistoryPath, "table:"+cfg.Gateway); err != nil {
-			if tbl != nil {
-				tbl.Close()
-			}
-			return nil, nil, nil, fmt.Errorf("bridge history: %w", err)
-		}
+	if err != nil {
+		hist.Close()
+		return nil, nil, nil, err
 	}
 	br, err := bridge.New(bridge.Config{Table: admit, Topics: mqtt.Topics{Prefix: cfg.MQTT.Prefix}, Devices: devs,
 		Logger: log.With("component", "bridge"), History: hist})
