@@ -96,10 +96,10 @@ type Agent struct {
 	now    func() time.Time
 	unsafe bool
 	bridge func() any
-	table  FenceTable
 	outbox *offline.Outbox // the durable queue; never nil
 	hist   *history.Writer // nil: no history
 	twin   *twins          // nil: no twin reconciler
+	api    *apiServer      // the local API's handlers (api.go)
 
 	devices map[string]*device // fixed at New; the map is read-only after
 	order   []string
@@ -138,8 +138,6 @@ type counters struct {
 	queued, resent, expired, full   atomic.Uint64
 	reissued, outboxErr, reattached atomic.Uint64
 	superseded, released            atomic.Uint64
-
-	apiRefused [len(apiRefusals)]atomic.Uint64 // local API requests refused as bad input, by reason (api.go)
 }
 
 // device is the agent's view of one configured device.
@@ -228,7 +226,7 @@ func New(cfg *Config, cli *clientv3.Client, s Sender, o Options) (*Agent, error)
 	if o.Outbox == nil {
 		return nil, fmt.Errorf("agent: %w", ErrNoOutbox)
 	}
-	a := &Agent{cfg: *cfg, cli: cli, sender: s, log: o.Logger, now: o.Now, unsafe: o.UnsafeIgnoreSessionLoss, bridge: o.BridgeStatus, table: o.FenceTable, outbox: o.Outbox, hist: o.History,
+	a := &Agent{cfg: *cfg, cli: cli, sender: s, log: o.Logger, now: o.Now, unsafe: o.UnsafeIgnoreSessionLoss, bridge: o.BridgeStatus, outbox: o.Outbox, hist: o.History,
 		devices: make(map[string]*device, len(cfg.Devices)), waiters: make(map[string]chan *fence.Ack),
 		campaigning: make(chan struct{})}
 	if a.log == nil {
@@ -274,6 +272,7 @@ func New(cfg *Config, cli *clientv3.Client, s Sender, o Options) (*Agent, error)
 	if o.Twins != nil {
 		a.twin = newTwins(a, o.Twins, o.TwinCache)
 	}
+	a.api = &apiServer{host: a, outbox: a.outbox, table: o.FenceTable, log: a.log}
 	if a.ignoresLoss() {
 		a.log.Warn("UNSAFE: session loss is ignored (I6 off); only for tests and demos")
 	}

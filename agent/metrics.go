@@ -345,9 +345,7 @@ func (c *agentCollector) Collect(ch chan<- prometheus.Metric) {
 			v.unconverged++
 		}
 	}
-	for i := range apiRefusals {
-		v.apiRefused[i] = c.a.stats.apiRefused[i].Load()
-	}
+	v.apiRefused = c.a.api.refusedCounts()
 	v.sum, v.sumErr = c.a.outbox.Summary("")
 	for i, s := range agentSeries {
 		desc := c.descs[i]

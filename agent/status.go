@@ -223,8 +223,8 @@ func (a *Agent) Status() Status {
 		Queued: st.queued.Load(), Resent: st.resent.Load(), Expired: st.expired.Load(), Full: st.full.Load(),
 		Reissued: st.reissued.Load(), OutboxErr: st.outboxErr.Load(), Reattached: st.reattached.Load(), Superseded: st.superseded.Load(),
 		StateMalformed: a.reports.malformed.Load()}
-	for i := range st.apiRefused {
-		s.Counters.APIRefused += st.apiRefused[i].Load()
+	for _, n := range a.api.refusedCounts() {
+		s.Counters.APIRefused += n
 	}
 	return s
 }
