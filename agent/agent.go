@@ -2,8 +2,6 @@ package agent
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"log/slog"
@@ -94,23 +92,15 @@ type Agent struct {
 	sender Sender
 	log    *slog.Logger
 	now    func() time.Time
-	unsafe bool
-	bridge func() any
-	outbox *offline.Outbox // the durable queue; never nil
-	hist   *history.Writer // nil: no history
-	twin   *twins          // nil: no twin reconciler
-	api    *apiServer      // the local API's handlers (api.go)
+	lossRule
+	bridge   func() any
+	outbox   *offline.Outbox // the durable queue; never nil
+	delivery *delivery       // the outbox's workers (outbox.go, send.go)
+	twin     *twins          // nil: no twin reconciler
+	api      *apiServer      // the local API's handlers (api.go)
 
 	devices map[string]*device // fixed at New; the map is read-only after
 	order   []string
-
-	// The outbox's delivery workers (outbox.go).
-	wmu       sync.Mutex
-	waiters   map[string]chan *fence.Ack // command id → its Send, waiting
-	runCtx    context.Context            // set while Run runs; nil: no new workers
-	workers   sync.WaitGroup
-	expireMu  sync.RWMutex    // expiry (W) vs a worker picking its next entry (R)
-	resolveCh chan resolveReq // to the resolver (group commit of acks); set by runOutbox before the workers
 
 	mu        sync.Mutex
 	lease     clientv3.LeaseID // current session's lease, 0 if none
@@ -132,12 +122,8 @@ type Agent struct {
 }
 
 type counters struct {
-	sent, noAck, sendErr            atomic.Uint64
-	accepted, duplicate, stale, inv atomic.Uint64
 	acquired, lost, regressions     atomic.Uint64
-	queued, resent, expired, full   atomic.Uint64
-	reissued, outboxErr, reattached atomic.Uint64
-	superseded, released            atomic.Uint64
+	outboxErr, reattached, released atomic.Uint64
 }
 
 // device is the agent's view of one configured device.
@@ -226,9 +212,8 @@ func New(cfg *Config, cli *clientv3.Client, s Sender, o Options) (*Agent, error)
 	if o.Outbox == nil {
 		return nil, fmt.Errorf("agent: %w", ErrNoOutbox)
 	}
-	a := &Agent{cfg: *cfg, cli: cli, sender: s, log: o.Logger, now: o.Now, unsafe: o.UnsafeIgnoreSessionLoss, bridge: o.BridgeStatus, outbox: o.Outbox, hist: o.History,
-		devices: make(map[string]*device, len(cfg.Devices)), waiters: make(map[string]chan *fence.Ack),
-		campaigning: make(chan struct{})}
+	a := &Agent{cfg: *cfg, cli: cli, sender: s, log: o.Logger, now: o.Now, lossRule: lossRule{o.UnsafeIgnoreSessionLoss}, bridge: o.BridgeStatus, outbox: o.Outbox,
+		devices: make(map[string]*device, len(cfg.Devices)), campaigning: make(chan struct{})}
 	if a.log == nil {
 		a.log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -272,6 +257,8 @@ func New(cfg *Config, cli *clientv3.Client, s Sender, o Options) (*Agent, error)
 	if o.Twins != nil {
 		a.twin = newTwins(a, o.Twins, o.TwinCache)
 	}
+	a.delivery = &delivery{outbox: a.outbox, sender: s, hist: o.History, log: a.log, now: a.now, timeout: a.cfg.Command.Timeout,
+		gateway: a.cfg.Gateway, devices: a.devices, leases: a, lossRule: a.lossRule, waiters: make(map[string]chan *fence.Ack)}
 	a.api = &apiServer{host: a, outbox: a.outbox, table: o.FenceTable, log: a.log}
 	if a.ignoresLoss() {
 		a.log.Warn("UNSAFE: session loss is ignored (I6 off); only for tests and demos")
@@ -292,11 +279,7 @@ func (a *Agent) LockPrefix(dev string) string {
 // within the command timeout stays queued: the error wraps ErrNoAck and
 // ErrQueued.
 func (a *Agent) Send(ctx context.Context, dev, kind string, body []byte) (*fence.Ack, error) {
-	d, ctl, env, err := a.issue(ctx, dev, kind, body)
-	if err != nil {
-		return nil, err
-	}
-	ack, _, err := a.sendQueued(ctx, d, ctl, env, true) // releases d.sem
+	ack, _, err := a.delivery.submit(ctx, dev, kind, body, true)
 	return ack, err
 }
 
@@ -305,90 +288,8 @@ func (a *Agent) Send(ctx context.Context, dev, kind string, body []byte) (*fence
 // device: its terminal state is recorded in the outbox (`edgefence outbox
 // show ID`).
 func (a *Agent) Enqueue(ctx context.Context, dev, kind string, body []byte) (*fence.Envelope, error) {
-	d, ctl, env, err := a.issue(ctx, dev, kind, body)
-	if err != nil {
-		return nil, err
-	}
-	_, env, err = a.sendQueued(ctx, d, ctl, env, false)
+	_, env, err := a.delivery.submit(ctx, dev, kind, body, false)
 	return env, err
-}
-
-// issue makes the next envelope for dev under its controller's token. On
-// success the caller holds d.sem (the seq order) and must release it.
-func (a *Agent) issue(ctx context.Context, dev, kind string, body []byte) (*device, *controller, *fence.Envelope, error) {
-	d, ok := a.devices[dev]
-	if !ok {
-		return nil, nil, nil, fmt.Errorf("send to %q: %w", dev, ErrUnknownDevice)
-	}
-	select {
-	case d.sem <- struct{}{}:
-	case <-ctx.Done():
-		return nil, nil, nil, fmt.Errorf("send to %s: %w", dev, ctx.Err())
-	}
-	d.mu.Lock()
-	ctl := d.ctl
-	d.mu.Unlock()
-	if !a.usable(ctl) {
-		<-d.sem
-		return nil, nil, nil, fmt.Errorf("send to %s: %w", dev, ErrNotHolder)
-	}
-	ctl.seq++
-	env := &fence.Envelope{
-		V:        fence.Version,
-		Device:   dev,
-		Token:    ctl.token,
-		Seq:      ctl.seq,
-		ID:       newCommandID(),
-		Kind:     kind,
-		Body:     body,
-		IssuedAt: a.now().UnixMilli(),
-		Holder:   a.cfg.Gateway,
-	}
-	if err := env.Validate(); err != nil {
-		ctl.seq-- // nothing left the agent
-		<-d.sem
-		return nil, nil, nil, fmt.Errorf("send to %s: %w", dev, err)
-	}
-	return d, ctl, env, nil
-}
-
-// countVerdict counts a verdict a fence point gave one of d's commands,
-// in all and for d.
-func (a *Agent) countVerdict(d *device, v fence.Verdict) {
-	switch v {
-	case fence.Accepted:
-		a.stats.accepted.Add(1)
-	case fence.Duplicate:
-		a.stats.duplicate.Add(1)
-	case fence.Stale:
-		a.stats.stale.Add(1)
-	default:
-		a.stats.inv.Add(1)
-	}
-	d.verdicts[verdictIndex(v)].Add(1)
-}
-
-// logVerdict logs the terminal verdict of one of d's commands: a refusal
-// (stale, invalid, expired) is one Warn line with device, token, reason and
-// verdict; accepted and duplicate are Debug only (one per command is too
-// many lines for a gateway's journal). local means the agent decided the
-// verdict itself, without sending the command.
-func (a *Agent) logVerdict(d *device, env *fence.Envelope, ack *fence.Ack, local bool) {
-	if ack.Verdict == fence.Accepted || ack.Verdict == fence.Duplicate {
-		a.log.Debug("command verdict", "device", d.id, "token", env.Token, "seq", env.Seq, "id", env.ID, "verdict", ack.Verdict)
-		return
-	}
-	reason := ack.Reason
-	if reason == "" {
-		switch ack.Verdict {
-		case fence.Stale:
-			reason = fmt.Sprintf("token below the fence point's %d: a newer holder reached the device", ack.MaxToken)
-		default:
-			reason = "refused by the fence point"
-		}
-	}
-	a.log.Warn("command refused", "device", d.id, "token", env.Token, "reason", reason, "verdict", ack.Verdict,
-		"seq", env.Seq, "id", env.ID, "kind", env.Kind, "fence_token", ack.MaxToken, "sent", !local)
 }
 
 // setStateReason records a device state change if ctl is still the
@@ -426,12 +327,6 @@ func (r stateReason) current(d *device) string {
 		return ""
 	}
 	return r.text
-}
-
-func newCommandID() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on Linux (go1.24+)
-	return hex.EncodeToString(b[:])
 }
 
 // sessionTTL is the lease TTL in whole seconds.

@@ -27,7 +27,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		a.runOutbox(octx)
+		a.delivery.run(octx)
 	}()
 	// The workers stop when ctx ends (with the campaigns); Run returns
 	// only once they have.
@@ -420,7 +420,7 @@ func (a *Agent) campaign(ctx context.Context, sess *concurrency.Session, d *devi
 	release()
 	ok, _, refused := a.install(ctx, d, token, m.Key(), sess.Lease())
 	if ok {
-		a.kick(d)
+		a.delivery.kick(d)
 		a.twin.kick(d.id) // twin.go: reconcile under the new token
 		return
 	}
@@ -587,9 +587,7 @@ func (a *Agent) heldElsewhere(d *device) {
 	}
 	d.mu.Unlock()
 	if superseded {
-		if n, _ := a.outbox.Pending(d.id); n > 0 {
-			a.kick(d)
-		}
+		a.delivery.kickPending(d)
 	}
 }
 
@@ -629,4 +627,33 @@ func (a *Agent) readToken(ctx context.Context, m *concurrency.Mutex, lease clien
 		return 0, concurrency.ErrSessionExpired
 	}
 	return fence.Token(kvs[0].CreateRevision), nil
+}
+
+// deposed stops ctl after a fence point refused its token: a newer holder
+// has reached the device (I6), or the device holds a token from a past etcd
+// (a token regression, told apart by recampaign). It is a lease change,
+// logged as one line. The lock is let go, so that it can move on, and the
+// device is campaigned for again after a backoff.
+func (a *Agent) deposed(d *device, ctl *controller, env *fence.Envelope, ack *fence.Ack) {
+	reason := fmt.Sprintf("deposed: the fence point holds newer token %d", ack.MaxToken)
+	if a.ignoresLoss() {
+		reason += " (UNSAFE: the controller carries on)"
+	}
+	a.log.Warn("lease lost", "device", d.id, "token", env.Token, "reason", reason, "holder", a.cfg.Gateway, "fence_token", ack.MaxToken)
+	if a.ignoresLoss() {
+		return
+	}
+	if ctl.lost.Swap(true) {
+		return // another verdict, or the session's end, came first
+	}
+	// The first news of this lock's loss counts as one loss, unless the
+	// session's end already counted it (autonomy).
+	d.mu.Lock()
+	counted := d.autonomy && d.ctl == ctl
+	d.mu.Unlock()
+	if !counted {
+		a.stats.lost.Add(1)
+	}
+	a.setStateReason(d, ctl, StateLost, reason)
+	a.recampaign(d, ctl.token, ctl.key, ctl.lease, true)
 }

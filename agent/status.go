@@ -216,13 +216,9 @@ func (a *Agent) Status() Status {
 		}
 		s.Devices = append(s.Devices, ds)
 	}
-	st := &a.stats
-	s.Counters = Counters{Sent: st.sent.Load(), NoAck: st.noAck.Load(), SendErrors: st.sendErr.Load(),
-		Accepted: st.accepted.Load(), Duplicate: st.duplicate.Load(), Stale: st.stale.Load(), Invalid: st.inv.Load(),
-		Acquired: st.acquired.Load(), Lost: st.lost.Load(), Regressions: st.regressions.Load(), Released: st.released.Load(),
-		Queued: st.queued.Load(), Resent: st.resent.Load(), Expired: st.expired.Load(), Full: st.full.Load(),
-		Reissued: st.reissued.Load(), OutboxErr: st.outboxErr.Load(), Reattached: st.reattached.Load(), Superseded: st.superseded.Load(),
-		StateMalformed: a.reports.malformed.Load()}
+	a.stats.fill(&s.Counters)
+	a.delivery.stats.fill(&s.Counters)
+	s.Counters.StateMalformed = a.reports.malformed.Load()
 	for _, n := range a.api.refusedCounts() {
 		s.Counters.APIRefused += n
 	}
@@ -241,4 +237,20 @@ func (a *Agent) Holding(dev string) (fence.Token, bool) {
 		return 0, false
 	}
 	return d.ctl.token, true
+}
+
+// fill adds the leases' totals to n.
+func (c *counters) fill(n *Counters) {
+	n.Acquired, n.Lost, n.Regressions = c.acquired.Load(), c.lost.Load(), c.regressions.Load()
+	n.Released, n.Reattached = c.released.Load(), c.reattached.Load()
+	n.OutboxErr += c.outboxErr.Load()
+}
+
+// fill adds delivery's totals to n.
+func (c *deliveryCounters) fill(n *Counters) {
+	n.Sent, n.NoAck, n.SendErrors = c.sent.Load(), c.noAck.Load(), c.sendErr.Load()
+	n.Accepted, n.Duplicate, n.Stale, n.Invalid = c.accepted.Load(), c.duplicate.Load(), c.stale.Load(), c.inv.Load()
+	n.Queued, n.Resent, n.Expired, n.Full = c.queued.Load(), c.resent.Load(), c.expired.Load(), c.full.Load()
+	n.Reissued, n.Superseded = c.reissued.Load(), c.superseded.Load()
+	n.OutboxErr += c.outboxErr.Load()
 }
