@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -77,15 +75,27 @@ type FenceTable interface {
 // Agent campaigns for its devices' locks and issues fenced commands for the
 // devices it holds. Create it with New, run it with Run.
 //
-// Its parts, one file each: leases (lease.go, recampaign.go, holder.go:
-// the session, campaigns, tokens, the regression guard; a.mu), delivery
-// (outbox.go: the outbox workers, resend, settle; a.wmu, a.expireMu), the
-// twin reconciler (twin.go: its own type, twins, with its own lock) and
-// the local API (api.go). device.mu guards one device's lease state;
-// device.sem orders its seqs.
+// It is a thin composition of parts, each with its own fields and lock,
+// wired in New:
 //
-// Lock order, where two nest: d.sem → a.expireMu → a.wmu → d.mu. a.mu is
-// never held with another lock; twins.mu and stateReports.mu are leaves.
+//   - leases (lease.go, campaign.go, recampaign.go, holder.go, tail.go,
+//     systemd.go): the session, campaigns, tokens, the regression guard;
+//     lock leases.mu. It tells delivery and the twins of lease changes
+//     through leaseHooks (Agent implements them).
+//   - delivery (send.go, outbox.go): issuing, the outbox workers, resend,
+//     settle, expiry, the resolver; locks delivery.expireMu, delivery.mu.
+//     It tells the leases of a deposition through deposer.
+//   - twins (twin.go): the twin reconciler, over twinHost; lock twins.mu.
+//   - apiServer (api.go): the local API's handlers, over apiHost; no lock.
+//   - stateReports (statereport.go): malformed report counts; a leaf lock.
+//
+// They share the devices (device.go): device.mu guards one device's state,
+// device.sem orders its seqs; device says which part writes which field.
+//
+// Lock order, where two nest: d.sem → delivery.expireMu → delivery.mu →
+// d.mu. leases.mu is never held with another mutex (install takes it, and
+// d.mu, in turn while it holds d.sem); twins.mu and stateReports.mu are
+// leaves.
 type Agent struct {
 	cfg    Config
 	cli    *clientv3.Client
@@ -93,114 +103,18 @@ type Agent struct {
 	log    *slog.Logger
 	now    func() time.Time
 	lossRule
-	bridge   func() any
-	outbox   *offline.Outbox // the durable queue; never nil
-	delivery *delivery       // the outbox's workers (outbox.go, send.go)
-	twin     *twins          // nil: no twin reconciler
-	api      *apiServer      // the local API's handlers (api.go)
+	bridge func() any
+	outbox *offline.Outbox // the durable queue; never nil
 
 	devices map[string]*device // fixed at New; the map is read-only after
 	order   []string
 
-	mu        sync.Mutex
-	lease     clientv3.LeaseID // current session's lease, 0 if none
-	lostLease clientv3.LeaseID // lease of the session last lost, to reattach to if it survived
-	diskLease clientv3.LeaseID // lease of the previous run, from the outbox file; 0 once its fate is known
-	resumed   clientv3.LeaseID // the previous run's lease, re-attached: its lock keys are ours again
-	run       *sessionRun      // the session whose campaigns run now; nil between sessions
-	sessions  uint64           // sessions opened so far
-	sessionUp bool
-
-	stats   counters
-	reports stateReports // malformed device state reports (statereport.go)
-	tails   *tails       // the lease-threat meters (tail.go)
-
-	// Liveness and readiness for the service manager (systemd.go).
-	beatAt       atomic.Int64  // a.now() in Unix ns at the Run loop's last heartbeat; 0 before Run
-	campaigning  chan struct{} // closed once the first session is open and its campaigns start
-	campaignOnce sync.Once
+	leases   *leases
+	delivery *delivery
+	twin     *twins     // nil: no twin reconciler
+	api      *apiServer // the local API's handlers
+	reports  stateReports
 }
-
-type counters struct {
-	acquired, lost, regressions     atomic.Uint64
-	outboxErr, reattached, released atomic.Uint64
-}
-
-// device is the agent's view of one configured device.
-type device struct {
-	id      string
-	sem     chan struct{} // serializes commands: seqs must reach the device in order
-	policy  string        // PolicyStrict or PolicyAutonomous
-	fence   string        // FenceDevice or FenceGateway
-	home    string        // home gateway of a FenceGateway device
-	reissue map[string]bool
-
-	mu       sync.Mutex
-	ctl      *controller // nil unless holding
-	state    string      // campaigning, holding, lost, refused
-	since    time.Time
-	maxToken fence.Token // highest token this agent ever held for the device (durable with an outbox)
-	lastAck  *fence.Ack
-	reason   stateReason // why the device is in its state (lost, refused): setStateReason
-	last     *controller // the last controller installed, kept after it is dropped
-	autonomy bool        // the session is lost and ctl carries on under the autonomous policy
-
-	// Outbox delivery (outbox.go).
-	delivering, kicked bool
-	inflight           string      // id of the entry the worker may have sent: never expired locally
-	deposedAt          fence.Token // highest token of ours a fence point refused as stale
-
-	// The lease's story for an operator (status.go).
-	fenceMark fence.Token // highest token a fence point of the device said it holds (stale acks)
-	refusals  int         // locks released after a refusal since the last accepted command: the backoff's exponent
-	holder    holderInfo  // the lock's owner while another session holds it
-
-	// verdicts counts the device's commands that ended, per verdict
-	// (verdictNames order): edgefence_device_commands_total.
-	verdicts [len(verdictNames)]atomic.Uint64
-	// superseded counts the device's commands ended stale by the agent,
-	// never sent (commands_superseded per device).
-	superseded atomic.Uint64
-}
-
-// verdictNames are the terminal verdicts the agent counts, globally and
-// per device, in the order of device.verdicts.
-var verdictNames = [...]string{"accepted", "duplicate", "stale", "invalid", "expired"}
-
-// verdictIndex is v's index in verdictNames; every verdict a fence point
-// gives that is not accepted, duplicate or stale counts as invalid.
-func verdictIndex(v fence.Verdict) int {
-	switch v {
-	case fence.Accepted:
-		return 0
-	case fence.Duplicate:
-		return 1
-	case fence.Stale:
-		return 2
-	case fence.Expired:
-		return 4
-	default:
-		return 3
-	}
-}
-
-// controller is the right to command one device under one token.
-type controller struct {
-	token fence.Token
-	key   string
-	lease clientv3.LeaseID
-	seq   uint64 // last seq issued under token; guarded by device.sem
-	lost  atomic.Bool
-}
-
-// Device states reported by Status.
-const (
-	StateCampaigning = "campaigning" // waiting for the lock (another holder, or starting)
-	StateHolding     = "holding"     // holds the lock; commands are issued under its token
-	StateLost        = "lost"        // the session ended; no commands until re-acquired
-	StateRefused     = "refused"     // token regression: etcd granted a token not above one the device or this agent saw before
-	StateAutonomous  = "autonomous"  // session lost; commands go on under the last token (policy autonomous)
-)
 
 // New returns an agent for cfg (which must pass Validate; New fills in its
 // defaults), using cli for locks and s to deliver commands.
@@ -212,45 +126,20 @@ func New(cfg *Config, cli *clientv3.Client, s Sender, o Options) (*Agent, error)
 	if o.Outbox == nil {
 		return nil, fmt.Errorf("agent: %w", ErrNoOutbox)
 	}
-	a := &Agent{cfg: *cfg, cli: cli, sender: s, log: o.Logger, now: o.Now, lossRule: lossRule{o.UnsafeIgnoreSessionLoss}, bridge: o.BridgeStatus, outbox: o.Outbox,
-		devices: make(map[string]*device, len(cfg.Devices)), campaigning: make(chan struct{})}
+	a := &Agent{cfg: *cfg, cli: cli, sender: s, log: o.Logger, now: o.Now, lossRule: lossRule{o.UnsafeIgnoreSessionLoss}, bridge: o.BridgeStatus, outbox: o.Outbox}
 	if a.log == nil {
 		a.log = slog.New(slog.NewTextHandler(io.Discard, nil))
-	}
-	a.tails = newTails()
-	if !a.outbox.ReadOnly() {
-		a.tails.fsyncOn = true
-		a.outbox.ObserveCommits(a.tails.observeFsync)
 	}
 	if a.now == nil {
 		a.now = time.Now
 	}
-	for _, d := range cfg.Devices {
-		dev := &device{id: d.ID, sem: make(chan struct{}, 1), state: StateCampaigning, since: a.now(), policy: d.Policy, fence: d.Fence, home: d.Home}
-		if len(d.ReissueKinds) > 0 {
-			dev.reissue = make(map[string]bool, len(d.ReissueKinds))
-			for _, k := range d.ReissueKinds {
-				dev.reissue[k] = true
-			}
-		}
-		// The durable regression guard: the highest token any run of
-		// this agent held for the device.
-		t, err := a.outbox.Held(d.ID)
-		if err != nil {
-			return nil, fmt.Errorf("agent: %w", err)
-		}
-		dev.maxToken = t
-		a.devices[d.ID] = dev
-		a.order = append(a.order, d.ID)
-	}
-	// The previous run's lease: Run re-attaches to it while it lives, so
-	// that the lock keys that run held do not lock this one out.
-	id, err := a.outbox.Lease()
-	if err != nil {
+	var err error
+	if a.devices, a.order, err = newDevices(cfg.Devices, a.outbox, a.now); err != nil {
 		return nil, fmt.Errorf("agent: %w", err)
 	}
-	a.diskLease = clientv3.LeaseID(id)
-	a.lostLease = a.diskLease
+	if a.leases, err = a.newLeases(); err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
 	if o.UnsafeIgnoreSessionLoss && !unsafeBuild {
 		return nil, fmt.Errorf("agent: UnsafeIgnoreSessionLoss: %w", ErrUnsafeBuild)
 	}
@@ -258,7 +147,7 @@ func New(cfg *Config, cli *clientv3.Client, s Sender, o Options) (*Agent, error)
 		a.twin = newTwins(a, o.Twins, o.TwinCache)
 	}
 	a.delivery = &delivery{outbox: a.outbox, sender: s, hist: o.History, log: a.log, now: a.now, timeout: a.cfg.Command.Timeout,
-		gateway: a.cfg.Gateway, devices: a.devices, leases: a, lossRule: a.lossRule, waiters: make(map[string]chan *fence.Ack)}
+		gateway: a.cfg.Gateway, devices: a.devices, leases: a.leases, lossRule: a.lossRule, waiters: make(map[string]chan *fence.Ack)}
 	a.api = &apiServer{host: a, outbox: a.outbox, table: o.FenceTable, log: a.log}
 	if a.ignoresLoss() {
 		a.log.Warn("UNSAFE: session loss is ignored (I6 off); only for tests and demos")
@@ -266,11 +155,57 @@ func New(cfg *Config, cli *clientv3.Client, s Sender, o Options) (*Agent, error)
 	return a, nil
 }
 
+// newLeases returns the agent's leases, with the lease-threat meters and
+// the previous run's lease: Run re-attaches to it while it lives, so that
+// the lock keys that run held do not lock this one out.
+func (a *Agent) newLeases() (*leases, error) {
+	l := &leases{cli: a.cli, etcd: a.cfg.Etcd, gateway: a.cfg.Gateway, store: a.outbox, hooks: a, log: a.log, now: a.now,
+		devices: a.devices, order: a.order, lossRule: a.lossRule, tails: newTails(), campaigning: make(chan struct{})}
+	if !a.outbox.ReadOnly() {
+		l.tails.fsyncOn = true
+		a.outbox.ObserveCommits(l.tails.observeFsync)
+	}
+	id, err := a.outbox.Lease()
+	if err != nil {
+		return nil, err
+	}
+	l.diskLease = clientv3.LeaseID(id)
+	l.lostLease = l.diskLease
+	return l, nil
+}
+
+// Run campaigns for every configured device until ctx ends. It opens one
+// etcd session (one lease, one keep-alive stream) for all devices; when the
+// session ends it stops that session's controllers at once, opens a new
+// session and campaigns again. On return (ctx done) it has released every
+// lock it held and revoked its lease. Run returns nil on a clean shutdown.
+func (a *Agent) Run(ctx context.Context) error {
+	defer a.leases.startTails(ctx)() // tail.go: the lease-threat meters
+	octx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		a.delivery.run(octx)
+	}()
+	// The workers stop when ctx ends (with the campaigns); Run returns
+	// only once they have.
+	defer func() { cancel(); <-done }()
+	if a.twin != nil {
+		tctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			a.twin.run(tctx) // twin.go
+		}()
+		defer func() { cancel(); <-done }()
+	}
+	a.leases.runSessions(ctx)
+	return nil
+}
+
 // LockPrefix is the etcd prefix of the device's lock: the concurrency.Mutex
 // keys live under it, one per campaigning session.
-func (a *Agent) LockPrefix(dev string) string {
-	return a.cfg.Etcd.Prefix + "/devices/" + dev + "/lock"
-}
+func (a *Agent) LockPrefix(dev string) string { return a.leases.lockPrefix(dev) }
 
 // Send issues one command to dev under the current token and returns the
 // fence point's Ack. When an Ack arrived the error is ack.Err(), so callers
@@ -292,42 +227,24 @@ func (a *Agent) Enqueue(ctx context.Context, dev, kind string, body []byte) (*fe
 	return env, err
 }
 
-// setStateReason records a device state change if ctl is still the
-// device's controller (or ctl is nil), with the reason the device entered
-// it (lost, refused), which Status shows while the device stays in it.
-func (a *Agent) setStateReason(d *device, ctl *controller, state, reason string) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if ctl != nil && d.ctl != ctl {
-		return
-	}
-	d.setStateLocked(state, reason, a.now())
+// The leases' hooks (leaseHooks): the rest of the agent acts on a lease
+// change.
+
+// newToken: twins must not push what they queued under an older token.
+func (a *Agent) newToken(dev string, token fence.Token) { a.twin.newToken(dev, token) }
+
+// acquired: deliver d's queue and reconcile its twin under the new token.
+func (a *Agent) acquired(d *device) {
+	a.delivery.kick(d)
+	a.twin.kick(d.id)
 }
 
-// setStateLocked moves d to state, giving the reason; d.mu is held. A
-// reason belongs to the state and the moment it was given (stateReason),
-// so the places that set d.state directly need not clear it.
-func (d *device) setStateLocked(state, reason string, now time.Time) {
-	if d.state != state {
-		d.state, d.since = state, now
-	}
-	d.reason = stateReason{state: state, since: d.since, text: reason}
-}
+// heldElsewhere: d's queued commands of superseded tokens are let out to be
+// ended as stale (delivery).
+func (a *Agent) heldElsewhere(d *device) { a.delivery.kickPending(d) }
 
-// stateReason is why a device entered a state.
-type stateReason struct {
-	state string
-	since time.Time
-	text  string
+// holder returns the lock key and token of dev's current controller, if
+// the agent holds dev (twinHost).
+func (a *Agent) holder(dev string) (key string, token fence.Token, ok bool) {
+	return a.leases.holder(dev)
 }
-
-// current returns the reason if it was given for d's current state.
-func (r stateReason) current(d *device) string {
-	if r.state != d.state || !r.since.Equal(d.since) {
-		return ""
-	}
-	return r.text
-}
-
-// sessionTTL is the lease TTL in whole seconds.
-func (a *Agent) sessionTTL() int64 { return int64(a.cfg.Etcd.LeaseTTL / time.Second) }

@@ -158,13 +158,12 @@ type transportStatus interface {
 // Status returns a snapshot of the agent.
 func (a *Agent) Status() Status {
 	s := Status{Gateway: a.cfg.Gateway}
-	a.mu.Lock()
-	s.Etcd = EtcdStatus{Endpoints: a.cfg.Etcd.Endpoints, Session: a.sessionUp, Sessions: a.sessions, TTL: a.cfg.Etcd.LeaseTTL.String()}
-	if a.sessionUp {
-		s.Etcd.Lease = fmt.Sprintf("%x", int64(a.lease))
+	up, lease, n := a.leases.session()
+	s.Etcd = EtcdStatus{Endpoints: a.cfg.Etcd.Endpoints, Session: up, Sessions: n, TTL: a.cfg.Etcd.LeaseTTL.String()}
+	if up {
+		s.Etcd.Lease = fmt.Sprintf("%x", int64(lease))
 	}
-	a.mu.Unlock()
-	s.LeaseTail = a.tails.status(a.cfg.Etcd.LeaseTTL, time.Now())
+	s.LeaseTail = a.leases.tails.status(a.cfg.Etcd.LeaseTTL, time.Now())
 	if ts, ok := a.sender.(transportStatus); ok {
 		s.Transport = ts.Status()
 	}
@@ -216,7 +215,7 @@ func (a *Agent) Status() Status {
 		}
 		s.Devices = append(s.Devices, ds)
 	}
-	a.stats.fill(&s.Counters)
+	a.leases.stats.fill(&s.Counters)
 	a.delivery.stats.fill(&s.Counters)
 	s.Counters.StateMalformed = a.reports.malformed.Load()
 	for _, n := range a.api.refusedCounts() {
@@ -227,20 +226,12 @@ func (a *Agent) Status() Status {
 
 // Holding reports the device's current token, if the agent holds it.
 func (a *Agent) Holding(dev string) (fence.Token, bool) {
-	d, ok := a.devices[dev]
-	if !ok {
-		return 0, false
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if !a.usable(d.ctl) {
-		return 0, false
-	}
-	return d.ctl.token, true
+	_, token, ok := a.leases.holder(dev)
+	return token, ok
 }
 
 // fill adds the leases' totals to n.
-func (c *counters) fill(n *Counters) {
+func (c *leaseCounters) fill(n *Counters) {
 	n.Acquired, n.Lost, n.Regressions = c.acquired.Load(), c.lost.Load(), c.regressions.Load()
 	n.Released, n.Reattached = c.released.Load(), c.reattached.Load()
 	n.OutboxErr += c.outboxErr.Load()

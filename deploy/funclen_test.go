@@ -43,8 +43,6 @@ var longFuncs = map[string]longFunc{
 	"cmd/edgefence-devsim.run":                   {97, "flags and wiring of the device simulator: not split yet"},
 	"cmd/edgefence-chaos.run":                    {92, "flags and wiring of the chaos rounds: not split yet"},
 	"devices/sandbox/chaos.(*round).injectFault": {91, "one switch over the fault kinds: the harness moves under internal/"},
-	"agent.(*Agent).install":                     {88, "installing a lock as a controller: split with the Agent (lead)"},
-	"agent.(*Agent).campaign":                    {83, "the campaign loop: split with the Agent (lead)"},
 }
 
 // TestFuncLength: no function of the module's production code (not tests,
