@@ -2,13 +2,9 @@ package agent
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"log/slog"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -79,144 +75,46 @@ type FenceTable interface {
 // Agent campaigns for its devices' locks and issues fenced commands for the
 // devices it holds. Create it with New, run it with Run.
 //
-// Its parts, one file each: leases (lease.go, recampaign.go, holder.go:
-// the session, campaigns, tokens, the regression guard; a.mu), delivery
-// (outbox.go: the outbox workers, resend, settle; a.wmu, a.expireMu), the
-// twin reconciler (twin.go: its own type, twins, with its own lock) and
-// the local API (api.go). device.mu guards one device's lease state;
-// device.sem orders its seqs.
+// It is a thin composition of parts, each with its own fields and lock,
+// wired in New:
 //
-// Lock order, where two nest: d.sem → a.expireMu → a.wmu → d.mu. a.mu is
-// never held with another lock; twins.mu and stateReports.mu are leaves.
+//   - leases (lease.go, campaign.go, recampaign.go, holder.go, tail.go,
+//     systemd.go): the session, campaigns, tokens, the regression guard;
+//     lock leases.mu. It tells delivery and the twins of lease changes
+//     through leaseHooks (Agent implements them).
+//   - delivery (send.go, outbox.go): issuing, the outbox workers, resend,
+//     settle, expiry, the resolver; locks delivery.expireMu, delivery.mu.
+//     It tells the leases of a deposition through deposer.
+//   - twins (twin.go): the twin reconciler, over twinHost; lock twins.mu.
+//   - apiServer (api.go): the local API's handlers, over apiHost; no lock.
+//   - stateReports (statereport.go): malformed report counts; a leaf lock.
+//
+// They share the devices (device.go): device.mu guards one device's state,
+// device.sem orders its seqs; device says which part writes which field.
+//
+// Lock order, where two nest: d.sem → delivery.expireMu → delivery.mu →
+// d.mu. leases.mu is never held with another mutex (install takes it, and
+// d.mu, in turn while it holds d.sem); twins.mu and stateReports.mu are
+// leaves.
 type Agent struct {
 	cfg    Config
 	cli    *clientv3.Client
 	sender Sender
 	log    *slog.Logger
 	now    func() time.Time
-	unsafe bool
+	lossRule
 	bridge func() any
-	table  FenceTable
 	outbox *offline.Outbox // the durable queue; never nil
-	hist   *history.Writer // nil: no history
-	twin   *twins          // nil: no twin reconciler
 
 	devices map[string]*device // fixed at New; the map is read-only after
 	order   []string
 
-	// The outbox's delivery workers (outbox.go).
-	wmu       sync.Mutex
-	waiters   map[string]chan *fence.Ack // command id → its Send, waiting
-	runCtx    context.Context            // set while Run runs; nil: no new workers
-	workers   sync.WaitGroup
-	expireMu  sync.RWMutex    // expiry (W) vs a worker picking its next entry (R)
-	resolveCh chan resolveReq // to the resolver (group commit of acks); set by runOutbox before the workers
-
-	mu        sync.Mutex
-	lease     clientv3.LeaseID // current session's lease, 0 if none
-	lostLease clientv3.LeaseID // lease of the session last lost, to reattach to if it survived
-	diskLease clientv3.LeaseID // lease of the previous run, from the outbox file; 0 once its fate is known
-	resumed   clientv3.LeaseID // the previous run's lease, re-attached: its lock keys are ours again
-	run       *sessionRun      // the session whose campaigns run now; nil between sessions
-	sessions  uint64           // sessions opened so far
-	sessionUp bool
-
-	stats   counters
-	reports stateReports // malformed device state reports (statereport.go)
-	tails   *tails       // the lease-threat meters (tail.go)
-
-	// Liveness and readiness for the service manager (systemd.go).
-	beatAt       atomic.Int64  // a.now() in Unix ns at the Run loop's last heartbeat; 0 before Run
-	campaigning  chan struct{} // closed once the first session is open and its campaigns start
-	campaignOnce sync.Once
+	leases   *leases
+	delivery *delivery
+	twin     *twins     // nil: no twin reconciler
+	api      *apiServer // the local API's handlers
+	reports  stateReports
 }
-
-type counters struct {
-	sent, noAck, sendErr            atomic.Uint64
-	accepted, duplicate, stale, inv atomic.Uint64
-	acquired, lost, regressions     atomic.Uint64
-	queued, resent, expired, full   atomic.Uint64
-	reissued, outboxErr, reattached atomic.Uint64
-	superseded, released            atomic.Uint64
-
-	apiRefused [len(apiRefusals)]atomic.Uint64 // local API requests refused as bad input, by reason (api.go)
-}
-
-// device is the agent's view of one configured device.
-type device struct {
-	id      string
-	sem     chan struct{} // serializes commands: seqs must reach the device in order
-	policy  string        // PolicyStrict or PolicyAutonomous
-	fence   string        // FenceDevice or FenceGateway
-	home    string        // home gateway of a FenceGateway device
-	reissue map[string]bool
-
-	mu       sync.Mutex
-	ctl      *controller // nil unless holding
-	state    string      // campaigning, holding, lost, refused
-	since    time.Time
-	maxToken fence.Token // highest token this agent ever held for the device (durable with an outbox)
-	lastAck  *fence.Ack
-	reason   stateReason // why the device is in its state (lost, refused): setStateReason
-	last     *controller // the last controller installed, kept after it is dropped
-	autonomy bool        // the session is lost and ctl carries on under the autonomous policy
-
-	// Outbox delivery (outbox.go).
-	delivering, kicked bool
-	inflight           string      // id of the entry the worker may have sent: never expired locally
-	deposedAt          fence.Token // highest token of ours a fence point refused as stale
-
-	// The lease's story for an operator (status.go).
-	fenceMark fence.Token // highest token a fence point of the device said it holds (stale acks)
-	refusals  int         // locks released after a refusal since the last accepted command: the backoff's exponent
-	holder    holderInfo  // the lock's owner while another session holds it
-
-	// verdicts counts the device's commands that ended, per verdict
-	// (verdictNames order): edgefence_device_commands_total.
-	verdicts [len(verdictNames)]atomic.Uint64
-	// superseded counts the device's commands ended stale by the agent,
-	// never sent (commands_superseded per device).
-	superseded atomic.Uint64
-}
-
-// verdictNames are the terminal verdicts the agent counts, globally and
-// per device, in the order of device.verdicts.
-var verdictNames = [...]string{"accepted", "duplicate", "stale", "invalid", "expired"}
-
-// verdictIndex is v's index in verdictNames; every verdict a fence point
-// gives that is not accepted, duplicate or stale counts as invalid.
-func verdictIndex(v fence.Verdict) int {
-	switch v {
-	case fence.Accepted:
-		return 0
-	case fence.Duplicate:
-		return 1
-	case fence.Stale:
-		return 2
-	case fence.Expired:
-		return 4
-	default:
-		return 3
-	}
-}
-
-// controller is the right to command one device under one token.
-type controller struct {
-	token fence.Token
-	key   string
-	lease clientv3.LeaseID
-	seq   uint64 // last seq issued under token; guarded by device.sem
-	lost  atomic.Bool
-}
-
-// Device states reported by Status.
-const (
-	StateCampaigning = "campaigning" // waiting for the lock (another holder, or starting)
-	StateHolding     = "holding"     // holds the lock; commands are issued under its token
-	StateLost        = "lost"        // the session ended; no commands until re-acquired
-	StateRefused     = "refused"     // token regression: etcd granted a token not above one the device or this agent saw before
-	StateAutonomous  = "autonomous"  // session lost; commands go on under the last token (policy autonomous)
-)
 
 // New returns an agent for cfg (which must pass Validate; New fills in its
 // defaults), using cli for locks and s to deliver commands.
@@ -228,63 +126,86 @@ func New(cfg *Config, cli *clientv3.Client, s Sender, o Options) (*Agent, error)
 	if o.Outbox == nil {
 		return nil, fmt.Errorf("agent: %w", ErrNoOutbox)
 	}
-	a := &Agent{cfg: *cfg, cli: cli, sender: s, log: o.Logger, now: o.Now, unsafe: o.UnsafeIgnoreSessionLoss, bridge: o.BridgeStatus, table: o.FenceTable, outbox: o.Outbox, hist: o.History,
-		devices: make(map[string]*device, len(cfg.Devices)), waiters: make(map[string]chan *fence.Ack),
-		campaigning: make(chan struct{})}
+	a := &Agent{cfg: *cfg, cli: cli, sender: s, log: o.Logger, now: o.Now, lossRule: lossRule{o.UnsafeIgnoreSessionLoss}, bridge: o.BridgeStatus, outbox: o.Outbox}
 	if a.log == nil {
 		a.log = slog.New(slog.NewTextHandler(io.Discard, nil))
-	}
-	a.tails = newTails()
-	if !a.outbox.ReadOnly() {
-		a.tails.fsyncOn = true
-		a.outbox.ObserveCommits(a.tails.observeFsync)
 	}
 	if a.now == nil {
 		a.now = time.Now
 	}
-	for _, d := range cfg.Devices {
-		dev := &device{id: d.ID, sem: make(chan struct{}, 1), state: StateCampaigning, since: a.now(), policy: d.Policy, fence: d.Fence, home: d.Home}
-		if len(d.ReissueKinds) > 0 {
-			dev.reissue = make(map[string]bool, len(d.ReissueKinds))
-			for _, k := range d.ReissueKinds {
-				dev.reissue[k] = true
-			}
-		}
-		// The durable regression guard: the highest token any run of
-		// this agent held for the device.
-		t, err := a.outbox.Held(d.ID)
-		if err != nil {
-			return nil, fmt.Errorf("agent: %w", err)
-		}
-		dev.maxToken = t
-		a.devices[d.ID] = dev
-		a.order = append(a.order, d.ID)
-	}
-	// The previous run's lease: Run re-attaches to it while it lives, so
-	// that the lock keys that run held do not lock this one out.
-	id, err := a.outbox.Lease()
-	if err != nil {
+	var err error
+	if a.devices, a.order, err = newDevices(cfg.Devices, a.outbox, a.now); err != nil {
 		return nil, fmt.Errorf("agent: %w", err)
 	}
-	a.diskLease = clientv3.LeaseID(id)
-	a.lostLease = a.diskLease
+	if a.leases, err = a.newLeases(); err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
 	if o.UnsafeIgnoreSessionLoss && !unsafeBuild {
 		return nil, fmt.Errorf("agent: UnsafeIgnoreSessionLoss: %w", ErrUnsafeBuild)
 	}
 	if o.Twins != nil {
 		a.twin = newTwins(a, o.Twins, o.TwinCache)
 	}
+	a.delivery = &delivery{outbox: a.outbox, sender: s, hist: o.History, log: a.log, now: a.now, timeout: a.cfg.Command.Timeout,
+		gateway: a.cfg.Gateway, devices: a.devices, leases: a.leases, lossRule: a.lossRule, waiters: make(map[string]chan *fence.Ack)}
+	a.api = &apiServer{host: a, outbox: a.outbox, table: o.FenceTable, log: a.log}
 	if a.ignoresLoss() {
 		a.log.Warn("UNSAFE: session loss is ignored (I6 off); only for tests and demos")
 	}
 	return a, nil
 }
 
+// newLeases returns the agent's leases, with the lease-threat meters and
+// the previous run's lease: Run re-attaches to it while it lives, so that
+// the lock keys that run held do not lock this one out.
+func (a *Agent) newLeases() (*leases, error) {
+	l := &leases{cli: a.cli, etcd: a.cfg.Etcd, gateway: a.cfg.Gateway, store: a.outbox, hooks: a, log: a.log, now: a.now,
+		devices: a.devices, order: a.order, lossRule: a.lossRule, tails: newTails(), campaigning: make(chan struct{})}
+	if !a.outbox.ReadOnly() {
+		l.tails.fsyncOn = true
+		a.outbox.ObserveCommits(l.tails.observeFsync)
+	}
+	id, err := a.outbox.Lease()
+	if err != nil {
+		return nil, err
+	}
+	l.diskLease = clientv3.LeaseID(id)
+	l.lostLease = l.diskLease
+	return l, nil
+}
+
+// Run campaigns for every configured device until ctx ends. It opens one
+// etcd session (one lease, one keep-alive stream) for all devices; when the
+// session ends it stops that session's controllers at once, opens a new
+// session and campaigns again. On return (ctx done) it has released every
+// lock it held and revoked its lease. Run returns nil on a clean shutdown.
+func (a *Agent) Run(ctx context.Context) error {
+	defer a.leases.startTails(ctx)() // tail.go: the lease-threat meters
+	octx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		a.delivery.run(octx)
+	}()
+	// The workers stop when ctx ends (with the campaigns); Run returns
+	// only once they have.
+	defer func() { cancel(); <-done }()
+	if a.twin != nil {
+		tctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			a.twin.run(tctx) // twin.go
+		}()
+		defer func() { cancel(); <-done }()
+	}
+	a.leases.runSessions(ctx)
+	return nil
+}
+
 // LockPrefix is the etcd prefix of the device's lock: the concurrency.Mutex
 // keys live under it, one per campaigning session.
-func (a *Agent) LockPrefix(dev string) string {
-	return a.cfg.Etcd.Prefix + "/devices/" + dev + "/lock"
-}
+func (a *Agent) LockPrefix(dev string) string { return a.leases.lockPrefix(dev) }
 
 // Send issues one command to dev under the current token and returns the
 // fence point's Ack. When an Ack arrived the error is ack.Err(), so callers
@@ -293,11 +214,7 @@ func (a *Agent) LockPrefix(dev string) string {
 // within the command timeout stays queued: the error wraps ErrNoAck and
 // ErrQueued.
 func (a *Agent) Send(ctx context.Context, dev, kind string, body []byte) (*fence.Ack, error) {
-	d, ctl, env, err := a.issue(ctx, dev, kind, body)
-	if err != nil {
-		return nil, err
-	}
-	ack, _, err := a.sendQueued(ctx, d, ctl, env, true) // releases d.sem
+	ack, _, err := a.delivery.submit(ctx, dev, kind, body, true)
 	return ack, err
 }
 
@@ -306,134 +223,28 @@ func (a *Agent) Send(ctx context.Context, dev, kind string, body []byte) (*fence
 // device: its terminal state is recorded in the outbox (`edgefence outbox
 // show ID`).
 func (a *Agent) Enqueue(ctx context.Context, dev, kind string, body []byte) (*fence.Envelope, error) {
-	d, ctl, env, err := a.issue(ctx, dev, kind, body)
-	if err != nil {
-		return nil, err
-	}
-	_, env, err = a.sendQueued(ctx, d, ctl, env, false)
+	_, env, err := a.delivery.submit(ctx, dev, kind, body, false)
 	return env, err
 }
 
-// issue makes the next envelope for dev under its controller's token. On
-// success the caller holds d.sem (the seq order) and must release it.
-func (a *Agent) issue(ctx context.Context, dev, kind string, body []byte) (*device, *controller, *fence.Envelope, error) {
-	d, ok := a.devices[dev]
-	if !ok {
-		return nil, nil, nil, fmt.Errorf("send to %q: %w", dev, ErrUnknownDevice)
-	}
-	select {
-	case d.sem <- struct{}{}:
-	case <-ctx.Done():
-		return nil, nil, nil, fmt.Errorf("send to %s: %w", dev, ctx.Err())
-	}
-	d.mu.Lock()
-	ctl := d.ctl
-	d.mu.Unlock()
-	if !a.usable(ctl) {
-		<-d.sem
-		return nil, nil, nil, fmt.Errorf("send to %s: %w", dev, ErrNotHolder)
-	}
-	ctl.seq++
-	env := &fence.Envelope{
-		V:        fence.Version,
-		Device:   dev,
-		Token:    ctl.token,
-		Seq:      ctl.seq,
-		ID:       newCommandID(),
-		Kind:     kind,
-		Body:     body,
-		IssuedAt: a.now().UnixMilli(),
-		Holder:   a.cfg.Gateway,
-	}
-	if err := env.Validate(); err != nil {
-		ctl.seq-- // nothing left the agent
-		<-d.sem
-		return nil, nil, nil, fmt.Errorf("send to %s: %w", dev, err)
-	}
-	return d, ctl, env, nil
+// The leases' hooks (leaseHooks): the rest of the agent acts on a lease
+// change.
+
+// newToken: twins must not push what they queued under an older token.
+func (a *Agent) newToken(dev string, token fence.Token) { a.twin.newToken(dev, token) }
+
+// acquired: deliver d's queue and reconcile its twin under the new token.
+func (a *Agent) acquired(d *device) {
+	a.delivery.kick(d)
+	a.twin.kick(d.id)
 }
 
-// countVerdict counts a verdict a fence point gave one of d's commands,
-// in all and for d.
-func (a *Agent) countVerdict(d *device, v fence.Verdict) {
-	switch v {
-	case fence.Accepted:
-		a.stats.accepted.Add(1)
-	case fence.Duplicate:
-		a.stats.duplicate.Add(1)
-	case fence.Stale:
-		a.stats.stale.Add(1)
-	default:
-		a.stats.inv.Add(1)
-	}
-	d.verdicts[verdictIndex(v)].Add(1)
-}
+// heldElsewhere: d's queued commands of superseded tokens are let out to be
+// ended as stale (delivery).
+func (a *Agent) heldElsewhere(d *device) { a.delivery.kickPending(d) }
 
-// logVerdict logs the terminal verdict of one of d's commands: a refusal
-// (stale, invalid, expired) is one Warn line with device, token, reason and
-// verdict; accepted and duplicate are Debug only (one per command is too
-// many lines for a gateway's journal). local means the agent decided the
-// verdict itself, without sending the command.
-func (a *Agent) logVerdict(d *device, env *fence.Envelope, ack *fence.Ack, local bool) {
-	if ack.Verdict == fence.Accepted || ack.Verdict == fence.Duplicate {
-		a.log.Debug("command verdict", "device", d.id, "token", env.Token, "seq", env.Seq, "id", env.ID, "verdict", ack.Verdict)
-		return
-	}
-	reason := ack.Reason
-	if reason == "" {
-		switch ack.Verdict {
-		case fence.Stale:
-			reason = fmt.Sprintf("token below the fence point's %d: a newer holder reached the device", ack.MaxToken)
-		default:
-			reason = "refused by the fence point"
-		}
-	}
-	a.log.Warn("command refused", "device", d.id, "token", env.Token, "reason", reason, "verdict", ack.Verdict,
-		"seq", env.Seq, "id", env.ID, "kind", env.Kind, "fence_token", ack.MaxToken, "sent", !local)
+// holder returns the lock key and token of dev's current controller, if
+// the agent holds dev (twinHost).
+func (a *Agent) holder(dev string) (key string, token fence.Token, ok bool) {
+	return a.leases.holder(dev)
 }
-
-// setStateReason records a device state change if ctl is still the
-// device's controller (or ctl is nil), with the reason the device entered
-// it (lost, refused), which Status shows while the device stays in it.
-func (a *Agent) setStateReason(d *device, ctl *controller, state, reason string) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if ctl != nil && d.ctl != ctl {
-		return
-	}
-	d.setStateLocked(state, reason, a.now())
-}
-
-// setStateLocked moves d to state, giving the reason; d.mu is held. A
-// reason belongs to the state and the moment it was given (stateReason),
-// so the places that set d.state directly need not clear it.
-func (d *device) setStateLocked(state, reason string, now time.Time) {
-	if d.state != state {
-		d.state, d.since = state, now
-	}
-	d.reason = stateReason{state: state, since: d.since, text: reason}
-}
-
-// stateReason is why a device entered a state.
-type stateReason struct {
-	state string
-	since time.Time
-	text  string
-}
-
-// current returns the reason if it was given for d's current state.
-func (r stateReason) current(d *device) string {
-	if r.state != d.state || !r.since.Equal(d.since) {
-		return ""
-	}
-	return r.text
-}
-
-func newCommandID() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on Linux (go1.24+)
-	return hex.EncodeToString(b[:])
-}
-
-// sessionTTL is the lease TTL in whole seconds.
-func (a *Agent) sessionTTL() int64 { return int64(a.cfg.Etcd.LeaseTTL / time.Second) }

@@ -240,9 +240,9 @@ func TestSeqStartsAtOnePerToken(t *testing.T) {
 
 func revokeSession(t *testing.T, a *testAgent) {
 	t.Helper()
-	a.mu.Lock()
-	lease := a.lease
-	a.mu.Unlock()
+	a.leases.mu.Lock()
+	lease := a.leases.lease
+	a.leases.mu.Unlock()
 	if _, err := a.cli.Revoke(context.Background(), lease); err != nil {
 		t.Fatal(err)
 	}

@@ -1,19 +1,18 @@
 package agent
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/edgefence/edgefence/fence"
@@ -67,10 +66,37 @@ type OutboxList struct {
 	Corrupt string `json:"corrupt,omitempty"`
 }
 
-const (
-	maxRequestBody  = 1 << 20
-	maxResponseBody = 256 << 20 // an outbox list of every retained entry
-)
+const maxRequestBody = 1 << 20
+
+// apiServer is the local API's handlers. It sees the rest of the agent
+// through apiHost (the command path and Status), the outbox's read side
+// (outboxReader) and the fence table's (FenceTable). It has no lock: its
+// only state is the refusal counters, atomics.
+type apiServer struct {
+	host   apiHost
+	outbox outboxReader
+	table  FenceTable // nil: the agent keeps no fence table
+	log    *slog.Logger
+
+	// refusedN counts requests refused as bad input, by reason
+	// (apiRefusals order).
+	refusedN [len(apiRefusals)]atomic.Uint64
+}
+
+// apiHost is what the local API needs of the agent: the command path and
+// a status snapshot (Agent.Send, Agent.Enqueue, Agent.Status).
+type apiHost interface {
+	Send(ctx context.Context, dev, kind string, body []byte) (*fence.Ack, error)
+	Enqueue(ctx context.Context, dev, kind string, body []byte) (*fence.Envelope, error)
+	Status() Status
+}
+
+// outboxReader is the read side of offline.Outbox the local API serves.
+type outboxReader interface {
+	List(f offline.Filter) ([]offline.Record, error)
+	Summary(device string) (offline.Summary, error)
+	Find(id string) (offline.Record, error)
+}
 
 // ServeAPI serves the local API on a unix socket at path until ctx ends: it
 // is ListenAPI, then ServeAPIListener.
@@ -105,7 +131,15 @@ func ListenAPI(path string) (net.Listener, error) {
 // ServeAPIListener serves the local API on l (from ListenAPI) until ctx
 // ends, then closes l, which removes its socket file.
 func (a *Agent) ServeAPIListener(ctx context.Context, l net.Listener) error {
-	srv := &http.Server{Handler: a.APIHandler(), ReadHeaderTimeout: 5 * time.Second}
+	return a.api.serve(ctx, l)
+}
+
+// APIHandler returns the local API's HTTP handler.
+func (a *Agent) APIHandler() http.Handler { return a.api.handler() }
+
+// serve is ServeAPIListener.
+func (s *apiServer) serve(ctx context.Context, l net.Listener) error {
+	srv := &http.Server{Handler: s.handler(), ReadHeaderTimeout: 5 * time.Second}
 	ctx, stop := context.WithCancel(ctx) // stop: Serve failed on its own
 	done := make(chan struct{})
 	go func() {
@@ -144,19 +178,19 @@ func removeStaleSocket(path string) error {
 	return os.Remove(path)
 }
 
-// APIHandler returns the local API's HTTP handler.
-func (a *Agent) APIHandler() http.Handler {
+// handler returns the local API's HTTP handler.
+func (s *apiServer) handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, a.Status())
+		writeJSON(w, http.StatusOK, s.host.Status())
 	})
-	mux.HandleFunc("POST /v1/send", a.handleSend)
+	mux.HandleFunc("POST /v1/send", s.handleSend)
 	mux.HandleFunc("GET /v1/fence", func(w http.ResponseWriter, r *http.Request) {
-		if a.table == nil {
+		if s.table == nil {
 			writeJSON(w, http.StatusNotFound, apiError{noFenceTable})
 			return
 		}
-		recs, err := a.table.List()
+		recs, err := s.table.List()
 		if err != nil {
 			writeJSON(w, http.StatusInternalServerError, apiError{err.Error()})
 			return
@@ -164,11 +198,11 @@ func (a *Agent) APIHandler() http.Handler {
 		writeJSON(w, http.StatusOK, recs)
 	})
 	mux.HandleFunc("GET /v1/fence/{device}", func(w http.ResponseWriter, r *http.Request) {
-		if a.table == nil {
+		if s.table == nil {
 			writeJSON(w, http.StatusNotFound, apiError{noFenceTable})
 			return
 		}
-		rec, ok, err := a.table.Get(r.PathValue("device"))
+		rec, ok, err := s.table.Get(r.PathValue("device"))
 		switch {
 		case err != nil:
 			writeJSON(w, http.StatusInternalServerError, apiError{err.Error()})
@@ -178,12 +212,12 @@ func (a *Agent) APIHandler() http.Handler {
 			writeJSON(w, http.StatusOK, rec)
 		}
 	})
-	mux.HandleFunc("GET /v1/outbox", a.handleOutboxList)
-	mux.HandleFunc("GET /v1/outbox/{id}", a.handleOutboxGet)
+	mux.HandleFunc("GET /v1/outbox", s.handleOutboxList)
+	mux.HandleFunc("GET /v1/outbox/{id}", s.handleOutboxGet)
 	return mux
 }
 
-func (a *Agent) handleOutboxList(w http.ResponseWriter, r *http.Request) {
+func (s *apiServer) handleOutboxList(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	f := offline.Filter{Device: q.Get("device")}
 	switch q.Get("state") {
@@ -194,7 +228,7 @@ func (a *Agent) handleOutboxList(w http.ResponseWriter, r *http.Request) {
 	case "all", "":
 	default:
 		err := fmt.Errorf("state %q: want pending, terminal or all", q.Get("state"))
-		a.refused(r, refusedMalformed, err)
+		s.refused(r, refusedMalformed, err)
 		writeJSON(w, http.StatusBadRequest, apiError{err.Error()})
 		return
 	}
@@ -202,13 +236,13 @@ func (a *Agent) handleOutboxList(w http.ResponseWriter, r *http.Request) {
 		n, err := strconv.Atoi(l)
 		if err != nil || n < 0 {
 			err := fmt.Errorf("limit %q: want a count, 0 for all", l)
-			a.refused(r, refusedMalformed, err)
+			s.refused(r, refusedMalformed, err)
 			writeJSON(w, http.StatusBadRequest, apiError{err.Error()})
 			return
 		}
 		f.Limit = n
 	}
-	recs, err := a.outbox.List(f)
+	recs, err := s.outbox.List(f)
 	var res OutboxList
 	switch {
 	case errors.Is(err, offline.ErrCorrupt):
@@ -221,15 +255,15 @@ func (a *Agent) handleOutboxList(w http.ResponseWriter, r *http.Request) {
 	if res.Records == nil {
 		res.Records = []offline.Record{}
 	}
-	if res.Summary, err = a.outbox.Summary(f.Device); err != nil {
+	if res.Summary, err = s.outbox.Summary(f.Device); err != nil {
 		writeJSON(w, http.StatusInternalServerError, apiError{err.Error()})
 		return
 	}
 	writeJSON(w, http.StatusOK, res)
 }
 
-func (a *Agent) handleOutboxGet(w http.ResponseWriter, r *http.Request) {
-	rec, err := a.outbox.Find(r.PathValue("id"))
+func (s *apiServer) handleOutboxGet(w http.ResponseWriter, r *http.Request) {
+	rec, err := s.outbox.Find(r.PathValue("id"))
 	switch {
 	case errors.Is(err, offline.ErrNotFound):
 		writeJSON(w, http.StatusNotFound, apiError{err.Error()})
@@ -242,14 +276,14 @@ func (a *Agent) handleOutboxGet(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-func (a *Agent) handleSend(w http.ResponseWriter, r *http.Request) {
+func (s *apiServer) handleSend(w http.ResponseWriter, r *http.Request) {
 	var req SendRequest
 	if code, err := decodeRequest(w, r, &req); err != nil {
 		why := refusedMalformed
 		if code == http.StatusRequestEntityTooLarge {
 			why = refusedTooLarge
 		}
-		a.refused(r, why, err)
+		s.refused(r, why, err)
 		writeJSON(w, code, SendResult{Device: req.Device, Error: err.Error()})
 		return
 	}
@@ -257,22 +291,22 @@ func (a *Agent) handleSend(w http.ResponseWriter, r *http.Request) {
 	// written, before a command is issued: a refusal uses up no seq.
 	body, err := JSONToBody(req.Body)
 	if err != nil {
-		a.refused(r, refusedBody, err)
+		s.refused(r, refusedBody, err)
 		writeJSON(w, http.StatusBadRequest, SendResult{Device: req.Device, Error: err.Error()})
 		return
 	}
 	res := SendResult{Device: req.Device}
 	if req.NoWait {
-		env, err := a.Enqueue(r.Context(), req.Device, req.Kind, body)
+		env, err := s.host.Enqueue(r.Context(), req.Device, req.Kind, body)
 		if err == nil {
 			res.ID, res.Token, res.Seq, res.Queued = env.ID, uint64(env.Token), env.Seq, true
 			writeJSON(w, http.StatusAccepted, res)
 			return
 		}
-		a.writeSendError(w, r, res, err)
+		s.writeSendError(w, r, res, err)
 		return
 	}
-	ack, err := a.Send(r.Context(), req.Device, req.Kind, body)
+	ack, err := s.host.Send(r.Context(), req.Device, req.Kind, body)
 	if ack != nil {
 		res.ID, res.Token, res.Seq, res.Verdict, res.Ack = ack.ID, uint64(ack.Token), ack.Seq, ack.Verdict.String(), NewAckStatus(ack)
 		writeJSON(w, http.StatusOK, res) // a verdict, even stale, is an answer
@@ -282,7 +316,7 @@ func (a *Agent) handleSend(w http.ResponseWriter, r *http.Request) {
 	if errors.As(err, &qe) {
 		res.ID, res.Token, res.Seq, res.Queued = qe.ID, uint64(qe.Token), qe.Seq, true
 	}
-	a.writeSendError(w, r, res, err)
+	s.writeSendError(w, r, res, err)
 }
 
 // decodeRequest decodes r's body, one JSON object of at most
@@ -316,7 +350,7 @@ func decodeRequest(w http.ResponseWriter, r *http.Request, v any) (int, error) {
 var errTrailingData = errors.New("data after the JSON object")
 
 // Why the local API refused a request as bad input: the reason label of
-// edgefence_api_requests_refused_total, indexes of counters.apiRefused.
+// edgefence_api_requests_refused_total, indexes of apiServer.refusedN.
 var apiRefusals = [...]string{"too_large", "malformed", "bad_body", "unknown_device"}
 
 const (
@@ -328,19 +362,19 @@ const (
 
 // refused counts and logs a request refused as bad input; the caller
 // answers it.
-func (a *Agent) refused(r *http.Request, why int, err error) {
-	a.stats.apiRefused[why].Add(1)
-	a.log.Warn("api request refused", "method", r.Method, "path", r.URL.Path, "reason", apiRefusals[why], "err", err)
+func (s *apiServer) refused(r *http.Request, why int, err error) {
+	s.refusedN[why].Add(1)
+	s.log.Warn("api request refused", "method", r.Method, "path", r.URL.Path, "reason", apiRefusals[why], "err", err)
 }
 
 // writeSendError answers a send that got no verdict.
-func (a *Agent) writeSendError(w http.ResponseWriter, r *http.Request, res SendResult, err error) {
+func (s *apiServer) writeSendError(w http.ResponseWriter, r *http.Request, res SendResult, err error) {
 	res.Error = err.Error()
 	code := http.StatusBadGateway
 	switch {
 	case errors.Is(err, ErrUnknownDevice):
 		code = http.StatusNotFound
-		a.refused(r, refusedUnknownDevice, err)
+		s.refused(r, refusedUnknownDevice, err)
 	case errors.Is(err, ErrNotHolder):
 		code = http.StatusConflict
 	case errors.Is(err, fence.ErrInvalid):
@@ -365,204 +399,13 @@ type apiError struct {
 	Error string `json:"error"`
 }
 
-// APIClient talks to a running agent's local API.
-type APIClient struct {
-	Socket string
-	http   *http.Client
-}
-
-// NewAPIClient returns a client for the agent listening on socket.
-func NewAPIClient(socket string) *APIClient {
-	tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "unix", socket)
-	}}
-	return &APIClient{Socket: socket, http: &http.Client{Transport: tr}}
-}
-
-// Status fetches the agent's status.
-func (c *APIClient) Status(ctx context.Context) (*Status, error) {
-	var s Status
-	if err := c.do(ctx, http.MethodGet, "/v1/status", nil, &s); err != nil {
-		return nil, err
-	}
-	return &s, nil
-}
-
-// Send asks the agent to issue a command and returns the device's verdict.
-// A non-nil SendResult is returned whenever the agent answered.
-func (c *APIClient) Send(ctx context.Context, device, kind string, body json.RawMessage) (*SendResult, error) {
-	var res SendResult
-	err := c.do(ctx, http.MethodPost, "/v1/send", SendRequest{Device: device, Kind: kind, Body: body}, &res)
-	if err != nil && res.Device == "" && res.Error == "" {
-		return nil, err
-	}
-	return &res, err
-}
-
-// Enqueue asks the agent to store a command in its outbox and returns at
-// once (SendResult.Queued), without the device's verdict.
-func (c *APIClient) Enqueue(ctx context.Context, device, kind string, body json.RawMessage) (*SendResult, error) {
-	var res SendResult
-	err := c.do(ctx, http.MethodPost, "/v1/send", SendRequest{Device: device, Kind: kind, Body: body, NoWait: true}, &res)
-	if err != nil && res.Device == "" && res.Error == "" {
-		return nil, err
-	}
-	return &res, err
-}
-
 // noFenceTable is the API's answer (404) when the agent has no table.
 const noFenceTable = "this agent keeps no fence table: its gateway is home of no `fence: gateway` device"
 
-// FenceList returns the agent's fence table records. An agent that keeps
-// no table answers an error wrapping ErrNoFenceTable.
-func (c *APIClient) FenceList(ctx context.Context) ([]fence.Record, error) {
-	var recs []fence.Record
-	if err := c.do(ctx, http.MethodGet, "/v1/fence", nil, &recs); err != nil {
-		return nil, noTable(err)
+// refusedCounts returns the refusal counters, by reason (apiRefusals order).
+func (s *apiServer) refusedCounts() (n [len(apiRefusals)]uint64) {
+	for i := range s.refusedN {
+		n[i] = s.refusedN[i].Load()
 	}
-	return recs, nil
-}
-
-// FenceGet returns one device's fence table record; found is false if the
-// table has no mark for it. An agent that keeps no table answers an error
-// wrapping ErrNoFenceTable.
-func (c *APIClient) FenceGet(ctx context.Context, device string) (rec fence.Record, found bool, err error) {
-	err = c.do(ctx, http.MethodGet, "/v1/fence/"+url.PathEscape(device), nil, &rec)
-	if errors.Is(err, ErrNotFound) && strings.Contains(err.Error(), "no mark for") {
-		return fence.Record{}, false, nil
-	}
-	return rec, err == nil, noTable(err)
-}
-
-// noTable wraps ErrNoFenceTable around the API's answer that there is no
-// fence table.
-func noTable(err error) error {
-	if errors.Is(err, ErrNotFound) && strings.Contains(err.Error(), "keeps no fence table") {
-		return fmt.Errorf("%w: %w", ErrNoFenceTable, err)
-	}
-	return err
-}
-
-// OutboxList returns the agent's outbox records selected by f, and the
-// summary of its pending entries. Records the agent could not read are
-// left out and reported in an error wrapping offline.ErrCorrupt, returned
-// with the list. An agent without an outbox answers ErrNotFound.
-func (c *APIClient) OutboxList(ctx context.Context, f offline.Filter) (*OutboxList, error) {
-	q := url.Values{}
-	if f.Device != "" {
-		q.Set("device", f.Device)
-	}
-	switch {
-	case f.PendingOnly && f.TerminalOnly:
-		return &OutboxList{Records: []offline.Record{}}, nil // selects nothing
-	case f.PendingOnly:
-		q.Set("state", "pending")
-	case f.TerminalOnly:
-		q.Set("state", "terminal")
-	default:
-		q.Set("state", "all")
-	}
-	if f.Limit > 0 {
-		q.Set("limit", strconv.Itoa(f.Limit))
-	}
-	var l OutboxList
-	if err := c.do(ctx, http.MethodGet, "/v1/outbox?"+q.Encode(), nil, &l); err != nil {
-		return nil, err
-	}
-	if l.Corrupt != "" {
-		return &l, &remoteError{msg: "agent: " + l.Corrupt, is: offline.ErrCorrupt}
-	}
-	return &l, nil
-}
-
-// OutboxGet returns the agent's outbox record of command id (or of the one
-// entry whose id starts with id). No such entry is an error wrapping
-// offline.ErrNotFound, a prefix matching several offline.ErrAmbiguous
-// (both also wrap ErrNotFound or the API's error); an agent without an
-// outbox answers ErrNotFound only.
-func (c *APIClient) OutboxGet(ctx context.Context, id string) (offline.Record, error) {
-	var rec offline.Record
-	err := c.do(ctx, http.MethodGet, "/v1/outbox/"+url.PathEscape(id), nil, &rec)
-	switch {
-	case err == nil:
-		return rec, nil
-	case strings.Contains(err.Error(), offline.ErrNotFound.Error()):
-		return offline.Record{}, &remoteError{msg: err.Error(), is: offline.ErrNotFound, err: err}
-	case strings.Contains(err.Error(), offline.ErrAmbiguous.Error()):
-		return offline.Record{}, &remoteError{msg: err.Error(), is: offline.ErrAmbiguous, err: err}
-	}
-	return offline.Record{}, err
-}
-
-// remoteError is an error the agent reported, as the sentinel it stands
-// for: errors.Is(err, is) holds, and its message is the agent's.
-type remoteError struct {
-	msg string
-	is  error
-	err error // the API call's error, if any
-}
-
-func (e *remoteError) Error() string { return e.msg }
-
-func (e *remoteError) Unwrap() []error {
-	if e.err == nil {
-		return []error{e.is}
-	}
-	return []error{e.is, e.err}
-}
-
-func (c *APIClient) do(ctx context.Context, method, path string, in, out any) error {
-	var rd io.Reader
-	if in != nil {
-		b, err := json.Marshal(in)
-		if err != nil {
-			return err
-		}
-		rd = bytes.NewReader(b)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, "http://edgefence"+path, rd)
-	if err != nil {
-		return err
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		if op, ok := errors.AsType[*net.OpError](err); ok && op.Op == "dial" {
-			// Nobody listens there: say so, not "Post http://edgefence/...".
-			return fmt.Errorf("%w: %w", ErrUnreachable, op)
-		}
-		return fmt.Errorf("agent api at %s: %w", c.Socket, err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, maxResponseBody+1))
-	if err != nil {
-		return fmt.Errorf("agent api: %w", err)
-	}
-	if len(b) > maxResponseBody {
-		return fmt.Errorf("%w: answer to %s larger than %d MiB", errAPI, path, maxResponseBody>>20)
-	}
-	if resp.StatusCode != http.StatusOK {
-		_ = json.Unmarshal(b, out) // e.g. a SendResult carrying the error
-		var e apiError
-		if json.Unmarshal(b, &e) == nil && e.Error != "" {
-			return fmt.Errorf("%w: %s: %s", errAPIStatus(resp.StatusCode), resp.Status, e.Error)
-		}
-		return fmt.Errorf("%w: %s", errAPIStatus(resp.StatusCode), resp.Status)
-	}
-	if err := json.Unmarshal(b, out); err != nil {
-		return fmt.Errorf("agent api: %s: %w", resp.Status, err)
-	}
-	return nil
-}
-
-// ErrNotFound means the agent API answered 404.
-var ErrNotFound = errors.New("agent api: not found")
-
-var errAPI = errors.New("agent api")
-
-func errAPIStatus(code int) error {
-	if code == http.StatusNotFound {
-		return ErrNotFound
-	}
-	return errAPI
+	return n
 }

@@ -190,9 +190,9 @@ func newBenchAgent(b *testing.B, devs []string, s Sender, brokerURL string, log 
 func waitHeld(b *testing.B, a *Agent, n int) {
 	b.Helper()
 	deadline := time.Now().Add(60 * time.Second)
-	for a.stats.acquired.Load() < uint64(n) {
+	for a.leases.stats.acquired.Load() < uint64(n) {
 		if time.Now().After(deadline) {
-			b.Fatalf("agent holds %d of %d devices after 60s", a.stats.acquired.Load(), n)
+			b.Fatalf("agent holds %d of %d devices after 60s", a.leases.stats.acquired.Load(), n)
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
@@ -399,11 +399,11 @@ func BenchmarkAcquire(b *testing.B) {
 				select {
 				case <-h.all:
 				case <-time.After(60 * time.Second):
-					b.Fatalf("holds %d of %d after 60s", a.stats.acquired.Load(), n)
+					b.Fatalf("holds %d of %d after 60s", a.leases.stats.acquired.Load(), n)
 				}
 				b.StopTimer()
 				total += time.Unix(0, h.at.Load()).Sub(start)
-				if got := a.stats.acquired.Load(); got != uint64(n) {
+				if got := a.leases.stats.acquired.Load(); got != uint64(n) {
 					b.Fatalf("acquired %d, want %d", got, n)
 				}
 				stop()

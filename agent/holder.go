@@ -22,10 +22,10 @@ type holderInfo struct {
 // noteHolder reads who holds d's lock (the key with the lowest
 // CreateRevision under its prefix) for Status. It is best effort: an error
 // leaves the last reading.
-func (a *Agent) noteHolder(ctx context.Context, d *device) {
-	ctx, cancel := context.WithTimeout(ctx, a.cfg.Etcd.DialTimeout)
+func (l *leases) noteHolder(ctx context.Context, d *device) {
+	ctx, cancel := context.WithTimeout(ctx, l.etcd.DialTimeout)
 	defer cancel()
-	resp, err := a.cli.Get(ctx, a.LockPrefix(d.id)+"/", clientv3.WithFirstCreate()...)
+	resp, err := l.cli.Get(ctx, l.lockPrefix(d.id)+"/", clientv3.WithFirstCreate()...)
 	if err != nil || len(resp.Kvs) == 0 {
 		return
 	}
@@ -36,6 +36,6 @@ func (a *Agent) noteHolder(ctx context.Context, d *device) {
 		return // ours by now
 	}
 	if d.holder.key != string(kv.Key) || d.holder.token != fence.Token(kv.CreateRevision) {
-		d.holder = holderInfo{gateway: string(kv.Value), key: string(kv.Key), token: fence.Token(kv.CreateRevision), since: a.now()}
+		d.holder = holderInfo{gateway: string(kv.Value), key: string(kv.Key), token: fence.Token(kv.CreateRevision), since: l.now()}
 	}
 }

@@ -2,11 +2,11 @@ package agent
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -16,87 +16,163 @@ import (
 	"github.com/edgefence/edgefence/internal/backoff"
 )
 
-// Run campaigns for every configured device until ctx ends. It opens one
-// etcd session (one lease, one keep-alive stream) for all devices; when the
-// session ends it stops that session's controllers at once, opens a new
-// session and campaigns again. On return (ctx done) it has released every
-// lock it held and revoked its lease. Run returns nil on a clean shutdown.
-func (a *Agent) Run(ctx context.Context) error {
-	defer a.startTails(ctx)() // tail.go: the lease-threat meters
-	octx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		a.runOutbox(octx)
-	}()
-	// The workers stop when ctx ends (with the campaigns); Run returns
-	// only once they have.
-	defer func() { cancel(); <-done }()
-	if a.twin != nil {
-		tctx, cancel := context.WithCancel(ctx)
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			a.twin.run(tctx) // twin.go
-		}()
-		defer func() { cancel(); <-done }()
+// leases are the agent's side of etcd: one session (one lease, one
+// keep-alive) for all devices, a campaign per device for its lock
+// (campaign.go), the token each lock gives and the regression guard
+// against tokens not above one held or seen before, the release and new
+// campaign after a refusal (recampaign.go), who else holds a lock
+// (holder.go) and the lease-threat meters (tail.go). It tells the rest of
+// the agent of lease changes through leaseHooks, and keeps the outbox's
+// lease records through leaseStore; which device fields it writes is said
+// on device.
+//
+// Its lock, mu, guards the session fields below and is never held with
+// another lock. A device's lease state is under d.mu; install holds d.sem
+// (the seq a resumed controller carries on with) around both, in turn.
+type leases struct {
+	cli     *clientv3.Client
+	etcd    EtcdConfig
+	gateway string // stamped on the lock keys this agent holds
+	store   leaseStore
+	hooks   leaseHooks
+	log     *slog.Logger
+	now     func() time.Time
+	devices map[string]*device // the agent's; read-only
+	order   []string
+	lossRule
+
+	mu        sync.Mutex
+	lease     clientv3.LeaseID // current session's lease, 0 if none
+	lostLease clientv3.LeaseID // lease of the session last lost, to reattach to if it survived
+	diskLease clientv3.LeaseID // lease of the previous run, from the outbox file; 0 once its fate is known
+	resumed   clientv3.LeaseID // the previous run's lease, re-attached: its lock keys are ours again
+	run       *sessionRun      // the session whose campaigns run now; nil between sessions
+	sessions  uint64           // sessions opened so far
+	sessionUp bool
+
+	stats leaseCounters
+	tails *tails // the lease-threat meters (tail.go)
+
+	// Liveness and readiness for the service manager (systemd.go).
+	beatAt       atomic.Int64  // now() in Unix ns at the session loop's last heartbeat; 0 before Run
+	campaigning  chan struct{} // closed once the first session is open and its campaigns start
+	campaignOnce sync.Once
+}
+
+// leaseCounters are the leases' running totals (Counters).
+type leaseCounters struct {
+	acquired, lost, regressions     atomic.Uint64
+	outboxErr, reattached, released atomic.Uint64
+}
+
+// leaseStore is the outbox's lease records (offline.Outbox): the session's
+// lease, and per device the highest token held and the last seq issued
+// under it, which survive a restart.
+type leaseStore interface {
+	SetLease(id int64) error
+	Issued(device string) (fence.Token, uint64, error)
+	SetHeld(device string, t fence.Token) error
+}
+
+// leaseHooks is what the leases tell the rest of the agent (Agent wires
+// them to delivery and the twin reconciler).
+type leaseHooks interface {
+	// newToken: a controller under a new token (not a resumed lock key)
+	// is about to become dev's; called before it is visible.
+	newToken(dev string, token fence.Token)
+	// acquired: d has a controller now.
+	acquired(d *device)
+	// heldElsewhere: another session holds d's lock; every token of ours
+	// up to d.deposedAt is superseded.
+	heldElsewhere(d *device)
+}
+
+// session returns the etcd session's state: whether one is open, its
+// lease, and how many were opened.
+func (l *leases) session() (up bool, lease clientv3.LeaseID, n uint64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.sessionUp, l.lease, l.sessions
+}
+
+// lockPrefix is the etcd prefix of dev's lock (Agent.LockPrefix).
+func (l *leases) lockPrefix(dev string) string {
+	return l.etcd.Prefix + "/devices/" + dev + "/lock"
+}
+
+// holder returns the lock key and token of dev's current controller, if
+// the agent holds dev (as Agent.Holding).
+func (l *leases) holder(dev string) (key string, token fence.Token, ok bool) {
+	d, ok := l.devices[dev]
+	if !ok {
+		return "", 0, false
 	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !l.usable(d.ctl) {
+		return "", 0, false
+	}
+	return d.ctl.key, d.ctl.token, true
+}
+
+// runSessions is the session loop of Agent.Run: it opens a session, runs
+// its campaigns until it ends, and opens the next, until ctx ends.
+func (l *leases) runSessions(ctx context.Context) {
 	// Jittered, so that the gateways that lost etcd together do not come
 	// back to it in step.
 	delay := backoff.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
 	for ctx.Err() == nil {
-		a.beat() // systemd.go: the watchdog's liveness probe
-		sess, err := a.openSession(ctx)
+		l.beat() // systemd.go: the watchdog's liveness probe
+		sess, err := l.openSession(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
 				break
 			}
 			d := delay.Next()
-			a.log.Warn("etcd session", "err", err, "retry_in", d)
-			if !a.sleepBeating(ctx, d) {
+			l.log.Warn("etcd session", "err", err, "retry_in", d)
+			if !l.sleepBeating(ctx, d) {
 				break
 			}
 			continue
 		}
 		delay.Reset()
-		a.runSession(ctx, sess)
+		l.runSession(ctx, sess)
 	}
-	return nil
 }
 
 // openSession grants a lease with a bounded wait (NewSession alone would wait
 // for etcd forever) and starts its keep-alive.
-func (a *Agent) openSession(ctx context.Context) (*concurrency.Session, error) {
-	gctx, cancel := context.WithTimeout(ctx, a.cfg.Etcd.DialTimeout)
+func (l *leases) openSession(ctx context.Context) (*concurrency.Session, error) {
+	gctx, cancel := context.WithTimeout(ctx, l.etcd.DialTimeout)
 	defer cancel()
-	if sess, err := a.reattach(gctx); sess != nil || err != nil {
+	if sess, err := l.reattach(gctx); sess != nil || err != nil {
 		return sess, err
 	}
-	g, err := a.cli.Grant(gctx, a.sessionTTL())
+	g, err := l.cli.Grant(gctx, l.sessionTTL())
 	if err != nil {
 		return nil, fmt.Errorf("grant lease: %w", err)
 	}
 	// Durable before any lock key exists under the lease: a run restarted
 	// after a crash re-attaches to it (reattach).
-	if err := a.outbox.SetLease(int64(g.ID)); err != nil {
-		a.stats.outboxErr.Add(1)
-		if _, rerr := a.cli.Revoke(gctx, g.ID); rerr != nil {
-			a.log.Warn("revoke lease", "lease", fmt.Sprintf("%x", int64(g.ID)), "err", rerr)
+	if err := l.store.SetLease(int64(g.ID)); err != nil {
+		l.stats.outboxErr.Add(1)
+		if _, rerr := l.cli.Revoke(gctx, g.ID); rerr != nil {
+			l.log.Warn("revoke lease", "lease", fmt.Sprintf("%x", int64(g.ID)), "err", rerr)
 		}
 		return nil, fmt.Errorf("record lease: %w", err)
 	}
 	// The session's own context must outlive ctx, so that a clean shutdown
 	// can still unlock and revoke; runSession closes the session.
-	sess, err := concurrency.NewSession(a.cli, concurrency.WithLease(g.ID), concurrency.WithTTL(int(a.sessionTTL())))
+	sess, err := concurrency.NewSession(l.cli, concurrency.WithLease(g.ID), concurrency.WithTTL(int(l.sessionTTL())))
 	if err != nil {
 		return nil, fmt.Errorf("start keep-alive: %w", err)
 	}
-	a.mu.Lock()
-	a.lease, a.sessionUp = g.ID, true
-	a.sessions++
-	n := a.sessions
-	a.mu.Unlock()
-	a.log.Info("etcd session open", "lease", fmt.Sprintf("%x", int64(g.ID)), "ttl_s", a.sessionTTL(), "session", n)
+	l.mu.Lock()
+	l.lease, l.sessionUp = g.ID, true
+	l.sessions++
+	n := l.sessions
+	l.mu.Unlock()
+	l.log.Info("etcd session open", "lease", fmt.Sprintf("%x", int64(g.ID)), "ttl_s", l.sessionTTL(), "session", n)
 	return sess, nil
 }
 
@@ -110,86 +186,86 @@ func (a *Agent) openSession(ctx context.Context) (*concurrency.Session, error) {
 // run out until the TTL ran out, and its queue would be ended as superseded
 // by a session that was our own. It returns nil, nil if there is nothing to
 // reattach to.
-func (a *Agent) reattach(ctx context.Context) (*concurrency.Session, error) {
-	a.mu.Lock()
-	old, fromDisk := a.lostLease, a.lostLease != 0 && a.lostLease == a.diskLease
-	a.mu.Unlock()
+func (l *leases) reattach(ctx context.Context) (*concurrency.Session, error) {
+	l.mu.Lock()
+	old, fromDisk := l.lostLease, l.lostLease != 0 && l.lostLease == l.diskLease
+	l.mu.Unlock()
 	if old == 0 {
 		return nil, nil
 	}
 	// The lease lives on for about a TTL after etcd returns: do not let
 	// the gRPC reconnect backoff, grown during the outage, eat it.
-	if cc := a.cli.ActiveConnection(); cc != nil {
+	if cc := l.cli.ActiveConnection(); cc != nil {
 		cc.ResetConnectBackoff()
 	}
 	var opts []clientv3.LeaseOption
 	if fromDisk {
 		opts = append(opts, clientv3.WithAttachedKeys())
 	}
-	ttl, err := a.cli.TimeToLive(ctx, old, opts...)
+	ttl, err := l.cli.TimeToLive(ctx, old, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("lease %x time to live: %w", int64(old), err)
 	}
-	a.mu.Lock()
-	a.lostLease, a.diskLease = 0, 0
-	a.mu.Unlock()
+	l.mu.Lock()
+	l.lostLease, l.diskLease = 0, 0
+	l.mu.Unlock()
 	lease := fmt.Sprintf("%x", int64(old))
 	switch {
 	case ttl.TTL <= 0:
-		a.log.Info("lost lease expired; opening a new session", "lease", lease, "previous_run", fromDisk)
+		l.log.Info("lost lease expired; opening a new session", "lease", lease, "previous_run", fromDisk)
 		return nil, nil
-	case fromDisk && ttl.GrantedTTL != a.sessionTTL():
+	case fromDisk && ttl.GrantedTTL != l.sessionTTL():
 		// lease_ttl changed since: a lease keeps the TTL it was granted
 		// with, so do not carry the old one on. Revoking frees its locks.
-		if _, err := a.cli.Revoke(ctx, old); err != nil {
+		if _, err := l.cli.Revoke(ctx, old); err != nil {
 			return nil, fmt.Errorf("revoke the previous run's lease %s: %w", lease, err)
 		}
-		a.log.Info("previous run's lease revoked: lease_ttl changed", "lease", lease, "granted_ttl_s", ttl.GrantedTTL, "ttl_s", a.sessionTTL())
+		l.log.Info("previous run's lease revoked: lease_ttl changed", "lease", lease, "granted_ttl_s", ttl.GrantedTTL, "ttl_s", l.sessionTTL())
 		return nil, nil
 	}
-	sess, err := concurrency.NewSession(a.cli, concurrency.WithLease(old), concurrency.WithTTL(int(a.sessionTTL())))
+	sess, err := concurrency.NewSession(l.cli, concurrency.WithLease(old), concurrency.WithTTL(int(l.sessionTTL())))
 	if err != nil {
 		return nil, fmt.Errorf("start keep-alive: %w", err)
 	}
 	if fromDisk {
-		a.sweepKeys(ctx, old, ttl.Keys)
+		l.sweepKeys(ctx, old, ttl.Keys)
 	}
-	a.mu.Lock()
-	a.lease, a.sessionUp = old, true
-	a.sessions++
-	n := a.sessions
+	l.mu.Lock()
+	l.lease, l.sessionUp = old, true
+	l.sessions++
+	n := l.sessions
 	if fromDisk {
-		a.resumed = old
+		l.resumed = old
 	}
-	a.mu.Unlock()
-	a.stats.reattached.Add(1)
+	l.mu.Unlock()
+	l.stats.reattached.Add(1)
 	msg := "etcd session resumed: the lease survived"
 	if fromDisk {
 		msg = "etcd session resumed: the previous run's lease survived"
 	}
-	a.log.Info(msg, "lease", lease, "ttl_left_s", ttl.TTL, "session", n, "keys", len(ttl.Keys))
+	l.log.Info(msg, "lease", lease, "ttl_left_s", ttl.TTL, "session", n, "keys", len(ttl.Keys))
 	return sess, nil
 }
 
 // sweepKeys deletes the lock keys the previous run held under lease for
 // devices no longer in the configuration: nothing would ever release them
 // while this run keeps the lease alive.
-func (a *Agent) sweepKeys(ctx context.Context, lease clientv3.LeaseID, keys [][]byte) {
+func (l *leases) sweepKeys(ctx context.Context, lease clientv3.LeaseID, keys [][]byte) {
 	suffix := fmt.Sprintf("/lock/%x", int64(lease))
-	pfx := a.cfg.Etcd.Prefix + "/devices/"
+	pfx := l.etcd.Prefix + "/devices/"
 	for _, k := range keys {
 		id, ok := strings.CutPrefix(string(k), pfx)
 		if !ok {
 			continue
 		}
-		if id, ok = strings.CutSuffix(id, suffix); !ok || a.devices[id] != nil {
+		if id, ok = strings.CutSuffix(id, suffix); !ok || l.devices[id] != nil {
 			continue
 		}
-		if _, err := a.cli.Delete(ctx, string(k)); err != nil {
-			a.log.Warn("cannot delete the lock key of a device no longer configured", "key", string(k), "err", err)
+		if _, err := l.cli.Delete(ctx, string(k)); err != nil {
+			l.log.Warn("cannot delete the lock key of a device no longer configured", "key", string(k), "err", err)
 			continue
 		}
-		a.log.Info("lock released: the device is no longer configured", "device", id, "key", string(k))
+		l.log.Info("lock released: the device is no longer configured", "device", id, "key", string(k))
 	}
 }
 
@@ -201,44 +277,44 @@ type sessionRun struct {
 	ctx   context.Context // the session's campaigns' context
 	slots chan struct{}
 	wg    *sync.WaitGroup
-	ended bool // guarded by Agent.mu; set before wg.Wait, so no Add races it
+	ended bool // guarded by leases.mu; set before wg.Wait, so no Add races it
 }
 
 // runSession campaigns for all devices under sess until the session ends or
 // ctx is done.
-func (a *Agent) runSession(ctx context.Context, sess *concurrency.Session) {
+func (l *leases) runSession(ctx context.Context, sess *concurrency.Session) {
 	sctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	slots := make(chan struct{}, campaignSlots)
 	run := &sessionRun{sess: sess, ctx: sctx, slots: slots, wg: &wg}
-	a.mu.Lock()
-	a.run = run
-	a.mu.Unlock()
+	l.mu.Lock()
+	l.run = run
+	l.mu.Unlock()
 	// Start a device's campaign only once it has a slot: at most
 	// campaignSlots campaigns talk to etcd at once, and a campaign's
 	// goroutine outlives its slot only while another agent holds the device.
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		for _, id := range a.order {
+		for _, id := range l.order {
 			if !acquireSlot(sctx, slots) {
 				return
 			}
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				a.campaign(sctx, sess, a.devices[id], concurrency.NewMutex(sess, a.LockPrefix(id)), slots)
+				l.campaign(sctx, sess, l.devices[id], concurrency.NewMutex(sess, l.lockPrefix(id)), slots)
 			}()
 		}
 	}()
-	a.campaignOnce.Do(func() { close(a.campaigning) })
+	l.campaignOnce.Do(func() { close(l.campaigning) })
 	// While the session lasts this goroutine beats every second
 	// (systemd.go): the watchdog pings stop if it ever gets stuck.
 	beat := time.NewTicker(heartbeatEvery)
 	lost := false
 wait:
 	for {
-		a.beat()
+		l.beat()
 		select {
 		case <-ctx.Done():
 			break wait
@@ -251,66 +327,66 @@ wait:
 	beat.Stop()
 	if lost {
 		// I6: stop this session's controllers before anything else.
-		a.dropSession(sess.Lease())
+		l.dropSession(sess.Lease())
 	}
-	a.mu.Lock()
+	l.mu.Lock()
 	run.ended = true
-	a.run = nil
-	a.mu.Unlock()
+	l.run = nil
+	l.mu.Unlock()
 	cancel()
 	wg.Wait()
 
-	a.mu.Lock()
-	a.sessionUp = false
-	a.mu.Unlock()
+	l.mu.Lock()
+	l.sessionUp = false
+	l.mu.Unlock()
 	if lost {
-		a.log.Warn("etcd session lost; campaigning again", "lease", fmt.Sprintf("%x", int64(sess.Lease())))
+		l.log.Warn("etcd session lost; campaigning again", "lease", fmt.Sprintf("%x", int64(sess.Lease())))
 		sess.Orphan()
-		a.mu.Lock()
-		a.lostLease = sess.Lease()
-		a.mu.Unlock()
+		l.mu.Lock()
+		l.lostLease = sess.Lease()
+		l.mu.Unlock()
 		return
 	}
-	a.release(sess)
+	l.release(sess)
 }
 
 // dropSession removes every controller that belongs to lease.
-func (a *Agent) dropSession(lease clientv3.LeaseID) {
-	for _, id := range a.order {
-		d := a.devices[id]
+func (l *leases) dropSession(lease clientv3.LeaseID) {
+	for _, id := range l.order {
+		d := l.devices[id]
 		d.mu.Lock()
-		if d.ctl != nil && d.ctl.lease == lease && d.ctl.lost.Load() && !a.ignoresLoss() {
+		if d.ctl != nil && d.ctl.lease == lease && d.ctl.lost.Load() && !l.ignoresLoss() {
 			// Already stopped by a fence point's refusal, its lock let
 			// go: the device keeps the state that refusal gave it.
 			d.ctl = nil
 		} else if d.ctl != nil && d.ctl.lease == lease {
-			if a.ignoresLoss() {
+			if l.ignoresLoss() {
 				// Keep the controller: the demo's frozen holder that never
 				// noticed. Fence points must refuse it.
-				a.log.Warn("lease lost", "device", d.id, "token", d.ctl.token, "reason", "etcd session lost (UNSAFE: the controller carries on)",
-					"holder", a.cfg.Gateway)
+				l.log.Warn("lease lost", "device", d.id, "token", d.ctl.token, "reason", "etcd session lost (UNSAFE: the controller carries on)",
+					"holder", l.gateway)
 				d.mu.Unlock()
 				continue
 			}
 			if !d.ctl.lost.Load() { // a stale verdict may have counted it
-				a.stats.lost.Add(1)
+				l.stats.lost.Add(1)
 			}
 			if d.policy == PolicyAutonomous {
 				// Keep commanding under the last token: the fence point
 				// refuses it once a newer holder reaches the device.
 				d.autonomy = true
-				d.setStateLocked(StateAutonomous, "etcd session lost; autonomous policy: commands go on under the last token", a.now())
-				a.log.Warn("lease lost", "device", d.id, "token", d.ctl.token,
-					"reason", "etcd session lost; autonomous policy: commands go on under the last token", "holder", a.cfg.Gateway)
+				d.setStateLocked(StateAutonomous, "etcd session lost; autonomous policy: commands go on under the last token", l.now())
+				l.log.Warn("lease lost", "device", d.id, "token", d.ctl.token,
+					"reason", "etcd session lost; autonomous policy: commands go on under the last token", "holder", l.gateway)
 				d.mu.Unlock()
 				continue
 			}
-			a.log.Warn("lease lost", "device", d.id, "token", d.ctl.token, "reason", "etcd session lost", "holder", a.cfg.Gateway)
+			l.log.Warn("lease lost", "device", d.id, "token", d.ctl.token, "reason", "etcd session lost", "holder", l.gateway)
 			d.ctl.lost.Store(true)
 			d.ctl = nil
-			d.setStateLocked(StateLost, "etcd session lost", a.now())
+			d.setStateLocked(StateLost, "etcd session lost", l.now())
 		} else if d.ctl == nil {
-			d.state, d.since = StateCampaigning, a.now()
+			d.state, d.since = StateCampaigning, l.now()
 		}
 		d.mu.Unlock()
 	}
@@ -318,18 +394,18 @@ func (a *Agent) dropSession(lease clientv3.LeaseID) {
 
 // release revokes sess's lease, which deletes every device lock held under
 // it, so that another gateway can take over at once instead of after the TTL.
-func (a *Agent) release(sess *concurrency.Session) {
+func (l *leases) release(sess *concurrency.Session) {
 	held := 0
-	for _, id := range a.order {
-		d := a.devices[id]
+	for _, id := range l.order {
+		d := l.devices[id]
 		d.mu.Lock()
 		if d.ctl != nil && !d.ctl.lost.Load() {
 			held++
-			a.log.Info("lease released", "device", d.id, "token", d.ctl.token, "reason", "shutdown", "holder", a.cfg.Gateway)
+			l.log.Info("lease released", "device", d.id, "token", d.ctl.token, "reason", "shutdown", "holder", l.gateway)
 			d.ctl.lost.Store(true)
 			d.ctl = nil
 		}
-		d.state, d.since = StateCampaigning, a.now()
+		d.state, d.since = StateCampaigning, l.now()
 		d.mu.Unlock()
 	}
 	// One revoke deletes every lock key of the lease in one revision: no
@@ -337,296 +413,13 @@ func (a *Agent) release(sess *concurrency.Session) {
 	// fleet slow to exit (docs/BENCHMARKS.md §17).
 	// Bounded by etcd.dial_timeout, as the unit's stop timeout expects.
 	sess.Orphan() // stops the keep-alive
-	ctx, cancel := context.WithTimeout(context.Background(), a.cfg.Etcd.DialTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), l.etcd.DialTimeout)
 	defer cancel()
-	if _, err := a.cli.Revoke(ctx, sess.Lease()); err != nil {
-		a.log.Warn("revoke lease on shutdown", "err", err)
+	if _, err := l.cli.Revoke(ctx, sess.Lease()); err != nil {
+		l.log.Warn("revoke lease on shutdown", "err", err)
 	}
-	a.log.Info("released locks", "keys", held, "lease", fmt.Sprintf("%x", int64(sess.Lease())))
+	l.log.Info("released locks", "keys", held, "lease", fmt.Sprintf("%x", int64(sess.Lease())))
 }
 
-// campaign acquires dev's lock under sess (waiting while another holder has
-// it), reads the token and installs a controller. It is called holding one
-// of slots and gives it back.
-func (a *Agent) campaign(ctx context.Context, sess *concurrency.Session, d *device, m *concurrency.Mutex, slots chan struct{}) {
-	// Jittered: the gateways retrying one lock do not retry in step.
-	delay := backoff.Backoff{Min: 50 * time.Millisecond, Max: 2 * time.Second}
-	d.mu.Lock()
-	if (d.ctl == nil || d.ctl.lost.Load()) && d.state != StateRefused && d.state != StateCampaigning {
-		// Keep saying why the device is campaigning again (deposed,
-		// session lost).
-		d.setStateLocked(StateCampaigning, d.reason.current(d), a.now())
-	}
-	d.mu.Unlock()
-	// The campaign starts holding one of the session's slots; it gives the
-	// slot back while it waits for a device another agent holds.
-	held := true
-	release := func() {
-		if held {
-			held = false
-			<-slots
-		}
-	}
-	defer release()
-	for {
-		err := m.TryLock(ctx)
-		if errors.Is(err, concurrency.ErrLocked) {
-			// Another agent holds the device: an autonomous controller
-			// from a lost session stops here (I6) — the fence would
-			// refuse it anyway once the holder reaches the device.
-			a.heldElsewhere(d)
-			a.noteHolder(ctx, d)
-			release()
-			if err = m.Lock(ctx); err == nil {
-				if !acquireSlot(ctx, slots) {
-					return
-				}
-				held = true
-			}
-		}
-		if err == nil {
-			break
-		}
-		if ctx.Err() != nil || errors.Is(err, concurrency.ErrSessionExpired) {
-			return
-		}
-		wait := delay.Next()
-		a.log.Warn("lock", "device", d.id, "err", err, "retry_in", wait)
-		if !backoff.Sleep(ctx, wait) {
-			return
-		}
-		if !held {
-			if !acquireSlot(ctx, slots) {
-				return
-			}
-			held = true
-		}
-	}
-	var token fence.Token
-	for {
-		t, err := a.readToken(ctx, m, sess.Lease())
-		if err == nil {
-			token = t
-			break
-		}
-		if ctx.Err() != nil || errors.Is(err, concurrency.ErrSessionExpired) {
-			return
-		}
-		a.log.Warn("read token", "device", d.id, "err", err)
-		if !backoff.Sleep(ctx, delay.Next()) {
-			return
-		}
-	}
-	release()
-	ok, _, refused := a.install(ctx, d, token, m.Key(), sess.Lease())
-	if ok {
-		a.kick(d)
-		a.twin.kick(d.id) // twin.go: reconcile under the new token
-		return
-	}
-	if refused {
-		// Not ours to command: let the lock move on, and try again later.
-		a.recampaign(d, token, m.Key(), sess.Lease(), false)
-	}
-}
-
-// install makes token the device's controller and reports whether it did,
-// whether it resumed the same lock key (a reattached session), and, if it
-// did not, whether it refused the token (the caller then lets the lock go).
-// It refuses a token below the highest ever held for the device or at or
-// below the highest a fence point of the device said it holds (etcd was
-// rebuilt from an old snapshot, or wiped: a token regression), and one equal
-// to the highest held unless it is the same lock key — the same lease,
-// resumed (reattach) — in which case the controller carries on with its
-// seq.
-func (a *Agent) install(ctx context.Context, d *device, token fence.Token, key string, lease clientv3.LeaseID) (ok, resumed, refused bool) {
-	// d.sem guards the seq a resumed controller carries on with.
-	select {
-	case d.sem <- struct{}{}:
-	case <-ctx.Done():
-		return false, false, false
-	}
-	defer func() { <-d.sem }()
-	d.mu.Lock()
-	same := d.last != nil && d.last.token == token && d.last.key == key
-	maxToken, mark := d.maxToken, d.fenceMark
-	d.mu.Unlock()
-	a.mu.Lock()
-	// The previous run's lease, re-attached (reattach): its lock key,
-	// and the token recorded durably as held, are ours.
-	fromDisk := !same && lease == a.resumed && token == maxToken
-	a.mu.Unlock()
-	var seq uint64
-	if fromDisk {
-		t, s, err := a.outbox.Issued(d.id)
-		if err != nil {
-			a.stats.outboxErr.Add(1)
-			a.refuse(d, token, "cannot read the last seq issued under the token; not commanding the device: "+err.Error(), false)
-			return false, false, true
-		}
-		if t == token {
-			seq = s // carry on above every seq the previous run issued
-		}
-		same = true
-	}
-	switch {
-	case token < maxToken || (token == maxToken && !same):
-		// etcd handed out a revision not above one we held before: the
-		// cluster was rebuilt from an old snapshot. Commanding would be
-		// refused at best; say why and hold off (README: recovery).
-		a.refuse(d, token, fmt.Sprintf("token regression: etcd granted token %d, not above token %d this gateway held before; "+
-			"not commanding the device (README: Token regression: recovery runbook)", token, maxToken), true)
-		return false, false, true
-	case token <= mark:
-		a.refuse(d, token, regressionReason(token, mark), true)
-		return false, false, true
-	}
-	if !same {
-		// Before the controller is visible: no twin worker may push
-		// reported patches queued under an older token with this one.
-		a.twin.newToken(d.id, token)
-	}
-	if !same {
-		// Durable before the first command under it can leave.
-		if err := a.outbox.SetHeld(d.id, token); err != nil {
-			a.stats.outboxErr.Add(1)
-			a.refuse(d, token, "cannot record the held token durably; not commanding the device: "+err.Error(), false)
-			return false, false, true
-		}
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	switch old := d.ctl; {
-	case same && old == d.last && old != nil:
-		// An autonomous controller whose lease survived: it simply
-		// carries on.
-		old.lease = lease
-	case fromDisk:
-		d.ctl = &controller{token: token, key: key, lease: lease, seq: seq}
-	case same:
-		d.ctl = &controller{token: token, key: key, lease: lease, seq: d.last.seq}
-	default:
-		if old != nil {
-			old.lost.Store(true)
-		}
-		d.ctl = &controller{token: token, key: key, lease: lease}
-	}
-	d.last, d.autonomy = d.ctl, false
-	d.maxToken = token
-	d.setStateLocked(StateHolding, "", a.now())
-	d.holder = holderInfo{}
-	a.stats.acquired.Add(1)
-	reason := "acquired"
-	switch {
-	case fromDisk:
-		reason = "resumed: the previous run's lease survived"
-	case same:
-		reason = "resumed: the session's lease survived"
-	}
-	// The message stays "holding device": benchmarks count these lines.
-	a.log.Info("holding device", "device", d.id, "token", token, "reason", reason, "holder", a.cfg.Gateway, "key", key, "resumed", same, "seq", d.ctl.seq)
-	return true, same, false
-}
-
-// regressionReason says why token is a regression against mark, the token
-// a fence point of the device holds.
-func regressionReason(token, mark fence.Token) string {
-	return fmt.Sprintf("token regression: the device's fence point holds token %d, above token %d that etcd granted us "+
-		"(etcd rebuilt or wiped); not commanding the device (README: Token regression: recovery runbook)", mark, token)
-}
-
-// refuse records that the agent will not command d under token, and why. A
-// regression puts d in state refused and counts in token_regressions once
-// until the device is held again (the campaigns after the backoff are
-// refused again: one line each, "lease refused again", not counted); any
-// other refusal leaves d campaigning.
-func (a *Agent) refuse(d *device, token fence.Token, reason string, regression bool) {
-	state := StateCampaigning
-	if regression {
-		state = StateRefused
-	}
-	d.mu.Lock()
-	again := regression && d.state == StateRefused
-	d.setStateLocked(state, reason, a.now())
-	maxHeld, mark, n := d.maxToken, d.fenceMark, d.refusals
-	d.mu.Unlock()
-	msg, level := "lease refused", slog.LevelError
-	if again {
-		msg, level = "lease refused again", slog.LevelWarn
-	} else if regression {
-		a.stats.regressions.Add(1)
-	}
-	a.log.Log(context.Background(), level, msg, "device", d.id, "token", token, "reason", reason, "holder", a.cfg.Gateway,
-		"max_held", maxHeld, "fence_token", mark, "releases", n)
-}
-
-// heldElsewhere is called when another session holds d's lock: every
-// token of ours up to the last one is superseded. An autonomous controller
-// left from a lost session stops (I6; the fence would refuse it anyway once
-// the holder reaches the device), and queued commands of those tokens are
-// let out of the queue to be ended as stale (deliver).
-func (a *Agent) heldElsewhere(d *device) {
-	d.mu.Lock()
-	if d.autonomy && d.ctl != nil {
-		a.log.Warn("lease lost", "device", d.id, "token", d.ctl.token, "reason", "superseded: another session holds the lock; autonomy ends",
-			"holder", a.cfg.Gateway)
-		d.ctl.lost.Store(true)
-		d.ctl, d.autonomy = nil, false
-		d.state, d.since = StateCampaigning, a.now()
-	}
-	// Every token this agent ever held for d is superseded: the last of
-	// this process, or — after a restart — the durable record of the
-	// highest held, which covers the commands a previous run queued.
-	top := d.maxToken
-	if d.last != nil && d.last.token > top {
-		top = d.last.token
-	}
-	superseded := top > d.deposedAt
-	if superseded {
-		d.deposedAt = top
-	}
-	d.mu.Unlock()
-	if superseded {
-		if n, _ := a.outbox.Pending(d.id); n > 0 {
-			a.kick(d)
-		}
-	}
-}
-
-// campaignSlots bounds how many campaigns talk to etcd at once. A thousand
-// devices campaigning at the same moment otherwise double the agent's peak
-// RSS (a goroutine, an in-flight RPC and its buffers each); with 16 slots
-// 1,000 devices are still acquired well within the lock target
-// (docs/BENCHMARKS.md §2 and §3).
-const campaignSlots = 16
-
-func acquireSlot(ctx context.Context, slots chan struct{}) bool {
-	select {
-	case slots <- struct{}{}:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}
-
-// readToken returns the CreateRevision of our own lock key: the fencing
-// token. Not Header().Revision — after a contended acquisition that is a later
-// revision than the key's. In the same transaction it writes the gateway id
-// as the key's value (a Put keeps the CreateRevision), so that waiting
-// gateways, and `etcdctl get`, can tell who holds the device.
-func (a *Agent) readToken(ctx context.Context, m *concurrency.Mutex, lease clientv3.LeaseID) (fence.Token, error) {
-	resp, err := a.cli.Txn(ctx).If(m.IsOwner()).
-		Then(clientv3.OpPut(m.Key(), a.cfg.Gateway, clientv3.WithLease(lease)), clientv3.OpGet(m.Key())).
-		Commit()
-	if err != nil {
-		return 0, fmt.Errorf("get %s: %w", m.Key(), err)
-	}
-	if !resp.Succeeded {
-		return 0, concurrency.ErrSessionExpired
-	}
-	kvs := resp.Responses[1].GetResponseRange().Kvs
-	if len(kvs) == 0 || clientv3.LeaseID(kvs[0].Lease) != lease {
-		return 0, concurrency.ErrSessionExpired
-	}
-	return fence.Token(kvs[0].CreateRevision), nil
-}
+// sessionTTL is the lease TTL in whole seconds.
+func (l *leases) sessionTTL() int64 { return int64(l.etcd.LeaseTTL / time.Second) }

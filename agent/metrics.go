@@ -72,10 +72,7 @@ func (a *Agent) MetricsHandler(version string, extra ...prometheus.Collector) ht
 
 // notReady returns why the agent is not ready, or "" if it is.
 func (a *Agent) notReady() string {
-	a.mu.Lock()
-	up := a.sessionUp
-	a.mu.Unlock()
-	if !up {
+	if up, _, _ := a.leases.session(); !up {
 		return "etcd session down"
 	}
 	if ts, ok := a.sender.(transportStatus); ok {
@@ -330,7 +327,7 @@ func (c *agentCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range c.descs {
 		ch <- d
 	}
-	c.a.tails.describe(ch)
+	c.a.leases.tails.describe(ch)
 }
 
 // Collect implements prometheus.Collector: one Status snapshot per scrapeView.
@@ -345,9 +342,7 @@ func (c *agentCollector) Collect(ch chan<- prometheus.Metric) {
 			v.unconverged++
 		}
 	}
-	for i := range apiRefusals {
-		v.apiRefused[i] = c.a.stats.apiRefused[i].Load()
-	}
+	v.apiRefused = c.a.api.refusedCounts()
 	v.sum, v.sumErr = c.a.outbox.Summary("")
 	for i, s := range agentSeries {
 		desc := c.descs[i]
@@ -370,7 +365,7 @@ func (c *agentCollector) Collect(ch chan<- prometheus.Metric) {
 			s.collect(v, emit)
 		}
 	}
-	c.a.tails.collect(ch, v.s.LeaseTail)
+	c.a.leases.tails.collect(ch, v.s.LeaseTail)
 }
 
 // vcsRevision is the VCS revision go build stamped into the binary ("" if

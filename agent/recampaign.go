@@ -39,15 +39,15 @@ func refusalBackoff(n int) time.Duration {
 // comes from a past etcd) from a deposition (our key is gone: a newer
 // holder took the lock). If the session has ended meanwhile, the next one
 // campaigns anew and there is nothing to do.
-func (a *Agent) recampaign(d *device, token fence.Token, key string, lease clientv3.LeaseID, stale bool) {
-	a.mu.Lock()
-	r := a.run
+func (l *leases) recampaign(d *device, token fence.Token, key string, lease clientv3.LeaseID, stale bool) {
+	l.mu.Lock()
+	r := l.run
 	if r == nil || r.ended || r.sess.Lease() != lease {
-		a.mu.Unlock()
+		l.mu.Unlock()
 		return
 	}
 	r.wg.Add(1)
-	a.mu.Unlock()
+	l.mu.Unlock()
 	d.mu.Lock()
 	d.refusals++
 	wait := refusalBackoff(d.refusals)
@@ -55,29 +55,29 @@ func (a *Agent) recampaign(d *device, token fence.Token, key string, lease clien
 	go func() {
 		defer r.wg.Done()
 		if stale {
-			a.classifyStale(r.ctx, d, token, key, lease)
+			l.classifyStale(r.ctx, d, token, key, lease)
 		}
-		if err := a.letGo(r.ctx, key, lease); err != nil {
+		if err := l.letGo(r.ctx, key, lease); err != nil {
 			// The key stays until the session ends; the next campaign
 			// finds it again, is refused again and tries again.
-			a.log.Warn("cannot release the lock after a refusal", "device", d.id, "token", token, "key", key, "err", err)
+			l.log.Warn("cannot release the lock after a refusal", "device", d.id, "token", token, "key", key, "err", err)
 		} else {
-			a.stats.released.Add(1)
-			a.log.Warn("lock released after a refusal", "device", d.id, "token", token, "key", key, "holder", a.cfg.Gateway,
+			l.stats.released.Add(1)
+			l.log.Warn("lock released after a refusal", "device", d.id, "token", token, "key", key, "holder", l.gateway,
 				"retry_in", wait.Round(time.Millisecond))
 		}
 		if !backoff.Sleep(r.ctx, wait) || !acquireSlot(r.ctx, r.slots) {
 			return
 		}
-		a.campaign(r.ctx, r.sess, d, concurrency.NewMutex(r.sess, a.LockPrefix(d.id)), r.slots)
+		l.campaign(r.ctx, r.sess, d, concurrency.NewMutex(r.sess, l.lockPrefix(d.id)), r.slots)
 	}()
 }
 
 // letGo deletes key if it is still under lease (it is ours).
-func (a *Agent) letGo(ctx context.Context, key string, lease clientv3.LeaseID) error {
-	ctx, cancel := context.WithTimeout(ctx, a.cfg.Etcd.DialTimeout)
+func (l *leases) letGo(ctx context.Context, key string, lease clientv3.LeaseID) error {
+	ctx, cancel := context.WithTimeout(ctx, l.etcd.DialTimeout)
 	defer cancel()
-	_, err := a.cli.Txn(ctx).If(clientv3.Compare(clientv3.LeaseValue(key), "=", lease)).Then(clientv3.OpDelete(key)).Commit()
+	_, err := l.cli.Txn(ctx).If(clientv3.Compare(clientv3.LeaseValue(key), "=", lease)).Then(clientv3.OpDelete(key)).Commit()
 	return err
 }
 
@@ -87,22 +87,22 @@ func (a *Agent) letGo(ctx context.Context, key string, lease clientv3.LeaseID) e
 // a higher mark at the device cannot come from this etcd's holders — the
 // cluster was rebuilt or wiped, whether or not this gateway ever held the
 // device. The same holds if etcd's revision is not even up to the mark.
-func (a *Agent) classifyStale(ctx context.Context, d *device, token fence.Token, key string, lease clientv3.LeaseID) {
+func (l *leases) classifyStale(ctx context.Context, d *device, token fence.Token, key string, lease clientv3.LeaseID) {
 	d.mu.Lock()
 	mark := d.fenceMark
 	d.mu.Unlock()
-	ctx, cancel := context.WithTimeout(ctx, a.cfg.Etcd.DialTimeout)
+	ctx, cancel := context.WithTimeout(ctx, l.etcd.DialTimeout)
 	defer cancel()
-	resp, err := a.cli.Get(ctx, key)
+	resp, err := l.cli.Get(ctx, key)
 	if err != nil {
-		a.log.Warn("cannot tell a deposition from a token regression", "device", d.id, "token", token, "err", err)
+		l.log.Warn("cannot tell a deposition from a token regression", "device", d.id, "token", token, "err", err)
 		return
 	}
 	held := len(resp.Kvs) == 1 && fence.Token(resp.Kvs[0].CreateRevision) == token && clientv3.LeaseID(resp.Kvs[0].Lease) == lease
 	if !held && fence.Token(resp.Header.Revision) >= mark {
 		return // deposed by a newer holder: state lost, set by deposed
 	}
-	a.refuse(d, token, regressionReason(token, mark), true)
+	l.refuse(d, token, regressionReason(token, mark), true)
 }
 
 // noteMark records the token a fence point of d said it holds.

@@ -158,13 +158,12 @@ type transportStatus interface {
 // Status returns a snapshot of the agent.
 func (a *Agent) Status() Status {
 	s := Status{Gateway: a.cfg.Gateway}
-	a.mu.Lock()
-	s.Etcd = EtcdStatus{Endpoints: a.cfg.Etcd.Endpoints, Session: a.sessionUp, Sessions: a.sessions, TTL: a.cfg.Etcd.LeaseTTL.String()}
-	if a.sessionUp {
-		s.Etcd.Lease = fmt.Sprintf("%x", int64(a.lease))
+	up, lease, n := a.leases.session()
+	s.Etcd = EtcdStatus{Endpoints: a.cfg.Etcd.Endpoints, Session: up, Sessions: n, TTL: a.cfg.Etcd.LeaseTTL.String()}
+	if up {
+		s.Etcd.Lease = fmt.Sprintf("%x", int64(lease))
 	}
-	a.mu.Unlock()
-	s.LeaseTail = a.tails.status(a.cfg.Etcd.LeaseTTL, time.Now())
+	s.LeaseTail = a.leases.tails.status(a.cfg.Etcd.LeaseTTL, time.Now())
 	if ts, ok := a.sender.(transportStatus); ok {
 		s.Transport = ts.Status()
 	}
@@ -216,29 +215,33 @@ func (a *Agent) Status() Status {
 		}
 		s.Devices = append(s.Devices, ds)
 	}
-	st := &a.stats
-	s.Counters = Counters{Sent: st.sent.Load(), NoAck: st.noAck.Load(), SendErrors: st.sendErr.Load(),
-		Accepted: st.accepted.Load(), Duplicate: st.duplicate.Load(), Stale: st.stale.Load(), Invalid: st.inv.Load(),
-		Acquired: st.acquired.Load(), Lost: st.lost.Load(), Regressions: st.regressions.Load(), Released: st.released.Load(),
-		Queued: st.queued.Load(), Resent: st.resent.Load(), Expired: st.expired.Load(), Full: st.full.Load(),
-		Reissued: st.reissued.Load(), OutboxErr: st.outboxErr.Load(), Reattached: st.reattached.Load(), Superseded: st.superseded.Load(),
-		StateMalformed: a.reports.malformed.Load()}
-	for i := range st.apiRefused {
-		s.Counters.APIRefused += st.apiRefused[i].Load()
+	a.leases.stats.fill(&s.Counters)
+	a.delivery.stats.fill(&s.Counters)
+	s.Counters.StateMalformed = a.reports.malformed.Load()
+	for _, n := range a.api.refusedCounts() {
+		s.Counters.APIRefused += n
 	}
 	return s
 }
 
 // Holding reports the device's current token, if the agent holds it.
 func (a *Agent) Holding(dev string) (fence.Token, bool) {
-	d, ok := a.devices[dev]
-	if !ok {
-		return 0, false
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if !a.usable(d.ctl) {
-		return 0, false
-	}
-	return d.ctl.token, true
+	_, token, ok := a.leases.holder(dev)
+	return token, ok
+}
+
+// fill adds the leases' totals to n.
+func (c *leaseCounters) fill(n *Counters) {
+	n.Acquired, n.Lost, n.Regressions = c.acquired.Load(), c.lost.Load(), c.regressions.Load()
+	n.Released, n.Reattached = c.released.Load(), c.reattached.Load()
+	n.OutboxErr += c.outboxErr.Load()
+}
+
+// fill adds delivery's totals to n.
+func (c *deliveryCounters) fill(n *Counters) {
+	n.Sent, n.NoAck, n.SendErrors = c.sent.Load(), c.noAck.Load(), c.sendErr.Load()
+	n.Accepted, n.Duplicate, n.Stale, n.Invalid = c.accepted.Load(), c.duplicate.Load(), c.stale.Load(), c.inv.Load()
+	n.Queued, n.Resent, n.Expired, n.Full = c.queued.Load(), c.resent.Load(), c.expired.Load(), c.full.Load()
+	n.Reissued, n.Superseded = c.reissued.Load(), c.superseded.Load()
+	n.OutboxErr += c.outboxErr.Load()
 }

@@ -15,33 +15,33 @@ import (
 // heartbeatEvery is how often the Run loop beats while a session lasts.
 const heartbeatEvery = time.Second
 
-// beat is the Run loop's heartbeat. It takes the agent's lock and every
+// beat is the Run loop's heartbeat. It takes the leases' lock and every
 // device's lock in turn, so a goroutine stuck holding one of them (a wedged
 // controller, campaign or status reader) stops the heartbeat as surely as a
 // wedged Run loop does. Only the Run loop calls it.
-func (a *Agent) beat() {
-	a.mu.Lock()
+func (l *leases) beat() {
+	l.mu.Lock()
 	//lint:ignore SA2001 the probe is that the lock can be taken
-	a.mu.Unlock()
-	for _, id := range a.order {
-		d := a.devices[id]
+	l.mu.Unlock()
+	for _, id := range l.order {
+		d := l.devices[id]
 		d.mu.Lock()
 		//lint:ignore SA2001 as above
 		d.mu.Unlock()
 	}
-	a.beatAt.Store(a.now().UnixNano())
+	l.beatAt.Store(l.now().UnixNano())
 }
 
 // sleepBeating is backoff.Sleep for the Run loop: it beats at least every
 // heartbeatEvery while it waits.
-func (a *Agent) sleepBeating(ctx context.Context, d time.Duration) bool {
+func (l *leases) sleepBeating(ctx context.Context, d time.Duration) bool {
 	for d > 0 {
 		step := min(d, heartbeatEvery)
 		if !backoff.Sleep(ctx, step) {
 			return false
 		}
 		d -= step
-		a.beat()
+		l.beat()
 	}
 	return true
 }
@@ -60,12 +60,15 @@ func (a *Agent) sleepBeating(ctx context.Context, d time.Duration) bool {
 // timeout) or a hung outbox disk write. A broken link to etcd or the broker
 // is not unhealthy: the agent keeps running offline, and restarting it
 // would not bring the link back.
-func (a *Agent) Healthy(maxAge time.Duration) error {
-	at := a.beatAt.Load()
+func (a *Agent) Healthy(maxAge time.Duration) error { return a.leases.healthy(maxAge) }
+
+// healthy is Agent.Healthy: the session loop beats (beat).
+func (l *leases) healthy(maxAge time.Duration) error {
+	at := l.beatAt.Load()
 	if at == 0 {
 		return fmt.Errorf("agent: run loop has not started")
 	}
-	if age := a.now().Sub(time.Unix(0, at)); age > maxAge {
+	if age := l.now().Sub(time.Unix(0, at)); age > maxAge {
 		return fmt.Errorf("agent: run loop last beat %v ago (max %v)", age.Round(time.Millisecond), maxAge)
 	}
 	return nil
@@ -73,7 +76,7 @@ func (a *Agent) Healthy(maxAge time.Duration) error {
 
 // Campaigning is closed once the agent has opened its first etcd session
 // and started campaigning for its devices under it.
-func (a *Agent) Campaigning() <-chan struct{} { return a.campaigning }
+func (a *Agent) Campaigning() <-chan struct{} { return a.leases.campaigning }
 
 // connected is implemented by senders that know their link state (the MQTT
 // transport).
@@ -103,10 +106,7 @@ func (a *Agent) Summary() string {
 			b.WriteString("; mqtt disconnected")
 		}
 	}
-	a.mu.Lock()
-	up := a.sessionUp
-	a.mu.Unlock()
-	if up {
+	if up, _, _ := a.leases.session(); up {
 		b.WriteString("; etcd session up")
 	} else {
 		b.WriteString("; etcd session down")

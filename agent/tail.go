@@ -206,30 +206,30 @@ func (t *tails) collect(ch chan<- prometheus.Metric, s TailStatus) {
 }
 
 // startTails runs the meters until the returned stop is called; stop
-// waits for them. Run owns them: `defer a.startTails(ctx)()`.
-func (a *Agent) startTails(ctx context.Context) (stop func()) {
+// waits for them. Agent.Run owns them: `defer a.leases.startTails(ctx)()`.
+func (l *leases) startTails(ctx context.Context) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
-		a.hiccups(ctx)
+		l.hiccups(ctx)
 	}()
 	go func() {
 		defer wg.Done()
-		a.probeKeepAlive(ctx)
+		l.probeKeepAlive(ctx)
 	}()
 	return func() { cancel(); wg.Wait() }
 }
 
 // hiccups runs the hiccup meter (agent/hiccup) at hiccupEvery and
 // evaluates the warning every tailCheck on the same goroutine.
-func (a *Agent) hiccups(ctx context.Context) {
+func (l *leases) hiccups(ctx context.Context) {
 	var nextCheck time.Time
 	hiccup.Run(ctx, hiccupEvery, func(late time.Duration, now time.Time) {
-		a.tails.stall.observe(late, now)
+		l.tails.stall.observe(late, now)
 		if now.After(nextCheck) {
-			a.checkTail(now)
+			l.checkTail(now)
 			nextCheck = now.Add(tailCheck)
 		}
 	})
@@ -238,10 +238,10 @@ func (a *Agent) hiccups(ctx context.Context) {
 // checkTail logs when the observed tail rises above lease_ttl/3 and when it
 // falls back (one line each way: the window keeps a stall for about five
 // minutes, so a line per check would repeat the same news).
-func (a *Agent) checkTail(now time.Time) {
-	s := a.tails.status(a.cfg.Etcd.LeaseTTL, now)
+func (l *leases) checkTail(now time.Time) {
+	s := l.tails.status(l.etcd.LeaseTTL, now)
 	warn := s.Warning != ""
-	if a.tails.warning.Swap(warn) == warn {
+	if l.tails.warning.Swap(warn) == warn {
 		return
 	}
 	attrs := []any{"tail_s", round3(s.Tail), "max_stall_s", round3(s.Stall.Max), "keepalive_rtt_max_s", round3(s.KeepAlive.Max),
@@ -250,10 +250,10 @@ func (a *Agent) checkTail(now time.Time) {
 		attrs = append(attrs, "fsync_max_s", round3(s.Fsync.Max))
 	}
 	if warn {
-		a.log.Warn("lease tail above lease_ttl/3: raise etcd.lease_ttl or find the stall (README, choosing lease_ttl)", attrs...)
+		l.log.Warn("lease tail above lease_ttl/3: raise etcd.lease_ttl or find the stall (README, choosing lease_ttl)", attrs...)
 		return
 	}
-	a.log.Info("lease tail back under lease_ttl/3", attrs...)
+	l.log.Info("lease tail back under lease_ttl/3", attrs...)
 }
 
 func round3(f float64) float64 { return float64(int64(f*1000+0.5)) / 1000 }
@@ -263,8 +263,8 @@ func round3(f float64) float64 { return float64(int64(f*1000+0.5)) / 1000 }
 // TTL) counts as a round trip that long: etcd did not answer for that long.
 // One that fails at once (no lease, connection refused) measures nothing
 // and is counted as a probe error.
-func (a *Agent) probeKeepAlive(ctx context.Context) {
-	ttl := a.cfg.Etcd.LeaseTTL
+func (l *leases) probeKeepAlive(ctx context.Context) {
+	ttl := l.etcd.LeaseTTL
 	every := max(ttl/3, 100*time.Millisecond)
 	t := time.NewTicker(every)
 	defer t.Stop()
@@ -274,25 +274,25 @@ func (a *Agent) probeKeepAlive(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		a.mu.Lock()
-		lease, up := a.lease, a.sessionUp
-		a.mu.Unlock()
+		l.mu.Lock()
+		lease, up := l.lease, l.sessionUp
+		l.mu.Unlock()
 		if !up || lease == 0 {
 			continue
 		}
 		pctx, cancel := context.WithTimeout(ctx, ttl)
 		start := time.Now()
-		_, err := a.cli.TimeToLive(pctx, lease)
+		_, err := l.cli.TimeToLive(pctx, lease)
 		rtt := time.Since(start)
 		cancel()
 		switch {
 		case err == nil, pctx.Err() != nil && ctx.Err() == nil: // answered, or not within the TTL
-			a.tails.keepAlive.observe(rtt, time.Now())
+			l.tails.keepAlive.observe(rtt, time.Now())
 		case ctx.Err() != nil:
 			return
 		default:
-			a.tails.keepAliveErrors.Add(1)
-			a.log.Debug("keep-alive probe", "lease", fmt.Sprintf("%x", int64(lease)), "err", err)
+			l.tails.keepAliveErrors.Add(1)
+			l.log.Debug("keep-alive probe", "lease", fmt.Sprintf("%x", int64(lease)), "err", err)
 		}
 	}
 }

@@ -17,7 +17,7 @@ import (
 
 // The twin reconciler, on when Options.Twins is set:
 //
-//	Store.Watch(all devices) ─▶ desired[dev] ─▶ twinKick(dev) ─▶ worker(dev):
+//	Store.Watch(all devices) ─▶ desired[dev] ─▶ kick(dev) ─▶ worker(dev):
 //	  holder(dev) → lock key, token      (not holding: nothing to do)
 //	  Cache.Flush (reported patches queued while etcd was out of reach)
 //	  delta := Delta(desired, LastReported)  (empty: done — idempotent)
@@ -183,21 +183,6 @@ func (t *twins) statsNow() TwinStats {
 		Errors: t.stats.errors.Load(), Reports: t.stats.reports.Load(), Watching: watching}
 }
 
-// holder returns the lock key and token of dev's current controller, if
-// the agent holds dev (as Holding).
-func (a *Agent) holder(dev string) (key string, token fence.Token, ok bool) {
-	d, ok := a.devices[dev]
-	if !ok {
-		return "", 0, false
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if !a.usable(d.ctl) {
-		return "", 0, false
-	}
-	return d.ctl.key, d.ctl.token, true
-}
-
 // runTwins watches desired states of every device until ctx ends, kicking
 // a device's reconciler on each change, and waits for the workers.
 func (t *twins) run(ctx context.Context) {
@@ -313,7 +298,7 @@ func (t *twins) newToken(dev string, token fence.Token) {
 	}
 }
 
-// twinKick makes sure a worker reconciles dev. It does nothing if twins
+// kick makes sure a worker reconciles dev. It does nothing if twins
 // are off or Run is not running.
 func (t *twins) kick(dev string) {
 	if t == nil {
@@ -356,7 +341,7 @@ func (t *twins) worker(ctx context.Context, dev string) {
 	}
 }
 
-// twinHolder returns dev's lock key and token if the agent holds dev and
+// holding returns dev's lock key and token if the agent holds dev and
 // etcd has not fenced the reconciler under that token.
 func (t *twins) holding(dev string) (string, fence.Token, bool) {
 	key, token, ok := t.host.holder(dev)

@@ -6,12 +6,16 @@ package agent
 // shipped build the constant folds every branch on it away, and New
 // refuses the option (ErrUnsafeBuild).
 
+// lossRule is Options.UnsafeIgnoreSessionLoss as each part of the agent
+// sees it (embedded: a.ignoresLoss(), a.usable(ctl)).
+type lossRule struct{ unsafe bool }
+
 // ignoresLoss reports whether controllers carry on under a lost session's
 // token, like a process frozen before it could notice (invariant I6 off).
-func (a *Agent) ignoresLoss() bool { return unsafeBuild && a.unsafe }
+func (r lossRule) ignoresLoss() bool { return unsafeBuild && r.unsafe }
 
 // usable reports whether ctl may issue commands: it is the device's
 // controller and its lock is not lost (or ignoresLoss).
-func (a *Agent) usable(ctl *controller) bool {
-	return ctl != nil && (!ctl.lost.Load() || a.ignoresLoss())
+func (r lossRule) usable(ctl *controller) bool {
+	return ctl != nil && (!ctl.lost.Load() || r.ignoresLoss())
 }

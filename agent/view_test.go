@@ -137,10 +137,10 @@ func TestTailWarning(t *testing.T) {
 		t.Fatal(err)
 	}
 	now := time.Now()
-	tl := a.tails
+	tl := a.leases.tails
 	tl.stall.observe(600*time.Millisecond, now)
 	tl.keepAlive.observe(300*time.Millisecond, now)
-	a.checkTail(now)
+	a.leases.checkTail(now)
 	if s := a.Status().LeaseTail; s.Warning != "" || round3(s.Tail) != 0.9 {
 		t.Fatalf("tail 0.9 s of ttl 3 s: %+v", s)
 	}
@@ -153,16 +153,16 @@ func TestTailWarning(t *testing.T) {
 		t.Fatalf("outbox commit not measured: %+v", f)
 	}
 	tl.fsync.observe(200*time.Millisecond, now) // 1.1 s > 1 s
-	a.checkTail(now)
-	a.checkTail(now) // still above: no second line
+	a.leases.checkTail(now)
+	a.leases.checkTail(now) // still above: no second line
 	s := a.Status().LeaseTail
 	if s.Warning == "" || s.Margin >= 2 || s.Fsync.Max != 0.2 {
 		t.Fatalf("tail above ttl/3: %+v", s)
 	}
 	// Out of the window, the figures and the warning are gone.
 	later := now.Add(tailWindow + tailSlot)
-	a.checkTail(later)
-	if s := a.tails.status(cfg.Etcd.LeaseTTL, later); s.Warning != "" || s.Stall.Samples != 0 || s.Tail != 0 {
+	a.leases.checkTail(later)
+	if s := a.leases.tails.status(cfg.Etcd.LeaseTTL, later); s.Warning != "" || s.Stall.Samples != 0 || s.Tail != 0 {
 		t.Fatalf("the window did not move: %+v", s)
 	}
 	var warn, clear int
