@@ -30,7 +30,6 @@ type longFunc struct {
 // fails when a function not on it is longer, when a listed one grows, and
 // when a listed one is gone or down to maxFuncLines (take it off then).
 var longFuncs = map[string]longFunc{
-	"cmd/edgefence-bench.runTwins":               {254, "wires its own agent and twins: to build through the daemon constructor"},
 	"cmd/edgefence-bench.measureAgentRSS":        {214, "starts one agent per fleet size and samples it: to build through the daemon constructor"},
 	"cmd/edgefence-bench.lifecycleOnce":          {177, "start, READY, SIGTERM and lock release timed in one sequence: not split yet"},
 	"cmd/edgefence-bench.replayOnce":             {168, "wires its own agent and outbox: to build through the daemon constructor"},
