@@ -30,7 +30,6 @@ type longFunc struct {
 // fails when a function not on it is longer, when a listed one grows, and
 // when a listed one is gone or down to maxFuncLines (take it off then).
 var longFuncs = map[string]longFunc{
-	"cmd/edgefence-bench.replayOnce":             {168, "wires its own agent and outbox: to build through the daemon constructor"},
 	"devices/sandbox.(*figure1).run":             {135, "the Figure 1 demo scenario, step by step: the harness moves under internal/"},
 	"cmd/edgefence-bench.failoverTrialRun":       {131, "one failover trial, fault to takeover: not split yet"},
 	"cmd/edgefence-sandbox.serve":                {120, "flags and wiring of the demo world: not split yet"},
