@@ -31,7 +31,6 @@ type longFunc struct {
 // when a listed one is gone or down to maxFuncLines (take it off then).
 var longFuncs = map[string]longFunc{
 	"devices/sandbox.(*figure1).run":             {135, "the Figure 1 demo scenario, step by step: the harness moves under internal/"},
-	"cmd/edgefence-sandbox.serve":                {120, "flags and wiring of the demo world: not split yet"},
 	"devices/shim.(*Shim).process":               {116, "the fence point's admit path: loses the DisableFence branch first"},
 	"agent.(*Agent).deliver":                     {104, "outbox delivery: split with the Agent (lead)"},
 	"cmd/edgefence-devsim.run":                   {97, "flags and wiring of the device simulator: not split yet"},
