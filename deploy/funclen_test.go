@@ -34,7 +34,6 @@ var longFuncs = map[string]longFunc{
 	"devices/shim.(*Shim).process":               {116, "the fence point's admit path: loses the DisableFence branch first"},
 	"agent.(*Agent).deliver":                     {104, "outbox delivery: split with the Agent (lead)"},
 	"cmd/edgefence-devsim.run":                   {97, "flags and wiring of the device simulator: not split yet"},
-	"cmd/edgefence-chaos.run":                    {92, "flags and wiring of the chaos rounds: not split yet"},
 	"devices/sandbox/chaos.(*round).injectFault": {91, "one switch over the fault kinds: the harness moves under internal/"},
 	"agent.(*Agent).install":                     {88, "installing a lock as a controller: split with the Agent (lead)"},
 	"agent.(*Agent).campaign":                    {83, "the campaign loop: split with the Agent (lead)"},
