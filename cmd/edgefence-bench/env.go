@@ -168,3 +168,37 @@ func startFleet(ctx context.Context, dir, url, prefix, clientID string, devs []s
 	}
 	return fleet, closeFleet, nil
 }
+
+// startFleets starts nf sim.Fleets serving devs on the broker at url under
+// the MQTT prefix, device i on fleet i mod nf, fleet i with its data in
+// dir/fleet-i and MQTT client id clientID-i, each with a fresh session,
+// and waits up to 10 s for each to be subscribed. It returns the fleets it
+// started, also with an error: close them with closeFleets.
+func startFleets(ctx context.Context, dir, url, prefix, clientID string, devs []string, nf int) ([]*sim.Fleet, error) {
+	parts := make([][]string, nf)
+	for i, d := range devs {
+		parts[i%nf] = append(parts[i%nf], d)
+	}
+	var fleets []*sim.Fleet
+	for i, p := range parts {
+		f, err := sim.NewFleet(ctx, sim.FleetConfig{Devices: p, DataDir: filepath.Join(dir, fmt.Sprintf("fleet-%d", i)), Broker: url,
+			Prefix: prefix, ClientID: fmt.Sprintf("%s-%d", clientID, i), MQTT: mqtt.Config{CleanStart: true, SessionExpiry: -1}})
+		if err != nil {
+			return fleets, err
+		}
+		fleets = append(fleets, f)
+	}
+	for _, f := range fleets {
+		if err := awaitCtx(ctx, 10*time.Second, f.AwaitReady); err != nil {
+			return fleets, fmt.Errorf("fleet: %w", err)
+		}
+	}
+	return fleets, nil
+}
+
+// closeFleets closes fleets, each within 10 s.
+func closeFleets(fleets []*sim.Fleet) {
+	for _, f := range fleets {
+		closeCtx(f.Close)
+	}
+}

@@ -176,6 +176,8 @@ func (a *failoverAgent) waitStates(ctx context.Context, state string, n int, lim
 	}
 }
 
+// failoverTrialRun is one trial: agent A holds devs, B campaigns for them
+// under load, then A meets fault; it times B's takeover from the fault.
 func failoverTrialRun(ctx context.Context, etcd *sandbox.Etcd, brokerURL, mqttPrefix string, devs []string, ttl time.Duration, fault, dir string, cfg failoverConfig) (tr failoverTrial, err error) {
 	tr = failoverTrial{TTL: ttl, Fault: fault}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -207,67 +209,21 @@ func failoverTrialRun(ctx context.Context, etcd *sandbox.Etcd, brokerURL, mqttPr
 
 	// The load: one loop per device sends through B every Interval until
 	// B accepts one; B answers 409 (not the holder) until it takes over.
-	type outcome struct {
-		at       time.Time
-		refused  int
-		attempts int
-		err      error
-	}
 	lctx, lcancel := context.WithTimeout(ctx, ttl+30*time.Second+time.Duration(len(devs))*time.Second)
 	defer lcancel()
 	probes := probeDevices(len(devs), cfg.Probes)
-	outs := make([]outcome, len(probes))
+	outs := make([]failoverOutcome, len(probes))
 	var wg sync.WaitGroup
 	for i, di := range probes {
-		d := devs[di]
-		wg.Go(func() {
-			o := &outs[i]
-			t := time.NewTicker(cfg.Interval)
-			defer t.Stop()
-			for {
-				o.attempts++
-				r, err := b.api.Send(lctx, d, sim.KindSet, json.RawMessage(`{"setpoint": 25}`))
-				switch {
-				case r != nil && r.Verdict == "accepted":
-					o.at = time.Now()
-					return
-				case r != nil && r.Verdict == "" && strings.Contains(r.Error, agent.ErrNotHolder.Error()):
-					o.refused++
-				case lctx.Err() != nil:
-					o.err = fmt.Errorf("%s: no command accepted by B in time: %w", d, lctx.Err())
-					return
-				default:
-					// A verdict other than accepted, or no answer: report it
-					// rather than hide it in the figure.
-					o.err = fmt.Errorf("%s: B answered %+v, err %v", d, r, err)
-					return
-				}
-				select {
-				case <-t.C:
-				case <-lctx.Done():
-				}
-			}
-		})
+		wg.Go(func() { outs[i] = probeUntilAccepted(lctx, b.api, devs[di], cfg.Interval) })
 	}
 	// Let the load run against the healthy holder first.
 	time.Sleep(200 * time.Millisecond)
 	fault0 := time.Now()
 	tr.FaultAfter = fault0.Sub(aStart)
-	switch fault {
-	case faultKill:
-		err = a.proc.Kill()
-	case faultStop:
-		err = a.proc.Freeze()
-	case faultTerm:
-		// Stop sends SIGCONT (a no-op here) and SIGTERM, and waits.
-		exited := make(chan time.Time, 1)
-		go func() {
-			_ = a.proc.Stop(10 * time.Second)
-			exited <- time.Now()
-		}()
+	exited, err := injectFailoverFault(a, fault)
+	if exited != nil {
 		defer func() { tr.Exit = (<-exited).Sub(fault0) }()
-	default:
-		err = fmt.Errorf("unknown fault %q", fault)
 	}
 	if err != nil {
 		lcancel()
@@ -275,20 +231,7 @@ func failoverTrialRun(ctx context.Context, etcd *sandbox.Etcd, brokerURL, mqttPr
 		return tr, err
 	}
 	wg.Wait()
-	var errs []error
-	for i, o := range outs {
-		tr.Refused += o.refused
-		tr.Attempts += o.attempts
-		if o.err != nil {
-			errs = append(errs, o.err)
-			continue
-		}
-		d := o.at.Sub(fault0)
-		if i == 0 || d < tr.First {
-			tr.First = d
-		}
-		tr.All = max(tr.All, d)
-	}
+	errs := tr.count(outs, fault0)
 	if st, err := b.api.Status(ctx); err == nil {
 		for _, d := range st.Devices {
 			if d.State == agent.StateHolding {
@@ -306,6 +249,86 @@ func failoverTrialRun(ctx context.Context, etcd *sandbox.Etcd, brokerURL, mqttPr
 		return tr, fmt.Errorf("%w (logs in %s)", err, dir)
 	}
 	return tr, nil
+}
+
+// failoverOutcome is what became of the load on one device: when B
+// accepted a command, after how many attempts and refusals (409).
+type failoverOutcome struct {
+	at       time.Time
+	refused  int
+	attempts int
+	err      error
+}
+
+// probeUntilAccepted sends a command to device d through api every
+// interval until one is accepted; "not the holder" answers are counted,
+// anything else, and ctx ending, is the outcome's error.
+func probeUntilAccepted(ctx context.Context, api *agent.APIClient, d string, interval time.Duration) (o failoverOutcome) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		o.attempts++
+		r, err := api.Send(ctx, d, sim.KindSet, json.RawMessage(`{"setpoint": 25}`))
+		switch {
+		case r != nil && r.Verdict == "accepted":
+			o.at = time.Now()
+			return o
+		case r != nil && r.Verdict == "" && strings.Contains(r.Error, agent.ErrNotHolder.Error()):
+			o.refused++
+		case ctx.Err() != nil:
+			o.err = fmt.Errorf("%s: no command accepted by B in time: %w", d, ctx.Err())
+			return o
+		default:
+			// A verdict other than accepted, or no answer: report it
+			// rather than hide it in the figure.
+			o.err = fmt.Errorf("%s: B answered %+v, err %v", d, r, err)
+			return o
+		}
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+		}
+	}
+}
+
+// injectFailoverFault does fault to agent A. For faultTerm, exited
+// receives the time A's process exited.
+func injectFailoverFault(a *failoverAgent, fault string) (exited <-chan time.Time, err error) {
+	switch fault {
+	case faultKill:
+		return nil, a.proc.Kill()
+	case faultStop:
+		return nil, a.proc.Freeze()
+	case faultTerm:
+		// Stop sends SIGCONT (a no-op here) and SIGTERM, and waits.
+		ch := make(chan time.Time, 1)
+		go func() {
+			_ = a.proc.Stop(10 * time.Second)
+			ch <- time.Now()
+		}()
+		return ch, nil
+	}
+	return nil, fmt.Errorf("unknown fault %q", fault)
+}
+
+// count adds the load's outcomes to tr: refusals, attempts, and the first
+// and last device accepted after fault0. It returns the outcomes' errors.
+func (tr *failoverTrial) count(outs []failoverOutcome, fault0 time.Time) []error {
+	var errs []error
+	for i, o := range outs {
+		tr.Refused += o.refused
+		tr.Attempts += o.attempts
+		if o.err != nil {
+			errs = append(errs, o.err)
+			continue
+		}
+		d := o.at.Sub(fault0)
+		if i == 0 || d < tr.First {
+			tr.First = d
+		}
+		tr.All = max(tr.All, d)
+	}
+	return errs
 }
 
 // lateCommands resumes the frozen A and sends one command per device

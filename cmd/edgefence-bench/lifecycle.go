@@ -246,104 +246,203 @@ func (l *notifyListener) close() {
 // held, runs between (or nil), then sends SIGTERM and times the exit and the
 // release of the lock keys in etcd.
 func lifecycleOnce(ctx context.Context, cli *clientv3.Client, etcdPrefix string, n int, cpath, apiSock, sockPath, logPath, bin string, between func() error) (lifecycleRun, error) {
-	var r lifecycleRun
-	nl, err := listenNotify(sockPath)
-	if err != nil {
-		return r, err
+	o := &lifecycleProc{cli: cli, etcdPrefix: etcdPrefix, n: n, logPath: logPath}
+	var err error
+	if o.nl, err = listenNotify(sockPath); err != nil {
+		return o.r, err
 	}
-	defer nl.close()
+	defer o.nl.close()
 	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
-		return r, err
+		return o.r, err
 	}
 	defer logf.Close()
 	logStart, err := logf.Seek(0, io.SeekEnd)
 	if err != nil {
-		return r, err
+		return o.r, err
 	}
-	cmd := exec.Command(bin, "run", "--config", cpath)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.Env = append(os.Environ(), "NOTIFY_SOCKET="+sockPath)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	t0 := time.Now()
-	if err := cmd.Start(); err != nil {
-		return r, err
+	if err := o.start(bin, cpath, sockPath, logf); err != nil {
+		return o.r, err
 	}
-	exited := make(chan struct{})
-	var exitAt time.Time
-	var waitErr error
-	go func() {
-		waitErr = cmd.Wait()
-		exitAt = time.Now()
-		close(exited)
-	}()
-	defer func() {
-		select {
-		case <-exited:
-		default:
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-	}()
+	defer o.kill()
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	ready, err := nl.wait(wctx, "READY=1", exited)
+	lease, err := o.awaitHeld(wctx, apiSock)
 	if err != nil {
-		return r, fmt.Errorf("%w (log %s)", err, logPath)
+		return o.r, err
 	}
-	r.Ready = ready.Sub(t0)
-	var lease int64
-	for {
-		g, err := cli.Get(wctx, etcdPrefix+"/devices/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
-		if err == nil {
-			k := 0
-			for _, kv := range g.Kvs {
-				if strings.Contains(string(kv.Key), "/lock/") {
-					k++
-					lease = kv.Lease
-				}
-			}
-			if k >= n {
-				r.Held = time.Since(t0)
-				break
-			}
+	if between != nil {
+		if err := between(); err != nil {
+			return o.r, err
 		}
+	}
+	tTerm, err := o.terminate(ctx, wctx, lease)
+	if err != nil {
+		return o.r, err
+	}
+	o.readLog(logStart, tTerm)
+	var ee *exec.ExitError
+	if errors.As(o.waitErr, &ee) {
+		o.r.Code = ee.ExitCode()
+	} else if o.waitErr != nil {
+		return o.r, o.waitErr
+	}
+	return o.r, nil
+}
+
+// lifecycleProc is the agent subprocess of one lifecycleOnce, what it is
+// watched through, and the figures taken so far.
+type lifecycleProc struct {
+	cli        *clientv3.Client
+	etcdPrefix string
+	n          int // devices
+	logPath    string
+	nl         *notifyListener
+
+	cmd     *exec.Cmd
+	t0      time.Time     // exec
+	exited  chan struct{} // closed when the process has exited; then:
+	exitAt  time.Time
+	waitErr error
+
+	r lifecycleRun
+}
+
+// start execs the agent with its output appended to logf.
+func (o *lifecycleProc) start(bin, cpath, sockPath string, logf *os.File) error {
+	o.cmd = exec.Command(bin, "run", "--config", cpath)
+	o.cmd.Stdout, o.cmd.Stderr = logf, logf
+	o.cmd.Env = append(os.Environ(), "NOTIFY_SOCKET="+sockPath)
+	o.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	o.t0 = time.Now()
+	if err := o.cmd.Start(); err != nil {
+		return err
+	}
+	o.exited = make(chan struct{})
+	go func() {
+		o.waitErr = o.cmd.Wait()
+		o.exitAt = time.Now()
+		close(o.exited)
+	}()
+	return nil
+}
+
+// kill kills the agent if it still runs and waits for it.
+func (o *lifecycleProc) kill() {
+	select {
+	case <-o.exited:
+	default:
+		_ = o.cmd.Process.Kill()
+		<-o.exited
+	}
+}
+
+// poll calls done every period until it returns true; what names the
+// condition for the error if ctx ends first.
+func (o *lifecycleProc) poll(ctx context.Context, period time.Duration, what string, done func() bool) error {
+	for !done() {
 		select {
-		case <-wctx.Done():
-			return r, fmt.Errorf("not all %d devices held: %w (log %s)", n, wctx.Err(), logPath)
-		case <-exited:
-			return r, fmt.Errorf("agent exited (log %s)", logPath)
-		case <-time.After(5 * time.Millisecond):
+		case <-ctx.Done():
+			return fmt.Errorf("%s: %w (log %s)", what, ctx.Err(), o.logPath)
+		case <-o.exited:
+			return fmt.Errorf("agent exited (log %s)", o.logPath)
+		case <-time.After(period):
 		}
+	}
+	return nil
+}
+
+// awaitHeld times READY=1, every lock key in etcd and the agent's status
+// saying it holds every device; it returns the lease of the lock keys.
+func (o *lifecycleProc) awaitHeld(ctx context.Context, apiSock string) (lease int64, err error) {
+	ready, err := o.nl.wait(ctx, "READY=1", o.exited)
+	if err != nil {
+		return 0, fmt.Errorf("%w (log %s)", err, o.logPath)
+	}
+	o.r.Ready = ready.Sub(o.t0)
+	err = o.poll(ctx, 5*time.Millisecond, fmt.Sprintf("not all %d devices held", o.n), func() bool {
+		g, err := o.cli.Get(ctx, o.etcdPrefix+"/devices/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+		if err != nil {
+			return false
+		}
+		k := 0
+		for _, kv := range g.Kvs {
+			if strings.Contains(string(kv.Key), "/lock/") {
+				k++
+				lease = kv.Lease
+			}
+		}
+		if k >= o.n {
+			o.r.Held = time.Since(o.t0)
+		}
+		return k >= o.n
+	})
+	if err != nil {
+		return 0, err
 	}
 	// The keys exist a moment before the agent holds: wait for its status,
 	// so that SIGTERM finds a holder, not an acquisition in progress.
 	api := agent.NewAPIClient(apiSock)
-	for {
-		if st, err := api.Status(wctx); err == nil && st.Counters.Acquired >= uint64(n) {
-			r.Holding = time.Since(t0)
-			break
+	err = o.poll(ctx, 10*time.Millisecond, fmt.Sprintf("agent does not hold all %d devices", o.n), func() bool {
+		if st, err := api.Status(ctx); err == nil && st.Counters.Acquired >= uint64(o.n) {
+			o.r.Holding = time.Since(o.t0)
+			return true
 		}
-		select {
-		case <-wctx.Done():
-			return r, fmt.Errorf("agent does not hold all %d devices: %w (log %s)", n, wctx.Err(), logPath)
-		case <-exited:
-			return r, fmt.Errorf("agent exited (log %s)", logPath)
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
-	if between != nil {
-		if err := between(); err != nil {
-			return r, err
-		}
-	}
-	// A watch on the lock keys sees their deletes: the release as etcd
-	// applies it (per-key unlocks, then the lease revoke).
-	g, err := cli.Get(ctx, etcdPrefix+"/devices/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+		return false
+	})
+	return lease, err
+}
+
+// terminate sends SIGTERM and times the exit, the deletes of the lock keys
+// and STOPPING=1 from it (returned as tTerm); right after the exit it reads
+// the lock keys left in etcd and the TimeToLive of lease. wctx bounds the
+// watch and the wait for STOPPING.
+func (o *lifecycleProc) terminate(ctx, wctx context.Context, lease int64) (tTerm time.Time, err error) {
+	gone, err := o.watchRelease(ctx, wctx)
 	if err != nil {
-		return r, err
+		return tTerm, err
 	}
-	wch := cli.Watch(wctx, etcdPrefix+"/devices/", clientv3.WithPrefix(), clientv3.WithRev(g.Header.Revision+1))
+	time.Sleep(100 * time.Millisecond) // let the watch start
+	tTerm = time.Now()
+	if err := o.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		return tTerm, err
+	}
+	select {
+	case <-o.exited:
+	case <-time.After(20 * time.Second):
+		return tTerm, fmt.Errorf("no exit 20 s after SIGTERM (log %s)", o.logPath)
+	}
+	o.r.Exit = o.exitAt.Sub(tTerm)
+	// Right after the exit: what is left in etcd.
+	if o.r.LeftKeys, err = countLockKeys(ctx, o.cli, o.etcdPrefix); err != nil {
+		return tTerm, err
+	}
+	ttl, err := o.cli.TimeToLive(ctx, clientv3.LeaseID(lease))
+	if err != nil {
+		return tTerm, err
+	}
+	o.r.LeaseTTL = ttl.TTL
+	select {
+	case at := <-gone:
+		o.r.KeysGone = at.Sub(tTerm)
+	case <-time.After(5 * time.Second):
+		o.r.KeysGone = -1
+	}
+	if at, err := o.nl.wait(wctx, "STOPPING=1", nil); err == nil {
+		o.r.Stopping = at.Sub(tTerm)
+	}
+	return tTerm, nil
+}
+
+// watchRelease watches the lock keys (until wctx ends) and returns a
+// channel that receives the time the last one's delete was seen: the
+// release as etcd applies it (per-key unlocks, then the lease revoke).
+func (o *lifecycleProc) watchRelease(ctx, wctx context.Context) (<-chan time.Time, error) {
+	g, err := o.cli.Get(ctx, o.etcdPrefix+"/devices/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		return nil, err
+	}
+	wch := o.cli.Watch(wctx, o.etcdPrefix+"/devices/", clientv3.WithPrefix(), clientv3.WithRev(g.Header.Revision+1))
 	gone := make(chan time.Time, 1)
 	go func() {
 		left := 0
@@ -364,63 +463,33 @@ func lifecycleOnce(ctx context.Context, cli *clientv3.Client, etcdPrefix string,
 			}
 		}
 	}()
-	time.Sleep(100 * time.Millisecond) // let the watch start
-	tTerm := time.Now()
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		return r, err
+	return gone, nil
+}
+
+// readLog takes the times of the agent's start and stop messages from what
+// it logged from logStart on (-1 for those missing).
+func (o *lifecycleProc) readLog(logStart int64, tTerm time.Time) {
+	o.r.Starting, o.r.Session, o.r.Released, o.r.Stopped = -1, -1, -1, -1
+	b, err := os.ReadFile(o.logPath)
+	if err != nil || int64(len(b)) < logStart {
+		return
 	}
-	select {
-	case <-exited:
-	case <-time.After(20 * time.Second):
-		return r, fmt.Errorf("no exit 20 s after SIGTERM (log %s)", logPath)
-	}
-	r.Exit = exitAt.Sub(tTerm)
-	// Right after the exit: what is left in etcd.
-	if left, err := countLockKeys(ctx, cli, etcdPrefix); err == nil {
-		r.LeftKeys = left
-	} else {
-		return r, err
-	}
-	if ttl, err := cli.TimeToLive(ctx, clientv3.LeaseID(lease)); err == nil {
-		r.LeaseTTL = ttl.TTL
-	} else {
-		return r, err
-	}
-	select {
-	case at := <-gone:
-		r.KeysGone = at.Sub(tTerm)
-	case <-time.After(5 * time.Second):
-		r.KeysGone = -1
-	}
-	if at, err := nl.wait(wctx, "STOPPING=1", nil); err == nil {
-		r.Stopping = at.Sub(tTerm)
-	}
-	r.Starting, r.Session, r.Released, r.Stopped = -1, -1, -1, -1
-	if b, err := os.ReadFile(logPath); err == nil && int64(len(b)) >= logStart {
-		for _, l := range strings.Split(string(b[logStart:]), "\n") {
-			at, msg, ok := slogLine(l)
-			if !ok {
-				continue
-			}
-			switch msg {
-			case "edgefence starting":
-				r.Starting = at.Sub(t0)
-			case "etcd session open":
-				r.Session = at.Sub(t0)
-			case "released locks":
-				r.Released = at.Sub(tTerm)
-			case "edgefence stopped":
-				r.Stopped = at.Sub(tTerm)
-			}
+	for _, l := range strings.Split(string(b[logStart:]), "\n") {
+		at, msg, ok := slogLine(l)
+		if !ok {
+			continue
+		}
+		switch msg {
+		case "edgefence starting":
+			o.r.Starting = at.Sub(o.t0)
+		case "etcd session open":
+			o.r.Session = at.Sub(o.t0)
+		case "released locks":
+			o.r.Released = at.Sub(tTerm)
+		case "edgefence stopped":
+			o.r.Stopped = at.Sub(tTerm)
 		}
 	}
-	var ee *exec.ExitError
-	if errors.As(waitErr, &ee) {
-		r.Code = ee.ExitCode()
-	} else if waitErr != nil {
-		return r, waitErr
-	}
-	return r, nil
 }
 
 // slogLine returns the time and msg of a slog text line.

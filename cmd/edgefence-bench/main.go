@@ -56,7 +56,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -64,13 +63,10 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/pprof"
-	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
-	"github.com/edgefence/edgefence/agent"
 	"github.com/edgefence/edgefence/devices/sandbox"
 )
 
@@ -88,164 +84,41 @@ Markdown tables (progress goes to stderr). Flags:
 `
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("edgefence-bench", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, usage); fs.PrintDefaults() }
-	var (
-		brokers  = fs.String("broker", "both", "roundtrip: mochi, mosquitto or both")
-		n        = fs.Int("n", 5000, "roundtrip: sequential operations per path")
-		rounds   = fs.Int("rounds", 10, "roundtrip: interleave the sequential paths in this many rounds")
-		warmup   = fs.Int("warmup", 200, "roundtrip: unmeasured operations per path first")
-		conc     = fs.Int("conc", 32, "roundtrip: devices in parallel for the concurrent variant (1 = none)")
-		concN    = fs.Int("conc-n", 20000, "roundtrip: operations per concurrent path")
-		fleets   = fs.String("fleets", "1,32", "roundtrip: comma-separated; run the concurrent variant with the devices split over this many sim.Fleets (an MQTT client + bbolt file each); the sequential one uses the first")
-		devices  = fs.Int("devices", 0, "locks: devices (default 1000); replay: devices (default 10); failover: devices (default 4); twins: devices on the agent, all changing at once in the throughput runs (default 1000)")
-		runs     = fs.Int("runs", 0, "locks, replay: repetitions (default 5, 3); failover: trials per lease_ttl and fault (default 3); twins: latency rounds per size (default 30)")
-		twSizes  = fs.String("twin-sizes", "1,100", "twins: devices changing at once in the latency rounds, comma-separated (at most --devices)")
-		twRuns   = fs.Int("twin-runs", 3, "twins: throughput runs (0: none)")
-		changes  = fs.Int("changes", 1, "twins: desired changes per device per throughput run (a stream; only the last must show in reported)")
-		twFleets = fs.Int("twin-fleets", 1, "twins: split the devices over this many sim.Fleets (an MQTT client + bbolt file each, commands handled one at a time per fleet)")
-		backlog  = fs.Int("backlog", 10000, "replay: commands queued while the broker is down")
-		cmdTO    = fs.Duration("cmd-timeout", 10*time.Second, "replay: the agent's command timeout (command.timeout)")
-		ttls     = fs.String("ttls", "2s,5s,10s", "failover: lease_ttl values, comma-separated (whole seconds, at least 2s)")
-		faults   = fs.String("faults", "kill,stop", "failover: kill (SIGKILL), stop (SIGSTOP, then SIGCONT once B took over) and/or term (SIGTERM: clean shutdown), comma-separated")
-		probes   = fs.Int("probes", 0, "failover: send the load to this many devices, spread over the list (0: every device)")
-		interval = fs.Duration("interval", 10*time.Millisecond, "failover: the load sends one command per device this often through B")
-		devsim   = fs.String("devsim-bin", "", "failover: the edgefence-devsim binary (default: go build it)")
-		sizes    = fs.String("sizes", "10,1000,10000", "rss: device counts, comma-separated")
-		rssDur   = fs.Duration("rss-duration", 60*time.Second, "rss: measure this long after the agent process started")
-		rssEvery = fs.Duration("rss-period", 60*time.Second, "rss: the load sends each device one command per period...")
-		rssMin   = fs.Float64("rss-min-rate", 5, "rss: ...but at least this many commands/s over all devices")
-		lcSizes  = fs.String("lc-sizes", "10,1000", "lifecycle: device counts, comma-separated")
-		rssConc  = fs.Int("rss-workers", 8, "rss: API clients sending the load concurrently")
-		agentBin = fs.String("agent-bin", "", "rss, failover: the edgefence binary (default: go build it from the module in the working directory)")
-		agentEnv = fs.String("agent-env", "", "rss: extra environment for the agent, comma-separated (e.g. GOGC=50,GODEBUG=gctrace=1; see --keep for its log)")
-		keep     = fs.Bool("keep", false, "keep the temp dir (logs, configs, data)")
-		cpuprof  = fs.String("cpuprofile", "", "write a CPU profile of this process (etcd, mochi, devices and the in-process agent) to FILE")
-	)
-	// Flags may come before or after the subcommand.
-	var what string
-	rest := args
-	for {
-		if err := fs.Parse(rest); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return 0
-			}
-			return 2
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		if what != "" {
-			fmt.Fprintf(stderr, "edgefence-bench: more than one benchmark given: %q and %q\n", what, fs.Arg(0))
-			return 2
-		}
-		what, rest = fs.Arg(0), fs.Args()[1:]
+	fs, f := newFlagSet(stderr)
+	what, code, ok := parseArgs(fs, args, stderr)
+	if !ok {
+		return code
 	}
-	switch what {
-	case "roundtrip", "locks", "rss", "all", "replay", "failover", "twins", "lifecycle":
-	case "":
-		fs.Usage()
-		return 2
-	default:
-		fmt.Fprintf(stderr, "edgefence-bench: unknown benchmark %q\n", what)
-		fs.Usage()
-		return 2
-	}
-	var brokerList []string
-	switch *brokers {
-	case "both":
-		brokerList = []string{brokerMochi, brokerMosquitto}
-	case brokerMochi, brokerMosquitto:
-		brokerList = []string{*brokers}
-	default:
-		fmt.Fprintf(stderr, "edgefence-bench: --broker %q: want mochi, mosquitto or both\n", *brokers)
-		return 2
-	}
-	sizeList, err := intList(*sizes)
-	if err != nil {
-		fmt.Fprintln(stderr, "edgefence-bench: --sizes:", err)
-		return 2
-	}
-	fleetList, err := intList(*fleets)
-	if err != nil {
-		fmt.Fprintln(stderr, "edgefence-bench: --fleets:", err)
-		return 2
-	}
-	lcSizeList, err := intList(*lcSizes)
-	if err != nil {
-		fmt.Fprintln(stderr, "edgefence-bench: --lc-sizes:", err)
-		return 2
-	}
-	twSizeList, err := intList(*twSizes)
-	if err != nil {
-		fmt.Fprintln(stderr, "edgefence-bench: --twin-sizes:", err)
-		return 2
-	}
-	// --devices and --runs have a default per benchmark.
 	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	if !set["devices"] {
-		*devices = map[string]int{"replay": 10, "failover": 4}[what]
-		if *devices == 0 {
-			*devices = 1000
-		}
-	}
-	if !set["runs"] {
-		*runs = map[string]int{"replay": 3, "failover": 3, "twins": 30, "lifecycle": 10}[what]
-		if *runs == 0 {
-			*runs = 5
-		}
-	}
-	if *n < 1 || *conc < 1 || *devices < 1 || *runs < 1 || *backlog < 1 || *changes < 1 || *twFleets < 1 {
-		fmt.Fprintln(stderr, "edgefence-bench: --n, --conc, --devices, --runs, --backlog, --changes and --twin-fleets must be at least 1")
-		return 2
-	}
-	if *twRuns < 0 {
-		fmt.Fprintln(stderr, "edgefence-bench: --twin-runs must not be negative")
-		return 2
-	}
-	if what == "twins" && slices.Max(twSizeList) > *devices {
-		fmt.Fprintf(stderr, "edgefence-bench: --twin-sizes: %d devices at once, but --devices is %d\n", slices.Max(twSizeList), *devices)
-		return 2
-	}
-	if *cmdTO <= 0 || *interval <= 0 || *rssDur <= 0 || *rssEvery <= 0 || *rssMin <= 0 || *rssConc < 1 {
-		fmt.Fprintln(stderr, "edgefence-bench: --cmd-timeout, --interval, --rss-duration, --rss-period, --rss-min-rate and --rss-workers must be positive")
-		return 2
-	}
-	ttlVals, err := ttlList(*ttls)
+	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	b, err := f.benches(what, set)
 	if err != nil {
-		fmt.Fprintln(stderr, "edgefence-bench: --ttls:", err)
+		fmt.Fprintln(stderr, "edgefence-bench:", err)
 		return 2
 	}
-	faultVals, err := faultList(*faults)
-	if err != nil {
-		fmt.Fprintln(stderr, "edgefence-bench: --faults:", err)
-		return 2
-	}
+	return b.run(ctx, stdout, stderr)
+}
 
+// run runs the benchmarks in a temp dir with one etcd and returns the exit
+// code: 1 if one failed.
+func (b *benches) run(ctx context.Context, stdout, stderr io.Writer) int {
 	dir, err := os.MkdirTemp("", "edgefence-bench-")
 	if err != nil {
 		fmt.Fprintln(stderr, "edgefence-bench:", err)
 		return 1
 	}
-	if *keep {
+	if b.keep {
 		fmt.Fprintln(stderr, "keeping", dir)
 	} else {
 		defer os.RemoveAll(dir)
 	}
-	if *cpuprof != "" {
-		f, err := os.Create(*cpuprof)
+	if b.cpuprof != "" {
+		stop, err := startCPUProfile(b.cpuprof)
 		if err != nil {
 			fmt.Fprintln(stderr, "edgefence-bench:", err)
 			return 1
 		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			fmt.Fprintln(stderr, "edgefence-bench:", err)
-			return 1
-		}
-		defer pprof.StopCPUProfile()
+		defer stop()
 	}
 
 	printMachine(stdout)
@@ -255,148 +128,120 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	defer etcd.Close()
-
-	all := what == "all"
-	failed := false
-	fail := func(err error) {
-		failed = true
-		fmt.Fprintln(stderr, "edgefence-bench:", err)
-	}
-	if what == "roundtrip" || all {
-		var bl []string
-		for _, b := range brokerList {
-			if b == brokerMosquitto && !haveMosquitto() {
-				fmt.Fprintf(stderr, "roundtrip: mosquitto not installed (%s): skipped; apt-get install mosquitto\n", sandbox.MosquittoPath)
-				continue
-			}
-			bl = append(bl, b)
-		}
-		res, err := runRoundTrip(ctx, etcd, rtConfig{Brokers: bl, N: *n, Rounds: *rounds, Warmup: *warmup, Conc: *conc,
-			ConcN: *concN, Fleets: fleetList, Dir: dir, Log: stderr})
-		printRoundTrip(stdout, res)
-		if err != nil {
-			fail(err)
-		}
-	}
-	if what == "locks" || all {
-		res, err := runLocks(ctx, etcd, locksConfig{N: *devices, Runs: *runs, Dir: dir, Log: stderr})
-		if err != nil {
-			fail(err)
-		} else {
-			printLocks(stdout, res)
-		}
-	}
-	if what == "rss" || all {
-		res, err := runRSS(ctx, etcd, rssConfig{Sizes: sizeList, AgentBin: *agentBin, Duration: *rssDur, Period: *rssEvery, MinRate: *rssMin,
-			Workers: *rssConc, Env: splitNonEmpty(*agentEnv), Dir: dir, Log: stderr})
-		if err != nil {
-			fail(err)
-		} else {
-			printRSS(stdout, res)
-		}
-	}
-	if what == "replay" {
-		res, err := runReplay(ctx, etcd, replayConfig{Devices: *devices, Backlog: *backlog, Runs: *runs, Timeout: *cmdTO, Dir: dir, Log: stderr})
-		if res != nil && len(res.Runs) > 0 {
-			printReplay(stdout, res)
-		}
-		if err != nil {
-			fail(err)
-		}
-		if res != nil {
-			for _, r := range res.Runs {
-				if r.Check != "" {
-					fail(fmt.Errorf("replay: %s", r.Check))
-				}
-			}
-		}
-	}
-	if what == "failover" {
-		res, err := runFailover(ctx, etcd, failoverConfig{Devices: *devices, TTLs: ttlVals, Trials: *runs, Faults: faultVals,
-			Interval: *interval, Probes: *probes, AgentBin: *agentBin, DevsimBin: *devsim, Dir: dir, Log: stderr})
-		if res != nil && len(res.Trials) > 0 {
-			printFailover(stdout, res)
-		}
-		if err != nil {
-			fail(err)
-		}
-	}
-	if what == "lifecycle" || all {
-		lcRuns := *runs
-		if all && !set["runs"] {
-			lcRuns = 10 // all's --runs default (5) is the locks benchmark's
-		}
-		res, err := runLifecycle(ctx, etcd, lifecycleConfig{Sizes: lcSizeList, Runs: lcRuns, AgentBin: *agentBin, Dir: dir, Log: stderr})
-		if res != nil && len(res.Sizes) > 0 {
-			printLifecycle(stdout, res)
-		}
-		if err != nil {
-			fail(err)
-		}
-	}
-	if what == "twins" {
-		res, err := runTwins(ctx, etcd, twinsConfig{Sizes: twSizeList, Rounds: *runs, Devices: *devices, Changes: *changes,
-			TPRuns: *twRuns, Fleets: *twFleets, Dir: dir, Log: stderr})
-		if res != nil && (len(res.Lat) > 0 || len(res.TP) > 0) {
-			printTwins(stdout, res)
-		}
-		if err != nil {
-			fail(err)
-		}
-	}
+	e := &benchEnv{etcd: etcd, dir: dir, stdout: stdout, stderr: stderr}
+	b.dispatch(ctx, e)
 	printLoad(stdout, "after")
-	if failed {
+	if e.failed {
 		return 1
 	}
 	return 0
 }
 
-// intList parses a comma-separated list of positive integers.
-func intList(s string) ([]int, error) {
-	var out []int
-	for _, f := range strings.Split(s, ",") {
-		v, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || v < 1 {
-			return nil, fmt.Errorf("bad count %q", f)
-		}
-		out = append(out, v)
+// startCPUProfile profiles this process into the file path until stop.
+func startCPUProfile(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
 	}
-	return out, nil
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }
 
-// ttlList parses a comma-separated list of lease TTLs: whole seconds, at
-// least agent.MinLeaseTTL.
-func ttlList(s string) ([]time.Duration, error) {
-	var out []time.Duration
-	for _, f := range strings.Split(s, ",") {
-		d, err := time.ParseDuration(strings.TrimSpace(f))
-		if err != nil || d < agent.MinLeaseTTL || d%time.Second != 0 {
-			return nil, fmt.Errorf("bad lease TTL %q: want whole seconds, at least %v", f, agent.MinLeaseTTL)
-		}
-		out = append(out, d)
-	}
-	return out, nil
+// benchEnv is what the benchmarks of one invocation share: one etcd, the
+// temp dir, the output (tables on stdout, progress and errors on stderr)
+// and whether one of them failed.
+type benchEnv struct {
+	etcd           *sandbox.Etcd
+	dir            string
+	stdout, stderr io.Writer
+	failed         bool
 }
 
-// faultList parses --faults.
-func faultList(s string) ([]string, error) {
+// fail reports err and marks the run failed.
+func (e *benchEnv) fail(err error) {
+	e.failed = true
+	fmt.Fprintln(e.stderr, "edgefence-bench:", err)
+}
+
+// dispatch runs the benchmarks b.what names, in order.
+func (b *benches) dispatch(ctx context.Context, e *benchEnv) {
+	b.setDir(e.dir, e.stderr)
+	all := b.what == "all"
+	if b.what == "roundtrip" || all {
+		b.rt.Brokers = installed(b.brokers, e.stderr)
+		res, err := runRoundTrip(ctx, e.etcd, b.rt)
+		show(e, res, err, true, printRoundTrip)
+	}
+	if b.what == "locks" || all {
+		res, err := runLocks(ctx, e.etcd, b.locks)
+		show(e, res, err, res != nil, printLocks)
+	}
+	if b.what == "rss" || all {
+		res, err := runRSS(ctx, e.etcd, b.rss)
+		show(e, res, err, res != nil, printRSS)
+	}
+	if b.what == "replay" {
+		res, err := runReplay(ctx, e.etcd, b.replay)
+		show(e, res, err, res != nil && len(res.Runs) > 0, printReplay)
+		if res != nil {
+			for _, r := range res.Runs {
+				if r.Check != "" {
+					e.fail(fmt.Errorf("replay: %s", r.Check))
+				}
+			}
+		}
+	}
+	if b.what == "failover" {
+		res, err := runFailover(ctx, e.etcd, b.failover)
+		show(e, res, err, res != nil && len(res.Trials) > 0, printFailover)
+	}
+	if b.what == "lifecycle" || all {
+		res, err := runLifecycle(ctx, e.etcd, b.lifecycle)
+		show(e, res, err, res != nil && len(res.Sizes) > 0, printLifecycle)
+	}
+	if b.what == "twins" {
+		res, err := runTwins(ctx, e.etcd, b.twins)
+		show(e, res, err, res != nil && (len(res.Lat) > 0 || len(res.TP) > 0), printTwins)
+	}
+}
+
+// setDir gives every benchmark the temp dir and the progress log.
+func (b *benches) setDir(dir string, log io.Writer) {
+	b.rt.Dir, b.rt.Log = dir, log
+	b.locks.Dir, b.locks.Log = dir, log
+	b.rss.Dir, b.rss.Log = dir, log
+	b.replay.Dir, b.replay.Log = dir, log
+	b.failover.Dir, b.failover.Log = dir, log
+	b.lifecycle.Dir, b.lifecycle.Log = dir, log
+	b.twins.Dir, b.twins.Log = dir, log
+}
+
+// show prints a benchmark's result res with print if ok (it holds
+// something to print), then fails the run on err.
+func show[R any](e *benchEnv, res R, err error, ok bool, print func(io.Writer, R)) {
+	if ok {
+		print(e.stdout, res)
+	}
+	if err != nil {
+		e.fail(err)
+	}
+}
+
+// installed returns brokers without Mosquitto if it is not installed,
+// saying so on stderr.
+func installed(brokers []string, stderr io.Writer) []string {
 	var out []string
-	for _, f := range strings.Split(s, ",") {
-		switch f = strings.TrimSpace(f); f {
-		case faultKill, faultStop, faultTerm:
-			out = append(out, f)
-		default:
-			return nil, fmt.Errorf("bad fault %q: want %s, %s or %s", f, faultKill, faultStop, faultTerm)
+	for _, b := range brokers {
+		if b == brokerMosquitto && !haveMosquitto() {
+			fmt.Fprintf(stderr, "roundtrip: mosquitto not installed (%s): skipped; apt-get install mosquitto\n", sandbox.MosquittoPath)
+			continue
 		}
+		out = append(out, b)
 	}
-	return out, nil
-}
-
-func splitNonEmpty(s string) []string {
-	if s == "" {
-		return nil
-	}
-	return strings.Split(s, ",")
+	return out
 }
 
 func haveMosquitto() bool {

@@ -96,78 +96,130 @@ func replayOnce(ctx context.Context, etcd *sandbox.Etcd, cfg replayConfig, dir s
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return run, err
 	}
-	br, err := sandbox.StartBroker(sandbox.BrokerConfig{})
-	if err != nil {
+	w := &replayWorld{cfg: cfg, devs: deviceIDs("rp-", cfg.Devices)}
+	if w.br, err = sandbox.StartBroker(sandbox.BrokerConfig{}); err != nil {
 		return run, err
 	}
-	defer br.Close()
-	devs := deviceIDs("rp-", cfg.Devices)
-	topics := mqtt.Topics{Prefix: "replay"}
+	defer w.br.Close()
 	// The MQTT clients reconnect with the transport's default backoff, as
 	// the agent and devices do in production; the devices with a fresh
 	// session (the sandbox broker keeps none across a restart anyway).
 	fresh := mqtt.Config{CleanStart: true, SessionExpiry: -1}
-	fleet, err := sim.NewFleet(ctx, sim.FleetConfig{Devices: devs, DataDir: filepath.Join(dir, "devices"), Broker: br.URL(),
-		Prefix: topics.Prefix, ClientID: "bench-replay-fleet-" + filepath.Base(dir), MQTT: fresh})
-	if err != nil {
+	if w.fleet, err = sim.NewFleet(ctx, sim.FleetConfig{Devices: w.devs, DataDir: filepath.Join(dir, "devices"), Broker: w.br.URL(),
+		Prefix: replayPrefix, ClientID: "bench-replay-fleet-" + filepath.Base(dir), MQTT: fresh}); err != nil {
 		return run, err
 	}
-	defer closeCtx(fleet.Close)
-	if err := awaitCtx(ctx, 10*time.Second, fleet.AwaitReady); err != nil {
+	defer closeCtx(w.fleet.Close)
+	if err := awaitCtx(ctx, 10*time.Second, w.fleet.AwaitReady); err != nil {
 		return run, fmt.Errorf("fleet: %w", err)
 	}
-	// The agent as `edgefence run` builds it (agent/daemon), its outbox
-	// limits raised to hold the backlog whatever its spread.
-	acfg := agentConfig("bench-replay-"+filepath.Base(dir), filepath.Join(dir, "agent"), etcd, br.URL(), devs)
-	acfg.MQTT.Prefix, acfg.Command.Timeout = topics.Prefix, cfg.Timeout
-	acfg.Outbox = agent.OutboxConfig{MaxPerDevice: max(cfg.Backlog, offline.DefaultMaxPerDevice), MaxTotal: max(cfg.Backlog, offline.DefaultMaxTotal),
-		MaxBytesPerDevice: 1 << 30, MaxTotalBytes: 1 << 30}
-	var sender *ackLog
-	ag, err := startAgent(ctx, acfg, daemon.Options{Sender: func(c *mqtt.Commander) agent.Sender {
-		sender = &ackLog{Commander: c}
-		return sender
-	}})
+	if err := w.startAgent(ctx, etcd, dir); err != nil {
+		return run, err
+	}
+	defer func() { _ = w.ag.stop() }()
+	if err := awaitCtx(ctx, 10*time.Second, w.sender.Client().AwaitSubscribed); err != nil {
+		return run, fmt.Errorf("commander: %w", err)
+	}
+	if err := waitHoldingAll(ctx, w.ag, len(w.devs), 30*time.Second); err != nil {
+		return run, err
+	}
+	if err := w.outage(ctx); err != nil {
+		return run, err
+	}
+	run.Enqueue, err = w.enqueueBacklog(ctx)
 	if err != nil {
 		return run, err
 	}
-	defer func() { _ = ag.stop() }()
-	cmdr := sender.Commander
-	if err := awaitCtx(ctx, 10*time.Second, cmdr.Client().AwaitSubscribed); err != nil {
-		return run, fmt.Errorf("commander: %w", err)
+	run.EnqueueRate = float64(cfg.Backlog) / run.Enqueue.Seconds()
+	if st := w.ag.Status().Counters; st.Accepted != 0 || st.Queued != uint64(cfg.Backlog) {
+		return run, fmt.Errorf("before the broker is back: %d accepted, %d queued of %d", st.Accepted, st.Queued, cfg.Backlog)
 	}
-	if err := waitHoldingAll(ctx, ag, len(devs), 30*time.Second); err != nil {
+	fmt.Fprintf(cfg.Log, "replay: queued %d in %s ms (%.0f/s); broker back\n", cfg.Backlog, ms(run.Enqueue), run.EnqueueRate)
+	if err := w.timeReplay(ctx, &run); err != nil {
 		return run, err
 	}
+	// The outbox's records, read once the agent has closed it.
+	if err := w.ag.stop(); err != nil {
+		return run, err
+	}
+	ob, err := offline.Open(filepath.Join(w.acfg.StateDir, offline.File), &offline.Options{ReadOnly: true})
+	if err != nil {
+		return run, err
+	}
+	defer ob.Close()
+	if run.Verdicts, err = checkReplay(ob, w.fleet, w.sender, w.devs, cfg.Backlog); err != nil {
+		run.Check = err.Error()
+		fmt.Fprintln(cfg.Log, "replay:", err)
+	}
+	return run, nil
+}
 
-	// The outage: no broker; the agent queues.
-	if err := br.Stop(); err != nil {
-		return run, err
+// replayPrefix is the replay benchmark's MQTT topic prefix.
+const replayPrefix = "replay"
+
+// replayWorld is one replay run's world: a broker, the devices on one
+// sim.Fleet, the agent and the ack log that is its Sender.
+type replayWorld struct {
+	cfg    replayConfig
+	devs   []string
+	br     *sandbox.Broker
+	fleet  *sim.Fleet
+	acfg   *agent.Config
+	ag     *benchAgent
+	sender *ackLog
+}
+
+// startAgent starts the agent as `edgefence run` builds it (agent/daemon),
+// its state under dir/agent and its outbox limits raised to hold the
+// backlog whatever its spread. Stop it with w.ag.stop.
+func (w *replayWorld) startAgent(ctx context.Context, etcd *sandbox.Etcd, dir string) (err error) {
+	w.acfg = agentConfig("bench-replay-"+filepath.Base(dir), filepath.Join(dir, "agent"), etcd, w.br.URL(), w.devs)
+	w.acfg.MQTT.Prefix, w.acfg.Command.Timeout = replayPrefix, w.cfg.Timeout
+	w.acfg.Outbox = agent.OutboxConfig{MaxPerDevice: max(w.cfg.Backlog, offline.DefaultMaxPerDevice), MaxTotal: max(w.cfg.Backlog, offline.DefaultMaxTotal),
+		MaxBytesPerDevice: 1 << 30, MaxTotalBytes: 1 << 30}
+	w.ag, err = startAgent(ctx, w.acfg, daemon.Options{Sender: func(c *mqtt.Commander) agent.Sender {
+		w.sender = &ackLog{Commander: c}
+		return w.sender
+	}})
+	return err
+}
+
+// outage stops the broker and waits for the agent's MQTT client to see it.
+func (w *replayWorld) outage(ctx context.Context) error {
+	if err := w.br.Stop(); err != nil {
+		return err
 	}
-	for down := time.Now(); cmdr.Connected(); time.Sleep(time.Millisecond) {
+	for down := time.Now(); w.sender.Connected(); time.Sleep(time.Millisecond) {
 		if ctx.Err() != nil {
-			return run, ctx.Err()
+			return ctx.Err()
 		}
 		if time.Since(down) > 10*time.Second {
-			return run, errors.New("the agent's MQTT client still connected 10s after the broker stopped")
+			return errors.New("the agent's MQTT client still connected 10s after the broker stopped")
 		}
 	}
+	return nil
+}
+
+// enqueueBacklog queues cfg.Backlog commands, spread over the devices, and
+// returns how long the appends took. One producer per device, each
+// queueing its share in order: the appends themselves are serialized by
+// the outbox (one fsynced bbolt commit each).
+func (w *replayWorld) enqueueBacklog(ctx context.Context) (time.Duration, error) {
 	bodies := make([][]byte, 5)
 	for i := range bodies {
+		var err error
 		if bodies[i], err = fence.EncodeBody(map[string]any{"setpoint": 18 + i}); err != nil {
-			return run, err
+			return 0, err
 		}
 	}
-	// One producer per device, each queueing its share in order: the
-	// appends themselves are serialized by the outbox (one fsynced bbolt
-	// commit each).
-	errs := make([]error, len(devs))
+	errs := make([]error, len(w.devs))
 	var wg sync.WaitGroup
 	start := time.Now()
-	for j, d := range devs {
-		n := cfg.Backlog/len(devs) + btoi(j < cfg.Backlog%len(devs))
+	for j, d := range w.devs {
+		n := w.cfg.Backlog/len(w.devs) + btoi(j < w.cfg.Backlog%len(w.devs))
 		wg.Go(func() {
 			for k := range n {
-				if _, err := ag.Enqueue(ctx, d, sim.KindSet, bodies[k%len(bodies)]); err != nil {
+				if _, err := w.ag.Enqueue(ctx, d, sim.KindSet, bodies[k%len(bodies)]); err != nil {
 					errs[j] = fmt.Errorf("enqueue %d to %s: %w", k, d, err)
 					return
 				}
@@ -175,77 +227,59 @@ func replayOnce(ctx context.Context, etcd *sandbox.Etcd, cfg replayConfig, dir s
 		})
 	}
 	wg.Wait()
-	run.Enqueue = time.Since(start)
-	if err := errors.Join(errs...); err != nil {
-		return run, err
-	}
-	run.EnqueueRate = float64(cfg.Backlog) / run.Enqueue.Seconds()
-	if st := ag.Status().Counters; st.Accepted != 0 || st.Queued != uint64(cfg.Backlog) {
-		return run, fmt.Errorf("before the broker is back: %d accepted, %d queued of %d", st.Accepted, st.Queued, cfg.Backlog)
-	}
-	fmt.Fprintf(cfg.Log, "replay: queued %d in %s ms (%.0f/s); broker back\n", cfg.Backlog, ms(run.Enqueue), run.EnqueueRate)
+	return time.Since(start), errors.Join(errs...)
+}
 
-	// The broker is back: time the reconnections and the replay.
-	if err := br.Start(ctx); err != nil {
-		return run, err
+// timeReplay starts the broker again and times the reconnections and the
+// replay, until every queued command is terminal.
+func (w *replayWorld) timeReplay(ctx context.Context, run *replayRun) error {
+	if err := w.br.Start(ctx); err != nil {
+		return err
 	}
 	back := time.Now()
 	var cmdrUp, fleetUp atomic.Int64
-	var wg2 sync.WaitGroup
+	var wg sync.WaitGroup
 	wctx, wcancel := context.WithCancel(ctx)
-	defer func() { wcancel(); wg2.Wait() }()
-	for _, w := range []struct {
+	defer func() { wcancel(); wg.Wait() }()
+	for _, up := range []struct {
 		f  func(context.Context) error
 		at *atomic.Int64
-	}{{cmdr.Client().AwaitSubscribed, &cmdrUp}, {fleet.AwaitReady, &fleetUp}} {
-		wg2.Go(func() {
-			if w.f(wctx) == nil {
-				w.at.Store(int64(time.Since(back)))
+	}{{w.sender.Client().AwaitSubscribed, &cmdrUp}, {w.fleet.AwaitReady, &fleetUp}} {
+		wg.Go(func() {
+			if up.f(wctx) == nil {
+				up.at.Store(int64(time.Since(back)))
 			}
 		})
 	}
-	limit := 2*time.Minute + time.Duration(cfg.Backlog)*10*time.Millisecond
+	limit := 2*time.Minute + time.Duration(w.cfg.Backlog)*10*time.Millisecond
 	for {
-		c := ag.Status().Counters
+		c := w.ag.Status().Counters
 		if run.FirstAccepted == 0 && c.Accepted > 0 {
 			run.FirstAccepted = time.Since(back)
 		}
-		if c.Accepted+c.Duplicate+c.Stale+c.Invalid+c.Expired >= uint64(cfg.Backlog) {
+		if c.Accepted+c.Duplicate+c.Stale+c.Invalid+c.Expired >= uint64(w.cfg.Backlog) {
 			run.Done = time.Since(back)
 			run.Resent, run.NoAck = c.Resent, c.NoAck
 			break
 		}
 		if time.Since(back) > limit {
-			return run, fmt.Errorf("after %v: %d of %d terminal (%+v)", limit, c.Accepted+c.Duplicate+c.Stale+c.Invalid+c.Expired, cfg.Backlog, c)
+			return fmt.Errorf("after %v: %d of %d terminal (%+v)", limit, c.Accepted+c.Duplicate+c.Stale+c.Invalid+c.Expired, w.cfg.Backlog, c)
 		}
 		if ctx.Err() != nil {
-			return run, ctx.Err()
+			return ctx.Err()
 		}
 		time.Sleep(time.Millisecond)
 	}
 	wcancel()
-	wg2.Wait()
+	wg.Wait()
 	run.CmdrUp, run.FleetUp = time.Duration(cmdrUp.Load()), time.Duration(fleetUp.Load())
-	if f := sender.first.Load(); f != 0 {
+	if f := w.sender.first.Load(); f != 0 {
 		run.FirstAck = time.Unix(0, f).Sub(back)
 	}
 	if d := run.Done - run.FirstAccepted; d > 0 {
-		run.ReplayRate = float64(cfg.Backlog) / d.Seconds()
+		run.ReplayRate = float64(w.cfg.Backlog) / d.Seconds()
 	}
-	// The outbox's records, read once the agent has closed it.
-	if err := ag.stop(); err != nil {
-		return run, err
-	}
-	ob, err := offline.Open(filepath.Join(acfg.StateDir, offline.File), &offline.Options{ReadOnly: true})
-	if err != nil {
-		return run, err
-	}
-	defer ob.Close()
-	if run.Verdicts, err = checkReplay(ob, fleet, sender, devs, cfg.Backlog); err != nil {
-		run.Check = err.Error()
-		fmt.Fprintln(cfg.Log, "replay:", err)
-	}
-	return run, nil
+	return nil
 }
 
 // checkReplay checks that every queued command ended accepted, exactly once,

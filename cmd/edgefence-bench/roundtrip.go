@@ -124,28 +124,13 @@ func newRTWorld(ctx context.Context, etcd *sandbox.Etcd, name, dir string, fleet
 		return nil, err
 	}
 	topics := mqtt.Topics{Prefix: "bench"}
-	// A fresh MQTT session for every client: nothing queued from earlier runs.
-	fresh := mqtt.Config{CleanStart: true, SessionExpiry: -1}
 
 	// The simulated devices: the real shim (bbolt, fsync per accepted
-	// command) behind sim.Fleet, devices split round-robin over Fleets.
+	// command) behind sim.Fleet, devices split round-robin over Fleets,
+	// each with a fresh MQTT session (nothing queued from earlier runs).
 	nf := min(max(fleets, 1), len(w.devices))
-	parts := make([][]string, nf)
-	for i, d := range w.devices {
-		parts[i%nf] = append(parts[i%nf], d)
-	}
-	for i, p := range parts {
-		f, err := sim.NewFleet(ctx, sim.FleetConfig{Devices: p, DataDir: filepath.Join(dir, fmt.Sprintf("fleet-%d", i)),
-			Broker: w.broker.url, Prefix: topics.Prefix, ClientID: fmt.Sprintf("bench-fleet-%s-%d", name, i), MQTT: fresh})
-		if err != nil {
-			return nil, err
-		}
-		w.fleets = append(w.fleets, f)
-	}
-	for _, f := range w.fleets {
-		if err := awaitCtx(ctx, 10*time.Second, f.AwaitReady); err != nil {
-			return nil, fmt.Errorf("fleet: %w", err)
-		}
+	if w.fleets, err = startFleets(ctx, dir, w.broker.url, topics.Prefix, "bench-fleet-"+name, w.devices, nf); err != nil {
+		return nil, err
 	}
 
 	// The agent, built and run as `edgefence run` runs it (agent/daemon):

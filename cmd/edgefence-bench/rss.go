@@ -148,6 +148,9 @@ func countLockKeys(ctx context.Context, cli *clientv3.Client, prefix string) (in
 	return n, nil
 }
 
+// measureAgentRSS starts an agent subprocess with n devices, waits for it
+// to hold them all, loads it until cfg.Duration after its start and
+// measures its memory along the way.
 func measureAgentRSS(ctx context.Context, etcd *sandbox.Etcd, cli *clientv3.Client, br *broker, n int, cfg rssConfig) (rssRow, error) {
 	row := rssRow{Devices: n, Rate: rssRate(n, cfg.Period, cfg.MinRate)}
 	dir := filepath.Join(cfg.Dir, fmt.Sprintf("rss-%d", n))
@@ -167,10 +170,74 @@ func measureAgentRSS(ctx context.Context, etcd *sandbox.Etcd, cli *clientv3.Clie
 	if err != nil {
 		return row, err
 	}
-	metricsAddr := fmt.Sprintf("127.0.0.1:%d", mport)
+	ac := rssAgentConfig{n: n, dir: dir, etcd: etcd.Endpoint(), broker: br.url, prefix: prefix, devs: devs,
+		sock: filepath.Join(dir, "agent.sock"), metrics: fmt.Sprintf("127.0.0.1:%d", mport),
+		etcdPrefix: fmt.Sprintf("/bench/rss-%d-%d", n, time.Now().UnixNano())}
+	cpath := filepath.Join(dir, "edgefence.yaml")
+	if err := ac.write(cpath); err != nil {
+		return row, err
+	}
+	p, err := startRSSProc(cfg.AgentBin, cpath, cfg.Env, filepath.Join(dir, "agent.log"))
+	if err != nil {
+		return row, err
+	}
+	defer p.stop()
+	// Sample VmRSS every 5 ms to find when the peak happens.
+	peak := samplePeak(p.pid, p.start)
+	defer peak.stop()
 
-	sock := filepath.Join(dir, "agent.sock")
-	etcdPrefix := fmt.Sprintf("/bench/rss-%d-%d", n, time.Now().UnixNano())
+	// All held: every lock key in etcd (polled there, not through the
+	// agent's status, which would allocate in the agent).
+	end := p.start.Add(cfg.Duration)
+	if row.Held, err = p.awaitHeld(ctx, cli, ac.etcdPrefix, n, p.start.Add(max(cfg.Duration, 120*time.Second))); err != nil {
+		return row, err
+	}
+	cpuHeld, heldAt := readProcCPU(p.pid), time.Now()
+	if row.AtHeld, err = readProcMem(p.pid); err != nil {
+		return row, err
+	}
+	if !time.Now().Before(end) {
+		return row, fmt.Errorf("all %d devices held only after %v, beyond --rss-duration %v", n, row.Held, cfg.Duration)
+	}
+	// The load until the end: one command per device per Period (at least
+	// MinRate/s), round robin over the devices, sent through the agent's
+	// API socket by Workers clients as the tick comes.
+	load := startRSSLoad(agent.NewAPIClient(ac.sock), cfg.Workers, cfg.Log)
+	row.LoadFor = time.Until(end)
+	row.Sent = load.run(ctx, end, devs, row.Rate)
+	if since := time.Since(heldAt); since > 0 {
+		row.CPU = 100 * (readProcCPU(p.pid) - cpuHeld).Seconds() / since.Seconds()
+	}
+	if row.AtEnd, err = readProcMem(p.pid); err != nil {
+		return row, err
+	}
+	row.Threads = readThreads(p.pid)
+	row.Peak, row.PeakAt = peak.stop()
+	var lat []time.Duration
+	row.Accepted, row.Other, lat = load.finish()
+	s := summarize(lat)
+	row.SendP50, row.SendP99 = s.P50, s.P99
+	// The Go runtime's view, scraped once the figures above are read.
+	if g, err := scrapeGoMem(ctx, "http://"+ac.metrics+"/metrics"); err == nil {
+		row.Go = g
+	} else {
+		fmt.Fprintln(cfg.Log, "rss: /metrics:", err)
+	}
+	return row, nil
+}
+
+// rssAgentConfig is the config of the rss benchmark's agent with n
+// devices: its state under dir, API socket sock, metrics on metrics, MQTT
+// and etcd prefixes of its own.
+type rssAgentConfig struct {
+	n                         int
+	dir, etcd, broker, prefix string
+	sock, metrics, etcdPrefix string
+	devs                      []string
+}
+
+// write writes the config file to path.
+func (c rssAgentConfig) write(path string) error {
 	var conf strings.Builder
 	fmt.Fprintf(&conf, `gateway: bench-rss-%d
 state_dir: %s
@@ -192,175 +259,194 @@ log:
   level: warn
   format: text
 devices:
-`, n, filepath.Join(dir, "state"), etcd.Endpoint(), etcdPrefix, br.url, prefix, n, sock, metricsAddr)
-	for _, d := range devs {
+`, c.n, filepath.Join(c.dir, "state"), c.etcd, c.etcdPrefix, c.broker, c.prefix, c.n, c.sock, c.metrics)
+	for _, d := range c.devs {
 		fmt.Fprintf(&conf, "  - id: %s\n", d)
 	}
-	cpath := filepath.Join(dir, "edgefence.yaml")
-	if err := os.WriteFile(cpath, []byte(conf.String()), 0o600); err != nil {
-		return row, err
-	}
-	logf, err := os.Create(filepath.Join(dir, "agent.log"))
+	return os.WriteFile(path, []byte(conf.String()), 0o600)
+}
+
+// rssProc is the rss benchmark's agent subprocess.
+type rssProc struct {
+	pid    int
+	start  time.Time // exec
+	logf   *os.File
+	cmd    *exec.Cmd
+	exited chan error // receives Wait's error; put back by whoever takes it
+}
+
+// startRSSProc runs `bin run --config cpath` with env added, its output in
+// logPath.
+func startRSSProc(bin, cpath string, env []string, logPath string) (*rssProc, error) {
+	logf, err := os.Create(logPath)
 	if err != nil {
-		return row, err
+		return nil, err
 	}
-	defer logf.Close()
-	cmd := exec.Command(cfg.AgentBin, "run", "--config", cpath)
+	cmd := exec.Command(bin, "run", "--config", cpath)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.Env = append(os.Environ(), cfg.Env...)
+	cmd.Env = append(os.Environ(), env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	start := time.Now()
 	if err := cmd.Start(); err != nil {
-		return row, err
+		logf.Close()
+		return nil, err
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	defer func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(30 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
+	p := &rssProc{pid: cmd.Process.Pid, start: start, logf: logf, cmd: cmd, exited: make(chan error, 1)}
+	go func() { p.exited <- cmd.Wait() }()
+	return p, nil
+}
+
+// stop sends SIGTERM, kills the agent if it has not exited 30 s later,
+// and closes its log.
+func (p *rssProc) stop() {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.exited:
+	case <-time.After(30 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.exited
+	}
+	p.logf.Close()
+}
+
+// awaitHeld polls etcd until all n lock keys under etcdPrefix exist and
+// returns the time from the start; it fails at deadline or if the agent
+// exits.
+func (p *rssProc) awaitHeld(ctx context.Context, cli *clientv3.Client, etcdPrefix string, n int, deadline time.Time) (time.Duration, error) {
+	for {
+		if k, err := countLockKeys(ctx, cli, etcdPrefix); err == nil && k >= n {
+			return time.Since(p.start), nil
 		}
-	}()
-	pid := cmd.Process.Pid
-	// Sample VmRSS every 5 ms to find when the peak happens.
-	stopSampler := make(chan struct{})
-	sampled := make(chan struct{})
+		select {
+		case err := <-p.exited:
+			p.exited <- err
+			return 0, fmt.Errorf("agent exited: %v (log %s)", err, p.logf.Name())
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return 0, fmt.Errorf("agent does not hold all %d devices after %v (log %s)", n, deadline.Sub(p.start), p.logf.Name())
+		}
+	}
+}
+
+// peakSampler samples a process's VmRSS every 5 ms and keeps the highest.
+type peakSampler struct {
+	halt    chan struct{}
+	sampled chan struct{}
+	peak    int64         // KiB
+	at      time.Duration // after start
+}
+
+func samplePeak(pid int, start time.Time) *peakSampler {
+	s := &peakSampler{halt: make(chan struct{}), sampled: make(chan struct{})}
 	go func() {
-		defer close(sampled)
+		defer close(s.sampled)
 		t := time.NewTicker(5 * time.Millisecond)
 		defer t.Stop()
 		for {
-			if m, err := readProcMem(pid); err == nil && m.VmRSS > row.Peak {
-				row.Peak, row.PeakAt = m.VmRSS, time.Since(start)
+			if m, err := readProcMem(pid); err == nil && m.VmRSS > s.peak {
+				s.peak, s.at = m.VmRSS, time.Since(start)
 			}
 			select {
-			case <-stopSampler:
+			case <-s.halt:
 				return
 			case <-t.C:
 			}
 		}
 	}()
-	defer func() {
-		select {
-		case <-stopSampler:
-		default:
-			close(stopSampler)
-			<-sampled
-		}
-	}()
+	return s
+}
 
-	// All held: every lock key in etcd (polled there, not through the
-	// agent's status, which would allocate in the agent).
-	end := start.Add(cfg.Duration)
-	deadline := start.Add(max(cfg.Duration, 120*time.Second))
-	for {
-		if k, err := countLockKeys(ctx, cli, etcdPrefix); err == nil && k >= n {
-			row.Held = time.Since(start)
-			break
-		}
-		select {
-		case err := <-exited:
-			exited <- err
-			return row, fmt.Errorf("agent exited: %v (log %s)", err, logf.Name())
-		case <-ctx.Done():
-			return row, ctx.Err()
-		case <-time.After(20 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			return row, fmt.Errorf("agent does not hold all %d devices after %v (log %s)", n, deadline.Sub(start), logf.Name())
-		}
+// stop ends the sampling (once; later calls only read) and returns the
+// peak VmRSS and when it was sampled.
+func (s *peakSampler) stop() (kib int64, at time.Duration) {
+	select {
+	case <-s.halt:
+	default:
+		close(s.halt)
 	}
-	cpuHeld, heldAt := readProcCPU(pid), time.Now()
-	if row.AtHeld, err = readProcMem(pid); err != nil {
-		return row, err
-	}
-	if !time.Now().Before(end) {
-		return row, fmt.Errorf("all %d devices held only after %v, beyond --rss-duration %v", n, row.Held, cfg.Duration)
-	}
-	// The load until the end: one command per device per Period (at least
-	// MinRate/s), round robin over the devices, sent through the agent's
-	// API socket by Workers clients as the tick comes.
-	api := agent.NewAPIClient(sock)
-	lctx, lcancel := context.WithDeadline(ctx, end)
-	defer lcancel()
-	type answer struct {
-		ok  bool
-		lat time.Duration
-	}
-	jobs := make(chan string, cfg.Workers)
-	answers := make(chan answer, 1024)
-	var wg sync.WaitGroup
-	for range cfg.Workers {
-		wg.Go(func() {
-			for d := range jobs {
+	<-s.sampled
+	return s.peak, s.at
+}
+
+// rssLoad sends set commands through the agent's API, one per device
+// name on jobs, with a fixed number of workers, and collects the answers.
+type rssLoad struct {
+	jobs      chan string
+	answers   chan rssAnswer
+	workers   sync.WaitGroup
+	collected chan struct{}
+	accepted  int
+	other     int
+	lat       []time.Duration // send → accepted
+}
+
+type rssAnswer struct {
+	ok  bool
+	lat time.Duration
+}
+
+func startRSSLoad(api *agent.APIClient, workers int, log io.Writer) *rssLoad {
+	l := &rssLoad{jobs: make(chan string, workers), answers: make(chan rssAnswer, 1024), collected: make(chan struct{})}
+	for range workers {
+		l.workers.Go(func() {
+			for d := range l.jobs {
 				t0 := time.Now()
 				r, err := api.Send(context.Background(), d, sim.KindSet, json.RawMessage(`{"setpoint": 21}`))
-				a := answer{ok: err == nil && r != nil && r.Verdict == "accepted", lat: time.Since(t0)}
+				a := rssAnswer{ok: err == nil && r != nil && r.Verdict == "accepted", lat: time.Since(t0)}
 				if !a.ok {
-					fmt.Fprintf(cfg.Log, "rss: send to %s: %+v %v\n", d, r, err)
+					fmt.Fprintf(log, "rss: send to %s: %+v %v\n", d, r, err)
 				}
-				answers <- a
+				l.answers <- a
 			}
 		})
 	}
-	var lat []time.Duration
-	collected := make(chan struct{})
 	go func() {
-		defer close(collected)
-		for a := range answers {
+		defer close(l.collected)
+		for a := range l.answers {
 			if a.ok {
-				row.Accepted++
-				lat = append(lat, a.lat)
+				l.accepted++
+				l.lat = append(l.lat, a.lat)
 			} else {
-				row.Other++
+				l.other++
 			}
 		}
 	}()
-	row.LoadFor = time.Until(end)
-	every := time.Duration(float64(time.Second) / row.Rate)
-	tick := time.NewTicker(every)
-	next := 0
-load:
+	return l
+}
+
+// run hands the workers one command per tick at rate per second, round
+// robin over devs, until end, and returns how many it handed out.
+func (l *rssLoad) run(ctx context.Context, end time.Time, devs []string, rate float64) (sent int) {
+	lctx, lcancel := context.WithDeadline(ctx, end)
+	defer lcancel()
+	tick := time.NewTicker(time.Duration(float64(time.Second) / rate))
+	defer tick.Stop()
 	for {
 		select {
 		case <-lctx.Done():
-			break load
+			return sent
 		case <-tick.C:
 		}
 		select {
-		case jobs <- devs[next%n]:
-			row.Sent++
-			next++
+		case l.jobs <- devs[sent%len(devs)]:
+			sent++
 		case <-lctx.Done():
-			break load
+			return sent
 		}
 	}
-	tick.Stop()
-	if since := time.Since(heldAt); since > 0 {
-		row.CPU = 100 * (readProcCPU(pid) - cpuHeld).Seconds() / since.Seconds()
-	}
-	if row.AtEnd, err = readProcMem(pid); err != nil {
-		return row, err
-	}
-	row.Threads = readThreads(pid)
-	close(stopSampler)
-	<-sampled
-	close(jobs)
-	wg.Wait()
-	close(answers)
-	<-collected
-	s := summarize(lat)
-	row.SendP50, row.SendP99 = s.P50, s.P99
-	// The Go runtime's view, scraped once the figures above are read.
-	if g, err := scrapeGoMem(ctx, "http://"+metricsAddr+"/metrics"); err == nil {
-		row.Go = g
-	} else {
-		fmt.Fprintln(cfg.Log, "rss: /metrics:", err)
-	}
-	return row, nil
+}
+
+// finish waits for the commands handed out and returns the answers:
+// accepted, other, and the latencies of the accepted ones.
+func (l *rssLoad) finish() (accepted, other int, lat []time.Duration) {
+	close(l.jobs)
+	l.workers.Wait()
+	close(l.answers)
+	<-l.collected
+	return l.accepted, l.other, l.lat
 }
 
 // scrapeGoMem reads the go_memstats and go_goroutines lines of a

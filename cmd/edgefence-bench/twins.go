@@ -20,7 +20,6 @@ import (
 	"github.com/edgefence/edgefence/agent"
 	"github.com/edgefence/edgefence/agent/daemon"
 	"github.com/edgefence/edgefence/devices/sandbox"
-	"github.com/edgefence/edgefence/devices/sim"
 	"github.com/edgefence/edgefence/fence"
 	"github.com/edgefence/edgefence/shadow"
 	"github.com/edgefence/edgefence/transport/mqtt"
@@ -309,194 +308,43 @@ func runTwins(ctx context.Context, etcd *sandbox.Etcd, cfg twinsConfig) (*twinsR
 		return res, err
 	}
 	defer br.Close()
-	devs := deviceIDs("tw-", cfg.Devices)
-	topics := mqtt.Topics{Prefix: "twins"}
-	fresh := mqtt.Config{CleanStart: true, SessionExpiry: -1}
-	var fleets []*sim.Fleet
-	defer func() {
-		for _, f := range fleets {
-			closeCtx(f.Close)
-		}
-	}()
-	for i := range nf {
-		var part []string
-		for j := i; j < len(devs); j += nf {
-			part = append(part, devs[j])
-		}
-		f, err := sim.NewFleet(ctx, sim.FleetConfig{Devices: part, DataDir: filepath.Join(dir, fmt.Sprintf("fleet-%d", i)), Broker: br.URL(),
-			Prefix: topics.Prefix, ClientID: fmt.Sprintf("bench-twins-fleet-%d", i), MQTT: fresh})
+	w := &twinsWorld{cfg: cfg, devs: deviceIDs("tw-", cfg.Devices), obs: newTwinObserver(), counter: &reqCounter{}}
+	fleets, err := startFleets(ctx, dir, br.URL(), "twins", "bench-twins-fleet", w.devs, nf)
+	defer closeFleets(fleets)
+	if err != nil {
+		return res, err
+	}
+	w.prefix = fmt.Sprintf("/bench/twins-%d", time.Now().UnixNano())
+	// The agent's etcd client counts its requests; the application's and
+	// the observer's (cli) are not counted.
+	if w.cli, err = etcd.Client(); err != nil {
+		return res, err
+	}
+	defer w.cli.Close()
+	if err := w.startAgent(ctx, etcd, filepath.Join(dir, "agent"), br.URL()); err != nil {
+		return res, err
+	}
+	defer func() { _ = w.a.stop() }()
+	if res.Held, err = w.awaitHeld(ctx); err != nil {
+		return res, err
+	}
+	defer w.watch(ctx)()
+	w.app = shadow.NewStore(w.cli, shadow.StoreConfig{Prefix: w.prefix, Writer: "bench-app"})
+	if err := w.settle(ctx); err != nil {
+		return res, err
+	}
+	for _, n := range cfg.Sizes {
+		row, err := w.latency(ctx, min(n, len(w.devs)))
 		if err != nil {
 			return res, err
 		}
-		fleets = append(fleets, f)
-	}
-	for _, f := range fleets {
-		if err := awaitCtx(ctx, 10*time.Second, f.AwaitReady); err != nil {
-			return res, fmt.Errorf("fleet: %w", err)
-		}
-	}
-
-	prefix := fmt.Sprintf("/bench/twins-%d", time.Now().UnixNano())
-	obs := newTwinObserver()
-	// The agent's etcd client counts its requests; the application's and
-	// the observer's (cli) are not counted.
-	counter := &reqCounter{}
-	cli, err := etcd.Client()
-	if err != nil {
-		return res, err
-	}
-	defer cli.Close()
-
-	// The agent as `edgefence run` builds it (agent/daemon): outbox, twin
-	// cache, the devices' state reports wired to the reconciler.
-	acfg := agentConfig("bench-twins", filepath.Join(dir, "agent"), etcd, br.URL(), devs)
-	acfg.Etcd.Prefix, acfg.MQTT.Prefix, acfg.Command.Timeout = prefix, topics.Prefix, 20*time.Second
-	acfg.Twins.Enabled = true
-	var cmdr *mqtt.Commander
-	a, err := startAgent(ctx, acfg, daemon.Options{
-		EtcdClient: func(c *clientv3.Config) {
-			c.DialOptions = append(c.DialOptions, grpc.WithChainUnaryInterceptor(counter.unary), grpc.WithChainStreamInterceptor(counter.stream))
-		},
-		Sender: func(c *mqtt.Commander) agent.Sender {
-			cmdr = c
-			return &twinSender{Commander: c, obs: obs}
-		}})
-	if err != nil {
-		return res, err
-	}
-	defer func() { _ = a.stop() }()
-	if err := awaitCtx(ctx, 10*time.Second, cmdr.Client().AwaitSubscribed); err != nil {
-		return res, fmt.Errorf("commander: %w", err)
-	}
-	if err := waitHoldingAll(ctx, a, len(devs), 60*time.Second); err != nil {
-		return res, err
-	}
-	res.Held = time.Since(a.started)
-	fmt.Fprintf(cfg.Log, "twins: agent holds %d devices after %s ms\n", len(devs), ms(res.Held))
-
-	// The observer's watch of everything under the prefix.
-	wctx, wcancel := context.WithCancel(ctx)
-	wch := cli.Watch(wctx, prefix+"/", clientv3.WithPrefix(), clientv3.WithCreatedNotify())
-	wdone := make(chan struct{})
-	<-wch // created
-	go func() {
-		defer close(wdone)
-		for resp := range wch {
-			now := time.Now()
-			for _, e := range resp.Events {
-				if e.Type == clientv3.EventTypePut {
-					obs.seen(string(e.Kv.Key), e.Kv.Value, now)
-				}
-			}
-		}
-	}()
-	defer func() { wcancel(); <-wdone }()
-	app := shadow.NewStore(cli, shadow.StoreConfig{Prefix: prefix, Writer: "bench-app"})
-
-	// Every change gets a setpoint different from the one before.
-	var gen int
-	nextSP := func() float64 { gen++; return 10 + float64(gen%40)*0.5 }
-
-	// Settle: the first desired write of every device (the initial reported
-	// state has no setpoint), so every measured change is a change.
-	fmt.Fprintf(cfg.Log, "twins: initial desired state for %d devices\n", len(devs))
-	if _, err := twinWave(ctx, app, obs, devs, nextSP(), 64); err != nil {
-		return res, fmt.Errorf("initial wave: %w", err)
-	}
-	if _, _, _, err := obs.wait(ctx, 5*time.Minute); err != nil {
-		return res, fmt.Errorf("initial wave: %w", err)
-	}
-	quiesce(ctx, a.Agent, counter)
-
-	for _, n := range cfg.Sizes {
-		n = min(n, len(devs))
-		row := twinLatRow{N: n, Rounds: cfg.Rounds}
-		var bare, des, acc, rep []time.Duration
-		st0 := a.TwinStats()
-		var reqs reqCounts
-		for r := range cfg.Rounds {
-			// Bare etcd put → watch event, n at once.
-			obs.arm()
-			var wg sync.WaitGroup
-			val := fmt.Sprint(r)
-			for _, d := range devs[:n] {
-				key := prefix + "/bare/" + d
-				wg.Go(func() {
-					obs.want(key, "", "", &twinWait{val: val, start: time.Now()})
-					if _, err := cli.Put(ctx, key, val); err != nil {
-						fmt.Fprintln(cfg.Log, "twins: bare put:", err)
-					}
-				})
-			}
-			wg.Wait()
-			l, _, _, err := obs.wait(ctx, time.Minute)
-			if err != nil {
-				return res, fmt.Errorf("%d devices, round %d, bare: %w", n, r+1, err)
-			}
-			bare = append(bare, l...)
-
-			// Desired put → twin.set accepted → reported written.
-			c0 := counter.snapshot()
-			sp := nextSP()
-			if _, err := twinWave(ctx, app, obs, devs[:n], sp, n); err != nil {
-				return res, fmt.Errorf("%d devices, round %d: %w", n, r+1, err)
-			}
-			l, ac, de, err := obs.wait(ctx, 2*time.Minute)
-			if err != nil {
-				return res, fmt.Errorf("%d devices, round %d: %w", n, r+1, err)
-			}
-			rep, acc, des = append(rep, l...), append(acc, ac...), append(des, de...)
-			// Count until the agent is quiet again (device state reports
-			// land after the reported write the round waits for), but
-			// not the bare puts of the next round.
-			quiesce(ctx, a.Agent, counter)
-			reqs = addCounts(reqs, counter.snapshot().sub(c0))
-		}
-		st1 := a.TwinStats()
-		row.Bare, row.Desired, row.Accepted, row.Reported = summarize(bare), summarize(des), summarize(acc), summarize(rep)
-		row.Reqs, row.Updates = reqs, n*cfg.Rounds
-		row.TwinSets, row.Written, row.Reports = st1.Sent-st0.Sent, st1.Written-st0.Written, st1.Reports-st0.Reports
-		fmt.Fprintf(cfg.Log, "twins: %d at once, %d rounds: reported p50 %s ms p99 %s ms (bare p50 %s ms); %.2f etcd req/update\n",
-			n, cfg.Rounds, ms(row.Reported.P50), ms(row.Reported.P99), ms(row.Bare.P50), float64(reqs.kv())/float64(row.Updates))
 		res.Lat = append(res.Lat, row)
 	}
-
 	for r := range cfg.TPRuns {
-		run := twinTPRun{Devices: len(devs), Changes: cfg.Changes}
-		// Baseline: the same number of bare etcd puts, as many at a time
-		// as the application writes desired states.
-		b0 := time.Now()
-		if err := barePuts(ctx, cli, prefix+"/bare-tp/", devs, 64); err != nil {
-			return res, fmt.Errorf("throughput run %d: bare puts: %w", r+1, err)
-		}
-		run.BarePuts = time.Since(b0)
-		c0, st0 := counter.snapshot(), a.TwinStats()
-		cpu0 := cpuTime()
-		t0 := time.Now()
-		for k := range cfg.Changes {
-			sp := nextSP()
-			if k == 0 {
-				if _, err := twinWave(ctx, app, obs, devs, sp, 64); err != nil {
-					return res, fmt.Errorf("throughput run %d: %w", r+1, err)
-				}
-				continue
-			}
-			if err := twinStream(ctx, app, obs, devs, sp, 64); err != nil {
-				return res, fmt.Errorf("throughput run %d: %w", r+1, err)
-			}
-		}
-		run.Puts = time.Since(t0)
-		if _, _, _, err := obs.wait(ctx, 5*time.Minute); err != nil {
+		run, err := w.throughput(ctx, r)
+		if err != nil {
 			return res, fmt.Errorf("throughput run %d: %w", r+1, err)
 		}
-		run.Converged = time.Since(t0)
-		run.CPU = cpuTime() - cpu0
-		quiesce(ctx, a.Agent, counter)
-		st1 := a.TwinStats()
-		run.Reqs = counter.snapshot().sub(c0)
-		run.TwinSets, run.Written, run.Reports, run.Errors = st1.Sent-st0.Sent, st1.Written-st0.Written, st1.Reports-st0.Reports, st1.Errors-st0.Errors
-		fmt.Fprintf(cfg.Log, "twins: throughput run %d: %d devices × %d changes: puts done %s ms, all converged %s ms (%.0f devices/s), %.2f etcd req/device\n",
-			r+1, run.Devices, run.Changes, ms(run.Puts), ms(run.Converged), float64(run.Devices)/run.Converged.Seconds(), float64(run.Reqs.kv())/float64(run.Devices))
 		res.TP = append(res.TP, run)
 	}
 	for i, f := range fleets {
@@ -505,6 +353,193 @@ func runTwins(ctx context.Context, etcd *sandbox.Etcd, cfg twinsConfig) (*twinsR
 		}
 	}
 	return res, nil
+}
+
+// twinsWorld is what the twins benchmark measures on: the agent (its etcd
+// requests counted), the application's twin store and the observer, both
+// on their own etcd client (cli), everything under prefix.
+type twinsWorld struct {
+	cfg     twinsConfig
+	devs    []string
+	prefix  string
+	cli     *clientv3.Client
+	app     *shadow.Store
+	obs     *twinObserver
+	counter *reqCounter
+	a       *benchAgent
+	cmdr    *mqtt.Commander // the agent's
+	gen     int             // setpoints handed out
+}
+
+// nextSP returns a setpoint different from the one before.
+func (w *twinsWorld) nextSP() float64 { w.gen++; return 10 + float64(w.gen%40)*0.5 }
+
+// startAgent starts the agent as `edgefence run` builds it (agent/daemon):
+// outbox, twin cache, the devices' state reports wired to the reconciler;
+// its state in dir. Stop it with w.a.stop.
+func (w *twinsWorld) startAgent(ctx context.Context, etcd *sandbox.Etcd, dir, brokerURL string) error {
+	acfg := agentConfig("bench-twins", dir, etcd, brokerURL, w.devs)
+	acfg.Etcd.Prefix, acfg.MQTT.Prefix, acfg.Command.Timeout = w.prefix, "twins", 20*time.Second
+	acfg.Twins.Enabled = true
+	var err error
+	w.a, err = startAgent(ctx, acfg, daemon.Options{
+		EtcdClient: func(c *clientv3.Config) {
+			c.DialOptions = append(c.DialOptions, grpc.WithChainUnaryInterceptor(w.counter.unary), grpc.WithChainStreamInterceptor(w.counter.stream))
+		},
+		Sender: func(c *mqtt.Commander) agent.Sender {
+			w.cmdr = c
+			return &twinSender{Commander: c, obs: w.obs}
+		}})
+	return err
+}
+
+// awaitHeld waits for the agent's Commander to subscribe and for the agent
+// to hold every device, and returns the time from its start.
+func (w *twinsWorld) awaitHeld(ctx context.Context) (time.Duration, error) {
+	if err := awaitCtx(ctx, 10*time.Second, w.cmdr.Client().AwaitSubscribed); err != nil {
+		return 0, fmt.Errorf("commander: %w", err)
+	}
+	if err := waitHoldingAll(ctx, w.a, len(w.devs), 60*time.Second); err != nil {
+		return 0, err
+	}
+	held := time.Since(w.a.started)
+	fmt.Fprintf(w.cfg.Log, "twins: agent holds %d devices after %s ms\n", len(w.devs), ms(held))
+	return held, nil
+}
+
+// watch starts the observer's watch of everything under the prefix and
+// returns the function that ends it.
+func (w *twinsWorld) watch(ctx context.Context) (stop func()) {
+	wctx, wcancel := context.WithCancel(ctx)
+	wch := w.cli.Watch(wctx, w.prefix+"/", clientv3.WithPrefix(), clientv3.WithCreatedNotify())
+	wdone := make(chan struct{})
+	<-wch // created
+	go func() {
+		defer close(wdone)
+		for resp := range wch {
+			now := time.Now()
+			for _, e := range resp.Events {
+				if e.Type == clientv3.EventTypePut {
+					w.obs.seen(string(e.Kv.Key), e.Kv.Value, now)
+				}
+			}
+		}
+	}()
+	return func() { wcancel(); <-wdone }
+}
+
+// settle writes the first desired state of every device (the initial
+// reported state has no setpoint), so that every measured change is a
+// change, and waits for it to converge.
+func (w *twinsWorld) settle(ctx context.Context) error {
+	fmt.Fprintf(w.cfg.Log, "twins: initial desired state for %d devices\n", len(w.devs))
+	if _, err := twinWave(ctx, w.app, w.obs, w.devs, w.nextSP(), 64); err != nil {
+		return fmt.Errorf("initial wave: %w", err)
+	}
+	if _, _, _, err := w.obs.wait(ctx, 5*time.Minute); err != nil {
+		return fmt.Errorf("initial wave: %w", err)
+	}
+	quiesce(ctx, w.a.Agent, w.counter)
+	return nil
+}
+
+// latency runs the latency rounds of n devices changing at once: in each,
+// n bare etcd puts, then n desired changes.
+func (w *twinsWorld) latency(ctx context.Context, n int) (twinLatRow, error) {
+	row := twinLatRow{N: n, Rounds: w.cfg.Rounds}
+	var bare, des, acc, rep []time.Duration
+	st0 := w.a.TwinStats()
+	var reqs reqCounts
+	for r := range w.cfg.Rounds {
+		l, err := w.bareRound(ctx, n, fmt.Sprint(r))
+		if err != nil {
+			return row, fmt.Errorf("%d devices, round %d, bare: %w", n, r+1, err)
+		}
+		bare = append(bare, l...)
+
+		// Desired put → twin.set accepted → reported written.
+		c0 := w.counter.snapshot()
+		if _, err := twinWave(ctx, w.app, w.obs, w.devs[:n], w.nextSP(), n); err != nil {
+			return row, fmt.Errorf("%d devices, round %d: %w", n, r+1, err)
+		}
+		l, ac, de, err := w.obs.wait(ctx, 2*time.Minute)
+		if err != nil {
+			return row, fmt.Errorf("%d devices, round %d: %w", n, r+1, err)
+		}
+		rep, acc, des = append(rep, l...), append(acc, ac...), append(des, de...)
+		// Count until the agent is quiet again (device state reports
+		// land after the reported write the round waits for), but
+		// not the bare puts of the next round.
+		quiesce(ctx, w.a.Agent, w.counter)
+		reqs = addCounts(reqs, w.counter.snapshot().sub(c0))
+	}
+	st1 := w.a.TwinStats()
+	row.Bare, row.Desired, row.Accepted, row.Reported = summarize(bare), summarize(des), summarize(acc), summarize(rep)
+	row.Reqs, row.Updates = reqs, n*w.cfg.Rounds
+	row.TwinSets, row.Written, row.Reports = st1.Sent-st0.Sent, st1.Written-st0.Written, st1.Reports-st0.Reports
+	fmt.Fprintf(w.cfg.Log, "twins: %d at once, %d rounds: reported p50 %s ms p99 %s ms (bare p50 %s ms); %.2f etcd req/update\n",
+		n, w.cfg.Rounds, ms(row.Reported.P50), ms(row.Reported.P99), ms(row.Bare.P50), float64(reqs.kv())/float64(row.Updates))
+	return row, nil
+}
+
+// bareRound puts val to a bare key of each of the first n devices at once
+// and returns the latencies put → watch event.
+func (w *twinsWorld) bareRound(ctx context.Context, n int, val string) ([]time.Duration, error) {
+	w.obs.arm()
+	var wg sync.WaitGroup
+	for _, d := range w.devs[:n] {
+		key := w.prefix + "/bare/" + d
+		wg.Go(func() {
+			w.obs.want(key, "", "", &twinWait{val: val, start: time.Now()})
+			if _, err := w.cli.Put(ctx, key, val); err != nil {
+				fmt.Fprintln(w.cfg.Log, "twins: bare put:", err)
+			}
+		})
+	}
+	wg.Wait()
+	l, _, _, err := w.obs.wait(ctx, time.Minute)
+	return l, err
+}
+
+// throughput is throughput run r: every device's desired changed at once,
+// cfg.Changes times, after as many bare etcd puts for a baseline.
+func (w *twinsWorld) throughput(ctx context.Context, r int) (twinTPRun, error) {
+	run := twinTPRun{Devices: len(w.devs), Changes: w.cfg.Changes}
+	// Baseline: the same number of bare etcd puts, as many at a time
+	// as the application writes desired states.
+	b0 := time.Now()
+	if err := barePuts(ctx, w.cli, w.prefix+"/bare-tp/", w.devs, 64); err != nil {
+		return run, fmt.Errorf("bare puts: %w", err)
+	}
+	run.BarePuts = time.Since(b0)
+	c0, st0 := w.counter.snapshot(), w.a.TwinStats()
+	cpu0 := cpuTime()
+	t0 := time.Now()
+	for k := range w.cfg.Changes {
+		sp := w.nextSP()
+		if k == 0 {
+			if _, err := twinWave(ctx, w.app, w.obs, w.devs, sp, 64); err != nil {
+				return run, err
+			}
+			continue
+		}
+		if err := twinStream(ctx, w.app, w.obs, w.devs, sp, 64); err != nil {
+			return run, err
+		}
+	}
+	run.Puts = time.Since(t0)
+	if _, _, _, err := w.obs.wait(ctx, 5*time.Minute); err != nil {
+		return run, err
+	}
+	run.Converged = time.Since(t0)
+	run.CPU = cpuTime() - cpu0
+	quiesce(ctx, w.a.Agent, w.counter)
+	st1 := w.a.TwinStats()
+	run.Reqs = w.counter.snapshot().sub(c0)
+	run.TwinSets, run.Written, run.Reports, run.Errors = st1.Sent-st0.Sent, st1.Written-st0.Written, st1.Reports-st0.Reports, st1.Errors-st0.Errors
+	fmt.Fprintf(w.cfg.Log, "twins: throughput run %d: %d devices × %d changes: puts done %s ms, all converged %s ms (%.0f devices/s), %.2f etcd req/device\n",
+		r+1, run.Devices, run.Changes, ms(run.Puts), ms(run.Converged), float64(run.Devices)/run.Converged.Seconds(), float64(run.Reqs.kv())/float64(run.Devices))
+	return run, nil
 }
 
 // cpuTime is this process's CPU time so far (user + system).

@@ -31,53 +31,9 @@ func main() {
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("edgefence-chaos", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	rounds := fs.Int("rounds", 10, "number of randomized rounds")
-	bin := fs.String("bin", "bin", "directory with the edgefence, edgefence-devsim and edgefence-sandbox binaries")
-	dir := fs.String("dir", "", "working directory (default: a temporary one, removed unless a round fails)")
-	seed := fs.Uint64("seed", 0, "seed of the first round (default: from the clock); round i uses seed+i")
-	only := fs.String("scenarios", strings.Join(chaos.Scenarios(), ","), "comma-separated scenarios to draw from")
-	devices := fs.Int("devices", 4, "shim devices per round")
-	load := fs.Duration("load", 6*time.Second, "how long commands flow in a round")
-	verbose := fs.Bool("v", false, "narrate each round")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	scenarios := strings.Split(*only, ",")
-	for _, s := range scenarios {
-		if !contains(chaos.Scenarios(), s) {
-			fmt.Fprintf(stderr, "edgefence-chaos: unknown scenario %q (have %s)\n", s, strings.Join(chaos.Scenarios(), ", "))
-			return 2
-		}
-	}
-	for _, b := range []string{"edgefence", "edgefence-devsim", "edgefence-sandbox"} {
-		if _, err := os.Stat(filepath.Join(*bin, b)); err != nil {
-			fmt.Fprintf(stderr, "edgefence-chaos: %v (run `make build` or give --bin)\n", err)
-			return 2
-		}
-	}
-	abs, err := filepath.Abs(*bin)
-	if err != nil {
-		fmt.Fprintln(stderr, "edgefence-chaos:", err)
-		return 2
-	}
-	work, keep := *dir, *dir != ""
-	if work == "" {
-		if work, err = os.MkdirTemp("", "edgefence-chaos-"); err != nil {
-			fmt.Fprintln(stderr, "edgefence-chaos:", err)
-			return 2
-		}
-	}
-	if *seed == 0 {
-		*seed = uint64(time.Now().UnixNano())
-	}
-	log := slog.New(slog.DiscardHandler)
-	if *verbose {
-		log = slog.New(slog.NewTextHandler(stderr, nil))
+	c, code, ok := parseArgs(args, stderr)
+	if !ok {
+		return code
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -85,42 +41,118 @@ func run(args []string, stdout, stderr io.Writer) int {
 	var sum chaos.Summary
 	fmt.Fprintf(stdout, "%-6s %-18s %-20s %8s %8s %6s %6s %6s %6s %5s  %s\n",
 		"round", "scenario", "seed", "created", "accepted", "dup", "stale", "inval", "expir", "viol", "time")
-	for i := range *rounds {
+	for i := range c.rounds {
 		if ctx.Err() != nil {
 			break
 		}
-		sc := scenarios[int((*seed+uint64(i))%uint64(len(scenarios)))]
-		rdir := filepath.Join(work, fmt.Sprintf("round-%04d-%s", i, sc))
-		cfg := chaos.Config{Bin: abs, Dir: rdir, Seed: *seed + uint64(i), Devices: *devices, Load: *load, Logger: log}
-		res, err := chaos.Run(ctx, cfg, sc)
-		sum.Add(res, err)
-		switch {
-		case err != nil:
-			fmt.Fprintf(stdout, "%-6d %-18s %-20d error: %v\n", i, sc, cfg.Seed, err)
-			keep = true
-		default:
-			t := res.Report.Terminal
-			fmt.Fprintf(stdout, "%-6d %-18s %-20d %8d %8d %6d %6d %6d %6d %5d  %v\n", i, sc, cfg.Seed, res.Report.Created,
-				t["accepted"], t["duplicate"], t["stale"], t["invalid"], t["expired"], len(res.Report.Violations), res.Elapsed.Round(100*time.Millisecond))
-			if !res.OK() {
-				keep = true
-				fmt.Fprint(stdout, res.Report.String())
-			} else if !keep {
-				os.RemoveAll(rdir)
-			}
-		}
+		c.round(ctx, i, &sum, stdout)
 	}
 	fmt.Fprintln(stdout)
 	sum.Print(stdout)
-	if keep {
-		fmt.Fprintf(stdout, "round files kept in %s\n", work)
+	if c.keep {
+		fmt.Fprintf(stdout, "round files kept in %s\n", c.work)
 	} else {
-		os.RemoveAll(work)
+		os.RemoveAll(c.work)
 	}
 	if sum.Violations > 0 || sum.Failed > 0 {
 		return 1
 	}
 	return 0
+}
+
+// chaosRun is what one invocation runs, from its flags.
+type chaosRun struct {
+	rounds    int
+	scenarios []string
+	bin       string // absolute
+	work      string // the rounds' files, in round-NNNN-SCENARIO
+	keep      bool   // keep work: given with --dir, or a round failed
+	seed      uint64 // of round 0
+	devices   int
+	load      time.Duration
+	log       *slog.Logger
+}
+
+// parseArgs parses and checks the flags and makes the working directory.
+// With ok false the command is to exit with code: 0 after -h, 2 on a
+// usage error (reported on stderr).
+func parseArgs(args []string, stderr io.Writer) (c *chaosRun, code int, ok bool) {
+	fs := flag.NewFlagSet("edgefence-chaos", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	c = &chaosRun{}
+	fs.IntVar(&c.rounds, "rounds", 10, "number of randomized rounds")
+	bin := fs.String("bin", "bin", "directory with the edgefence, edgefence-devsim and edgefence-sandbox binaries")
+	fs.StringVar(&c.work, "dir", "", "working directory (default: a temporary one, removed unless a round fails)")
+	fs.Uint64Var(&c.seed, "seed", 0, "seed of the first round (default: from the clock); round i uses seed+i")
+	only := fs.String("scenarios", strings.Join(chaos.Scenarios(), ","), "comma-separated scenarios to draw from")
+	fs.IntVar(&c.devices, "devices", 4, "shim devices per round")
+	fs.DurationVar(&c.load, "load", 6*time.Second, "how long commands flow in a round")
+	verbose := fs.Bool("v", false, "narrate each round")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, 0, false
+		}
+		return nil, 2, false
+	}
+	c.scenarios = strings.Split(*only, ",")
+	for _, s := range c.scenarios {
+		if !contains(chaos.Scenarios(), s) {
+			fmt.Fprintf(stderr, "edgefence-chaos: unknown scenario %q (have %s)\n", s, strings.Join(chaos.Scenarios(), ", "))
+			return nil, 2, false
+		}
+	}
+	for _, b := range []string{"edgefence", "edgefence-devsim", "edgefence-sandbox"} {
+		if _, err := os.Stat(filepath.Join(*bin, b)); err != nil {
+			fmt.Fprintf(stderr, "edgefence-chaos: %v (run `make build` or give --bin)\n", err)
+			return nil, 2, false
+		}
+	}
+	var err error
+	if c.bin, err = filepath.Abs(*bin); err != nil {
+		fmt.Fprintln(stderr, "edgefence-chaos:", err)
+		return nil, 2, false
+	}
+	c.keep = c.work != ""
+	if c.work == "" {
+		if c.work, err = os.MkdirTemp("", "edgefence-chaos-"); err != nil {
+			fmt.Fprintln(stderr, "edgefence-chaos:", err)
+			return nil, 2, false
+		}
+	}
+	if c.seed == 0 {
+		c.seed = uint64(time.Now().UnixNano())
+	}
+	c.log = slog.New(slog.DiscardHandler)
+	if *verbose {
+		c.log = slog.New(slog.NewTextHandler(stderr, nil))
+	}
+	return c, 0, true
+}
+
+// round runs round i, adds it to sum and prints its line (and its report
+// if it failed). Its files are removed unless it failed or an earlier one
+// did, or the working directory was given.
+func (c *chaosRun) round(ctx context.Context, i int, sum *chaos.Summary, stdout io.Writer) {
+	sc := c.scenarios[int((c.seed+uint64(i))%uint64(len(c.scenarios)))]
+	rdir := filepath.Join(c.work, fmt.Sprintf("round-%04d-%s", i, sc))
+	cfg := chaos.Config{Bin: c.bin, Dir: rdir, Seed: c.seed + uint64(i), Devices: c.devices, Load: c.load, Logger: c.log}
+	res, err := chaos.Run(ctx, cfg, sc)
+	sum.Add(res, err)
+	switch {
+	case err != nil:
+		fmt.Fprintf(stdout, "%-6d %-18s %-20d error: %v\n", i, sc, cfg.Seed, err)
+		c.keep = true
+	default:
+		t := res.Report.Terminal
+		fmt.Fprintf(stdout, "%-6d %-18s %-20d %8d %8d %6d %6d %6d %6d %5d  %v\n", i, sc, cfg.Seed, res.Report.Created,
+			t["accepted"], t["duplicate"], t["stale"], t["invalid"], t["expired"], len(res.Report.Violations), res.Elapsed.Round(100*time.Millisecond))
+		if !res.OK() {
+			c.keep = true
+			fmt.Fprint(stdout, res.Report.String())
+		} else if !c.keep {
+			os.RemoveAll(rdir)
+		}
+	}
 }
 
 func contains(list []string, s string) bool {

@@ -28,56 +28,31 @@ const (
 
 // serve runs the default world and simulated devices until ctx is done.
 func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("serve", "[flags]", stderr)
-	dir := fs.String("dir", "", "data dir (default: a new temp dir, removed on exit)")
-	fast := fs.Bool("fast", false, "fast etcd timing (tick 10 ms, election 100 ms): honours 1–2 s lease TTLs")
-	etcdAddr := fs.String("etcd-addr", "", "etcd client address HOST:PORT (default: a free 127.0.0.1 port)")
-	mqttAddr := fs.String("mqtt-addr", "", "MQTT broker address HOST:PORT (default: a free 127.0.0.1 port)")
-	envFile := fs.String("env", "", "once ready, write EDGEFENCE_ETCD=... and EDGEFENCE_MQTT=... to this file (removed on exit)")
-	nDevices := fs.Int("devices", 3, "simulated devices dev-1..dev-N on the broker (0: none)")
-	verdictLog := fs.String("verdict-log", "", "the devices' verdict log, JSON lines, appended (default <dir>/verdicts.jsonl)")
-	verbose := fs.Bool("v", false, "debug logging")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return errUsage
+	f, err := parseServeFlags(args, stderr)
+	if err != nil {
+		return err
 	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "serve: unexpected arguments %q\n", fs.Args())
-		return errUsage
-	}
-	if *nDevices < 0 {
-		fmt.Fprintf(stderr, "serve: --devices %d: want 0 or more\n", *nDevices)
-		return errUsage
-	}
-
-	level := slog.LevelInfo
-	if *verbose {
-		level = slog.LevelDebug
-	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
-
-	if *dir == "" {
+	log := f.logger(stderr)
+	if f.dir == "" {
 		d, err := os.MkdirTemp("", "edgefence-sandbox-")
 		if err != nil {
 			return err
 		}
 		defer os.RemoveAll(d)
-		*dir = d
+		f.dir = d
 	}
-	if *envFile != "" {
+	if f.envFile != "" {
 		// A stale file from an earlier run must not look like readiness.
-		if err := os.Remove(*envFile); err != nil && !errors.Is(err, os.ErrNotExist) {
+		if err := os.Remove(f.envFile); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return err
 		}
 	}
 
 	w, err := sandbox.StartWorld(ctx, sandbox.WorldConfig{
-		Dir:      *dir,
-		Fast:     *fast,
-		EtcdAddr: *etcdAddr,
-		MQTTAddr: *mqttAddr,
+		Dir:      f.dir,
+		Fast:     f.fast,
+		EtcdAddr: f.etcdAddr,
+		MQTTAddr: f.mqttAddr,
 		Logger:   log,
 	})
 	if err != nil {
@@ -94,16 +69,9 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		log.Info("stopped")
 	}()
 
-	info := readyInfo{Etcd: w.Etcd.Endpoint(), MQTT: w.Broker.URL(), Dir: *dir, Env: *envFile}
-	if *nDevices > 0 {
-		for i := 1; i <= *nDevices; i++ {
-			info.Devices = append(info.Devices, fmt.Sprintf("dev-%d", i))
-		}
-		info.VerdictLog = *verdictLog
-		if info.VerdictLog == "" {
-			info.VerdictLog = filepath.Join(*dir, "verdicts.jsonl")
-		}
-		stopDevices, err := startDevices(ctx, w, info.Devices, filepath.Join(*dir, "devices"), info.VerdictLog, log)
+	info := readyInfo{Etcd: w.Etcd.Endpoint(), MQTT: w.Broker.URL(), Dir: f.dir, Env: f.envFile}
+	if f.devices > 0 {
+		stopDevices, err := serveDevices(ctx, w, f, &info, log)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -115,36 +83,112 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 				log.Error("stop devices", "err", err)
 			}
 		}()
-
-		ac := w.AgentConfig(serveGateway, *dir, info.Devices)
-		ac.LeaseTTL = serveLeaseTTL
-		info.Config, info.Socket = filepath.Join(*dir, serveGateway+".yaml"), ac.Socket
-		if err := ac.Write(info.Config); err != nil {
+		if err := writeAgentConfig(w, f.dir, &info); err != nil {
 			return err
 		}
 	}
 
-	if *envFile != "" {
-		if err := w.WriteEnvFile(*envFile); err != nil {
+	if f.envFile != "" {
+		if err := w.WriteEnvFile(f.envFile); err != nil {
 			return err
 		}
-		defer os.Remove(*envFile)
-		log.Info("wrote env file", "path", *envFile)
+		defer os.Remove(f.envFile)
+		log.Info("wrote env file", "path", f.envFile)
 	}
-	// The env file, the devices and the agent config are all ready by the
-	// time anyone reads these lines.
+	if err := announce(stdout, w, info); err != nil {
+		return err
+	}
+	log.Info("ready; interrupt to stop", "etcd", w.Etcd.Endpoint(), "mqtt", w.Broker.URL(), "devices", len(info.Devices), "fast", f.fast)
+
+	<-ctx.Done()
+	return nil
+}
+
+// serveFlags are serve's flags.
+type serveFlags struct {
+	dir                string
+	fast               bool
+	etcdAddr, mqttAddr string
+	envFile            string
+	devices            int
+	verdictLog         string
+	verbose            bool
+}
+
+// logger is serve's log on stderr: text, debug with -v.
+func (f *serveFlags) logger(stderr io.Writer) *slog.Logger {
+	level := slog.LevelInfo
+	if f.verbose {
+		level = slog.LevelDebug
+	}
+	return slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+}
+
+// parseServeFlags parses and checks serve's flags: flag.ErrHelp after -h,
+// errUsage (reported on stderr) on a usage error.
+func parseServeFlags(args []string, stderr io.Writer) (*serveFlags, error) {
+	f := &serveFlags{}
+	fs := newFlagSet("serve", "[flags]", stderr)
+	fs.StringVar(&f.dir, "dir", "", "data dir (default: a new temp dir, removed on exit)")
+	fs.BoolVar(&f.fast, "fast", false, "fast etcd timing (tick 10 ms, election 100 ms): honours 1–2 s lease TTLs")
+	fs.StringVar(&f.etcdAddr, "etcd-addr", "", "etcd client address HOST:PORT (default: a free 127.0.0.1 port)")
+	fs.StringVar(&f.mqttAddr, "mqtt-addr", "", "MQTT broker address HOST:PORT (default: a free 127.0.0.1 port)")
+	fs.StringVar(&f.envFile, "env", "", "once ready, write EDGEFENCE_ETCD=... and EDGEFENCE_MQTT=... to this file (removed on exit)")
+	fs.IntVar(&f.devices, "devices", 3, "simulated devices dev-1..dev-N on the broker (0: none)")
+	fs.StringVar(&f.verdictLog, "verdict-log", "", "the devices' verdict log, JSON lines, appended (default <dir>/verdicts.jsonl)")
+	fs.BoolVar(&f.verbose, "v", false, "debug logging")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, err
+		}
+		return nil, errUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "serve: unexpected arguments %q\n", fs.Args())
+		return nil, errUsage
+	}
+	if f.devices < 0 {
+		fmt.Fprintf(stderr, "serve: --devices %d: want 0 or more\n", f.devices)
+		return nil, errUsage
+	}
+	return f, nil
+}
+
+// serveDevices starts the simulated devices dev-1..dev-N of f, their data
+// and verdict log in f.dir unless given, and records them in info; it
+// returns the function that stops them.
+func serveDevices(ctx context.Context, w *sandbox.World, f *serveFlags, info *readyInfo, log *slog.Logger) (stop func() error, err error) {
+	for i := 1; i <= f.devices; i++ {
+		info.Devices = append(info.Devices, fmt.Sprintf("dev-%d", i))
+	}
+	info.VerdictLog = f.verdictLog
+	if info.VerdictLog == "" {
+		info.VerdictLog = filepath.Join(f.dir, "verdicts.jsonl")
+	}
+	return startDevices(ctx, w, info.Devices, filepath.Join(f.dir, "devices"), info.VerdictLog, log)
+}
+
+// writeAgentConfig writes an agent config for info's devices to
+// <dir>/<serveGateway>.yaml and records it and its socket in info.
+func writeAgentConfig(w *sandbox.World, dir string, info *readyInfo) error {
+	ac := w.AgentConfig(serveGateway, dir, info.Devices)
+	ac.LeaseTTL = serveLeaseTTL
+	info.Config, info.Socket = filepath.Join(dir, serveGateway+".yaml"), ac.Socket
+	return ac.Write(info.Config)
+}
+
+// announce prints that the sandbox is ready, in words and as one JSON
+// line, and what to try. The env file, the devices and the agent config
+// are all ready by the time anyone reads these lines.
+func announce(stdout io.Writer, w *sandbox.World, info readyInfo) error {
 	fmt.Fprintf(stdout, "edgefence sandbox ready: etcd at %s, MQTT v5 broker at %s, data in %s\n",
-		w.Etcd.Endpoint(), w.Broker.URL(), *dir)
+		w.Etcd.Endpoint(), w.Broker.URL(), info.Dir)
 	line, err := json.Marshal(info)
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "%s\n", line)
 	printTry(stdout, w, info)
-
-	log.Info("ready; interrupt to stop", "etcd", w.Etcd.Endpoint(), "mqtt", w.Broker.URL(), "devices", len(info.Devices), "fast", *fast)
-
-	<-ctx.Done()
 	return nil
 }
 

@@ -106,27 +106,10 @@ func (s *Shim) durable(device string) (token, seq uint64, err error) {
 
 // process is Process with s.mu held.
 func (s *Shim) process(device string, raw []byte, d Device) Result {
-	if s.closed {
-		return s.refuse(device, nil, fence.Mark{}, ErrClosed.Error())
+	env, refused, ok := s.screen(device, raw, d)
+	if !ok {
+		return refused
 	}
-	if err := fence.ValidateDeviceID(device); err != nil {
-		return s.refuse("", nil, fence.Mark{}, "addressed device: "+err.Error())
-	}
-	env, err := fence.UnmarshalEnvelope(raw)
-	if err != nil {
-		return s.refuse(device, nil, s.markOrZero(device), err.Error())
-	}
-	if env.Device != device {
-		return s.refuse(device, env, s.markOrZero(device),
-			fmt.Sprintf("envelope names device %q but was addressed to %q", env.Device, device))
-	}
-	if d == nil {
-		return s.refuse(device, env, s.markOrZero(device), "no device handler")
-	}
-	if err := guard("check", func() error { return d.Check(env) }); err != nil {
-		return s.refuse(device, env, s.markOrZero(device), err.Error())
-	}
-
 	live, stored, err := s.current(device)
 	if err != nil {
 		s.storageFailed(device, err)
@@ -143,55 +126,13 @@ func (s *Shim) process(device string, raw []byte, d Device) Result {
 
 	txa, isTx := d.(TxApplier)
 	rec := Record{Mark: next, At: time.Now(), Holder: env.Holder, ID: env.ID}
-
 	if s.opts.PersistOnTokenChangeOnly && !isTx && next.Token == stored.Mark.Token {
 		// Seq-only advance under the durable token: no write, no fsync.
 		s.pending[device] = rec
 		s.stats.deferred.Add(1)
 		s.recordAccept(env, next)
-	} else {
-		recorded := false
-		err := s.db.Update(func(tx *bbolt.Tx) error {
-			b := tx.Bucket(marksBucket)
-			cur, err := getRecord(b, device)
-			if err != nil {
-				return err
-			}
-			if p, ok := s.pending[device]; ok && markLess(cur.Mark, p.Mark) {
-				cur = p
-			}
-			// The authoritative check-and-update, atomic in this transaction.
-			v, n := fence.Admit(cur.Mark, env.Token, env.Seq)
-			if v != fence.Accepted {
-				return fmt.Errorf("%w: mark moved to %s during the decision", ErrStorage, cur.Mark)
-			}
-			rec.Mark = n
-			if err := putRecord(b, device, rec); err != nil {
-				return err
-			}
-			if isTx {
-				if err := guard("apply", func() error { return txa.ApplyTx(tx, env) }); err != nil {
-					return &applyError{err}
-				}
-			}
-			// Decided: on the record before the commit (history).
-			s.recordAccept(env, rec.Mark)
-			recorded = true
-			return nil
-		})
-		if err != nil {
-			if recorded {
-				s.recordDurable() // the commit failed after the accept was recorded
-			}
-			if ae := (*applyError)(nil); errors.As(err, &ae) {
-				s.stats.applyFailed.Add(1)
-				return s.refuse(device, env, live.Mark, ae.err.Error())
-			}
-			err = storageErr(err)
-			s.storageFailed(device, err)
-			return s.refuse(device, env, live.Mark, err.Error())
-		}
-		delete(s.pending, device)
+	} else if refused, ok := s.persist(device, env, rec, live.Mark, txa); !ok {
+		return refused
 	}
 
 	if !isTx {
@@ -206,6 +147,84 @@ func (s *Shim) process(device string, raw []byte, d Device) Result {
 
 	s.stats.accepted.Add(1)
 	return Result{Ack: fence.NewAck(env, fence.Accepted, next, ""), Envelope: env, Applied: true}
+}
+
+// screen decodes raw and runs every check that needs no stored mark: the
+// addressed device, the envelope, the device handler's Check. ok is false
+// with the refusal to send.
+func (s *Shim) screen(device string, raw []byte, d Device) (env *fence.Envelope, refused Result, ok bool) {
+	if s.closed {
+		return nil, s.refuse(device, nil, fence.Mark{}, ErrClosed.Error()), false
+	}
+	if err := fence.ValidateDeviceID(device); err != nil {
+		return nil, s.refuse("", nil, fence.Mark{}, "addressed device: "+err.Error()), false
+	}
+	env, err := fence.UnmarshalEnvelope(raw)
+	if err != nil {
+		return nil, s.refuse(device, nil, s.markOrZero(device), err.Error()), false
+	}
+	if env.Device != device {
+		return nil, s.refuse(device, env, s.markOrZero(device),
+			fmt.Sprintf("envelope names device %q but was addressed to %q", env.Device, device)), false
+	}
+	if d == nil {
+		return nil, s.refuse(device, env, s.markOrZero(device), "no device handler"), false
+	}
+	if err := guard("check", func() error { return d.Check(env) }); err != nil {
+		return nil, s.refuse(device, env, s.markOrZero(device), err.Error()), false
+	}
+	return env, Result{}, true
+}
+
+// persist commits the accept of env (the mark rec, and with a TxApplier
+// the effect, in one transaction), recording it in the history before the
+// commit. The check is repeated inside the transaction: it is the
+// authoritative one. ok is false with the refusal to send (live is the mark
+// the refusal carries).
+func (s *Shim) persist(device string, env *fence.Envelope, rec Record, live fence.Mark, txa TxApplier) (refused Result, ok bool) {
+	recorded := false
+	err := s.db.Update(func(tx *bbolt.Tx) error {
+		b := tx.Bucket(marksBucket)
+		cur, err := getRecord(b, device)
+		if err != nil {
+			return err
+		}
+		if p, ok := s.pending[device]; ok && markLess(cur.Mark, p.Mark) {
+			cur = p
+		}
+		// The authoritative check-and-update, atomic in this transaction.
+		v, n := fence.Admit(cur.Mark, env.Token, env.Seq)
+		if v != fence.Accepted {
+			return fmt.Errorf("%w: mark moved to %s during the decision", ErrStorage, cur.Mark)
+		}
+		rec.Mark = n
+		if err := putRecord(b, device, rec); err != nil {
+			return err
+		}
+		if txa != nil {
+			if err := guard("apply", func() error { return txa.ApplyTx(tx, env) }); err != nil {
+				return &applyError{err}
+			}
+		}
+		// Decided: on the record before the commit (history).
+		s.recordAccept(env, rec.Mark)
+		recorded = true
+		return nil
+	})
+	if err != nil {
+		if recorded {
+			s.recordDurable() // the commit failed after the accept was recorded
+		}
+		if ae := (*applyError)(nil); errors.As(err, &ae) {
+			s.stats.applyFailed.Add(1)
+			return s.refuse(device, env, live, ae.err.Error()), false
+		}
+		err = storageErr(err)
+		s.storageFailed(device, err)
+		return s.refuse(device, env, live, err.Error()), false
+	}
+	delete(s.pending, device)
+	return Result{}, true
 }
 
 // storageFailed counts a decision refused because the marks could not be

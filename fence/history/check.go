@@ -108,175 +108,240 @@ func (a accept) less(b accept) bool {
 // of unknown ops are ignored. CheckWith never fails: bad input shows up as
 // violations.
 func CheckWith(events []Event, opts CheckOptions) Report {
-	rep := Report{Events: len(events), Terminal: map[string]int{}, FenceVerdicts: map[string]int{}}
-	var (
-		devices   = map[string]bool{}
-		fenced    = map[string]bool{} // devices with fence point events
-		created   = map[key]int{}
-		terminals = map[key][]string{}
-		accepted  = map[key]int{}
-		applied   = map[key]int{}
-		appliedOn = map[string]bool{}
-		last      = map[point]accept{}
-		accepts   = map[string][]accept{} // per device, history order
-		sources   = map[string]map[string]bool{}
-	)
-	add := func(inv string, e Event, format string, args ...any) {
-		rep.Violations = append(rep.Violations, Violation{Invariant: inv, Device: e.Device, ID: e.ID,
-			Detail: fmt.Sprintf(format, args...)})
-	}
-	acc := verdictAccepted
+	c := newChecker(len(events))
 	void := uncommitted(events)
 	for i, e := range events {
-		k := key{e.Device, e.ID}
 		if void[i] {
-			rep.Uncommitted++
-			devices[e.Device] = true
-			fenced[e.Device] = true
+			c.rep.Uncommitted++
+			c.devices[e.Device] = true
+			c.fenced[e.Device] = true
 			continue
 		}
-		switch e.Op {
-		case OpOpened:
-			if e.Device != "" {
-				devices[e.Device] = true
-			}
-		case OpCreated:
-			devices[e.Device] = true
-			rep.Created++
-			created[k]++
-		case OpTerminal:
-			devices[e.Device] = true
-			rep.Terminal[e.Verdict]++
-			terminals[k] = append(terminals[k], e.Verdict)
-		case OpApplied:
-			devices[e.Device] = true
-			rep.Applied++
-			appliedOn[e.Device] = true
-			if e.ID == "" {
-				continue
-			}
-			if applied[k]++; applied[k] == 2 {
-				add(InvariantOrder, e, "applied twice: the device applied %d/%d again (source %s)", e.Token, e.Seq, e.Source)
-			}
-		case OpVerdict:
-			rep.FenceVerdicts[e.Verdict]++
-			if e.Device == "" {
-				continue // undecodable input addressed to no valid device
-			}
-			devices[e.Device] = true
-			fenced[e.Device] = true
-			if e.Verdict != acc {
-				continue
-			}
-			a := accept{tok: e.Token, seq: e.Seq, id: e.ID, src: e.Source, t: e.Time}
-			if e.ID != "" {
-				if accepted[k]++; accepted[k] > 1 {
-					add(InvariantOrder, e, "applied twice: accepted again as %d/%d by %s", e.Token, e.Seq, e.Source)
-					continue
-				}
-			}
-			p := point{e.Device, e.Source}
-			if prev, ok := last[p]; ok && !prev.less(a) {
-				if a.tok < prev.tok {
-					add(InvariantOrder, e, "stale accept: token %d/%d accepted by %s after token %d/%d (id %s)",
-						a.tok, a.seq, a.src, prev.tok, prev.seq, prev.id)
-				} else {
-					add(InvariantOrder, e, "seq not increasing: %d/%d accepted by %s after %d/%d (id %s)",
-						a.tok, a.seq, a.src, prev.tok, prev.seq, prev.id)
-				}
-			} else {
-				last[p] = a
-			}
-			accepts[e.Device] = append(accepts[e.Device], a)
-			if sources[e.Device] == nil {
-				sources[e.Device] = map[string]bool{}
-			}
-			sources[e.Device][e.Source] = true
+		c.event(e)
+	}
+	c.rep.Devices = len(c.devices)
+	c.orderAcrossPoints()
+	c.fates()
+	if opts.RequireApplied {
+		c.requireApplied()
+	}
+	return c.rep
+}
+
+// checker is CheckWith's state: what one pass over the history learnt,
+// and the report it builds.
+type checker struct {
+	rep       Report
+	devices   map[string]bool
+	fenced    map[string]bool // devices with fence point events
+	created   map[key]int
+	terminals map[key][]string
+	accepted  map[key]int
+	applied   map[key]int
+	appliedOn map[string]bool // devices with OpApplied events
+	last      map[point]accept
+	accepts   map[string][]accept // per device, history order
+	sources   map[string]map[string]bool
+}
+
+func newChecker(events int) *checker {
+	return &checker{
+		rep:       Report{Events: events, Terminal: map[string]int{}, FenceVerdicts: map[string]int{}},
+		devices:   map[string]bool{},
+		fenced:    map[string]bool{},
+		created:   map[key]int{},
+		terminals: map[key][]string{},
+		accepted:  map[key]int{},
+		applied:   map[key]int{},
+		appliedOn: map[string]bool{},
+		last:      map[point]accept{},
+		accepts:   map[string][]accept{},
+		sources:   map[string]map[string]bool{},
+	}
+}
+
+// violation records a breach of inv by event e.
+func (c *checker) violation(inv string, e Event, format string, args ...any) {
+	c.violationOf(inv, key{e.Device, e.ID}, format, args...)
+}
+
+// violationOf records a breach of inv by the command k.
+func (c *checker) violationOf(inv string, k key, format string, args ...any) {
+	c.rep.Violations = append(c.rep.Violations, Violation{Invariant: inv, Device: k.dev, ID: k.id,
+		Detail: fmt.Sprintf(format, args...)})
+}
+
+// event takes in one committed event, in history order.
+func (c *checker) event(e Event) {
+	k := key{e.Device, e.ID}
+	switch e.Op {
+	case OpOpened:
+		if e.Device != "" {
+			c.devices[e.Device] = true
+		}
+	case OpCreated:
+		c.devices[e.Device] = true
+		c.rep.Created++
+		c.created[k]++
+	case OpTerminal:
+		c.devices[e.Device] = true
+		c.rep.Terminal[e.Verdict]++
+		c.terminals[k] = append(c.terminals[k], e.Verdict)
+	case OpApplied:
+		c.appliedEvent(e)
+	case OpVerdict:
+		c.verdict(e)
+	}
+}
+
+// appliedEvent counts an OpApplied event; a second one for a command is
+// an I1 breach.
+func (c *checker) appliedEvent(e Event) {
+	c.devices[e.Device] = true
+	c.rep.Applied++
+	c.appliedOn[e.Device] = true
+	if e.ID == "" {
+		return
+	}
+	k := key{e.Device, e.ID}
+	if c.applied[k]++; c.applied[k] == 2 {
+		c.violation(InvariantOrder, e, "applied twice: the device applied %d/%d again (source %s)", e.Token, e.Seq, e.Source)
+	}
+}
+
+// verdict counts a fence point's decision and checks an accept against I1
+// at its fence point.
+func (c *checker) verdict(e Event) {
+	c.rep.FenceVerdicts[e.Verdict]++
+	if e.Device == "" {
+		return // undecodable input addressed to no valid device
+	}
+	c.devices[e.Device] = true
+	c.fenced[e.Device] = true
+	if e.Verdict != verdictAccepted {
+		return
+	}
+	if e.ID != "" {
+		k := key{e.Device, e.ID}
+		if c.accepted[k]++; c.accepted[k] > 1 {
+			c.violation(InvariantOrder, e, "applied twice: accepted again as %d/%d by %s", e.Token, e.Seq, e.Source)
+			return
 		}
 	}
-	rep.Devices = len(devices)
+	a := accept{tok: e.Token, seq: e.Seq, id: e.ID, src: e.Source, t: e.Time}
+	c.orderAtPoint(e, a)
+	c.accepts[e.Device] = append(c.accepts[e.Device], a)
+	if c.sources[e.Device] == nil {
+		c.sources[e.Device] = map[string]bool{}
+	}
+	c.sources[e.Device][e.Source] = true
+}
 
-	// I1 across fence points of one device, merged by wall time.
-	for _, dev := range sortedKeys(accepts) {
-		if len(sources[dev]) < 2 {
+// orderAtPoint checks I1 at one fence point: the accept a (of event e)
+// must be above the last one its source accepted for the device.
+func (c *checker) orderAtPoint(e Event, a accept) {
+	p := point{e.Device, e.Source}
+	prev, ok := c.last[p]
+	switch {
+	case !ok || prev.less(a):
+		c.last[p] = a
+	case a.tok < prev.tok:
+		c.violation(InvariantOrder, e, "stale accept: token %d/%d accepted by %s after token %d/%d (id %s)",
+			a.tok, a.seq, a.src, prev.tok, prev.seq, prev.id)
+	default:
+		c.violation(InvariantOrder, e, "seq not increasing: %d/%d accepted by %s after %d/%d (id %s)",
+			a.tok, a.seq, a.src, prev.tok, prev.seq, prev.id)
+	}
+}
+
+// orderAcrossPoints checks I1 across the fence points of one device, their
+// accepts merged by wall time.
+func (c *checker) orderAcrossPoints() {
+	for _, dev := range sortedKeys(c.accepts) {
+		if len(c.sources[dev]) < 2 {
 			continue
 		}
-		as := slices.Clone(accepts[dev])
+		as := slices.Clone(c.accepts[dev])
 		slices.SortStableFunc(as, func(a, b accept) int { return a.t.Compare(b.t) })
 		var hi accept
 		for _, a := range as {
 			if a.tok < hi.tok && a.src != hi.src {
-				rep.Violations = append(rep.Violations, Violation{Invariant: InvariantOrder, Device: dev, ID: a.id,
-					Detail: fmt.Sprintf("stale accept across fence points: token %d accepted by %s at %s, after token %d by %s at %s (id %s)",
-						a.tok, a.src, a.t.Format(time.RFC3339Nano), hi.tok, hi.src, hi.t.Format(time.RFC3339Nano), hi.id)})
+				c.violationOf(InvariantOrder, key{dev, a.id},
+					"stale accept across fence points: token %d accepted by %s at %s, after token %d by %s at %s (id %s)",
+					a.tok, a.src, a.t.Format(time.RFC3339Nano), hi.tok, hi.src, hi.t.Format(time.RFC3339Nano), hi.id)
 			}
 			if a.tok > hi.tok {
 				hi = a
 			}
 		}
 	}
+}
 
-	// I4: one terminal state per created command, agreeing with the fence.
-	keys := make([]key, 0, len(created)+len(terminals))
-	for k := range created {
+// fates checks I4: one terminal state per created command, agreeing with
+// the fence, by device and id.
+func (c *checker) fates() {
+	keys := make([]key, 0, len(c.created)+len(c.terminals))
+	for k := range c.created {
 		keys = append(keys, k)
 	}
-	for k := range terminals {
-		if created[k] == 0 {
+	for k := range c.terminals {
+		if c.created[k] == 0 {
 			keys = append(keys, k)
 		}
 	}
 	slices.SortFunc(keys, cmpKey)
 	for _, k := range keys {
-		v := func(format string, args ...any) {
-			rep.Violations = append(rep.Violations, Violation{Invariant: InvariantFate, Device: k.dev, ID: k.id,
-				Detail: fmt.Sprintf(format, args...)})
-		}
-		c, ts := created[k], terminals[k]
-		switch {
-		case c > 1:
-			v("created %d times", c)
-		case c == 0:
-			v("terminal state %s without a created command", strings.Join(ts, ", "))
-		}
-		switch {
-		case c > 0 && len(ts) == 0:
-			v("lost: created, no terminal state")
-		case len(ts) > 1:
-			v("terminal twice: %s", strings.Join(ts, ", "))
-		}
-		if len(ts) == 0 || !fenced[k.dev] || accepted[k] > 0 {
-			continue
-		}
-		switch ts[0] {
-		case acc:
-			v("acked accepted but the fence point never accepted it")
-		case verdictDuplicate:
-			v("acked duplicate but the fence point never accepted it")
-		}
+		c.fate(k)
 	}
+}
 
-	if opts.RequireApplied {
-		keys = keys[:0]
-		for k := range accepted {
-			ts := terminals[k]
-			switch {
-			case !appliedOn[k.dev] || applied[k] > 0:
-			case created[k] > 0 && len(ts) == 0: // pending
-			case len(ts) > 0 && ts[0] != verdictAccepted && ts[0] != verdictDuplicate:
-				// The agent was told it failed (say, the device refused
-				// it after admission): not applied is the right outcome.
-			default:
-				keys = append(keys, k)
-			}
-		}
-		slices.SortFunc(keys, cmpKey)
-		for _, k := range keys {
-			rep.Violations = append(rep.Violations, Violation{Invariant: InvariantFate, Device: k.dev, ID: k.id,
-				Detail: "accepted but never applied"})
+// fate checks I4 for the command k.
+func (c *checker) fate(k key) {
+	n, ts := c.created[k], c.terminals[k]
+	switch {
+	case n > 1:
+		c.violationOf(InvariantFate, k, "created %d times", n)
+	case n == 0:
+		c.violationOf(InvariantFate, k, "terminal state %s without a created command", strings.Join(ts, ", "))
+	}
+	switch {
+	case n > 0 && len(ts) == 0:
+		c.violationOf(InvariantFate, k, "lost: created, no terminal state")
+	case len(ts) > 1:
+		c.violationOf(InvariantFate, k, "terminal twice: %s", strings.Join(ts, ", "))
+	}
+	if len(ts) == 0 || !c.fenced[k.dev] || c.accepted[k] > 0 {
+		return
+	}
+	switch ts[0] {
+	case verdictAccepted:
+		c.violationOf(InvariantFate, k, "acked accepted but the fence point never accepted it")
+	case verdictDuplicate:
+		c.violationOf(InvariantFate, k, "acked duplicate but the fence point never accepted it")
+	}
+}
+
+// requireApplied is CheckOptions.RequireApplied: every command accepted
+// for a device with OpApplied events was applied, unless still pending or
+// failed after admission; by device and id.
+func (c *checker) requireApplied() {
+	var keys []key
+	for k := range c.accepted {
+		ts := c.terminals[k]
+		switch {
+		case !c.appliedOn[k.dev] || c.applied[k] > 0:
+		case c.created[k] > 0 && len(ts) == 0: // pending
+		case len(ts) > 0 && ts[0] != verdictAccepted && ts[0] != verdictDuplicate:
+			// The agent was told it failed (say, the device refused
+			// it after admission): not applied is the right outcome.
+		default:
+			keys = append(keys, k)
 		}
 	}
-	return rep
+	slices.SortFunc(keys, cmpKey)
+	for _, k := range keys {
+		c.violationOf(InvariantFate, k, "accepted but never applied")
+	}
 }
 
 func cmpKey(a, b key) int {

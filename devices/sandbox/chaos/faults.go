@@ -21,71 +21,26 @@ func (r *round) inject(ctx context.Context) error {
 	return r.injectFault(ctx)
 }
 
+// injectFault injects the fault of the round's scenario and heals it.
 func (r *round) injectFault(ctx context.Context) error {
 	ttl := r.cfg.TTL
 	switch r.sc {
 	case FaultFreeze:
 		return r.freezeHolder(ctx, r.outage(ttl+500*time.Millisecond, 2*ttl+time.Second))
 	case FaultKillAgent:
-		for range 1 + int(r.jitter(0, 2)) {
-			if err := r.killAgent(ctx, r.agents[int(r.jitter(0, time.Duration(len(r.agents))))]); err != nil {
-				return err
-			}
-		}
-		return nil
+		return r.killAgents(ctx)
 	case FaultKillBridge:
 		return r.killAgent(ctx, r.agents[1]) // gw-b is the serial devices' home
 	case FaultKillDevsim:
-		for range 1 + int(r.jitter(0, 3)) {
-			if err := r.killDevsim(ctx); err != nil {
-				return err
-			}
-			backoff.Sleep(ctx, r.jitter(200*time.Millisecond, time.Second))
-		}
-		return nil
+		return r.killDevsims(ctx)
 	case FaultEtcdRestart:
-		if err := r.etcd.Stop(); err != nil {
-			return err
-		}
-		r.fault(FaultEtcdRestart)
-		d := r.outage(ttl/2, 3*ttl)
-		r.logf("etcd stopped for %v", d)
-		backoff.Sleep(ctx, d)
-		return r.etcd.Start(ctx)
+		return r.restartEtcd(ctx)
 	case FaultLeaderLoss:
-		l, err := r.cluster.WaitLeader(ctx, -1)
-		if err != nil {
-			return err
-		}
-		if err := r.cluster.Kill(l); err != nil {
-			return err
-		}
-		r.fault(FaultLeaderLoss)
-		if _, err := r.cluster.WaitLeader(ctx, l); err != nil {
-			return err
-		}
-		r.logf("etcd leader %d killed; new leader elected", l)
-		backoff.Sleep(ctx, r.outage(500*time.Millisecond, 2*ttl))
-		return r.cluster.Restart(ctx, l)
+		return r.killLeader(ctx)
 	case FaultBroker:
-		if err := r.broker.Stop(); err != nil {
-			return err
-		}
-		r.fault(FaultBroker)
-		d := r.outage(300*time.Millisecond, 3*time.Second)
-		r.logf("broker down (no persistence) for %v", d)
-		backoff.Sleep(ctx, d)
-		return r.broker.Start(ctx)
+		return r.restartBroker(ctx)
 	case FaultPartition:
-		if err := r.lab.Partition(nodeA, nodeServer); err != nil {
-			return err
-		}
-		r.res.FaultStart = time.Now() // in effect from here on
-		r.fault(FaultPartition)
-		d := r.outage(ttl+500*time.Millisecond, 3*ttl)
-		r.logf("gw-a cut from etcd and broker for %v", d)
-		backoff.Sleep(ctx, d)
-		return r.lab.Heal(nodeA, nodeServer)
+		return r.partition(ctx)
 	case FaultDuplicate:
 		// The duplicator works from the start; count what it did once
 		// the load is over.
@@ -95,22 +50,109 @@ func (r *round) injectFault(ctx context.Context) error {
 		r.faultMu.Unlock()
 		return nil
 	case FaultSerialNoise:
-		for i, l := range r.lines {
-			l.SetNoise(sandbox.LineNoise{Flip: 0.002, Insert: 0.001, Drop: 0.001})
-			r.fault(FaultSerialNoise)
-			if i == 0 {
-				l.Unplug()
-				backoff.Sleep(ctx, r.jitter(100*time.Millisecond, time.Second))
-				l.Plug()
-			}
-		}
-		backoff.Sleep(ctx, r.outage(time.Second, 3*time.Second))
-		for _, l := range r.lines {
-			l.SetNoise(sandbox.LineNoise{})
-		}
-		return nil
+		return r.serialNoise(ctx)
 	}
 	return fmt.Errorf("no fault for scenario %q", r.sc)
+}
+
+// killAgents kills one or two agents drawn at random (maybe the same one
+// twice), each restarted before the next kill.
+func (r *round) killAgents(ctx context.Context) error {
+	for range 1 + int(r.jitter(0, 2)) {
+		if err := r.killAgent(ctx, r.agents[int(r.jitter(0, time.Duration(len(r.agents))))]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// killDevsims kills the device simulator one to three times, a moment
+// apart.
+func (r *round) killDevsims(ctx context.Context) error {
+	for range 1 + int(r.jitter(0, 3)) {
+		if err := r.killDevsim(ctx); err != nil {
+			return err
+		}
+		backoff.Sleep(ctx, r.jitter(200*time.Millisecond, time.Second))
+	}
+	return nil
+}
+
+// restartEtcd stops the single etcd node for an outage, then starts it on
+// the same data.
+func (r *round) restartEtcd(ctx context.Context) error {
+	if err := r.etcd.Stop(); err != nil {
+		return err
+	}
+	r.fault(FaultEtcdRestart)
+	d := r.outage(r.cfg.TTL/2, 3*r.cfg.TTL)
+	r.logf("etcd stopped for %v", d)
+	backoff.Sleep(ctx, d)
+	return r.etcd.Start(ctx)
+}
+
+// killLeader kills the etcd cluster's leader, waits for another to be
+// elected, and restarts the killed member after an outage.
+func (r *round) killLeader(ctx context.Context) error {
+	l, err := r.cluster.WaitLeader(ctx, -1)
+	if err != nil {
+		return err
+	}
+	if err := r.cluster.Kill(l); err != nil {
+		return err
+	}
+	r.fault(FaultLeaderLoss)
+	if _, err := r.cluster.WaitLeader(ctx, l); err != nil {
+		return err
+	}
+	r.logf("etcd leader %d killed; new leader elected", l)
+	backoff.Sleep(ctx, r.outage(500*time.Millisecond, 2*r.cfg.TTL))
+	return r.cluster.Restart(ctx, l)
+}
+
+// restartBroker stops the broker (it keeps no sessions) for an outage,
+// then starts it again.
+func (r *round) restartBroker(ctx context.Context) error {
+	if err := r.broker.Stop(); err != nil {
+		return err
+	}
+	r.fault(FaultBroker)
+	d := r.outage(300*time.Millisecond, 3*time.Second)
+	r.logf("broker down (no persistence) for %v", d)
+	backoff.Sleep(ctx, d)
+	return r.broker.Start(ctx)
+}
+
+// partition cuts gw-a from etcd and the broker for an outage, then heals.
+func (r *round) partition(ctx context.Context) error {
+	if err := r.lab.Partition(nodeA, nodeServer); err != nil {
+		return err
+	}
+	r.res.FaultStart = time.Now() // in effect from here on
+	r.fault(FaultPartition)
+	d := r.outage(r.cfg.TTL+500*time.Millisecond, 3*r.cfg.TTL)
+	r.logf("gw-a cut from etcd and broker for %v", d)
+	backoff.Sleep(ctx, d)
+	return r.lab.Heal(nodeA, nodeServer)
+}
+
+// serialNoise corrupts the serial lines for a while, the first one also
+// unplugged for a moment, then makes them clean again.
+func (r *round) serialNoise(ctx context.Context) error {
+	for i, l := range r.lines {
+		l.SetNoise(sandbox.LineNoise{Flip: 0.002, Insert: 0.001, Drop: 0.001})
+		r.fault(FaultSerialNoise)
+		if i == 0 {
+			l.Unplug()
+			backoff.Sleep(ctx, r.jitter(100*time.Millisecond, time.Second))
+			l.Plug()
+		}
+	}
+	backoff.Sleep(ctx, r.outage(time.Second, 3*time.Second))
+	for _, l := range r.lines {
+		l.SetNoise(sandbox.LineNoise{})
+	}
+	return nil
 }
 
 // freezeHolder SIGSTOPs the agent holding the most devices for d, then

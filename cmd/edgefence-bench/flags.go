@@ -1,0 +1,327 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/edgefence/edgefence/agent"
+)
+
+// benchFlags are edgefence-bench's flags, by the benchmark that reads
+// them. One flag set serves every benchmark: flags may come before or
+// after the subcommand.
+type benchFlags struct {
+	rt       rtFlags
+	twins    twinsFlags
+	replay   replayFlags
+	failover failoverFlags
+	rss      rssFlags
+	lcSizes  string // lifecycle
+	devices  int    // locks, replay, failover, twins
+	runs     int    // locks, replay, failover, twins, lifecycle
+	agentBin string // rss, failover, lifecycle
+	keep     bool
+	cpuprof  string
+}
+
+type rtFlags struct {
+	broker                         string
+	n, rounds, warmup, conc, concN int
+	fleets                         string
+}
+
+type twinsFlags struct {
+	sizes                 string
+	runs, changes, fleets int
+}
+
+type replayFlags struct {
+	backlog int
+	cmdTO   time.Duration
+}
+
+type failoverFlags struct {
+	ttls, faults string
+	probes       int
+	interval     time.Duration
+	devsim       string
+}
+
+type rssFlags struct {
+	sizes       string
+	dur, period time.Duration
+	minRate     float64
+	workers     int
+	agentEnv    string
+}
+
+// newFlagSet returns edgefence-bench's flag set, parsing into the
+// returned benchFlags.
+func newFlagSet(stderr io.Writer) (*flag.FlagSet, *benchFlags) {
+	fs := flag.NewFlagSet("edgefence-bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprint(stderr, usage); fs.PrintDefaults() }
+	f := &benchFlags{}
+	f.rt.register(fs)
+	f.twins.register(fs)
+	f.replay.register(fs)
+	f.failover.register(fs)
+	f.rss.register(fs)
+	fs.StringVar(&f.lcSizes, "lc-sizes", "10,1000", "lifecycle: device counts, comma-separated")
+	fs.IntVar(&f.devices, "devices", 0, "locks: devices (default 1000); replay: devices (default 10); failover: devices (default 4); twins: devices on the agent, all changing at once in the throughput runs (default 1000)")
+	fs.IntVar(&f.runs, "runs", 0, "locks, replay: repetitions (default 5, 3); failover: trials per lease_ttl and fault (default 3); twins: latency rounds per size (default 30)")
+	fs.StringVar(&f.agentBin, "agent-bin", "", "rss, failover: the edgefence binary (default: go build it from the module in the working directory)")
+	fs.BoolVar(&f.keep, "keep", false, "keep the temp dir (logs, configs, data)")
+	fs.StringVar(&f.cpuprof, "cpuprofile", "", "write a CPU profile of this process (etcd, mochi, devices and the in-process agent) to FILE")
+	return fs, f
+}
+
+func (f *rtFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.broker, "broker", "both", "roundtrip: mochi, mosquitto or both")
+	fs.IntVar(&f.n, "n", 5000, "roundtrip: sequential operations per path")
+	fs.IntVar(&f.rounds, "rounds", 10, "roundtrip: interleave the sequential paths in this many rounds")
+	fs.IntVar(&f.warmup, "warmup", 200, "roundtrip: unmeasured operations per path first")
+	fs.IntVar(&f.conc, "conc", 32, "roundtrip: devices in parallel for the concurrent variant (1 = none)")
+	fs.IntVar(&f.concN, "conc-n", 20000, "roundtrip: operations per concurrent path")
+	fs.StringVar(&f.fleets, "fleets", "1,32", "roundtrip: comma-separated; run the concurrent variant with the devices split over this many sim.Fleets (an MQTT client + bbolt file each); the sequential one uses the first")
+}
+
+func (f *twinsFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.sizes, "twin-sizes", "1,100", "twins: devices changing at once in the latency rounds, comma-separated (at most --devices)")
+	fs.IntVar(&f.runs, "twin-runs", 3, "twins: throughput runs (0: none)")
+	fs.IntVar(&f.changes, "changes", 1, "twins: desired changes per device per throughput run (a stream; only the last must show in reported)")
+	fs.IntVar(&f.fleets, "twin-fleets", 1, "twins: split the devices over this many sim.Fleets (an MQTT client + bbolt file each, commands handled one at a time per fleet)")
+}
+
+func (f *replayFlags) register(fs *flag.FlagSet) {
+	fs.IntVar(&f.backlog, "backlog", 10000, "replay: commands queued while the broker is down")
+	fs.DurationVar(&f.cmdTO, "cmd-timeout", 10*time.Second, "replay: the agent's command timeout (command.timeout)")
+}
+
+func (f *failoverFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.ttls, "ttls", "2s,5s,10s", "failover: lease_ttl values, comma-separated (whole seconds, at least 2s)")
+	fs.StringVar(&f.faults, "faults", "kill,stop", "failover: kill (SIGKILL), stop (SIGSTOP, then SIGCONT once B took over) and/or term (SIGTERM: clean shutdown), comma-separated")
+	fs.IntVar(&f.probes, "probes", 0, "failover: send the load to this many devices, spread over the list (0: every device)")
+	fs.DurationVar(&f.interval, "interval", 10*time.Millisecond, "failover: the load sends one command per device this often through B")
+	fs.StringVar(&f.devsim, "devsim-bin", "", "failover: the edgefence-devsim binary (default: go build it)")
+}
+
+func (f *rssFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.sizes, "sizes", "10,1000,10000", "rss: device counts, comma-separated")
+	fs.DurationVar(&f.dur, "rss-duration", 60*time.Second, "rss: measure this long after the agent process started")
+	fs.DurationVar(&f.period, "rss-period", 60*time.Second, "rss: the load sends each device one command per period...")
+	fs.Float64Var(&f.minRate, "rss-min-rate", 5, "rss: ...but at least this many commands/s over all devices")
+	fs.IntVar(&f.workers, "rss-workers", 8, "rss: API clients sending the load concurrently")
+	fs.StringVar(&f.agentEnv, "agent-env", "", "rss: extra environment for the agent, comma-separated (e.g. GOGC=50,GODEBUG=gctrace=1; see --keep for its log)")
+}
+
+// benchNames are the subcommands.
+var benchNames = []string{"roundtrip", "locks", "rss", "all", "replay", "failover", "twins", "lifecycle"}
+
+// parseArgs parses args, the flags before or after the one benchmark
+// name, and returns that name. With ok false the command is to exit with
+// code: 0 after -h, 2 on a usage error (reported on stderr).
+func parseArgs(fs *flag.FlagSet, args []string, stderr io.Writer) (what string, code int, ok bool) {
+	rest := args
+	for {
+		if err := fs.Parse(rest); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return "", 0, false
+			}
+			return "", 2, false
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		if what != "" {
+			fmt.Fprintf(stderr, "edgefence-bench: more than one benchmark given: %q and %q\n", what, fs.Arg(0))
+			return "", 2, false
+		}
+		what, rest = fs.Arg(0), fs.Args()[1:]
+	}
+	switch {
+	case what == "":
+		fs.Usage()
+		return "", 2, false
+	case !slices.Contains(benchNames, what):
+		fmt.Fprintf(stderr, "edgefence-bench: unknown benchmark %q\n", what)
+		fs.Usage()
+		return "", 2, false
+	}
+	return what, 0, true
+}
+
+// benches is what one invocation runs: the benchmark (what) and each
+// benchmark's configuration from the flags, but for Dir and Log.
+type benches struct {
+	what      string
+	brokers   []string // roundtrip's, before checking Mosquitto is installed
+	rt        rtConfig
+	locks     locksConfig
+	rss       rssConfig
+	replay    replayConfig
+	failover  failoverConfig
+	lifecycle lifecycleConfig
+	twins     twinsConfig
+	keep      bool
+	cpuprof   string
+}
+
+// benches checks the flags for the benchmark what, set being the flags
+// given, and returns the configurations. The checks run in a fixed order;
+// the first that fails is the error.
+func (f *benchFlags) benches(what string, set map[string]bool) (*benches, error) {
+	l, err := f.lists()
+	if err != nil {
+		return nil, err
+	}
+	f.defaults(what, set)
+	if err := f.checkBounds(what, l.twinSizes); err != nil {
+		return nil, err
+	}
+	ttls, err := ttlList(f.failover.ttls)
+	if err != nil {
+		return nil, fmt.Errorf("--ttls: %w", err)
+	}
+	faults, err := faultList(f.failover.faults)
+	if err != nil {
+		return nil, fmt.Errorf("--faults: %w", err)
+	}
+	lcRuns := f.runs
+	if what == "all" && !set["runs"] {
+		lcRuns = 10 // all's --runs default (5) is the locks benchmark's
+	}
+	return &benches{
+		what:    what,
+		brokers: l.brokers,
+		rt: rtConfig{N: f.rt.n, Rounds: f.rt.rounds, Warmup: f.rt.warmup, Conc: f.rt.conc,
+			ConcN: f.rt.concN, Fleets: l.fleets},
+		locks: locksConfig{N: f.devices, Runs: f.runs},
+		rss: rssConfig{Sizes: l.sizes, AgentBin: f.agentBin, Duration: f.rss.dur, Period: f.rss.period, MinRate: f.rss.minRate,
+			Workers: f.rss.workers, Env: splitNonEmpty(f.rss.agentEnv)},
+		replay: replayConfig{Devices: f.devices, Backlog: f.replay.backlog, Runs: f.runs, Timeout: f.replay.cmdTO},
+		failover: failoverConfig{Devices: f.devices, TTLs: ttls, Trials: f.runs, Faults: faults,
+			Interval: f.failover.interval, Probes: f.failover.probes, AgentBin: f.agentBin, DevsimBin: f.failover.devsim},
+		lifecycle: lifecycleConfig{Sizes: l.lcSizes, Runs: lcRuns, AgentBin: f.agentBin},
+		twins: twinsConfig{Sizes: l.twinSizes, Rounds: f.runs, Devices: f.devices, Changes: f.twins.changes,
+			TPRuns: f.twins.runs, Fleets: f.twins.fleets},
+		keep:    f.keep,
+		cpuprof: f.cpuprof,
+	}, nil
+}
+
+// flagLists are the list flags, parsed.
+type flagLists struct {
+	brokers                           []string
+	sizes, fleets, lcSizes, twinSizes []int
+}
+
+func (f *benchFlags) lists() (flagLists, error) {
+	var l flagLists
+	switch f.rt.broker {
+	case "both":
+		l.brokers = []string{brokerMochi, brokerMosquitto}
+	case brokerMochi, brokerMosquitto:
+		l.brokers = []string{f.rt.broker}
+	default:
+		return l, fmt.Errorf("--broker %q: want mochi, mosquitto or both", f.rt.broker)
+	}
+	for _, x := range []struct {
+		name, val string
+		list      *[]int
+	}{{"sizes", f.rss.sizes, &l.sizes}, {"fleets", f.rt.fleets, &l.fleets}, {"lc-sizes", f.lcSizes, &l.lcSizes}, {"twin-sizes", f.twins.sizes, &l.twinSizes}} {
+		var err error
+		if *x.list, err = intList(x.val); err != nil {
+			return l, fmt.Errorf("--%s: %w", x.name, err)
+		}
+	}
+	return l, nil
+}
+
+// defaults sets --devices and --runs, when not given, to the default of
+// the benchmark what.
+func (f *benchFlags) defaults(what string, set map[string]bool) {
+	if !set["devices"] {
+		f.devices = map[string]int{"replay": 10, "failover": 4}[what]
+		if f.devices == 0 {
+			f.devices = 1000
+		}
+	}
+	if !set["runs"] {
+		f.runs = map[string]int{"replay": 3, "failover": 3, "twins": 30, "lifecycle": 10}[what]
+		if f.runs == 0 {
+			f.runs = 5
+		}
+	}
+}
+
+// checkBounds checks the numeric flags' ranges.
+func (f *benchFlags) checkBounds(what string, twinSizes []int) error {
+	if f.rt.n < 1 || f.rt.conc < 1 || f.devices < 1 || f.runs < 1 || f.replay.backlog < 1 || f.twins.changes < 1 || f.twins.fleets < 1 {
+		return errors.New("--n, --conc, --devices, --runs, --backlog, --changes and --twin-fleets must be at least 1")
+	}
+	if f.twins.runs < 0 {
+		return errors.New("--twin-runs must not be negative")
+	}
+	if what == "twins" && slices.Max(twinSizes) > f.devices {
+		return fmt.Errorf("--twin-sizes: %d devices at once, but --devices is %d", slices.Max(twinSizes), f.devices)
+	}
+	if f.replay.cmdTO <= 0 || f.failover.interval <= 0 || f.rss.dur <= 0 || f.rss.period <= 0 || f.rss.minRate <= 0 || f.rss.workers < 1 {
+		return errors.New("--cmd-timeout, --interval, --rss-duration, --rss-period, --rss-min-rate and --rss-workers must be positive")
+	}
+	return nil
+}
+
+// intList parses a comma-separated list of positive integers.
+func intList(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		v, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || v < 1 {
+			return nil, fmt.Errorf("bad count %q", f)
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+// ttlList parses a comma-separated list of lease TTLs: whole seconds, at
+// least agent.MinLeaseTTL.
+func ttlList(s string) ([]time.Duration, error) {
+	var out []time.Duration
+	for _, f := range strings.Split(s, ",") {
+		d, err := time.ParseDuration(strings.TrimSpace(f))
+		if err != nil || d < agent.MinLeaseTTL || d%time.Second != 0 {
+			return nil, fmt.Errorf("bad lease TTL %q: want whole seconds, at least %v", f, agent.MinLeaseTTL)
+		}
+		out = append(out, d)
+	}
+	return out, nil
+}
+
+// faultList parses --faults.
+func faultList(s string) ([]string, error) {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		switch f = strings.TrimSpace(f); f {
+		case faultKill, faultStop, faultTerm:
+			out = append(out, f)
+		default:
+			return nil, fmt.Errorf("bad fault %q: want %s, %s or %s", f, faultKill, faultStop, faultTerm)
+		}
+	}
+	return out, nil
+}
+
+func splitNonEmpty(s string) []string {
+	if s == "" {
+		return nil
+	}
+	return strings.Split(s, ",")
+}
