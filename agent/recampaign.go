@@ -69,7 +69,7 @@ func (l *leases) recampaign(d *device, token fence.Token, key string, lease clie
 		if !backoff.Sleep(r.ctx, wait) || !acquireSlot(r.ctx, r.slots) {
 			return
 		}
-		l.campaign(r.ctx, r.sess, d, concurrency.NewMutex(r.sess, l.lockPrefix(d.id)), r.slots)
+		l.campaign(r.ctx, r.sess, d, concurrency.NewMutex(r.mutexes, l.lockPrefix(d.id)), r.slots)
 	}()
 }
 

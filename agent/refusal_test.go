@@ -11,6 +11,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/edgefence/edgefence/devices/sandbox"
 	"github.com/edgefence/edgefence/fence"
 	"github.com/edgefence/edgefence/offline"
 )
@@ -257,4 +258,44 @@ func TestRestartSweepsUnconfiguredLocks(t *testing.T) {
 	// wait for the key as long as a2 runs.
 	b := startAgent(t, "gw-b", prefix, []string{"gone"}, fp, Options{})
 	waitFor(t, "b holds the device a2 no longer configures", func() bool { _, ok := b.Holding("gone"); return ok })
+}
+
+// TestShutdownWaitingForLockWithEtcdAway: b waits for a lock a holds; etcd
+// goes away; b is stopped. Its Run must return: concurrency.Mutex.Lock
+// deletes its queued key after a cancelled wait on its client's context,
+// which on the agent's own client outlived the run and, with etcd away,
+// blocked the campaign, and Run, until the client was closed (after Run
+// returns): the rare shutdown hang of a re-campaigning agent. The
+// campaigns' mutexes now run on a client view whose context ends with the
+// session run (mutexSession).
+func TestShutdownWaitingForLockWithEtcdAway(t *testing.T) {
+	e, err := sandbox.StartEtcd(context.Background(), sandbox.EtcdConfig{Dir: t.TempDir(), Fast: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() }) // after the agents have stopped
+	fp := newFencePoint()
+	prefix := "/t/" + t.Name()
+	a := startOutboxAgent(t, "gw-a", prefix, devCfgs("d1"), fp, openOutbox(t, filepath.Join(t.TempDir(), offline.File), nil), e)
+	waitFor(t, "a holds", holdingAll(a, []string{"d1"}))
+	b := startOutboxAgent(t, "gw-b", prefix, devCfgs("d1"), fp, openOutbox(t, filepath.Join(t.TempDir(), offline.File), nil), e)
+	waitFor(t, "b waits for the lock", func() bool {
+		r, err := a.cli.Get(context.Background(), a.LockPrefix("d1")+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+		return err == nil && r.Count == 2
+	})
+	if err := e.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		b.stop()
+	}()
+	// The lease revoke is bounded by the TTL (8 s here); a stuck campaign
+	// never returns. Generous, so that only the hang fails it.
+	select {
+	case <-stopped:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("b's Run did not return with etcd away: a campaign is stuck in the mutex's cleanup")
+	}
 }

@@ -29,11 +29,7 @@ type longFunc struct {
 // directory and name (funcName). The list may only shrink: TestFuncLength
 // fails when a function not on it is longer, when a listed one grows, and
 // when a listed one is gone or down to maxFuncLines (take it off then).
-var longFuncs = map[string]longFunc{
-	"devices/sandbox.(*figure1).run": {135, "the Figure 1 demo scenario, step by step: split in its own change (moving the harness under internal/ does not shorten it)"},
-	"devices/shim.(*Shim).process":   {116, "the fence point's admit path: split once the DisableFence branch leaves it (the unfenced device as a simulator kind)"},
-	"cmd/edgefence-devsim.run":       {97, "flags and wiring of the device simulator: split with the unfenced device as a simulator kind, which changes its flags"},
-}
+var longFuncs = map[string]longFunc{}
 
 // TestFuncLength: no function of the module's production code (not tests,
 // not generated files) is longer than maxFuncLines, but for longFuncs.

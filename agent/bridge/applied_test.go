@@ -35,17 +35,21 @@ const (
 	historyEnv = "EDGEFENCE_BRIDGE_HISTORY"
 )
 
+// helperHistory opens the helper process's history, if the test asks for
+// one: the table records its accepts there (before each commit), the
+// bridge its refusals and what the device applied.
+func helperHistory() (*history.Writer, error) {
+	path := os.Getenv(historyEnv)
+	if path == "" {
+		return nil, nil
+	}
+	return history.Create(path, "table:helper")
+}
+
 // helperHooks sets the failpoints of the helper process on cfg; br is the
 // bridge once New returned.
 func helperHooks(cfg *Config, br **Bridge) error {
 	crash, hold := os.Getenv(crashEnv), os.Getenv(holdEnv)
-	if path := os.Getenv(historyEnv); path != "" {
-		w, err := history.Create(path, "table:helper")
-		if err != nil {
-			return err
-		}
-		cfg.History = w
-	}
 	cfg.beforeWire = func(env *fence.Envelope) {
 		switch env.ID {
 		case crash:

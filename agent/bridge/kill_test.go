@@ -41,12 +41,17 @@ func TestBridgeHelperProcess(t *testing.T) {
 		id, path, _ := strings.Cut(kv, "=")
 		devs = append(devs, Device{ID: id, Port: serial.PortConfig{Path: path}})
 	}
-	tbl, err := fence.OpenTable(parts[1], &fence.TableOptions{Timeout: 10 * time.Second})
+	hist, err := helperHistory()
 	if err != nil {
 		fmt.Println("error", err)
 		os.Exit(1)
 	}
-	cfg := Config{Table: tbl, Topics: mqtt.Topics{Prefix: "kill"}, Devices: devs}
+	tbl, err := fence.OpenTable(parts[1], &fence.TableOptions{Timeout: 10 * time.Second, History: hist})
+	if err != nil {
+		fmt.Println("error", err)
+		os.Exit(1)
+	}
+	cfg := Config{Table: tbl, Topics: mqtt.Topics{Prefix: "kill"}, Devices: devs, History: hist}
 	var br *Bridge
 	if err := helperHooks(&cfg, &br); err != nil {
 		fmt.Println("error", err)

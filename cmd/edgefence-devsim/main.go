@@ -44,24 +44,36 @@ func main() {
 
 // run is the whole program; it returns the exit code: 0 after a clean
 // shutdown, 1 on a runtime error, 2 on a usage error.
+// devsimFlags are the command line of edgefence-devsim.
+type devsimFlags struct {
+	broker, prefix, devices, idPrefix, dir, logPath, clientID *string
+	port, histPath, histSrc                                   *string
+	count, regs                                               *int
+	noFence                                                   *bool
+}
+
+func newDevsimFlags(fs *flag.FlagSet) devsimFlags {
+	return devsimFlags{
+		broker:   fs.String("mqtt", "", "MQTT broker URL, e.g. mqtt://127.0.0.1:1883 (required)"),
+		prefix:   fs.String("prefix", mqtt.DefaultPrefix, "MQTT topic prefix"),
+		devices:  fs.String("devices", "", "comma-separated device ids (or use --count)"),
+		count:    fs.Int("count", 0, "number of devices <id-prefix>1..<id-prefix>N (instead of --devices)"),
+		idPrefix: fs.String("id-prefix", "dev-", "device id prefix for --count"),
+		dir:      fs.String("dir", "", "data directory for the marks and states (required)"),
+		logPath:  fs.String("log", "", "verdict log file, JSON lines, appended (default stdout)"),
+		clientID: fs.String("client-id", "", "MQTT client id (default derived from the host name and --dir)"),
+		noFence:  unsafeFlags(fs),
+		port:     fs.String("serial", "", "run ONE legacy register device (no fence of its own) on this serial port instead of MQTT devices"),
+		regs:     fs.Int("registers", 0, "with --serial: number of holding registers (default 256)"),
+		histPath: fs.String("history", "", "append every fence decision to this file as history events (JSON lines, fence/history)"),
+		histSrc:  fs.String("history-source", "devsim", "source name of the --history events"),
+	}
+}
+
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("edgefence-devsim", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var (
-		broker   = fs.String("mqtt", "", "MQTT broker URL, e.g. mqtt://127.0.0.1:1883 (required)")
-		prefix   = fs.String("prefix", mqtt.DefaultPrefix, "MQTT topic prefix")
-		devices  = fs.String("devices", "", "comma-separated device ids (or use --count)")
-		count    = fs.Int("count", 0, "number of devices <id-prefix>1..<id-prefix>N (instead of --devices)")
-		idPrefix = fs.String("id-prefix", "dev-", "device id prefix for --count")
-		dir      = fs.String("dir", "", "data directory for the marks and states (required)")
-		logPath  = fs.String("log", "", "verdict log file, JSON lines, appended (default stdout)")
-		clientID = fs.String("client-id", "", "MQTT client id (default derived from the host name and --dir)")
-		noFence  = unsafeFlags(fs)
-		port     = fs.String("serial", "", "run ONE legacy register device (no fence of its own) on this serial port instead of MQTT devices")
-		regs     = fs.Int("registers", 0, "with --serial: number of holding registers (default 256)")
-		histPath = fs.String("history", "", "append every fence decision to this file as history events (JSON lines, fence/history)")
-		histSrc  = fs.String("history-source", "devsim", "source name of the --history events")
-	)
+	f := newDevsimFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -74,57 +86,60 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return 2
 	}
-	if *port != "" {
-		if *broker != "" || *count != 0 || *noFence || *dir != "" || *histPath != "" {
+	if *f.port != "" {
+		if *f.broker != "" || *f.count != 0 || *f.noFence || *f.dir != "" || *f.histPath != "" {
 			return usage("--serial runs a legacy device: it takes --devices ID (one), --registers, --log; not --mqtt, --count, --dir, --history or an unsafe flag (it has no fence point and never sees command ids)")
 		}
 		id := "plc-1"
-		if *devices != "" {
-			id = strings.TrimSpace(*devices)
+		if *f.devices != "" {
+			id = strings.TrimSpace(*f.devices)
 		}
-		return runSerial(ctx, log, *port, id, *regs, *logPath, stdout)
+		return runSerial(ctx, log, *f.port, id, *f.regs, *f.logPath, stdout)
 	}
-	ids, err := deviceIDs(*devices, *count, *idPrefix)
+	ids, err := deviceIDs(*f.devices, *f.count, *f.idPrefix)
 	switch {
 	case fs.NArg() > 0:
 		return usage("unexpected arguments: " + strings.Join(fs.Args(), " "))
-	case *broker == "":
+	case *f.broker == "":
 		return usage("--mqtt is required")
-	case *dir == "":
+	case *f.dir == "":
 		return usage("--dir is required")
 	case err != nil:
 		return usage(err.Error())
 	}
+	return runFleet(ctx, log, f, ids, stdout)
+}
 
+// runFleet runs the MQTT devices ids until ctx ends.
+func runFleet(ctx context.Context, log *slog.Logger, f devsimFlags, ids []string, stdout io.Writer) int {
 	var vlog io.Writer = stdout
-	if *logPath != "" {
-		f, err := os.OpenFile(*logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if *f.logPath != "" {
+		lf, err := os.OpenFile(*f.logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 		if err != nil {
 			log.Error("open verdict log", "err", err)
 			return 1
 		}
-		defer f.Close()
-		vlog = f
+		defer lf.Close()
+		vlog = lf
 	}
-
 	var hist *history.Writer // nil: none
-	if *histPath != "" {
-		if hist, err = history.Create(*histPath, *histSrc); err != nil {
+	if *f.histPath != "" {
+		var err error
+		if hist, err = history.Create(*f.histPath, *f.histSrc); err != nil {
 			log.Error("open history", "err", err)
 			return 1
 		}
 		defer hist.Close() // after the fleet: deferred calls run last in, first out
 	}
-
-	fleet, err := sim.NewFleet(ctx, sim.FleetConfig{Devices: ids, DataDir: *dir, Broker: *broker, Prefix: *prefix,
-		ClientID: *clientID, VerdictLog: vlog, History: hist, Kind: deviceKind(*noFence), Logger: log})
+	fleet, err := sim.NewFleet(ctx, sim.FleetConfig{Devices: ids, DataDir: *f.dir, Broker: *f.broker, Prefix: *f.prefix,
+		ClientID: *f.clientID, VerdictLog: vlog, History: hist, Kind: deviceKind(*f.noFence), Logger: log})
 	if err != nil {
 		log.Error("start", "err", err)
 		return 1
 	}
 	code := 0
 	if err := fleet.AwaitReady(ctx); err == nil {
-		log.Info("ready", "devices", len(ids), "broker", *broker, "prefix", *prefix)
+		log.Info("ready", "devices", len(ids), "broker", *f.broker, "prefix", *f.prefix)
 		<-ctx.Done()
 	} else if ctx.Err() == nil {
 		log.Error("await broker", "err", err)

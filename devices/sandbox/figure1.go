@@ -312,98 +312,27 @@ func (f *figure1) send(ctx context.Context, sock, dev string, setpoint float64) 
 func (f *figure1) run(ctx context.Context) (*Figure1Result, error) {
 	c := f.cfg
 	res := &Figure1Result{First: map[string]SendResult{}, Takeover: map[string]SendResult{}, Late: map[string]SendResult{}}
-	fenceWord := "fenced"
-	switch {
-	case c.Serial && c.NoFence:
-		fenceWord = "a legacy serial device wired to gateway B, whose fence table is OFF"
-	case c.Serial:
-		fenceWord = "a legacy serial device (no fence of its own) wired to gateway B, whose fence table guards it"
-	case c.NoFence:
-		fenceWord = "UNFENCED (--unsafe-no-fence: they apply whatever arrives)"
-	}
-	devsim, err := f.startDevices(ctx)
+	p, err := f.startAll(ctx, res)
 	if err != nil {
 		return nil, err
 	}
-	f.say("devices %s are up, %s", strings.Join(c.Devices, ", "), fenceWord)
-
-	a, sockA, err := f.startAgent(ctx, "gw-a", c.AgentAFailpoints)
-	if err != nil {
+	if err := f.sendAll(ctx, p.sockA, SetpointA, res.First); err != nil {
 		return nil, err
-	}
-	if res.TokenA, err = f.waitHolding(ctx, a, sockA); err != nil {
-		return nil, err
-	}
-	f.say("agent A holds the lease of every device (lease TTL %v), tokens %s", c.LeaseTTL, fmtTokens(c.Devices, res.TokenA))
-
-	bFailpoints := ""
-	if c.Serial && c.NoFence {
-		bFailpoints = "no-fence-table" // B is the device's home: its table is the fence
-	}
-	b, sockB, err := f.startAgent(ctx, "gw-b", bFailpoints)
-	if err != nil {
-		return nil, err
-	}
-	if err := f.waitUp(ctx, b, sockB, c.Serial); err != nil {
-		return nil, err
-	}
-	f.say("agent B is up and campaigning for the same devices")
-
-	for _, d := range c.Devices {
-		r, err := f.send(ctx, sockA, d, SetpointA)
-		if err != nil {
-			return nil, err
-		}
-		res.First[d] = r
 	}
 	f.say("A sets setpoint=%g on each device: %s", SetpointA, fmtVerdicts(c.Devices, res.First))
 
-	if err := a.Freeze(); err != nil {
+	if err := p.a.Freeze(); err != nil {
 		return nil, err
 	}
 	frozeAt := time.Now()
 	f.say("A is frozen (SIGSTOP) — a GC pause, a throttled container; its lease will expire while it sleeps")
-
-	// A's commands are queued in its API socket while it is frozen: they
-	// were decided while A still believed it held the lease.
-	type late struct {
-		dev string
-		r   SendResult
-		err error
-	}
-	lateC := make(chan late, len(c.Devices))
-	for _, d := range c.Devices {
-		go func() {
-			r, err := f.send(ctx, sockA, d, SetpointLate)
-			lateC <- late{d, r, err}
-		}()
-	}
+	lateC := f.sendLate(ctx, p.sockA)
 	f.say("A's next command (setpoint=%g) is queued inside the frozen A", SetpointLate)
 
-	if res.TokenB, err = f.waitHolding(ctx, b, sockB); err != nil {
+	if err := f.takeOver(ctx, p, res); err != nil {
 		return nil, err
 	}
-	f.say("A's lease expired; B acquired every device with higher tokens %s", fmtTokens(c.Devices, res.TokenB))
-	for _, d := range c.Devices {
-		r, err := f.send(ctx, sockB, d, SetpointB)
-		if err != nil {
-			return nil, err
-		}
-		res.Takeover[d] = r
-	}
-	f.say("B sets setpoint=%g: %s", SetpointB, fmtVerdicts(c.Devices, res.Takeover))
-
-	if c.RestartDevicesBeforeLate {
-		if err := devsim.Kill(); err != nil {
-			return nil, err
-		}
-		f.say("the devices crash (SIGKILL) and restart on their stored state")
-		if _, err := f.startDevices(ctx); err != nil {
-			return nil, err
-		}
-	}
-
-	if err := a.Resume(); err != nil {
+	if err := p.a.Resume(); err != nil {
 		return nil, err
 	}
 	res.Frozen = time.Since(frozeAt)
@@ -420,24 +349,136 @@ func (f *figure1) run(ctx context.Context) (*Figure1Result, error) {
 		}
 	}
 	f.say("A's late command (token %s): %s", fmtTokens(c.Devices, res.TokenA), fmtVerdicts(c.Devices, res.Late))
+	if err := f.finish(res); err != nil {
+		return nil, err
+	}
+	return res, nil
+}
 
-	// Stop everything so the device logs are complete, then read them.
+// figure1Procs are the processes of one run.
+type figure1Procs struct {
+	devsim, a, b *Proc
+	sockA, sockB string
+}
+
+// startAll starts the devices, agent A (until it holds every device) and
+// agent B (until it is up and campaigning).
+func (f *figure1) startAll(ctx context.Context, res *Figure1Result) (*figure1Procs, error) {
+	c := f.cfg
+	fenceWord := "fenced"
+	switch {
+	case c.Serial && c.NoFence:
+		fenceWord = "a legacy serial device wired to gateway B, whose fence table is OFF"
+	case c.Serial:
+		fenceWord = "a legacy serial device (no fence of its own) wired to gateway B, whose fence table guards it"
+	case c.NoFence:
+		fenceWord = "UNFENCED (--unsafe-no-fence: they apply whatever arrives)"
+	}
+	p := &figure1Procs{}
+	var err error
+	if p.devsim, err = f.startDevices(ctx); err != nil {
+		return nil, err
+	}
+	f.say("devices %s are up, %s", strings.Join(c.Devices, ", "), fenceWord)
+
+	if p.a, p.sockA, err = f.startAgent(ctx, "gw-a", c.AgentAFailpoints); err != nil {
+		return nil, err
+	}
+	if res.TokenA, err = f.waitHolding(ctx, p.a, p.sockA); err != nil {
+		return nil, err
+	}
+	f.say("agent A holds the lease of every device (lease TTL %v), tokens %s", c.LeaseTTL, fmtTokens(c.Devices, res.TokenA))
+
+	bFailpoints := ""
+	if c.Serial && c.NoFence {
+		bFailpoints = "no-fence-table" // B is the device's home: its table is the fence
+	}
+	if p.b, p.sockB, err = f.startAgent(ctx, "gw-b", bFailpoints); err != nil {
+		return nil, err
+	}
+	if err := f.waitUp(ctx, p.b, p.sockB, c.Serial); err != nil {
+		return nil, err
+	}
+	f.say("agent B is up and campaigning for the same devices")
+	return p, nil
+}
+
+// sendAll sends setpoint to every device through the agent at sock.
+func (f *figure1) sendAll(ctx context.Context, sock string, setpoint float64, into map[string]SendResult) error {
+	for _, d := range f.cfg.Devices {
+		r, err := f.send(ctx, sock, d, setpoint)
+		if err != nil {
+			return err
+		}
+		into[d] = r
+	}
+	return nil
+}
+
+// lateSend is the outcome of one of A's late commands.
+type lateSend struct {
+	dev string
+	r   SendResult
+	err error
+}
+
+// sendLate sends SetpointLate to every device through the frozen A: the
+// commands wait in its API socket, decided while A still believed it held
+// the lease.
+func (f *figure1) sendLate(ctx context.Context, sockA string) <-chan lateSend {
+	lateC := make(chan lateSend, len(f.cfg.Devices))
+	for _, d := range f.cfg.Devices {
+		go func() {
+			r, err := f.send(ctx, sockA, d, SetpointLate)
+			lateC <- lateSend{d, r, err}
+		}()
+	}
+	return lateC
+}
+
+// takeOver waits until B holds every device with higher tokens, has B
+// command them, and restarts the devices if the run asks for it.
+func (f *figure1) takeOver(ctx context.Context, p *figure1Procs, res *Figure1Result) error {
+	c := f.cfg
+	var err error
+	if res.TokenB, err = f.waitHolding(ctx, p.b, p.sockB); err != nil {
+		return err
+	}
+	f.say("A's lease expired; B acquired every device with higher tokens %s", fmtTokens(c.Devices, res.TokenB))
+	if err := f.sendAll(ctx, p.sockB, SetpointB, res.Takeover); err != nil {
+		return err
+	}
+	f.say("B sets setpoint=%g: %s", SetpointB, fmtVerdicts(c.Devices, res.Takeover))
+	if !c.RestartDevicesBeforeLate {
+		return nil
+	}
+	if err := p.devsim.Kill(); err != nil {
+		return err
+	}
+	f.say("the devices crash (SIGKILL) and restart on their stored state")
+	_, err = f.startDevices(ctx)
+	return err
+}
+
+// finish stops everything so the device logs are complete, then reads the
+// devices' final values from them.
+func (f *figure1) finish(res *Figure1Result) error {
 	f.stopAll()
 	f.procs = nil
 	res.Values = map[string]float64{}
-	if c.Serial {
+	if f.cfg.Serial {
 		if err := f.readApplied(res); err != nil {
-			return nil, err
+			return err
 		}
 	} else if err := f.readVerdicts(res); err != nil {
-		return nil, err
+		return err
 	}
 	var finals []string
-	for _, d := range c.Devices {
+	for _, d := range f.cfg.Devices {
 		finals = append(finals, fmt.Sprintf("%s=%g", d, res.Values[d]))
 	}
 	f.say("final values: %s", strings.Join(finals, " "))
-	return res, nil
+	return nil
 }
 
 func (f *figure1) readVerdicts(res *Figure1Result) error {
