@@ -16,7 +16,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/edgefence/edgefence/agent"
-	"github.com/edgefence/edgefence/devices/sandbox"
+	"github.com/edgefence/edgefence/internal/sandbox"
 	"github.com/edgefence/edgefence/offline"
 )
 

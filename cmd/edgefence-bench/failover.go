@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/edgefence/edgefence/agent"
-	"github.com/edgefence/edgefence/devices/sandbox"
 	"github.com/edgefence/edgefence/devices/sim"
+	"github.com/edgefence/edgefence/internal/sandbox"
 )
 
 // Fault modes of the failover benchmark (--faults).

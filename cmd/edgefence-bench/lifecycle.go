@@ -18,8 +18,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/edgefence/edgefence/agent"
-	"github.com/edgefence/edgefence/devices/sandbox"
 	"github.com/edgefence/edgefence/devices/sim"
+	"github.com/edgefence/edgefence/internal/sandbox"
 )
 
 // lifecycleConfig configures the cold start and clean shutdown benchmark.

@@ -67,7 +67,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/edgefence/edgefence/devices/sandbox"
+	"github.com/edgefence/edgefence/internal/sandbox"
 )
 
 func main() {

@@ -1,5 +1,5 @@
 // Command edgefence-chaos runs randomized fault-injection rounds against
-// the real binaries (package devices/sandbox/chaos) and prints a summary:
+// the real binaries (package internal/sandbox/chaos) and prints a summary:
 // rounds, faults injected per kind, commands created and their terminal
 // states, and invariant violations, which must be 0.
 //
@@ -23,7 +23,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/edgefence/edgefence/devices/sandbox/chaos"
+	"github.com/edgefence/edgefence/internal/sandbox/chaos"
 )
 
 func main() {

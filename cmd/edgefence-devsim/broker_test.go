@@ -3,7 +3,7 @@ package main
 import (
 	"testing"
 
-	"github.com/edgefence/edgefence/devices/sandbox"
+	"github.com/edgefence/edgefence/internal/sandbox"
 )
 
 // startBroker runs an in-process MQTT v5 broker (sandbox, mochi) on a free

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/edgefence/edgefence/devices/legacy"
-	"github.com/edgefence/edgefence/devices/sandbox"
+	"github.com/edgefence/edgefence/internal/sandbox"
 	"github.com/edgefence/edgefence/transport/modbus"
 	"github.com/edgefence/edgefence/transport/serial"
 )

@@ -11,7 +11,7 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/edgefence/edgefence/devices/sandbox"
+	"github.com/edgefence/edgefence/internal/sandbox"
 )
 
 // demo replays Figure 1 of the fencing article on real parts and narrates it.

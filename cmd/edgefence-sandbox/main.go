@@ -19,7 +19,7 @@
 // (its reader exited: EPIPE). Either way it stops cleanly and removes its
 // temp dir. demo replays Figure 1 of the fencing article. With no command
 // it prints this list and exits 2. The logic lives in packages
-// devices/sandbox and devices/sim.
+// internal/sandbox and devices/sim.
 package main
 
 import (

@@ -15,7 +15,7 @@ import (
 	"github.com/mochi-mqtt/server/v2/listeners"
 
 	"github.com/edgefence/edgefence/agent"
-	"github.com/edgefence/edgefence/devices/sandbox"
+	"github.com/edgefence/edgefence/internal/sandbox"
 )
 
 // authBroker starts a mochi broker that admits only user with password.

@@ -43,7 +43,7 @@ func TestDependencies(t *testing.T) {
 		{"github.com/mochi-mqtt/", "MQTT broker (sandbox only)"},
 		{"github.com/anishathalye/porcupine", "linearizability checker (tests only)"},
 		{"pgregory.net/rapid", "property testing (tests only)"},
-		{"github.com/edgefence/edgefence/devices/sandbox", "sandbox (demos and tests)"},
+		{"github.com/edgefence/edgefence/internal/sandbox", "sandbox (demos and tests)"},
 		{"github.com/edgefence/edgefence/devices/sim", "device simulator (edgefence-devsim)"},
 		{"github.com/edgefence/edgefence/fence/history/linear", "checker (tests only)"},
 		{"golang.org/x/net/trace", "grpc tracing: build with -tags grpcnotrace"},

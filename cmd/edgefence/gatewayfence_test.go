@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/edgefence/edgefence/devices/legacy"
-	"github.com/edgefence/edgefence/devices/sandbox"
 	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/internal/sandbox"
 	"github.com/edgefence/edgefence/transport/serial"
 )
 

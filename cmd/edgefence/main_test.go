@@ -1,7 +1,7 @@
 package main
 
 // These tests run the real edgefence program as a subprocess against a real
-// embedded etcd and MQTT v5 broker (devices/sandbox) and simulated devices
+// embedded etcd and MQTT v5 broker (internal/sandbox) and simulated devices
 // (devices/sim, in-process).
 //
 // The subprocess is this test binary re-executed with beMain set: TestMain
@@ -27,8 +27,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/edgefence/edgefence/agent"
-	"github.com/edgefence/edgefence/devices/sandbox"
 	"github.com/edgefence/edgefence/devices/sim"
+	"github.com/edgefence/edgefence/internal/sandbox"
 )
 
 // beMain makes the test binary act as edgefence.

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgefence/edgefence/devices/sandbox"
+	"github.com/edgefence/edgefence/internal/sandbox"
 )
 
 // TestRunMetrics: `edgefence run` with metrics.listen serves /metrics,

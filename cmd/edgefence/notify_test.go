@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgefence/edgefence/devices/sandbox"
+	"github.com/edgefence/edgefence/internal/sandbox"
 )
 
 // sdSocket is a NOTIFY_SOCKET the test listens on, as systemd would.

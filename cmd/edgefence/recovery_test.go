@@ -20,8 +20,8 @@ import (
 	"time"
 
 	"github.com/edgefence/edgefence/agent"
-	"github.com/edgefence/edgefence/devices/sandbox"
 	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/internal/sandbox"
 )
 
 // agentEtcd is the etcd the agents of a test use, and how to rebuild it from

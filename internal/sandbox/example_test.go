@@ -6,7 +6,7 @@ import (
 	"log"
 	"os"
 
-	"github.com/edgefence/edgefence/devices/sandbox"
+	"github.com/edgefence/edgefence/internal/sandbox"
 )
 
 // A test in another package starts the default world in a temp dir and

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgefence/edgefence/devices/sandbox"
 	"github.com/edgefence/edgefence/fence/history"
+	"github.com/edgefence/edgefence/internal/sandbox"
 )
 
 var (

@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/edgefence/edgefence/devices/sandbox"
 	"github.com/edgefence/edgefence/internal/backoff"
+	"github.com/edgefence/edgefence/internal/sandbox"
 )
 
 // inject runs the round's fault during the load window and heals it before
