@@ -43,6 +43,13 @@ type Options struct {
 	// the agent holds the file's lock, so they cannot open it themselves.
 	FenceTable FenceTable
 
+	// OnHolding, if set, is called each time the agent starts holding a
+	// device (a new lock, or a resumed one), with the token it commands
+	// under: benchmarks and tests observe acquisitions through it, not
+	// through log lines. It runs on the campaign's goroutine: keep it
+	// quick.
+	OnHolding func(device string, token fence.Token)
+
 	// Outbox (required) makes every command durable before it is sent:
 	// Send appends it, a per-device worker delivers the device's entries
 	// in order (resending the same envelope until an ack comes), and the
@@ -83,7 +90,7 @@ type FenceTable interface {
 //     lock leases.mu. It tells delivery and the twins of lease changes
 //     through leaseHooks (Agent implements them).
 //   - delivery (send.go, outbox.go): issuing, the outbox workers, resend,
-//     settle, expiry, the resolver; locks delivery.expireMu, delivery.mu.
+//     settle, expiry; locks delivery.expireMu, delivery.mu.
 //     It tells the leases of a deposition through deposer.
 //   - twins (twin.go): the twin reconciler, over twinHost; lock twins.mu.
 //   - apiServer (api.go): the local API's handlers, over apiHost; no lock.
@@ -105,6 +112,7 @@ type Agent struct {
 	lossRule
 	bridge func() any
 	outbox *offline.Outbox // the durable queue; never nil
+	onHold func(device string, token fence.Token)
 
 	devices map[string]*device // fixed at New; the map is read-only after
 	order   []string
@@ -126,7 +134,7 @@ func New(cfg *Config, cli *clientv3.Client, s Sender, o Options) (*Agent, error)
 	if o.Outbox == nil {
 		return nil, fmt.Errorf("agent: %w", ErrNoOutbox)
 	}
-	a := &Agent{cfg: *cfg, cli: cli, sender: s, log: o.Logger, now: o.Now, lossRule: lossRule{o.UnsafeIgnoreSessionLoss}, bridge: o.BridgeStatus, outbox: o.Outbox}
+	a := &Agent{cfg: *cfg, cli: cli, sender: s, log: o.Logger, now: o.Now, lossRule: lossRule{o.UnsafeIgnoreSessionLoss}, bridge: o.BridgeStatus, outbox: o.Outbox, onHold: o.OnHolding}
 	if a.log == nil {
 		a.log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -237,6 +245,11 @@ func (a *Agent) newToken(dev string, token fence.Token) { a.twin.newToken(dev, t
 func (a *Agent) acquired(d *device) {
 	a.delivery.kick(d)
 	a.twin.kick(d.id)
+	if a.onHold != nil {
+		if _, token, ok := a.leases.holder(d.id); ok {
+			a.onHold(d.id, token)
+		}
+	}
 }
 
 // heldElsewhere: d's queued commands of superseded tokens are let out to be

@@ -393,3 +393,24 @@ func TestCleanShutdownRevokesLease(t *testing.T) {
 		t.Fatalf("lease after shutdown: %+v %v, want revoked (TTL -1)", ttl, err)
 	}
 }
+
+// OnHolding reports each acquisition with its token (benchmarks observe
+// through it, not through log lines).
+func TestOnHolding(t *testing.T) {
+	var mu sync.Mutex
+	got := map[string]fence.Token{}
+	a := startAgent(t, "gw-a", "/t/"+t.Name(), []string{"d1", "d2"}, newFencePoint(), Options{OnHolding: func(dev string, tok fence.Token) {
+		mu.Lock()
+		defer mu.Unlock()
+		got[dev] = tok
+	}})
+	waitFor(t, "a holds", holdingAll(a, []string{"d1", "d2"}))
+	waitFor(t, "both reported", func() bool { mu.Lock(); defer mu.Unlock(); return len(got) == 2 })
+	mu.Lock()
+	defer mu.Unlock()
+	for _, d := range []string{"d1", "d2"} {
+		if tok, _ := a.Holding(d); got[d] != tok || tok == 0 {
+			t.Errorf("%s: OnHolding said %d, Holding %d", d, got[d], tok)
+		}
+	}
+}

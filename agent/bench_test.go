@@ -150,7 +150,7 @@ func newBenchWorld(b *testing.B, broker string, nDev, nFleets int) *benchWorld {
 // startBenchAgent runs an agent for devs under a fresh prefix until the
 // benchmark ends; the returned stop is idempotent.
 func startBenchAgent(b *testing.B, devs []string, s Sender, brokerURL string, log *slog.Logger) *Agent {
-	a, _, stop := newBenchAgent(b, devs, s, brokerURL, log)
+	a, _, stop := newBenchAgent(b, devs, s, brokerURL, Options{Logger: log})
 	b.Cleanup(stop)
 	return a
 }
@@ -159,7 +159,7 @@ var benchPrefixes atomic.Uint64
 
 // newBenchAgent starts an agent and returns it, when its Run started, and a
 // function that stops it.
-func newBenchAgent(b *testing.B, devs []string, s Sender, brokerURL string, log *slog.Logger) (*Agent, time.Time, func()) {
+func newBenchAgent(b *testing.B, devs []string, s Sender, brokerURL string, o Options) (*Agent, time.Time, func()) {
 	b.Helper()
 	cfg := &Config{Gateway: "bench-gw",
 		Etcd:    EtcdConfig{Endpoints: testEtcd.Endpoints(), Prefix: fmt.Sprintf("/bench/%d", benchPrefixes.Add(1)), LeaseTTL: 10 * time.Second},
@@ -172,7 +172,7 @@ func newBenchAgent(b *testing.B, devs []string, s Sender, brokerURL string, log 
 	if err != nil {
 		b.Fatal(err)
 	}
-	a, err := newAgent(b, cfg, cli, s, Options{Logger: log})
+	a, err := newAgent(b, cfg, cli, s, o)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -360,8 +360,8 @@ func btoi(b bool) int {
 	return 0
 }
 
-// heldSignal is a slog handler that closes all once n "holding device"
-// records were logged, and notes when.
+// heldSignal closes all once n acquisitions were seen (OnHolding), and
+// notes when.
 type heldSignal struct {
 	n    int64
 	seen atomic.Int64
@@ -369,20 +369,16 @@ type heldSignal struct {
 	at   atomic.Int64
 }
 
-func (h *heldSignal) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelInfo }
-func (h *heldSignal) Handle(_ context.Context, r slog.Record) error {
-	if r.Message == "holding device" && h.seen.Add(1) == h.n {
+func (h *heldSignal) onHolding(string, fence.Token) {
+	if h.seen.Add(1) == h.n {
 		h.at.Store(time.Now().UnixNano())
 		close(h.all)
 	}
-	return nil
 }
-func (h *heldSignal) WithAttrs([]slog.Attr) slog.Handler { return h }
-func (h *heldSignal) WithGroup(string) slog.Handler      { return h }
 
 // BenchmarkAcquire is the time from Run's start until the agent holds every
 // device, on one session: ms/all-held is exactly that (the moment of the
-// last "holding device" log record); ns/op also counts creating the etcd
+// last acquisition, Options.OnHolding); ns/op also counts creating the etcd
 // client. The clean shutdown that releases the locks is not timed.
 func BenchmarkAcquire(b *testing.B) {
 	for _, n := range []int{10, 1000} {
@@ -395,7 +391,7 @@ func BenchmarkAcquire(b *testing.B) {
 			b.ResetTimer()
 			for range b.N {
 				h := &heldSignal{n: int64(n), all: make(chan struct{})}
-				a, start, stop := newBenchAgent(b, devs, benchNopSender{}, "mqtt://127.0.0.1:1", slog.New(h))
+				a, start, stop := newBenchAgent(b, devs, benchNopSender{}, "mqtt://127.0.0.1:1", Options{OnHolding: h.onHolding})
 				select {
 				case <-h.all:
 				case <-time.After(60 * time.Second):

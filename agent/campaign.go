@@ -214,7 +214,6 @@ func (l *leases) adopt(d *device, g grant) {
 	case g.same:
 		reason = "resumed: the session's lease survived"
 	}
-	// The message stays "holding device": benchmarks count these lines.
 	l.log.Info("holding device", "device", d.id, "token", g.token, "reason", reason, "holder", l.gateway, "key", g.key, "resumed", g.same, "seq", d.ctl.seq)
 }
 

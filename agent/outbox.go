@@ -39,13 +39,13 @@ const (
 
 // delivery is the outbox's side of the agent: it issues commands under
 // the device's controller (send.go), stores them, runs one worker per
-// device with pending entries, resends, settles verdicts (through the
-// resolver's group commit), expires and compacts. It sees the leases
+// device with pending entries, resends, settles verdicts (the outbox's
+// Resolve, group-committed), expires and compacts. It sees the leases
 // through deposer (a fence point refused the current token) and reads
 // device.ctl; which device fields it writes is said on device.
 //
-// Its locks: mu guards the waiters and the run state (runCtx, resolveCh,
-// starting a worker); expireMu orders an expiry pass (W) against a worker
+// Its locks: mu guards the waiters and the run state (runCtx, starting a
+// worker); expireMu orders an expiry pass (W) against a worker
 // picking its next entry (R). Order: d.sem → expireMu → mu → d.mu.
 type delivery struct {
 	outbox  *offline.Outbox
@@ -59,11 +59,10 @@ type delivery struct {
 	leases  deposer
 	lossRule
 
-	mu        sync.Mutex
-	waiters   map[string]chan *fence.Ack // command id → its Send, waiting
-	runCtx    context.Context            // set while run runs; nil: no new workers
-	resolveCh chan resolveReq            // to the resolver (group commit of acks); set by run before the workers
-	workers   sync.WaitGroup
+	mu      sync.Mutex
+	waiters map[string]chan *fence.Ack // command id → its Send, waiting
+	runCtx  context.Context            // set while run runs; nil: no new workers
+	workers sync.WaitGroup
 
 	expireMu sync.RWMutex // expiry (W) vs a worker picking its next entry (R)
 
@@ -445,66 +444,17 @@ func (q *delivery) expire() {
 	}
 }
 
-// resolveReq asks the resolver to record one ack.
-type resolveReq struct {
-	ack  *fence.Ack
-	done chan error
-}
-
-// resolve records ack as its entry's terminal state, durably, through the
-// resolver: acks that arrive together (from several devices' workers) share
-// one commit (Outbox.ResolveMany) instead of one fsync each.
+// resolve records ack as its entry's terminal state, durably. Acks that
+// arrive together (several devices' workers) share one commit: the
+// outbox's Resolve is group-committed.
 func (q *delivery) resolve(ack *fence.Ack) error {
-	req := resolveReq{ack: ack, done: make(chan error, 1)}
-	q.resolveCh <- req // the resolver runs until every worker has stopped
-	return <-req.done
+	return q.outbox.Resolve(ack.ID, ack)
 }
-
-// resolver is the group commit of acks: it takes what has queued up while
-// the previous commit ran, up to maxResolveBatch, and commits it at once.
-// No timer: a lone ack is committed at once.
-func (q *delivery) resolver(ch <-chan resolveReq) {
-	batch := make([]resolveReq, 0, maxResolveBatch)
-	acks := make([]*fence.Ack, 0, maxResolveBatch)
-	for req := range ch {
-		batch, acks = append(batch[:0], req), append(acks[:0], req.ack)
-	more:
-		for len(batch) < maxResolveBatch {
-			select {
-			case r, ok := <-ch:
-				if !ok {
-					break more
-				}
-				batch, acks = append(batch, r), append(acks, r.ack)
-			default:
-				break more
-			}
-		}
-		errs, err := q.outbox.ResolveMany(acks)
-		for i, r := range batch {
-			switch {
-			case err != nil:
-				r.done <- err
-			default:
-				r.done <- errs[i]
-			}
-		}
-	}
-}
-
-const maxResolveBatch = 256
 
 // run starts delivery of what an earlier run left queued and runs
 // expiry and compaction until ctx ends; then it waits for the workers.
 func (q *delivery) run(ctx context.Context) {
-	resolved := make(chan struct{})
-	ch := make(chan resolveReq, maxResolveBatch)
-	go func() {
-		defer close(resolved)
-		q.resolver(ch)
-	}()
 	q.mu.Lock()
-	q.resolveCh = ch // before any worker exists
 	q.runCtx = ctx
 	q.mu.Unlock()
 	for _, id := range q.outbox.Devices() {
@@ -543,8 +493,6 @@ func (q *delivery) run(ctx context.Context) {
 	q.runCtx = nil
 	q.mu.Unlock()
 	q.workers.Wait()
-	close(ch) // no worker is left to resolve
-	<-resolved
 }
 
 func (q *delivery) compact() {

@@ -33,7 +33,7 @@ func (ob *Outbox) SetHeld(device string, t fence.Token) error {
 	case ob.opts.ReadOnly:
 		err = ErrReadOnly
 	default:
-		err = ob.held.Commit(func(tx *bbolt.Tx) error {
+		err = ob.group.Commit(func(tx *bbolt.Tx) error {
 			b, err := tx.CreateBucketIfNotExists(heldBucket)
 			if err != nil {
 				return err

@@ -154,7 +154,7 @@ type Outbox struct {
 	refused uint64           // Appends refused with ErrFull since Open
 
 	commits atomic.Pointer[func(time.Duration)] // ObserveCommits
-	held    *groupcommit.Committer              // SetHeld's group commit
+	group   *groupcommit.Committer              // Resolve's and SetHeld's group commit
 }
 
 // ObserveCommits makes the outbox call fn after each write transaction it
@@ -178,7 +178,7 @@ func Open(path string, opts *Options) (*Outbox, error) {
 		return nil, openErr(path, &o, err)
 	}
 	ob := &Outbox{db: db, path: path, opts: o, devs: make(map[string]usage)}
-	ob.held = groupcommit.New(ob.observedUpdate, 0)
+	ob.group = groupcommit.New(ob.observedUpdate, 0)
 	// Create the buckets (unless read-only) and count the pending entries.
 	// A write commit's fdatasync also flushes whatever a previous process
 	// left in the page cache. An unreadable pending record counts as one
@@ -409,7 +409,9 @@ func (ob *Outbox) Next(device string) (e *Entry, ok bool, err error) {
 // id, durably. The ack's verdict must be one a fence point gives (accepted,
 // duplicate, stale or invalid; expired is ExpireDue's) and its id, if set,
 // must be id. An entry has exactly one terminal state: resolving it again
-// returns an error wrapping ErrResolved and changes nothing.
+// returns an error wrapping ErrResolved and changes nothing. Concurrent
+// calls (several devices' acks) share commits: one fsync for a group
+// (internal/groupcommit), each call returning once its own is durable.
 func (ob *Outbox) Resolve(id string, ack *fence.Ack) error {
 	if ob.opts.ReadOnly {
 		return fmt.Errorf("offline: resolve %s: %w", id, ErrReadOnly)
@@ -421,20 +423,41 @@ func (ob *Outbox) Resolve(id string, ack *fence.Ack) error {
 	if err != nil {
 		return fmt.Errorf("offline: resolve %s: %w", id, err)
 	}
-	ob.mu.Lock()
-	defer ob.mu.Unlock()
+	// A read lock keeps Close out; the commit is shared with concurrent
+	// Resolve and SetHeld calls (group commit), and bbolt serializes it
+	// with Append's.
+	ob.mu.RLock()
+	if ob.closed {
+		ob.mu.RUnlock()
+		return fmt.Errorf("offline: resolve %s: %w", id, ErrClosed)
+	}
 	var dev string
 	var size int64
+	var refused error // refused before terminate changed anything: the group goes on
 	now := ob.opts.Now().UnixMilli()
-	err = ob.update(func(tx *bbolt.Tx) error {
+	err = ob.group.Commit(func(tx *bbolt.Tx) error {
 		var err error
 		dev, size, err = terminate(tx, id, ack.Device, ack.Verdict, rawAck, now)
-		return err
+		refused = nil
+		switch {
+		case err == nil:
+		case errors.Is(err, ErrNotFound), errors.Is(err, ErrResolved), errors.Is(err, ErrCorrupt), errors.Is(err, fence.ErrInvalid):
+			refused, dev, size = err, "", 0
+		default:
+			return err // a write failed: the group is rolled back and rerun call by call
+		}
+		return nil
 	})
+	ob.mu.RUnlock()
+	if err == nil {
+		err = refused
+	}
 	if err != nil {
 		return fmt.Errorf("offline: resolve %s: %w", id, err)
 	}
+	ob.mu.Lock()
 	ob.add(dev, -1, -size)
+	ob.mu.Unlock()
 	return nil
 }
 

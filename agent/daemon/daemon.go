@@ -47,6 +47,9 @@ type Options struct {
 	// demo; only a build with -tags edgefence_unsafe sets them.
 	UnsafeIgnoreSessionLoss, UnsafeNoFenceTable bool
 
+	// OnHolding is agent.Options.OnHolding: acquisitions, for benchmarks.
+	OnHolding func(device string, token fence.Token)
+
 	// Notify sends one sd_notify(3) message; nil: to $NOTIFY_SOCKET (a
 	// no-op without it).
 	Notify func(state string) error
@@ -227,7 +230,7 @@ func (d *Daemon) openClients(ctx context.Context, ecfg clientv3.Config) error {
 // what needs it: the device state reports and the systemd notifier.
 func (d *Daemon) newAgent() error {
 	cfg, log := d.cfg, d.log
-	opts := agent.Options{Logger: log, Outbox: d.outbox, History: d.hist,
+	opts := agent.Options{Logger: log, Outbox: d.outbox, History: d.hist, OnHolding: d.o.OnHolding,
 		UnsafeIgnoreSessionLoss: d.o.UnsafeIgnoreSessionLoss}
 	if br := d.br; br != nil {
 		opts.BridgeStatus = func() any { return br.Stats() }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -14,6 +13,7 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/edgefence/edgefence/agent/daemon"
+	"github.com/edgefence/edgefence/fence"
 	"github.com/edgefence/edgefence/internal/sandbox"
 )
 
@@ -80,26 +80,22 @@ func runLocks(ctx context.Context, etcd *sandbox.Etcd, cfg locksConfig) (*locksR
 	return res, nil
 }
 
-// heldCounter is a slog handler that counts the agent's "holding device"
-// records and closes all when n have been seen: the exact moment the last
-// device is held, without polling Status.
+// heldCounter counts acquisitions (agent.Options.OnHolding) and closes all
+// when n have been seen: the exact moment the last device is held, without
+// polling Status.
 type heldCounter struct {
 	n    int64
 	seen atomic.Int64
 	all  chan struct{}
-	at   atomic.Int64 // UnixNano of the n-th record
+	at   atomic.Int64 // UnixNano of the n-th acquisition
 }
 
-func (h *heldCounter) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelInfo }
-func (h *heldCounter) Handle(_ context.Context, r slog.Record) error {
-	if r.Message == "holding device" && h.seen.Add(1) == h.n {
+func (h *heldCounter) onHolding(string, fence.Token) {
+	if h.seen.Add(1) == h.n {
 		h.at.Store(time.Now().UnixNano())
 		close(h.all)
 	}
-	return nil
 }
-func (h *heldCounter) WithAttrs([]slog.Attr) slog.Handler { return h }
-func (h *heldCounter) WithGroup(string) slog.Handler      { return h }
 
 // agentAcquire runs a fresh agent for n devices (agent/daemon, its state
 // in dir) and returns the time from Run's start to the last device held,
@@ -109,31 +105,18 @@ func agentAcquire(ctx context.Context, etcd *sandbox.Etcd, brokerURL, dir string
 	cfg := agentConfig("bench-locks", dir, etcd, brokerURL, deviceIDs("dev-", n))
 	cfg.Command.Timeout = time.Second
 	hc := &heldCounter{n: int64(n), all: make(chan struct{})}
-	a, err := startAgent(ctx, cfg, daemon.Options{Logger: slog.New(hc)})
+	a, err := startAgent(ctx, cfg, daemon.Options{OnHolding: hc.onHolding})
 	if err != nil {
 		return 0, 0, err
 	}
 	defer func() { _ = a.stop() }()
 	start := a.started
 
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	limit := time.After(60 * time.Second)
-wait:
-	for {
-		select {
-		case <-hc.all:
-			acquire = time.Unix(0, hc.at.Load()).Sub(start)
-			break wait
-		case <-tick.C:
-			// Fallback should the log message ever change.
-			if st := a.Status(); st.Counters.Acquired >= uint64(n) {
-				acquire = time.Since(start)
-				break wait
-			}
-		case <-limit:
-			return 0, 0, fmt.Errorf("agent holds %d of %d devices after 60s", a.Status().Counters.Acquired, n)
-		}
+	select {
+	case <-hc.all:
+		acquire = time.Unix(0, hc.at.Load()).Sub(start)
+	case <-time.After(60 * time.Second):
+		return 0, 0, fmt.Errorf("agent holds %d of %d devices after 60s", a.Status().Counters.Acquired, n)
 	}
 	if got := a.Status().Counters.Acquired; got != uint64(n) {
 		return 0, 0, fmt.Errorf("agent acquired %d locks, want %d", got, n)
