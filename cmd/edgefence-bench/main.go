@@ -1,57 +1,30 @@
 // Command edgefence-bench measures the performance figures edgefence
 // promises, on real components, and prints them as Markdown tables for
-// docs/BENCHMARKS.md:
+// docs/BENCHMARKS.md (each section there gives the command that made it):
 //
-//	roundtrip  command round trip agent → broker → shim → ack (p50/p99,
-//	           sequential and concurrent), beside bare paho QoS 1 round trips
-//	           on the same broker in the same run; mochi and/or Mosquitto
-//	locks      time for one agent to hold 1,000 devices on one etcd session,
-//	           beside bare concurrency.Mutex acquisition
-//	rss        resident memory of the real `edgefence run` binary (a
-//	           subprocess) 60 s after its start, under a light command
-//	           load, at 10, 1,000 and 10,000 devices
-//	lifecycle  the real binary with existing local state: exec → READY=1
-//	           on a NOTIFY_SOCKET, SIGTERM → exit, lock keys and lease
-//	           checked in etcd after the exit (10 runs at 10 and 1,000
-//	           devices)
+//	roundtrip  agent → broker → shim → ack, p50/p99, sequential and
+//	           concurrent, beside bare paho QoS 1 on the same broker
+//	locks      one agent holding 1,000 devices on one etcd session, beside
+//	           bare concurrency.Mutex acquisition
+//	rss        resident memory of the real `edgefence run` under load, by
+//	           fleet size
+//	lifecycle  the real binary: exec → READY=1, SIGTERM → exit, locks and
+//	           lease checked in etcd
 //	all        the four above (≈ 6 min)
-//	replay     the outbox across a broker outage: the rate of durable
-//	           Enqueues while the broker is down, then, once it is back,
-//	           the time to the first replayed command accepted and the
-//	           replay rate; checks that every command ended accepted, once,
-//	           in order per device (in-process agent, mochi, sim.Fleet)
-//	failover   two real `edgefence run` agents on the same devices
-//	           (edgefence-devsim): the holder is killed (SIGKILL), frozen
-//	           (SIGSTOP) or stopped cleanly (SIGTERM) under load, and the
-//	           time until the other one's first accepted command is
-//	           measured per lease_ttl
-//	twins      the twin reconciler, in process (agent with outbox, twin
-//	           cache and state reports, mochi, sim.Fleet): desired put → twin.set
-//	           accepted → reported written, p50/p99 for 1 and 100 devices
-//	           changing at once beside bare etcd put → watch; updates/s for
-//	           1,000 devices on one agent; etcd requests per twin update
+//	replay     the outbox across a broker outage: enqueue rate, time to the
+//	           first replayed ack, replay rate; every command once, in order
+//	failover   two real agents on the same devices: the holder killed,
+//	           frozen or stopped under load; time to the other's first ack
+//	twins      the twin reconciler: desired → twin.set → reported, latency
+//	           and throughput, etcd requests per update
 //
-// replay, failover and twins are not part of all (they take minutes).
-// roundtrip, locks, replay and twins run the agent in process, built and
-// run by agent/daemon as `edgefence run` builds it (outbox included).
-//
-// Usage (from the module root, so that rss and failover can build the
-// binaries):
-//
-//	go run ./cmd/edgefence-bench all
-//	go run ./cmd/edgefence-bench roundtrip --broker both --n 5000 --conc 32
-//	go run ./cmd/edgefence-bench locks --devices 1000 --runs 5
-//	go run ./cmd/edgefence-bench rss --sizes 10,1000,10000 --rss-duration 60s --rss-period 60s --rss-min-rate 5
-//	go run ./cmd/edgefence-bench lifecycle --lc-sizes 10,1000 --runs 10
-//	go run ./cmd/edgefence-bench failover --faults term --ttls 10s --runs 10 --devices 1000 --probes 20
-//	go run ./cmd/edgefence-bench replay --devices 10 --backlog 10000 --runs 3
-//	go run ./cmd/edgefence-bench failover --devices 4 --ttls 2s,5s,10s --runs 3 --faults kill,stop
-//	go run ./cmd/edgefence-bench twins --twin-sizes 1,100 --runs 30 --devices 1000 --changes 1 --twin-runs 3
-//
-// It starts everything it needs (embedded etcd with fast timings, mochi in
-// process, Mosquitto from /usr/sbin/mosquitto) in a temp dir and removes it.
-// It measures and reports; targets are printed as met or not, and the exit
-// code does not depend on them. Linux only (/proc).
+// roundtrip, locks, replay and twins run the agent in process, built by
+// agent/daemon as `edgefence run` builds it (outbox included). Run from the
+// module root (rss and failover build the binaries): go run
+// ./cmd/edgefence-bench all. It starts what it needs (embedded etcd, mochi,
+// Mosquitto from /usr/sbin/mosquitto) in a temp dir and removes it; it
+// measures and reports, and its exit code does not depend on targets.
+// Linux only (/proc).
 package main
 
 import (
