@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -148,19 +149,25 @@ func BenchmarkCommit(b *testing.B) {
 					commit = func(fn Call) error { return db.Update(fn) }
 				}
 				var next atomic.Int64
-				b.SetParallelism(max(1, writers/2)) // 2 cores: GOMAXPROCS × this goroutines
-				if writers == 1 {
-					b.SetParallelism(1)
-				}
 				b.ResetTimer()
-				b.RunParallel(func(pb *testing.PB) {
-					for pb.Next() {
+				if writers == 1 {
+					for range b.N {
 						if err := commit(put(fmt.Sprint(next.Add(1)))); err != nil {
-							b.Error(err)
-							return
+							b.Fatal(err)
 						}
 					}
-				})
+				} else {
+					// RunParallel runs GOMAXPROCS × parallelism goroutines.
+					b.SetParallelism(max(1, writers/runtime.GOMAXPROCS(0)))
+					b.RunParallel(func(pb *testing.PB) {
+						for pb.Next() {
+							if err := commit(put(fmt.Sprint(next.Add(1)))); err != nil {
+								b.Error(err)
+								return
+							}
+						}
+					})
+				}
 				b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "calls/s")
 				if n := commits.Load(); n > 0 && mode == "group" {
 					b.ReportMetric(float64(b.N)/float64(n), "calls/commit")
