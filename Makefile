@@ -139,9 +139,11 @@ package: cross ## .deb packages (edgefence, edgefence-devsim) for ARCHS into dis
 			$(GO) run $(NFPM) package --config $$cfg --packager deb --target $$out >/dev/null || exit 1; \
 		ls -l $$out; done; done
 
-fuzz: ## run each fuzz target for FUZZTIME (default 30s)
-	@for t in $$($(GO) test -list 'Fuzz.*' ./fence/ | grep ^Fuzz); do \
-		$(GO) test -run='^$$' -fuzz="^$$t$$" -fuzztime=$${FUZZTIME:-30s} ./fence/ || exit 1; done
+fuzz: ## run every package's fuzz targets, each for FUZZTIME (default 30s); make test runs their seed corpora
+	@for p in $$($(GO) list ./...); do \
+		for t in $$($(GO) test -tags $(UNSAFETAGS) -list 'Fuzz.*' $$p | grep ^Fuzz); do \
+			echo "$$p $$t"; \
+			$(GO) test -tags $(UNSAFETAGS) -run='^$$' -fuzz="^$$t$$" -fuzztime=$${FUZZTIME:-30s} $$p || exit 1; done; done
 
 clean: ## remove build output
 	rm -rf $(BIN) $(DIST)
