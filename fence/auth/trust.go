@@ -1,0 +1,270 @@
+package auth
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"math/big"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/fxamacker/cbor/v2"
+	"github.com/veraison/go-cose"
+)
+
+// The trust chain a fence point checks offline: the operator's root key is
+// provisioned on it; a gateway key is certified by the root (a
+// Certificate: the key, the devices it may command, a validity window);
+// revocations come as a signed, versioned list whose version only goes up.
+// Certificates and revocation lists are COSE_Sign1 messages signed by the
+// root (ES256, the root's kid protected), payloads in deterministic CBOR
+// with small integer keys, as envelopes are.
+
+// Errors of the trust chain; each wraps fence.ErrInvalid, as Verify's.
+var (
+	ErrExpired    = errors.New("auth: certificate not valid now")
+	ErrStaleTrust = errors.New("auth: revocation list not newer than the one held")
+)
+
+// Certificate is the operator's statement that a gateway key may command
+// some devices for a while.
+type Certificate struct {
+	KeyID     []byte           `cbor:"1,keyasint"`
+	Key       coseKey          `cbor:"2,keyasint"`
+	Devices   []string         `cbor:"3,keyasint"` // device ids; "prefix*" covers every id with the prefix; "*" all
+	NotBefore int64            `cbor:"4,keyasint"` // Unix seconds
+	NotAfter  int64            `cbor:"5,keyasint"` // Unix seconds
+	Serial    uint64           `cbor:"6,keyasint"`
+	pub       *ecdsa.PublicKey `cbor:"-"`
+}
+
+// coseKey is an EC2 P-256 public key as COSE_Key (RFC 9052 §7, RFC 9053 §7.1).
+type coseKey struct {
+	Kty int64  `cbor:"1,keyasint"`  // 2: EC2
+	Crv int64  `cbor:"-1,keyasint"` // 1: P-256
+	X   []byte `cbor:"-2,keyasint"`
+	Y   []byte `cbor:"-3,keyasint"`
+}
+
+func newCoseKey(pub *ecdsa.PublicKey) coseKey {
+	return coseKey{Kty: 2, Crv: 1, X: pub.X.FillBytes(make([]byte, 32)), Y: pub.Y.FillBytes(make([]byte, 32))}
+}
+
+func (k coseKey) public() (*ecdsa.PublicKey, error) {
+	if k.Kty != 2 || k.Crv != 1 || len(k.X) != 32 || len(k.Y) != 32 {
+		return nil, errors.New("want an EC2 P-256 key with 32-byte coordinates")
+	}
+	pub := &ecdsa.PublicKey{Curve: elliptic.P256(), X: new(big.Int).SetBytes(k.X), Y: new(big.Int).SetBytes(k.Y)}
+	if !pub.Curve.IsOnCurve(pub.X, pub.Y) {
+		return nil, errors.New("point not on P-256")
+	}
+	return pub, nil
+}
+
+// covers reports whether the certificate names device.
+func (c *Certificate) covers(device string) bool {
+	for _, d := range c.Devices {
+		if d == device || strings.HasSuffix(d, "*") && strings.HasPrefix(device, strings.TrimSuffix(d, "*")) {
+			return true
+		}
+	}
+	return false
+}
+
+// Revocations is the operator's list of revoked gateway key ids, versioned.
+type Revocations struct {
+	Version uint64   `cbor:"1,keyasint"`
+	KeyIDs  [][]byte `cbor:"2,keyasint"`
+	Issued  int64    `cbor:"3,keyasint"` // Unix seconds, information only
+}
+
+var (
+	trustEnc = func() cbor.EncMode {
+		m, err := cbor.CoreDetEncOptions().EncMode()
+		if err != nil {
+			panic(err)
+		}
+		return m
+	}()
+	trustDec = func() cbor.DecMode {
+		m, err := cbor.DecOptions{
+			DupMapKey:         cbor.DupMapKeyEnforcedAPF,
+			IndefLength:       cbor.IndefLengthForbidden,
+			TagsMd:            cbor.TagsForbidden,
+			MaxNestedLevels:   4,
+			MaxArrayElements:  4096,
+			MaxMapPairs:       16,
+			ExtraReturnErrors: cbor.ExtraDecErrorUnknownField,
+		}.DecMode()
+		if err != nil {
+			panic(err)
+		}
+		return m
+	}()
+)
+
+// MaxTrustSize bounds a certificate or revocation list on the wire.
+const MaxTrustSize = 64 << 10
+
+// Root signs certificates and revocation lists: the operator's key.
+type Root struct{ s *Signer }
+
+// NewRoot returns the operator's signer for trust statements.
+func NewRoot(kid []byte, key *ecdsa.PrivateKey) (*Root, error) {
+	s, err := NewSigner(kid, key)
+	if err != nil {
+		return nil, err
+	}
+	return &Root{s}, nil
+}
+
+func (r *Root) sign(v any) ([]byte, error) {
+	payload, err := trustEnc.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("auth: %w", err)
+	}
+	hdr := cose.Headers{Protected: cose.ProtectedHeader{cose.HeaderLabelAlgorithm: cose.AlgorithmES256, cose.HeaderLabelKeyID: r.s.kid}}
+	return cose.Sign1(rand.Reader, r.s.s, hdr, payload, nil)
+}
+
+// Certify returns a certificate for a gateway key.
+func (r *Root) Certify(kid []byte, pub *ecdsa.PublicKey, devices []string, notBefore, notAfter time.Time, serial uint64) ([]byte, error) {
+	if len(kid) == 0 || len(kid) > MaxKeyID || pub == nil || pub.Curve != elliptic.P256() || len(devices) == 0 || !notAfter.After(notBefore) {
+		return nil, errors.New("auth: certify: want a kid, a P-256 key, devices and a validity window")
+	}
+	return r.sign(Certificate{KeyID: kid, Key: newCoseKey(pub), Devices: devices, NotBefore: notBefore.Unix(), NotAfter: notAfter.Unix(), Serial: serial})
+}
+
+// Revoke returns a signed revocation list.
+func (r *Root) Revoke(version uint64, kids [][]byte, issued time.Time) ([]byte, error) {
+	return r.sign(Revocations{Version: version, KeyIDs: kids, Issued: issued.Unix()})
+}
+
+// Trust is a fence point's view of the trust chain: the root's public key,
+// the certificates it has seen, the newest revocation list. It implements
+// Keys. Its methods are safe for concurrent use.
+type Trust struct {
+	rootKid []byte
+	root    cose.Verifier
+	now     func() time.Time
+
+	mu      sync.Mutex
+	certs   map[string]*Certificate
+	revoked map[string]bool
+	version uint64
+}
+
+// NewTrust returns a Trust anchored at the operator's root key. now is the
+// clock certificates are checked against (nil: time.Now).
+func NewTrust(rootKid []byte, root *ecdsa.PublicKey, now func() time.Time) (*Trust, error) {
+	if root == nil || root.Curve != elliptic.P256() {
+		return nil, errors.New("auth: root key must be ECDSA P-256")
+	}
+	v, err := cose.NewVerifier(cose.AlgorithmES256, root)
+	if err != nil {
+		return nil, fmt.Errorf("auth: %w", err)
+	}
+	if now == nil {
+		now = time.Now
+	}
+	return &Trust{rootKid: append([]byte(nil), rootKid...), root: v, now: now, certs: map[string]*Certificate{}, revoked: map[string]bool{}}, nil
+}
+
+// open verifies a root-signed statement and decodes its payload into v.
+func (t *Trust) open(raw []byte, v any) error {
+	if len(raw) > MaxTrustSize {
+		return refuse(ErrMalformed, "trust statement of %d bytes, limit %d", len(raw), MaxTrustSize)
+	}
+	msg, kid, err := decode(raw)
+	if err != nil {
+		return err
+	}
+	if string(kid) != string(t.rootKid) {
+		return refuse(ErrUnknownKey, "statement signed by %x, not the root %x", kid, t.rootKid)
+	}
+	if err := msg.Verify(nil, t.root); err != nil {
+		return refuse(ErrBadSignature, "trust statement")
+	}
+	if err := trustDec.Unmarshal(msg.Payload, v); err != nil {
+		return refuse(ErrMalformed, "trust statement payload: %v", err)
+	}
+	return nil
+}
+
+// AddCertificate verifies a root-signed certificate and keeps it (a newer
+// serial for the same key id replaces an older one; an older one is
+// ignored). It returns the certificate.
+func (t *Trust) AddCertificate(raw []byte) (*Certificate, error) {
+	var c Certificate
+	if err := t.open(raw, &c); err != nil {
+		return nil, err
+	}
+	pub, err := c.Key.public()
+	if err != nil {
+		return nil, refuse(ErrMalformed, "certificate key: %v", err)
+	}
+	if len(c.KeyID) == 0 || len(c.KeyID) > MaxKeyID || len(c.Devices) == 0 || c.NotAfter <= c.NotBefore {
+		return nil, refuse(ErrMalformed, "certificate: want a kid, devices and a validity window")
+	}
+	c.pub = pub
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if old := t.certs[string(c.KeyID)]; old == nil || old.Serial < c.Serial {
+		t.certs[string(c.KeyID)] = &c
+	}
+	return &c, nil
+}
+
+// ApplyRevocations verifies a root-signed revocation list and adopts it if
+// its version is above the one held (ErrStaleTrust otherwise: a replayed
+// older list cannot un-revoke a key).
+func (t *Trust) ApplyRevocations(raw []byte) error {
+	var r Revocations
+	if err := t.open(raw, &r); err != nil {
+		return err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if r.Version <= t.version {
+		return refuse(ErrStaleTrust, "version %d, holding %d", r.Version, t.version)
+	}
+	t.version = r.Version
+	t.revoked = make(map[string]bool, len(r.KeyIDs))
+	for _, k := range r.KeyIDs {
+		t.revoked[string(k)] = true
+	}
+	return nil
+}
+
+// Version is the version of the revocation list held (0: none).
+func (t *Trust) Version() uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.version
+}
+
+// Key implements Keys: the certified key kid, if it is not revoked, valid
+// now, and covers device.
+func (t *Trust) Key(kid []byte, device string) (*ecdsa.PublicKey, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	c := t.certs[string(kid)]
+	switch {
+	case c == nil:
+		return nil, refuse(ErrUnknownKey, "no certificate for %x", kid)
+	case t.revoked[string(kid)]:
+		return nil, refuse(ErrRevoked, "%x (revocation list %d)", kid, t.version)
+	}
+	if now := t.now().Unix(); now < c.NotBefore || now >= c.NotAfter {
+		return nil, refuse(ErrExpired, "%x valid %s to %s", kid, time.Unix(c.NotBefore, 0).UTC(), time.Unix(c.NotAfter, 0).UTC())
+	}
+	if !c.covers(device) {
+		return nil, refuse(ErrNotAuthorised, "%x may not command %s", kid, device)
+	}
+	return c.pub, nil
+}
+
+var _ Keys = (*Trust)(nil)
