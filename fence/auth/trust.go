@@ -6,7 +6,6 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"math/big"
 	"strings"
 	"sync"
 	"time"
@@ -49,19 +48,19 @@ type coseKey struct {
 	Y   []byte `cbor:"-3,keyasint"`
 }
 
-func newCoseKey(pub *ecdsa.PublicKey) coseKey {
-	return coseKey{Kty: 2, Crv: 1, X: pub.X.FillBytes(make([]byte, 32)), Y: pub.Y.FillBytes(make([]byte, 32))}
+func newCoseKey(pub *ecdsa.PublicKey) (coseKey, error) {
+	b, err := pub.Bytes() // 0x04 || X || Y
+	if err != nil || len(b) != 65 {
+		return coseKey{}, fmt.Errorf("auth: public key: %v", err)
+	}
+	return coseKey{Kty: 2, Crv: 1, X: b[1:33], Y: b[33:]}, nil
 }
 
 func (k coseKey) public() (*ecdsa.PublicKey, error) {
 	if k.Kty != 2 || k.Crv != 1 || len(k.X) != 32 || len(k.Y) != 32 {
 		return nil, errors.New("want an EC2 P-256 key with 32-byte coordinates")
 	}
-	pub := &ecdsa.PublicKey{Curve: elliptic.P256(), X: new(big.Int).SetBytes(k.X), Y: new(big.Int).SetBytes(k.Y)}
-	if !pub.Curve.IsOnCurve(pub.X, pub.Y) {
-		return nil, errors.New("point not on P-256")
-	}
-	return pub, nil
+	return ecdsa.ParseUncompressedPublicKey(elliptic.P256(), append(append([]byte{4}, k.X...), k.Y...)) // refuses a point off the curve
 }
 
 // covers reports whether the certificate names device.
@@ -135,7 +134,11 @@ func (r *Root) Certify(kid []byte, pub *ecdsa.PublicKey, devices []string, notBe
 	if len(kid) == 0 || len(kid) > MaxKeyID || pub == nil || pub.Curve != elliptic.P256() || len(devices) == 0 || !notAfter.After(notBefore) {
 		return nil, errors.New("auth: certify: want a kid, a P-256 key, devices and a validity window")
 	}
-	return r.sign(Certificate{KeyID: kid, Key: newCoseKey(pub), Devices: devices, NotBefore: notBefore.Unix(), NotAfter: notAfter.Unix(), Serial: serial})
+	key, err := newCoseKey(pub)
+	if err != nil {
+		return nil, err
+	}
+	return r.sign(Certificate{KeyID: kid, Key: key, Devices: devices, NotBefore: notBefore.Unix(), NotAfter: notAfter.Unix(), Serial: serial})
 }
 
 // Revoke returns a signed revocation list.
