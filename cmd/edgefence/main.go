@@ -8,6 +8,7 @@
 //	edgefence outbox list|show [--json]    the agent's outbox: queued commands and terminal states
 //	edgefence twin get|set|watch [--json]  a device's twin in etcd
 //	edgefence etcd bump-revision --to N    raise etcd's revision past the tokens in use (any etcd version)
+//	edgefence keys new|certify|revoke|verify  keys of signed commands: operator root, gateway certificates, revocations
 //	edgefence config check [--json] FILE   validate a config file; print it with defaults filled in
 //	edgefence version [--json]
 //	edgefence help [COMMAND]
@@ -95,6 +96,9 @@ commands:
   twin get | set | watch          a device's twin in etcd: read, merge into desired, follow
   etcd bump-revision --to N       raise etcd's revision to N, so that every new token is above
                                   it: token regression recovery on any etcd version
+  keys new | certify | revoke | verify
+                                  keys of signed commands: the operator's root, gateway
+                                  certificates, revocation lists (offline, files only)
   config check [--json] FILE      validate a config file; print it with defaults filled in
   version [--json]                version, commit, Go version, OS and architecture
   help [COMMAND]                  this text, or a command's
@@ -136,6 +140,7 @@ var commands = map[string]command{
 	"outbox":  cmdOutbox,
 	"twin":    cmdTwin,
 	"etcd":    cmdEtcd,
+	"keys":    cmdKeys,
 	"config":  cmdConfig,
 	"version": cmdVersion,
 	// Hidden aliases.

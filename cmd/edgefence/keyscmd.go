@@ -1,0 +1,210 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/edgefence/edgefence/fence/auth"
+)
+
+const keysUsage = `usage: edgefence keys new|certify|revoke|verify [flags]
+
+The key lifecycle of signed commands (I7; fence points verify them offline):
+
+  keys new --out PREFIX                  a new ES256 key pair: PREFIX.key (0600), PREFIX.pub;
+                                         the operator's root key and each gateway's key alike
+  keys certify --root PREFIX --root-kid ID --pub GW.pub --kid ID --devices LIST
+               [--valid 8760h] [--serial N] --out FILE
+                                         the operator certifies a gateway key for devices
+                                         (ids, prefix*, or *) for a while; rotate by certifying
+                                         a new key (new kid) before revoking the old one
+  keys revoke --root PREFIX --root-kid ID --version N [--kid LIST] --out FILE
+                                         a signed revocation list; N must exceed the last one's
+  keys verify --root-pub FILE --root-kid ID [--revocations FILE] CERT...
+                                         check certificates as a fence point would, now
+`
+
+func cmdKeys(args []string, stdout, stderr io.Writer) error {
+	return subcommand("keys", keysUsage, map[string]command{"new": cmdKeysNew, "certify": cmdKeysCertify,
+		"revoke": cmdKeysRevoke, "verify": cmdKeysVerify}, args, stdout, stderr)
+}
+
+func keysFlagSet(name string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("keys "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprint(stderr, keysUsage) }
+	return fs
+}
+
+func cmdKeysNew(args []string, stdout, stderr io.Writer) error {
+	fs := keysFlagSet("new", stderr)
+	out := fs.String("out", "", "write PREFIX.key and PREFIX.pub")
+	if err := parseFlags(fs, args, 0); err != nil {
+		return err
+	}
+	if *out == "" {
+		return usageError(stderr, "keys new: --out is required")
+	}
+	k, err := auth.NewKey()
+	if err != nil {
+		return err
+	}
+	if err := auth.WriteKeyPair(*out, k); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "wrote %s.key (private, keep it off etcd) and %s.pub\n", *out, *out)
+	return nil
+}
+
+// rootFlags are the operator key flags of certify and revoke.
+func rootFlags(fs *flag.FlagSet) (prefix, kid *string) {
+	return fs.String("root", "", "the operator's key: PREFIX (reads PREFIX.key)"),
+		fs.String("root-kid", "operator", "the operator key's id, as the fence points know it")
+}
+
+func openRoot(prefix, kid string) (*auth.Root, error) {
+	k, err := auth.ReadKey(strings.TrimSuffix(prefix, ".key") + ".key")
+	if err != nil {
+		return nil, err
+	}
+	return auth.NewRoot([]byte(kid), k)
+}
+
+func cmdKeysCertify(args []string, stdout, stderr io.Writer) error {
+	fs := keysFlagSet("certify", stderr)
+	root, rootKid := rootFlags(fs)
+	pub := fs.String("pub", "", "the gateway's public key (PEM)")
+	kid := fs.String("kid", "", "the gateway key's id (what its signed commands name)")
+	devices := fs.String("devices", "", "comma-separated device ids, prefix*, or *")
+	valid := fs.Duration("valid", 365*24*time.Hour, "validity from now")
+	serial := fs.Uint64("serial", 1, "serial: a higher one replaces a lower one for the same kid")
+	out := fs.String("out", "", "certificate file to write")
+	if err := parseFlags(fs, args, 0); err != nil {
+		return err
+	}
+	if *root == "" || *pub == "" || *kid == "" || *devices == "" || *out == "" {
+		return usageError(stderr, "keys certify: --root, --pub, --kid, --devices and --out are required")
+	}
+	r, err := openRoot(*root, *rootKid)
+	if err != nil {
+		return err
+	}
+	gw, err := auth.ReadPublic(*pub)
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	raw, err := r.Certify([]byte(*kid), gw, strings.Split(*devices, ","), now.Add(-5*time.Minute), now.Add(*valid), *serial)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(*out, raw, 0o644); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "certified %s for %s until %s (serial %d): %s\n", *kid, *devices, now.Add(*valid).UTC().Format(time.RFC3339), *serial, *out)
+	return nil
+}
+
+func cmdKeysRevoke(args []string, stdout, stderr io.Writer) error {
+	fs := keysFlagSet("revoke", stderr)
+	root, rootKid := rootFlags(fs)
+	version := fs.Uint64("version", 0, "list version, above the last one's (required)")
+	kids := fs.String("kid", "", "comma-separated key ids revoked (the whole list: it replaces the last one)")
+	out := fs.String("out", "", "revocation list file to write")
+	if err := parseFlags(fs, args, 0); err != nil {
+		return err
+	}
+	if *root == "" || *version == 0 || *out == "" {
+		return usageError(stderr, "keys revoke: --root, --version (≥ 1) and --out are required")
+	}
+	r, err := openRoot(*root, *rootKid)
+	if err != nil {
+		return err
+	}
+	var list [][]byte
+	for _, k := range strings.Split(*kids, ",") {
+		if k != "" {
+			list = append(list, []byte(k))
+		}
+	}
+	raw, err := r.Revoke(*version, list, time.Now())
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(*out, raw, 0o644); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "revocation list version %d, %d key(s) revoked: %s\n", *version, len(list), *out)
+	return nil
+}
+
+func cmdKeysVerify(args []string, stdout, stderr io.Writer) error {
+	fs := keysFlagSet("verify", stderr)
+	rootPub := fs.String("root-pub", "", "the operator's public key (PEM)")
+	rootKid := fs.String("root-kid", "operator", "the operator key's id")
+	revocations := fs.String("revocations", "", "a revocation list to apply first")
+	if err := parseFlags(fs, args, -1); err != nil {
+		return err
+	}
+	if *rootPub == "" || fs.NArg() == 0 {
+		return usageError(stderr, "keys verify: --root-pub and at least one certificate are required")
+	}
+	pub, err := auth.ReadPublic(*rootPub)
+	if err != nil {
+		return err
+	}
+	trust, err := auth.NewTrust([]byte(*rootKid), pub, nil)
+	if err != nil {
+		return err
+	}
+	if *revocations != "" {
+		raw, err := os.ReadFile(*revocations)
+		if err != nil {
+			return err
+		}
+		if err := trust.ApplyRevocations(raw); err != nil {
+			return fmt.Errorf("%s: %w", *revocations, err)
+		}
+	}
+	var bad error
+	for _, path := range fs.Args() {
+		if err := verifyCert(trust, path, stdout); err != nil {
+			fmt.Fprintf(stdout, "%s: REFUSED: %v\n", path, err)
+			bad = errors.Join(bad, err)
+		}
+	}
+	if bad != nil {
+		return exitError{1}
+	}
+	return nil
+}
+
+// verifyCert adds the certificate at path to trust and says whether its
+// key may command the devices it names, now.
+func verifyCert(trust *auth.Trust, path string, stdout io.Writer) error {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	c, err := trust.AddCertificate(raw)
+	if err != nil {
+		return err
+	}
+	if _, err := trust.Key(c.KeyID, c.Devices[0]); err != nil { // revoked, not yet or no longer valid
+		return err
+	}
+	fmt.Fprintf(stdout, "%s: ok: key %s may command %s from %s to %s (serial %d)\n", path, c.KeyID, strings.Join(c.Devices, ","),
+		time.Unix(c.NotBefore, 0).UTC().Format(time.RFC3339), time.Unix(c.NotAfter, 0).UTC().Format(time.RFC3339), c.Serial)
+	return nil
+}
+
+// usageError prints msg and the usage and returns exit status 2.
+func usageError(stderr io.Writer, msg string) error {
+	fmt.Fprintf(stderr, "edgefence %s\n\n%s", msg, keysUsage)
+	return exitError{exitUsage}
+}
