@@ -10,6 +10,7 @@ import (
 	"go.etcd.io/bbolt"
 
 	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/fence/auth"
 	"github.com/edgefence/edgefence/fence/history"
 )
 
@@ -159,9 +160,9 @@ func (s *Shim) screen(device string, raw []byte, d Device) (env *fence.Envelope,
 	if err := fence.ValidateDeviceID(device); err != nil {
 		return nil, s.refuse("", nil, fence.Mark{}, "addressed device: "+err.Error()), false
 	}
-	env, err := fence.UnmarshalEnvelope(raw)
+	env, err := s.decode(raw)
 	if err != nil {
-		return nil, s.refuse(device, nil, s.markOrZero(device), err.Error()), false
+		return nil, s.refuse(device, s.addressable(device, raw), s.markOrZero(device), err.Error()), false
 	}
 	if env.Device != device {
 		return nil, s.refuse(device, env, s.markOrZero(device),
@@ -174,6 +175,35 @@ func (s *Shim) screen(device string, raw []byte, d Device) (env *fence.Envelope,
 		return nil, s.refuse(device, env, s.markOrZero(device), err.Error()), false
 	}
 	return env, Result{}, true
+}
+
+// decode returns the envelope in raw: signed and verified with
+// Options.Keys, or plain without them.
+func (s *Shim) decode(raw []byte) (*fence.Envelope, error) {
+	if s.opts.Keys == nil {
+		return fence.UnmarshalEnvelope(raw)
+	}
+	v, err := auth.Verify(raw, s.opts.Keys)
+	if err != nil {
+		s.stats.unauth.Add(1)
+		s.log.Warn("unauthenticated command refused", "err", err)
+		return nil, err
+	}
+	return v.Envelope, nil
+}
+
+// addressable returns the envelope a refused signed command claims to be,
+// unverified, if it names device: only to address the refusal's ack, so
+// that its sender learns why. Otherwise nil.
+func (s *Shim) addressable(device string, raw []byte) *fence.Envelope {
+	if s.opts.Keys == nil {
+		return nil
+	}
+	env, err := auth.Peek(raw)
+	if err != nil || env.Device != device {
+		return nil
+	}
+	return env
 }
 
 // persist commits the accept of env (the mark rec, and with a TxApplier

@@ -12,6 +12,7 @@ import (
 	bberrors "go.etcd.io/bbolt/errors"
 
 	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/fence/auth"
 	"github.com/edgefence/edgefence/fence/history"
 )
 
@@ -68,6 +69,15 @@ type Options struct {
 	// PersistOnTokenChangeOnly only tokens are durable, so only accepts
 	// above the durable token are discarded after a crash.
 	History *history.Writer
+
+	// Keys, if set, makes the shim accept only signed envelopes (invariant
+	// I7, fence/auth): a command must be a COSE_Sign1 by a key Keys
+	// accepts for the device (certified by the operator, not revoked,
+	// valid now; auth.Trust). Anything else — unsigned, a bad signature,
+	// an unknown, revoked or unauthorised key — is refused invalid before
+	// the admit rule, the mark unchanged, counted in
+	// Stats.Unauthenticated and logged. nil: unsigned envelopes, as before.
+	Keys auth.Keys
 }
 
 // Shim is a fence point backed by one bbolt file. Its methods are safe for
@@ -85,6 +95,7 @@ type Shim struct {
 	stats struct {
 		accepted, duplicate, stale, invalid     atomic.Uint64
 		applyFailed, storage, deferred, corrupt atomic.Uint64
+		unauth                                  atomic.Uint64
 	}
 }
 
@@ -197,6 +208,9 @@ type Stats struct {
 	StorageErrors uint64 // decisions refused because the marks could not be read or written (also in Invalid)
 	CorruptMarks  uint64 // of those, refused because the device's mark record is corrupt (fence.ErrMarkRecordCorrupt)
 	Deferred      uint64 // seq advances not fsynced (PersistOnTokenChangeOnly)
+	// Unauthenticated counts commands refused by Options.Keys (also in
+	// Invalid): unsigned, forged, or signed by a key not allowed here.
+	Unauthenticated uint64
 }
 
 // Stats returns a snapshot of the counters.
@@ -210,6 +224,8 @@ func (s *Shim) Stats() Stats {
 		StorageErrors: s.stats.storage.Load(),
 		CorruptMarks:  s.stats.corrupt.Load(),
 		Deferred:      s.stats.deferred.Load(),
+
+		Unauthenticated: s.stats.unauth.Load(),
 	}
 }
 

@@ -212,3 +212,17 @@ func wellFormed(raw []byte) error {
 	}
 	return nil
 }
+
+// Peek returns the envelope inside a signed envelope without checking the
+// signature: only for addressing the refusal of one that failed Verify
+// (the ack names the command, so its sender learns why). Never act on it.
+func Peek(raw []byte) (*fence.Envelope, error) {
+	if len(raw) > MaxSignedSize {
+		return nil, refuse(ErrMalformed, "%d bytes", len(raw))
+	}
+	msg, _, err := decode(raw)
+	if err != nil {
+		return nil, err
+	}
+	return fence.UnmarshalEnvelope(msg.Payload)
+}
