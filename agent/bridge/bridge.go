@@ -39,6 +39,7 @@ import (
 	"time"
 
 	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/fence/auth"
 	"github.com/edgefence/edgefence/fence/history"
 	"github.com/edgefence/edgefence/transport/modbus"
 	"github.com/edgefence/edgefence/transport/mqtt"
@@ -92,6 +93,11 @@ type Config struct {
 	// new commands are refused (Invalid, "busy") before admission.
 	Queue  int
 	Logger *slog.Logger
+	// Keys, if set, makes the gateway fence accept only signed envelopes
+	// (invariant I7, fence/auth), verified before the table's admit rule:
+	// anything else is refused invalid, the mark unchanged, counted in
+	// Stats.Unauthenticated and logged. nil: plain envelopes, as before.
+	Keys auth.Keys
 	// History, if set, records every refusal the bridge gives a command
 	// (history.OpVerdict) and every command a device answered
 	// (history.OpApplied). Accepts are the table's to record, before its
@@ -116,6 +122,8 @@ type Stats struct {
 	SerialErrors uint64 `json:"serial_errors"`
 	DeviceErrors uint64 `json:"device_exceptions"`
 	AckErrors    uint64 `json:"ack_errors"`
+	// Unauthenticated commands refused by Config.Keys (also in Invalid).
+	Unauthenticated uint64 `json:"unauthenticated"`
 }
 
 // Bridge forwards fenced commands to serial devices through the fence table.
@@ -131,6 +139,7 @@ type Bridge struct {
 	wg     sync.WaitGroup
 
 	accepted, duplicate, stale, invalid, busy, tableErr, serialErr, devErr, ackErr atomic.Uint64
+	unauth                                                                         atomic.Uint64
 }
 
 type port struct {
@@ -296,7 +305,36 @@ func (b *Bridge) Close() error {
 func (b *Bridge) Stats() Stats {
 	return Stats{Accepted: b.accepted.Load(), Duplicate: b.duplicate.Load(), Stale: b.stale.Load(),
 		Invalid: b.invalid.Load(), Busy: b.busy.Load(), TableErrors: b.tableErr.Load(),
-		SerialErrors: b.serialErr.Load(), DeviceErrors: b.devErr.Load(), AckErrors: b.ackErr.Load()}
+		SerialErrors: b.serialErr.Load(), DeviceErrors: b.devErr.Load(), AckErrors: b.ackErr.Load(),
+		Unauthenticated: b.unauth.Load()}
+}
+
+// decode returns the envelope in raw: signed and verified with Config.Keys,
+// or plain without them.
+func (b *Bridge) decode(raw []byte) (*fence.Envelope, error) {
+	if b.cfg.Keys == nil {
+		return fence.UnmarshalEnvelope(raw)
+	}
+	v, err := auth.Verify(raw, b.cfg.Keys)
+	if err != nil {
+		b.unauth.Add(1)
+		b.log.Warn("unauthenticated command refused", "err", err)
+		return nil, err
+	}
+	return v.Envelope, nil
+}
+
+// addressable returns the envelope a refused signed command claims to be,
+// unverified, if it names dev: only to address the refusal's ack.
+func (b *Bridge) addressable(dev string, raw []byte) *fence.Envelope {
+	if b.cfg.Keys == nil {
+		return nil
+	}
+	env, err := auth.Claimed(raw)
+	if err != nil || env.Device != dev {
+		return nil
+	}
+	return env
 }
 
 // onCommand runs on the MQTT client's delivery goroutine: decide and
@@ -309,9 +347,9 @@ func (b *Bridge) onCommand(msg mqtt.Message) {
 		b.log.Warn("command on a topic this bridge does not serve", "topic", msg.Topic)
 		return
 	}
-	env, err := fence.UnmarshalEnvelope(msg.Payload)
+	env, err := b.decode(msg.Payload)
 	if err != nil {
-		b.refuse(dev, nil, fence.Invalid, fence.Mark{}, err.Error())
+		b.refuse(dev, b.addressable(dev, msg.Payload), fence.Invalid, fence.Mark{}, err.Error())
 		return
 	}
 	if env.Device != dev {

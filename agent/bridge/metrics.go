@@ -13,6 +13,8 @@ var (
 		"Commands the gateway fence table decided, by verdict (accepted = admitted; duplicate, stale, invalid, busy = refused).", []string{"verdict"}, nil)
 	bridgeErrorsDesc = prometheus.NewDesc("edgefence_bridge_errors_total",
 		"Gateway fence bridge failures, by kind (table, serial, device, ack).", []string{"kind"}, nil)
+	unauthDesc = prometheus.NewDesc("edgefence_fence_table_unauthenticated_total",
+		"Commands the gateway fence refused as not signed by a key allowed for the device (also counted as invalid).", nil, nil)
 )
 
 type collector struct{ b *Bridge }
@@ -20,6 +22,7 @@ type collector struct{ b *Bridge }
 func (collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- tableCommandsDesc
 	ch <- bridgeErrorsDesc
+	ch <- unauthDesc
 }
 
 func (c collector) Collect(ch chan<- prometheus.Metric) {
@@ -41,4 +44,5 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	} {
 		ch <- prometheus.MustNewConstMetric(v.d, prometheus.CounterValue, float64(v.n), v.label)
 	}
+	ch <- prometheus.MustNewConstMetric(unauthDesc, prometheus.CounterValue, float64(s.Unauthenticated))
 }

@@ -199,7 +199,7 @@ func (s *Shim) addressable(device string, raw []byte) *fence.Envelope {
 	if s.opts.Keys == nil {
 		return nil
 	}
-	env, err := auth.Peek(raw)
+	env, err := auth.Claimed(raw)
 	if err != nil || env.Device != device {
 		return nil
 	}

@@ -226,3 +226,13 @@ func Peek(raw []byte) (*fence.Envelope, error) {
 	}
 	return fence.UnmarshalEnvelope(msg.Payload)
 }
+
+// Claimed returns the envelope raw claims to be, signed (unverified) or
+// plain: only to address the refusal of a command that failed Verify, so
+// that its sender learns why. Never act on it.
+func Claimed(raw []byte) (*fence.Envelope, error) {
+	if env, err := Peek(raw); err == nil {
+		return env, nil
+	}
+	return fence.UnmarshalEnvelope(raw)
+}

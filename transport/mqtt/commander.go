@@ -24,8 +24,18 @@ type Commander struct {
 
 	mu      sync.Mutex
 	pending map[string]chan *fence.Ack
+	sign    func(*fence.Envelope) ([]byte, error) // nil: plain envelopes
 
 	acks, unmatched, badAcks, retries atomic.Uint64
+}
+
+// SignWith makes Send publish envelopes encoded by sign (a signed envelope,
+// fence/auth's Signer.Sign) instead of plain CBOR. Call it before the first
+// Send.
+func (m *Commander) SignWith(sign func(*fence.Envelope) ([]byte, error)) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.sign = sign
 }
 
 // NewCommander dials the broker with cfg and subscribes to the ack topics of
@@ -69,7 +79,13 @@ func (m *Commander) Close(ctx context.Context) error { return m.c.Close(ctx) }
 // returns ctx's error if no Ack arrived in time: the command's fate is then
 // unknown.
 func (m *Commander) Send(ctx context.Context, env *fence.Envelope) (*fence.Ack, error) {
-	payload, err := fence.MarshalEnvelope(env)
+	m.mu.Lock()
+	encode := m.sign
+	m.mu.Unlock()
+	if encode == nil {
+		encode = fence.MarshalEnvelope
+	}
+	payload, err := encode(env)
 	if err != nil {
 		return nil, err
 	}
