@@ -92,7 +92,10 @@ type MosquittoConfig struct {
 	Dir string
 	// Security replaces the generated config's "allow_anonymous true" with
 	// these lines, e.g. deploy/mosquitto/edgefence.conf's allow_anonymous,
-	// password_file and acl_file.
+	// password_file and acl_file. The broker then keeps the user it was
+	// started as ("user root" when that is root: Mosquitto would otherwise
+	// switch to user mosquitto, which cannot read the files in a test's
+	// private temp dir).
 	Security string
 }
 
@@ -106,6 +109,8 @@ func StartMosquittoConfig(ctx context.Context, cfg MosquittoConfig) (*Mosquitto,
 	sec := cfg.Security
 	if sec == "" {
 		sec = "allow_anonymous true\n"
+	} else if os.Geteuid() == 0 {
+		sec = "user root\n" + sec
 	}
 	m := &Mosquitto{bin: bin, life: ctx, dir: dir, sec: strings.TrimSuffix(sec, "\n") + "\n"}
 	if m.dir == "" {
