@@ -14,6 +14,9 @@
 // per decision, see sim.VerdictRecord) goes to --log, appended, or stdout.
 // With --history FILE every decision is also appended to FILE as a
 // fence/history event (source --history-source), for history.Check.
+// A broker that requires credentials (deploy/mosquitto) gets --mqtt-user
+// and the password from $EDGEFENCE_MQTT_PASSWORD or --mqtt-password-file:
+// with Mosquitto's ACL a single device logs in as its device id.
 // SIGINT or SIGTERM shuts down cleanly.
 package main
 
@@ -48,25 +51,28 @@ func main() {
 type devsimFlags struct {
 	broker, prefix, devices, idPrefix, dir, logPath, clientID *string
 	port, histPath, histSrc                                   *string
+	mqttUser, mqttPassFile                                    *string
 	count, regs                                               *int
 	noFence                                                   *bool
 }
 
 func newDevsimFlags(fs *flag.FlagSet) devsimFlags {
 	return devsimFlags{
-		broker:   fs.String("mqtt", "", "MQTT broker URL, e.g. mqtt://127.0.0.1:1883 (required)"),
-		prefix:   fs.String("prefix", mqtt.DefaultPrefix, "MQTT topic prefix"),
-		devices:  fs.String("devices", "", "comma-separated device ids (or use --count)"),
-		count:    fs.Int("count", 0, "number of devices <id-prefix>1..<id-prefix>N (instead of --devices)"),
-		idPrefix: fs.String("id-prefix", "dev-", "device id prefix for --count"),
-		dir:      fs.String("dir", "", "data directory for the marks and states (required)"),
-		logPath:  fs.String("log", "", "verdict log file, JSON lines, appended (default stdout)"),
-		clientID: fs.String("client-id", "", "MQTT client id (default derived from the host name and --dir)"),
-		noFence:  unsafeFlags(fs),
-		port:     fs.String("serial", "", "run ONE legacy register device (no fence of its own) on this serial port instead of MQTT devices"),
-		regs:     fs.Int("registers", 0, "with --serial: number of holding registers (default 256)"),
-		histPath: fs.String("history", "", "append every fence decision to this file as history events (JSON lines, fence/history)"),
-		histSrc:  fs.String("history-source", "devsim", "source name of the --history events"),
+		broker:       fs.String("mqtt", "", "MQTT broker URL, e.g. mqtt://127.0.0.1:1883 (required)"),
+		prefix:       fs.String("prefix", mqtt.DefaultPrefix, "MQTT topic prefix"),
+		devices:      fs.String("devices", "", "comma-separated device ids (or use --count)"),
+		count:        fs.Int("count", 0, "number of devices <id-prefix>1..<id-prefix>N (instead of --devices)"),
+		idPrefix:     fs.String("id-prefix", "dev-", "device id prefix for --count"),
+		dir:          fs.String("dir", "", "data directory for the marks and states (required)"),
+		logPath:      fs.String("log", "", "verdict log file, JSON lines, appended (default stdout)"),
+		clientID:     fs.String("client-id", "", "MQTT client id (default derived from the host name and --dir)"),
+		noFence:      unsafeFlags(fs),
+		port:         fs.String("serial", "", "run ONE legacy register device (no fence of its own) on this serial port instead of MQTT devices"),
+		regs:         fs.Int("registers", 0, "with --serial: number of holding registers (default 256)"),
+		histPath:     fs.String("history", "", "append every fence decision to this file as history events (JSON lines, fence/history)"),
+		histSrc:      fs.String("history-source", "devsim", "source name of the --history events"),
+		mqttUser:     fs.String("mqtt-user", "", "MQTT user name; the password comes from $"+envMQTTPassword+" or --mqtt-password-file"),
+		mqttPassFile: fs.String("mqtt-password-file", "", "file holding the MQTT password (one line)"),
 	}
 }
 
@@ -87,8 +93,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	if *f.port != "" {
-		if *f.broker != "" || *f.count != 0 || *f.noFence || *f.dir != "" || *f.histPath != "" {
-			return usage("--serial runs a legacy device: it takes --devices ID (one), --registers, --log; not --mqtt, --count, --dir, --history or an unsafe flag (it has no fence point and never sees command ids)")
+		if *f.broker != "" || *f.count != 0 || *f.noFence || *f.dir != "" || *f.histPath != "" || *f.mqttUser != "" || *f.mqttPassFile != "" {
+			return usage("--serial runs a legacy device: it takes --devices ID (one), --registers, --log; not --mqtt, --mqtt-user, --count, --dir, --history or an unsafe flag (it has no fence point and never sees command ids)")
 		}
 		id := "plc-1"
 		if *f.devices != "" {
@@ -107,11 +113,42 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case err != nil:
 		return usage(err.Error())
 	}
-	return runFleet(ctx, log, f, ids, stdout)
+	user, pass, err := mqttCredentials(*f.mqttUser, *f.mqttPassFile)
+	if err != nil {
+		return usage(err.Error())
+	}
+	return runFleet(ctx, log, f, ids, mqtt.Config{Username: user, Password: pass}, stdout)
+}
+
+// envMQTTPassword is the agent's variable for the MQTT password
+// (agent.EnvMQTTPassword), read by devsim too.
+const envMQTTPassword = "EDGEFENCE_MQTT_PASSWORD"
+
+// mqttCredentials returns the user and the password of --mqtt-user: from
+// passFile if given, else from $EDGEFENCE_MQTT_PASSWORD.
+func mqttCredentials(user, passFile string) (string, []byte, error) {
+	if user == "" {
+		if passFile != "" {
+			return "", nil, errors.New("--mqtt-password-file without --mqtt-user")
+		}
+		return "", nil, nil // no credentials: an anonymous client
+	}
+	pass := os.Getenv(envMQTTPassword)
+	if passFile != "" {
+		b, err := os.ReadFile(passFile)
+		if err != nil {
+			return "", nil, fmt.Errorf("--mqtt-password-file: %w", err)
+		}
+		pass = strings.TrimRight(string(b), "\r\n")
+	}
+	if pass == "" {
+		return "", nil, fmt.Errorf("--mqtt-user %s: no password ($%s or --mqtt-password-file)", user, envMQTTPassword)
+	}
+	return user, []byte(pass), nil
 }
 
 // runFleet runs the MQTT devices ids until ctx ends.
-func runFleet(ctx context.Context, log *slog.Logger, f devsimFlags, ids []string, stdout io.Writer) int {
+func runFleet(ctx context.Context, log *slog.Logger, f devsimFlags, ids []string, creds mqtt.Config, stdout io.Writer) int {
 	var vlog io.Writer = stdout
 	if *f.logPath != "" {
 		lf, err := os.OpenFile(*f.logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
@@ -132,14 +169,14 @@ func runFleet(ctx context.Context, log *slog.Logger, f devsimFlags, ids []string
 		defer hist.Close() // after the fleet: deferred calls run last in, first out
 	}
 	fleet, err := sim.NewFleet(ctx, sim.FleetConfig{Devices: ids, DataDir: *f.dir, Broker: *f.broker, Prefix: *f.prefix,
-		ClientID: *f.clientID, VerdictLog: vlog, History: hist, Kind: deviceKind(*f.noFence), Logger: log})
+		ClientID: *f.clientID, VerdictLog: vlog, History: hist, Kind: deviceKind(*f.noFence), Logger: log, MQTT: creds})
 	if err != nil {
 		log.Error("start", "err", err)
 		return 1
 	}
 	code := 0
 	if err := fleet.AwaitReady(ctx); err == nil {
-		log.Info("ready", "devices", len(ids), "broker", *f.broker, "prefix", *f.prefix)
+		log.Info("ready", "devices", len(ids), "broker", *f.broker, "prefix", *f.prefix, "user", creds.Username)
 		<-ctx.Done()
 	} else if ctx.Err() == nil {
 		log.Error("await broker", "err", err)

@@ -439,6 +439,7 @@ func TestDevsimSecondInstanceOnSameDir(t *testing.T) {
 }
 
 func TestUsage(t *testing.T) {
+	t.Setenv(envMQTTPassword, "")
 	for _, tt := range []struct {
 		args []string
 		want int
@@ -454,6 +455,10 @@ func TestUsage(t *testing.T) {
 		{[]string{"--bogus"}, 2, "flag provided but not defined"},
 		{[]string{"--help"}, 0, "Usage"},
 		{[]string{"--mqtt", "mqtt://h", "--dir", t.TempDir(), "--devices", "bad/id"}, 1, "device id"},
+		{[]string{"--mqtt", "mqtt://h", "--dir", "x", "--devices", "a", "--mqtt-user", "a"}, 2, "no password ($EDGEFENCE_MQTT_PASSWORD or --mqtt-password-file)"},
+		{[]string{"--mqtt", "mqtt://h", "--dir", "x", "--devices", "a", "--mqtt-password-file", "p"}, 2, "--mqtt-password-file without --mqtt-user"},
+		{[]string{"--mqtt", "mqtt://h", "--dir", "x", "--devices", "a", "--mqtt-user", "a", "--mqtt-password-file", filepath.Join(t.TempDir(), "none")}, 2, "--mqtt-password-file: open"},
+		{[]string{"--serial", "/dev/null", "--mqtt-user", "a"}, 2, "not --mqtt, --mqtt-user"},
 	} {
 		var out, errb bytes.Buffer
 		if code := run(context.Background(), tt.args, &out, &errb); code != tt.want || !strings.Contains(errb.String(), tt.msg) {

@@ -26,18 +26,9 @@ func demo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		return errUsage
 	}
-	if *binDir == "" {
-		self, err := os.Executable()
-		if err != nil {
-			return err
-		}
-		*binDir = filepath.Dir(self)
-	}
-	agentBin, devsimBin := filepath.Join(*binDir, "edgefence"), filepath.Join(*binDir, "edgefence-devsim")
-	for _, b := range []string{agentBin, devsimBin} {
-		if _, err := os.Stat(b); err != nil {
-			return fmt.Errorf("%w (build with `make build`, or pass --bin)", err)
-		}
+	agentBin, devsimBin, err := demoBinaries(*binDir)
+	if err != nil {
+		return err
 	}
 	dir, err := os.MkdirTemp("", "edgefence-demo-")
 	if err != nil {
@@ -50,16 +41,22 @@ func demo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 
 	start := time.Now()
-	w, err := sandbox.StartWorld(ctx, sandbox.WorldConfig{Dir: filepath.Join(dir, "world"), Fast: true,
+	// The broker requires credentials: each agent and the device simulator
+	// log in as their own user (Figure1Config.Auth adds them).
+	auth, err := sandbox.NewBrokerAuth("")
+	if err != nil {
+		return err
+	}
+	w, err := sandbox.StartWorld(ctx, sandbox.WorldConfig{Dir: filepath.Join(dir, "world"), Fast: true, Auth: auth,
 		Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
 		return err
 	}
 	defer w.Close()
 	fmt.Fprintf(stdout, "edgefence demo — Figure 1 of \"Distributed Locks Fencing Tokens\", on real parts:\n")
-	fmt.Fprintf(stdout, "  etcd %s (embedded, single node), MQTT v5 broker %s (mochi), devices: edgefence-devsim with the shim\n\n", w.Etcd.Endpoint(), w.Broker.URL())
+	fmt.Fprintf(stdout, "  etcd %s (embedded, single node), MQTT v5 broker %s (mochi, with passwords and an ACL), devices: edgefence-devsim with the shim\n\n", w.Etcd.Endpoint(), w.Broker.URL())
 
-	cfg := sandbox.Figure1Config{AgentBin: agentBin, DevsimBin: devsimBin, Etcd: w.Etcd.Endpoint(), MQTT: w.Broker.URL(), Narrate: stdout}
+	cfg := sandbox.Figure1Config{AgentBin: agentBin, DevsimBin: devsimBin, Etcd: w.Etcd.Endpoint(), MQTT: w.Broker.URL(), Narrate: stdout, Auth: auth}
 	cfg.Dir = filepath.Join(dir, "fenced")
 	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
 		return err
@@ -94,4 +91,23 @@ func demo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "\ndemo finished in %.1fs\n", time.Since(start).Seconds())
 	return nil
+}
+
+// demoBinaries returns the agent and devsim binaries in binDir (default:
+// beside this program), or an error naming the one missing.
+func demoBinaries(binDir string) (agentBin, devsimBin string, err error) {
+	if binDir == "" {
+		self, err := os.Executable()
+		if err != nil {
+			return "", "", err
+		}
+		binDir = filepath.Dir(self)
+	}
+	agentBin, devsimBin = filepath.Join(binDir, "edgefence"), filepath.Join(binDir, "edgefence-devsim")
+	for _, b := range []string{agentBin, devsimBin} {
+		if _, err := os.Stat(b); err != nil {
+			return "", "", fmt.Errorf("%w (build with `make build`, or pass --bin)", err)
+		}
+	}
+	return agentBin, devsimBin, nil
 }

@@ -7,13 +7,16 @@
 //	edgefence-sandbox serve [--dir DIR] [--fast] [--etcd-addr HOST:PORT]
 //	                        [--mqtt-addr HOST:PORT] [--env FILE]
 //	                        [--devices N] [--verdict-log FILE]
+//	                        [--mqtt-users FILE] [--mqtt-acl FILE]
 //	edgefence-sandbox demo [--bin DIR] [--contrast=false] [--keep]
 //	edgefence-sandbox help [COMMAND]
 //
 // serve starts both servers and N simulated devices dev-1..dev-N (default
 // 3) with their verdict log in DIR/verdicts.jsonl, writes an agent config
 // for them to DIR/gw-1.yaml, prints the addresses in words and as one JSON
-// line on stdout followed by the commands to try, writes EDGEFENCE_ETCD=...
+// line on stdout followed by the broker's users and passwords (it requires
+// them and applies deploy/mosquitto's ACL; --mqtt-users and --mqtt-acl add
+// more) and the commands to try, writes EDGEFENCE_ETCD=...
 // and EDGEFENCE_MQTT=... to the --env file once ready, and runs until
 // SIGINT or SIGTERM, or until its stdout is a pipe nobody reads any more
 // (its reader exited: EPIPE). Either way it stops cleanly and removes its

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -283,7 +284,7 @@ func TestServeSubprocess(t *testing.T) {
 		"edgefence run --config " + info.Config,
 		"edgefence status --socket " + info.Socket,
 		"edgefence send --socket " + info.Socket + ` dev-1 set '{"setpoint":22}'`,
-		"mosquitto_sub -V mqttv5 -h 127.0.0.1 -p " + u.Port() + " -t 'edgefence/v1/dev/#' -v",
+		"mosquitto_sub -V mqttv5 -h 127.0.0.1 -p " + u.Port() + " -u watch -P " + info.MQTTUsers["watch"] + " -t 'edgefence/v1/dev/#' -v",
 		"etcdctl --endpoints " + info.Etcd + " get --prefix /edgefence/v1",
 	} {
 		if !strings.Contains(s.try, "\n  "+cmd+"\n") {
@@ -299,6 +300,28 @@ func TestServeSubprocess(t *testing.T) {
 		cfg.Etcd.LeaseTTL != 10*time.Second || len(cfg.Devices) != 3 || cfg.Devices[2].ID != "dev-3" {
 		t.Fatalf("agent config %+v", cfg)
 	}
+	// The broker requires credentials: printed, and in the agent config.
+	for _, u := range []string{"gw-1", "devices", "watch"} {
+		if p := info.MQTTUsers[u]; len(p) < 16 || !strings.Contains(s.try, "  "+u+" ") || !strings.Contains(s.try, "password "+p+"\n") {
+			t.Errorf("user %s: password %q, not printed in:\n%s", u, p, s.try)
+		}
+	}
+	if cfg.MQTT.Username != "gw-1" || cfg.MQTT.Password.Value() != info.MQTTUsers["gw-1"] {
+		t.Errorf("agent config MQTT user %q, password %v", cfg.MQTT.Username, cfg.MQTT.Password)
+	}
+	if st, err := os.Stat(info.Config); err != nil || st.Mode().Perm() != 0o600 {
+		t.Errorf("agent config holding a password: %v, mode %v; want 0600", err, st.Mode())
+	}
+	anon, err := mqtt.Dial(t.Context(), mqtt.Config{Brokers: []string{info.MQTT}, ClientID: "anonymous", CleanStart: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	actx, acancel := context.WithTimeout(t.Context(), time.Second)
+	if err := anon.AwaitConnection(actx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("anonymous client: %v, want refused", err)
+	}
+	acancel()
+	anon.Close(context.Background())
 
 	// A real agent, run from that config, commands a served device.
 	res := runAgent(t, cfg, func(c *agent.APIClient) (*agent.SendResult, error) {
@@ -312,7 +335,7 @@ func TestServeSubprocess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ack := sendRaw(t, info.MQTT, &fence.Envelope{V: fence.Version, Device: "dev-1", Token: fence.Token(res.Token - 1),
+	ack := sendRaw(t, info.MQTT, info.MQTTUsers["gw-1"], &fence.Envelope{V: fence.Version, Device: "dev-1", Token: fence.Token(res.Token - 1),
 		Seq: 1, ID: "raw-1", Kind: "set", Body: body, Holder: "test"})
 	if ack.Verdict != fence.Stale || ack.MaxToken != fence.Token(res.Token) {
 		t.Fatalf("raw stale envelope: %+v", ack)
@@ -410,10 +433,12 @@ func runAgent(t *testing.T, cfg *agent.Config, send func(*agent.APIClient) (*age
 	return res
 }
 
-// sendRaw publishes env on its device's command topic and returns the ack.
-func sendRaw(t *testing.T, broker string, env *fence.Envelope) *fence.Ack {
+// sendRaw publishes env on its device's command topic, logged in as
+// gateway gw-1 with password, and returns the ack.
+func sendRaw(t *testing.T, broker, password string, env *fence.Envelope) *fence.Ack {
 	t.Helper()
-	cmdr, err := mqtt.NewCommander(t.Context(), mqtt.Config{Brokers: []string{broker}, ClientID: "raw-" + t.Name(), CleanStart: true},
+	cmdr, err := mqtt.NewCommander(t.Context(), mqtt.Config{Brokers: []string{broker}, ClientID: "raw-" + t.Name(), CleanStart: true,
+		Username: "gw-1", Password: []byte(password)},
 		mqtt.Topics{}, []string{env.Device})
 	if err != nil {
 		t.Fatal(err)

@@ -8,9 +8,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -24,6 +26,10 @@ import (
 const (
 	serveGateway  = "gw-1"
 	serveLeaseTTL = 10 * time.Second
+	// The broker's other users: the in-process device fleet, and one that
+	// may only watch (mosquitto_sub).
+	serveFleetUser = "devices"
+	serveWatchUser = "watch"
 )
 
 // serve runs the default world and simulated devices until ctx is done.
@@ -48,13 +54,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 	}
 
-	w, err := sandbox.StartWorld(ctx, sandbox.WorldConfig{
-		Dir:      f.dir,
-		Fast:     f.fast,
-		EtcdAddr: f.etcdAddr,
-		MQTTAddr: f.mqttAddr,
-		Logger:   log,
-	})
+	w, auth, err := startServeWorld(ctx, f, log)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil // interrupted while starting
@@ -69,7 +69,10 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		log.Info("stopped")
 	}()
 
-	info := readyInfo{Etcd: w.Etcd.Endpoint(), MQTT: w.Broker.URL(), Dir: f.dir, Env: f.envFile}
+	info := readyInfo{Etcd: w.Etcd.Endpoint(), MQTT: w.Broker.URL(), Dir: f.dir, Env: f.envFile, MQTTUsers: map[string]string{}}
+	for _, u := range auth.Users() {
+		info.MQTTUsers[u], _ = auth.User(u)
+	}
 	if f.devices > 0 {
 		stopDevices, err := serveDevices(ctx, w, f, &info, log)
 		if err != nil {
@@ -104,6 +107,18 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
+// startServeWorld starts the world of f, its broker requiring the
+// credentials of serveAuth.
+func startServeWorld(ctx context.Context, f *serveFlags, log *slog.Logger) (*sandbox.World, *sandbox.BrokerAuth, error) {
+	auth, err := serveAuth(f)
+	if err != nil {
+		return nil, nil, err
+	}
+	w, err := sandbox.StartWorld(ctx, sandbox.WorldConfig{Dir: f.dir, Fast: f.fast, EtcdAddr: f.etcdAddr, MQTTAddr: f.mqttAddr,
+		Auth: auth, Logger: log})
+	return w, auth, err
+}
+
 // serveFlags are serve's flags.
 type serveFlags struct {
 	dir                string
@@ -112,7 +127,52 @@ type serveFlags struct {
 	envFile            string
 	devices            int
 	verdictLog         string
+	mqttUsers, mqttACL string
 	verbose            bool
+}
+
+// serveAuth is the broker's users and ACL (deploy/mosquitto's rules):
+// gateway gw-1, the device fleet's user (the devices' own topics), the
+// watch user (read only), each with a new random password, and the users
+// and rules of --mqtt-users and --mqtt-acl.
+func serveAuth(f *serveFlags) (*sandbox.BrokerAuth, error) {
+	p := mqtt.DefaultPrefix
+	var devs []string
+	for i := 1; i <= f.devices; i++ {
+		devs = append(devs, fmt.Sprintf("dev-%d", i))
+	}
+	acl := sandbox.DeviceACL(p) + sandbox.GatewayACL(p, serveGateway) + sandbox.ObserverACL(p, serveWatchUser)
+	if len(devs) > 0 {
+		acl += sandbox.FleetACL(p, serveFleetUser, devs...)
+	}
+	auth, err := sandbox.NewBrokerAuth(acl)
+	if err != nil {
+		return nil, err
+	}
+	if f.mqttACL != "" {
+		b, err := os.ReadFile(f.mqttACL)
+		if err != nil {
+			return nil, err
+		}
+		if err := auth.AddACL(string(b)); err != nil {
+			return nil, fmt.Errorf("%s: %w", f.mqttACL, err)
+		}
+	}
+	if f.mqttUsers != "" {
+		if err := auth.ReadPasswords(f.mqttUsers); err != nil {
+			return nil, err
+		}
+	}
+	users := []string{serveGateway, serveWatchUser}
+	if len(devs) > 0 {
+		users = append(users, serveFleetUser)
+	}
+	for _, u := range users {
+		if _, err := auth.User(u); err != nil {
+			return nil, err
+		}
+	}
+	return auth, nil
 }
 
 // logger is serve's log on stderr: text, debug with -v.
@@ -136,6 +196,8 @@ func parseServeFlags(args []string, stderr io.Writer) (*serveFlags, error) {
 	fs.StringVar(&f.envFile, "env", "", "once ready, write EDGEFENCE_ETCD=... and EDGEFENCE_MQTT=... to this file (removed on exit)")
 	fs.IntVar(&f.devices, "devices", 3, "simulated devices dev-1..dev-N on the broker (0: none)")
 	fs.StringVar(&f.verdictLog, "verdict-log", "", "the devices' verdict log, JSON lines, appended (default <dir>/verdicts.jsonl)")
+	fs.StringVar(&f.mqttUsers, "mqtt-users", "", "more broker users: a file of user:password lines")
+	fs.StringVar(&f.mqttACL, "mqtt-acl", "", "more broker rules: a file in Mosquitto's acl_file format (deploy/mosquitto/edgefence.acl)")
 	fs.BoolVar(&f.verbose, "v", false, "debug logging")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -165,7 +227,7 @@ func serveDevices(ctx context.Context, w *sandbox.World, f *serveFlags, info *re
 	if info.VerdictLog == "" {
 		info.VerdictLog = filepath.Join(f.dir, "verdicts.jsonl")
 	}
-	return startDevices(ctx, w, info.Devices, filepath.Join(f.dir, "devices"), info.VerdictLog, log)
+	return startDevices(ctx, w, info.Devices, filepath.Join(f.dir, "devices"), info.VerdictLog, info.MQTTUsers[serveFleetUser], log)
 }
 
 // writeAgentConfig writes an agent config for info's devices to
@@ -173,6 +235,7 @@ func serveDevices(ctx context.Context, w *sandbox.World, f *serveFlags, info *re
 func writeAgentConfig(w *sandbox.World, dir string, info *readyInfo) error {
 	ac := w.AgentConfig(serveGateway, dir, info.Devices)
 	ac.LeaseTTL = serveLeaseTTL
+	ac.MQTTUser, ac.MQTTPassword = serveGateway, info.MQTTUsers[serveGateway]
 	info.Config, info.Socket = filepath.Join(dir, serveGateway+".yaml"), ac.Socket
 	return ac.Write(info.Config)
 }
@@ -188,6 +251,10 @@ func announce(stdout io.Writer, w *sandbox.World, info readyInfo) error {
 		return err
 	}
 	fmt.Fprintf(stdout, "%s\n", line)
+	fmt.Fprintf(stdout, "\nThe broker requires a user and password and applies deploy/mosquitto/edgefence.acl's rules. Users:\n")
+	for _, u := range slices.Sorted(maps.Keys(info.MQTTUsers)) {
+		fmt.Fprintf(stdout, "  %-10s password %s\n", u, info.MQTTUsers[u])
+	}
 	printTry(stdout, w, info)
 	return nil
 }
@@ -195,13 +262,13 @@ func announce(stdout io.Writer, w *sandbox.World, info readyInfo) error {
 // startDevices runs a fleet of simulated devices on the world's broker,
 // waits until every command topic is subscribed, and returns the function
 // that stops them.
-func startDevices(ctx context.Context, w *sandbox.World, ids []string, dataDir, verdictLog string, log *slog.Logger) (stop func() error, err error) {
+func startDevices(ctx context.Context, w *sandbox.World, ids []string, dataDir, verdictLog, password string, log *slog.Logger) (stop func() error, err error) {
 	vf, err := os.OpenFile(verdictLog, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("verdict log: %w", err)
 	}
 	fleet, err := sim.NewFleet(ctx, sim.FleetConfig{Devices: ids, DataDir: dataDir, Broker: w.Broker.URL(),
-		VerdictLog: vf, Logger: log.With("component", "devices")})
+		VerdictLog: vf, Logger: log.With("component", "devices"), MQTT: mqtt.Config{Username: serveFleetUser, Password: []byte(password)}})
 	if err != nil {
 		vf.Close()
 		return nil, err
@@ -231,7 +298,7 @@ func printTry(w io.Writer, world *sandbox.World, info readyInfo) {
 	} else {
 		fmt.Fprintf(w, "\nNo simulated devices (--devices 0). To watch the MQTT traffic and the locks:\n\n")
 	}
-	fmt.Fprintf(w, "  mosquitto_sub -V mqttv5 -h %s -p %s -t '%s/dev/#' -v\n", host, port, mqtt.DefaultPrefix)
+	fmt.Fprintf(w, "  mosquitto_sub -V mqttv5 -h %s -p %s -u %s -P %s -t '%s/dev/#' -v\n", host, port, serveWatchUser, info.MQTTUsers[serveWatchUser], mqtt.DefaultPrefix)
 	fmt.Fprintf(w, "  etcdctl --endpoints %s get --prefix %s\n", world.Etcd.Endpoint(), agent.DefaultEtcdPrefix)
 	if len(info.Devices) > 0 {
 		fmt.Fprintf(w, "  tail -f %s\n", shellQuote(info.VerdictLog))
@@ -258,4 +325,8 @@ type readyInfo struct {
 	VerdictLog string   `json:"verdict_log,omitempty"`  // their verdict log
 	Config     string   `json:"agent_config,omitempty"` // an agent config for them
 	Socket     string   `json:"agent_socket,omitempty"` // that agent's API socket
+	// MQTTUsers are the broker's users and their passwords: gw-1 (the agent
+	// config's), devices (the simulated devices'), watch (read only), and
+	// those of --mqtt-users.
+	MQTTUsers map[string]string `json:"mqtt_users"`
 }

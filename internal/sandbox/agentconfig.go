@@ -24,11 +24,15 @@ type AgentConfig struct {
 	Socket   string   // API socket path, required: the default is a system path
 	StateDir string   // required: the default is a system path
 
-	EtcdPrefix     string
-	MQTTPrefix     string
-	ClientID       string
-	LeaseTTL       time.Duration
-	CommandTimeout time.Duration
+	EtcdPrefix string
+	MQTTPrefix string
+	ClientID   string
+	// MQTTUser and MQTTPassword are mqtt.username and mqtt.password, for a
+	// broker that requires credentials (empty: none). A config with a
+	// password is written mode 0600.
+	MQTTUser, MQTTPassword string
+	LeaseTTL               time.Duration
+	CommandTimeout         time.Duration
 	// MQTTReconnectMax is mqtt.reconnect_backoff_max (0: the default).
 	MQTTReconnectMax time.Duration
 	LogLevel         string
@@ -81,6 +85,8 @@ func (c AgentConfig) YAML() ([]byte, error) {
 	line("  ", "brokers", "["+yamlQuote(c.MQTT)+"]")
 	line("  ", "prefix", yamlQuote(c.MQTTPrefix))
 	line("  ", "client_id", yamlQuote(c.ClientID))
+	line("  ", "username", yamlQuote(c.MQTTUser))
+	line("  ", "password", yamlQuote(c.MQTTPassword))
 	line("  ", "reconnect_backoff_max", dur(c.MQTTReconnectMax))
 	b.WriteString("api:\n")
 	line("  ", "socket", yamlQuote(c.Socket))
@@ -100,13 +106,17 @@ func (c AgentConfig) YAML() ([]byte, error) {
 	return b.Bytes(), nil
 }
 
-// Write writes the YAML to path (mode 0644).
+// Write writes the YAML to path (mode 0644, 0600 with a password).
 func (c AgentConfig) Write(path string) error {
 	b, err := c.YAML()
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(path, b, 0o644); err != nil {
+	mode := os.FileMode(0o644)
+	if c.MQTTPassword != "" {
+		mode = 0o600
+	}
+	if err := os.WriteFile(path, b, mode); err != nil {
 		return fmt.Errorf("sandbox: agent config: %w", err)
 	}
 	return nil

@@ -29,10 +29,14 @@ type BrokerConfig struct {
 	// and at every Start or Restart) before it serves, to add hooks such
 	// as a Duplicator's Attach. An error fails that start.
 	Setup func(*mqtt.Server) error
+	// Auth, if set, makes the broker require credentials and apply an ACL
+	// (see BrokerAuth); nil allows every client and topic.
+	Auth *BrokerAuth
 }
 
 // Broker is an in-process mochi-mqtt v2 broker speaking MQTT v5 (and 3.1.1)
-// on loopback, allowing every client and topic, with no persistence: a
+// on loopback, allowing every client and topic unless BrokerConfig.Auth
+// says otherwise, with no persistence: a
 // Restart loses sessions, subscriptions and retained messages, as a real
 // broker without a store would. Its address stays the same across Stop/Start
 // and Restart.
@@ -167,7 +171,11 @@ func (b *Broker) serveLocked(ln net.Listener) error {
 	}
 	srv := mqtt.New(&mqtt.Options{Logger: lg})
 	// mochi denies every client unless an auth hook allows it.
-	if err := srv.AddHook(new(auth.AllowHook), nil); err != nil {
+	var hook mqtt.Hook = new(auth.AllowHook)
+	if b.cfg.Auth != nil {
+		hook = &authHook{a: b.cfg.Auth, log: lg}
+	}
+	if err := srv.AddHook(hook, nil); err != nil {
 		return fmt.Errorf("sandbox: broker auth hook: %w", err)
 	}
 	if b.cfg.Setup != nil {

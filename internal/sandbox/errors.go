@@ -11,6 +11,9 @@ var (
 	// binaries are not installed (apt-get install etcd-server etcd-client).
 	ErrNoEtcd = errors.New("sandbox: etcd binary not installed")
 
+	// ErrBadACL means an ACL or a password file could not be parsed.
+	ErrBadACL = errors.New("sandbox: bad broker ACL")
+
 	// ErrClosed is returned by Start and Restart after Close.
 	ErrClosed = errors.New("sandbox: closed")
 )

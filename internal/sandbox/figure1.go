@@ -54,6 +54,13 @@ type Figure1Config struct {
 	// starts it again on the same data before A's late command arrives.
 	RestartDevicesBeforeLate bool
 
+	// Auth, when the broker at MQTT requires credentials (BrokerConfig.Auth),
+	// is that broker's: the run adds its users gw-a, gw-b (gateways; gw-b the
+	// home of the Serial device) and devsim (the MQTT devices) and their
+	// rules under MQTTPrefix, and every process logs in as its user. nil:
+	// everyone connects anonymously.
+	Auth *BrokerAuth
+
 	Narrate io.Writer // the timeline in plain words; nil = discard
 }
 
@@ -136,6 +143,9 @@ func RunFigure1(ctx context.Context, cfg Figure1Config) (*Figure1Result, error) 
 	}
 	f := &figure1{cfg: cfg, start: time.Now()}
 	defer f.stopAll()
+	if err := f.addUsers(); err != nil {
+		return nil, err
+	}
 	if cfg.Serial {
 		pair, err := NewPtyPair()
 		if err != nil {
@@ -174,7 +184,14 @@ func (f *figure1) startDevices(ctx context.Context) (*Proc, error) {
 	if f.cfg.NoFence {
 		args = append(args, "--unsafe-no-fence")
 	}
-	p, err := StartProc("devsim", f.path("devsim.log"), nil, f.cfg.DevsimBin, args...)
+	user, env, err := f.login("devsim")
+	if err != nil {
+		return nil, err
+	}
+	if user != "" {
+		args = append(args, "--mqtt-user", user)
+	}
+	p, err := StartProc("devsim", f.path("devsim.log"), env, f.cfg.DevsimBin, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -198,6 +215,13 @@ func (f *figure1) startAgent(ctx context.Context, gw, failpoints string) (*Proc,
 			}
 		}
 	}
+	user, env, err := f.login(gw)
+	if err != nil {
+		return nil, "", err
+	}
+	if user != "" {
+		user = "\n  username: " + user // the password is in env
+	}
 	conf := fmt.Sprintf(`gateway: %s
 state_dir: %s
 etcd:
@@ -207,7 +231,7 @@ etcd:
 mqtt:
   brokers: [%s]
   prefix: %s
-  client_id: %s
+  client_id: %s%s
 api:
   socket: %s
 command:
@@ -217,12 +241,11 @@ log:
   format: json
 devices:
 %s`, gw, f.path(gw+"-state"), f.cfg.Etcd, f.cfg.EtcdPrefix, f.cfg.LeaseTTL, f.cfg.MQTT, f.cfg.MQTTPrefix,
-		gw+"-"+filepath.Base(f.cfg.Dir), sock, devs.String())
+		gw+"-"+filepath.Base(f.cfg.Dir), user, sock, devs.String())
 	cpath := f.path(gw + ".yaml")
 	if err := os.WriteFile(cpath, []byte(conf), 0o644); err != nil {
 		return nil, "", err
 	}
-	var env []string
 	if failpoints != "" && failpoints != "none" {
 		env = append(env, "EDGEFENCE_FAILPOINTS="+failpoints)
 	}
@@ -232,6 +255,36 @@ devices:
 	}
 	f.procs = append(f.procs, p)
 	return p, sock, nil
+}
+
+// login returns the MQTT user of a figure-1 process and the environment
+// holding its password ($EDGEFENCE_MQTT_PASSWORD, read by the agent and by
+// devsim), or nothing when the broker is anonymous.
+func (f *figure1) login(user string) (string, []string, error) {
+	if f.cfg.Auth == nil {
+		return "", nil, nil
+	}
+	pass, err := f.cfg.Auth.User(user)
+	if err != nil {
+		return "", nil, err
+	}
+	return user, []string{"EDGEFENCE_MQTT_PASSWORD=" + pass}, nil
+}
+
+// addUsers adds the run's users and rules to Auth: gateways gw-a and gw-b
+// (gw-b the home of a Serial device) and devsim, serving the MQTT devices.
+func (f *figure1) addUsers() error {
+	if f.cfg.Auth == nil {
+		return nil
+	}
+	p := f.cfg.MQTTPrefix
+	acl := GatewayACL(p, "gw-a")
+	if f.cfg.Serial {
+		acl += GatewayACL(p, "gw-b", f.cfg.Devices...)
+	} else {
+		acl += GatewayACL(p, "gw-b") + FleetACL(p, "devsim", f.cfg.Devices...)
+	}
+	return f.cfg.Auth.AddACL(acl)
 }
 
 // status runs `edgefence status --json`.

@@ -43,17 +43,22 @@ func binaries(t *testing.T) (agentBin, devsimBin string) {
 	return filepath.Join(binDir, "edgefence"), filepath.Join(binDir, "edgefence-devsim")
 }
 
-// figure1 runs the scenario on a fresh world with broker brokerURL (empty:
-// an in-process mochi broker).
+// runFigure1 runs the scenario on a fresh world: etcd and an in-process mochi
+// broker that requires credentials (mutate may swap the broker).
 func runFigure1(t *testing.T, mutate func(*Figure1Config)) *Figure1Result {
 	t.Helper()
 	agentBin, devsimBin := binaries(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 	e := startEtcd(t, EtcdConfig{Dir: t.TempDir(), Fast: true})
-	b := startBroker(t, BrokerConfig{})
+	auth, err := NewBrokerAuth("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := startBroker(t, BrokerConfig{Auth: auth}) // every process logs in (Figure1Config.Auth)
 	var narration strings.Builder
-	cfg := Figure1Config{AgentBin: agentBin, DevsimBin: devsimBin, Dir: t.TempDir(), Etcd: e.Endpoint(), MQTT: b.URL(), Narrate: &narration}
+	cfg := Figure1Config{AgentBin: agentBin, DevsimBin: devsimBin, Dir: t.TempDir(), Etcd: e.Endpoint(), MQTT: b.URL(), Narrate: &narration,
+		Auth: auth}
 	if mutate != nil {
 		mutate(&cfg)
 	}
@@ -155,7 +160,7 @@ func TestFigure1Mosquitto(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { m.Close() })
-	res := runFigure1(t, func(c *Figure1Config) { c.MQTT = m.URL() })
+	res := runFigure1(t, func(c *Figure1Config) { c.MQTT, c.Auth = m.URL(), nil })
 	if err := res.CheckFenced(); err != nil {
 		t.Fatal(err)
 	}

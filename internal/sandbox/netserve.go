@@ -29,6 +29,11 @@ type NetSandboxConfig struct {
 	Fast     bool     // --fast etcd timing
 	Devices  int      // --devices: simulated devices dev-1..dev-N (0: none)
 	Env      []string // extra environment, "K=V"
+	// MQTTUsers and MQTTACL are serve's --mqtt-users and --mqtt-acl: files
+	// of more broker users (user:password lines, BrokerAuth.WritePasswords)
+	// and rules (Mosquitto's acl_file format). serve's broker requires
+	// credentials.
+	MQTTUsers, MQTTACL string
 }
 
 // NetSandbox is an `edgefence-sandbox serve` process (embedded etcd and
@@ -64,6 +69,12 @@ func (l *NetLab) StartSandbox(ctx context.Context, node string, cfg NetSandboxCo
 		"--devices", strconv.Itoa(cfg.Devices)}
 	if cfg.Fast {
 		args = append(args, "--fast")
+	}
+	if cfg.MQTTUsers != "" {
+		args = append(args, "--mqtt-users", cfg.MQTTUsers)
+	}
+	if cfg.MQTTACL != "" {
+		args = append(args, "--mqtt-acl", cfg.MQTTACL)
 	}
 	p, err := StartProc("sandbox@"+node, filepath.Join(cfg.Dir, "serve.log"), cfg.Env, NetLabIP, l.ExecArgs(node, cfg.Bin, args...)...)
 	if err != nil {

@@ -41,8 +41,16 @@ func TestNetLabSandbox(t *testing.T) {
 	bin := sandboxBinary(t)
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
+	// serve's broker requires credentials: a user of our own.
+	users, acl := filepath.Join(t.TempDir(), "users"), filepath.Join(t.TempDir(), "acl")
+	if err := os.WriteFile(users, []byte("probe:probe-secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(acl, []byte(ObserverACL("edgefence/v1", "probe")), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	start := time.Now()
-	sb, err := lab.StartSandbox(ctx, "srv", NetSandboxConfig{Bin: bin, Dir: t.TempDir(), Fast: true})
+	sb, err := lab.StartSandbox(ctx, "srv", NetSandboxConfig{Bin: bin, Dir: t.TempDir(), Fast: true, MQTTUsers: users, MQTTACL: acl})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +101,8 @@ func TestNetLabSandbox(t *testing.T) {
 			return err
 		}
 		c := paho.NewClient(paho.ClientConfig{ClientID: "gw-probe", Conn: conn})
-		if _, err := c.Connect(cctx, &paho.Connect{ClientID: "gw-probe", KeepAlive: 30, CleanStart: true}); err != nil {
+		if _, err := c.Connect(cctx, &paho.Connect{ClientID: "gw-probe", KeepAlive: 30, CleanStart: true,
+			UsernameFlag: true, Username: "probe", PasswordFlag: true, Password: []byte("probe-secret")}); err != nil {
 			conn.Close()
 			return err
 		}

@@ -22,7 +22,9 @@ type WorldConfig struct {
 	Fast     bool   // see EtcdConfig.Fast
 	EtcdAddr string // etcd client address; "" = free 127.0.0.1 port
 	MQTTAddr string // broker address; "" = free 127.0.0.1 port
-	Logger   *slog.Logger
+	// Auth, if set, makes the broker require credentials (BrokerConfig.Auth).
+	Auth   *BrokerAuth
+	Logger *slog.Logger
 }
 
 // World is the embedded default world: one etcd and one MQTT v5 broker.
@@ -46,7 +48,7 @@ func StartWorld(ctx context.Context, cfg WorldConfig) (*World, error) {
 	if err != nil {
 		return nil, err
 	}
-	broker, err := StartBroker(BrokerConfig{Addr: cfg.MQTTAddr, Logger: cfg.Logger})
+	broker, err := StartBroker(BrokerConfig{Addr: cfg.MQTTAddr, Logger: cfg.Logger, Auth: cfg.Auth})
 	if err != nil {
 		etcd.Close()
 		return nil, err

@@ -62,6 +62,8 @@ type round struct {
 	netsb   *sandbox.NetSandbox
 	etcdURL string // comma-separated endpoints
 	mqttURL string
+	auth    *sandbox.BrokerAuth // the broker's users: gw-a, gw-b, devsim
+	acl     string              // and its rules
 
 	shimDevs   []string
 	serialDevs []string
@@ -195,7 +197,43 @@ func (r *round) run(ctx context.Context) error {
 	return r.collect(ctx)
 }
 
+// brokerAuth is the round's broker users and rules (deploy/mosquitto's):
+// gateways gw-a and gw-b (gw-b the home of the serial devices) and devsim,
+// serving the shim devices d1..dN.
+func (r *round) brokerAuth() error {
+	const p = "edgefence/v1"
+	var shim, serial []string
+	for i := range r.cfg.Devices {
+		shim = append(shim, fmt.Sprintf("d%d", i+1))
+	}
+	for i := range r.cfg.Serial {
+		serial = append(serial, fmt.Sprintf("s%d", i+1))
+	}
+	r.acl = sandbox.GatewayACL(p, "gw-a") + sandbox.GatewayACL(p, "gw-b", serial...) + sandbox.FleetACL(p, "devsim", shim...)
+	auth, err := sandbox.NewBrokerAuth(r.acl)
+	if err != nil {
+		return err
+	}
+	for _, u := range []string{"gw-a", "gw-b", "devsim"} {
+		if _, err := auth.User(u); err != nil {
+			return err
+		}
+	}
+	r.auth = auth
+	return nil
+}
+
+// mqttEnv is the environment holding user's broker password, which the
+// agent and devsim read.
+func (r *round) mqttEnv(user string) []string {
+	p, _ := r.auth.User(user) // every user exists: brokerAuth
+	return []string{"EDGEFENCE_MQTT_PASSWORD=" + p}
+}
+
 func (r *round) startInfra(ctx context.Context) error {
+	if err := r.brokerAuth(); err != nil {
+		return err
+	}
 	switch r.sc {
 	case FaultPartition:
 		lab, err := sandbox.StartNetLab(nodeServer, nodeA, nodeB)
@@ -204,8 +242,15 @@ func (r *round) startInfra(ctx context.Context) error {
 		}
 		r.lab = lab
 		r.closers = append(r.closers, func() { lab.Close() })
+		users, acl := r.path("mqtt-users"), r.path("mqtt.acl")
+		if err := r.auth.WritePasswords(users); err != nil {
+			return err
+		}
+		if err := os.WriteFile(acl, []byte(r.acl), 0o644); err != nil {
+			return err
+		}
 		sb, err := lab.StartSandbox(ctx, nodeServer, sandbox.NetSandboxConfig{Bin: filepath.Join(r.cfg.Bin, "edgefence-sandbox"),
-			Dir: r.path("sandbox"), Fast: true})
+			Dir: r.path("sandbox"), Fast: true, MQTTUsers: users, MQTTACL: acl})
 		if err != nil {
 			return err
 		}
@@ -230,7 +275,7 @@ func (r *round) startInfra(ctx context.Context) error {
 		r.closers = append(r.closers, func() { e.Close() })
 		r.etcdURL = e.Endpoint()
 	}
-	bc := sandbox.BrokerConfig{}
+	bc := sandbox.BrokerConfig{Auth: r.auth}
 	if r.sc == FaultDuplicate {
 		r.dup = sandbox.NewDuplicator(sandbox.DuplicateConfig{Probability: 0.3, Topics: []string{"edgefence/v1/dev/+/cmd"},
 			Delay: r.jitter(0, 30*time.Millisecond), Seed: r.cfg.Seed + 1})
@@ -291,9 +336,9 @@ func (r *round) startDevsim(ctx context.Context) error {
 	r.devsimRuns++
 	bin, args := r.command(nodeServer, filepath.Join(r.cfg.Bin, "edgefence-devsim"),
 		"--mqtt", r.mqttURL, "--devices", strings.Join(r.shimDevs, ","), "--dir", r.path("devices"),
-		"--log", r.path("verdicts.jsonl"), "--client-id", "devsim-chaos",
+		"--log", r.path("verdicts.jsonl"), "--client-id", "devsim-chaos", "--mqtt-user", "devsim",
 		"--history", r.path("hist-devsim.jsonl"), "--history-source", "shim")
-	p, err := sandbox.StartProc(fmt.Sprintf("devsim#%d", r.devsimRuns), r.path(fmt.Sprintf("devsim-%d.log", r.devsimRuns)), nil, bin, args...)
+	p, err := sandbox.StartProc(fmt.Sprintf("devsim#%d", r.devsimRuns), r.path(fmt.Sprintf("devsim-%d.log", r.devsimRuns)), r.mqttEnv("devsim"), bin, args...)
 	if err != nil {
 		return err
 	}
@@ -334,6 +379,7 @@ etcd:
 mqtt:
   brokers: [%s]
   client_id: %s-chaos
+  username: %s
   keep_alive: 2s
 api:
   socket: %s
@@ -343,7 +389,7 @@ log:
   level: info
   format: json
 devices:
-%s`, gw, r.path(gw+"-state"), r.etcdURL, r.cfg.TTL, r.mqttURL, gw, r.path(gw+".sock"), devs.String())
+%s`, gw, r.path(gw+"-state"), r.etcdURL, r.cfg.TTL, r.mqttURL, gw, gw, r.path(gw+".sock"), devs.String())
 	p := r.path(gw + ".yaml")
 	return p, os.WriteFile(p, []byte(conf), 0o644)
 }
@@ -354,7 +400,7 @@ func (r *round) startAgent(ctx context.Context, name, node string) (*agentProc, 
 		return nil, err
 	}
 	a := &agentProc{name: name, node: node, cfgPath: cpath, sock: r.path(name + ".sock"), stateDir: r.path(name + "-state"),
-		hist: r.path("hist-" + name + ".jsonl"), env: []string{"EDGEFENCE_HISTORY=" + r.path("hist-bridge-"+name+".jsonl")}}
+		hist: r.path("hist-" + name + ".jsonl"), env: append(r.mqttEnv(name), "EDGEFENCE_HISTORY="+r.path("hist-bridge-"+name+".jsonl"))}
 	a.api = agent.NewAPIClient(a.sock)
 	if err := r.runAgent(ctx, a); err != nil {
 		return nil, err
