@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -31,8 +32,10 @@ type AgentConfig struct {
 	CommandTimeout time.Duration
 	// MQTTReconnectMax is mqtt.reconnect_backoff_max (0: the default).
 	MQTTReconnectMax time.Duration
-	LogLevel         string
-	LogFormat        string
+	// MQTTMaxPacketSize is mqtt.max_packet_size, bytes (0: the default).
+	MQTTMaxPacketSize int
+	LogLevel          string
+	LogFormat         string
 }
 
 // AgentConfig returns a config for an agent of this world named gateway,
@@ -82,6 +85,9 @@ func (c AgentConfig) YAML() ([]byte, error) {
 	line("  ", "prefix", yamlQuote(c.MQTTPrefix))
 	line("  ", "client_id", yamlQuote(c.ClientID))
 	line("  ", "reconnect_backoff_max", dur(c.MQTTReconnectMax))
+	if c.MQTTMaxPacketSize != 0 {
+		line("  ", "max_packet_size", strconv.Itoa(c.MQTTMaxPacketSize))
+	}
 	b.WriteString("api:\n")
 	line("  ", "socket", yamlQuote(c.Socket))
 	if c.CommandTimeout != 0 {
