@@ -31,6 +31,12 @@ const (
 	DefaultStateDir                = "/var/lib/edgefence"
 	DefaultLogLevel                = "info"
 	DefaultLogFormat               = "auto"
+
+	// MaxMQTTPacketSize is mqtt.max_packet_size's ceiling: a bound that
+	// lets one publish grow the agent by more than 16 MiB is no bound on a
+	// gateway. The floor is mqtt.LargestPacket, the default
+	// mqtt.DefaultMaxPacketSize.
+	MaxMQTTPacketSize = 16 << 20
 )
 
 // Fence point kinds of a device.
@@ -82,6 +88,13 @@ type MQTTConfig struct {
 	Username            string        `yaml:"username"` // MQTT CONNECT user name; empty means none
 	Password            Secret        `yaml:"password"` // its password; or $EDGEFENCE_MQTT_PASSWORD(_FILE)
 	TLS                 TLSConfig     `yaml:"tls"`      // for mqtts:// (ssl, tls, tcps) brokers
+
+	// MaxPacketSize is the MQTT v5 Maximum Packet Size, bytes, sent in
+	// CONNECT and held by the client too: a bigger message is dropped
+	// unread (mqtt.Config.MaxPacketSize). Default 128 KiB; at least
+	// mqtt.LargestPacket (68,608: the largest envelope or state report
+	// with a signature), at most MaxMQTTPacketSize.
+	MaxPacketSize int `yaml:"max_packet_size"`
 }
 
 // APIConfig is the local control API (a unix socket).
@@ -205,6 +218,7 @@ func (c *Config) ApplyDefaults() {
 	orDefault(&c.MQTT.KeepAlive, mqtt.DefaultKeepAlive)
 	orDefault(&c.MQTT.SessionExpiry, mqtt.DefaultSessionExpiry)
 	orDefault(&c.MQTT.ReconnectBackoffMax, DefaultMQTTReconnectBackoffMax)
+	orDefault(&c.MQTT.MaxPacketSize, mqtt.DefaultMaxPacketSize)
 	orDefault(&c.API.Socket, DefaultSocket)
 	orDefault(&c.Command.Timeout, DefaultCommandTimeout)
 	// The effective values, as the outbox applies them (offline.Options),

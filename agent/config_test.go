@@ -31,7 +31,7 @@ func TestParseConfigDefaults(t *testing.T) {
 	if c.Etcd.LeaseTTL != DefaultLeaseTTL || c.Etcd.Prefix != DefaultEtcdPrefix || c.MQTT.Prefix != DefaultMQTTPrefix ||
 		c.MQTT.ClientID != "edgefence-gw-a" || c.API.Socket != DefaultSocket || c.Command.Timeout != DefaultCommandTimeout ||
 		c.Devices[0].Fence != FenceDevice || c.MQTT.SessionExpiry != 5*time.Minute || c.Log.Format != "auto" ||
-		c.MQTT.ReconnectBackoffMax != 5*time.Second {
+		c.MQTT.ReconnectBackoffMax != 5*time.Second || c.MQTT.MaxPacketSize != 128<<10 {
 		t.Fatalf("defaults not filled in: %+v", c)
 	}
 }
@@ -203,6 +203,17 @@ func TestMQTTReconnectBackoffMaxConfig(t *testing.T) {
 	c, err := ParseConfig([]byte(override(goodConfig, "mqtt:\n  brokers: [mqtt://127.0.0.1:1883]\n  reconnect_backoff_max: 250ms")))
 	if err != nil || c.MQTT.ReconnectBackoffMax != 250*time.Millisecond {
 		t.Fatalf("250ms: %v %+v", err, c)
+	}
+}
+
+func TestMQTTMaxPacketSizeConfig(t *testing.T) {
+	_, err := ParseConfig([]byte(override(goodConfig, "mqtt:\n  brokers: [mqtt://127.0.0.1:1883]\n  max_packet_size: 1024")))
+	if want := "line 6: mqtt.max_packet_size: 1024 bytes: want 68608"; err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("1024: %v, want %q", err, want)
+	}
+	c, err := ParseConfig([]byte(override(goodConfig, "mqtt:\n  brokers: [mqtt://127.0.0.1:1883]\n  max_packet_size: 1048576")))
+	if err != nil || c.MQTT.MaxPacketSize != 1<<20 {
+		t.Fatalf("1 MiB: %v %+v", err, c)
 	}
 }
 

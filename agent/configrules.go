@@ -94,6 +94,12 @@ var configRules = []configRule{
 		}
 		return ""
 	}),
+	scalar("mqtt.max_packet_size", func(c *Config) string {
+		if n := c.MQTT.MaxPacketSize; n != 0 && (n < mqtt.LargestPacket || n > MaxMQTTPacketSize) {
+			return fmt.Sprintf("%d bytes: want %d (the largest legitimate packet) to %d (16 MiB)", n, mqtt.LargestPacket, MaxMQTTPacketSize)
+		}
+		return ""
+	}),
 	{"mqtt", func(c *Config, bad badFunc) {
 		checkCredentials(bad, "mqtt", c.MQTT.Username, c.MQTT.Password, c.MQTT.TLS)
 	}},

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/edgefence/edgefence/transport/mqtt"
 )
 
 // ruleBase is a valid config as written: nothing beyond the required keys,
@@ -76,6 +78,11 @@ var ruleCases = []ruleCase{
 	{"reconnect backoff at the first delay", func(c *Config) { c.MQTT.ReconnectBackoffMax = 250 * time.Millisecond }, "", ""},
 	{"reconnect backoff below the first delay", func(c *Config) { c.MQTT.ReconnectBackoffMax = 100 * time.Millisecond }, "mqtt.reconnect_backoff_max", "100ms is below the first retry's delay 250ms"},
 	{"reconnect backoff negative", func(c *Config) { c.MQTT.ReconnectBackoffMax = -time.Second }, "mqtt.reconnect_backoff_max", "-1s is below"},
+	{"max packet size at the floor", func(c *Config) { c.MQTT.MaxPacketSize = mqtt.LargestPacket }, "", ""},
+	{"max packet size at the ceiling", func(c *Config) { c.MQTT.MaxPacketSize = MaxMQTTPacketSize }, "", ""},
+	{"max packet size below the largest packet", func(c *Config) { c.MQTT.MaxPacketSize = 64 << 10 }, "mqtt.max_packet_size", "65536 bytes: want 68608 (the largest legitimate packet) to 16777216 (16 MiB)"},
+	{"max packet size above 16 MiB", func(c *Config) { c.MQTT.MaxPacketSize = MaxMQTTPacketSize + 1 }, "mqtt.max_packet_size", "16777217 bytes: want"},
+	{"max packet size negative", func(c *Config) { c.MQTT.MaxPacketSize = -1 }, "mqtt.max_packet_size", "-1 bytes: want"},
 	{"mqtt password without user", func(c *Config) { c.MQTT.Password = NewSecret("pw") }, "mqtt.username", "required with a password"},
 	{"mqtt key without cert", func(c *Config) { c.MQTT.TLS.KeyFile = "/k.pem" }, "mqtt.tls.cert_file", "go together"},
 	{"metrics on localhost", func(c *Config) { c.Metrics.Listen = "127.0.0.1:9464" }, "", ""},

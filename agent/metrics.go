@@ -282,6 +282,12 @@ var agentSeries = []series{
 				emit(float64(n))
 			}
 		}},
+	{name: "mqtt_packets_oversize_total", help: "MQTT packets over mqtt.max_packet_size the broker sent anyway, dropped unread.", typ: prometheus.CounterValue,
+		collect: func(v *scrapeView, emit func(float64, ...string)) {
+			if n, ok := v.s.Transport["packets_oversize"].(uint64); ok {
+				emit(float64(n))
+			}
+		}},
 
 	twinCounter("twin_desired_events_total", "Desired-state changes seen by the twin watch.", func(v *scrapeView) uint64 { return v.s.Twins.Events }),
 	twinCounter("twin_set_sent_total", "twin.set commands issued.", func(v *scrapeView) uint64 { return v.s.Twins.Sent }),

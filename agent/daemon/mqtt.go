@@ -8,7 +8,8 @@ import (
 )
 
 // mqttConfig is the MQTT client configuration of c: brokers, client id,
-// keep-alive, session, reconnect backoff, credentials and TLS.
+// keep-alive, session, reconnect backoff, maximum packet size, credentials
+// and TLS.
 func mqttConfig(c agent.MQTTConfig, log *slog.Logger) (mqtt.Config, error) {
 	mc := mqtt.Config{
 		Brokers:       c.Brokers,
@@ -16,6 +17,7 @@ func mqttConfig(c agent.MQTTConfig, log *slog.Logger) (mqtt.Config, error) {
 		KeepAlive:     c.KeepAlive,
 		SessionExpiry: c.SessionExpiry,
 		MaxBackoff:    c.ReconnectBackoffMax,
+		MaxPacketSize: c.MaxPacketSize,
 		Logger:        log,
 	}
 	if err := mqttCredentials(c, &mc); err != nil {

@@ -190,7 +190,8 @@ func runFleet(ctx context.Context, log *slog.Logger, f devsimFlags, ids []string
 		return 1
 	}
 	st := fleet.Stats()
-	log.Info("stopped", "accepted", st.Accepted, "duplicate", st.Duplicate, "stale", st.Stale, "invalid", st.Invalid)
+	log.Info("stopped", "accepted", st.Accepted, "duplicate", st.Duplicate, "stale", st.Stale, "invalid", st.Invalid,
+		"mqtt_packets_oversize", st.PacketsOversize)
 	return code
 }
 

@@ -57,6 +57,9 @@ func mqttLine(m map[string]any) string {
 	fmt.Fprintf(&b, ", %d reconnects; published %d (%d errors), %d in flight, %d resends; acks %d (%d unmatched, %d malformed)",
 		num("reconnects"), num("published"), num("publish_errors"), num("in_flight"), num("resends"),
 		num("acks"), num("acks_unmatched"), num("acks_malformed"))
+	if n := num("packets_oversize"); n > 0 {
+		fmt.Fprintf(&b, "; %d packets over max_packet_size dropped", n)
+	}
 	return b.String()
 }
 

@@ -56,3 +56,13 @@ func TestUnsentVerdictsShownAsSuch(t *testing.T) {
 		t.Errorf("status shows an unsent command's fence mark, or raw JSON:\n%s", s)
 	}
 }
+
+// TestMQTTLineOversize: packets the client dropped over max_packet_size
+// show in the mqtt line once there are any.
+func TestMQTTLineOversize(t *testing.T) {
+	quiet := mqttLine(map[string]any{"connected": true, "packets_oversize": float64(0)})
+	loud := mqttLine(map[string]any{"connected": true, "packets_oversize": float64(2)})
+	if strings.Contains(quiet, "max_packet_size") || !strings.HasSuffix(loud, "; 2 packets over max_packet_size dropped") {
+		t.Errorf("mqtt lines:\n%s\n%s", quiet, loud)
+	}
+}

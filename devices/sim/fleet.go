@@ -49,7 +49,8 @@ type FleetConfig struct {
 
 	// MQTT overrides the client settings other than Brokers, ClientID and
 	// Logger; the zero value means the transport's defaults (a persistent
-	// session, so commands sent while the fleet is down wait at the broker).
+	// session, so commands sent while the fleet is down wait at the broker;
+	// mqtt.DefaultMaxPacketSize, which fits every envelope).
 	MQTT mqtt.Config
 }
 
@@ -201,12 +202,14 @@ type FleetStats struct {
 	StatesPublished   uint64
 	StateErrors       uint64
 	BadResponseTopics uint64 // response topics refused (acks went to the ack topic instead)
+	PacketsOversize   uint64 // MQTT packets over the client's MaxPacketSize, dropped unread (mqtt.Stats)
 }
 
 // Stats returns a snapshot of the counters.
 func (f *Fleet) Stats() FleetStats {
 	return FleetStats{Stats: f.host.Stats(), AcksPublished: f.acks.Load(), AckErrors: f.ackErrors.Load(),
-		StatesPublished: f.states.Load(), StateErrors: f.stateErrors.Load(), BadResponseTopics: f.badResponseTopics.Load()}
+		StatesPublished: f.states.Load(), StateErrors: f.stateErrors.Load(), BadResponseTopics: f.badResponseTopics.Load(),
+		PacketsOversize: f.client.Stats().PacketsOversize}
 }
 
 // handle runs on the MQTT client's delivery goroutine, one message at a

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -35,8 +36,10 @@ type AgentConfig struct {
 	CommandTimeout         time.Duration
 	// MQTTReconnectMax is mqtt.reconnect_backoff_max (0: the default).
 	MQTTReconnectMax time.Duration
-	LogLevel         string
-	LogFormat        string
+	// MQTTMaxPacketSize is mqtt.max_packet_size, bytes (0: the default).
+	MQTTMaxPacketSize int
+	LogLevel          string
+	LogFormat         string
 }
 
 // AgentConfig returns a config for an agent of this world named gateway,
@@ -88,6 +91,9 @@ func (c AgentConfig) YAML() ([]byte, error) {
 	line("  ", "username", yamlQuote(c.MQTTUser))
 	line("  ", "password", yamlQuote(c.MQTTPassword))
 	line("  ", "reconnect_backoff_max", dur(c.MQTTReconnectMax))
+	if c.MQTTMaxPacketSize != 0 {
+		line("  ", "max_packet_size", strconv.Itoa(c.MQTTMaxPacketSize))
+	}
 	b.WriteString("api:\n")
 	line("  ", "socket", yamlQuote(c.Socket))
 	if c.CommandTimeout != 0 {

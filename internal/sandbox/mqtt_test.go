@@ -10,15 +10,16 @@ import (
 )
 
 // mqttClient connects a plain paho MQTT v5 client to addr; received
-// publishes go to msgs. The client is disconnected at test cleanup.
-func mqttClient(t *testing.T, ctx context.Context, addr, id string, msgs chan<- *paho.Publish) *paho.Client {
+// publishes go to msgs; opts may change its config. The client is
+// disconnected at test cleanup.
+func mqttClient(t *testing.T, ctx context.Context, addr, id string, msgs chan<- *paho.Publish, opts ...func(*paho.ClientConfig)) *paho.Client {
 	t.Helper()
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		t.Fatalf("dial %s: %v", addr, err)
 	}
-	c := paho.NewClient(paho.ClientConfig{
+	cfg := paho.ClientConfig{
 		ClientID: id,
 		Conn:     conn,
 		OnPublishReceived: []func(paho.PublishReceived) (bool, error){
@@ -33,7 +34,11 @@ func mqttClient(t *testing.T, ctx context.Context, addr, id string, msgs chan<- 
 				return true, nil
 			},
 		},
-	})
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	c := paho.NewClient(cfg)
 	ca, err := c.Connect(ctx, &paho.Connect{ClientID: id, KeepAlive: 30, CleanStart: true})
 	if err != nil {
 		conn.Close()

@@ -43,7 +43,8 @@ type Client struct {
 	downSince   time.Time
 	failedDials int // failed connection attempts since the last connection up
 
-	published, publishErrors, received, reconnects atomic.Uint64
+	published, publishErrors, received, reconnects, oversize atomic.Uint64
+	oversizeLog                                              oversizeLog
 }
 
 // Stats are counters since Dial.
@@ -54,6 +55,11 @@ type Stats struct {
 	Reconnects    uint64 // connections established after the first
 	Connected     bool   // a connection is up now
 	Broker        string // the broker of the connection that is up (URL without credentials); "" when down
+
+	// PacketsOversize counts packets over Config.MaxPacketSize the broker
+	// sent anyway (it should not: the limit is in CONNECT), each dropped
+	// unread (see Config.MaxPacketSize).
+	PacketsOversize uint64
 }
 
 // Dial validates cfg and starts the connection manager, which connects in
@@ -105,6 +111,7 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 		ConnectTimeout:                cfg.ConnectTimeout,
 		ConnectUsername:               cfg.Username,
 		ConnectPassword:               cfg.Password,
+		ConnectPacketBuilder:          c.connectPacket,
 		AttemptConnection:             c.attemptConnection,
 		OnConnectionUp:                c.onConnectionUp,
 		OnConnectionDown:              c.onConnectionDown,
@@ -148,10 +155,11 @@ func (c *Client) Connected() bool {
 // Stats returns a snapshot of the counters.
 func (c *Client) Stats() Stats {
 	s := Stats{
-		Published:     c.published.Load(),
-		PublishErrors: c.publishErrors.Load(),
-		Received:      c.received.Load(),
-		Reconnects:    c.reconnects.Load(),
+		Published:       c.published.Load(),
+		PublishErrors:   c.publishErrors.Load(),
+		Received:        c.received.Load(),
+		Reconnects:      c.reconnects.Load(),
+		PacketsOversize: c.oversize.Load(),
 	}
 	if l := c.current(); l != nil {
 		s.Connected, s.Broker = true, l.broker
@@ -273,6 +281,17 @@ func (c *Client) current() *link {
 func (c *Client) notifyLocked() {
 	close(c.changed)
 	c.changed = make(chan struct{})
+}
+
+// connectPacket is autopaho's ConnectPacketBuilder: it adds the Maximum
+// Packet Size to every CONNECT.
+func (c *Client) connectPacket(cp *paho.Connect, _ *url.URL) (*paho.Connect, error) {
+	if cp.Properties == nil {
+		cp.Properties = &paho.ConnectProperties{}
+	}
+	mps := uint32(c.cfg.MaxPacketSize) // within [MinMaxPacketSize, MaxMaxPacketSize]: withDefaults
+	cp.Properties.MaximumPacketSize = &mps
+	return cp, nil
 }
 
 // onConnectionUp runs on autopaho's goroutine and must not block.

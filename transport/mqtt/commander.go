@@ -182,5 +182,8 @@ func (m *Commander) Status() map[string]any {
 		"in_flight":      inflight,
 		// The ceiling of the delay between reconnection attempts.
 		"reconnect_backoff_max": m.c.cfg.MaxBackoff.String(),
+		// Packets over max_packet_size the broker sent anyway, dropped.
+		"packets_oversize": s.PacketsOversize,
+		"max_packet_size":  m.c.cfg.MaxPacketSize,
 	}
 }

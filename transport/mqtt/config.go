@@ -72,6 +72,19 @@ type Config struct {
 	Username string
 	Password []byte
 
+	// MaxPacketSize bounds, in bytes, the MQTT packets the client accepts:
+	// the MQTT v5 Maximum Packet Size, sent in CONNECT, so that a
+	// conforming broker drops a bigger message for this client instead of
+	// sending it (§3.1.2.11.4). The client holds it too, against a broker
+	// that ignores it: a bigger PUBLISH is read off the wire and dropped
+	// without being buffered, acknowledged (reason 0x97, so that it is not
+	// sent again), counted (Stats.PacketsOversize) and logged at Warn
+	// (rate-limited); any other packet that big ends the connection
+	// (DISCONNECT 0x95, then reconnect). Default DefaultMaxPacketSize
+	// (128 KiB, which fits LargestPacket); at least MinMaxPacketSize; at
+	// most MaxMaxPacketSize, MQTT's largest packet, which means no bound.
+	MaxPacketSize int
+
 	// TLSConfig is used for TLS broker URLs; nil means the system roots and
 	// the URL's host name.
 	TLSConfig *tls.Config
@@ -150,6 +163,12 @@ func (cfg Config) withDefaults() (Config, []broker, error) {
 	}
 	if cfg.MaxBackoff < cfg.MinBackoff {
 		return invalid("MaxBackoff %v below MinBackoff %v", cfg.MaxBackoff, cfg.MinBackoff)
+	}
+	switch mps := cfg.MaxPacketSize; {
+	case mps == 0:
+		cfg.MaxPacketSize = DefaultMaxPacketSize
+	case mps < MinMaxPacketSize || mps > MaxMaxPacketSize:
+		return invalid("MaxPacketSize %d outside [%d, %d]", mps, MinMaxPacketSize, MaxMaxPacketSize)
 	}
 	for _, s := range cfg.Subscriptions {
 		if s.Handler == nil || !validFilter(s.Filter) {

@@ -19,7 +19,7 @@ func TestConfigDefaults(t *testing.T) {
 	}
 	if cfg.KeepAlive != DefaultKeepAlive || cfg.SessionExpiry != DefaultSessionExpiry ||
 		cfg.ConnectTimeout != DefaultConnectTimeout || cfg.MinBackoff != DefaultMinBackoff ||
-		cfg.MaxBackoff != DefaultMaxBackoff || cfg.Logger == nil || cfg.CleanStart {
+		cfg.MaxBackoff != DefaultMaxBackoff || cfg.Logger == nil || cfg.CleanStart || cfg.MaxPacketSize != DefaultMaxPacketSize {
 		t.Errorf("defaults not applied: %+v", cfg)
 	}
 	if cfg.keepAliveSeconds() != 30 || cfg.sessionExpirySeconds() != 300 {
@@ -66,6 +66,9 @@ func TestConfigInvalid(t *testing.T) {
 		"bad subscription": func(c *Config) { c.Subscriptions = []Subscription{{Filter: "a/#/b", Handler: func(Message) {}}} },
 		"nil sub handler":  func(c *Config) { c.Subscriptions = []Subscription{{Filter: "a"}} },
 		"empty sub filter": func(c *Config) { c.Subscriptions = []Subscription{{Handler: func(Message) {}}} },
+		"negative mps":     func(c *Config) { c.MaxPacketSize = -1 },
+		"tiny mps":         func(c *Config) { c.MaxPacketSize = MinMaxPacketSize - 1 },
+		"mps beyond mqtt":  func(c *Config) { c.MaxPacketSize = MaxMaxPacketSize + 1 },
 	} {
 		cfg := ok
 		mod(&cfg)

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/url"
 	"sync"
@@ -35,7 +36,10 @@ type trackedConn struct {
 	sync.Mutex
 	once    sync.Once
 	onClose func()
+	guard   packetGuard // Read: Config.MaxPacketSize (packetsize.go)
 }
+
+func (c *trackedConn) Read(b []byte) (int, error) { return c.guard.Read(b) }
 
 func (c *trackedConn) Close() error {
 	c.once.Do(c.onClose)
@@ -49,6 +53,7 @@ type tlsTrackedConn struct {
 	once    sync.Once
 	onClose func()
 	heard   atomic.Bool // a Read returned data
+	guard   packetGuard // Read: Config.MaxPacketSize (packetsize.go)
 }
 
 // alertWait bounds the look for a TLS alert after a failed write.
@@ -70,7 +75,10 @@ func (c *tlsTrackedConn) Write(b []byte) (int, error) {
 	return n, err
 }
 
-func (c *tlsTrackedConn) Read(b []byte) (int, error) {
+func (c *tlsTrackedConn) Read(b []byte) (int, error) { return c.guard.Read(b) }
+
+// read is the TLS connection's own Read, under the guard.
+func (c *tlsTrackedConn) read(b []byte) (int, error) {
 	n, err := c.Conn.Read(b)
 	if n > 0 {
 		c.heard.Store(true)
@@ -133,7 +141,9 @@ func (c *Client) attemptConnection(ctx context.Context, _ autopaho.ClientConfig,
 		c.linkClosed(l)
 	}
 
-	var conn net.Conn = &trackedConn{TCPConn: tcp, onClose: onClose}
+	plain := &trackedConn{TCPConn: tcp, onClose: onClose}
+	plain.guard = c.packetGuard(tcp, plain)
+	var conn net.Conn = plain
 	if b.tls {
 		cfg := c.cfg.TLSConfig.Clone()
 		if cfg == nil {
@@ -148,7 +158,9 @@ func (c *Client) attemptConnection(ctx context.Context, _ autopaho.ClientConfig,
 			cancel(err)
 			return nil, fmt.Errorf("tls handshake with %s: %w", b.addr, err)
 		}
-		conn = &tlsTrackedConn{Conn: tc, onClose: onClose}
+		tlc := &tlsTrackedConn{Conn: tc, onClose: onClose}
+		tlc.guard = c.packetGuard(readerFunc(tlc.read), tlc)
+		conn = tlc
 	}
 
 	c.mu.Lock()
@@ -156,3 +168,14 @@ func (c *Client) attemptConnection(ctx context.Context, _ autopaho.ClientConfig,
 	c.mu.Unlock()
 	return conn, nil
 }
+
+// packetGuard returns the guard of a connection that reads from r and
+// writes through w.
+func (c *Client) packetGuard(r io.Reader, w lockedWriter) packetGuard {
+	return packetGuard{r: r, w: w, limit: c.cfg.MaxPacketSize, onOversize: c.packetTooLarge}
+}
+
+// readerFunc is an io.Reader made of a Read function.
+type readerFunc func([]byte) (int, error)
+
+func (f readerFunc) Read(b []byte) (int, error) { return f(b) }

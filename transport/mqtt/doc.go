@@ -24,6 +24,12 @@
 // Config.Subscriptions when messages queued in a resumed session must not be
 // lost: a message matching no registered filter is acknowledged and dropped.
 //
+// Every CONNECT carries the MQTT v5 Maximum Packet Size (Config.MaxPacketSize,
+// 128 KiB by default); a packet over it that a broker sends anyway never
+// reaches paho's buffers: a PUBLISH is read off the wire, dropped,
+// acknowledged and counted (Stats.PacketsOversize), anything else ends the
+// connection.
+//
 // Goroutines: besides paho's, the client runs one (resubscription). Close or
 // cancelling the Dial context stops them all; Done is closed when they have.
 // Why inline dispatch and more: docs/ARCHITECTURE.md, "Transport decisions".
