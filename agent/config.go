@@ -59,7 +59,18 @@ type Config struct {
 	Outbox   OutboxConfig   `yaml:"outbox"`
 	Twins    TwinsConfig    `yaml:"twins"`
 	Log      LogConfig      `yaml:"log"`
+	Auth     AuthConfig     `yaml:"auth"`
 	Devices  []DeviceConfig `yaml:"devices"`
+}
+
+// AuthConfig is the gateway's signing key (invariant I7, fence/auth): with
+// it, every command goes out as a signed envelope (COSE_Sign1, ES256) that
+// fence points requiring signatures verify against the operator's
+// certificate for this key (`edgefence keys certify`). Without it, plain
+// envelopes.
+type AuthConfig struct {
+	KeyFile string `yaml:"key_file"` // the gateway's private key (PKCS#8 PEM, `edgefence keys new`); keep it off etcd
+	KeyID   string `yaml:"key_id"`   // the key id its certificate names
 }
 
 // EtcdConfig says where the lock service is.

@@ -124,6 +124,15 @@ var configRules = []configRule{
 	scalar("log.format", func(c *Config) string {
 		return notOneOf(c.Log.Format, "auto, json or text", "auto", "json", "text")
 	}),
+	scalar("auth.key_id", func(c *Config) string {
+		switch a := c.Auth; {
+		case (a.KeyFile == "") != (a.KeyID == ""):
+			return "auth.key_file and auth.key_id go together"
+		case len(a.KeyID) > 64:
+			return fmt.Sprintf("%d bytes: at most 64", len(a.KeyID))
+		}
+		return ""
+	}),
 	{"devices", checkDevices},
 }
 

@@ -19,6 +19,7 @@ import (
 	"github.com/edgefence/edgefence/agent"
 	"github.com/edgefence/edgefence/agent/bridge"
 	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/fence/auth"
 	"github.com/edgefence/edgefence/fence/history"
 	"github.com/edgefence/edgefence/offline"
 	"github.com/edgefence/edgefence/shadow"
@@ -215,8 +216,16 @@ func (d *Daemon) openClients(ctx context.Context, ecfg clientv3.Config) error {
 	// own context, cancelled by close.
 	mctx, mcancel := context.WithCancel(context.Background())
 	d.mcancel = mcancel
+	signer, err := gatewaySigner(cfg.Auth)
+	if err != nil {
+		return err
+	}
 	if d.cmdr, err = mqtt.NewCommander(mctx, mcfg, mqtt.Topics{Prefix: cfg.MQTT.Prefix}, devices); err != nil {
 		return fmt.Errorf("mqtt: %w", err)
+	}
+	if signer != nil {
+		d.cmdr.SignWith(signer.Sign) // every command a signed envelope (I7)
+		d.log.Info("commands are signed", "key_id", cfg.Auth.KeyID)
 	}
 	if d.br != nil {
 		if err := d.br.Start(mctx, d.cmdr.Client()); err != nil {
@@ -394,4 +403,20 @@ func (d *Daemon) close() {
 		}
 		_ = d.hist.Close() // nil-safe
 	})
+}
+
+// gatewaySigner returns the signer of auth.key_file, or nil without one.
+func gatewaySigner(a agent.AuthConfig) (*auth.Signer, error) {
+	if a.KeyFile == "" {
+		return nil, nil
+	}
+	key, err := auth.ReadKey(a.KeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("auth.key_file: %w", err)
+	}
+	s, err := auth.NewSigner([]byte(a.KeyID), key)
+	if err != nil {
+		return nil, fmt.Errorf("auth.key_id: %w", err)
+	}
+	return s, nil
 }

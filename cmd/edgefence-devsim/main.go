@@ -34,6 +34,7 @@ import (
 	"time"
 
 	"github.com/edgefence/edgefence/devices/sim"
+	"github.com/edgefence/edgefence/fence/auth"
 	"github.com/edgefence/edgefence/fence/history"
 	"github.com/edgefence/edgefence/transport/mqtt"
 )
@@ -52,6 +53,7 @@ type devsimFlags struct {
 	broker, prefix, devices, idPrefix, dir, logPath, clientID *string
 	port, histPath, histSrc                                   *string
 	mqttUser, mqttPassFile                                    *string
+	trustRoot, trustRootKid, certs, revocations               *string
 	count, regs                                               *int
 	noFence                                                   *bool
 }
@@ -73,7 +75,49 @@ func newDevsimFlags(fs *flag.FlagSet) devsimFlags {
 		histSrc:      fs.String("history-source", "devsim", "source name of the --history events"),
 		mqttUser:     fs.String("mqtt-user", "", "MQTT user name; the password comes from $"+envMQTTPassword+" or --mqtt-password-file"),
 		mqttPassFile: fs.String("mqtt-password-file", "", "file holding the MQTT password (one line)"),
+		trustRoot:    fs.String("trust-root", "", "the operator's public key (PEM): accept only commands signed by a key it certified (--certs) for the device"),
+		trustRootKid: fs.String("trust-root-kid", "operator", "the operator key's id"),
+		certs:        fs.String("certs", "", "with --trust-root: comma-separated gateway certificates (edgefence keys certify)"),
+		revocations:  fs.String("revocations", "", "with --trust-root: a revocation list (edgefence keys revoke)"),
 	}
+}
+
+// trust returns the fence points' Keys from --trust-root, --certs and
+// --revocations; nil without --trust-root (plain envelopes).
+func (f devsimFlags) trust() (auth.Keys, error) {
+	if *f.trustRoot == "" {
+		return nil, nil
+	}
+	pub, err := auth.ReadPublic(*f.trustRoot)
+	if err != nil {
+		return nil, err
+	}
+	t, err := auth.NewTrust([]byte(*f.trustRootKid), pub, nil)
+	if err != nil {
+		return nil, err
+	}
+	for _, path := range strings.Split(*f.certs, ",") {
+		if path == "" {
+			continue
+		}
+		raw, err := os.ReadFile(path)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := t.AddCertificate(raw); err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+	}
+	if *f.revocations != "" {
+		raw, err := os.ReadFile(*f.revocations)
+		if err != nil {
+			return nil, err
+		}
+		if err := t.ApplyRevocations(raw); err != nil {
+			return nil, fmt.Errorf("%s: %w", *f.revocations, err)
+		}
+	}
+	return t, nil
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -168,8 +212,13 @@ func runFleet(ctx context.Context, log *slog.Logger, f devsimFlags, ids []string
 		}
 		defer hist.Close() // after the fleet: deferred calls run last in, first out
 	}
+	keys, err := f.trust()
+	if err != nil {
+		log.Error("trust", "err", err)
+		return 1
+	}
 	fleet, err := sim.NewFleet(ctx, sim.FleetConfig{Devices: ids, DataDir: *f.dir, Broker: *f.broker, Prefix: *f.prefix,
-		ClientID: *f.clientID, VerdictLog: vlog, History: hist, Kind: deviceKind(*f.noFence), Logger: log, MQTT: creds})
+		ClientID: *f.clientID, VerdictLog: vlog, History: hist, Kind: deviceKind(*f.noFence), Logger: log, MQTT: creds, Keys: keys})
 	if err != nil {
 		log.Error("start", "err", err)
 		return 1

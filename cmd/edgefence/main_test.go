@@ -28,6 +28,7 @@ import (
 
 	"github.com/edgefence/edgefence/agent"
 	"github.com/edgefence/edgefence/devices/sim"
+	"github.com/edgefence/edgefence/fence/auth"
 	"github.com/edgefence/edgefence/internal/sandbox"
 )
 
@@ -104,6 +105,13 @@ type env struct {
 // newEnv starts a fast etcd, a broker and a fleet serving devices.
 func newEnv(t *testing.T, devices ...string) *env {
 	t.Helper()
+	return newEnvKeys(t, nil, devices...)
+}
+
+// newEnvKeys is newEnv with devices that accept only envelopes keys allows
+// (nil: plain envelopes).
+func newEnvKeys(t *testing.T, keys auth.Keys, devices ...string) *env {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	dir := t.TempDir()
@@ -118,7 +126,7 @@ func newEnv(t *testing.T, devices ...string) *env {
 	}
 	t.Cleanup(func() { cli.Close() })
 	fleet, err := sim.NewFleet(ctx, sim.FleetConfig{Devices: devices, DataDir: filepath.Join(dir, "devices"),
-		Broker: w.Broker.URL(), ClientID: "devsim-" + t.Name()})
+		Broker: w.Broker.URL(), ClientID: "devsim-" + t.Name(), Keys: keys})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/edgefence/edgefence/devices/shim"
 	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/fence/auth"
 	"github.com/edgefence/edgefence/fence/history"
 	"github.com/edgefence/edgefence/transport/mqtt"
 )
@@ -44,6 +45,9 @@ type FleetConfig struct {
 	// Kind is what the fleet's devices are (HostConfig.Kind); empty means
 	// DeviceThermostat.
 	Kind DeviceKind
+	// Keys, if set, makes the devices accept only signed envelopes
+	// (HostConfig.Keys).
+	Keys auth.Keys
 	// Logger receives log lines (the MQTT client's too); nil means none.
 	Logger *slog.Logger
 
@@ -109,7 +113,7 @@ func NewFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	host, err := OpenHost(filepath.Join(cfg.DataDir, DBFile),
-		HostConfig{VerdictLog: cfg.VerdictLog, Kind: cfg.Kind, Logger: cfg.Logger, History: cfg.History})
+		HostConfig{VerdictLog: cfg.VerdictLog, Kind: cfg.Kind, Logger: cfg.Logger, History: cfg.History, Keys: cfg.Keys})
 	if err != nil {
 		return nil, fmt.Errorf("sim: fleet: %w", err)
 	}

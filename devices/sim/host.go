@@ -13,6 +13,7 @@ import (
 
 	"github.com/edgefence/edgefence/devices/shim"
 	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/fence/auth"
 	"github.com/edgefence/edgefence/fence/history"
 )
 
@@ -31,6 +32,9 @@ type HostConfig struct {
 	// History, if not nil, gets the fence point's decisions as history
 	// events (shim.Options.History). The Host does not close it.
 	History *history.Writer
+	// Keys, if set, makes the fence point accept only signed envelopes by
+	// keys it allows for the device (shim.Options.Keys, an auth.Trust).
+	Keys auth.Keys
 }
 
 // DeviceKind names what a Host simulates.
@@ -60,7 +64,7 @@ var openers = map[DeviceKind]func(path string, cfg HostConfig) (fencePoint, erro
 }
 
 func openShim(path string, cfg HostConfig) (fencePoint, error) {
-	s, err := shim.Open(path, &shim.Options{Logger: cfg.Logger, History: cfg.History})
+	s, err := shim.Open(path, &shim.Options{Logger: cfg.Logger, History: cfg.History, Keys: cfg.Keys})
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,105 @@
+package main
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/edgefence/edgefence/agent"
+	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/fence/auth"
+	"github.com/edgefence/edgefence/transport/mqtt"
+)
+
+// TestSignedCommandsEndToEnd: `edgefence run` with auth.key_file signs
+// every command; devices that require signatures accept them; a broker
+// client's unsigned forgery with token 2^63 is refused, the device's mark
+// unchanged, and the agent's next command is accepted.
+func TestSignedCommandsEndToEnd(t *testing.T) {
+	dir := t.TempDir()
+	rk, err := auth.NewKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, err := auth.NewRoot([]byte("operator"), rk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gk, err := auth.NewKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := auth.WriteKeyPair(filepath.Join(dir, "gw-1"), gk); err != nil {
+		t.Fatal(err)
+	}
+	cert, err := root.Certify([]byte("gw-1/1"), &gk.PublicKey, []string{"dev-1"}, time.Now().Add(-time.Hour), time.Now().Add(time.Hour), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	trust, err := auth.NewTrust([]byte("operator"), &rk.PublicKey, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := trust.AddCertificate(cert); err != nil {
+		t.Fatal(err)
+	}
+
+	e := newEnvKeys(t, trust, "dev-1")
+	cfg, sock := e.config("gw-1", 10*time.Second)
+	f, err := os.OpenFile(cfg, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString("auth:\n  key_file: " + filepath.Join(dir, "gw-1.key") + "\n  key_id: gw-1/1\n"); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	p := e.startAgent("gw-1", cfg)
+	e.waitHolding(p, sock)
+	send := func(setpoint string) agent.SendResult {
+		t.Helper()
+		r := edgefence(t, "send", "--json", "--socket", sock, "dev-1", "set", `{"setpoint":`+setpoint+`}`)
+		return sendResult(t, r)
+	}
+	if res := send("22"); res.Verdict != "accepted" {
+		t.Fatalf("signed command: %+v", res)
+	}
+	before, err := e.fleet.Mark("dev-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// A broker client forges a plain envelope with token 2^63.
+	forged, err := fence.MarshalEnvelope(&fence.Envelope{V: fence.Version, Device: "dev-1", Token: 1 << 63, Seq: 1, ID: "forged",
+		Kind: "set", Body: []byte{0xa1, 0x68, 's', 'e', 't', 'p', 'o', 'i', 'n', 't', 0x18, 99}, Holder: "mallory"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	c, err := mqtt.Dial(ctx, mqtt.Config{Brokers: []string{e.world.Broker.URL()}, ClientID: "mallory"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(context.Background())
+	if err := c.AwaitConnection(ctx); err != nil {
+		t.Fatal(err)
+	}
+	unauth := e.fleet.Stats().Unauthenticated
+	if err := c.Publish(ctx, mqtt.Message{Topic: mqtt.Topics{}.Cmd("dev-1"), Payload: forged}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); e.fleet.Stats().Unauthenticated == unauth; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the forgery never reached the device")
+		}
+	}
+	if m, err := e.fleet.Mark("dev-1"); err != nil || m != before {
+		t.Fatalf("mark %v after the forgery, want %v (%v)", m, before, err)
+	}
+	if res := send("23"); res.Verdict != "accepted" {
+		t.Fatalf("the holder after the forgery: %+v", res)
+	}
+}
