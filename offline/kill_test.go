@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -24,10 +25,11 @@ const killHelperEnv = "EDGEFENCE_OUTBOX_KILL_HELPER"
 
 // TestOutboxHelperProcess is the process TestOutboxKill9 kills. It appends
 // entries round-robin over four devices, with ids made unique by its pid,
-// and prints "ok ID" after each Append returned; after every third append
-// it resolves the oldest pending entry of that device as accepted and
-// prints "res ID" after Resolve returned. Anything unexpected is printed as
-// a "bad" line.
+// and prints "ok ID" after each Append returned; after every twelfth append
+// it resolves the oldest pending entry of each of the four devices at once
+// (four concurrent Resolve calls, which share commits: the group commit)
+// and each prints "res ID" after its Resolve returned. Anything unexpected
+// is printed as a "bad" line.
 func TestOutboxHelperProcess(t *testing.T) {
 	path := os.Getenv(killHelperEnv)
 	if path == "" {
@@ -53,24 +55,39 @@ func outboxHelper(path string) int {
 		}
 		fmt.Fprintln(w, "ok", e.Envelope.ID) // after Append returned: durable
 		w.Flush()
-		if i%3 == 2 { // resolve the oldest pending entry of a device
-			n, ok, err := ob.Next(e.Envelope.Device)
-			if err != nil || !ok {
-				fmt.Fprintln(w, "bad next:", ok, err)
-				w.Flush()
-				return 2
-			}
-			if err := ob.Resolve(n.Envelope.ID, ack(n, fence.Accepted, "")); err != nil {
-				fmt.Fprintln(w, "bad resolve:", err)
-				w.Flush()
-				return 2
-			}
-			fmt.Fprintln(w, "res", n.Envelope.ID) // after Resolve returned: durable
-			w.Flush()
+		if i%12 == 11 && !resolveAll(ob, w) {
+			return 2
 		}
 	}
 	ob.Close()
 	return 0
+}
+
+// resolveAll resolves the oldest pending entry of dev-0..dev-3 concurrently
+// and prints "res ID" for each after its Resolve returned.
+func resolveAll(ob *offline.Outbox, w *bufio.Writer) bool {
+	var mu sync.Mutex
+	say := func(a ...any) { mu.Lock(); fmt.Fprintln(w, a...); w.Flush(); mu.Unlock() }
+	ok := true
+	var wg sync.WaitGroup
+	for d := range 4 {
+		wg.Go(func() {
+			n, found, err := ob.Next(fmt.Sprintf("dev-%d", d))
+			if err == nil && found {
+				err = ob.Resolve(n.Envelope.ID, ack(n, fence.Accepted, ""))
+			}
+			if err != nil || !found {
+				say("bad resolve:", found, err)
+				mu.Lock()
+				ok = false
+				mu.Unlock()
+				return
+			}
+			say("res", n.Envelope.ID) // after Resolve returned: durable
+		})
+	}
+	wg.Wait()
+	return ok
 }
 
 // TestOutboxKill9 kills a process appending to the outbox at a random
@@ -79,7 +96,8 @@ func outboxHelper(path string) int {
 // printed is in the outbox, and every one it printed as resolved is
 // accepted; each device's positions run 1..n without gap; per round at
 // most one entry beyond the printed appends (the append in flight) and at
-// most one resolve beyond the printed ones exist.
+// most four resolves beyond the printed ones (a concurrent group in flight)
+// exist.
 func TestOutboxKill9(t *testing.T) {
 	rounds := 20
 	path := dbPath(t)
@@ -135,7 +153,7 @@ func TestOutboxKill9(t *testing.T) {
 				accepted++
 			}
 		}
-		if extra := accepted - len(resolved); extra < 0 || extra > round+1 {
+		if extra := accepted - len(resolved); extra < 0 || extra > 4*(round+1) { // four resolves in flight at a kill
 			t.Fatalf("round %d: %d accepted, %d acknowledged resolves", round, accepted, len(resolved))
 		}
 		for dev, pos := range perDev {

@@ -48,7 +48,7 @@ func cmdKeysNew(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if *out == "" {
-		return usageError(stderr, "keys new: --out is required")
+		return keysUsageError(stderr, "keys new: --out is required")
 	}
 	k, err := auth.NewKey()
 	if err != nil {
@@ -88,7 +88,7 @@ func cmdKeysCertify(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if *root == "" || *pub == "" || *kid == "" || *devices == "" || *out == "" {
-		return usageError(stderr, "keys certify: --root, --pub, --kid, --devices and --out are required")
+		return keysUsageError(stderr, "keys certify: --root, --pub, --kid, --devices and --out are required")
 	}
 	r, err := openRoot(*root, *rootKid)
 	if err != nil {
@@ -120,7 +120,7 @@ func cmdKeysRevoke(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if *root == "" || *version == 0 || *out == "" {
-		return usageError(stderr, "keys revoke: --root, --version (≥ 1) and --out are required")
+		return keysUsageError(stderr, "keys revoke: --root, --version (≥ 1) and --out are required")
 	}
 	r, err := openRoot(*root, *rootKid)
 	if err != nil {
@@ -152,7 +152,7 @@ func cmdKeysVerify(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if *rootPub == "" || fs.NArg() == 0 {
-		return usageError(stderr, "keys verify: --root-pub and at least one certificate are required")
+		return keysUsageError(stderr, "keys verify: --root-pub and at least one certificate are required")
 	}
 	pub, err := auth.ReadPublic(*rootPub)
 	if err != nil {
@@ -203,8 +203,8 @@ func verifyCert(trust *auth.Trust, path string, stdout io.Writer) error {
 	return nil
 }
 
-// usageError prints msg and the usage and returns exit status 2.
-func usageError(stderr io.Writer, msg string) error {
+// keysUsageError prints msg and the keys usage and returns exit status 2.
+func keysUsageError(stderr io.Writer, msg string) error {
 	fmt.Fprintf(stderr, "edgefence %s\n\n%s", msg, keysUsage)
 	return exitError{exitUsage}
 }
