@@ -63,15 +63,39 @@ type Config struct {
 	Devices  []DeviceConfig `yaml:"devices"`
 }
 
-// AuthConfig is the gateway's signing key (invariant I7, fence/auth): with
-// it, every command goes out as a signed envelope (COSE_Sign1, ES256) that
-// fence points requiring signatures verify against the operator's
-// certificate for this key (`edgefence keys certify`). Without it, plain
-// envelopes.
+// AuthConfig is the gateway's part of the trust chain (invariant I7,
+// fence/auth): its signing key, with which every command to an `auth:
+// required` device goes out as a signed envelope (COSE_Sign1, ES256) that
+// fence points verify against the operator's certificate for this key
+// (`edgefence keys certify`); and the operator's root public key, against
+// which it checks what devices and other gateways present (device keys,
+// certificates, revocation lists). Without a key, plain envelopes.
 type AuthConfig struct {
 	KeyFile string `yaml:"key_file"` // the gateway's private key (PKCS#8 PEM, `edgefence keys new`); keep it off etcd
 	KeyID   string `yaml:"key_id"`   // the key id its certificate names
+	// Certificate is this gateway's certificate (`edgefence keys certify`),
+	// which it hands to the fence points it commands.
+	Certificate string `yaml:"certificate"`
+	// Revocations is the newest revocation list the operator gave this
+	// gateway (`edgefence keys revoke`), optional.
+	Revocations string `yaml:"revocations"`
+	// TrustRoot is the operator's root public key (PKIX PEM) and
+	// TrustRootKID its key id: the anchor of every certificate and list.
+	TrustRoot    string `yaml:"trust_root"`
+	TrustRootKID string `yaml:"trust_root_kid"`
 }
+
+// Device auth policies (DeviceConfig.Auth).
+const (
+	// AuthRequired: commands are signed, and the device's acks and state
+	// reports must be signed by its enrolled key. The default when the
+	// gateway has a signing key.
+	AuthRequired = "required"
+	// AuthOff: plain envelopes and unsigned acks, for fleets mid-rollout;
+	// warned at start, counted in metrics and status. The default (warned
+	// the same) when the gateway has no signing key.
+	AuthOff = "off"
+)
 
 // EtcdConfig says where the lock service is.
 type EtcdConfig struct {
@@ -193,6 +217,9 @@ type DeviceConfig struct {
 	// an absolute, idempotent setting that should still win (e.g. a
 	// setpoint); never for relative or one-shot actions. Default: none.
 	ReissueKinds []string `yaml:"reissue_kinds,omitempty"`
+	// Auth is AuthRequired or AuthOff; empty means AuthRequired when
+	// auth.key_file is set, else AuthOff (ApplyDefaults).
+	Auth string `yaml:"auth,omitempty"`
 }
 
 // SerialConfig is a device's serial line (see transport/serial.PortConfig).
@@ -247,6 +274,11 @@ func (c *Config) ApplyDefaults() {
 		d := &c.Devices[i]
 		orDefault(&d.Fence, FenceDevice)
 		orDefault(&d.Policy, PolicyStrict)
+		if c.Auth.KeyFile != "" {
+			orDefault(&d.Auth, AuthRequired)
+		} else {
+			orDefault(&d.Auth, AuthOff)
+		}
 		if d.Serial != nil {
 			d.Serial.applyDefaults()
 		}

@@ -133,6 +133,21 @@ var configRules = []configRule{
 		}
 		return ""
 	}),
+	scalar("auth.certificate", func(c *Config) string {
+		if a := c.Auth; a.Certificate != "" && a.KeyFile == "" {
+			return "a certificate is for the gateway's signing key: set auth.key_file and auth.key_id too"
+		}
+		return ""
+	}),
+	scalar("auth.trust_root_kid", func(c *Config) string {
+		switch a := c.Auth; {
+		case (a.TrustRoot == "") != (a.TrustRootKID == ""):
+			return "auth.trust_root and auth.trust_root_kid go together"
+		case len(a.TrustRootKID) > 64:
+			return fmt.Sprintf("%d bytes: at most 64", len(a.TrustRootKID))
+		}
+		return ""
+	}),
 	{"devices", checkDevices},
 }
 
@@ -210,6 +225,13 @@ var deviceRules = []deviceRule{
 	{"policy", func(v deviceCheck, bad badFunc) {
 		if p := notOneOf(v.d.Policy, fmt.Sprintf("%q or %q", PolicyStrict, PolicyAutonomous), PolicyStrict, PolicyAutonomous); p != "" {
 			bad(v.key+".policy", "%s", p)
+		}
+	}},
+	{"auth", func(v deviceCheck, bad badFunc) {
+		if p := notOneOf(v.d.Auth, fmt.Sprintf("%q or %q", AuthRequired, AuthOff), AuthRequired, AuthOff); p != "" {
+			bad(v.key+".auth", "%s", p)
+		} else if v.d.Auth == AuthRequired && v.c.Auth.KeyFile == "" {
+			bad(v.key+".auth", "required: the gateway needs a signing key (auth.key_file, auth.key_id), or say auth: off")
 		}
 	}},
 	{"reissue_kinds", func(v deviceCheck, bad badFunc) {

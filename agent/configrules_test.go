@@ -85,6 +85,14 @@ var ruleCases = []ruleCase{
 	{"max packet size negative", func(c *Config) { c.MQTT.MaxPacketSize = -1 }, "mqtt.max_packet_size", "-1 bytes: want"},
 	{"mqtt password without user", func(c *Config) { c.MQTT.Password = NewSecret("pw") }, "mqtt.username", "required with a password"},
 	{"mqtt key without cert", func(c *Config) { c.MQTT.TLS.KeyFile = "/k.pem" }, "mqtt.tls.cert_file", "go together"},
+	{"signing key and trust root", func(c *Config) {
+		c.Auth = AuthConfig{KeyFile: "/k", KeyID: "gw/1", Certificate: "/c", TrustRoot: "/r.pub", TrustRootKID: "root/1"}
+	}, "", ""},
+	{"trust root without kid", func(c *Config) { c.Auth.TrustRoot = "/r.pub" }, "auth.trust_root_kid", "go together"},
+	{"certificate without key", func(c *Config) { c.Auth.Certificate = "/c" }, "auth.certificate", "set auth.key_file"},
+	{"device auth off", func(c *Config) { c.Devices[0].Auth = AuthOff }, "", ""},
+	{"device auth required without a key", func(c *Config) { c.Devices[0].Auth = AuthRequired }, "devices[0].auth", "needs a signing key"},
+	{"device auth unknown", func(c *Config) { c.Devices[0].Auth = "maybe" }, "devices[0].auth", `"maybe": want "required" or "off"`},
 	{"metrics on localhost", func(c *Config) { c.Metrics.Listen = "127.0.0.1:9464" }, "", ""},
 	{"metrics on every interface", func(c *Config) { c.Metrics.Listen = ":9464" }, "", ""},
 	{"metrics without a port", func(c *Config) { c.Metrics.Listen = "9464" }, "metrics.listen", `"9464": want host:port (e.g. 127.0.0.1:9464)`},
