@@ -149,40 +149,61 @@ func Verify(raw []byte, keys Keys) (*Verified, error) {
 	return &Verified{Envelope: env, KeyID: kid}, nil
 }
 
-// decode checks the COSE structure strictly and returns it with its key id.
+// decode checks the COSE structure of a signed envelope strictly and
+// returns it with its key id: alg and kid protected, nothing else.
 func decode(raw []byte) (*cose.Sign1Message, []byte, error) {
+	msg, kid, ctype, err := decodeSign1(raw)
+	if err != nil {
+		return nil, nil, err
+	}
+	if ctype != "" {
+		return nil, nil, refuse(ErrMalformed, "protected content type %q: a command carries none", ctype)
+	}
+	return msg, kid, nil
+}
+
+// decodeSign1 checks the COSE structure strictly and returns it with its
+// key id and content type ("" if none): alg and kid protected, a content
+// type (text) optional, nothing else, nothing unprotected.
+func decodeSign1(raw []byte) (*cose.Sign1Message, []byte, string, error) {
 	if len(raw) < 2 || raw[0] != 0xd2 || raw[1] != 0x84 {
 		// An unsigned envelope is a CBOR map (0xa0–0xbf): say so plainly.
-		return nil, nil, refuse(ErrUnsigned, "want COSE_Sign1 (tag 18, array of 4)")
+		return nil, nil, "", refuse(ErrUnsigned, "want COSE_Sign1 (tag 18, array of 4)")
 	}
 	if err := wellFormed(raw); err != nil {
-		return nil, nil, refuse(ErrMalformed, "%v", err)
+		return nil, nil, "", refuse(ErrMalformed, "%v", err)
 	}
 	var msg cose.Sign1Message
 	if err := msg.UnmarshalCBOR(raw); err != nil {
-		return nil, nil, refuse(ErrMalformed, "%v", err)
+		return nil, nil, "", refuse(ErrMalformed, "%v", err)
 	}
 	if len(msg.Headers.Unprotected) != 0 {
-		return nil, nil, refuse(ErrMalformed, "unprotected header must be empty")
+		return nil, nil, "", refuse(ErrMalformed, "unprotected header must be empty")
 	}
 	p := msg.Headers.Protected
 	for label := range p {
-		if label != cose.HeaderLabelAlgorithm && label != cose.HeaderLabelKeyID {
-			return nil, nil, refuse(ErrMalformed, "protected header %v not accepted (only alg and kid)", label)
+		if label != cose.HeaderLabelAlgorithm && label != cose.HeaderLabelKeyID && label != cose.HeaderLabelContentType {
+			return nil, nil, "", refuse(ErrMalformed, "protected header %v not accepted (only alg, kid and content type)", label)
 		}
 	}
 	alg, err := p.Algorithm()
 	if err != nil || alg != cose.AlgorithmES256 {
-		return nil, nil, refuse(ErrAlgorithm, "alg %v (%v): want ES256", alg, err)
+		return nil, nil, "", refuse(ErrAlgorithm, "alg %v (%v): want ES256", alg, err)
 	}
 	kid, ok := p[cose.HeaderLabelKeyID].([]byte)
 	if !ok || len(kid) == 0 || len(kid) > MaxKeyID {
-		return nil, nil, refuse(ErrMalformed, "kid: want 1 to %d bytes in the protected header", MaxKeyID)
+		return nil, nil, "", refuse(ErrMalformed, "kid: want 1 to %d bytes in the protected header", MaxKeyID)
 	}
 	if msg.Payload == nil {
-		return nil, nil, refuse(ErrMalformed, "detached payload")
+		return nil, nil, "", refuse(ErrMalformed, "detached payload")
 	}
-	return &msg, kid, nil
+	var ctype string
+	if v, ok := p[cose.HeaderLabelContentType]; ok {
+		if ctype, ok = v.(string); !ok || ctype == "" {
+			return nil, nil, "", refuse(ErrMalformed, "content type: want text")
+		}
+	}
+	return &msg, kid, ctype, nil
 }
 
 // strict decodes raw once with limits before go-cose sees it: one data

@@ -20,7 +20,9 @@ import (
 // revocations come as a signed, versioned list whose version only goes up.
 // Certificates and revocation lists are COSE_Sign1 messages signed by the
 // root (ES256, the root's kid protected), payloads in deterministic CBOR
-// with small integer keys, as envelopes are.
+// with small integer keys, as envelopes are. Each names what it is in a
+// protected content type (COSE header 3, text: ContentCertificate,
+// ContentRevocations), so a statement of one kind is never read as another.
 
 // Errors of the trust chain; each wraps fence.ErrInvalid, as Verify's.
 var (
@@ -105,6 +107,12 @@ var (
 	}()
 )
 
+// Content types of root-signed statements (the protected COSE content type).
+const (
+	ContentCertificate = "application/edgefence-cert+cbor"
+	ContentRevocations = "application/edgefence-revocations+cbor"
+)
+
 // MaxTrustSize bounds a certificate or revocation list on the wire.
 const MaxTrustSize = 64 << 10
 
@@ -120,12 +128,17 @@ func NewRoot(kid []byte, key *ecdsa.PrivateKey) (*Root, error) {
 	return &Root{s}, nil
 }
 
-func (r *Root) sign(v any) ([]byte, error) {
+// sign returns v as a root-signed statement of content type ctype.
+func (r *Root) sign(ctype string, v any) ([]byte, error) {
 	payload, err := trustEnc.Marshal(v)
 	if err != nil {
 		return nil, fmt.Errorf("auth: %w", err)
 	}
-	hdr := cose.Headers{Protected: cose.ProtectedHeader{cose.HeaderLabelAlgorithm: cose.AlgorithmES256, cose.HeaderLabelKeyID: r.s.kid}}
+	hdr := cose.Headers{Protected: cose.ProtectedHeader{
+		cose.HeaderLabelAlgorithm:   cose.AlgorithmES256,
+		cose.HeaderLabelKeyID:       r.s.kid,
+		cose.HeaderLabelContentType: ctype,
+	}}
 	return cose.Sign1(rand.Reader, r.s.s, hdr, payload, nil)
 }
 
@@ -138,12 +151,12 @@ func (r *Root) Certify(kid []byte, pub *ecdsa.PublicKey, devices []string, notBe
 	if err != nil {
 		return nil, err
 	}
-	return r.sign(Certificate{KeyID: kid, Key: key, Devices: devices, NotBefore: notBefore.Unix(), NotAfter: notAfter.Unix(), Serial: serial})
+	return r.sign(ContentCertificate, Certificate{KeyID: kid, Key: key, Devices: devices, NotBefore: notBefore.Unix(), NotAfter: notAfter.Unix(), Serial: serial})
 }
 
 // Revoke returns a signed revocation list.
 func (r *Root) Revoke(version uint64, kids [][]byte, issued time.Time) ([]byte, error) {
-	return r.sign(Revocations{Version: version, KeyIDs: kids, Issued: issued.Unix()})
+	return r.sign(ContentRevocations, Revocations{Version: version, KeyIDs: kids, Issued: issued.Unix()})
 }
 
 // Trust is a fence point's view of the trust chain: the root's public key,
@@ -176,14 +189,18 @@ func NewTrust(rootKid []byte, root *ecdsa.PublicKey, now func() time.Time) (*Tru
 	return &Trust{rootKid: append([]byte(nil), rootKid...), root: v, now: now, certs: map[string]*Certificate{}, revoked: map[string]bool{}}, nil
 }
 
-// open verifies a root-signed statement and decodes its payload into v.
-func (t *Trust) open(raw []byte, v any) error {
+// open verifies a root-signed statement of content type ctype and decodes
+// its payload into v.
+func (t *Trust) open(raw []byte, ctype string, v any) error {
 	if len(raw) > MaxTrustSize {
 		return refuse(ErrMalformed, "trust statement of %d bytes, limit %d", len(raw), MaxTrustSize)
 	}
-	msg, kid, err := decode(raw)
+	msg, kid, got, err := decodeSign1(raw)
 	if err != nil {
 		return err
+	}
+	if got != ctype {
+		return refuse(ErrMalformed, "statement of content type %q, want %q", got, ctype)
 	}
 	if string(kid) != string(t.rootKid) {
 		return refuse(ErrUnknownKey, "statement signed by %x, not the root %x", kid, t.rootKid)
@@ -202,7 +219,7 @@ func (t *Trust) open(raw []byte, v any) error {
 // ignored). It returns the certificate.
 func (t *Trust) AddCertificate(raw []byte) (*Certificate, error) {
 	var c Certificate
-	if err := t.open(raw, &c); err != nil {
+	if err := t.open(raw, ContentCertificate, &c); err != nil {
 		return nil, err
 	}
 	pub, err := c.Key.public()
@@ -226,7 +243,7 @@ func (t *Trust) AddCertificate(raw []byte) (*Certificate, error) {
 // older list cannot un-revoke a key).
 func (t *Trust) ApplyRevocations(raw []byte) error {
 	var r Revocations
-	if err := t.open(raw, &r); err != nil {
+	if err := t.open(raw, ContentRevocations, &r); err != nil {
 		return err
 	}
 	t.mu.Lock()

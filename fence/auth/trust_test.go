@@ -168,3 +168,31 @@ func FuzzAddCertificate(f *testing.F) {
 		}
 	})
 }
+
+// A statement is read only as the kind its protected content type names:
+// a certificate is not a revocation list, and the root's statement is not
+// a command.
+func TestStatementContentType(t *testing.T) {
+	c := newChain(t)
+	k := newKey(t)
+	cert, err := c.root.Certify([]byte("gw/1"), &k.PublicKey, []string{"*"}, c.now.Add(-time.Hour), c.now.Add(time.Hour), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, err := c.root.Revoke(1, [][]byte{[]byte("gw/1")}, c.now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.trust.ApplyRevocations(cert); !errors.Is(err, auth.ErrMalformed) || !errors.Is(err, fence.ErrInvalid) {
+		t.Errorf("certificate as revocation list: %v", err)
+	}
+	if _, err := c.trust.AddCertificate(list); !errors.Is(err, auth.ErrMalformed) {
+		t.Errorf("revocation list as certificate: %v", err)
+	}
+	if _, err := auth.Verify(cert, c.trust); !errors.Is(err, auth.ErrMalformed) {
+		t.Errorf("certificate as command: %v", err)
+	}
+	if c.trust.Version() != 0 {
+		t.Errorf("revocation version %d after refusals", c.trust.Version())
+	}
+}
