@@ -23,7 +23,7 @@ CMDS := edgefence edgefence-devsim edgefence-sandbox edgefence-chaos
 CROSS_CMDS := edgefence edgefence-devsim
 TEST_TIMEOUT ?= 15m
 
-.PHONY: help build test test-short deps lint tidy-check bench bench-e2e demo chaos cross package fuzz clean
+.PHONY: help build test test-short deps lint tidy-check bench bench-e2e bench-mcu-verify demo chaos cross package fuzz clean
 
 help: ## show this help
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -96,6 +96,9 @@ bench: ## Go benchmarks of every package (figures go to docs/BENCHMARKS.md)
 
 bench-e2e: ## end-to-end figures: command round trip (mochi, Mosquitto), 1,000 locks, agent RSS by fleet size, cold start and SIGTERM
 	$(GO) run ./cmd/edgefence-bench all
+
+bench-mcu-verify: ## the ES256 verify a microcontroller fence point pays: mbedTLS on QEMU Cortex-M3/M4, instructions counted (needs gcc-arm-none-eabi, qemu-system-arm, libmbedtls-dev, mbedTLS source)
+	sh devices/firmware/bench/ecdsa/run.sh
 
 demo: build ## replay the article's Figure 1 on real etcd, MQTT and devices, and narrate it
 	$(BIN)/edgefence-sandbox demo --bin $(BIN)
