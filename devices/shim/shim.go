@@ -103,7 +103,7 @@ type Shim struct {
 		accepted, duplicate, stale, invalid     atomic.Uint64
 		applyFailed, storage, deferred, corrupt atomic.Uint64
 		unauth                                  atomic.Uint64
-		trustApplied, trustHeld, trustRefused   atomic.Uint64
+		trust                                   auth.LearnedCounters
 	}
 }
 
@@ -242,9 +242,9 @@ func (s *Shim) Stats() Stats {
 		Deferred:      s.stats.deferred.Load(),
 
 		Unauthenticated: s.stats.unauth.Load(),
-		TrustApplied:    s.stats.trustApplied.Load(),
-		TrustHeld:       s.stats.trustHeld.Load(),
-		TrustRefused:    s.stats.trustRefused.Load(),
+		TrustApplied:    s.stats.trust.Applied.Load(),
+		TrustHeld:       s.stats.trust.Held.Load(),
+		TrustRefused:    s.stats.trust.Refused.Load(),
 	}
 }
 

@@ -21,12 +21,7 @@ func (s *Shim) openLedger() error {
 		return err
 	}
 	s.ledger = l
-	for _, err := range replay.Refusals {
-		s.log.Info("stored trust statement not taken (superseded by the provisioned trust, or no longer valid)", "err", err)
-	}
-	if replay.Applied > 0 {
-		s.log.Info("trust learned over the air replayed", "statements", replay.Applied, "revocation_version", tr.Version())
-	}
+	replay.Log(s.log, tr, true, "path", s.path)
 	return nil
 }
 
@@ -43,15 +38,7 @@ func (s *Shim) learn(device string, raw []byte) Result {
 	} else {
 		got, _ = s.ledger.Learn(raw) // every refusal is in got.Refusals
 	}
-	s.stats.trustApplied.Add(uint64(got.Applied))
-	s.stats.trustHeld.Add(uint64(got.Held))
-	s.stats.trustRefused.Add(uint64(got.Refused))
-	for _, err := range got.Refusals {
-		s.log.Warn("trust update refused", "device", device, "err", err)
-	}
-	if got.Applied > 0 {
-		s.log.Info("trust update applied", "device", device, "statements", got.Applied,
-			"revocation_version", s.ledger.Trust().Version())
-	}
+	s.stats.trust.Add(got)
+	got.Log(s.log, s.ledger.Trust(), false, "device", device)
 	return Result{Update: &got}
 }

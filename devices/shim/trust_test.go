@@ -5,74 +5,29 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/edgefence/edgefence/devices/shim"
 	"github.com/edgefence/edgefence/fence"
 	"github.com/edgefence/edgefence/fence/auth"
+	"github.com/edgefence/edgefence/fence/auth/authtest"
 )
 
-// otaWorld is an operator root, gateway keys it certified, and a shim
-// provisioned with the root only: it learns the rest over the air.
+// otaWorld is an operator root and gateway keys it certified; shims are
+// provisioned with the root only and learn the rest over the air.
 type otaWorld struct {
-	root  *auth.Root
-	rootK func() *auth.Trust // a new Trust anchored at the root only
+	*authtest.Operator
 	certs map[string][]byte
 	gws   map[string]*auth.Signer
 }
 
 func newOTAWorld(t testing.TB, gateways ...string) *otaWorld {
 	t.Helper()
-	rk, err := auth.NewKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := &otaWorld{certs: map[string][]byte{}, gws: map[string]*auth.Signer{}}
-	if w.root, err = auth.NewRoot([]byte("operator"), rk); err != nil {
-		t.Fatal(err)
-	}
-	w.rootK = func() *auth.Trust {
-		tr, err := auth.NewTrust([]byte("operator"), &rk.PublicKey, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return tr
-	}
+	w := &otaWorld{Operator: authtest.NewOperator(t), certs: map[string][]byte{}, gws: map[string]*auth.Signer{}}
 	for _, gw := range gateways {
-		k, err := auth.NewKey()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if w.certs[gw], err = w.root.Certify([]byte(gw), &k.PublicKey, []string{"dev-*"}, time.Now().Add(-time.Hour), time.Now().Add(time.Hour), 1); err != nil {
-			t.Fatal(err)
-		}
-		if w.gws[gw], err = auth.NewSigner([]byte(gw), k); err != nil {
-			t.Fatal(err)
-		}
+		g := w.Certify(gw, "dev-*")
+		w.certs[gw], w.gws[gw] = g.Cert, g.Signer
 	}
 	return w
-}
-
-func (w *otaWorld) list(t testing.TB, version uint64, revoked ...string) []byte {
-	t.Helper()
-	var kids [][]byte
-	for _, k := range revoked {
-		kids = append(kids, []byte(k))
-	}
-	raw, err := w.root.Revoke(version, kids, time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return raw
-}
-
-func trustUpdate(t testing.TB, stmts ...[]byte) []byte {
-	t.Helper()
-	raw, err := auth.MarshalUpdate(stmts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return raw
 }
 
 // TestTrustOverTheAir: a shim provisioned with the operator root only
@@ -86,7 +41,7 @@ func trustUpdate(t testing.TB, stmts ...[]byte) []byte {
 func TestTrustOverTheAir(t *testing.T) {
 	w := newOTAWorld(t, "gw-a", "gw-b")
 	path := filepath.Join(t.TempDir(), "fence.db")
-	s := open(t, path, &shim.Options{Keys: w.rootK()})
+	s := open(t, path, &shim.Options{Keys: w.Trust()})
 	dev := &recorder{}
 	send := func(s *shim.Shim, gw string, tok fence.Token, seq uint64) fence.Ack {
 		t.Helper()
@@ -95,7 +50,7 @@ func TestTrustOverTheAir(t *testing.T) {
 	learn := func(s *shim.Shim, stmts ...[]byte) *auth.Learned {
 		t.Helper()
 		before := mark(t, s, "dev-1")
-		res := s.Process("dev-1", trustUpdate(t, stmts...), dev)
+		res := s.Process("dev-1", authtest.Update(t, stmts...), dev)
 		if res.Update == nil || res.Ack != (fence.Ack{}) || res.Applied || mark(t, s, "dev-1") != before {
 			t.Fatalf("trust update handled as a command: %+v", res)
 		}
@@ -105,19 +60,19 @@ func TestTrustOverTheAir(t *testing.T) {
 	if a := send(s, "gw-a", 5, 1); a.Verdict != fence.Invalid || mark(t, s, "dev-1") != (fence.Mark{}) {
 		t.Fatalf("uncertified gateway: %+v", a)
 	}
-	if got := learn(s, w.certs["gw-a"], w.list(t, 1)); got.Applied != 2 {
+	if got := learn(s, w.certs["gw-a"], w.Revoke(1)); got.Applied != 2 {
 		t.Fatalf("gateway's update: %+v", got)
 	}
 	if a := send(s, "gw-a", 5, 1); a.Verdict != fence.Accepted {
 		t.Fatalf("after the update: %+v", a)
 	}
-	if got := learn(s, w.certs["gw-a"], w.list(t, 1)); got.Held != 2 || got.Applied+got.Refused != 0 {
+	if got := learn(s, w.certs["gw-a"], w.Revoke(1)); got.Held != 2 || got.Applied+got.Refused != 0 {
 		t.Fatalf("the same update again: %+v", got)
 	}
 
 	// The operator revokes gw-a; gw-b's update brings its certificate and
 	// the list.
-	if got := learn(s, w.certs["gw-b"], w.list(t, 2, "gw-a")); got.Applied != 2 {
+	if got := learn(s, w.certs["gw-b"], w.Revoke(2, "gw-a")); got.Applied != 2 {
 		t.Fatalf("revocation: %+v", got)
 	}
 	if a := send(s, "gw-a", 5, 2); a.Verdict != fence.Invalid || !contains(a.Reason, "revoked") || mark(t, s, "dev-1") != (fence.Mark{Token: 5, Seq: 1}) {
@@ -130,7 +85,7 @@ func TestTrustOverTheAir(t *testing.T) {
 	// Forged: a list un-revoking gw-a under another root, beside a good
 	// statement: the whole update is refused.
 	forger := newOTAWorld(t)
-	if got := learn(s, w.certs["gw-b"], forger.list(t, 99)); got.Refused != 2 || got.Applied != 0 {
+	if got := learn(s, w.certs["gw-b"], forger.Revoke(99)); got.Refused != 2 || got.Applied != 0 {
 		t.Fatalf("forged update: %+v", got)
 	}
 	if a := send(s, "gw-a", 10, 1); a.Verdict != fence.Invalid {
@@ -145,11 +100,11 @@ func TestTrustOverTheAir(t *testing.T) {
 	}
 
 	// Restart: provisioned with the root only, as before.
-	s = open(t, path, &shim.Options{Keys: w.rootK()})
+	s = open(t, path, &shim.Options{Keys: w.Trust()})
 	if a := send(s, "gw-a", 11, 1); a.Verdict != fence.Invalid || !contains(a.Reason, "revoked") {
 		t.Fatalf("revoked gateway after a restart: %+v", a)
 	}
-	if got := learn(s, w.certs["gw-a"], w.list(t, 1)); got.Refused != 1 || got.Held != 1 {
+	if got := learn(s, w.certs["gw-a"], w.Revoke(1)); got.Refused != 1 || got.Held != 1 {
 		t.Fatalf("older list replayed after a restart: %+v", got)
 	}
 	if a := send(s, "gw-a", 11, 2); a.Verdict != fence.Invalid {
@@ -168,7 +123,7 @@ func TestTrustOverTheAir(t *testing.T) {
 func TestTrustUpdateWithoutTrust(t *testing.T) {
 	w := newOTAWorld(t, "gw-a")
 	s := open(t, filepath.Join(t.TempDir(), "fence.db"), nil)
-	res := s.Process("dev-1", trustUpdate(t, w.certs["gw-a"]), &recorder{})
+	res := s.Process("dev-1", authtest.Update(t, w.certs["gw-a"]), &recorder{})
 	if res.Update != nil || res.Ack.Verdict != fence.Invalid {
 		t.Fatalf("%+v", res)
 	}
@@ -183,10 +138,10 @@ func contains(s, sub string) bool { return strings.Contains(s, sub) }
 func BenchmarkTrustUpdate(b *testing.B) {
 	w := newOTAWorld(b, "gw-a")
 	b.Run("new-list", func(b *testing.B) {
-		s := open(b, filepath.Join(b.TempDir(), "fence.db"), &shim.Options{Keys: w.rootK()})
+		s := open(b, filepath.Join(b.TempDir(), "fence.db"), &shim.Options{Keys: w.Trust()})
 		ups := make([][]byte, b.N)
 		for i := range ups {
-			ups[i] = trustUpdate(b, w.certs["gw-a"], w.list(b, uint64(i)+1, "gw-old"))
+			ups[i] = authtest.Update(b, w.certs["gw-a"], w.Revoke(uint64(i)+1, "gw-old"))
 		}
 		b.ReportAllocs()
 		b.ResetTimer()
@@ -197,8 +152,8 @@ func BenchmarkTrustUpdate(b *testing.B) {
 		}
 	})
 	b.Run("held", func(b *testing.B) {
-		s := open(b, filepath.Join(b.TempDir(), "fence.db"), &shim.Options{Keys: w.rootK()})
-		up := trustUpdate(b, w.certs["gw-a"], w.list(b, 1, "gw-old"))
+		s := open(b, filepath.Join(b.TempDir(), "fence.db"), &shim.Options{Keys: w.Trust()})
+		up := authtest.Update(b, w.certs["gw-a"], w.Revoke(1, "gw-old"))
 		s.Process("dev-1", up, nil)
 		b.ReportAllocs()
 		for b.Loop() {

@@ -1,10 +1,13 @@
 package auth
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
+	"sync/atomic"
 
 	"go.etcd.io/bbolt"
 )
@@ -158,3 +161,32 @@ func (l *Ledger) save(news []*Statement) error {
 
 // Trust returns the Trust the ledger feeds.
 func (l *Ledger) Trust() *Trust { return l.trust }
+
+// LearnedCounters count what trust updates did at a fence point, per
+// statement (its Stats: TrustApplied, TrustHeld, TrustRefused).
+type LearnedCounters struct{ Applied, Held, Refused atomic.Uint64 }
+
+// Add counts g.
+func (c *LearnedCounters) Add(g Learned) {
+	c.Applied.Add(uint64(g.Applied))
+	c.Held.Add(uint64(g.Held))
+	c.Refused.Add(uint64(g.Refused))
+}
+
+// Log writes what g did to log: a warning per refusal, a line if
+// something was applied (replay: what OpenLedger replayed, at Info). args
+// say where (device, fence point).
+func (g Learned) Log(log *slog.Logger, trust *Trust, replay bool, args ...any) {
+	refused, applied := "trust update refused", "trust update applied"
+	lvl := slog.LevelWarn
+	if replay {
+		refused, applied = "stored trust statement not taken (superseded by the provisioned trust, or no longer valid)", "trust learned over the air replayed"
+		lvl = slog.LevelInfo
+	}
+	for _, err := range g.Refusals {
+		log.Log(context.Background(), lvl, refused, append(args, "err", err)...)
+	}
+	if g.Applied > 0 {
+		log.Info(applied, append(args, "statements", g.Applied, "revocation_version", trust.Version())...)
+	}
+}
