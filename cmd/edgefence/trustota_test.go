@@ -97,6 +97,12 @@ func TestTrustOverTheAirEndToEnd(t *testing.T) {
 	if r := edgefence(t, "keys", "publish", "--etcd", etcdURL, "--root-pub", rootPrefix+".pub", "--revocations", list2); r.code != 0 {
 		t.Fatal(r)
 	}
+	if r := edgefence(t, "keys", "publish", "--etcd", etcdURL, "--root-pub", rootPrefix+".pub", "--certs", filepath.Join(dir, "gw-2.cert")); r.code != 0 {
+		t.Fatal(r)
+	}
+	if resp, err := e.etcd.Get(t.Context(), agent.TrustCertKey(agent.DefaultEtcdPrefix, "gw-2")); err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("certificate not in etcd: %v", err)
+	}
 	// Not over a newer one; nor a list of another root.
 	if r := edgefence(t, "keys", "publish", "--etcd", etcdURL, "--root-pub", rootPrefix+".pub", "--revocations", list1); r.code == 0 || !strings.Contains(r.stderr, "at least as new") {
 		t.Fatalf("older list published: %s", r)
