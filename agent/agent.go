@@ -71,6 +71,12 @@ type Options struct {
 	// TwinCache, if set (with Twins), keeps desired states for a start
 	// without etcd and queues reported writes etcd could not take.
 	TwinCache *shadow.Cache
+
+	// TrustUpdates, if set, makes the agent publish trust updates (its
+	// certificate, the newest revocation list) to its `auth: required`
+	// devices: on acquiring each, before its first command, and to every
+	// device it holds when the list changes (trustpush.go).
+	TrustUpdates *TrustUpdates
 }
 
 // FenceTable is the read side of fence.Table the local API needs.
@@ -122,6 +128,7 @@ type Agent struct {
 	twin     *twins     // nil: no twin reconciler
 	api      *apiServer // the local API's handlers
 	reports  stateReports
+	trust    *trustPush // nil: no trust updates (trustpush.go)
 }
 
 // New returns an agent for cfg (which must pass Validate; New fills in its
@@ -153,6 +160,9 @@ func New(cfg *Config, cli *clientv3.Client, s Sender, o Options) (*Agent, error)
 	}
 	if o.Twins != nil {
 		a.twin = newTwins(a, o.Twins, o.TwinCache)
+	}
+	if s, err = a.withTrustUpdates(o.TrustUpdates, s); err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
 	}
 	a.delivery = &delivery{outbox: a.outbox, sender: s, hist: o.History, log: a.log, now: a.now, timeout: a.cfg.Command.Timeout,
 		gateway: a.cfg.Gateway, devices: a.devices, leases: a.leases, lossRule: a.lossRule, waiters: make(map[string]chan *fence.Ack)}
@@ -189,6 +199,7 @@ func (a *Agent) newLeases() (*leases, error) {
 // lock it held and revoked its lease. Run returns nil on a clean shutdown.
 func (a *Agent) Run(ctx context.Context) error {
 	defer a.leases.startTails(ctx)() // tail.go: the lease-threat meters
+	defer a.runTrust(ctx)()          // trustpush.go
 	octx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
@@ -241,8 +252,10 @@ func (a *Agent) Enqueue(ctx context.Context, dev, kind string, body []byte) (*fe
 // newToken: twins must not push what they queued under an older token.
 func (a *Agent) newToken(dev string, token fence.Token) { a.twin.newToken(dev, token) }
 
-// acquired: deliver d's queue and reconcile its twin under the new token.
+// acquired: deliver d's queue and reconcile its twin under the new token,
+// the trust update it is owed first.
 func (a *Agent) acquired(d *device) {
+	a.trust.acquired(d.id)
 	a.delivery.kick(d)
 	a.twin.kick(d.id)
 	if a.onHold != nil {

@@ -38,6 +38,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.etcd.io/bbolt"
+
 	"github.com/edgefence/edgefence/fence"
 	"github.com/edgefence/edgefence/fence/auth"
 	"github.com/edgefence/edgefence/fence/history"
@@ -97,7 +99,13 @@ type Config struct {
 	// (invariant I7, fence/auth), verified before the table's admit rule:
 	// anything else is refused invalid, the mark unchanged, counted in
 	// Stats.Unauthenticated and logged. nil: plain envelopes, as before.
+	// When Keys is an *auth.Trust the bridge also learns the trust
+	// updates that arrive on its devices' command topics (trust.go).
 	Keys auth.Keys
+	// TrustDB keeps what trust updates brought (bucket bridge.trust),
+	// each committed before it takes effect, replayed by New: the fence
+	// table's file (fence.Table.Bolt). nil: memory only.
+	TrustDB *bbolt.DB
 	// History, if set, records every refusal the bridge gives a command
 	// (history.OpVerdict) and every command a device answered
 	// (history.OpApplied). Accepts are the table's to record, before its
@@ -124,6 +132,10 @@ type Stats struct {
 	AckErrors    uint64 `json:"ack_errors"`
 	// Unauthenticated commands refused by Config.Keys (also in Invalid).
 	Unauthenticated uint64 `json:"unauthenticated"`
+	// Trust update statements taken in, already held, refused (trust.go).
+	TrustApplied uint64 `json:"trust_applied"`
+	TrustHeld    uint64 `json:"trust_held"`
+	TrustRefused uint64 `json:"trust_refused"`
 }
 
 // Bridge forwards fenced commands to serial devices through the fence table.
@@ -140,6 +152,9 @@ type Bridge struct {
 
 	accepted, duplicate, stale, invalid, busy, tableErr, serialErr, devErr, ackErr atomic.Uint64
 	unauth                                                                         atomic.Uint64
+
+	trust  auth.LearnedCounters
+	ledger *auth.Ledger // trust updates (trust.go); nil without a Trust
 }
 
 type port struct {
@@ -215,6 +230,9 @@ func New(cfg Config) (*Bridge, error) {
 			pending: make(map[fence.Mark]*job), failed: make(map[fence.Mark]outcome)}
 	}
 	if err := b.recover(); err != nil {
+		return nil, err
+	}
+	if err := b.openLedger(); err != nil {
 		return nil, err
 	}
 	if _, ok := cfg.Table.(noTable); ok {
@@ -306,7 +324,8 @@ func (b *Bridge) Stats() Stats {
 	return Stats{Accepted: b.accepted.Load(), Duplicate: b.duplicate.Load(), Stale: b.stale.Load(),
 		Invalid: b.invalid.Load(), Busy: b.busy.Load(), TableErrors: b.tableErr.Load(),
 		SerialErrors: b.serialErr.Load(), DeviceErrors: b.devErr.Load(), AckErrors: b.ackErr.Load(),
-		Unauthenticated: b.unauth.Load()}
+		Unauthenticated: b.unauth.Load(), TrustApplied: b.trust.Applied.Load(), TrustHeld: b.trust.Held.Load(),
+		TrustRefused: b.trust.Refused.Load()}
 }
 
 // decode returns the envelope in raw: signed and verified with Config.Keys,
@@ -345,6 +364,10 @@ func (b *Bridge) onCommand(msg mqtt.Message) {
 	if !ok || leaf != mqtt.LeafCmd || p == nil {
 		b.invalid.Add(1)
 		b.log.Warn("command on a topic this bridge does not serve", "topic", msg.Topic)
+		return
+	}
+	if b.ledger != nil && auth.IsUpdate(msg.Payload) {
+		b.learn(dev, msg.Payload) // trust.go: not a command, no ack
 		return
 	}
 	env, err := b.decode(msg.Payload)

@@ -15,6 +15,8 @@ var (
 		"Gateway fence bridge failures, by kind (table, serial, device, ack).", []string{"kind"}, nil)
 	unauthDesc = prometheus.NewDesc("edgefence_fence_table_unauthenticated_total",
 		"Commands the gateway fence refused as not signed by a key allowed for the device (also counted as invalid).", nil, nil)
+	trustDesc = prometheus.NewDesc("edgefence_fence_table_trust_statements_total",
+		"Statements of trust updates the gateway fence took in (applied), already held (held) or refused (refused: older than held, or not the operator root's).", []string{"outcome"}, nil)
 )
 
 type collector struct{ b *Bridge }
@@ -23,6 +25,7 @@ func (collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- tableCommandsDesc
 	ch <- bridgeErrorsDesc
 	ch <- unauthDesc
+	ch <- trustDesc
 }
 
 func (c collector) Collect(ch chan<- prometheus.Metric) {
@@ -41,6 +44,9 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		{bridgeErrorsDesc, s.SerialErrors, "serial"},
 		{bridgeErrorsDesc, s.DeviceErrors, "device"},
 		{bridgeErrorsDesc, s.AckErrors, "ack"},
+		{trustDesc, s.TrustApplied, "applied"},
+		{trustDesc, s.TrustHeld, "held"},
+		{trustDesc, s.TrustRefused, "refused"},
 	} {
 		ch <- prometheus.MustNewConstMetric(v.d, prometheus.CounterValue, float64(v.n), v.label)
 	}

@@ -70,8 +70,12 @@ func openBridge(cfg *agent.Config, log *slog.Logger, o Options) (*bridge.Bridge,
 		hist.Close()
 		return nil, nil, nil, err
 	}
-	br, err := bridge.New(bridge.Config{Table: admit, Topics: mqtt.Topics{Prefix: cfg.MQTT.Prefix}, Devices: devs,
-		Logger: log.With("component", "bridge"), History: hist})
+	bcfg := bridge.Config{Table: admit, Topics: mqtt.Topics{Prefix: cfg.MQTT.Prefix}, Devices: devs,
+		Logger: log.With("component", "bridge"), History: hist}
+	if tbl != nil {
+		bcfg.TrustDB = tbl.Bolt() // trust updates the table learns, durable in its file (with Keys an *auth.Trust)
+	}
+	br, err := bridge.New(bcfg)
 	if err != nil {
 		hist.Close()
 		if tbl != nil {

@@ -253,6 +253,11 @@ func (d *Daemon) newAgent() error {
 		opts.Twins = shadow.NewStore(d.cli, shadow.StoreConfig{Prefix: cfg.Etcd.Prefix, Writer: cfg.Gateway})
 		opts.TwinCache = d.twins
 	}
+	tu, err := trustUpdates(cfg.Auth, d.cmdr) // trust.go
+	if err != nil {
+		return err
+	}
+	opts.TrustUpdates = tu
 	var s agent.Sender = d.cmdr
 	if d.o.Sender != nil {
 		s = d.o.Sender(d.cmdr)

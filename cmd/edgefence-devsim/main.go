@@ -75,7 +75,7 @@ func newDevsimFlags(fs *flag.FlagSet) devsimFlags {
 		histSrc:      fs.String("history-source", "devsim", "source name of the --history events"),
 		mqttUser:     fs.String("mqtt-user", "", "MQTT user name; the password comes from $"+envMQTTPassword+" or --mqtt-password-file"),
 		mqttPassFile: fs.String("mqtt-password-file", "", "file holding the MQTT password (one line)"),
-		trustRoot:    fs.String("trust-root", "", "the operator's public key (PEM): accept only commands signed by a key it certified (--certs) for the device"),
+		trustRoot:    fs.String("trust-root", "", "the operator's public key (PEM): accept only commands signed by a key it certified for the device (--certs, or learned from a gateway's trust update and kept in --dir)"),
 		trustRootKid: fs.String("trust-root-kid", "operator", "the operator key's id"),
 		certs:        fs.String("certs", "", "with --trust-root: comma-separated gateway certificates (edgefence keys certify)"),
 		revocations:  fs.String("revocations", "", "with --trust-root: a revocation list (edgefence keys revoke)"),

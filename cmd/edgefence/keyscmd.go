@@ -12,7 +12,7 @@ import (
 	"github.com/edgefence/edgefence/fence/auth"
 )
 
-const keysUsage = `usage: edgefence keys new|certify|revoke|verify [flags]
+const keysUsage = `usage: edgefence keys new|certify|revoke|verify|publish [flags]
 
 The key lifecycle of signed commands (I7; fence points verify them offline):
 
@@ -27,11 +27,17 @@ The key lifecycle of signed commands (I7; fence points verify them offline):
                                          a signed revocation list; N must exceed the last one's
   keys verify --root-pub FILE --root-kid ID [--revocations FILE] CERT...
                                          check certificates as a fence point would, now
+  keys publish [--config FILE | --etcd URLS] [--root-pub FILE --root-kid ID]
+               [--revocations FILE] [--certs LIST]
+                                         verify against the root, then write to etcd
+                                         (<prefix>/trust/revocations, only over an older list;
+                                         <prefix>/trust/certs/<kid>): running agents relay
+                                         the list to every device they hold
 `
 
 func cmdKeys(args []string, stdout, stderr io.Writer) error {
 	return subcommand("keys", keysUsage, map[string]command{"new": cmdKeysNew, "certify": cmdKeysCertify,
-		"revoke": cmdKeysRevoke, "verify": cmdKeysVerify}, args, stdout, stderr)
+		"revoke": cmdKeysRevoke, "verify": cmdKeysVerify, "publish": cmdKeysPublish}, args, stdout, stderr)
 }
 
 func keysFlagSet(name string, stderr io.Writer) *flag.FlagSet {

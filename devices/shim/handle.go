@@ -22,6 +22,9 @@ type Result struct {
 	// Applied reports that the command took effect (its ApplyTx committed,
 	// or its Apply returned nil).
 	Applied bool
+	// Update is set when raw was a trust update, not a command
+	// (Options.Keys): what it did. There is no ack to send (Ack is zero).
+	Update *auth.Learned
 }
 
 // Handle decides one command addressed to device (for instance the device
@@ -39,10 +42,14 @@ func (s *Shim) Handle(device string, raw []byte, d Device) fence.Ack {
 }
 
 // Process is Handle returning the decoded envelope and whether the command
-// took effect as well.
+// took effect as well. A trust update (Options.Keys) is taken in here
+// too: Result.Update says what it did, and Handle returns the zero Ack.
 func (s *Shim) Process(device string, raw []byte, d Device) Result {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.ledger != nil && auth.IsUpdate(raw) {
+		return s.learn(device, raw) // trust.go: not a command, no ack
+	}
 	res := s.process(device, raw, d)
 	if !res.Applied {
 		// An applied command's accept was recorded before its commit

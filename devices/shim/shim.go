@@ -77,6 +77,12 @@ type Options struct {
 	// an unknown, revoked or unauthorised key — is refused invalid before
 	// the admit rule, the mark unchanged, counted in
 	// Stats.Unauthenticated and logged. nil: unsigned envelopes, as before.
+	//
+	// When Keys is an *auth.Trust the shim also learns trust updates (a
+	// command payload starting 0x81–0x88, auth.ParseUpdate): certificates
+	// and revocation lists signed by the root, each newer one committed
+	// with fsync before it takes effect, replayed into the Trust at Open
+	// (trust.go).
 	Keys auth.Keys
 }
 
@@ -91,11 +97,13 @@ type Shim struct {
 	mu      sync.Mutex // serializes decisions, apply calls and Close
 	closed  bool
 	pending map[string]Record // PersistOnTokenChangeOnly: seq advances not yet written
+	ledger  *auth.Ledger      // trust updates, when Keys is an *auth.Trust (trust.go)
 
 	stats struct {
 		accepted, duplicate, stale, invalid     atomic.Uint64
 		applyFailed, storage, deferred, corrupt atomic.Uint64
 		unauth                                  atomic.Uint64
+		trust                                   auth.LearnedCounters
 	}
 }
 
@@ -128,6 +136,10 @@ func Open(path string, opts *Options) (*Shim, error) {
 		return nil, fmt.Errorf("shim: init %s: %w", path, err)
 	}
 	s := &Shim{db: db, path: path, opts: o, log: log, pending: make(map[string]Record)}
+	if err := s.openLedger(); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("shim: %s: %w", path, err)
+	}
 	// Before any decision: say which recorded accepts never became durable.
 	s.recordDurable()
 	if o.PersistOnTokenChangeOnly {
@@ -211,6 +223,10 @@ type Stats struct {
 	// Unauthenticated counts commands refused by Options.Keys (also in
 	// Invalid): unsigned, forged, or signed by a key not allowed here.
 	Unauthenticated uint64
+	// Trust updates (Options.Keys an *auth.Trust), per statement: taken
+	// in (durable, then in effect), already held, refused (older than the
+	// one held, not the root's, or in a malformed or forged update).
+	TrustApplied, TrustHeld, TrustRefused uint64
 }
 
 // Stats returns a snapshot of the counters.
@@ -226,6 +242,9 @@ func (s *Shim) Stats() Stats {
 		Deferred:      s.stats.deferred.Load(),
 
 		Unauthenticated: s.stats.unauth.Load(),
+		TrustApplied:    s.stats.trust.Applied.Load(),
+		TrustHeld:       s.stats.trust.Held.Load(),
+		TrustRefused:    s.stats.trust.Refused.Load(),
 	}
 }
 

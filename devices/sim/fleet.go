@@ -220,6 +220,9 @@ func (f *Fleet) Stats() FleetStats {
 // time; the command's PUBACK goes out when it returns.
 func (f *Fleet) handle(device string, m mqtt.Message) {
 	out := f.host.Handle(device, m.Payload) // committed (fsync) before we return
+	if out.Update != nil {
+		return // a trust update: taken in (or refused, logged and counted), nothing to ack
+	}
 	ack, err := fence.MarshalAck(&out.Ack)
 	if err != nil { // the shim builds valid acks; this would be a bug
 		f.log.Error("ack does not encode", "device", device, "err", err)

@@ -113,13 +113,20 @@ type Outcome struct {
 	Ack     fence.Ack
 	Record  VerdictRecord // as written to the verdict log
 	Applied bool          // the command took effect; Record.State is the new state
+	// Update is set when the payload was a trust update, not a command
+	// (HostConfig.Keys an *auth.Trust): what it did. There is no ack to
+	// send and no verdict log line.
+	Update *auth.Learned
 }
 
 // Handle decides one command addressed to device (raw is the encoded
-// envelope), applies it if admitted, and appends the verdict log line. It
-// never panics.
+// envelope), applies it if admitted, and appends the verdict log line. A
+// trust update is taken in instead (Outcome.Update). It never panics.
 func (h *Host) Handle(device string, raw []byte) Outcome {
 	res := h.fp.Process(device, raw, Thermostat{})
+	if res.Update != nil {
+		return Outcome{Update: res.Update}
+	}
 	a := res.Ack
 	rec := VerdictRecord{Time: h.now().UTC(), Device: a.Device, Token: a.Token, Seq: a.Seq, ID: a.ID,
 		Verdict: a.Verdict, MaxToken: a.MaxToken, LastSeq: a.LastSeq, Reason: a.Reason}

@@ -40,6 +40,7 @@ type Certificate struct {
 	NotAfter  int64            `cbor:"5,keyasint"` // Unix seconds
 	Serial    uint64           `cbor:"6,keyasint"`
 	pub       *ecdsa.PublicKey `cbor:"-"`
+	raw       []byte           `cbor:"-"` // the signed statement, for Trust.Statements
 }
 
 // coseKey is an EC2 P-256 public key as COSE_Key (RFC 9052 §7, RFC 9053 §7.1).
@@ -171,6 +172,7 @@ type Trust struct {
 	certs   map[string]*Certificate
 	revoked map[string]bool
 	version uint64
+	revRaw  []byte // the revocation list held, as received
 }
 
 // NewTrust returns a Trust anchored at the operator's root key. now is the
@@ -192,35 +194,43 @@ func NewTrust(rootKid []byte, root *ecdsa.PublicKey, now func() time.Time) (*Tru
 // open verifies a root-signed statement of content type ctype and decodes
 // its payload into v.
 func (t *Trust) open(raw []byte, ctype string, v any) error {
-	if len(raw) > MaxTrustSize {
-		return refuse(ErrMalformed, "trust statement of %d bytes, limit %d", len(raw), MaxTrustSize)
-	}
-	msg, kid, got, err := decodeSign1(raw)
+	got, payload, err := t.verifyStatement(raw)
 	if err != nil {
 		return err
 	}
 	if got != ctype {
 		return refuse(ErrMalformed, "statement of content type %q, want %q", got, ctype)
 	}
-	if string(kid) != string(t.rootKid) {
-		return refuse(ErrUnknownKey, "statement signed by %x, not the root %x", kid, t.rootKid)
-	}
-	if err := msg.Verify(nil, t.root); err != nil {
-		return refuse(ErrBadSignature, "trust statement")
-	}
-	if err := trustDec.Unmarshal(msg.Payload, v); err != nil {
+	if err := trustDec.Unmarshal(payload, v); err != nil {
 		return refuse(ErrMalformed, "trust statement payload: %v", err)
 	}
 	return nil
 }
 
-// AddCertificate verifies a root-signed certificate and keeps it (a newer
-// serial for the same key id replaces an older one; an older one is
-// ignored). It returns the certificate.
-func (t *Trust) AddCertificate(raw []byte) (*Certificate, error) {
+// verifyStatement verifies a statement signed by the root and returns its
+// content type and payload.
+func (t *Trust) verifyStatement(raw []byte) (ctype string, payload []byte, err error) {
+	if len(raw) > MaxTrustSize {
+		return "", nil, refuse(ErrMalformed, "trust statement of %d bytes, limit %d", len(raw), MaxTrustSize)
+	}
+	msg, kid, ctype, err := decodeSign1(raw)
+	if err != nil {
+		return "", nil, err
+	}
+	if string(kid) != string(t.rootKid) {
+		return "", nil, refuse(ErrUnknownKey, "statement signed by %x, not the root %x", kid, t.rootKid)
+	}
+	if err := msg.Verify(nil, t.root); err != nil {
+		return "", nil, refuse(ErrBadSignature, "trust statement")
+	}
+	return ctype, msg.Payload, nil
+}
+
+// decodeCertificate decodes and checks a verified certificate's payload.
+func decodeCertificate(payload []byte) (*Certificate, error) {
 	var c Certificate
-	if err := t.open(raw, ContentCertificate, &c); err != nil {
-		return nil, err
+	if err := trustDec.Unmarshal(payload, &c); err != nil {
+		return nil, refuse(ErrMalformed, "certificate payload: %v", err)
 	}
 	pub, err := c.Key.public()
 	if err != nil {
@@ -230,12 +240,29 @@ func (t *Trust) AddCertificate(raw []byte) (*Certificate, error) {
 		return nil, refuse(ErrMalformed, "certificate: want a kid, devices and a validity window")
 	}
 	c.pub = pub
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if old := t.certs[string(c.KeyID)]; old == nil || old.Serial < c.Serial {
-		t.certs[string(c.KeyID)] = &c
-	}
 	return &c, nil
+}
+
+// AddCertificate verifies a root-signed certificate and keeps it (a newer
+// serial for the same key id replaces an older one; an older one is
+// ignored). It returns the certificate.
+func (t *Trust) AddCertificate(raw []byte) (*Certificate, error) {
+	ctype, payload, err := t.verifyStatement(raw)
+	if err != nil {
+		return nil, err
+	}
+	if ctype != ContentCertificate {
+		return nil, refuse(ErrMalformed, "statement of content type %q, want %q", ctype, ContentCertificate)
+	}
+	c, err := decodeCertificate(payload)
+	if err != nil {
+		return nil, err
+	}
+	c.raw = raw
+	if err := t.Adopt(&Statement{Raw: raw, Content: ctype, Certificate: c}); err != nil && !errors.Is(err, ErrStaleTrust) {
+		return nil, err
+	}
+	return c, nil
 }
 
 // ApplyRevocations verifies a root-signed revocation list and adopts it if
@@ -246,17 +273,7 @@ func (t *Trust) ApplyRevocations(raw []byte) error {
 	if err := t.open(raw, ContentRevocations, &r); err != nil {
 		return err
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if r.Version <= t.version {
-		return refuse(ErrStaleTrust, "version %d, holding %d", r.Version, t.version)
-	}
-	t.version = r.Version
-	t.revoked = make(map[string]bool, len(r.KeyIDs))
-	for _, k := range r.KeyIDs {
-		t.revoked[string(k)] = true
-	}
-	return nil
+	return t.Adopt(&Statement{Raw: raw, Content: ContentRevocations, Revocations: &r})
 }
 
 // Version is the version of the revocation list held (0: none).

@@ -1,6 +1,7 @@
 package auth_test
 
 import (
+	"crypto/ecdsa"
 	"errors"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ type chain struct {
 	root  *auth.Root
 	trust *auth.Trust
 	now   time.Time
+	rk    *ecdsa.PrivateKey // the root's key
 }
 
 func newChain(t testing.TB) *chain {
@@ -23,7 +25,7 @@ func newChain(t testing.TB) *chain {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &chain{root: root, now: time.Unix(1_800_000_000, 0)}
+	c := &chain{root: root, now: time.Unix(1_800_000_000, 0), rk: rk}
 	if c.trust, err = auth.NewTrust([]byte("operator"), &rk.PublicKey, func() time.Time { return c.now }); err != nil {
 		t.Fatal(err)
 	}

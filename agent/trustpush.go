@@ -1,0 +1,364 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/fence/auth"
+	"github.com/edgefence/edgefence/internal/backoff"
+)
+
+// Trust updates (invariant I7): a fence point provisioned with only the
+// operator's root learns the gateways' certificates and the newest
+// revocation list over the air. The agent publishes a trust update (this
+// gateway's certificate and the newest revocation list it knows,
+// auth.MarshalUpdate) on the command topic of each `auth: required`
+// device it acquires, before the device's first command under the new
+// lock, and to every device it holds when the list changes. The list
+// comes from auth.revocations (a file, at start) and from etcd
+// (TrustRevocationsKey, watched), each verified against auth.trust_root
+// before it is relayed: the higher version wins, a lower one is ignored
+// with a log line.
+
+// TrustRevocationsKey is the etcd key of the newest revocation list
+// (root-signed, so whoever can write etcd can deny but not forge).
+func TrustRevocationsKey(prefix string) string { return prefix + "/trust/revocations" }
+
+// TrustCertKey is the etcd key of the certificate of the gateway key kid.
+func TrustCertKey(prefix, kid string) string { return prefix + "/trust/certs/" + kid }
+
+// TrustPublisher publishes a trust update on a device's command topic, in
+// order with what is published there after it returns. *mqtt.Commander
+// satisfies it.
+type TrustPublisher interface {
+	PublishTrust(ctx context.Context, device string, update []byte) error
+}
+
+// TrustUpdates configures the trust updates the agent publishes
+// (Options.TrustUpdates).
+type TrustUpdates struct {
+	// Certificate is this gateway's certificate (auth.certificate).
+	Certificate []byte
+	// Trust is anchored at the operator's root (auth.trust_root): every
+	// revocation list is verified with it before it is relayed, and etcd's
+	// is watched. nil: only Revocations, unverified (the devices verify).
+	Trust *auth.Trust
+	// Revocations is the newest list the operator gave this gateway
+	// (auth.revocations); nil if none.
+	Revocations []byte
+	// Publisher publishes the updates (required).
+	Publisher TrustPublisher
+}
+
+// trustPush publishes trust updates. Its goroutine (run) watches etcd's
+// list and pushes to held devices that are owed an update; the delivery
+// path calls ensure before each command (trustSender), so that no command
+// overtakes the update its device is owed.
+type trustPush struct {
+	cfg      TrustUpdates
+	cli      *clientv3.Client
+	key      string
+	log      *slog.Logger
+	required map[string]bool // `auth: required` devices
+	holding  func(dev string) bool
+
+	mu      sync.Mutex
+	list    []byte // newest revocation list known; nil if none
+	version uint64
+	owed    map[string]bool
+	pub     map[string]*sync.Mutex // one publish at a time per device (fixed at New)
+	wake    chan struct{}
+}
+
+func newTrustPush(cfg TrustUpdates, a *Agent) (*trustPush, error) {
+	if cfg.Publisher == nil || len(cfg.Certificate) == 0 {
+		return nil, errors.New("trust updates: a certificate and a publisher are required")
+	}
+	p := &trustPush{cfg: cfg, cli: a.cli, key: TrustRevocationsKey(a.cfg.Etcd.Prefix), log: a.log.With("component", "trust"),
+		required: map[string]bool{}, owed: map[string]bool{}, pub: map[string]*sync.Mutex{}, wake: make(chan struct{}, 1),
+		holding: func(dev string) bool { _, _, ok := a.leases.holder(dev); return ok }}
+	for _, d := range a.cfg.Devices {
+		if d.Auth == AuthRequired {
+			p.required[d.ID], p.pub[d.ID] = true, new(sync.Mutex)
+		}
+	}
+	if cfg.Revocations != nil {
+		if err := p.setList(cfg.Revocations, "auth.revocations"); err != nil {
+			return nil, fmt.Errorf("auth.revocations: %w", err)
+		}
+	}
+	return p, nil
+}
+
+// acquired: dev is owed an update before its first command under the new
+// lock (nil-safe).
+func (p *trustPush) acquired(dev string) {
+	if p == nil || !p.required[dev] {
+		return
+	}
+	p.mu.Lock()
+	p.owed[dev] = true
+	p.mu.Unlock()
+	p.kick()
+}
+
+func (p *trustPush) kick() {
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+// setList adopts a revocation list from source if it is newer than the
+// one known: every required device is owed an update. A list no newer is
+// ignored with a log line; one that does not verify is an error.
+func (p *trustPush) setList(raw []byte, source string) error {
+	var version uint64
+	if t := p.cfg.Trust; t != nil {
+		st, err := t.Check(raw)
+		switch {
+		case errors.Is(err, auth.ErrHeld):
+			return nil
+		case errors.Is(err, auth.ErrStaleTrust):
+			_, held := t.RevocationList()
+			p.log.Info("revocation list ignored: not newer than the one relayed", "source", source, "err", err, "version", held)
+			return nil
+		case err != nil:
+			return err
+		case st.Revocations == nil:
+			return fmt.Errorf("%w: %w: want a revocation list, got %s", fence.ErrInvalid, auth.ErrMalformed, st.Content)
+		}
+		if err := t.Adopt(st); err != nil {
+			return err
+		}
+		version = st.Revocations.Version
+	} else {
+		r, err := auth.ParseRevocations(raw)
+		if err != nil {
+			return err
+		}
+		version = r.Version
+	}
+	p.mu.Lock()
+	if p.list != nil && version <= p.version {
+		p.mu.Unlock()
+		p.log.Info("revocation list ignored: not newer than the one relayed", "source", source, "version", version, "relayed", p.version)
+		return nil
+	}
+	p.list, p.version = raw, version
+	for dev := range p.required {
+		p.owed[dev] = true
+	}
+	p.mu.Unlock()
+	p.log.Info("revocation list to relay", "source", source, "version", version)
+	p.kick()
+	return nil
+}
+
+// update returns the trust update the devices get now.
+func (p *trustPush) update() ([]byte, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	stmts := [][]byte{p.cfg.Certificate}
+	if p.list != nil {
+		stmts = append(stmts, p.list)
+	}
+	return auth.MarshalUpdate(stmts)
+}
+
+// ensure publishes dev's trust update if it is owed one (nil-safe). It
+// returns once the broker has it (PUBACK): what is published on dev's
+// command topic afterwards comes after it.
+func (p *trustPush) ensure(ctx context.Context, dev string) error {
+	if p == nil || !p.required[dev] {
+		return nil
+	}
+	mu := p.pub[dev]
+	mu.Lock()
+	defer mu.Unlock()
+	p.mu.Lock()
+	owed := p.owed[dev]
+	p.owed[dev] = false // a list adopted during the publish owes it again
+	p.mu.Unlock()
+	if !owed {
+		return nil
+	}
+	up, err := p.update()
+	if err == nil {
+		err = p.cfg.Publisher.PublishTrust(ctx, dev, up)
+	}
+	if err != nil {
+		p.mu.Lock()
+		p.owed[dev] = true
+		p.mu.Unlock()
+		return fmt.Errorf("trust update for %s: %w", dev, err)
+	}
+	p.log.Debug("trust update published", "device", dev, "bytes", len(up))
+	return nil
+}
+
+// run pushes owed updates to the devices the agent holds, and follows
+// etcd's revocation list, until ctx ends.
+func (p *trustPush) run(ctx context.Context) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	if p.cfg.Trust != nil && p.cli != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p.watch(ctx)
+		}()
+	}
+	delay := backoff.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-p.wake:
+		}
+		failed := false
+		for _, dev := range p.owedHeld() {
+			pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			err := p.ensure(pctx, dev)
+			cancel()
+			if err != nil && ctx.Err() == nil {
+				failed = true
+				p.log.Warn("trust update not published; will retry", "device", dev, "err", err)
+			}
+		}
+		if failed {
+			if !backoff.Sleep(ctx, delay.Next()) {
+				return
+			}
+			p.kick()
+		} else {
+			delay.Reset()
+		}
+	}
+}
+
+// owedHeld returns the devices owed an update that the agent holds.
+func (p *trustPush) owedHeld() []string {
+	p.mu.Lock()
+	var out []string
+	for dev, owed := range p.owed {
+		if owed {
+			out = append(out, dev)
+		}
+	}
+	p.mu.Unlock()
+	slices.Sort(out)
+	return slices.DeleteFunc(out, func(dev string) bool { return !p.holding(dev) })
+}
+
+// watch follows TrustRevocationsKey: the list there now, then every
+// change, each verified before it is relayed. It retries until ctx ends.
+func (p *trustPush) watch(ctx context.Context) {
+	delay := backoff.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
+	for ctx.Err() == nil {
+		err := p.watchOnce(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		p.log.Warn("watching the revocation list in etcd; will retry", "key", p.key, "err", err)
+		if !backoff.Sleep(ctx, delay.Next()) {
+			return
+		}
+	}
+}
+
+func (p *trustPush) watchOnce(ctx context.Context) error {
+	resp, err := p.cli.Get(clientv3.WithRequireLeader(ctx), p.key)
+	if err != nil {
+		return err
+	}
+	for _, kv := range resp.Kvs {
+		p.fromEtcd(kv.Value)
+	}
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	for wr := range p.cli.Watch(wctx, p.key, clientv3.WithRev(resp.Header.Revision+1)) {
+		if err := wr.Err(); err != nil {
+			return err
+		}
+		for _, ev := range wr.Events {
+			if ev.Type == clientv3.EventTypePut {
+				p.fromEtcd(ev.Kv.Value)
+			}
+		}
+	}
+	return ctx.Err()
+}
+
+func (p *trustPush) fromEtcd(raw []byte) {
+	if err := p.setList(raw, "etcd "+p.key); err != nil {
+		p.log.Warn("revocation list in etcd refused: not the operator root's", "key", p.key, "err", err)
+	}
+}
+
+// trustSender is the agent's Sender with a device's owed trust update
+// published before its command.
+type trustSender struct {
+	Sender
+	p *trustPush
+}
+
+func (s trustSender) Send(ctx context.Context, env *fence.Envelope) (*fence.Ack, error) {
+	if err := s.p.ensure(ctx, env.Device); err != nil {
+		return nil, err // not sent: the delivery worker sends it again
+	}
+	return s.Sender.Send(ctx, env)
+}
+
+// Connected and AwaitConnection pass the link's state on (delivery's link).
+func (s trustSender) Connected() bool {
+	if l, ok := s.Sender.(link); ok {
+		return l.Connected()
+	}
+	return true
+}
+
+func (s trustSender) AwaitConnection(ctx context.Context) error {
+	if l, ok := s.Sender.(link); ok {
+		return l.AwaitConnection(ctx)
+	}
+	return nil
+}
+
+// withTrustUpdates sets the agent's trust push up from o (nil: none) and
+// returns the Sender delivery uses: s, or s with the owed trust update
+// published before each command.
+func (a *Agent) withTrustUpdates(o *TrustUpdates, s Sender) (Sender, error) {
+	if o == nil {
+		return s, nil
+	}
+	p, err := newTrustPush(*o, a)
+	if err != nil {
+		return nil, err
+	}
+	a.trust = p
+	return trustSender{Sender: s, p: p}, nil
+}
+
+// runTrust starts the trust push (if any) under ctx; the func returned
+// stops it and waits for it.
+func (a *Agent) runTrust(ctx context.Context) func() {
+	if a.trust == nil {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		a.trust.run(ctx)
+	}()
+	return func() { cancel(); <-done }
+}

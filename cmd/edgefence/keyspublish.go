@@ -1,0 +1,155 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/edgefence/edgefence/agent"
+	"github.com/edgefence/edgefence/fence/auth"
+)
+
+// errNotNewer: etcd holds a revocation list at least as new.
+var errNotNewer = errors.New("etcd holds a revocation list at least as new")
+
+// cmdKeysPublish writes a revocation list and/or gateway certificates to
+// etcd (agent.TrustRevocationsKey, agent.TrustCertKey), each verified
+// against the operator's root first; the running agents relay the list
+// to their devices. The list is written only over an older one.
+func cmdKeysPublish(args []string, stdout, stderr io.Writer) error {
+	fs := keysFlagSet("publish", stderr)
+	var config, etcd, prefix string
+	addEtcdFlags(fs, &config, &etcd, &prefix)
+	rootPub := fs.String("root-pub", "", "the operator's public key (PEM; default the config's auth.trust_root)")
+	rootKid := fs.String("root-kid", "", "the operator key's id (default the config's auth.trust_root_kid, else operator)")
+	revocations := fs.String("revocations", "", "a revocation list (edgefence keys revoke) to publish")
+	certs := fs.String("certs", "", "comma-separated gateway certificates (edgefence keys certify) to publish")
+	if err := parseFlags(fs, args, 0); err != nil {
+		return err
+	}
+	if *revocations == "" && *certs == "" {
+		return keysUsageError(stderr, "keys publish: give --revocations and/or --certs")
+	}
+	t, err := resolveEtcd(config, etcd, prefix)
+	if err != nil {
+		return err
+	}
+	trust, err := publishTrust(t.config, *rootPub, *rootKid)
+	if err != nil {
+		return err
+	}
+	// Verify everything before writing anything.
+	type item struct {
+		key, path string
+		raw       []byte
+		version   uint64 // revocation list
+	}
+	var items []item
+	for _, path := range strings.Split(*certs, ",") {
+		if path == "" {
+			continue
+		}
+		raw, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		c, err := trust.AddCertificate(raw)
+		if err != nil {
+			return fmt.Errorf("%s: %w", path, err)
+		}
+		items = append(items, item{key: agent.TrustCertKey(t.prefix, string(c.KeyID)), path: path, raw: raw})
+	}
+	var list *item
+	if *revocations != "" {
+		raw, err := os.ReadFile(*revocations)
+		if err != nil {
+			return err
+		}
+		st, err := trust.Check(raw)
+		if err != nil || st.Revocations == nil {
+			return fmt.Errorf("%s: not a revocation list of this root: %w", *revocations, err)
+		}
+		list = &item{key: agent.TrustRevocationsKey(t.prefix), path: *revocations, raw: raw, version: st.Revocations.Version}
+	}
+
+	cli, err := t.dial()
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, it := range items {
+		if _, err := cli.Put(ctx, it.key, string(it.raw)); err != nil {
+			return fmt.Errorf("etcd put %s: %w", it.key, err)
+		}
+		fmt.Fprintf(stdout, "published %s: %s\n", it.path, it.key)
+	}
+	if list != nil {
+		if err := putNewerList(ctx, cli, trust, list.key, list.raw, list.version); err != nil {
+			return fmt.Errorf("%s: %w", list.path, err)
+		}
+		fmt.Fprintf(stdout, "published revocation list version %d: %s\n", list.version, list.key)
+	}
+	return nil
+}
+
+// publishTrust returns a Trust anchored at the root of --root-pub, or of
+// the config's auth.trust_root.
+func publishTrust(config, rootPub, rootKid string) (*auth.Trust, error) {
+	if config != "" {
+		c, err := agent.LoadConfig(config)
+		if err != nil {
+			return nil, err
+		}
+		if rootPub == "" {
+			rootPub = c.Auth.TrustRoot
+		}
+		if rootKid == "" {
+			rootKid = c.Auth.TrustRootKID
+		}
+	}
+	if rootPub == "" {
+		return nil, errors.New("keys publish: the operator's public key is needed to verify what is published: --root-pub, or auth.trust_root in --config")
+	}
+	if rootKid == "" {
+		rootKid = "operator"
+	}
+	pub, err := auth.ReadPublic(rootPub)
+	if err != nil {
+		return nil, err
+	}
+	return auth.NewTrust([]byte(rootKid), pub, nil)
+}
+
+// putNewerList writes the list at key unless etcd holds one of the root at
+// least as new (errNotNewer); a value there that is not the root's is
+// overwritten. The write is a transaction on what was read.
+func putNewerList(ctx context.Context, cli *clientv3.Client, trust *auth.Trust, key string, raw []byte, version uint64) error {
+	resp, err := cli.Get(ctx, key)
+	if err != nil {
+		return fmt.Errorf("etcd get %s: %w", key, err)
+	}
+	cmp := clientv3.Compare(clientv3.CreateRevision(key), "=", 0)
+	if len(resp.Kvs) == 1 {
+		kv := resp.Kvs[0]
+		if st, err := trust.Check(kv.Value); err == nil && st.Revocations != nil && st.Revocations.Version >= version {
+			return fmt.Errorf("%w: version %d, this one %d", errNotNewer, st.Revocations.Version, version)
+		}
+		cmp = clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision)
+	}
+	tr, err := cli.Txn(ctx).If(cmp).Then(clientv3.OpPut(key, string(raw))).Commit()
+	if err != nil {
+		return fmt.Errorf("etcd put %s: %w", key, err)
+	}
+	if !tr.Succeeded {
+		return fmt.Errorf("etcd put %s: changed while publishing; run again", key)
+	}
+	return nil
+}
