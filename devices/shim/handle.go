@@ -43,6 +43,9 @@ func (s *Shim) Handle(device string, raw []byte, d Device) fence.Ack {
 func (s *Shim) Process(device string, raw []byte, d Device) Result {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if auth.IsReset(raw) { // the operator's reset, not a command (reset.go)
+		return s.reset(device, raw)
+	}
 	res := s.process(device, raw, d)
 	if !res.Applied {
 		// An applied command's accept was recorded before its commit

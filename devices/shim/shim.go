@@ -78,6 +78,13 @@ type Options struct {
 	// the admit rule, the mark unchanged, counted in
 	// Stats.Unauthenticated and logged. nil: unsigned envelopes, as before.
 	Keys auth.Keys
+
+	// Root, if set, lets the operator reset a device's mark with a reset
+	// statement signed by the root key (fence/auth; reset.go), whether or
+	// not commands must be signed: a device of the unsigned era needs
+	// only this for the way back from a forged mark. nil: Keys, if it is
+	// an *auth.Trust; neither: every reset is refused.
+	Root auth.ResetVerifier
 }
 
 // Shim is a fence point backed by one bbolt file. Its methods are safe for
@@ -96,6 +103,7 @@ type Shim struct {
 		accepted, duplicate, stale, invalid     atomic.Uint64
 		applyFailed, storage, deferred, corrupt atomic.Uint64
 		unauth                                  atomic.Uint64
+		resets, resetsRefused                   atomic.Uint64
 	}
 }
 
@@ -211,6 +219,9 @@ type Stats struct {
 	// Unauthenticated counts commands refused by Options.Keys (also in
 	// Invalid): unsigned, forged, or signed by a key not allowed here.
 	Unauthenticated uint64
+	// Resets counts operator resets applied; ResetsRefused those refused
+	// (also in Invalid): forged, replayed, for another device, no root.
+	Resets, ResetsRefused uint64
 }
 
 // Stats returns a snapshot of the counters.
@@ -226,6 +237,8 @@ func (s *Shim) Stats() Stats {
 		Deferred:      s.stats.deferred.Load(),
 
 		Unauthenticated: s.stats.unauth.Load(),
+		Resets:          s.stats.resets.Load(),
+		ResetsRefused:   s.stats.resetsRefused.Load(),
 	}
 }
 
