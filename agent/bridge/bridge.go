@@ -98,6 +98,11 @@ type Config struct {
 	// anything else is refused invalid, the mark unchanged, counted in
 	// Stats.Unauthenticated and logged. nil: plain envelopes, as before.
 	Keys auth.Keys
+	// Root, if set, lets the operator reset a device's mark in the table
+	// with a reset statement signed by the root key (fence/auth;
+	// reset.go), whether or not commands must be signed. nil: Keys, if it
+	// is an *auth.Trust; neither: every reset is refused.
+	Root auth.ResetVerifier
 	// History, if set, records every refusal the bridge gives a command
 	// (history.OpVerdict) and every command a device answered
 	// (history.OpApplied). Accepts are the table's to record, before its
@@ -124,6 +129,9 @@ type Stats struct {
 	AckErrors    uint64 `json:"ack_errors"`
 	// Unauthenticated commands refused by Config.Keys (also in Invalid).
 	Unauthenticated uint64 `json:"unauthenticated"`
+	// Operator resets applied to the table, and refused (also in Invalid).
+	Resets        uint64 `json:"resets"`
+	ResetsRefused uint64 `json:"resets_refused"`
 }
 
 // Bridge forwards fenced commands to serial devices through the fence table.
@@ -139,7 +147,7 @@ type Bridge struct {
 	wg     sync.WaitGroup
 
 	accepted, duplicate, stale, invalid, busy, tableErr, serialErr, devErr, ackErr atomic.Uint64
-	unauth                                                                         atomic.Uint64
+	unauth, resets, resetsRefused                                                  atomic.Uint64
 }
 
 type port struct {
@@ -306,7 +314,7 @@ func (b *Bridge) Stats() Stats {
 	return Stats{Accepted: b.accepted.Load(), Duplicate: b.duplicate.Load(), Stale: b.stale.Load(),
 		Invalid: b.invalid.Load(), Busy: b.busy.Load(), TableErrors: b.tableErr.Load(),
 		SerialErrors: b.serialErr.Load(), DeviceErrors: b.devErr.Load(), AckErrors: b.ackErr.Load(),
-		Unauthenticated: b.unauth.Load()}
+		Unauthenticated: b.unauth.Load(), Resets: b.resets.Load(), ResetsRefused: b.resetsRefused.Load()}
 }
 
 // decode returns the envelope in raw: signed and verified with Config.Keys,
@@ -345,6 +353,10 @@ func (b *Bridge) onCommand(msg mqtt.Message) {
 	if !ok || leaf != mqtt.LeafCmd || p == nil {
 		b.invalid.Add(1)
 		b.log.Warn("command on a topic this bridge does not serve", "topic", msg.Topic)
+		return
+	}
+	if auth.IsReset(msg.Payload) { // the operator's reset, not a command (reset.go)
+		b.onReset(dev, msg.Payload)
 		return
 	}
 	env, err := b.decode(msg.Payload)

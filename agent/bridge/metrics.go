@@ -15,6 +15,8 @@ var (
 		"Gateway fence bridge failures, by kind (table, serial, device, ack).", []string{"kind"}, nil)
 	unauthDesc = prometheus.NewDesc("edgefence_fence_table_unauthenticated_total",
 		"Commands the gateway fence refused as not signed by a key allowed for the device (also counted as invalid).", nil, nil)
+	resetsDesc = prometheus.NewDesc("edgefence_fence_table_resets_total",
+		"Operator fence resets at the gateway fence table, by result (applied; refused: forged, replayed, another device's, no root — also counted as invalid).", []string{"result"}, nil)
 )
 
 type collector struct{ b *Bridge }
@@ -23,6 +25,7 @@ func (collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- tableCommandsDesc
 	ch <- bridgeErrorsDesc
 	ch <- unauthDesc
+	ch <- resetsDesc
 }
 
 func (c collector) Collect(ch chan<- prometheus.Metric) {
@@ -41,6 +44,8 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		{bridgeErrorsDesc, s.SerialErrors, "serial"},
 		{bridgeErrorsDesc, s.DeviceErrors, "device"},
 		{bridgeErrorsDesc, s.AckErrors, "ack"},
+		{resetsDesc, s.Resets, "applied"},
+		{resetsDesc, s.ResetsRefused, "refused"},
 	} {
 		ch <- prometheus.MustNewConstMetric(v.d, prometheus.CounterValue, float64(v.n), v.label)
 	}
