@@ -168,3 +168,18 @@ func BenchmarkResetVerify(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkIsReset is what a signed command pays for the dispatch: the
+// protected header read, the command not a reset.
+func BenchmarkIsReset(b *testing.B) {
+	s, _ := world(b)
+	raw, err := s.Sign(env("dev-1", 7, 3))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if auth.IsReset(raw) {
+			b.Fatal("a command is not a reset")
+		}
+	}
+}
