@@ -63,6 +63,7 @@ type leases struct {
 type leaseCounters struct {
 	acquired, lost, regressions     atomic.Uint64
 	outboxErr, reattached, released atomic.Uint64
+	resets                          atomic.Uint64 // operator fence resets seen (reset.go)
 }
 
 // leaseStore is the outbox's lease records (offline.Outbox): the session's

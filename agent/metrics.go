@@ -241,6 +241,7 @@ var agentSeries = []series{
 
 	counter("lease_acquisitions_total", "Device locks acquired.", func(n *Counters) uint64 { return n.Acquired }),
 	counter("lease_losses_total", "Device locks lost (session ended or lock key gone).", func(n *Counters) uint64 { return n.Lost }),
+	counter("fence_resets_total", "Acks of operator fence resets seen (edgefence fence reset): the device's mark the regression guard uses is the reset's.", func(n *Counters) uint64 { return n.Resets }),
 	counter("token_regressions_total", "Tokens from etcd not above one this gateway held or a fence point of the device holds (refused).", func(n *Counters) uint64 { return n.Regressions }),
 	counter("etcd_sessions_reattached_total", "Sessions resumed because their lease survived (a lost session, or the previous run's after a restart).", func(n *Counters) uint64 { return n.Reattached }),
 	counter("lock_releases_total", "Device locks let go after a fence point or the regression guard refused the token; each is campaigned for again after a backoff.", func(n *Counters) uint64 { return n.Released }),

@@ -132,6 +132,7 @@ type Counters struct {
 	Lost        uint64 `json:"locks_lost"`
 	Regressions uint64 `json:"token_regressions"`
 	Released    uint64 `json:"locks_released"` // let go after a fence point or the regression guard refused the token
+	Resets      uint64 `json:"fence_resets"`   // acks of operator fence resets seen (FenceResetAck)
 	// With an outbox:
 	Queued     uint64 `json:"commands_queued"`     // appended to the outbox
 	Resent     uint64 `json:"commands_resent"`     // sent again after no ack (or after a restart)
@@ -233,7 +234,7 @@ func (a *Agent) Holding(dev string) (fence.Token, bool) {
 // fill adds the leases' totals to n.
 func (c *leaseCounters) fill(n *Counters) {
 	n.Acquired, n.Lost, n.Regressions = c.acquired.Load(), c.lost.Load(), c.regressions.Load()
-	n.Released, n.Reattached = c.released.Load(), c.reattached.Load()
+	n.Released, n.Reattached, n.Resets = c.released.Load(), c.reattached.Load(), c.resets.Load()
 	n.OutboxErr += c.outboxErr.Load()
 }
 

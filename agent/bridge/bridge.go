@@ -106,6 +106,11 @@ type Config struct {
 	// each committed before it takes effect, replayed by New: the fence
 	// table's file (fence.Table.Bolt). nil: memory only.
 	TrustDB *bbolt.DB
+	// Root, if set, lets the operator reset a device's mark in the table
+	// with a reset statement signed by the root key (fence/auth;
+	// reset.go), whether or not commands must be signed. nil: Keys, if it
+	// is an *auth.Trust; neither: every reset is refused.
+	Root auth.ResetVerifier
 	// History, if set, records every refusal the bridge gives a command
 	// (history.OpVerdict) and every command a device answered
 	// (history.OpApplied). Accepts are the table's to record, before its
@@ -136,6 +141,9 @@ type Stats struct {
 	TrustApplied uint64 `json:"trust_applied"`
 	TrustHeld    uint64 `json:"trust_held"`
 	TrustRefused uint64 `json:"trust_refused"`
+	// Operator resets applied to the table, and refused (also in Invalid).
+	Resets        uint64 `json:"resets"`
+	ResetsRefused uint64 `json:"resets_refused"`
 }
 
 // Bridge forwards fenced commands to serial devices through the fence table.
@@ -151,7 +159,7 @@ type Bridge struct {
 	wg     sync.WaitGroup
 
 	accepted, duplicate, stale, invalid, busy, tableErr, serialErr, devErr, ackErr atomic.Uint64
-	unauth                                                                         atomic.Uint64
+	unauth, resets, resetsRefused                                                  atomic.Uint64
 
 	trust  auth.LearnedCounters
 	ledger *auth.Ledger // trust updates (trust.go); nil without a Trust
@@ -325,7 +333,7 @@ func (b *Bridge) Stats() Stats {
 		Invalid: b.invalid.Load(), Busy: b.busy.Load(), TableErrors: b.tableErr.Load(),
 		SerialErrors: b.serialErr.Load(), DeviceErrors: b.devErr.Load(), AckErrors: b.ackErr.Load(),
 		Unauthenticated: b.unauth.Load(), TrustApplied: b.trust.Applied.Load(), TrustHeld: b.trust.Held.Load(),
-		TrustRefused: b.trust.Refused.Load()}
+		TrustRefused: b.trust.Refused.Load(), Resets: b.resets.Load(), ResetsRefused: b.resetsRefused.Load()}
 }
 
 // decode returns the envelope in raw: signed and verified with Config.Keys,
@@ -368,6 +376,10 @@ func (b *Bridge) onCommand(msg mqtt.Message) {
 	}
 	if b.ledger != nil && auth.IsUpdate(msg.Payload) {
 		b.learn(dev, msg.Payload) // trust.go: not a command, no ack
+		return
+	}
+	if auth.IsReset(msg.Payload) { // the operator's reset, not a command (reset.go)
+		b.onReset(dev, msg.Payload)
 		return
 	}
 	env, err := b.decode(msg.Payload)

@@ -17,6 +17,8 @@ var (
 		"Commands the gateway fence refused as not signed by a key allowed for the device (also counted as invalid).", nil, nil)
 	trustDesc = prometheus.NewDesc("edgefence_fence_table_trust_statements_total",
 		"Statements of trust updates the gateway fence took in (applied), already held (held) or refused (refused: older than held, or not the operator root's).", []string{"outcome"}, nil)
+	resetsDesc = prometheus.NewDesc("edgefence_fence_table_resets_total",
+		"Operator fence resets at the gateway fence table, by result (applied; refused: forged, replayed, another device's, no root — also counted as invalid).", []string{"result"}, nil)
 )
 
 type collector struct{ b *Bridge }
@@ -26,6 +28,7 @@ func (collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- bridgeErrorsDesc
 	ch <- unauthDesc
 	ch <- trustDesc
+	ch <- resetsDesc
 }
 
 func (c collector) Collect(ch chan<- prometheus.Metric) {
@@ -47,6 +50,8 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		{trustDesc, s.TrustApplied, "applied"},
 		{trustDesc, s.TrustHeld, "held"},
 		{trustDesc, s.TrustRefused, "refused"},
+		{resetsDesc, s.Resets, "applied"},
+		{resetsDesc, s.ResetsRefused, "refused"},
 	} {
 		ch <- prometheus.MustNewConstMetric(v.d, prometheus.CounterValue, float64(v.n), v.label)
 	}

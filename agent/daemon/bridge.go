@@ -48,6 +48,10 @@ func openBridge(cfg *agent.Config, log *slog.Logger, o Options) (*bridge.Bridge,
 	if err := os.MkdirAll(cfg.StateDir, 0o750); err != nil {
 		return nil, nil, nil, fmt.Errorf("state dir: %w", err)
 	}
+	root, err := resetRoot(cfg.Auth) // the operator's fence resets (reset.go)
+	if err != nil {
+		return nil, nil, nil, err
+	}
 	// The history of the fence point: the table records its accepts
 	// (before each commit), the bridge its refusals and what the devices
 	// applied, under one source.
@@ -71,7 +75,7 @@ func openBridge(cfg *agent.Config, log *slog.Logger, o Options) (*bridge.Bridge,
 		return nil, nil, nil, err
 	}
 	bcfg := bridge.Config{Table: admit, Topics: mqtt.Topics{Prefix: cfg.MQTT.Prefix}, Devices: devs,
-		Logger: log.With("component", "bridge"), History: hist}
+		Logger: log.With("component", "bridge"), History: hist, Root: root}
 	if tbl != nil {
 		bcfg.TrustDB = tbl.Bolt() // trust updates the table learns, durable in its file (with Keys an *auth.Trust)
 	}

@@ -267,6 +267,7 @@ func (d *Daemon) newAgent() error {
 		return err
 	}
 	d.ag = ag
+	d.cmdr.OnUnmatched(ag.FenceResetAck) // an operator's fence reset (agent/reset.go)
 	if cfg.Twins.Enabled {
 		subscribeStateReports(d.cmdr.Client(), mqtt.Topics{Prefix: cfg.MQTT.Prefix}, ag)
 	}

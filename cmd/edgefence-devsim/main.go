@@ -54,6 +54,7 @@ type devsimFlags struct {
 	port, histPath, histSrc                                   *string
 	mqttUser, mqttPassFile                                    *string
 	trustRoot, trustRootKid, certs, revocations               *string
+	resetRoot                                                 *string
 	count, regs                                               *int
 	noFence                                                   *bool
 }
@@ -79,6 +80,7 @@ func newDevsimFlags(fs *flag.FlagSet) devsimFlags {
 		trustRootKid: fs.String("trust-root-kid", "operator", "the operator key's id"),
 		certs:        fs.String("certs", "", "with --trust-root: comma-separated gateway certificates (edgefence keys certify)"),
 		revocations:  fs.String("revocations", "", "with --trust-root: a revocation list (edgefence keys revoke)"),
+		resetRoot:    fs.String("reset-root", "", "the operator's public key (PEM): accept its fence resets (edgefence fence reset) while commands stay unsigned; --trust-root does both"),
 	}
 }
 
@@ -118,6 +120,19 @@ func (f devsimFlags) trust() (auth.Keys, error) {
 		}
 	}
 	return t, nil
+}
+
+// resetRootKey returns the fleet's Root from --reset-root (nil without it:
+// the --trust-root chain, if any, checks resets).
+func (f devsimFlags) resetRootKey() (auth.ResetVerifier, error) {
+	if *f.resetRoot == "" {
+		return nil, nil
+	}
+	pub, err := auth.ReadPublic(*f.resetRoot)
+	if err != nil {
+		return nil, err
+	}
+	return auth.NewRootKey([]byte(*f.trustRootKid), pub)
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -217,8 +232,13 @@ func runFleet(ctx context.Context, log *slog.Logger, f devsimFlags, ids []string
 		log.Error("trust", "err", err)
 		return 1
 	}
+	root, err := f.resetRootKey()
+	if err != nil {
+		log.Error("reset root", "err", err)
+		return 1
+	}
 	fleet, err := sim.NewFleet(ctx, sim.FleetConfig{Devices: ids, DataDir: *f.dir, Broker: *f.broker, Prefix: *f.prefix,
-		ClientID: *f.clientID, VerdictLog: vlog, History: hist, Kind: deviceKind(*f.noFence), Logger: log, MQTT: creds, Keys: keys})
+		ClientID: *f.clientID, VerdictLog: vlog, History: hist, Kind: deviceKind(*f.noFence), Logger: log, MQTT: creds, Keys: keys, Root: root})
 	if err != nil {
 		log.Error("start", "err", err)
 		return 1

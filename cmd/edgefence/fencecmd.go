@@ -26,13 +26,16 @@ ask that agent over its local API instead.
 commands:
   list [--table FILE | --config FILE | --socket PATH] [--json]           every device's mark
   show [--table FILE | --config FILE | --socket PATH] [--json] DEVICE... the named devices' marks
+  reset DEVICE --to TOKEN --root-key FILE --root-kid KID (--out FILE | --config FILE)
+        set a device's mark by the operator's signed authority (any fence
+        point: a device's shim or a gateway's table); reset -h for more
 
 The table file is --table, or <state_dir>/` + fence.TableFile + ` of the --config file's
 agent, or ` + agent.DefaultStateDir + `/` + fence.TableFile + `.
 `
 
 func cmdFence(args []string, stdout, stderr io.Writer) error {
-	return subcommand("fence", fenceUsage, map[string]command{"list": cmdFenceList, "show": cmdFenceShow}, args, stdout, stderr)
+	return subcommand("fence", fenceUsage, map[string]command{"list": cmdFenceList, "show": cmdFenceShow, "reset": cmdFenceReset}, args, stdout, stderr)
 }
 
 // command is one subcommand of a command group (fence list, twin set …).

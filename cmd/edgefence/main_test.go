@@ -112,6 +112,12 @@ func newEnv(t *testing.T, devices ...string) *env {
 // (nil: plain envelopes).
 func newEnvKeys(t *testing.T, keys auth.Keys, devices ...string) *env {
 	t.Helper()
+	return newEnvFleet(t, sim.FleetConfig{Keys: keys}, devices...)
+}
+
+// newEnvFleet is newEnv with the fleet's trust (fc.Keys, fc.Root) set.
+func newEnvFleet(t *testing.T, fc sim.FleetConfig, devices ...string) *env {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	dir := t.TempDir()
@@ -126,7 +132,7 @@ func newEnvKeys(t *testing.T, keys auth.Keys, devices ...string) *env {
 	}
 	t.Cleanup(func() { cli.Close() })
 	fleet, err := sim.NewFleet(ctx, sim.FleetConfig{Devices: devices, DataDir: filepath.Join(dir, "devices"),
-		Broker: w.Broker.URL(), ClientID: "devsim-" + t.Name(), Keys: keys})
+		Broker: w.Broker.URL(), ClientID: "devsim-" + t.Name(), Keys: fc.Keys, Root: fc.Root})
 	if err != nil {
 		t.Fatal(err)
 	}

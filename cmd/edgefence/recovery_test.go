@@ -113,44 +113,10 @@ func TestTokenRegressionRunbook(t *testing.T) {
 			e := newEnv(t, "dev-1")
 			etcd := kind.start(t, e)
 			e.etcdURL = etcd.url
+			g := e.regress(etcd)
+			high, gw1Status := g.high, g.gw1Status
+			gw2, sock2, gw3, sock3 := g.gw2, g.sock2, g.gw3, g.sock3
 
-			// An etcd with history: its revision is well above the new
-			// cluster's will be. (This is the bump command too.)
-			if r := edgefence(t, "etcd", "bump-revision", "--etcd", etcd.url, "--to", "500"); r.code != 0 || !strings.Contains(r.stdout, "done") {
-				t.Fatalf("bump to 500\n%s", r)
-			}
-			cfg1, sock1 := e.config("gw-1", 5*time.Second)
-			gw1 := e.startAgent("gw-1", cfg1)
-			high := e.waitHolding(gw1, sock1).Devices[0].Token
-			if r, res := e.set(sock1, "dev-1", 21); r.code != 0 || res.Verdict != "accepted" {
-				t.Fatalf("send under token %d: want accepted\n%s", high, r)
-			}
-			gw1Status := e.saveStatus(sock1, "gw-1.json")
-			if err := gw1.Stop(10 * time.Second); err != nil {
-				t.Fatalf("gw-1 did not stop cleanly: %v", err)
-			}
-
-			// etcd is rebuilt from nothing; a gateway with no token history
-			// (a replacement, a wiped state dir) takes the device with a
-			// low token, and the device refuses it.
-			ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
-			defer cancel()
-			if err := etcd.wipe(ctx); err != nil {
-				t.Fatal(err)
-			}
-			cfg2, sock2 := e.config("gw-2", 5*time.Second)
-			gw2 := e.startAgent("gw-2", cfg2)
-			low := e.waitHolding(gw2, sock2).Devices[0].Token
-			if low >= high {
-				t.Fatalf("token %d after the wipe, want one below %d", low, high)
-			}
-			// A standby waits behind gw-2.
-			cfg3, sock3 := e.config("gw-3", 5*time.Second)
-			gw3 := e.startAgent("gw-3", cfg3)
-			waitDeviceState(t, gw3, sock3, "dev-1", agent.StateCampaigning)
-			if r, res := e.set(sock2, "dev-1", 99); r.code == 0 || res.Verdict != "stale" {
-				t.Fatalf("send under token %d after the wipe: %+v, want stale (device mark %d)\n%s", low, res, high, r)
-			}
 			// A token regression, though gw-2 never held the device: its key
 			// still held the lock when the device refused it. gw-2 lets the
 			// lock go — the standby gets it instead of waiting forever —
@@ -214,6 +180,62 @@ func TestTokenRegressionRunbook(t *testing.T) {
 			}
 		})
 	}
+}
+
+// regression is the world of the runbook tests after etcd was wiped: gw-1
+// held dev-1 at token high (its status saved in gw1Status), then stopped;
+// gw-2 took dev-1 with token low and the device refused it; gw-3 waits.
+type regression struct {
+	high, low          fence.Token
+	gw1Status          string
+	cfg2, sock2, sock3 string
+	gw2, gw3           *sandbox.Proc
+}
+
+// regress runs the runbook tests' common start on etcd (e.etcdURL set).
+func (e *env) regress(etcd agentEtcd) regression {
+	t := e.t
+	t.Helper()
+	var g regression
+	// An etcd with history: its revision is well above the new
+	// cluster's will be. (This is the bump command too.)
+	if r := edgefence(t, "etcd", "bump-revision", "--etcd", etcd.url, "--to", "500"); r.code != 0 || !strings.Contains(r.stdout, "done") {
+		t.Fatalf("bump to 500\n%s", r)
+	}
+	cfg1, sock1 := e.config("gw-1", 5*time.Second)
+	gw1 := e.startAgent("gw-1", cfg1)
+	g.high = e.waitHolding(gw1, sock1).Devices[0].Token
+	if r, res := e.set(sock1, "dev-1", 21); r.code != 0 || res.Verdict != "accepted" {
+		t.Fatalf("send under token %d: want accepted\n%s", g.high, r)
+	}
+	g.gw1Status = e.saveStatus(sock1, "gw-1.json")
+	if err := gw1.Stop(10 * time.Second); err != nil {
+		t.Fatalf("gw-1 did not stop cleanly: %v", err)
+	}
+
+	// etcd is rebuilt from nothing; a gateway with no token history
+	// (a replacement, a wiped state dir) takes the device with a
+	// low token, and the device refuses it.
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	if err := etcd.wipe(ctx); err != nil {
+		t.Fatal(err)
+	}
+	g.cfg2, g.sock2 = e.config("gw-2", 5*time.Second)
+	g.gw2 = e.startAgent("gw-2", g.cfg2)
+	g.low = e.waitHolding(g.gw2, g.sock2).Devices[0].Token
+	if g.low >= g.high {
+		t.Fatalf("token %d after the wipe, want one below %d", g.low, g.high)
+	}
+	// A standby waits behind gw-2.
+	var cfg3 string
+	cfg3, g.sock3 = e.config("gw-3", 5*time.Second)
+	g.gw3 = e.startAgent("gw-3", cfg3)
+	waitDeviceState(t, g.gw3, g.sock3, "dev-1", agent.StateCampaigning)
+	if r, res := e.set(g.sock2, "dev-1", 99); r.code == 0 || res.Verdict != "stale" {
+		t.Fatalf("send under token %d after the wipe: %+v, want stale (device mark %d)\n%s", g.low, res, g.high, r)
+	}
+	return g
 }
 
 // etcdctlLock starts `etcdctl lock NAME` and returns it with a function

@@ -50,6 +50,9 @@ func (s *Shim) Process(device string, raw []byte, d Device) Result {
 	if s.ledger != nil && auth.IsUpdate(raw) {
 		return s.learn(device, raw) // trust.go: not a command, no ack
 	}
+	if auth.IsReset(raw) { // the operator's reset, not a command (reset.go)
+		return s.reset(device, raw)
+	}
 	res := s.process(device, raw, d)
 	if !res.Applied {
 		// An applied command's accept was recorded before its commit

@@ -84,6 +84,13 @@ type Options struct {
 	// with fsync before it takes effect, replayed into the Trust at Open
 	// (trust.go).
 	Keys auth.Keys
+
+	// Root, if set, lets the operator reset a device's mark with a reset
+	// statement signed by the root key (fence/auth; reset.go), whether or
+	// not commands must be signed: a device of the unsigned era needs
+	// only this for the way back from a forged mark. nil: Keys, if it is
+	// an *auth.Trust; neither: every reset is refused.
+	Root auth.ResetVerifier
 }
 
 // Shim is a fence point backed by one bbolt file. Its methods are safe for
@@ -104,6 +111,7 @@ type Shim struct {
 		applyFailed, storage, deferred, corrupt atomic.Uint64
 		unauth                                  atomic.Uint64
 		trust                                   auth.LearnedCounters
+		resets, resetsRefused                   atomic.Uint64
 	}
 }
 
@@ -227,6 +235,9 @@ type Stats struct {
 	// in (durable, then in effect), already held, refused (older than the
 	// one held, not the root's, or in a malformed or forged update).
 	TrustApplied, TrustHeld, TrustRefused uint64
+	// Resets counts operator resets applied; ResetsRefused those refused
+	// (also in Invalid): forged, replayed, for another device, no root.
+	Resets, ResetsRefused uint64
 }
 
 // Stats returns a snapshot of the counters.
@@ -245,6 +256,8 @@ func (s *Shim) Stats() Stats {
 		TrustApplied:    s.stats.trust.Applied.Load(),
 		TrustHeld:       s.stats.trust.Held.Load(),
 		TrustRefused:    s.stats.trust.Refused.Load(),
+		Resets:          s.stats.resets.Load(),
+		ResetsRefused:   s.stats.resetsRefused.Load(),
 	}
 }
 

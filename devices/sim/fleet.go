@@ -48,6 +48,9 @@ type FleetConfig struct {
 	// Keys, if set, makes the devices accept only signed envelopes
 	// (HostConfig.Keys).
 	Keys auth.Keys
+	// Root, if set, lets the operator reset the devices' marks
+	// (HostConfig.Root).
+	Root auth.ResetVerifier
 	// Logger receives log lines (the MQTT client's too); nil means none.
 	Logger *slog.Logger
 
@@ -113,7 +116,7 @@ func NewFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	host, err := OpenHost(filepath.Join(cfg.DataDir, DBFile),
-		HostConfig{VerdictLog: cfg.VerdictLog, Kind: cfg.Kind, Logger: cfg.Logger, History: cfg.History, Keys: cfg.Keys})
+		HostConfig{VerdictLog: cfg.VerdictLog, Kind: cfg.Kind, Logger: cfg.Logger, History: cfg.History, Keys: cfg.Keys, Root: cfg.Root})
 	if err != nil {
 		return nil, fmt.Errorf("sim: fleet: %w", err)
 	}

@@ -35,6 +35,9 @@ type HostConfig struct {
 	// Keys, if set, makes the fence point accept only signed envelopes by
 	// keys it allows for the device (shim.Options.Keys, an auth.Trust).
 	Keys auth.Keys
+	// Root, if set, checks the operator's fence resets (shim.Options.Root;
+	// an auth.RootKey, for devices that take unsigned commands).
+	Root auth.ResetVerifier
 }
 
 // DeviceKind names what a Host simulates.
@@ -64,7 +67,7 @@ var openers = map[DeviceKind]func(path string, cfg HostConfig) (fencePoint, erro
 }
 
 func openShim(path string, cfg HostConfig) (fencePoint, error) {
-	s, err := shim.Open(path, &shim.Options{Logger: cfg.Logger, History: cfg.History, Keys: cfg.Keys})
+	s, err := shim.Open(path, &shim.Options{Logger: cfg.Logger, History: cfg.History, Keys: cfg.Keys, Root: cfg.Root})
 	if err != nil {
 		return nil, err
 	}

@@ -25,6 +25,7 @@ type Commander struct {
 	mu      sync.Mutex
 	pending map[string]chan *fence.Ack
 	sign    func(*fence.Envelope) ([]byte, error) // nil: plain envelopes
+	other   func(device string, ack *fence.Ack)   // nil: unmatched acks are dropped
 
 	acks, unmatched, badAcks, retries atomic.Uint64
 }
@@ -36,6 +37,16 @@ func (m *Commander) SignWith(sign func(*fence.Envelope) ([]byte, error)) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.sign = sign
+}
+
+// OnUnmatched makes the Commander hand every well-formed ack that answers
+// no Send of its own to f, with the device its topic names (the agent
+// learns of an operator's fence reset so). f runs on the delivery
+// goroutine: it must not block.
+func (m *Commander) OnUnmatched(f func(device string, ack *fence.Ack)) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.other = f
 }
 
 // NewCommander dials the broker with cfg and subscribes to the ack topics of
@@ -146,13 +157,16 @@ func (m *Commander) onAck(msg Message) {
 		id = string(msg.CorrelationData)
 	}
 	m.mu.Lock()
-	ch := m.pending[id]
+	ch, other := m.pending[id], m.other
 	m.mu.Unlock()
 	if ch == nil {
-		// Another holder's ack on the shared topic, or a redelivery after
-		// Send gave up.
+		// Another holder's ack on the shared topic, a redelivery after
+		// Send gave up, or an operator reset's.
 		m.unmatched.Add(1)
 		m.log.Debug("ack for no pending command", "topic", msg.Topic, "id", id, "verdict", ack.Verdict)
+		if dev, leaf, ok := m.topics.Parse(msg.Topic); ok && leaf == LeafAck && other != nil {
+			other(dev, ack)
+		}
 		return
 	}
 	m.acks.Add(1)

@@ -1,0 +1,54 @@
+package agent
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/fence/auth"
+)
+
+// FenceResetAck takes an ack that answered no command of this agent (the
+// MQTT Commander's unmatched acks, mqtt.Commander.OnUnmatched). The ack of
+// an operator's fence reset that the device's fence point applied — its id
+// a reset id (fence/auth), verdict accepted — says the fence point now
+// holds the mark the ack carries, which may be far below the one the agent
+// learned from stale answers: the agent's regression guard (no token not
+// above the device's known mark is used) takes the new mark, so that the
+// next campaign's token commands the device again, without a restart. A
+// controller whose token the reset spent (not above the new mark) lets the
+// lock go and campaigns again, for a token above it. Every other ack is
+// ignored.
+//
+// Acks are not authenticated yet (device-signed acks are another
+// increment of issue 13): a forged reset ack can at most make the agent
+// try a token the device refuses again as stale — the regression path once
+// more — and, for a holder, cost a hand-over.
+func (a *Agent) FenceResetAck(dev string, ack *fence.Ack) {
+	d, ok := a.devices[dev]
+	if !ok || ack.Verdict != fence.Accepted || !auth.ValidResetID(ack.ID) || ack.MaxToken == 0 {
+		return
+	}
+	a.leases.fenceReset(d, ack.Mark(), ack.ID)
+}
+
+// fenceReset records that d's fence point was reset to m.
+func (l *leases) fenceReset(d *device, m fence.Mark, id string) {
+	d.mu.Lock()
+	was := d.fenceMark
+	d.fenceMark = m.Token
+	ctl := d.ctl
+	d.mu.Unlock()
+	l.stats.resets.Add(1)
+	l.log.Warn("fence reset by the operator", "device", d.id, "fence_token", m.Token, "mark", m.String(), "was", was, "id", id,
+		"holder", l.gateway)
+	// Spent: every seq of the token is at or below the mark.
+	if ctl == nil || ctl.token > m.Token || ctl.token == m.Token && m.Seq < math.MaxUint64 {
+		return
+	}
+	if ctl.lost.Swap(true) {
+		return // another verdict, or the session's end, came first
+	}
+	l.setStateReason(d, ctl, StateLost, fmt.Sprintf("fence reset to %s: our token %d is not above it; campaigning again", m, ctl.token))
+	l.recampaign(d, ctl.token, ctl.key, ctl.lease, false)
+}

@@ -1,0 +1,133 @@
+package shim
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"go.etcd.io/bbolt"
+
+	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/fence/auth"
+)
+
+// resetsBucket holds one fence.ResetRecord per device id: the last
+// authorised reset applied to its mark.
+var resetsBucket = []byte("shim.resets")
+
+// resetVerifier is what checks resets here: Options.Root, else Keys if it
+// is the whole trust chain (an *auth.Trust), else nothing.
+func (s *Shim) resetVerifier() auth.ResetVerifier {
+	if s.opts.Root != nil {
+		return s.opts.Root
+	}
+	if v, ok := s.opts.Keys.(auth.ResetVerifier); ok {
+		return v
+	}
+	return nil
+}
+
+// reset applies an operator's reset statement addressed to device (a
+// payload auth.IsReset recognised): verified against the root, then the
+// new mark and the reset's record (its counter above the last one's) in
+// one transaction, committed with fsync before the ack says accepted.
+// Every refusal is invalid with the mark unchanged, counted and logged.
+// Call with s.mu held.
+func (s *Shim) reset(device string, raw []byte) Result {
+	if s.closed {
+		return s.refuseReset(device, raw, fence.Mark{}, ErrClosed)
+	}
+	if err := fence.ValidateDeviceID(device); err != nil {
+		return s.refuseReset("", raw, fence.Mark{}, err)
+	}
+	v := s.resetVerifier()
+	if v == nil {
+		return s.refuseReset(device, raw, s.markOrZero(device),
+			fmt.Errorf("%w: %w: this fence point cannot check a reset", fence.ErrInvalid, auth.ErrNoRoot))
+	}
+	r, err := v.VerifyReset(raw, device)
+	if err != nil {
+		return s.refuseReset(device, raw, s.markOrZero(device), err)
+	}
+	now := time.Now()
+	rec := Record{Mark: r.Mark(), At: now, Holder: "operator reset", ID: r.ID}
+	var refused error
+	var old Record
+	err = s.db.Update(func(tx *bbolt.Tx) error {
+		b := tx.Bucket(marksBucket)
+		cur, err := getRecord(b, device)
+		if err != nil {
+			return err
+		}
+		old = cur
+		rb, err := tx.CreateBucketIfNotExists(resetsBucket)
+		if err != nil {
+			return err
+		}
+		var last fence.ResetRecord
+		if v := rb.Get([]byte(device)); v != nil {
+			if err := last.UnmarshalBinary(v); err != nil {
+				return fmt.Errorf("%w: device %s: %w", ErrStorage, device, err)
+			}
+		}
+		if refused = fence.CheckReset(last, r.Counter); refused != nil {
+			return nil
+		}
+		if err := putRecord(b, device, rec); err != nil {
+			return err
+		}
+		rr, err := fence.ResetRecord{Counter: r.Counter, ID: r.ID, At: now}.MarshalBinary()
+		if err != nil {
+			return err
+		}
+		return rb.Put([]byte(device), rr)
+	})
+	switch {
+	case err != nil:
+		err = storageErr(err)
+		s.storageFailed(device, err)
+		return s.refuseReset(device, raw, s.markOrZero(device), err)
+	case refused != nil:
+		return s.refuseReset(device, raw, s.markOrZero(device), refused)
+	}
+	// A seq advance held in memory belongs to the mark the reset replaced.
+	delete(s.pending, device)
+	s.stats.resets.Add(1)
+	s.log.Warn("fence reset by the operator", "device", device, "mark", rec.Mark.String(), "was", old.Mark.String(),
+		"counter", r.Counter, "id", r.ID)
+	return Result{Ack: auth.ResetAck(device, r, rec.Mark, nil)}
+}
+
+// refuseReset answers a reset that was not applied: invalid, the mark m
+// unchanged, the ack naming the reset id it claims (so that its sender
+// learns why).
+func (s *Shim) refuseReset(device string, raw []byte, m fence.Mark, err error) Result {
+	s.stats.invalid.Add(1)
+	s.stats.resetsRefused.Add(1)
+	r, _ := auth.PeekReset(raw)
+	id := ""
+	if r != nil {
+		id = r.ID
+	}
+	lvl := "reset refused"
+	if errors.Is(err, auth.ErrReplayedReset) {
+		lvl = "reset refused: replayed"
+	}
+	s.log.Warn(lvl, "device", device, "id", id, "mark", m.String(), "err", err)
+	return Result{Ack: auth.ResetAck(device, r, m, err)}
+}
+
+// LastReset returns the record of device's last authorised reset (the zero
+// record if none was applied).
+func (s *Shim) LastReset(device string) (fence.ResetRecord, error) {
+	var r fence.ResetRecord
+	err := s.View(func(tx *bbolt.Tx) error {
+		if rb := tx.Bucket(resetsBucket); rb != nil {
+			if v := rb.Get([]byte(device)); v != nil {
+				return r.UnmarshalBinary(v)
+			}
+		}
+		return nil
+	})
+	return r, err
+}
