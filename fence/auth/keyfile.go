@@ -107,7 +107,7 @@ func readPEM(path, typ string) ([]byte, error) {
 // signature (for display; Trust.AddCertificate is the check).
 func ParseCertificate(raw []byte) (*Certificate, error) {
 	var c Certificate
-	if err := parseUnverified(raw, &c); err != nil {
+	if err := parseUnverified(raw, ContentCertificate, &c); err != nil {
 		return nil, err
 	}
 	return &c, nil
@@ -117,19 +117,22 @@ func ParseCertificate(raw []byte) (*Certificate, error) {
 // signature (for display; Trust.ApplyRevocations is the check).
 func ParseRevocations(raw []byte) (*Revocations, error) {
 	var r Revocations
-	if err := parseUnverified(raw, &r); err != nil {
+	if err := parseUnverified(raw, ContentRevocations, &r); err != nil {
 		return nil, err
 	}
 	return &r, nil
 }
 
-func parseUnverified(raw []byte, v any) error {
+func parseUnverified(raw []byte, ctype string, v any) error {
 	if len(raw) > MaxTrustSize {
 		return refuse(ErrMalformed, "%d bytes, limit %d", len(raw), MaxTrustSize)
 	}
-	msg, _, err := decode(raw)
+	msg, _, got, err := decodeSign1(raw)
 	if err != nil {
 		return err
+	}
+	if got != ctype {
+		return refuse(ErrMalformed, "statement of content type %q, want %q", got, ctype)
 	}
 	if err := trustDec.Unmarshal(msg.Payload, v); err != nil {
 		return refuse(ErrMalformed, "payload: %v", err)
