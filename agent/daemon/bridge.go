@@ -45,6 +45,12 @@ func openBridge(cfg *agent.Config, log *slog.Logger, o Options) (*bridge.Bridge,
 	if err != nil || len(devs) == 0 {
 		return nil, nil, func() {}, err
 	}
+	// The table answers for its devices: its acks go out signed with the
+	// gateway's key, when it has one (I7).
+	signer, err := gatewaySigner(cfg.Auth)
+	if err != nil {
+		return nil, nil, nil, err
+	}
 	if err := os.MkdirAll(cfg.StateDir, 0o750); err != nil {
 		return nil, nil, nil, fmt.Errorf("state dir: %w", err)
 	}
@@ -71,7 +77,7 @@ func openBridge(cfg *agent.Config, log *slog.Logger, o Options) (*bridge.Bridge,
 		return nil, nil, nil, err
 	}
 	br, err := bridge.New(bridge.Config{Table: admit, Topics: mqtt.Topics{Prefix: cfg.MQTT.Prefix}, Devices: devs,
-		Logger: log.With("component", "bridge"), History: hist})
+		Logger: log.With("component", "bridge"), History: hist, Signer: signer})
 	if err != nil {
 		hist.Close()
 		if tbl != nil {

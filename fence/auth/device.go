@@ -107,3 +107,13 @@ func (g GatewayAcks) DeviceKey(kid []byte, device string) (*ecdsa.PublicKey, err
 }
 
 var _ DeviceKeys = (*Trust)(nil)
+
+// PublicKey returns the certified key (of a certificate ParseCertificate
+// read: its signature unchecked).
+func (c *Certificate) PublicKey() (*ecdsa.PublicKey, error) {
+	pub, err := c.Key.public()
+	if err != nil {
+		return nil, refuse(ErrMalformed, "certificate key: %v", err)
+	}
+	return pub, nil
+}

@@ -23,18 +23,27 @@ func WriteKeyPair(prefix string, key *ecdsa.PrivateKey) error {
 	if err != nil {
 		return fmt.Errorf("auth: %w", err)
 	}
-	pub, err := x509.MarshalPKIXPublicKey(&key.PublicKey)
+	pub, err := EncodePublic(&key.PublicKey)
 	if err != nil {
-		return fmt.Errorf("auth: %w", err)
+		return err
 	}
 	if err := writeNew(prefix+".key", pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600); err != nil {
 		return err
 	}
-	if err := writeNew(prefix+".pub", pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pub}), 0o644); err != nil {
+	if err := writeNew(prefix+".pub", pub, 0o644); err != nil {
 		os.Remove(prefix + ".key")
 		return err
 	}
 	return nil
+}
+
+// EncodePublic returns pub as PKIX PEM (what ReadPublic reads).
+func EncodePublic(pub *ecdsa.PublicKey) ([]byte, error) {
+	der, err := x509.MarshalPKIXPublicKey(pub)
+	if err != nil {
+		return nil, fmt.Errorf("auth: %w", err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der}), nil
 }
 
 // writeNew writes b to a file that must not exist, fsynced.
