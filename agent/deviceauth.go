@@ -92,7 +92,6 @@ type deviceAuth struct {
 	noCert  map[string]bool              // required devices etcd had no certificate for at the last read
 	reports map[string]*auth.StateReport // newest accepted per device
 	marks   map[string]fence.Mark        // the mark of the device's last verified ack
-	keys    map[string]auth.DeviceKeys   // per device: device keys, or gateway keys (bridged)
 }
 
 // newDeviceAuth returns the checks for cfg's devices, with the trust

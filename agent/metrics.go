@@ -173,14 +173,14 @@ func twinGauge(name, help string, f func(*scrapeView) float64) series {
 }
 
 // deviceAuthCounter is a counter by reason of the ack and state report
-// checks, there while a device requires them.
+// checks (all 0 while no device requires them).
 func deviceAuthCounter(name, help string, f func(*scrapeView) map[string]uint64) series {
 	return series{name: name, help: help, typ: prometheus.CounterValue, labels: []string{"reason"},
 		collect: func(v *scrapeView, emit func(float64, ...string)) {
-			if v.s.DeviceAuth == nil {
-				return
+			var m map[string]uint64
+			if v.s.DeviceAuth != nil {
+				m = f(v)
 			}
-			m := f(v)
 			for _, why := range deviceAuthRefusals {
 				emit(float64(m[why]), why)
 			}

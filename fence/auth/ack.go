@@ -23,7 +23,7 @@ const ContentAck = "application/edgefence-ack+cbor"
 
 // MaxSignedAckSize bounds a signed ack: fence.MaxAckSize plus the COSE
 // overhead and the content type.
-const MaxSignedAckSize = fence.MaxAckSize + Overhead + len(ContentAck) + 2
+const MaxSignedAckSize = fence.MaxAckSize + Overhead + len(ContentAck) + 8 // label, text head, map growth
 
 // ErrNotBound means a correctly signed ack does not answer the command it
 // claims to: another device, command id, token or seq.

@@ -242,5 +242,4 @@ func BenchmarkAckSignVerify(b *testing.B) {
 			}
 		}
 	})
-	b.ReportMetric(float64(len(raw)), "bytes/ack")
 }
