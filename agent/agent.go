@@ -101,6 +101,8 @@ type FenceTable interface {
 //   - twins (twin.go): the twin reconciler, over twinHost; lock twins.mu.
 //   - apiServer (api.go): the local API's handlers, over apiHost; no lock.
 //   - stateReports (statereport.go): malformed report counts; a leaf lock.
+//   - deviceAuth (deviceauth.go): the checks of acks and state reports of
+//     `auth: required` devices; a leaf lock.
 //
 // They share the devices (device.go): device.mu guards one device's state,
 // device.sem orders its seqs; device says which part writes which field.
@@ -128,7 +130,8 @@ type Agent struct {
 	twin     *twins     // nil: no twin reconciler
 	api      *apiServer // the local API's handlers
 	reports  stateReports
-	trust    *trustPush // nil: no trust updates (trustpush.go)
+	trust    *trustPush  // nil: no trust updates (trustpush.go)
+	devauth  *deviceAuth // who speaks for a device: acks and state reports (deviceauth.go)
 }
 
 // New returns an agent for cfg (which must pass Validate; New fills in its
@@ -167,6 +170,10 @@ func New(cfg *Config, cli *clientv3.Client, s Sender, o Options) (*Agent, error)
 	a.delivery = &delivery{outbox: a.outbox, sender: s, hist: o.History, log: a.log, now: a.now, timeout: a.cfg.Command.Timeout,
 		gateway: a.cfg.Gateway, devices: a.devices, leases: a.leases, lossRule: a.lossRule, waiters: make(map[string]chan *fence.Ack)}
 	a.api = &apiServer{host: a, outbox: a.outbox, table: o.FenceTable, log: a.log}
+	if a.devauth, err = newDeviceAuth(&a.cfg, cli, a.log, a.now); err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
+	a.devauth.install(s)
 	if a.ignoresLoss() {
 		a.log.Warn("UNSAFE: session loss is ignored (I6 off); only for tests and demos")
 	}

@@ -172,6 +172,21 @@ func twinGauge(name, help string, f func(*scrapeView) float64) series {
 		}}
 }
 
+// deviceAuthCounter is a counter by reason of the ack and state report
+// checks (all 0 while no device requires them).
+func deviceAuthCounter(name, help string, f func(*scrapeView) map[string]uint64) series {
+	return series{name: name, help: help, typ: prometheus.CounterValue, labels: []string{"reason"},
+		collect: func(v *scrapeView, emit func(float64, ...string)) {
+			var m map[string]uint64
+			if v.s.DeviceAuth != nil {
+				m = f(v)
+			}
+			for _, why := range deviceAuthRefusals {
+				emit(float64(m[why]), why)
+			}
+		}}
+}
+
 // perDevice is a series with a device label (and maybe more labels).
 func perDevice(name, help string, typ prometheus.ValueType, labels []string, f func(d *DeviceStatus, emit func(float64, ...string))) series {
 	return series{name: name, help: help, typ: typ, labels: append([]string{"device"}, labels...), perDevice: true,
@@ -302,6 +317,11 @@ var agentSeries = []series{
 	twinGauge("twin_devices_unconverged", "Devices the agent holds whose twin delta was above 0 at the reconciler's last look.", func(v *scrapeView) float64 { return float64(v.unconverged) }),
 	// State reports are read only with twins on.
 	twinCounter("state_reports_malformed_total", "Device state reports (MQTT state topic) that did not decode and were dropped.", func(v *scrapeView) uint64 { return v.n.StateMalformed }),
+
+	deviceAuthCounter("acks_unauthenticated_total", "Acks of auth: required devices dropped before they could resolve a command (unsigned, forged, not bound to the command …), by reason.",
+		func(v *scrapeView) map[string]uint64 { return v.s.DeviceAuth.AcksRefused }),
+	deviceAuthCounter("state_reports_unauthenticated_total", "State reports of auth: required devices dropped before the twin (unsigned, forged, replayed …), by reason.",
+		func(v *scrapeView) map[string]uint64 { return v.s.DeviceAuth.StatesRefused }),
 
 	{name: "api_requests_refused_total", help: "Local API requests refused as bad input (too_large, malformed, bad_body, unknown_device).",
 		typ: prometheus.CounterValue, labels: []string{"reason"},

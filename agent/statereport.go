@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -27,9 +26,7 @@ const unknownDevice = "\x00unknown"
 // stateReports counts and rate-limits malformed device state reports.
 type stateReports struct {
 	malformed atomic.Uint64
-
-	mu   sync.Mutex
-	last map[string]*reportLog // per device (or unknownDevice)
+	logs      logLimit // per device (or unknownDevice)
 }
 
 type reportLog struct {
@@ -40,8 +37,16 @@ type reportLog struct {
 // DeviceStateReport decodes a device's state report (the CBOR payload of its
 // MQTT state topic) and hands it to DeviceState. A payload that does not
 // decode is dropped with a counter and a rate-limited WARN line naming the
-// device and the error.
+// device and the error. An `auth: required` device's report must be signed
+// by its key and newer than the last (deviceauth.go): anything else never
+// reaches the twin.
 func (a *Agent) DeviceStateReport(dev string, payload []byte) {
+	if fields, checked, err := a.devauth.checkState(dev, payload); checked {
+		if err == nil {
+			a.DeviceState(dev, fields)
+		}
+		return
+	}
 	fields, err := shadow.DecodeCBOR(payload, shadow.Limits{})
 	if err == nil {
 		a.DeviceState(dev, fields)
@@ -52,24 +57,11 @@ func (a *Agent) DeviceStateReport(dev string, payload []byte) {
 	if _, ok := a.devices[dev]; !ok {
 		key = unknownDevice
 	}
-	now := a.now()
 	r := &a.reports
-	r.mu.Lock()
-	if r.last == nil {
-		r.last = make(map[string]*reportLog)
-	}
-	l := r.last[key]
-	if l == nil {
-		l = &reportLog{}
-		r.last[key] = l
-	} else if now.Sub(l.at) < malformedLogEvery {
-		l.suppressed++
-		r.mu.Unlock()
+	suppressed, ok := r.logs.allow(key, a.now())
+	if !ok {
 		return
 	}
-	suppressed := l.suppressed
-	l.at, l.suppressed = now, 0
-	r.mu.Unlock()
 	a.log.Warn("device state report malformed; dropped", "device", dev, "err", err, "bytes", len(payload),
 		"suppressed", suppressed, "known_device", key == dev)
 }

@@ -18,6 +18,9 @@ type Status struct {
 	Counters  Counters       `json:"counters"`
 	// LeaseTail: what threatens the lease, measured (tail.go).
 	LeaseTail TailStatus `json:"lease_tail"`
+	// DeviceAuth: the checks of signed acks and state reports, when a
+	// device requires them (deviceauth.go).
+	DeviceAuth *DeviceAuthStatus `json:"device_auth,omitempty"`
 }
 
 // EtcdStatus describes the agent's session.
@@ -175,6 +178,7 @@ func (a *Agent) Status() Status {
 		ts := a.TwinStats()
 		s.Twins = &ts
 	}
+	s.DeviceAuth = a.devauth.status()
 	var oldest map[string]time.Time // of each device's pending commands
 	if sum, err := a.outbox.Summary(""); err == nil {
 		oldest = make(map[string]time.Time, len(sum.Devices))

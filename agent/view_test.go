@@ -119,8 +119,8 @@ func TestMalformedStateReports(t *testing.T) {
 			t.Errorf("line %d: %v, want device %s suppressed %v", i, l, want[i].dev, want[i].suppressed)
 		}
 	}
-	if len(a.reports.last) != 3 {
-		t.Errorf("rate-limit entries %d, want 3 (d1, d2, unknown devices together)", len(a.reports.last))
+	if len(a.reports.logs.last) != 3 {
+		t.Errorf("rate-limit entries %d, want 3 (d1, d2, unknown devices together)", len(a.reports.logs.last))
 	}
 }
 

@@ -3,7 +3,6 @@ package bridge
 import (
 	"path/filepath"
 	"testing"
-	"time"
 
 	"github.com/edgefence/edgefence/fence"
 	"github.com/edgefence/edgefence/fence/auth"
@@ -16,33 +15,7 @@ import (
 // signed commands go on. (Without Keys a plain envelope is admitted, as in
 // every other test of this package.)
 func TestSignedCommandsOnlyAtTheGateway(t *testing.T) {
-	rk, err := auth.NewKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	root, err := auth.NewRoot([]byte("operator"), rk)
-	if err != nil {
-		t.Fatal(err)
-	}
-	trust, err := auth.NewTrust([]byte("operator"), &rk.PublicKey, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	gk, err := auth.NewKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := root.Certify([]byte("gw/1"), &gk.PublicKey, []string{"plc-*"}, time.Now().Add(-time.Hour), time.Now().Add(time.Hour), 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := trust.AddCertificate(cert); err != nil {
-		t.Fatal(err)
-	}
-	gw, err := auth.NewSigner([]byte("gw/1"), gk)
-	if err != nil {
-		t.Fatal(err)
-	}
+	trust, gw := gatewayKey(t)
 
 	r := newRig(t)
 	tbl, err := fence.OpenTable(filepath.Join(t.TempDir(), "fence.db"), nil)

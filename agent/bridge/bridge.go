@@ -111,6 +111,10 @@ type Config struct {
 	// reset.go), whether or not commands must be signed. nil: Keys, if it
 	// is an *auth.Trust; neither: every reset is refused.
 	Root auth.ResetVerifier
+	// Signer, if set, is the home gateway's key: the acks and read results
+	// the bridge publishes for its devices go out signed (signed.go), so
+	// that holders verify them as the devices' own (auth.GatewayAcks).
+	Signer *auth.Signer
 	// History, if set, records every refusal the bridge gives a command
 	// (history.OpVerdict) and every command a device answered
 	// (history.OpApplied). Accepts are the table's to record, before its
@@ -161,8 +165,9 @@ type Bridge struct {
 	accepted, duplicate, stale, invalid, busy, tableErr, serialErr, devErr, ackErr atomic.Uint64
 	unauth, resets, resetsRefused                                                  atomic.Uint64
 
-	trust  auth.LearnedCounters
-	ledger *auth.Ledger // trust updates (trust.go); nil without a Trust
+	trust   auth.LearnedCounters
+	ledger  *auth.Ledger  // trust updates (trust.go); nil without a Trust
+	reports atomic.Uint64 // signed read results' counter (signed.go)
 }
 
 type port struct {
@@ -220,6 +225,7 @@ func New(cfg Config) (*Bridge, error) {
 		cfg.Queue = DefaultQueue
 	}
 	b := &Bridge{cfg: cfg, log: cfg.Logger, devices: make(map[string]*port, len(cfg.Devices))}
+	b.reports.Store(uint64(time.Now().UnixNano()))
 	if b.log == nil {
 		b.log = slog.New(slog.DiscardHandler)
 	}
@@ -472,7 +478,7 @@ func (b *Bridge) refuse(dev string, env *fence.Envelope, v fence.Verdict, m fenc
 func (b *Bridge) ack(dev string, env *fence.Envelope, v fence.Verdict, m fence.Mark, reason string) {
 	a := fence.NewAck(env, v, m, reason)
 	a.Device = dev
-	payload, err := fence.MarshalAck(&a)
+	payload, err := b.encodeAck(&a)
 	if err != nil {
 		b.ackErr.Add(1)
 		b.log.Error("encode ack", "device", dev, "err", err)
@@ -607,7 +613,7 @@ type ReadResult struct {
 }
 
 func (b *Bridge) publishRead(dev string, env *fence.Envelope, r *modbus.Response) {
-	payload, err := fence.EncodeBody(ReadResult{ID: env.ID, Addr: r.Addr, Values: r.Values})
+	payload, err := b.encodeRead(dev, env, ReadResult{ID: env.ID, Addr: r.Addr, Values: r.Values})
 	if err == nil {
 		ctx, cancel := context.WithTimeout(b.ctx, 10*time.Second)
 		defer cancel()

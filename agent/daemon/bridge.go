@@ -45,6 +45,12 @@ func openBridge(cfg *agent.Config, log *slog.Logger, o Options) (*bridge.Bridge,
 	if err != nil || len(devs) == 0 {
 		return nil, nil, func() {}, err
 	}
+	// The table answers for its devices: its acks go out signed with the
+	// gateway's key, when it has one (I7).
+	signer, err := gatewaySigner(cfg.Auth)
+	if err != nil {
+		return nil, nil, nil, err
+	}
 	if err := os.MkdirAll(cfg.StateDir, 0o750); err != nil {
 		return nil, nil, nil, fmt.Errorf("state dir: %w", err)
 	}
@@ -75,7 +81,7 @@ func openBridge(cfg *agent.Config, log *slog.Logger, o Options) (*bridge.Bridge,
 		return nil, nil, nil, err
 	}
 	bcfg := bridge.Config{Table: admit, Topics: mqtt.Topics{Prefix: cfg.MQTT.Prefix}, Devices: devs,
-		Logger: log.With("component", "bridge"), History: hist, Root: root}
+		Logger: log.With("component", "bridge"), History: hist, Root: root, Signer: signer}
 	if tbl != nil {
 		bcfg.TrustDB = tbl.Bolt() // trust updates the table learns, durable in its file (with Keys an *auth.Trust)
 	}

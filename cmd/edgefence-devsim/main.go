@@ -53,7 +53,7 @@ type devsimFlags struct {
 	broker, prefix, devices, idPrefix, dir, logPath, clientID *string
 	port, histPath, histSrc                                   *string
 	mqttUser, mqttPassFile                                    *string
-	trustRoot, trustRootKid, certs, revocations               *string
+	trustRoot, trustRootKid, certs, revocations, deviceKeys   *string
 	resetRoot                                                 *string
 	count, regs                                               *int
 	noFence                                                   *bool
@@ -81,6 +81,7 @@ func newDevsimFlags(fs *flag.FlagSet) devsimFlags {
 		certs:        fs.String("certs", "", "with --trust-root: comma-separated gateway certificates (edgefence keys certify)"),
 		revocations:  fs.String("revocations", "", "with --trust-root: a revocation list (edgefence keys revoke)"),
 		resetRoot:    fs.String("reset-root", "", "the operator's public key (PEM): accept its fence resets (edgefence fence reset) while commands stay unsigned; --trust-root does both"),
+		deviceKeys:   fs.String("device-keys", "", "directory of the devices' keys (<id>.key, <id>.cert: edgefence keys enrol): sign acks and state reports"),
 	}
 }
 
@@ -237,8 +238,14 @@ func runFleet(ctx context.Context, log *slog.Logger, f devsimFlags, ids []string
 		log.Error("reset root", "err", err)
 		return 1
 	}
+	signers, err := deviceSigners(*f.deviceKeys, ids)
+	if err != nil {
+		log.Error("device keys", "err", err)
+		return 1
+	}
 	fleet, err := sim.NewFleet(ctx, sim.FleetConfig{Devices: ids, DataDir: *f.dir, Broker: *f.broker, Prefix: *f.prefix,
-		ClientID: *f.clientID, VerdictLog: vlog, History: hist, Kind: deviceKind(*f.noFence), Logger: log, MQTT: creds, Keys: keys, Root: root})
+		ClientID: *f.clientID, VerdictLog: vlog, History: hist, Kind: deviceKind(*f.noFence), Logger: log, MQTT: creds, Keys: keys,
+		Root: root, Signers: signers})
 	if err != nil {
 		log.Error("start", "err", err)
 		return 1

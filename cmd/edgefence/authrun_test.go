@@ -2,14 +2,11 @@ package main
 
 import (
 	"context"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/edgefence/edgefence/agent"
 	"github.com/edgefence/edgefence/fence"
-	"github.com/edgefence/edgefence/fence/auth"
 	"github.com/edgefence/edgefence/transport/mqtt"
 )
 
@@ -18,46 +15,8 @@ import (
 // client's unsigned forgery with token 2^63 is refused, the device's mark
 // unchanged, and the agent's next command is accepted.
 func TestSignedCommandsEndToEnd(t *testing.T) {
-	dir := t.TempDir()
-	rk, err := auth.NewKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	root, err := auth.NewRoot([]byte("operator"), rk)
-	if err != nil {
-		t.Fatal(err)
-	}
-	gk, err := auth.NewKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := auth.WriteKeyPair(filepath.Join(dir, "gw-1"), gk); err != nil {
-		t.Fatal(err)
-	}
-	cert, err := root.Certify([]byte("gw-1/1"), &gk.PublicKey, []string{"dev-1"}, time.Now().Add(-time.Hour), time.Now().Add(time.Hour), 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	trust, err := auth.NewTrust([]byte("operator"), &rk.PublicKey, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := trust.AddCertificate(cert); err != nil {
-		t.Fatal(err)
-	}
-
-	e := newEnvKeys(t, trust, "dev-1")
-	cfg, sock := e.config("gw-1", 10*time.Second)
-	f, err := os.OpenFile(cfg, os.O_APPEND|os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.WriteString("auth:\n  key_file: " + filepath.Join(dir, "gw-1.key") + "\n  key_id: gw-1/1\n"); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
-	p := e.startAgent("gw-1", cfg)
-	e.waitHolding(p, sock)
+	e := newSignedWorld(t) // the devices sign their acks: auth: required wants them so
+	sock, _ := e.startAgent(t)
 	send := func(setpoint string) agent.SendResult {
 		t.Helper()
 		r := edgefence(t, "send", "--json", "--socket", sock, "dev-1", "set", `{"setpoint":`+setpoint+`}`)

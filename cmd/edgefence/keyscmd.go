@@ -12,7 +12,7 @@ import (
 	"github.com/edgefence/edgefence/fence/auth"
 )
 
-const keysUsage = `usage: edgefence keys new|certify|revoke|verify|publish [flags]
+const keysUsage = `usage: edgefence keys new|certify|enrol|revoke|verify|publish [flags]
 
 The key lifecycle of signed commands (I7; fence points verify them offline):
 
@@ -23,6 +23,13 @@ The key lifecycle of signed commands (I7; fence points verify them offline):
                                          the operator certifies a gateway key for devices
                                          (ids, prefix*, or *) for a while; rotate by certifying
                                          a new key (new kid) before revoking the old one
+  keys enrol DEVICE --root PREFIX --root-kid ID --out DIR [--pub DEV.pub] [--kid ID]
+             [--valid 43800h] [--serial N] [--config FILE | --etcd URLS] [--prefix P]
+                                         a device's own key (signs its acks and state reports,
+                                         never commands), certified by the operator; writes the
+                                         bundle to flash (DIR/DEVICE.key, .cert, trust-root.pub,
+                                         trust-root.kid) and with --config/--etcd publishes the
+                                         certificate at <prefix>/trust/devices/DEVICE
   keys revoke --root PREFIX --root-kid ID --version N [--kid LIST] --out FILE
                                          a signed revocation list; N must exceed the last one's
   keys verify --root-pub FILE --root-kid ID [--revocations FILE] CERT...
@@ -36,7 +43,7 @@ The key lifecycle of signed commands (I7; fence points verify them offline):
 `
 
 func cmdKeys(args []string, stdout, stderr io.Writer) error {
-	return subcommand("keys", keysUsage, map[string]command{"new": cmdKeysNew, "certify": cmdKeysCertify,
+	return subcommand("keys", keysUsage, map[string]command{"new": cmdKeysNew, "certify": cmdKeysCertify, "enrol": cmdKeysEnrol,
 		"revoke": cmdKeysRevoke, "verify": cmdKeysVerify, "publish": cmdKeysPublish}, args, stdout, stderr)
 }
 
@@ -201,10 +208,14 @@ func verifyCert(trust *auth.Trust, path string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if _, err := trust.Key(c.KeyID, c.Devices[0]); err != nil { // revoked, not yet or no longer valid
+	check, may := trust.Key, "may command"
+	if c.Role == auth.RoleDevice {
+		check, may = trust.DeviceKey, "speaks for device"
+	}
+	if _, err := check(c.KeyID, c.Devices[0]); err != nil { // revoked, not yet or no longer valid
 		return err
 	}
-	fmt.Fprintf(stdout, "%s: ok: key %s may command %s from %s to %s (serial %d)\n", path, c.KeyID, strings.Join(c.Devices, ","),
+	fmt.Fprintf(stdout, "%s: ok: key %s %s %s from %s to %s (serial %d)\n", path, c.KeyID, may, strings.Join(c.Devices, ","),
 		time.Unix(c.NotBefore, 0).UTC().Format(time.RFC3339), time.Unix(c.NotAfter, 0).UTC().Format(time.RFC3339), c.Serial)
 	return nil
 }

@@ -112,11 +112,12 @@ func newEnv(t *testing.T, devices ...string) *env {
 // (nil: plain envelopes).
 func newEnvKeys(t *testing.T, keys auth.Keys, devices ...string) *env {
 	t.Helper()
-	return newEnvFleet(t, sim.FleetConfig{Keys: keys}, devices...)
+	return newEnvFleet(t, func(_ *sandbox.World, fc *sim.FleetConfig) { fc.Keys = keys }, devices...)
 }
 
-// newEnvFleet is newEnv with the fleet's trust (fc.Keys, fc.Root) set.
-func newEnvFleet(t *testing.T, fc sim.FleetConfig, devices ...string) *env {
+// newEnvFleet is newEnv with adjust setting up the fleet's config once the
+// world runs.
+func newEnvFleet(t *testing.T, adjust func(w *sandbox.World, fc *sim.FleetConfig), devices ...string) *env {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
@@ -131,8 +132,9 @@ func newEnvFleet(t *testing.T, fc sim.FleetConfig, devices ...string) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cli.Close() })
-	fleet, err := sim.NewFleet(ctx, sim.FleetConfig{Devices: devices, DataDir: filepath.Join(dir, "devices"),
-		Broker: w.Broker.URL(), ClientID: "devsim-" + t.Name(), Keys: fc.Keys, Root: fc.Root})
+	fc := sim.FleetConfig{Devices: devices, DataDir: filepath.Join(dir, "devices"), Broker: w.Broker.URL(), ClientID: "devsim-" + t.Name()}
+	adjust(w, &fc)
+	fleet, err := sim.NewFleet(ctx, fc)
 	if err != nil {
 		t.Fatal(err)
 	}

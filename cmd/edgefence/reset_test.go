@@ -114,7 +114,7 @@ func TestTokenRegressionRunbookReset(t *testing.T) {
 		t.Run(kind.name, func(t *testing.T) {
 			keyDir := t.TempDir()
 			rootKey, rk := operatorKey(t, keyDir)
-			e := newEnvFleet(t, sim.FleetConfig{Root: rk}, "dev-1")
+			e := newEnvFleet(t, func(_ *sandbox.World, fc *sim.FleetConfig) { fc.Root = rk }, "dev-1")
 			etcd := kind.start(t, e)
 			e.etcdURL = etcd.url
 			g := e.regress(etcd)

@@ -51,6 +51,10 @@ type FleetConfig struct {
 	// Root, if set, lets the operator reset the devices' marks
 	// (HostConfig.Root).
 	Root auth.ResetVerifier
+	// Signers, per device id, is the device's own key (auth.RoleDevice):
+	// its acks and state reports go out signed (signed.go). A device
+	// without one sends plain ones.
+	Signers map[string]*auth.Signer
 	// Logger receives log lines (the MQTT client's too); nil means none.
 	Logger *slog.Logger
 
@@ -83,6 +87,9 @@ type Fleet struct {
 	closed  atomic.Bool
 
 	acks, ackErrors, states, stateErrors, badResponseTopics atomic.Uint64
+
+	signers map[string]*auth.Signer
+	reports atomic.Uint64 // the state reports' counter (signed.go)
 }
 
 // NewFleet opens the fleet's database, dials the broker and subscribes to
@@ -136,7 +143,8 @@ func NewFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 	}
 	topics := mqtt.Topics{Prefix: cfg.Prefix}
 	f := &Fleet{host: host, client: client, topics: topics, tree: strings.TrimSuffix(topics.Cmd("x"), "x/cmd"),
-		devices: append([]string(nil), cfg.Devices...), member: member, log: log, ctx: fctx, cancel: cancel}
+		devices: append([]string(nil), cfg.Devices...), member: member, log: log, ctx: fctx, cancel: cancel, signers: cfg.Signers}
+	f.reports.Store(uint64(time.Now().UnixNano()))
 	for _, d := range f.devices {
 		f.client.Subscribe(f.topics.Cmd(d), func(m mqtt.Message) { f.handle(d, m) })
 	}
@@ -226,7 +234,7 @@ func (f *Fleet) handle(device string, m mqtt.Message) {
 	if out.Update != nil {
 		return // a trust update: taken in (or refused, logged and counted), nothing to ack
 	}
-	ack, err := fence.MarshalAck(&out.Ack)
+	ack, err := f.encodeAck(device, &out.Ack)
 	if err != nil { // the shim builds valid acks; this would be a bug
 		f.log.Error("ack does not encode", "device", device, "err", err)
 		return
@@ -252,7 +260,7 @@ func (f *Fleet) handle(device string, m mqtt.Message) {
 	if !out.Applied || out.Record.State == nil {
 		return
 	}
-	st, err := MarshalState(*out.Record.State)
+	st, err := f.encodeState(device, out.Ack.Mark(), *out.Record.State)
 	if err == nil {
 		err = f.client.Publish(ctx, mqtt.Message{Topic: f.topics.State(device), Payload: st})
 	}

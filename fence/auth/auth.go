@@ -88,10 +88,19 @@ func (s *Signer) Sign(env *fence.Envelope) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	return s.signContent("", payload)
+}
+
+// signContent returns payload as a COSE_Sign1 signed by s, tagged, with
+// the protected content type ctype ("": none, as a command).
+func (s *Signer) signContent(ctype string, payload []byte) ([]byte, error) {
 	hdr := cose.Headers{Protected: cose.ProtectedHeader{
 		cose.HeaderLabelAlgorithm: cose.AlgorithmES256,
 		cose.HeaderLabelKeyID:     s.kid,
 	}}
+	if ctype != "" {
+		hdr.Protected[cose.HeaderLabelContentType] = ctype
+	}
 	out, err := cose.Sign1(rand.Reader, s.s, hdr, payload, nil)
 	if err != nil {
 		return nil, fmt.Errorf("auth: sign: %w", err)
@@ -127,26 +136,35 @@ func Verify(raw []byte, keys Keys) (*Verified, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: payload: %w", ErrMalformed, err) // err wraps fence.ErrInvalid
 	}
-	pub, err := keys.Key(kid, env.Device)
+	if err := checkSignature(msg, kid, env.Device, keys.Key, "command "+env.ID); err != nil {
+		return nil, err
+	}
+	return &Verified{Envelope: env, KeyID: kid}, nil
+}
+
+// checkSignature looks up the key kid for device with key and checks msg's
+// signature with it; what names the message in a refusal.
+func checkSignature(msg *cose.Sign1Message, kid []byte, device string, key func(kid []byte, device string) (*ecdsa.PublicKey, error), what string) error {
+	pub, err := key(kid, device)
 	switch {
 	case err == nil && pub == nil:
-		return nil, refuse(ErrUnknownKey, "key %x", kid)
+		return refuse(ErrUnknownKey, "key %x", kid)
 	case err != nil && !errors.Is(err, fence.ErrInvalid):
-		return nil, fmt.Errorf("%w: key %x for %s: %w", fence.ErrInvalid, kid, env.Device, err)
+		return fmt.Errorf("%w: key %x for %s: %w", fence.ErrInvalid, kid, device, err)
 	case err != nil:
-		return nil, fmt.Errorf("key %x for %s: %w", kid, env.Device, err)
+		return fmt.Errorf("key %x for %s: %w", kid, device, err)
 	}
 	if pub.Curve != elliptic.P256() {
-		return nil, refuse(ErrAlgorithm, "key %x is not P-256", kid)
+		return refuse(ErrAlgorithm, "key %x is not P-256", kid)
 	}
 	v, err := cose.NewVerifier(cose.AlgorithmES256, pub)
 	if err != nil {
-		return nil, refuse(ErrAlgorithm, "key %x: %v", kid, err)
+		return refuse(ErrAlgorithm, "key %x: %v", kid, err)
 	}
 	if err := msg.Verify(nil, v); err != nil {
-		return nil, refuse(ErrBadSignature, "key %x, device %s, command %s", kid, env.Device, env.ID)
+		return refuse(ErrBadSignature, "key %x, device %s, %s", kid, device, what)
 	}
-	return &Verified{Envelope: env, KeyID: kid}, nil
+	return nil
 }
 
 // decode checks the COSE structure of a signed envelope strictly and

@@ -23,18 +23,27 @@ func WriteKeyPair(prefix string, key *ecdsa.PrivateKey) error {
 	if err != nil {
 		return fmt.Errorf("auth: %w", err)
 	}
-	pub, err := x509.MarshalPKIXPublicKey(&key.PublicKey)
+	pub, err := EncodePublic(&key.PublicKey)
 	if err != nil {
-		return fmt.Errorf("auth: %w", err)
+		return err
 	}
 	if err := writeNew(prefix+".key", pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600); err != nil {
 		return err
 	}
-	if err := writeNew(prefix+".pub", pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pub}), 0o644); err != nil {
+	if err := writeNew(prefix+".pub", pub, 0o644); err != nil {
 		os.Remove(prefix + ".key")
 		return err
 	}
 	return nil
+}
+
+// EncodePublic returns pub as PKIX PEM (what ReadPublic reads).
+func EncodePublic(pub *ecdsa.PublicKey) ([]byte, error) {
+	der, err := x509.MarshalPKIXPublicKey(pub)
+	if err != nil {
+		return nil, fmt.Errorf("auth: %w", err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der}), nil
 }
 
 // writeNew writes b to a file that must not exist, fsynced.
@@ -107,7 +116,7 @@ func readPEM(path, typ string) ([]byte, error) {
 // signature (for display; Trust.AddCertificate is the check).
 func ParseCertificate(raw []byte) (*Certificate, error) {
 	var c Certificate
-	if err := parseUnverified(raw, &c); err != nil {
+	if err := parseUnverified(raw, ContentCertificate, &c); err != nil {
 		return nil, err
 	}
 	return &c, nil
@@ -117,19 +126,22 @@ func ParseCertificate(raw []byte) (*Certificate, error) {
 // signature (for display; Trust.ApplyRevocations is the check).
 func ParseRevocations(raw []byte) (*Revocations, error) {
 	var r Revocations
-	if err := parseUnverified(raw, &r); err != nil {
+	if err := parseUnverified(raw, ContentRevocations, &r); err != nil {
 		return nil, err
 	}
 	return &r, nil
 }
 
-func parseUnverified(raw []byte, v any) error {
+func parseUnverified(raw []byte, ctype string, v any) error {
 	if len(raw) > MaxTrustSize {
 		return refuse(ErrMalformed, "%d bytes, limit %d", len(raw), MaxTrustSize)
 	}
-	msg, _, err := decode(raw)
+	msg, _, got, err := decodeSign1(raw)
 	if err != nil {
 		return err
+	}
+	if got != ctype {
+		return refuse(ErrMalformed, "statement of content type %q, want %q", got, ctype)
 	}
 	if err := trustDec.Unmarshal(msg.Payload, v); err != nil {
 		return refuse(ErrMalformed, "payload: %v", err)

@@ -3,7 +3,6 @@ package auth
 import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"strings"
@@ -39,6 +38,7 @@ type Certificate struct {
 	NotBefore int64            `cbor:"4,keyasint"` // Unix seconds
 	NotAfter  int64            `cbor:"5,keyasint"` // Unix seconds
 	Serial    uint64           `cbor:"6,keyasint"`
+	Role      Role             `cbor:"7,keyasint,omitempty"` // RoleGateway (absent) or RoleDevice
 	pub       *ecdsa.PublicKey `cbor:"-"`
 	raw       []byte           `cbor:"-"` // the signed statement, for Trust.Statements
 }
@@ -135,15 +135,10 @@ func (r *Root) sign(ctype string, v any) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("auth: %w", err)
 	}
-	hdr := cose.Headers{Protected: cose.ProtectedHeader{
-		cose.HeaderLabelAlgorithm:   cose.AlgorithmES256,
-		cose.HeaderLabelKeyID:       r.s.kid,
-		cose.HeaderLabelContentType: ctype,
-	}}
-	return cose.Sign1(rand.Reader, r.s.s, hdr, payload, nil)
+	return r.s.signContent(ctype, payload)
 }
 
-// Certify returns a certificate for a gateway key.
+// Certify returns a certificate for a gateway key (RoleGateway).
 func (r *Root) Certify(kid []byte, pub *ecdsa.PublicKey, devices []string, notBefore, notAfter time.Time, serial uint64) ([]byte, error) {
 	if len(kid) == 0 || len(kid) > MaxKeyID || pub == nil || pub.Curve != elliptic.P256() || len(devices) == 0 || !notAfter.After(notBefore) {
 		return nil, errors.New("auth: certify: want a kid, a P-256 key, devices and a validity window")
@@ -239,6 +234,9 @@ func decodeCertificate(payload []byte) (*Certificate, error) {
 	if len(c.KeyID) == 0 || len(c.KeyID) > MaxKeyID || len(c.Devices) == 0 || c.NotAfter <= c.NotBefore {
 		return nil, refuse(ErrMalformed, "certificate: want a kid, devices and a validity window")
 	}
+	if err := c.Role.check(c.Devices); err != nil {
+		return nil, refuse(ErrMalformed, "certificate: %v", err)
+	}
 	c.pub = pub
 	return &c, nil
 }
@@ -283,15 +281,24 @@ func (t *Trust) Version() uint64 {
 	return t.version
 }
 
-// Key implements Keys: the certified key kid, if it is not revoked, valid
-// now, and covers device.
+// Key implements Keys: the certified gateway key kid, if it is not
+// revoked, valid now, and covers device. A device key (RoleDevice) is
+// refused (ErrWrongRole): a stolen device cannot command anything.
 func (t *Trust) Key(kid []byte, device string) (*ecdsa.PublicKey, error) {
+	return t.lookup(kid, device, RoleGateway)
+}
+
+// lookup returns the key kid if its certificate is of role, not revoked,
+// valid now and covers device.
+func (t *Trust) lookup(kid []byte, device string, role Role) (*ecdsa.PublicKey, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	c := t.certs[string(kid)]
 	switch {
 	case c == nil:
 		return nil, refuse(ErrUnknownKey, "no certificate for %x", kid)
+	case c.Role != role:
+		return nil, refuse(ErrWrongRole, "%x is a %s key, not a %s key", kid, c.Role, role)
 	case t.revoked[string(kid)]:
 		return nil, refuse(ErrRevoked, "%x (revocation list %d)", kid, t.version)
 	}
@@ -299,7 +306,7 @@ func (t *Trust) Key(kid []byte, device string) (*ecdsa.PublicKey, error) {
 		return nil, refuse(ErrExpired, "%x valid %s to %s", kid, time.Unix(c.NotBefore, 0).UTC(), time.Unix(c.NotAfter, 0).UTC())
 	}
 	if !c.covers(device) {
-		return nil, refuse(ErrNotAuthorised, "%x may not command %s", kid, device)
+		return nil, refuse(ErrNotAuthorised, "%x may not %s %s", kid, role.verb(), device)
 	}
 	return c.pub, nil
 }

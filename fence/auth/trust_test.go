@@ -35,8 +35,17 @@ func newChain(t testing.TB) *chain {
 // gateway certifies a new gateway key for devices and returns its signer.
 func (c *chain) gateway(t *testing.T, kid string, serial uint64, devices ...string) *auth.Signer {
 	t.Helper()
+	return c.certified(t, kid, func(k *ecdsa.PublicKey, nb, na time.Time) ([]byte, error) {
+		return c.root.Certify([]byte(kid), k, devices, nb, na, serial)
+	})
+}
+
+// certified makes a new key, has certify certify it for the day around
+// c.now, adds the certificate to c.trust and returns the key's signer.
+func (c *chain) certified(t testing.TB, kid string, certify func(k *ecdsa.PublicKey, notBefore, notAfter time.Time) ([]byte, error)) *auth.Signer {
+	t.Helper()
 	k := newKey(t)
-	cert, err := c.root.Certify([]byte(kid), &k.PublicKey, devices, c.now.Add(-time.Hour), c.now.Add(24*time.Hour), serial)
+	cert, err := certify(&k.PublicKey, c.now.Add(-time.Hour), c.now.Add(24*time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 
 	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/fence/auth"
 )
 
 // Commander is the agent side of the command path over MQTT: it publishes
@@ -23,11 +24,18 @@ type Commander struct {
 	log    *slog.Logger
 
 	mu      sync.Mutex
-	pending map[string]chan *fence.Ack
+	pending map[string]*waiting
 	sign    func(*fence.Envelope) ([]byte, error) // nil: plain envelopes
 	other   func(device string, ack *fence.Ack)   // nil: unmatched acks are dropped
+	check   AckCheck                              // nil: every ack decoded, none verified
 
-	acks, unmatched, badAcks, retries atomic.Uint64
+	acks, unmatched, badAcks, retries, refused atomic.Uint64
+}
+
+// waiting is a Send waiting for its command's ack.
+type waiting struct {
+	env *fence.Envelope
+	ch  chan *fence.Ack
 }
 
 // SignWith makes Send publish envelopes encoded by sign (a signed envelope,
@@ -49,11 +57,25 @@ func (m *Commander) OnUnmatched(f func(device string, ack *fence.Ack)) {
 	m.other = f
 }
 
+// AckCheck decides whether raw, an ack that names env's command, answers
+// it, and returns the ack to resolve the command with; an error drops the
+// ack (Send keeps waiting). The agent's checks signatures (invariant I7).
+type AckCheck func(env *fence.Envelope, raw []byte) (*fence.Ack, error)
+
+// CheckAcksWith makes every ack pass check before it can resolve the
+// command it names: a refused one is dropped, and a later one (the
+// device's own) still resolves it. Call it before the first Send.
+func (m *Commander) CheckAcksWith(check AckCheck) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.check = check
+}
+
 // NewCommander dials the broker with cfg and subscribes to the ack topics of
 // devices before the first connection, so that acks the broker queued for a
 // resumed session are not lost. It does not wait for the connection.
 func NewCommander(ctx context.Context, cfg Config, topics Topics, devices []string) (*Commander, error) {
-	m := &Commander{topics: topics, log: cfg.Logger, pending: make(map[string]chan *fence.Ack)}
+	m := &Commander{topics: topics, log: cfg.Logger, pending: make(map[string]*waiting)}
 	if m.log == nil {
 		m.log = slog.New(slog.DiscardHandler)
 	}
@@ -106,7 +128,7 @@ func (m *Commander) Send(ctx context.Context, env *fence.Envelope) (*fence.Ack, 
 		m.mu.Unlock()
 		return nil, fmt.Errorf("mqtt: command id %s already in flight", env.ID)
 	}
-	m.pending[env.ID] = ch
+	m.pending[env.ID] = &waiting{env: env, ch: ch}
 	m.mu.Unlock()
 	defer func() {
 		m.mu.Lock()
@@ -144,9 +166,10 @@ func (m *Commander) Send(ctx context.Context, env *fence.Envelope) (*fence.Ack, 
 	}
 }
 
-// onAck routes one ack to the Send waiting for it.
+// onAck routes one ack to the Send waiting for it: the first that passes
+// the AckCheck, if there is one.
 func (m *Commander) onAck(msg Message) {
-	ack, err := fence.UnmarshalAck(msg.Payload)
+	ack, err := auth.ClaimedAck(msg.Payload) // plain, or signed and not yet verified
 	if err != nil {
 		m.badAcks.Add(1)
 		m.log.Warn("dropping malformed ack", "topic", msg.Topic, "bytes", len(msg.Payload), "err", err)
@@ -157,9 +180,9 @@ func (m *Commander) onAck(msg Message) {
 		id = string(msg.CorrelationData)
 	}
 	m.mu.Lock()
-	ch, other := m.pending[id], m.other
+	w, check, other := m.pending[id], m.check, m.other
 	m.mu.Unlock()
-	if ch == nil {
+	if w == nil {
 		// Another holder's ack on the shared topic, a redelivery after
 		// Send gave up, or an operator reset's.
 		m.unmatched.Add(1)
@@ -169,9 +192,18 @@ func (m *Commander) onAck(msg Message) {
 		}
 		return
 	}
+	if check != nil {
+		if ack, err = check(w.env, msg.Payload); err != nil {
+			// Not the device's answer to this command: it never
+			// resolves it, and the device's own ack still can. The
+			// check counts and logs why.
+			m.refused.Add(1)
+			return
+		}
+	}
 	m.acks.Add(1)
 	select {
-	case ch <- ack:
+	case w.ch <- ack:
 	default: // a duplicate ack; the first one counts
 	}
 }
@@ -192,6 +224,7 @@ func (m *Commander) Status() map[string]any {
 		"acks":           m.acks.Load(),
 		"acks_unmatched": m.unmatched.Load(),
 		"acks_malformed": m.badAcks.Load(),
+		"acks_refused":   m.refused.Load(), // by the AckCheck
 		"resends":        m.retries.Load(),
 		"in_flight":      inflight,
 		// The ceiling of the delay between reconnection attempts.

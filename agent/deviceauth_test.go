@@ -1,0 +1,125 @@
+package agent
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"errors"
+	"log/slog"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/fence/auth"
+)
+
+// A required device without a certificate in etcd: its signed ack cannot
+// be verified, which the log (ERROR, once) and the status say; once the
+// operator publishes the certificate, the next ack is read from etcd on the
+// miss and verified. A gateway-fenced device's ack is its home gateway's.
+func TestDeviceAuthCertificateFromEtcd(t *testing.T) {
+	dir := t.TempDir()
+	rk, err := auth.NewKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := auth.WriteKeyPair(filepath.Join(dir, "root"), rk); err != nil {
+		t.Fatal(err)
+	}
+	root, err := auth.NewRoot([]byte("operator"), rk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dk, dev := testSigner(t, "d1/1")
+	gk, gw := testSigner(t, "gw/1")
+
+	prefix := "/t/" + t.Name()
+	cfg := &Config{Gateway: "gw", Etcd: EtcdConfig{Prefix: prefix}, Auth: AuthConfig{KeyFile: "k", KeyID: "gw/1",
+		TrustRoot: filepath.Join(dir, "root.pub"), TrustRootKID: "operator"},
+		Devices: []DeviceConfig{{ID: "d1"}, {ID: "plc", Fence: FenceGateway, Home: "gw"}}}
+	cfg.ApplyDefaults()
+	logs := &logBuffer{}
+	cli := etcdClient(t)
+	now := time.Now()
+	clock := func() time.Time { return now }
+	k, err := newDeviceAuth(cfg, cli, slog.New(slog.NewJSONHandler(logs, nil)), clock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := &fence.Envelope{V: fence.Version, Device: "d1", Token: 5, Seq: 1, ID: "c1", Kind: "set"}
+	a := fence.NewAck(env, fence.Accepted, fence.Mark{Token: 5, Seq: 1}, "")
+	raw, err := dev.SignAck(&a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := k.checkAck(env, raw); !errors.Is(err, auth.ErrUnknownKey) {
+		t.Fatalf("no certificate anywhere: %v", err)
+	}
+	if s := k.status(); !slices.Equal(s.WithoutCertificate, []string{"d1"}) || s.AcksRefused["unknown_key"] != 1 {
+		t.Fatalf("status %+v", s)
+	}
+	var errLines int
+	for _, l := range logs.lines(t) {
+		if l["level"] == "ERROR" && l["device"] == "d1" {
+			errLines++
+		}
+	}
+	if errLines != 1 {
+		t.Fatalf("%d ERROR lines about d1, want 1", errLines)
+	}
+
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	cert, err := root.CertifyDevice([]byte("d1/1"), &dk.PublicKey, "d1", now.Add(-time.Hour), now.Add(time.Hour), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Put(ctx, prefix+"/trust/devices/d1", string(cert)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := k.checkAck(env, raw); !errors.Is(err, auth.ErrUnknownKey) {
+		t.Fatalf("re-read within rereadEvery: %v", err) // bounded: forged kids cannot flood etcd
+	}
+	now = now.Add(rereadEvery)
+	if got, err := k.checkAck(env, raw); err != nil || got.Verdict != fence.Accepted {
+		t.Fatalf("after enrolment: %+v %v", got, err)
+	}
+	if s := k.status(); len(s.WithoutCertificate) != 0 {
+		t.Fatalf("status after enrolment %+v", s)
+	}
+
+	// plc is behind its home gateway's table: the gateway's certified key
+	// answers for it; the device key of d1 does not.
+	gcert, err := root.Certify([]byte("gw/1"), &gk.PublicKey, []string{"plc"}, now.Add(-time.Hour), now.Add(time.Hour), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Put(ctx, prefix+"/trust/certs/gw/1", string(gcert)); err != nil {
+		t.Fatal(err)
+	}
+	penv := &fence.Envelope{V: fence.Version, Device: "plc", Token: 5, Seq: 1, ID: "c2", Kind: "set"}
+	pa := fence.NewAck(penv, fence.Stale, fence.Mark{Token: 9, Seq: 1}, "")
+	byGateway, _ := gw.SignAck(&pa)
+	byDevice, _ := dev.SignAck(&pa)
+	if _, err := k.checkAck(penv, byDevice); err == nil {
+		t.Fatal("a device key answered for a gateway-fenced device")
+	}
+	if got, err := k.checkAck(penv, byGateway); err != nil || got.Verdict != fence.Stale {
+		t.Fatalf("the home gateway's ack: %+v %v", got, err)
+	}
+}
+
+// testSigner returns a new key and its signer named kid.
+func testSigner(t *testing.T, kid string) (*ecdsa.PrivateKey, *auth.Signer) {
+	t.Helper()
+	k, err := auth.NewKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := auth.NewSigner([]byte(kid), k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k, s
+}
