@@ -164,16 +164,16 @@ func New(cfg *Config, cli *clientv3.Client, s Sender, o Options) (*Agent, error)
 	if o.Twins != nil {
 		a.twin = newTwins(a, o.Twins, o.TwinCache)
 	}
+	if a.devauth, err = newDeviceAuth(&a.cfg, cli, a.log, a.now); err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
+	a.devauth.install(s) // the transport itself: it checks acks before they resolve commands
 	if s, err = a.withTrustUpdates(o.TrustUpdates, s); err != nil {
 		return nil, fmt.Errorf("agent: %w", err)
 	}
 	a.delivery = &delivery{outbox: a.outbox, sender: s, hist: o.History, log: a.log, now: a.now, timeout: a.cfg.Command.Timeout,
 		gateway: a.cfg.Gateway, devices: a.devices, leases: a.leases, lossRule: a.lossRule, waiters: make(map[string]chan *fence.Ack)}
 	a.api = &apiServer{host: a, outbox: a.outbox, table: o.FenceTable, log: a.log}
-	if a.devauth, err = newDeviceAuth(&a.cfg, cli, a.log, a.now); err != nil {
-		return nil, fmt.Errorf("agent: %w", err)
-	}
-	a.devauth.install(s)
 	if a.ignoresLoss() {
 		a.log.Warn("UNSAFE: session loss is ignored (I6 off); only for tests and demos")
 	}
