@@ -16,6 +16,46 @@ import (
 // signed commands go on. (Without Keys a plain envelope is admitted, as in
 // every other test of this package.)
 func TestSignedCommandsOnlyAtTheGateway(t *testing.T) {
+	trust, gw := gatewayTrust(t)
+	r := newRig(t)
+	tbl, err := fence.OpenTable(filepath.Join(t.TempDir(), "fence.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	br, _ := r.startBridgeWith(Config{Table: tbl, Keys: trust})
+
+	// The forger publishes a plain envelope: refused, the table untouched.
+	if a := r.write(1<<63, 1, 666); a.Verdict != fence.Invalid {
+		t.Fatalf("unsigned forgery: %+v", a)
+	}
+	// The real holder signs.
+	r.cmdr.SignWith(gw.Sign)
+	if a := r.write(7, 1, 100); a.Verdict != fence.Accepted {
+		t.Fatalf("signed command: %+v", a)
+	}
+	if rec, _, err := tbl.Get("plc-1"); err != nil || rec.Mark != (fence.Mark{Token: 7, Seq: 1}) {
+		t.Fatalf("table mark %+v %v", rec.Mark, err)
+	}
+	if v := r.register(); v != 100 {
+		t.Fatalf("register %d, want the signed write's 100", v)
+	}
+	// A forger with its own key: refused too.
+	r.cmdr.SignWith(forger(t).Sign)
+	if a := r.write(1<<62, 1, 666); a.Verdict != fence.Invalid {
+		t.Fatalf("forged signature: %+v", a)
+	}
+	if st := br.Stats(); st.Unauthenticated != 2 {
+		t.Fatalf("stats %+v, want 2 unauthenticated", st)
+	}
+	if v := r.register(); v != 100 {
+		t.Fatalf("register %d after the forgeries", v)
+	}
+}
+
+// gatewayTrust returns an operator's trust with one certified gateway key
+// (gw/1, for plc-*) and that gateway's signer.
+func gatewayTrust(t *testing.T) (*auth.Trust, *auth.Signer) {
+	t.Helper()
 	rk, err := auth.NewKey()
 	if err != nil {
 		t.Fatal(err)
@@ -43,30 +83,45 @@ func TestSignedCommandsOnlyAtTheGateway(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return trust, gw
+}
 
+// TestAuthOffDeviceAtTheGateway: an `auth: off` device's table entry takes
+// plain envelopes although the gateway fence verifies (counted in
+// Stats.Unsigned, edgefence_fence_table_unsigned_total), and still checks
+// a signed one: a forged signature is refused. (TestSignedCommandsOnly-
+// AtTheGateway is the same device with auth: required, refusing plain.)
+func TestAuthOffDeviceAtTheGateway(t *testing.T) {
+	trust, gw := gatewayTrust(t)
 	r := newRig(t)
 	tbl, err := fence.OpenTable(filepath.Join(t.TempDir(), "fence.db"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	br, _ := r.startBridgeWith(Config{Table: tbl, Keys: trust})
-
-	// The forger publishes a plain envelope: refused, the table untouched.
-	if a := r.write(1<<63, 1, 666); a.Verdict != fence.Invalid {
-		t.Fatalf("unsigned forgery: %+v", a)
+	br, _ := r.startBridgeWith(Config{Table: tbl, Keys: trust, Devices: []Device{{AuthOff: true}}})
+	if a := r.write(5, 1, 50); a.Verdict != fence.Accepted {
+		t.Fatalf("plain command to an auth: off device: %+v", a)
 	}
-	// The real holder signs.
 	r.cmdr.SignWith(gw.Sign)
-	if a := r.write(7, 1, 100); a.Verdict != fence.Accepted {
-		t.Fatalf("signed command: %+v", a)
+	if a := r.write(5, 2, 51); a.Verdict != fence.Accepted {
+		t.Fatalf("signed command to an auth: off device: %+v", a)
 	}
-	if rec, _, err := tbl.Get("plc-1"); err != nil || rec.Mark != (fence.Mark{Token: 7, Seq: 1}) {
-		t.Fatalf("table mark %+v %v", rec.Mark, err)
+	r.cmdr.SignWith(forger(t).Sign)
+	if a := r.write(5, 3, 666); a.Verdict != fence.Invalid {
+		t.Fatalf("forged signature to an auth: off device: %+v", a)
 	}
-	if v := r.register(); v != 100 {
-		t.Fatalf("register %d, want the signed write's 100", v)
+	if st := br.Stats(); st.Unsigned != 1 || st.Unauthenticated != 1 || st.Accepted != 2 {
+		t.Fatalf("stats %+v, want 1 unsigned, 1 unauthenticated, 2 accepted", st)
 	}
-	// A forger with its own key: refused too.
+	if v := r.register(); v != 51 {
+		t.Fatalf("register %d, want 51", v)
+	}
+}
+
+// forger is a signer under gw/1's key id with a key of its own, which no
+// certificate names.
+func forger(t *testing.T) *auth.Signer {
+	t.Helper()
 	mk, err := auth.NewKey()
 	if err != nil {
 		t.Fatal(err)
@@ -75,14 +130,5 @@ func TestSignedCommandsOnlyAtTheGateway(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.cmdr.SignWith(mallory.Sign)
-	if a := r.write(1<<62, 1, 666); a.Verdict != fence.Invalid {
-		t.Fatalf("forged signature: %+v", a)
-	}
-	if st := br.Stats(); st.Unauthenticated != 2 {
-		t.Fatalf("stats %+v, want 2 unauthenticated", st)
-	}
-	if v := r.register(); v != 100 {
-		t.Fatalf("register %d after the forgeries", v)
-	}
+	return mallory
 }

@@ -15,6 +15,8 @@ var (
 		"Gateway fence bridge failures, by kind (table, serial, device, ack).", []string{"kind"}, nil)
 	unauthDesc = prometheus.NewDesc("edgefence_fence_table_unauthenticated_total",
 		"Commands the gateway fence refused as not signed by a key allowed for the device (also counted as invalid).", nil, nil)
+	unsignedDesc = prometheus.NewDesc("edgefence_fence_table_unsigned_total",
+		"Plain (unsigned) envelopes the gateway fence took for its auth: off devices.", nil, nil)
 )
 
 type collector struct{ b *Bridge }
@@ -23,6 +25,7 @@ func (collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- tableCommandsDesc
 	ch <- bridgeErrorsDesc
 	ch <- unauthDesc
+	ch <- unsignedDesc
 }
 
 func (c collector) Collect(ch chan<- prometheus.Metric) {
@@ -45,4 +48,5 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(v.d, prometheus.CounterValue, float64(v.n), v.label)
 	}
 	ch <- prometheus.MustNewConstMetric(unauthDesc, prometheus.CounterValue, float64(s.Unauthenticated))
+	ch <- prometheus.MustNewConstMetric(unsignedDesc, prometheus.CounterValue, float64(s.Unsigned))
 }

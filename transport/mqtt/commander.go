@@ -25,17 +25,24 @@ type Commander struct {
 	mu      sync.Mutex
 	pending map[string]chan *fence.Ack
 	sign    func(*fence.Envelope) ([]byte, error) // nil: plain envelopes
+	plain   map[string]bool                       // devices sent plain envelopes although sign is set
 
-	acks, unmatched, badAcks, retries atomic.Uint64
+	acks, unmatched, badAcks, retries, unsigned atomic.Uint64
 }
 
 // SignWith makes Send publish envelopes encoded by sign (a signed envelope,
-// fence/auth's Signer.Sign) instead of plain CBOR. Call it before the first
-// Send.
-func (m *Commander) SignWith(sign func(*fence.Envelope) ([]byte, error)) {
+// fence/auth's Signer.Sign) instead of plain CBOR, except to the devices
+// in plain (their policy is `auth: off`), which get plain envelopes still.
+// Every plain envelope published is counted (Status "unsigned"). Call it
+// before the first Send.
+func (m *Commander) SignWith(sign func(*fence.Envelope) ([]byte, error), plain ...string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.sign = sign
+	m.plain = make(map[string]bool, len(plain))
+	for _, d := range plain {
+		m.plain[d] = true
+	}
 }
 
 // NewCommander dials the broker with cfg and subscribes to the ack topics of
@@ -81,9 +88,13 @@ func (m *Commander) Close(ctx context.Context) error { return m.c.Close(ctx) }
 func (m *Commander) Send(ctx context.Context, env *fence.Envelope) (*fence.Ack, error) {
 	m.mu.Lock()
 	encode := m.sign
+	if m.plain[env.Device] {
+		encode = nil
+	}
 	m.mu.Unlock()
 	if encode == nil {
 		encode = fence.MarshalEnvelope
+		m.unsigned.Add(1)
 	}
 	payload, err := encode(env)
 	if err != nil {
@@ -179,6 +190,7 @@ func (m *Commander) Status() map[string]any {
 		"acks_unmatched": m.unmatched.Load(),
 		"acks_malformed": m.badAcks.Load(),
 		"resends":        m.retries.Load(),
+		"unsigned":       m.unsigned.Load(), // sends of plain envelopes (no signer, or an `auth: off` device)
 		"in_flight":      inflight,
 		// The ceiling of the delay between reconnection attempts.
 		"reconnect_backoff_max": m.c.cfg.MaxBackoff.String(),
