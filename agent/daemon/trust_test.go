@@ -276,4 +276,3 @@ func (b *lockedBuffer) lines(t *testing.T) []map[string]any {
 	}
 	return out
 }
-
