@@ -236,7 +236,7 @@ func TestApplyDefaultsFillsEveryDefault(t *testing.T) {
 		"mqtt.username": true, "mqtt.password": true, "mqtt.tls.ca_file": true, "mqtt.tls.cert_file": true, "mqtt.tls.key_file": true,
 		"metrics.listen": true, "metrics.per_device": true, "twins.enabled": true, // off
 		"auth.key_file": true, "auth.key_id": true, // no key: plain envelopes
-		"auth.certificate": true, "auth.revocations": true, "auth.trust_root": true, "auth.trust_root_kid": true, // none
+		"auth.certificate": true, "auth.revocations": true, "auth.trust_root": true, "auth.trust_root_kid": true, // none: no trust to check against
 		"devices[].home": true, "devices[].serial": true, "devices[].mqtt_topic": true, "devices[].reissue_kinds": true,
 	}
 	var walk func(v reflect.Value, key string)

@@ -232,6 +232,8 @@ var deviceRules = []deviceRule{
 			bad(v.key+".auth", "%s", p)
 		} else if v.d.Auth == AuthRequired && v.c.Auth.KeyFile == "" {
 			bad(v.key+".auth", "required: the gateway needs a signing key (auth.key_file, auth.key_id), or say auth: off")
+		} else if v.d.Auth == AuthRequired && v.d.Fence == FenceGateway && v.d.Home == v.c.Gateway && v.c.Auth.TrustRoot == "" {
+			bad(v.key+".auth", "required at its home gateway: the fence table verifies against the operator's root: set auth.trust_root and auth.trust_root_kid, or say auth: off")
 		}
 	}},
 	{"reissue_kinds", func(v deviceCheck, bad badFunc) {

@@ -92,6 +92,14 @@ var ruleCases = []ruleCase{
 	{"certificate without key", func(c *Config) { c.Auth.Certificate = "/c" }, "auth.certificate", "set auth.key_file"},
 	{"device auth off", func(c *Config) { c.Devices[0].Auth = AuthOff }, "", ""},
 	{"device auth required without a key", func(c *Config) { c.Devices[0].Auth = AuthRequired }, "devices[0].auth", "needs a signing key"},
+	{"gateway device required at home without a trust root", func(c *Config) {
+		c.Auth = AuthConfig{KeyFile: "/k", KeyID: "gw/1"}
+		c.Devices[0] = DeviceConfig{ID: "plc-1", Fence: FenceGateway, Home: c.Gateway, Auth: AuthRequired, MQTTTopic: "plc/1"}
+	}, "devices[0].auth", "set auth.trust_root"},
+	{"gateway device required at home with a trust root", func(c *Config) {
+		c.Auth = AuthConfig{KeyFile: "/k", KeyID: "gw/1", TrustRoot: "/r.pub", TrustRootKID: "root/1"}
+		c.Devices[0] = DeviceConfig{ID: "plc-1", Fence: FenceGateway, Home: c.Gateway, Auth: AuthRequired, MQTTTopic: "plc/1"}
+	}, "", ""},
 	{"device auth unknown", func(c *Config) { c.Devices[0].Auth = "maybe" }, "devices[0].auth", `"maybe": want "required" or "off"`},
 	{"metrics on localhost", func(c *Config) { c.Metrics.Listen = "127.0.0.1:9464" }, "", ""},
 	{"metrics on every interface", func(c *Config) { c.Metrics.Listen = ":9464" }, "", ""},

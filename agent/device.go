@@ -22,6 +22,7 @@ type device struct {
 	policy  string        // PolicyStrict or PolicyAutonomous
 	fence   string        // FenceDevice or FenceGateway
 	home    string        // home gateway of a FenceGateway device
+	auth    string        // AuthRequired or AuthOff
 	reissue map[string]bool
 
 	mu sync.Mutex
@@ -132,7 +133,7 @@ func newDevices(cfgs []DeviceConfig, held heldTokens, now func() time.Time) (map
 	devices := make(map[string]*device, len(cfgs))
 	order := make([]string, 0, len(cfgs))
 	for _, d := range cfgs {
-		dev := &device{id: d.ID, sem: make(chan struct{}, 1), state: StateCampaigning, since: now(), policy: d.Policy, fence: d.Fence, home: d.Home}
+		dev := &device{id: d.ID, sem: make(chan struct{}, 1), state: StateCampaigning, since: now(), policy: d.Policy, fence: d.Fence, home: d.Home, auth: d.Auth}
 		if len(d.ReissueKinds) > 0 {
 			dev.reissue = make(map[string]bool, len(d.ReissueKinds))
 			for _, k := range d.ReissueKinds {

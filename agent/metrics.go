@@ -140,6 +140,7 @@ type scrapeView struct {
 	sumErr      error
 	inState     [len(deviceStates)]int
 	unconverged int
+	authOff     int // devices with auth: off
 	apiRefused  [len(apiRefusals)]uint64
 }
 
@@ -207,6 +208,8 @@ var agentSeries = []series{
 		func(v *scrapeView) float64 { return float64(v.inState[slices.Index(deviceStates[:], StateHolding)]) }),
 	gauge("devices_configured", "Devices in this agent's configuration (leases it campaigns for).",
 		func(v *scrapeView) float64 { return float64(len(v.s.Devices)) }),
+	gauge("devices_auth_off", "Devices whose policy is auth: off: commands to them go as plain envelopes, and their fence points take plain ones (warned at start).",
+		func(v *scrapeView) float64 { return float64(v.authOff) }),
 	{name: "devices", help: "Devices in each lease state (sums to edgefence_devices_configured).", typ: prometheus.GaugeValue, labels: []string{"state"},
 		collect: func(v *scrapeView, emit func(float64, ...string)) {
 			for i, st := range deviceStates {
@@ -270,6 +273,12 @@ var agentSeries = []series{
 			}
 		}},
 	counter("commands_sent_total", "Command sends (first sends and resends).", func(n *Counters) uint64 { return n.Sent }),
+	{name: "commands_unsigned_total", help: "Command sends as plain envelopes, not signed (no signing key, or an auth: off device).", typ: prometheus.CounterValue,
+		collect: func(v *scrapeView, emit func(float64, ...string)) {
+			if n, ok := v.s.Transport["unsigned"].(uint64); ok {
+				emit(float64(n))
+			}
+		}},
 	counter("commands_no_ack_total", "Sends that got no ack in time.", func(n *Counters) uint64 { return n.NoAck }),
 	counter("command_send_errors_total", "Sends the transport failed.", func(n *Counters) uint64 { return n.SendErrors }),
 	counter("commands_queued_total", "Commands appended to the outbox.", func(n *Counters) uint64 { return n.Queued }),
@@ -367,6 +376,9 @@ func (c *agentCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		if d.TwinDelta != nil && *d.TwinDelta > 0 {
 			v.unconverged++
+		}
+		if d.Auth == AuthOff {
+			v.authOff++
 		}
 	}
 	v.apiRefused = c.a.api.refusedCounts()

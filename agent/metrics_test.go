@@ -177,6 +177,7 @@ func TestMetricsEndpoint(t *testing.T) {
 	wantSample(t, mf, 0, "edgefence_outbox_pending_commands")
 	wantSample(t, mf, 0, "edgefence_outbox_oldest_pending_age_seconds")
 	wantSample(t, mf, 1, "edgefence_token_regressions_total")
+	wantSample(t, mf, 2, "edgefence_devices_auth_off") // no signing key: plain envelopes
 	// The stale refusal tells the agent d1 has a newer holder, and it
 	// may campaign again meanwhile: check that the scrape is one
 	// consistent snapshot (one state per device, leases_held = holding).

@@ -54,6 +54,7 @@ type DeviceStatus struct {
 	Home    string        `json:"home,omitempty"`   // home gateway of a fence: gateway device
 	Queued  int           `json:"queued,omitempty"` // commands pending in the outbox
 	Oldest  time.Time     `json:"oldest,omitzero"`  // creation time of the oldest pending command
+	Auth    string        `json:"auth"`             // required (signed commands) or off (plain envelopes: warned, counted)
 	// Verdicts counts the device's commands that ended, by verdict (the
 	// per-device split of Counters' acks_*, commands_expired and
 	// commands_superseded).
@@ -190,7 +191,7 @@ func (a *Agent) Status() Status {
 		d := a.devices[id]
 		d.mu.Lock()
 		ds := DeviceStatus{ID: id, State: d.state, Since: d.since, Reason: d.reason.current(d), MaxToken: d.maxToken, LastAck: NewAckStatus(d.lastAck),
-			Policy: d.policy, Fence: d.fence, Home: d.home, FenceToken: d.fenceMark}
+			Policy: d.policy, Fence: d.fence, Home: d.home, Auth: d.auth, FenceToken: d.fenceMark}
 		if h := d.holder; h.key != "" && (d.ctl == nil || d.ctl.lost.Load()) {
 			ds.Holder = &HolderStatus{Gateway: h.gateway, Token: h.token, Key: h.key, Since: h.since}
 		}

@@ -70,6 +70,10 @@ type Device struct {
 	// command's body is published as JSON, QoS 1, on Topic/<kind>, and the
 	// broker's PUBACK counts as delivery (the device acks nothing).
 	Topic string
+	// AuthOff is the device's `auth: off`: with Config.Keys set, its
+	// plain envelopes are taken still (counted in Stats.Unsigned); a
+	// signed one is verified as for any device.
+	AuthOff bool
 }
 
 // Table is what the bridge needs of the gateway's fence table;
@@ -148,6 +152,8 @@ type Stats struct {
 	// Operator resets applied to the table, and refused (also in Invalid).
 	Resets        uint64 `json:"resets"`
 	ResetsRefused uint64 `json:"resets_refused"`
+	// Unsigned plain envelopes taken for Device.AuthOff devices.
+	Unsigned uint64 `json:"unsigned"`
 }
 
 // Bridge forwards fenced commands to serial devices through the fence table.
@@ -163,7 +169,7 @@ type Bridge struct {
 	wg     sync.WaitGroup
 
 	accepted, duplicate, stale, invalid, busy, tableErr, serialErr, devErr, ackErr atomic.Uint64
-	unauth, resets, resetsRefused                                                  atomic.Uint64
+	unauth, unsigned, resets, resetsRefused                                        atomic.Uint64
 
 	trust   auth.LearnedCounters
 	ledger  *auth.Ledger  // trust updates (trust.go); nil without a Trust
@@ -339,14 +345,19 @@ func (b *Bridge) Stats() Stats {
 		Invalid: b.invalid.Load(), Busy: b.busy.Load(), TableErrors: b.tableErr.Load(),
 		SerialErrors: b.serialErr.Load(), DeviceErrors: b.devErr.Load(), AckErrors: b.ackErr.Load(),
 		Unauthenticated: b.unauth.Load(), TrustApplied: b.trust.Applied.Load(), TrustHeld: b.trust.Held.Load(),
-		TrustRefused: b.trust.Refused.Load(), Resets: b.resets.Load(), ResetsRefused: b.resetsRefused.Load()}
+		TrustRefused: b.trust.Refused.Load(), Resets: b.resets.Load(), ResetsRefused: b.resetsRefused.Load(),
+		Unsigned: b.unsigned.Load()}
 }
 
-// decode returns the envelope in raw: signed and verified with Config.Keys,
-// or plain without them.
-func (b *Bridge) decode(raw []byte) (*fence.Envelope, error) {
-	if b.cfg.Keys == nil {
-		return fence.UnmarshalEnvelope(raw)
+// decode returns the envelope in raw for p's device: signed and verified
+// with Config.Keys, or plain without them or for an AuthOff device.
+func (b *Bridge) decode(p *port, raw []byte) (*fence.Envelope, error) {
+	if b.cfg.Keys == nil || p.dev.AuthOff && plainEnvelope(raw) {
+		env, err := fence.UnmarshalEnvelope(raw)
+		if err == nil && p.dev.AuthOff {
+			b.unsigned.Add(1)
+		}
+		return env, err
 	}
 	v, err := auth.Verify(raw, b.cfg.Keys)
 	if err != nil {
@@ -356,6 +367,10 @@ func (b *Bridge) decode(raw []byte) (*fence.Envelope, error) {
 	}
 	return v.Envelope, nil
 }
+
+// plainEnvelope reports whether raw is a plain envelope: a CBOR map (first
+// byte 0xa0–0xbf), where a signed one is a COSE_Sign1 (tag 18).
+func plainEnvelope(raw []byte) bool { return len(raw) > 0 && raw[0]&0xe0 == 0xa0 }
 
 // addressable returns the envelope a refused signed command claims to be,
 // unverified, if it names dev: only to address the refusal's ack.
@@ -388,7 +403,7 @@ func (b *Bridge) onCommand(msg mqtt.Message) {
 		b.onReset(dev, msg.Payload)
 		return
 	}
-	env, err := b.decode(msg.Payload)
+	env, err := b.decode(p, msg.Payload)
 	if err != nil {
 		b.refuse(dev, b.addressable(dev, msg.Payload), fence.Invalid, fence.Mark{}, err.Error())
 		return

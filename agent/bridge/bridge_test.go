@@ -141,14 +141,15 @@ func (r *rig) startBridge(tablePath string, unsafe bool) (*Bridge, func()) {
 }
 
 // startBridgeWith runs a bridge for plc-1 configured by cfg (Topics,
-// Devices and CommandTimeout are set here); the returned func stops it and
+// Devices — but for AuthOff — and CommandTimeout are set here); the returned func stops it and
 // closes cfg.Table.
 func (r *rig) startBridgeWith(cfg Config) (*Bridge, func()) {
 	t := r.t
 	t.Helper()
 	tbl := cfg.Table
 	cfg.Topics, cfg.CommandTimeout = r.topics, 10*time.Second
-	cfg.Devices = []Device{{ID: "plc-1", Port: serial.PortConfig{Path: r.dev.path}}}
+	authOff := len(cfg.Devices) == 1 && cfg.Devices[0].AuthOff // the one setting a test may give plc-1
+	cfg.Devices = []Device{{ID: "plc-1", Port: serial.PortConfig{Path: r.dev.path}, AuthOff: authOff}}
 	br, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -19,6 +19,8 @@ var (
 		"Statements of trust updates the gateway fence took in (applied), already held (held) or refused (refused: older than held, or not the operator root's).", []string{"outcome"}, nil)
 	resetsDesc = prometheus.NewDesc("edgefence_fence_table_resets_total",
 		"Operator fence resets at the gateway fence table, by result (applied; refused: forged, replayed, another device's, no root — also counted as invalid).", []string{"result"}, nil)
+	unsignedDesc = prometheus.NewDesc("edgefence_fence_table_unsigned_total",
+		"Plain (unsigned) envelopes the gateway fence took for its auth: off devices.", nil, nil)
 )
 
 type collector struct{ b *Bridge }
@@ -29,6 +31,7 @@ func (collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- unauthDesc
 	ch <- trustDesc
 	ch <- resetsDesc
+	ch <- unsignedDesc
 }
 
 func (c collector) Collect(ch chan<- prometheus.Metric) {
@@ -56,4 +59,5 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(v.d, prometheus.CounterValue, float64(v.n), v.label)
 	}
 	ch <- prometheus.MustNewConstMetric(unauthDesc, prometheus.CounterValue, float64(s.Unauthenticated))
+	ch <- prometheus.MustNewConstMetric(unsignedDesc, prometheus.CounterValue, float64(s.Unsigned))
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/edgefence/edgefence/agent"
 	"github.com/edgefence/edgefence/agent/bridge"
 	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/fence/auth"
 	"github.com/edgefence/edgefence/fence/history"
 	"github.com/edgefence/edgefence/transport/mqtt"
 	"github.com/edgefence/edgefence/transport/serial"
@@ -23,8 +24,9 @@ func bridgeDevices(cfg *agent.Config) ([]bridge.Device, error) {
 		if d.Fence != agent.FenceGateway || d.Home != cfg.Gateway {
 			continue
 		}
+		off := d.Auth == agent.AuthOff
 		if d.MQTTTopic != "" {
-			out = append(out, bridge.Device{ID: d.ID, Topic: d.MQTTTopic})
+			out = append(out, bridge.Device{ID: d.ID, Topic: d.MQTTTopic, AuthOff: off})
 			continue
 		}
 		s := d.Serial
@@ -32,15 +34,16 @@ func bridgeDevices(cfg *agent.Config) ([]bridge.Device, error) {
 		if err := pc.Validate(); err != nil {
 			return nil, fmt.Errorf("%w: devices[%d].serial: %w", agent.ErrConfig, i, err)
 		}
-		out = append(out, bridge.Device{ID: d.ID, Port: pc})
+		out = append(out, bridge.Device{ID: d.ID, Port: pc, AuthOff: off})
 	}
 	return out, nil
 }
 
 // openBridge opens the fence table and prepares the bridge when this
-// gateway is home for `fence: gateway` devices. The returned func closes
-// both; it is safe to call twice.
-func openBridge(cfg *agent.Config, log *slog.Logger, o Options) (*bridge.Bridge, *fence.Table, func(), error) {
+// gateway is home for `fence: gateway` devices, verifying their commands
+// against trust (nil: none). The returned func closes both; it is safe to
+// call twice.
+func openBridge(cfg *agent.Config, log *slog.Logger, o Options, trust *auth.Trust) (*bridge.Bridge, *fence.Table, func(), error) {
 	devs, err := bridgeDevices(cfg)
 	if err != nil || len(devs) == 0 {
 		return nil, nil, func() {}, err
@@ -82,6 +85,9 @@ func openBridge(cfg *agent.Config, log *slog.Logger, o Options) (*bridge.Bridge,
 	}
 	bcfg := bridge.Config{Table: admit, Topics: mqtt.Topics{Prefix: cfg.MQTT.Prefix}, Devices: devs,
 		Logger: log.With("component", "bridge"), History: hist, Root: root, Signer: signer}
+	if trust != nil {
+		bcfg.Keys = trust // a nil *Trust in the interface would not be nil
+	}
 	if tbl != nil {
 		bcfg.TrustDB = tbl.Bolt() // trust updates the table learns, durable in its file (with Keys an *auth.Trust)
 	}

@@ -79,6 +79,7 @@ type Daemon struct {
 	hist        *history.Writer
 	cli         *clientv3.Client
 	cmdr        *mqtt.Commander
+	trust       *auth.Trust        // the operator's trust chain (gatewayTrust); nil without auth.trust_root
 	mcancel     context.CancelFunc // the MQTT client's context
 	twins       *shadow.Cache
 	ag          *agent.Agent
@@ -149,9 +150,13 @@ func (d *Daemon) openLocal() error {
 	if d.api, err = agent.ListenAPI(cfg.API.Socket); err != nil {
 		return err
 	}
+	if d.trust, err = gatewayTrust(cfg.Auth); err != nil {
+		return err
+	}
 	// On a home gateway, the fence table and the bridge for its
-	// `fence: gateway` devices (the table is locked by one process).
-	if d.br, d.table, d.closeBridge, err = openBridge(cfg, log, d.o); err != nil {
+	// `fence: gateway` devices (the table is locked by one process),
+	// verifying their commands against the trust.
+	if d.br, d.table, d.closeBridge, err = openBridge(cfg, log, d.o, d.trust); err != nil {
 		d.closeBridge = nil
 		return err
 	}
@@ -223,10 +228,7 @@ func (d *Daemon) openClients(ctx context.Context, ecfg clientv3.Config) error {
 	if d.cmdr, err = mqtt.NewCommander(mctx, mcfg, mqtt.Topics{Prefix: cfg.MQTT.Prefix}, devices); err != nil {
 		return fmt.Errorf("mqtt: %w", err)
 	}
-	if signer != nil {
-		d.cmdr.SignWith(signer.Sign) // every command a signed envelope (I7)
-		d.log.Info("commands are signed", "key_id", cfg.Auth.KeyID)
-	}
+	signCommands(d.cmdr, signer, cfg, d.log) // per device: auth required or off (trust.go)
 	if d.br != nil {
 		if err := d.br.Start(mctx, d.cmdr.Client()); err != nil {
 			return err

@@ -2,11 +2,78 @@ package daemon
 
 import (
 	"fmt"
+	"log/slog"
 	"os"
 
 	"github.com/edgefence/edgefence/agent"
 	"github.com/edgefence/edgefence/fence/auth"
+	"github.com/edgefence/edgefence/transport/mqtt"
 )
+
+// The gateway's part of invariant I7: which commands it signs (per device,
+// `auth: required` or `auth: off`), and the operator's trust its own fence
+// table checks commands against.
+
+// gatewayTrust is the one place the daemon builds its view of the
+// operator's trust chain: the root of auth.trust_root and
+// auth.trust_root_kid, this gateway's own certificate (auth.certificate)
+// and the newest revocation list (auth.revocations). It is nil without a
+// trust root. The gateway fence verifies the commands for its `auth:
+// required` devices against it (bridge.Config.Keys); trust updates extend
+// it as they arrive. A file that cannot be read or does not verify is a
+// config error naming its key.
+func gatewayTrust(a agent.AuthConfig) (*auth.Trust, error) {
+	if a.TrustRoot == "" {
+		return nil, nil
+	}
+	pub, err := auth.ReadPublic(a.TrustRoot)
+	if err != nil {
+		return nil, fmt.Errorf("%w: auth.trust_root: %w", agent.ErrConfig, err)
+	}
+	t, err := auth.NewTrust([]byte(a.TrustRootKID), pub, nil)
+	if err != nil {
+		return nil, fmt.Errorf("%w: auth.trust_root: %w", agent.ErrConfig, err)
+	}
+	if a.Certificate != "" {
+		if _, err := t.AddCertificateFile(a.Certificate); err != nil {
+			return nil, fmt.Errorf("%w: auth.certificate: %w", agent.ErrConfig, err)
+		}
+	}
+	if a.Revocations != "" {
+		if err := t.ApplyRevocationsFile(a.Revocations); err != nil {
+			return nil, fmt.Errorf("%w: auth.revocations: %w", agent.ErrConfig, err)
+		}
+	}
+	return t, nil
+}
+
+// authOffDevices returns the devices whose policy is `auth: off`, in
+// config order.
+func authOffDevices(cfg *agent.Config) []string {
+	var off []string
+	for _, d := range cfg.Devices {
+		if d.Auth == agent.AuthOff {
+			off = append(off, d.ID)
+		}
+	}
+	return off
+}
+
+// signCommands makes cmdr sign the commands to the `auth: required`
+// devices with signer (nil: no signing key, every device is `auth: off`)
+// and logs the policy: which key signs, and one WARN naming the devices
+// whose commands go unsigned.
+func signCommands(cmdr *mqtt.Commander, signer *auth.Signer, cfg *agent.Config, log *slog.Logger) {
+	off := authOffDevices(cfg)
+	if signer != nil {
+		cmdr.SignWith(signer.Sign, off...) // signed envelopes (I7), plain to auth: off devices
+		log.Info("commands are signed", "key_id", cfg.Auth.KeyID, "devices", len(cfg.Devices)-len(off))
+	}
+	if len(off) > 0 {
+		log.Warn("auth: off: commands to these devices go unsigned, and a broker client can forge theirs (set a signing key and auth: required)",
+			"devices", off, "count", len(off))
+	}
+}
 
 // trustUpdates returns what the agent publishes to its `auth: required`
 // devices (agent.TrustUpdates) from auth.certificate, auth.revocations

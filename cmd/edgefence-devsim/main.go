@@ -103,21 +103,13 @@ func (f devsimFlags) trust() (auth.Keys, error) {
 		if path == "" {
 			continue
 		}
-		raw, err := os.ReadFile(path)
-		if err != nil {
+		if _, err := t.AddCertificateFile(path); err != nil {
 			return nil, err
-		}
-		if _, err := t.AddCertificate(raw); err != nil {
-			return nil, fmt.Errorf("%s: %w", path, err)
 		}
 	}
 	if *f.revocations != "" {
-		raw, err := os.ReadFile(*f.revocations)
-		if err != nil {
+		if err := t.ApplyRevocationsFile(*f.revocations); err != nil {
 			return nil, err
-		}
-		if err := t.ApplyRevocations(raw); err != nil {
-			return nil, fmt.Errorf("%s: %w", *f.revocations, err)
 		}
 	}
 	return t, nil

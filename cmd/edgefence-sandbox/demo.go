@@ -54,9 +54,17 @@ func demo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	defer w.Close()
 	fmt.Fprintf(stdout, "edgefence demo — Figure 1 of \"Distributed Locks Fencing Tokens\", on real parts:\n")
-	fmt.Fprintf(stdout, "  etcd %s (embedded, single node), MQTT v5 broker %s (mochi, with passwords and an ACL), devices: edgefence-devsim with the shim\n\n", w.Etcd.Endpoint(), w.Broker.URL())
+	fmt.Fprintf(stdout, "  etcd %s (embedded, single node), MQTT v5 broker %s (mochi, with passwords and an ACL), devices: edgefence-devsim with the shim\n", w.Etcd.Endpoint(), w.Broker.URL())
+	// The operator's trust chain, made here: a root key, and a signing key
+	// and certificate per gateway (Figure1Config.Trust).
+	trust, err := sandbox.NewTrustKit(filepath.Join(dir, "trust"))
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "  commands signed (ES256, COSE): the operator's root key and the gateways' certified keys are in %s\n\n", trust.Dir)
 
-	cfg := sandbox.Figure1Config{AgentBin: agentBin, DevsimBin: devsimBin, Etcd: w.Etcd.Endpoint(), MQTT: w.Broker.URL(), Narrate: stdout, Auth: auth}
+	cfg := sandbox.Figure1Config{AgentBin: agentBin, DevsimBin: devsimBin, Etcd: w.Etcd.Endpoint(), MQTT: w.Broker.URL(), Narrate: stdout, Auth: auth,
+		Trust: trust, Forgery: true}
 	cfg.Dir = filepath.Join(dir, "fenced")
 	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
 		return err
@@ -69,11 +77,16 @@ func demo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("the fence did not hold: %w", err)
 	}
 	fmt.Fprintf(stdout, "\n=> with the fence: every late command of the frozen holder was refused as stale; B's value stands.\n")
+	if f := res.Forgery; f != nil {
+		fmt.Fprintf(stdout, "=> the unsigned forgery with token 2^63 was refused %s at %s, its mark unchanged (token %d seq %d); B's next command was %s.\n",
+			f.Verdict, f.Device, f.After.Token, f.After.Seq, f.Next.Verdict)
+	}
 
 	if *contrast {
 		fmt.Fprintf(stdout, "\nThe same schedule with the fence switched off (a lease alone):\n\n")
 		cfg.Dir = filepath.Join(dir, "unfenced")
 		cfg.NoFence = true
+		cfg.Trust, cfg.Forgery = nil, false // unfenced devices check nothing
 		cfg.EtcdPrefix, cfg.MQTTPrefix = "/edgefence/unfenced", "edgefence/unfenced"
 		if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
 			return err

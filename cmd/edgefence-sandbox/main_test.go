@@ -25,6 +25,7 @@ import (
 	"github.com/edgefence/edgefence/agent/daemon"
 	"github.com/edgefence/edgefence/devices/sim"
 	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/fence/auth"
 	"github.com/edgefence/edgefence/transport/mqtt"
 )
 
@@ -330,12 +331,31 @@ func TestServeSubprocess(t *testing.T) {
 	if res.Verdict != "accepted" || res.Seq != 1 || res.Token == 0 {
 		t.Fatalf("send through the agent: %+v", res)
 	}
-	// And a raw envelope with a lower token is refused as stale.
+	// The devices take signed commands only: a raw envelope with token
+	// 2^63 and gw-1's broker credentials, but unsigned, is refused invalid;
+	// one signed with gw-1's key (the sandbox made it, in the trust dir)
+	// and a lower token is refused as stale.
+	if cfg.Auth.KeyFile != filepath.Join(info.Trust, "gw-1.key") || cfg.Auth.TrustRoot != filepath.Join(info.Trust, "root.pub") || cfg.Devices[0].Auth != agent.AuthRequired {
+		t.Fatalf("agent config auth %+v, device %+v: want signed with the sandbox's keys", cfg.Auth, cfg.Devices[0])
+	}
 	body, err := fence.EncodeBody(map[string]any{"setpoint": 99.0})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ack := sendRaw(t, info.MQTT, info.MQTTUsers["gw-1"], &fence.Envelope{V: fence.Version, Device: "dev-1", Token: fence.Token(res.Token - 1),
+	ack := sendRaw(t, info.MQTT, info.MQTTUsers["gw-1"], nil, &fence.Envelope{V: fence.Version, Device: "dev-1", Token: 1 << 63,
+		Seq: 1, ID: "raw-0", Kind: "set", Body: body, Holder: "test"})
+	if ack.Verdict != fence.Invalid || ack.MaxToken != fence.Token(res.Token) {
+		t.Fatalf("raw unsigned envelope: %+v", ack)
+	}
+	key, err := auth.ReadKey(cfg.Auth.KeyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	signer, err := auth.NewSigner([]byte(cfg.Auth.KeyID), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ack = sendRaw(t, info.MQTT, info.MQTTUsers["gw-1"], signer, &fence.Envelope{V: fence.Version, Device: "dev-1", Token: fence.Token(res.Token - 1),
 		Seq: 1, ID: "raw-1", Kind: "set", Body: body, Holder: "test"})
 	if ack.Verdict != fence.Stale || ack.MaxToken != fence.Token(res.Token) {
 		t.Fatalf("raw stale envelope: %+v", ack)
@@ -354,14 +374,17 @@ func TestServeSubprocess(t *testing.T) {
 	}
 	defer f.Close()
 	recs, err := sim.ReadVerdictLog(f)
-	if err != nil || len(recs) != 2 {
-		t.Fatalf("verdict log: %d records, %v; want 2", len(recs), err)
+	if err != nil || len(recs) != 3 {
+		t.Fatalf("verdict log: %d records, %v; want 3", len(recs), err)
 	}
 	if r := recs[0]; r.Device != "dev-1" || r.Verdict != fence.Accepted || r.Holder != "gw-1" || r.State == nil || r.State.Setpoint != 22 {
 		t.Errorf("first verdict %+v", r)
 	}
-	if r := recs[1]; r.ID != "raw-1" || r.Verdict != fence.Stale {
+	if r := recs[1]; r.ID != "raw-0" || r.Verdict != fence.Invalid || r.Mark() != recs[0].Mark() {
 		t.Errorf("second verdict %+v", r)
+	}
+	if r := recs[2]; r.ID != "raw-1" || r.Verdict != fence.Stale {
+		t.Errorf("third verdict %+v", r)
 	}
 }
 
@@ -435,7 +458,7 @@ func runAgent(t *testing.T, cfg *agent.Config, send func(*agent.APIClient) (*age
 
 // sendRaw publishes env on its device's command topic, logged in as
 // gateway gw-1 with password, and returns the ack.
-func sendRaw(t *testing.T, broker, password string, env *fence.Envelope) *fence.Ack {
+func sendRaw(t *testing.T, broker, password string, signer *auth.Signer, env *fence.Envelope) *fence.Ack {
 	t.Helper()
 	cmdr, err := mqtt.NewCommander(t.Context(), mqtt.Config{Brokers: []string{broker}, ClientID: "raw-" + t.Name(), CleanStart: true,
 		Username: "gw-1", Password: []byte(password)},
@@ -448,6 +471,9 @@ func sendRaw(t *testing.T, broker, password string, env *fence.Envelope) *fence.
 		defer cancel()
 		cmdr.Close(ctx)
 	}()
+	if signer != nil {
+		cmdr.SignWith(signer.Sign)
+	}
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
 	if err := cmdr.Client().AwaitSubscribed(ctx); err != nil {

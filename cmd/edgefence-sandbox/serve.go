@@ -18,6 +18,7 @@ import (
 
 	"github.com/edgefence/edgefence/agent"
 	"github.com/edgefence/edgefence/devices/sim"
+	"github.com/edgefence/edgefence/fence/auth"
 	"github.com/edgefence/edgefence/internal/sandbox"
 	"github.com/edgefence/edgefence/transport/mqtt"
 )
@@ -74,7 +75,13 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		info.MQTTUsers[u], _ = auth.User(u)
 	}
 	if f.devices > 0 {
-		stopDevices, err := serveDevices(ctx, w, f, &info, log)
+		// The operator's trust chain: gw-1 signs every command, the
+		// devices take only what a key the root certified signed.
+		gk, keys, err := serveTrust(f.dir, &info)
+		if err != nil {
+			return err
+		}
+		stopDevices, err := serveDevices(ctx, w, f, &info, keys, log)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -86,7 +93,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 				log.Error("stop devices", "err", err)
 			}
 		}()
-		if err := writeAgentConfig(w, f.dir, &info); err != nil {
+		if err := writeAgentConfig(w, f.dir, &info, gk); err != nil {
 			return err
 		}
 	}
@@ -216,10 +223,31 @@ func parseServeFlags(args []string, stderr io.Writer) (*serveFlags, error) {
 	return f, nil
 }
 
+// serveTrust makes (or takes from an earlier run) the operator's root and
+// serveGateway's signing key and certificate for the simulated devices in
+// dir/trust, and records the dir in info. keys is the devices' trust.
+func serveTrust(dir string, info *readyInfo) (*sandbox.GatewayKey, auth.Keys, error) {
+	kit, err := sandbox.NewTrustKit(filepath.Join(dir, "trust"))
+	if err != nil {
+		return nil, nil, err
+	}
+	gk, err := kit.Gateway(serveGateway, "dev-*")
+	if err != nil {
+		return nil, nil, err
+	}
+	trust, err := kit.Trust()
+	if err != nil {
+		return nil, nil, err
+	}
+	info.Trust = kit.Dir
+	return gk, trust, nil
+}
+
 // serveDevices starts the simulated devices dev-1..dev-N of f, their data
-// and verdict log in f.dir unless given, and records them in info; it
-// returns the function that stops them.
-func serveDevices(ctx context.Context, w *sandbox.World, f *serveFlags, info *readyInfo, log *slog.Logger) (stop func() error, err error) {
+// and verdict log in f.dir unless given, requiring commands signed as keys
+// allows, and records them in info; it returns the function that stops
+// them.
+func serveDevices(ctx context.Context, w *sandbox.World, f *serveFlags, info *readyInfo, keys auth.Keys, log *slog.Logger) (stop func() error, err error) {
 	for i := 1; i <= f.devices; i++ {
 		info.Devices = append(info.Devices, fmt.Sprintf("dev-%d", i))
 	}
@@ -227,13 +255,15 @@ func serveDevices(ctx context.Context, w *sandbox.World, f *serveFlags, info *re
 	if info.VerdictLog == "" {
 		info.VerdictLog = filepath.Join(f.dir, "verdicts.jsonl")
 	}
-	return startDevices(ctx, w, info.Devices, filepath.Join(f.dir, "devices"), info.VerdictLog, info.MQTTUsers[serveFleetUser], log)
+	return startDevices(ctx, w, info.Devices, filepath.Join(f.dir, "devices"), info.VerdictLog, info.MQTTUsers[serveFleetUser], keys, log)
 }
 
-// writeAgentConfig writes an agent config for info's devices to
-// <dir>/<serveGateway>.yaml and records it and its socket in info.
-func writeAgentConfig(w *sandbox.World, dir string, info *readyInfo) error {
+// writeAgentConfig writes an agent config for info's devices, signing
+// with gk, to <dir>/<serveGateway>.yaml and records it and its socket in
+// info.
+func writeAgentConfig(w *sandbox.World, dir string, info *readyInfo, gk *sandbox.GatewayKey) error {
 	ac := w.AgentConfig(serveGateway, dir, info.Devices)
+	ac.Auth = gk
 	ac.LeaseTTL = serveLeaseTTL
 	ac.MQTTUser, ac.MQTTPassword = serveGateway, info.MQTTUsers[serveGateway]
 	info.Config, info.Socket = filepath.Join(dir, serveGateway+".yaml"), ac.Socket
@@ -262,13 +292,13 @@ func announce(stdout io.Writer, w *sandbox.World, info readyInfo) error {
 // startDevices runs a fleet of simulated devices on the world's broker,
 // waits until every command topic is subscribed, and returns the function
 // that stops them.
-func startDevices(ctx context.Context, w *sandbox.World, ids []string, dataDir, verdictLog, password string, log *slog.Logger) (stop func() error, err error) {
+func startDevices(ctx context.Context, w *sandbox.World, ids []string, dataDir, verdictLog, password string, keys auth.Keys, log *slog.Logger) (stop func() error, err error) {
 	vf, err := os.OpenFile(verdictLog, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("verdict log: %w", err)
 	}
 	fleet, err := sim.NewFleet(ctx, sim.FleetConfig{Devices: ids, DataDir: dataDir, Broker: w.Broker.URL(),
-		VerdictLog: vf, Logger: log.With("component", "devices"), MQTT: mqtt.Config{Username: serveFleetUser, Password: []byte(password)}})
+		VerdictLog: vf, Logger: log.With("component", "devices"), MQTT: mqtt.Config{Username: serveFleetUser, Password: []byte(password)}, Keys: keys})
 	if err != nil {
 		vf.Close()
 		return nil, err
@@ -290,7 +320,8 @@ func printTry(w io.Writer, world *sandbox.World, info readyInfo) {
 	if len(info.Devices) > 0 {
 		fmt.Fprintf(w, "\nSimulated devices %s take commands on the broker; their verdicts go to %s.\n",
 			strings.Join(info.Devices, ", "), info.VerdictLog)
-		fmt.Fprintf(w, "An agent config for them is %s. In another terminal, try:\n\n", info.Config)
+		fmt.Fprintf(w, "They take only commands signed by a key the operator's root (in %s) certified: the agent config\n", info.Trust)
+		fmt.Fprintf(w, "for them, %s, signs with %s's. In another terminal, try:\n\n", info.Config, serveGateway)
 		fmt.Fprintf(w, "  edgefence run --config %s\n", shellQuote(info.Config))
 		fmt.Fprintf(w, "  edgefence status --socket %s\n", shellQuote(info.Socket))
 		fmt.Fprintf(w, "  edgefence send --socket %s %s set '{\"setpoint\":22}'\n", shellQuote(info.Socket), info.Devices[0])
@@ -325,6 +356,9 @@ type readyInfo struct {
 	VerdictLog string   `json:"verdict_log,omitempty"`  // their verdict log
 	Config     string   `json:"agent_config,omitempty"` // an agent config for them
 	Socket     string   `json:"agent_socket,omitempty"` // that agent's API socket
+	// Trust is the dir of the operator's root key and gw-1's signing key
+	// and certificate (the agent config's auth section names them).
+	Trust string `json:"trust_dir,omitempty"`
 	// MQTTUsers are the broker's users and their passwords: gw-1 (the agent
 	// config's), devices (the simulated devices'), watch (read only), and
 	// those of --mqtt-users.

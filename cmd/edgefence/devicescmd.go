@@ -22,7 +22,8 @@ func cmdDevices(args []string, stdout, stderr io.Writer) error {
 One row per configured device of the running agent: its state (holding,
 campaigning, lost, autonomous, …), the token it holds, where it is fenced
 (device: the firmware's shim; gateway: its home gateway's table), its
-autonomy policy, the commands pending in the outbox and the age of the
+autonomy policy, its auth policy (required: signed commands; off: plain
+envelopes), the commands pending in the outbox and the age of the
 oldest, how this agent's commands to it ended since start, the last one to
 end, and why the device is lost or refused.
 
@@ -52,7 +53,7 @@ ended, by either.
 
 func printDevices(w io.Writer, devs []agent.DeviceStatus, now time.Time) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "DEVICE\tSTATE\tTOKEN\tFENCE\tPOLICY\tPENDING\tOLDEST\tACCEPTED/STALE\tLAST VERDICT\tREASON")
+	fmt.Fprintln(tw, "DEVICE\tSTATE\tTOKEN\tFENCE\tPOLICY\tAUTH\tPENDING\tOLDEST\tACCEPTED/STALE\tLAST VERDICT\tREASON")
 	for _, d := range devs {
 		tok := "-"
 		if d.Token != 0 {
@@ -66,7 +67,7 @@ func printDevices(w io.Writer, devs []agent.DeviceStatus, now time.Time) {
 		if !d.Oldest.IsZero() {
 			oldest = fmtAge(now.Sub(d.Oldest))
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", d.ID, d.State, tok, fenceAt, orDash(d.Policy), d.Queued, oldest,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", d.ID, d.State, tok, fenceAt, orDash(d.Policy), orDash(d.Auth), d.Queued, oldest,
 			verdictCounts(d.Verdicts), lastVerdict(d.LastAck, false), orDash(reasonCell(d, now)))
 	}
 	_ = tw.Flush()

@@ -328,6 +328,7 @@ func printStatus(w io.Writer, st *agent.Status) {
 	if st.Transport != nil {
 		fmt.Fprintf(w, "mqtt     %s\n", mqttLine(st.Transport))
 	}
+	fmt.Fprintf(w, "auth     %s\n", authLine(st.Devices))
 	printTail(w, st.LeaseTail)
 	fmt.Fprintf(w, "\n%-20s %-12s %10s %8s  %s\n", "DEVICE", "STATE", "TOKEN", "SEQ", "LAST VERDICT")
 	for _, d := range st.Devices {

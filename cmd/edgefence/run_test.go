@@ -169,13 +169,13 @@ func TestRunStatusSend(t *testing.T) {
 			t.Fatalf("devices failed\n%s", r)
 		}
 		lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
-		if len(lines) != 4 || strings.Join(strings.Fields(lines[0]), " ") != "DEVICE STATE TOKEN FENCE POLICY PENDING OLDEST ACCEPTED/STALE LAST VERDICT REASON" {
+		if len(lines) != 4 || strings.Join(strings.Fields(lines[0]), " ") != "DEVICE STATE TOKEN FENCE POLICY AUTH PENDING OLDEST ACCEPTED/STALE LAST VERDICT REASON" {
 			t.Fatalf("devices table:\n%s", r.stdout)
 		}
 		for i, d := range devs {
 			f := strings.Fields(lines[i+1])
-			want := []string{d.ID, agent.StateHolding, fmt.Sprint(d.Token), "device", "strict", "0", "-"}
-			if len(f) < 8 || !slices.Equal(f[:7], want) {
+			want := []string{d.ID, agent.StateHolding, fmt.Sprint(d.Token), "device", "strict", "off", "0", "-"}
+			if len(f) < 9 || !slices.Equal(f[:8], want) {
 				t.Errorf("row %q, want it to start with %q", f, want)
 			}
 		}

@@ -57,6 +57,9 @@ func mqttLine(m map[string]any) string {
 	fmt.Fprintf(&b, ", %d reconnects; published %d (%d errors), %d in flight, %d resends; acks %d (%d unmatched, %d malformed)",
 		num("reconnects"), num("published"), num("publish_errors"), num("in_flight"), num("resends"),
 		num("acks"), num("acks_unmatched"), num("acks_malformed"))
+	if n := num("unsigned"); n > 0 {
+		fmt.Fprintf(&b, "; %d sends unsigned", n)
+	}
 	if n := num("packets_oversize"); n > 0 {
 		fmt.Fprintf(&b, "; %d packets over max_packet_size dropped", n)
 	}
@@ -123,4 +126,26 @@ func reasonCell(d agent.DeviceStatus, now time.Time) string {
 		parts = append(parts, holderText(d.Holder, now))
 	}
 	return strings.Join(parts, "; ")
+}
+
+// authLine is the devices' signing policy in one line: how many get signed
+// commands (`auth: required`) and which are `auth: off` (plain envelopes,
+// which a broker client can forge), the first few by name.
+func authLine(devs []agent.DeviceStatus) string {
+	var off []string
+	for _, d := range devs {
+		if d.Auth == agent.AuthOff {
+			off = append(off, d.ID)
+		}
+	}
+	s := fmt.Sprintf("%d of %d devices auth: required (signed commands)", len(devs)-len(off), len(devs))
+	if len(off) == 0 {
+		return s
+	}
+	const show = 5
+	names := strings.Join(off[:min(len(off), show)], ", ")
+	if len(off) > show {
+		names += fmt.Sprintf(" and %d more", len(off)-show)
+	}
+	return s + fmt.Sprintf("; OFF for %s: plain envelopes, forgeable by any broker client", names)
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -40,6 +41,11 @@ type AgentConfig struct {
 	MQTTMaxPacketSize int
 	LogLevel          string
 	LogFormat         string
+	// Auth, if set, is the gateway's signing key, certificate and trust
+	// root (TrustKit.Gateway): its commands are signed, its devices `auth:
+	// required` but those in AuthOff (`auth: off`).
+	Auth    *GatewayKey
+	AuthOff []string
 }
 
 // AgentConfig returns a config for an agent of this world named gateway,
@@ -105,9 +111,21 @@ func (c AgentConfig) YAML() ([]byte, error) {
 		line("  ", "level", yamlQuote(c.LogLevel))
 		line("  ", "format", yamlQuote(c.LogFormat))
 	}
+	if a := c.Auth; a != nil {
+		b.WriteString("auth:\n")
+		line("  ", "key_file", yamlQuote(a.KeyFile))
+		line("  ", "key_id", yamlQuote(a.KeyID))
+		line("  ", "certificate", yamlQuote(a.Certificate))
+		line("  ", "revocations", yamlQuote(a.Revocations))
+		line("  ", "trust_root", yamlQuote(a.TrustRoot))
+		line("  ", "trust_root_kid", yamlQuote(a.TrustRootKID))
+	}
 	b.WriteString("devices:\n")
 	for _, d := range c.Devices {
 		line("  - ", "id", yamlQuote(d))
+		if slices.Contains(c.AuthOff, d) {
+			line("    ", "auth", "off")
+		}
 	}
 	return b.Bytes(), nil
 }

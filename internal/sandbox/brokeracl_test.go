@@ -133,18 +133,7 @@ func aclWorld(t *testing.T, agentBin, devsimBin, kind, acl string, enforced bool
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = agent.Stop(10 * time.Second) })
-	f := &figure1{cfg: Figure1Config{AgentBin: agentBin, Devices: ac.Devices}}
-	if _, err := f.waitHolding(ctx, agent, ac.Socket); err != nil {
-		t.Fatal(err)
-	}
-	send := func(dev string, setpoint float64) SendResult {
-		t.Helper()
-		res, err := f.send(ctx, ac.Socket, dev, setpoint)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return res
-	}
+	f, send := awaitHolder(t, ctx, agentBin, agent, ac.Socket, ac.Devices)
 	if res := send(aclTarget, 21); res.Verdict != fence.Accepted.String() {
 		t.Fatalf("round trip: %+v", res)
 	}

@@ -61,6 +61,18 @@ type Figure1Config struct {
 	// everyone connects anonymously.
 	Auth *BrokerAuth
 
+	// Trust, if set, signs the run (invariant I7): gw-a and gw-b get
+	// signing keys certified by it for the devices, and the devices
+	// (edgefence-devsim --trust-root --certs) accept only commands they
+	// signed. A kit serves one run. With Serial the device is `auth: off`
+	// (B's fence table knows only B's own certificate).
+	Trust *TrustKit
+	// Forgery, with Trust and not Serial, adds a scene after B's command
+	// (forgery.go): a broker client publishes an unsigned envelope with
+	// token 2^63 to the first device; the run records what became of it
+	// (Figure1Result.Forgery).
+	Forgery bool
+
 	Narrate io.Writer // the timeline in plain words; nil = discard
 }
 
@@ -83,6 +95,7 @@ type Figure1Result struct {
 	Values         map[string]float64     // each device's final value: setpoint, or register 0 (Serial)
 	Applied        []legacy.Applied       // the legacy device's applied writes (Serial)
 	Frozen         time.Duration          // how long A was frozen
+	Forgery        *ForgeryResult         // the forgery scene's outcome (Figure1Config.Forgery)
 }
 
 // SendResult is the output of `edgefence send`.
@@ -111,7 +124,8 @@ type figure1 struct {
 	cfg   Figure1Config
 	start time.Time
 	procs []*Proc
-	pair  *PtyPair // Serial: gateway end A... device end B
+	pair  *PtyPair               // Serial: gateway end A... device end B
+	keys  map[string]*GatewayKey // Trust: gw-a's and gw-b's signing keys
 }
 
 // RunFigure1 runs the scenario and returns what happened. It stops every
@@ -144,6 +158,9 @@ func RunFigure1(ctx context.Context, cfg Figure1Config) (*Figure1Result, error) 
 	f := &figure1{cfg: cfg, start: time.Now()}
 	defer f.stopAll()
 	if err := f.addUsers(); err != nil {
+		return nil, err
+	}
+	if err := f.provisionTrust(); err != nil {
 		return nil, err
 	}
 	if cfg.Serial {
@@ -184,6 +201,9 @@ func (f *figure1) startDevices(ctx context.Context) (*Proc, error) {
 	if f.cfg.NoFence {
 		args = append(args, "--unsafe-no-fence")
 	}
+	if f.cfg.Trust != nil {
+		args = append(args, f.cfg.Trust.DevsimArgs("")...)
+	}
 	user, env, err := f.login("devsim")
 	if err != nil {
 		return nil, err
@@ -213,6 +233,9 @@ func (f *figure1) startAgent(ctx context.Context, gw, failpoints string) (*Proc,
 			if gw == "gw-b" {
 				fmt.Fprintf(&devs, "    serial:\n      port: %s\n", f.pair.A)
 			}
+			if f.cfg.Trust != nil {
+				devs.WriteString("    auth: off\n") // B's table knows only B's certificate
+			}
 		}
 	}
 	user, env, err := f.login(gw)
@@ -239,9 +262,9 @@ command:
 log:
   level: info
   format: json
-devices:
+%sdevices:
 %s`, gw, f.path(gw+"-state"), f.cfg.Etcd, f.cfg.EtcdPrefix, f.cfg.LeaseTTL, f.cfg.MQTT, f.cfg.MQTTPrefix,
-		gw+"-"+filepath.Base(f.cfg.Dir), user, sock, devs.String())
+		gw+"-"+filepath.Base(f.cfg.Dir), user, sock, authYAML(f.keys[gw]), devs.String())
 	cpath := f.path(gw + ".yaml")
 	if err := os.WriteFile(cpath, []byte(conf), 0o644); err != nil {
 		return nil, "", err
@@ -427,6 +450,9 @@ func (f *figure1) startAll(ctx context.Context, res *Figure1Result) (*figure1Pro
 	case c.NoFence:
 		fenceWord = "UNFENCED (--unsafe-no-fence: they apply whatever arrives)"
 	}
+	if c.Trust != nil && !c.Serial {
+		fenceWord += ", taking only commands signed by a gateway key the operator certified (gw-a/1, gw-b/1)"
+	}
 	p := &figure1Procs{}
 	var err error
 	if p.devsim, err = f.startDevices(ctx); err != nil {
@@ -502,6 +528,11 @@ func (f *figure1) takeOver(ctx context.Context, p *figure1Procs, res *Figure1Res
 		return err
 	}
 	f.say("B sets setpoint=%g: %s", SetpointB, fmtVerdicts(c.Devices, res.Takeover))
+	if c.Forgery {
+		if err := f.forge(ctx, p, res); err != nil {
+			return err
+		}
+	}
 	if !c.RestartDevicesBeforeLate {
 		return nil
 	}
@@ -613,6 +644,9 @@ func (r *Figure1Result) CheckFenced() error {
 		if s := r.Values[d]; s != SetpointB {
 			errs = append(errs, fmt.Errorf("%s: final value %g, want B's %g", d, s, SetpointB))
 		}
+	}
+	if r.Forgery != nil {
+		errs = append(errs, r.Forgery.Check())
 	}
 	// I1 on the device's own history: accepted tokens never decrease.
 	max := map[string]fence.Token{}

@@ -28,8 +28,9 @@ type Commander struct {
 	sign    func(*fence.Envelope) ([]byte, error) // nil: plain envelopes
 	other   func(device string, ack *fence.Ack)   // nil: unmatched acks are dropped
 	check   AckCheck                              // nil: every ack decoded, none verified
+	plain   map[string]bool                       // devices sent plain envelopes although sign is set
 
-	acks, unmatched, badAcks, retries, refused atomic.Uint64
+	acks, unmatched, badAcks, retries, refused, unsigned atomic.Uint64
 }
 
 // waiting is a Send waiting for its command's ack.
@@ -39,12 +40,18 @@ type waiting struct {
 }
 
 // SignWith makes Send publish envelopes encoded by sign (a signed envelope,
-// fence/auth's Signer.Sign) instead of plain CBOR. Call it before the first
-// Send.
-func (m *Commander) SignWith(sign func(*fence.Envelope) ([]byte, error)) {
+// fence/auth's Signer.Sign) instead of plain CBOR, except to the devices
+// in plain (their policy is `auth: off`), which get plain envelopes still.
+// Every plain envelope published is counted (Status "unsigned"). Call it
+// before the first Send.
+func (m *Commander) SignWith(sign func(*fence.Envelope) ([]byte, error), plain ...string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.sign = sign
+	m.plain = make(map[string]bool, len(plain))
+	for _, d := range plain {
+		m.plain[d] = true
+	}
 }
 
 // OnUnmatched makes the Commander hand every well-formed ack that answers
@@ -114,9 +121,13 @@ func (m *Commander) Close(ctx context.Context) error { return m.c.Close(ctx) }
 func (m *Commander) Send(ctx context.Context, env *fence.Envelope) (*fence.Ack, error) {
 	m.mu.Lock()
 	encode := m.sign
+	if m.plain[env.Device] {
+		encode = nil
+	}
 	m.mu.Unlock()
 	if encode == nil {
 		encode = fence.MarshalEnvelope
+		m.unsigned.Add(1)
 	}
 	payload, err := encode(env)
 	if err != nil {
@@ -226,6 +237,7 @@ func (m *Commander) Status() map[string]any {
 		"acks_malformed": m.badAcks.Load(),
 		"acks_refused":   m.refused.Load(), // by the AckCheck
 		"resends":        m.retries.Load(),
+		"unsigned":       m.unsigned.Load(), // sends of plain envelopes (no signer, or an `auth: off` device)
 		"in_flight":      inflight,
 		// The ceiling of the delay between reconnection attempts.
 		"reconnect_backoff_max": m.c.cfg.MaxBackoff.String(),

@@ -1,0 +1,33 @@
+package auth
+
+import (
+	"fmt"
+	"os"
+)
+
+// AddCertificateFile reads a certificate file (`edgefence keys certify`)
+// and adds it (AddCertificate); errors name the file.
+func (t *Trust) AddCertificateFile(path string) (*Certificate, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("auth: %w", err)
+	}
+	c, err := t.AddCertificate(raw)
+	if err != nil {
+		return nil, fmt.Errorf("auth: %s: %w", path, err)
+	}
+	return c, nil
+}
+
+// ApplyRevocationsFile reads a revocation list file (`edgefence keys
+// revoke`) and applies it (ApplyRevocations); errors name the file.
+func (t *Trust) ApplyRevocationsFile(path string) error {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("auth: %w", err)
+	}
+	if err := t.ApplyRevocations(raw); err != nil {
+		return fmt.Errorf("auth: %s: %w", path, err)
+	}
+	return nil
+}

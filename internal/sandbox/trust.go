@@ -1,0 +1,165 @@
+package sandbox
+
+import (
+	"crypto/ecdsa"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/edgefence/edgefence/fence/auth"
+)
+
+// TrustKit is an operator's trust chain for a sandbox world (invariant I7),
+// as the files `edgefence keys` makes, in Dir: the operator's root key
+// (root.key, root.pub), and per gateway its signing key (<gw>.key,
+// <gw>.pub) and certificate (<gw>.cert), and revocation lists. The sandbox
+// provisions it itself, so its runs are signed with nothing to set up.
+type TrustKit struct {
+	Dir     string
+	RootKID string // the root key's id (RootTrustKID)
+
+	root *auth.Root
+
+	mu    sync.Mutex
+	certs []string // certificate files issued, in order
+}
+
+// RootTrustKID is the sandbox operator key's id.
+const RootTrustKID = "operator"
+
+// trustValidity is how long a sandbox certificate is valid, from an hour
+// before it was issued.
+const trustValidity = 30 * 24 * time.Hour
+
+// GatewayKey is one gateway's signing key and certificate as files, and
+// the root it chains to: the agent config's auth section.
+type GatewayKey struct {
+	KeyFile, KeyID, Certificate string
+	TrustRoot, TrustRootKID     string
+	Revocations                 string // a revocation list (optional)
+}
+
+// NewTrustKit creates dir (if missing) and an operator root key in it, or
+// takes the one an earlier run left there.
+func NewTrustKit(dir string) (*TrustKit, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("sandbox: trust: %w", err)
+	}
+	key, err := keyPair(filepath.Join(dir, "root"))
+	if err != nil {
+		return nil, err
+	}
+	root, err := auth.NewRoot([]byte(RootTrustKID), key)
+	if err != nil {
+		return nil, err
+	}
+	return &TrustKit{Dir: dir, RootKID: RootTrustKID, root: root}, nil
+}
+
+// RootPub is the root public key's file.
+func (k *TrustKit) RootPub() string { return filepath.Join(k.Dir, "root.pub") }
+
+// Gateway makes gateway's signing key (key id "<gateway>/1"; an earlier
+// run's is taken again) and a new certificate for it that may command
+// devices (ids, "prefix*" or "*").
+func (k *TrustKit) Gateway(gateway string, devices ...string) (*GatewayKey, error) {
+	if len(devices) == 0 {
+		return nil, errors.New("sandbox: trust: a gateway certificate names the devices it may command")
+	}
+	prefix := filepath.Join(k.Dir, gateway)
+	key, err := keyPair(prefix)
+	if err != nil {
+		return nil, err
+	}
+	kid := gateway + "/1"
+	now := time.Now()
+	cert, err := k.root.Certify([]byte(kid), &key.PublicKey, devices, now.Add(-time.Hour), now.Add(trustValidity), 1)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(prefix+".cert", cert, 0o644); err != nil {
+		return nil, fmt.Errorf("sandbox: trust: %w", err)
+	}
+	k.mu.Lock()
+	if !slices.Contains(k.certs, prefix+".cert") {
+		k.certs = append(k.certs, prefix+".cert")
+	}
+	k.mu.Unlock()
+	return &GatewayKey{KeyFile: prefix + ".key", KeyID: kid, Certificate: prefix + ".cert", TrustRoot: k.RootPub(), TrustRootKID: k.RootKID}, nil
+}
+
+// keyPair reads prefix.key, or makes a new key pair there (prefix.key,
+// prefix.pub).
+func keyPair(prefix string) (*ecdsa.PrivateKey, error) {
+	if _, err := os.Stat(prefix + ".key"); err == nil {
+		return auth.ReadKey(prefix + ".key")
+	}
+	key, err := auth.NewKey()
+	if err != nil {
+		return nil, err
+	}
+	if err := auth.WriteKeyPair(prefix, key); err != nil {
+		return nil, err
+	}
+	return key, nil
+}
+
+// Revoke writes a revocation list of version naming the key ids kids to
+// Dir/revocations-<version>, and returns its path.
+func (k *TrustKit) Revoke(version uint64, kids ...string) (string, error) {
+	var ids [][]byte
+	for _, id := range kids {
+		ids = append(ids, []byte(id))
+	}
+	raw, err := k.root.Revoke(version, ids, time.Now())
+	if err != nil {
+		return "", err
+	}
+	path := filepath.Join(k.Dir, fmt.Sprintf("revocations-%d", version))
+	if err := os.WriteFile(path, raw, 0o644); err != nil {
+		return "", fmt.Errorf("sandbox: trust: %w", err)
+	}
+	return path, nil
+}
+
+// Certificates are the certificate files issued so far.
+func (k *TrustKit) Certificates() []string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return append([]string(nil), k.certs...)
+}
+
+// DevsimArgs are edgefence-devsim's flags provisioning its devices with
+// this trust: the root, every certificate issued so far and, if not "",
+// the revocation list at revocations.
+func (k *TrustKit) DevsimArgs(revocations string) []string {
+	args := []string{"--trust-root", k.RootPub(), "--trust-root-kid", k.RootKID, "--certs", strings.Join(k.Certificates(), ",")}
+	if revocations != "" {
+		args = append(args, "--revocations", revocations)
+	}
+	return args
+}
+
+// Trust is a fence point's trust for in-process devices (sim.FleetConfig.
+// Keys): the root and every certificate issued so far.
+func (k *TrustKit) Trust() (*auth.Trust, error) {
+	pub, err := auth.ReadPublic(k.RootPub())
+	if err != nil {
+		return nil, err
+	}
+	t, err := auth.NewTrust([]byte(k.RootKID), pub, nil)
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range k.Certificates() {
+		if _, err := t.AddCertificateFile(c); err != nil {
+			return nil, err
+		}
+	}
+	return t, nil
+}
