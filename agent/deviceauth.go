@@ -214,6 +214,25 @@ func (k *deviceAuth) checkAck(env *fence.Envelope, raw []byte) (*fence.Ack, erro
 	return v.Ack, nil
 }
 
+// checkReset is checkAck for the ack of an operator's fence reset, which
+// answers no command of ours: signed by a key that speaks for dev, naming
+// dev and the reset id the unverified ack claimed.
+func (k *deviceAuth) checkReset(dev, id string, raw []byte) (*fence.Ack, error) {
+	var v *auth.VerifiedAck
+	err := k.verify(dev, func(keys auth.DeviceKeys) (err error) {
+		v, err = auth.VerifyAck(raw, keys)
+		return err
+	})
+	if err == nil && (v.Ack.Device != dev || v.Ack.ID != id) {
+		err = fmt.Errorf("%w: %w: reset ack names %s/%s, arrived for %s/%s", fence.ErrInvalid, auth.ErrNotBound, v.Ack.Device, v.Ack.ID, dev, id)
+	}
+	if err != nil {
+		k.refused(&k.acksRefused, "reset ack", dev, err, "id", id)
+		return nil, err
+	}
+	return v.Ack, nil
+}
+
 // checkState returns the state of the signed report payload from dev if
 // dev's key signed it and it is newer than what was accepted before. ok
 // is false if dev's reports are not checked (auth: off, unknown devices).

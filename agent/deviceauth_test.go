@@ -108,6 +108,27 @@ func TestDeviceAuthCertificateFromEtcd(t *testing.T) {
 	if got, err := k.checkAck(penv, byGateway); err != nil || got.Verdict != fence.Stale {
 		t.Fatalf("the home gateway's ack: %+v %v", got, err)
 	}
+
+	// The ack of an operator's fence reset answers no command: only d1's
+	// own key may say that d1's mark went down. A plain one, another
+	// device's, or one naming another reset is dropped.
+	renv := &fence.Envelope{V: fence.Version, Device: "d1", ID: "reset:0123456789abcdef"}
+	ra := fence.NewAck(renv, fence.Accepted, fence.Mark{Token: 3, Seq: 1}, "")
+	plain, _ := fence.MarshalAck(&ra)
+	signed, _ := dev.SignAck(&ra)
+	byOther, _ := gw.SignAck(&ra)
+	if _, err := k.checkReset("d1", renv.ID, plain); !errors.Is(err, auth.ErrUnsigned) {
+		t.Fatalf("plain reset ack: %v", err)
+	}
+	if _, err := k.checkReset("d1", renv.ID, byOther); err == nil {
+		t.Fatal("a gateway key answered a device's reset")
+	}
+	if _, err := k.checkReset("d1", "reset:another", signed); !errors.Is(err, auth.ErrNotBound) {
+		t.Fatalf("reset ack for another reset id: %v", err)
+	}
+	if got, err := k.checkReset("d1", renv.ID, signed); err != nil || got.Mark() != (fence.Mark{Token: 3, Seq: 1}) {
+		t.Fatalf("the device's own reset ack: %+v %v", got, err)
+	}
 }
 
 // testSigner returns a new key and its signer named kid.

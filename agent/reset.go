@@ -20,14 +20,23 @@ import (
 // lock go and campaigns again, for a token above it. Every other ack is
 // ignored.
 //
-// Acks are not authenticated yet (device-signed acks are another
-// increment of issue 13): a forged reset ack can at most make the agent
-// try a token the device refuses again as stale — the regression path once
-// more — and, for a holder, cost a hand-over.
-func (a *Agent) FenceResetAck(dev string, ack *fence.Ack) {
+// raw is the ack as it arrived: for an `auth: required` device it must be
+// signed by the device's enrolled key (deviceAuth.checkReset), or it is
+// dropped and counted like any forged ack. For an `auth: off` device a
+// forged reset ack can at most make the agent try a token the device
+// refuses again as stale — the regression path once more — and, for a
+// holder, cost a hand-over.
+func (a *Agent) FenceResetAck(dev string, ack *fence.Ack, raw []byte) {
 	d, ok := a.devices[dev]
 	if !ok || ack.Verdict != fence.Accepted || !auth.ValidResetID(ack.ID) || ack.MaxToken == 0 {
 		return
+	}
+	if a.devauth != nil && a.devauth.required[dev] {
+		v, err := a.devauth.checkReset(dev, ack.ID, raw)
+		if err != nil {
+			return // counted and logged by checkReset
+		}
+		ack = v
 	}
 	a.leases.fenceReset(d, ack.Mark(), ack.ID)
 }

@@ -26,7 +26,7 @@ type Commander struct {
 	mu      sync.Mutex
 	pending map[string]*waiting
 	sign    func(*fence.Envelope) ([]byte, error) // nil: plain envelopes
-	other   func(device string, ack *fence.Ack)   // nil: unmatched acks are dropped
+	other   func(device string, ack *fence.Ack, raw []byte) // nil: unmatched acks are dropped
 	check   AckCheck                              // nil: every ack decoded, none verified
 	plain   map[string]bool                       // devices sent plain envelopes although sign is set
 
@@ -55,10 +55,11 @@ func (m *Commander) SignWith(sign func(*fence.Envelope) ([]byte, error), plain .
 }
 
 // OnUnmatched makes the Commander hand every well-formed ack that answers
-// no Send of its own to f, with the device its topic names (the agent
-// learns of an operator's fence reset so). f runs on the delivery
+// no Send of its own to f, with the device its topic names and the ack as
+// it arrived (signed or plain; ack is what it claims, not verified): the
+// agent learns of an operator's fence reset so. f runs on the delivery
 // goroutine: it must not block.
-func (m *Commander) OnUnmatched(f func(device string, ack *fence.Ack)) {
+func (m *Commander) OnUnmatched(f func(device string, ack *fence.Ack, raw []byte)) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.other = f
@@ -199,7 +200,7 @@ func (m *Commander) onAck(msg Message) {
 		m.unmatched.Add(1)
 		m.log.Debug("ack for no pending command", "topic", msg.Topic, "id", id, "verdict", ack.Verdict)
 		if dev, leaf, ok := m.topics.Parse(msg.Topic); ok && leaf == LeafAck && other != nil {
-			other(dev, ack)
+			other(dev, ack, msg.Payload)
 		}
 		return
 	}
