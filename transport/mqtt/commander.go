@@ -25,10 +25,10 @@ type Commander struct {
 
 	mu      sync.Mutex
 	pending map[string]*waiting
-	sign    func(*fence.Envelope) ([]byte, error) // nil: plain envelopes
+	sign    func(*fence.Envelope) ([]byte, error)           // nil: plain envelopes
 	other   func(device string, ack *fence.Ack, raw []byte) // nil: unmatched acks are dropped
-	check   AckCheck                              // nil: every ack decoded, none verified
-	plain   map[string]bool                       // devices sent plain envelopes although sign is set
+	check   AckCheck                                        // nil: every ack decoded, none verified
+	plain   map[string]bool                                 // devices sent plain envelopes although sign is set
 
 	acks, unmatched, badAcks, retries, refused, unsigned atomic.Uint64
 }
