@@ -123,8 +123,20 @@ func TestPerDeviceAuthPolicy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	signed := startFleet(t, w, dir, "dev-1", trust)
-	startFleet(t, w, dir, "dev-2", nil)
+	// dev-1 speaks for itself: its key enrolled, its certificate in etcd.
+	_, certs, err := kit.DeviceKeys("dev-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sandbox.PublishDevices(t.Context(), w.etcd.Endpoints(), "", certs); err != nil {
+		t.Fatal(err)
+	}
+	signers, err := kit.DeviceSigners("dev-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	signed := startFleet(t, w, dir, "dev-1", trust, signers)
+	startFleet(t, w, dir, "dev-2", nil, nil)
 
 	cfg := w.config(t, filepath.Join(dir, "gw-1"))
 	cfg.Auth = agent.AuthConfig{KeyFile: gk.KeyFile, KeyID: gk.KeyID, Certificate: gk.Certificate, TrustRoot: gk.TrustRoot, TrustRootKID: gk.TrustRootKID}
@@ -231,11 +243,12 @@ func TestPerDeviceAuthPolicy(t *testing.T) {
 }
 
 // startFleet serves one simulated device on w's broker, requiring
-// signatures with keys (nil: plain envelopes).
-func startFleet(t *testing.T, w *world, dir, dev string, keys auth.Keys) *sim.Fleet {
+// signatures with keys (nil: plain envelopes) and signing its acks and
+// state reports with signers (nil: plain ones).
+func startFleet(t *testing.T, w *world, dir, dev string, keys auth.Keys, signers map[string]*auth.Signer) *sim.Fleet {
 	t.Helper()
 	f, err := sim.NewFleet(t.Context(), sim.FleetConfig{Devices: []string{dev}, DataDir: filepath.Join(dir, dev), Broker: w.broker.URL(),
-		ClientID: "devsim-" + dev, Keys: keys})
+		ClientID: "devsim-" + dev, Keys: keys, Signers: signers})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -77,7 +77,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if f.devices > 0 {
 		// The operator's trust chain: gw-1 signs every command, the
 		// devices take only what a key the root certified signed.
-		gk, keys, err := serveTrust(f.dir, &info)
+		keys, err := serveTrust(ctx, w, f, &info)
 		if err != nil {
 			return err
 		}
@@ -93,7 +93,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 				log.Error("stop devices", "err", err)
 			}
 		}()
-		if err := writeAgentConfig(w, f.dir, &info, gk); err != nil {
+		if err := writeAgentConfig(w, f.dir, &info, keys.gateway); err != nil {
 			return err
 		}
 	}
@@ -223,39 +223,58 @@ func parseServeFlags(args []string, stderr io.Writer) (*serveFlags, error) {
 	return f, nil
 }
 
-// serveTrust makes (or takes from an earlier run) the operator's root and
-// serveGateway's signing key and certificate for the simulated devices in
-// dir/trust, and records the dir in info. keys is the devices' trust.
-func serveTrust(dir string, info *readyInfo) (*sandbox.GatewayKey, auth.Keys, error) {
-	kit, err := sandbox.NewTrustKit(filepath.Join(dir, "trust"))
-	if err != nil {
-		return nil, nil, err
-	}
-	gk, err := kit.Gateway(serveGateway, "dev-*")
-	if err != nil {
-		return nil, nil, err
-	}
-	trust, err := kit.Trust()
-	if err != nil {
-		return nil, nil, err
-	}
-	info.Trust = kit.Dir
-	return gk, trust, nil
+// serveKeys are the sandbox's keys (invariant I7): the gateway's, and the
+// simulated devices' trust and own keys.
+type serveKeys struct {
+	gateway *sandbox.GatewayKey
+	trust   auth.Keys               // what the devices accept commands from
+	signers map[string]*auth.Signer // the devices' own keys: they sign their acks and state reports
 }
 
-// serveDevices starts the simulated devices dev-1..dev-N of f, their data
-// and verdict log in f.dir unless given, requiring commands signed as keys
-// allows, and records them in info; it returns the function that stops
-// them.
-func serveDevices(ctx context.Context, w *sandbox.World, f *serveFlags, info *readyInfo, keys auth.Keys, log *slog.Logger) (stop func() error, err error) {
+// serveTrust makes (or takes from an earlier run) the operator's root,
+// serveGateway's signing key and certificate, and a key for each of the
+// simulated devices dev-1..dev-N in f.dir/trust; it publishes the device
+// certificates in the world's etcd (where agents look for them) and
+// records the devices and the dir in info.
+func serveTrust(ctx context.Context, w *sandbox.World, f *serveFlags, info *readyInfo) (*serveKeys, error) {
+	kit, err := sandbox.NewTrustKit(filepath.Join(f.dir, "trust"))
+	if err != nil {
+		return nil, err
+	}
+	k := &serveKeys{}
+	if k.gateway, err = kit.Gateway(serveGateway, "dev-*"); err != nil {
+		return nil, err
+	}
+	if k.trust, err = kit.Trust(); err != nil {
+		return nil, err
+	}
 	for i := 1; i <= f.devices; i++ {
 		info.Devices = append(info.Devices, fmt.Sprintf("dev-%d", i))
 	}
+	_, certs, err := kit.DeviceKeys(info.Devices...)
+	if err != nil {
+		return nil, err
+	}
+	if err := sandbox.PublishDevices(ctx, w.Etcd.Endpoints(), "", certs); err != nil {
+		return nil, err
+	}
+	if k.signers, err = kit.DeviceSigners(info.Devices...); err != nil {
+		return nil, err
+	}
+	info.Trust = kit.Dir
+	return k, nil
+}
+
+// serveDevices starts info's simulated devices, their data and verdict log
+// in f.dir unless given, requiring commands signed as keys allows and
+// signing what they send with their own; it returns the function that
+// stops them.
+func serveDevices(ctx context.Context, w *sandbox.World, f *serveFlags, info *readyInfo, keys *serveKeys, log *slog.Logger) (stop func() error, err error) {
 	info.VerdictLog = f.verdictLog
 	if info.VerdictLog == "" {
 		info.VerdictLog = filepath.Join(f.dir, "verdicts.jsonl")
 	}
-	return startDevices(ctx, w, info.Devices, filepath.Join(f.dir, "devices"), info.VerdictLog, info.MQTTUsers[serveFleetUser], keys, log)
+	return startDevices(ctx, w, info.Devices, filepath.Join(f.dir, "devices"), info.VerdictLog, info.MQTTUsers[serveFleetUser], keys.trust, keys.signers, log)
 }
 
 // writeAgentConfig writes an agent config for info's devices, signing
@@ -292,13 +311,13 @@ func announce(stdout io.Writer, w *sandbox.World, info readyInfo) error {
 // startDevices runs a fleet of simulated devices on the world's broker,
 // waits until every command topic is subscribed, and returns the function
 // that stops them.
-func startDevices(ctx context.Context, w *sandbox.World, ids []string, dataDir, verdictLog, password string, keys auth.Keys, log *slog.Logger) (stop func() error, err error) {
+func startDevices(ctx context.Context, w *sandbox.World, ids []string, dataDir, verdictLog, password string, keys auth.Keys, signers map[string]*auth.Signer, log *slog.Logger) (stop func() error, err error) {
 	vf, err := os.OpenFile(verdictLog, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("verdict log: %w", err)
 	}
 	fleet, err := sim.NewFleet(ctx, sim.FleetConfig{Devices: ids, DataDir: dataDir, Broker: w.Broker.URL(),
-		VerdictLog: vf, Logger: log.With("component", "devices"), MQTT: mqtt.Config{Username: serveFleetUser, Password: []byte(password)}, Keys: keys})
+		VerdictLog: vf, Logger: log.With("component", "devices"), MQTT: mqtt.Config{Username: serveFleetUser, Password: []byte(password)}, Keys: keys, Signers: signers})
 	if err != nil {
 		vf.Close()
 		return nil, err

@@ -46,6 +46,8 @@ type AgentConfig struct {
 	// required` but those in AuthOff (`auth: off`).
 	Auth    *GatewayKey
 	AuthOff []string
+	// Twins turns the twin reconciler on (twins.enabled).
+	Twins bool
 }
 
 // AgentConfig returns a config for an agent of this world named gateway,
@@ -105,6 +107,9 @@ func (c AgentConfig) YAML() ([]byte, error) {
 	if c.CommandTimeout != 0 {
 		b.WriteString("command:\n")
 		line("  ", "timeout", dur(c.CommandTimeout))
+	}
+	if c.Twins {
+		b.WriteString("twins:\n  enabled: true\n")
 	}
 	if c.LogLevel != "" || c.LogFormat != "" {
 		b.WriteString("log:\n")

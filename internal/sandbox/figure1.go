@@ -121,11 +121,12 @@ type agentStatus struct {
 }
 
 type figure1 struct {
-	cfg   Figure1Config
-	start time.Time
-	procs []*Proc
-	pair  *PtyPair               // Serial: gateway end A... device end B
-	keys  map[string]*GatewayKey // Trust: gw-a's and gw-b's signing keys
+	cfg     Figure1Config
+	start   time.Time
+	procs   []*Proc
+	pair    *PtyPair               // Serial: gateway end A... device end B
+	keys    map[string]*GatewayKey // Trust: gw-a's and gw-b's signing keys
+	devKeys string                 // Trust, MQTT devices: their own keys (edgefence-devsim --device-keys)
 }
 
 // RunFigure1 runs the scenario and returns what happened. It stops every
@@ -160,7 +161,7 @@ func RunFigure1(ctx context.Context, cfg Figure1Config) (*Figure1Result, error) 
 	if err := f.addUsers(); err != nil {
 		return nil, err
 	}
-	if err := f.provisionTrust(); err != nil {
+	if err := f.provisionTrust(ctx); err != nil {
 		return nil, err
 	}
 	if cfg.Serial {
@@ -203,6 +204,9 @@ func (f *figure1) startDevices(ctx context.Context) (*Proc, error) {
 	}
 	if f.cfg.Trust != nil {
 		args = append(args, f.cfg.Trust.DevsimArgs("")...)
+		if f.devKeys != "" {
+			args = append(args, "--device-keys", f.devKeys)
+		}
 	}
 	user, env, err := f.login("devsim")
 	if err != nil {

@@ -56,8 +56,10 @@ func (r *ForgeryResult) Check() error {
 }
 
 // provisionTrust makes gw-a's and gw-b's signing keys and certificates
-// for the run's devices, and the forger's broker user.
-func (f *figure1) provisionTrust() error {
+// for the run's devices, the MQTT devices' own keys (their certificates
+// published in the run's etcd, where the agents look for them), and the
+// forger's broker user.
+func (f *figure1) provisionTrust(ctx context.Context) error {
 	c := f.cfg
 	if c.Trust == nil {
 		if c.Forgery {
@@ -75,6 +77,16 @@ func (f *figure1) provisionTrust() error {
 			return err
 		}
 		f.keys[gw] = k
+	}
+	if !c.Serial { // the serial device's acks are its home gateway's table's
+		dir, certs, err := c.Trust.DeviceKeys(c.Devices...)
+		if err != nil {
+			return err
+		}
+		if err := PublishDevices(ctx, []string{c.Etcd}, c.EtcdPrefix, certs); err != nil {
+			return err
+		}
+		f.devKeys = dir
 	}
 	if c.Forgery && c.Auth != nil {
 		return c.Auth.AddACL(GatewayACL(c.MQTTPrefix, ForgerUser))

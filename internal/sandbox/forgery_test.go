@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -34,7 +35,10 @@ import (
 // the forgeries that the signature is there to stop land — the device
 // takes them and the holder's next command is refused — which shows that
 // the signed run would fail without the fence's check. (A replay is a
-// duplicate in both: the admit rule stops it, signature or not.)
+// duplicate in both: the admit rule stops it, signature or not.) Then the
+// other direction: forged acks of every verdict racing the device's own
+// (ackRace) and forged state reports (stateForgeries), which the agent
+// drops with keys and takes without.
 func TestForgeriesOnRealBinaries(t *testing.T) {
 	agentBin, devsimBin := binaries(t)
 	pub, err := exec.LookPath("mosquitto_pub")
@@ -87,7 +91,7 @@ var forgeryCases = []forgeryCase{
 
 // forgeryDevices are the devices of the table, each commanded twice by the
 // holder before the forgeries.
-var forgeryDevices = []string{"f-t63", "f-max", "f-seq", "f-replay", "f-rt1", "f-rt2", "f-rev"}
+var forgeryDevices = []string{"f-t63", "f-max", "f-seq", "f-replay", "f-rt1", "f-rt2", "f-rev", "f-ack", "f-state"}
 
 // forgeryRig is one run's world as the forger sees it.
 type forgeryRig struct {
@@ -97,8 +101,9 @@ type forgeryRig struct {
 	revoked *auth.Signer // gw-r: certified, then revoked
 	verdict string       // the devices' verdict log
 
-	mu   sync.Mutex
-	wire map[string][][]byte // command payloads seen on each device's topic
+	mu     sync.Mutex
+	states [][]byte            // f-state's state reports, as published
+	wire   map[string][][]byte // command payloads seen on each device's topic
 }
 
 func forgeryRun(t *testing.T, agentBin, devsimBin, pub string, signed bool) {
@@ -141,9 +146,20 @@ func forgeryRun(t *testing.T, agentBin, devsimBin, pub string, signed bool) {
 	args := []string{"--mqtt", m.URL(), "--devices", strings.Join(forgeryDevices, ","), "--dir", filepath.Join(dir, "devices"),
 		"--log", r.verdict, "--client-id", "devsim-forgery"}
 	ac := AgentConfig{Gateway: "gw-a", Etcd: e.Endpoint(), MQTT: m.URL(), Devices: forgeryDevices,
-		Socket: filepath.Join(dir, "gw-a.sock"), StateDir: filepath.Join(dir, "gw-a-state"), LeaseTTL: 10 * time.Second, LogFormat: "json"}
+		Socket: filepath.Join(dir, "gw-a.sock"), StateDir: filepath.Join(dir, "gw-a-state"), LeaseTTL: 10 * time.Second, LogFormat: "json",
+		Twins: true}
 	if signed {
+		// The devices speak for themselves too: their own keys,
+		// their certificates in etcd (acks of auth: required devices).
+		devKeys, certs, err := kit.DeviceKeys(forgeryDevices...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := PublishDevices(ctx, e.Endpoints(), "", certs); err != nil {
+			t.Fatal(err)
+		}
 		args = append(args, kit.DevsimArgs(revs)...)
+		args = append(args, "--device-keys", devKeys)
 		ac.Auth = gk
 	}
 	devsim, err := StartProc("devsim", filepath.Join(dir, "devsim.log"), nil, devsimBin, args...)
@@ -164,23 +180,32 @@ func forgeryRun(t *testing.T, agentBin, devsimBin, pub string, signed bool) {
 	}
 	t.Cleanup(func() { _ = gw.Stop(10 * time.Second) })
 
-	// An observer records every command on the wire, for the replays.
+	// An observer records every command on the wire, for the replays
+	// (not the trust updates the agent sends before them).
 	obs, err := mqtt.Dial(ctx, mqtt.Config{Brokers: []string{m.URL()}, ClientID: "observer", CleanStart: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { obs.Close(context.Background()) })
 	obs.Subscribe(r.topics.AllCmd(), func(msg mqtt.Message) {
+		if auth.IsUpdate(msg.Payload) {
+			return
+		}
 		dev, _, _ := r.topics.Parse(msg.Topic)
 		r.mu.Lock()
 		r.wire[dev] = append(r.wire[dev], append([]byte(nil), msg.Payload...))
+		r.mu.Unlock()
+	})
+	obs.Subscribe(r.topics.State("f-state"), func(msg mqtt.Message) {
+		r.mu.Lock()
+		r.states = append(r.states, append([]byte(nil), msg.Payload...))
 		r.mu.Unlock()
 	})
 	if err := obs.AwaitSubscribed(ctx); err != nil {
 		t.Fatal(err)
 	}
 
-	_, send := awaitHolder(t, ctx, agentBin, gw, ac.Socket, forgeryDevices)
+	holder, send := awaitHolder(t, ctx, agentBin, gw, ac.Socket, forgeryDevices)
 	for _, dev := range forgeryDevices {
 		for _, sp := range []float64{20, 21} {
 			if res := send(dev, sp); res.Verdict != fence.Accepted.String() {
@@ -228,6 +253,229 @@ func forgeryRun(t *testing.T, agentBin, devsimBin, pub string, signed bool) {
 			}
 		})
 	}
+
+	t.Run("forged acks racing the device's", func(t *testing.T) {
+		r.t = t
+		var forgers []*auth.Signer // a stolen key of another device
+		if signed {
+			other, err := kit.DeviceSigners("f-t63")
+			if err != nil {
+				t.Fatal(err)
+			}
+			forgers = append(forgers, other["f-t63"])
+		}
+		ackRace(t, ctx, r, devsim, holder, ac.Socket, forgers, func(topic string, payload []byte) {
+			mosquittoPub(t, ctx, pub, m.Addr(), topic, payload, filepath.Join(dir, "forged-ack"))
+		})
+	})
+	t.Run("forged state reports", func(t *testing.T) {
+		r.t = t
+		stateForgeries(t, ctx, r, kit, e.Endpoint(), ac.Socket, holder.cfg.AgentBin, func(payload []byte) {
+			mosquittoPub(t, ctx, pub, m.Addr(), r.topics.State("f-state"), payload, filepath.Join(dir, "forged-state"))
+		})
+	})
+}
+
+// stateForgeries publishes forged state reports for f-state, whose real
+// reported setpoint is 21 (the holder's second command): an unsigned one
+// (setpoint 666), and with keys also one signed by another device's key
+// and the device's own first report (setpoint 20) replayed. With keys the
+// agent refuses them all (status device_auth.state_reports_refused) and the
+// twin's reported setpoint stays 21; without keys (the control) the
+// unsigned one reaches reported: the attack lands.
+func stateForgeries(t *testing.T, ctx context.Context, r *forgeryRig, kit *TrustKit, etcd, sock, agentBin string, publish func([]byte)) {
+	const dev = "f-state"
+	waitSetpoint := func(want float64) bool {
+		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			if twinSetpoint(t, ctx, agentBin, etcd, dev) == want {
+				return true
+			}
+		}
+		return false
+	}
+	if !waitSetpoint(21) {
+		t.Fatalf("reported setpoint %v, want the holder's 21", twinSetpoint(t, ctx, agentBin, etcd, dev))
+	}
+	forged, err := sim.MarshalState(sim.State{Setpoint: 666, Mode: "heat"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.signed {
+		publish(forged)
+		if !waitSetpoint(666) {
+			t.Fatalf("control: the forged report did not reach reported: the signed run proves nothing")
+		}
+		return
+	}
+	before := statesRefused(t, ctx, agentBin, sock)
+	other, err := kit.DeviceSigners("f-t63")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stolen, err := other["f-t63"].SignState(&auth.StateReport{Device: dev, Token: ForgedToken, Seq: 1, Counter: math.MaxUint64, State: forged})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.mu.Lock()
+	if len(r.states) < 2 {
+		r.mu.Unlock()
+		t.Fatalf("%d state reports of %s on the wire, want 2", len(r.states), dev)
+	}
+	replayed := r.states[0]
+	r.mu.Unlock()
+	for _, p := range [][]byte{forged, stolen, replayed} {
+		publish(p)
+	}
+	for deadline := time.Now().Add(60 * time.Second); statesRefused(t, ctx, agentBin, sock) < before+3; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("state reports refused: %d, want 3 more than %d", statesRefused(t, ctx, agentBin, sock), before)
+		}
+	}
+	if v := twinSetpoint(t, ctx, agentBin, etcd, dev); v != 21 {
+		t.Fatalf("reported setpoint %v after the forgeries, want 21", v)
+	}
+}
+
+// twinSetpoint is the setpoint in dev's reported twin (edgefence twin get).
+func twinSetpoint(t *testing.T, ctx context.Context, agentBin, etcd, dev string) float64 {
+	t.Helper()
+	out, err := exec.CommandContext(ctx, agentBin, "twin", "get", "--etcd", etcd, "--json", dev).Output()
+	if err != nil {
+		t.Fatalf("edgefence twin get: %v", err)
+	}
+	var doc struct {
+		Reported struct {
+			State map[string]any `json:"state"`
+		} `json:"reported"`
+	}
+	if err := json.Unmarshal(out, &doc); err != nil {
+		t.Fatalf("twin get: %v", err)
+	}
+	v, _ := doc.Reported.State["setpoint"].(float64)
+	return v
+}
+
+// ackRace: the device f-ack frozen (SIGSTOP), the holder sends it a
+// command; the forger, who sees it on the wire, answers it at once with
+// forged acks of every verdict — unsigned, and signed by each of forgers
+// (stolen keys of other devices) — and only then the device wakes and
+// answers itself. With keys, the agent drops every forgery (counted in
+// status device_auth.acks_refused) and `edgefence send` reports the
+// device's own verdict, accepted. Without keys (the control) the first
+// forgery, a stale, decides the command: the attack lands.
+func ackRace(t *testing.T, ctx context.Context, r *forgeryRig, devsim *Proc, holder *figure1, sock string, forgers []*auth.Signer, publish func(topic string, payload []byte)) {
+	const victim = "f-ack"
+	r.mu.Lock()
+	seen := len(r.wire[victim])
+	r.mu.Unlock()
+	refusedBefore := acksRefused(t, ctx, holder.cfg.AgentBin, sock)
+	if err := devsim.Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	resumed := false
+	resume := func() {
+		if !resumed {
+			resumed = true
+			if err := devsim.Resume(); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	defer resume()
+	done := make(chan SendResult, 1)
+	go func() {
+		res, err := holder.send(ctx, sock, victim, 23)
+		if err != nil {
+			res.Error = err.Error()
+		}
+		done <- res
+	}()
+	var env *fence.Envelope
+	for deadline := time.Now().Add(60 * time.Second); env == nil; time.Sleep(10 * time.Millisecond) {
+		r.mu.Lock()
+		if len(r.wire[victim]) > seen {
+			env, _ = auth.Claimed(r.wire[victim][seen])
+		}
+		r.mu.Unlock()
+		if time.Now().After(deadline) {
+			t.Fatal("the holder's command never reached the wire")
+		}
+	}
+	forged := 0
+	for _, v := range []fence.Verdict{fence.Stale, fence.Invalid, fence.Duplicate, fence.Accepted} {
+		a := fence.NewAck(env, v, fence.Mark{Token: env.Token + 1<<40, Seq: 1}, "forged")
+		raw, err := fence.MarshalAck(&a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		publish(r.topics.Ack(victim), raw)
+		forged++
+		for _, s := range forgers {
+			if raw, err = s.SignAck(&a); err != nil {
+				t.Fatal(err)
+			}
+			publish(r.topics.Ack(victim), raw)
+			forged++
+		}
+		if !r.signed {
+			break // one forged stale is enough to decide it
+		}
+	}
+	if r.signed {
+		for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			n := acksRefused(t, ctx, holder.cfg.AgentBin, sock)
+			if n >= refusedBefore+uint64(forged) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("acks refused %d, want %d more than %d", n, forged, refusedBefore)
+			}
+		}
+	}
+	resume()
+	res := <-done
+	t.Logf("%d forged acks; the command's verdict: %s (%s)", forged, res.Verdict, res.Error)
+	switch {
+	case !r.signed && res.Verdict != fence.Stale.String():
+		t.Fatalf("control: the forged stale did not decide the command (%+v): the signed run proves nothing", res)
+	case r.signed && res.Verdict != fence.Accepted.String():
+		t.Fatalf("the device's own verdict is accepted; send said %+v", res)
+	}
+}
+
+// acksRefused and statesRefused are the sums of the agent's refused acks
+// and state reports (status device_auth).
+func acksRefused(t *testing.T, ctx context.Context, agentBin, sock string) uint64 {
+	return refusedSum(t, ctx, agentBin, sock, "acks_refused")
+}
+
+func statesRefused(t *testing.T, ctx context.Context, agentBin, sock string) uint64 {
+	return refusedSum(t, ctx, agentBin, sock, "state_reports_refused")
+}
+
+func refusedSum(t *testing.T, ctx context.Context, agentBin, sock, key string) uint64 {
+	t.Helper()
+	out, err := exec.CommandContext(ctx, agentBin, "status", "--json", "--socket", sock).Output()
+	if err != nil {
+		t.Fatalf("edgefence status: %v", err)
+	}
+	var st struct {
+		DeviceAuth map[string]json.RawMessage `json:"device_auth"`
+	}
+	if err := json.Unmarshal(out, &st); err != nil {
+		t.Fatalf("status: %v", err)
+	}
+	var counts map[string]uint64
+	if raw, ok := st.DeviceAuth[key]; ok {
+		if err := json.Unmarshal(raw, &counts); err != nil {
+			t.Fatalf("status device_auth.%s: %v", key, err)
+		}
+	}
+	var n uint64
+	for _, v := range counts {
+		n += v
+	}
+	return n
 }
 
 // awaitHolder waits until the agent p (API socket sock) holds devices,

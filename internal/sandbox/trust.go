@@ -1,15 +1,20 @@
 package sandbox
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 
 	"github.com/edgefence/edgefence/fence/auth"
 )
@@ -162,4 +167,76 @@ func (k *TrustKit) Trust() (*auth.Trust, error) {
 		}
 	}
 	return t, nil
+}
+
+// DeviceKeys enrols a key for each device, as `edgefence keys enrol` does:
+// <Dir>/devices/<id>.key (0600) and <id>.cert (role device, for that one
+// device), keeping keys an earlier run left there. It returns the
+// directory, the bundle edgefence-devsim's --device-keys reads, and the
+// certificates by device, for PublishDevices.
+func (k *TrustKit) DeviceKeys(ids ...string) (dir string, certs map[string][]byte, err error) {
+	dir = filepath.Join(k.Dir, "devices")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", nil, fmt.Errorf("sandbox: trust: %w", err)
+	}
+	now := time.Now()
+	certs = make(map[string][]byte, len(ids))
+	for _, id := range ids {
+		key, err := keyPair(filepath.Join(dir, id))
+		if err != nil {
+			return "", nil, err
+		}
+		cert, err := k.root.CertifyDevice([]byte(id+"/1"), &key.PublicKey, id, now.Add(-time.Hour), now.Add(trustValidity), 1)
+		if err != nil {
+			return "", nil, err
+		}
+		if err := os.WriteFile(filepath.Join(dir, id+".cert"), cert, 0o644); err != nil {
+			return "", nil, fmt.Errorf("sandbox: trust: %w", err)
+		}
+		certs[id] = cert
+	}
+	return dir, certs, nil
+}
+
+// DeviceSigners are the in-process devices' own signers (sim.FleetConfig.
+// Signers) for ids, enrolled by DeviceKeys.
+func (k *TrustKit) DeviceSigners(ids ...string) (map[string]*auth.Signer, error) {
+	out := make(map[string]*auth.Signer, len(ids))
+	for _, id := range ids {
+		key, err := auth.ReadKey(filepath.Join(k.Dir, "devices", id+".key"))
+		if err != nil {
+			return nil, err
+		}
+		if out[id], err = auth.NewSigner([]byte(id+"/1"), key); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// PublishDevices puts each device certificate at <prefix>/trust/devices/<id>
+// in the etcd at endpoints, where agents look for them (etcd prefix "":
+// the agent's default).
+func PublishDevices(ctx context.Context, endpoints []string, prefix string, certs map[string][]byte) error {
+	if prefix == "" {
+		prefix = "/edgefence/v1" // agent.DefaultEtcdPrefix (agent tests import this package)
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		return fmt.Errorf("sandbox: trust: %w", err)
+	}
+	defer cli.Close()
+	ids := slices.Sorted(maps.Keys(certs))
+	for len(ids) > 0 {
+		n := min(len(ids), 64) // etcd's default max txn ops is 128
+		var ops []clientv3.Op
+		for _, id := range ids[:n] {
+			ops = append(ops, clientv3.OpPut(prefix+"/trust/devices/"+id, string(certs[id])))
+		}
+		if _, err := cli.Txn(ctx).Then(ops...).Commit(); err != nil {
+			return fmt.Errorf("sandbox: trust: publish device certificates: %w", err)
+		}
+		ids = ids[n:]
+	}
+	return nil
 }
