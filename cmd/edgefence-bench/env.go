@@ -149,11 +149,12 @@ func buildBinary(ctx context.Context, dir, name string, log io.Writer) (string, 
 }
 
 // startFleet starts one sim.Fleet serving devs on the broker at url under
-// the MQTT prefix, its data in dir/devices, waits up to wait for it to be
-// subscribed, and returns it with the function that closes it.
-func startFleet(ctx context.Context, dir, url, prefix, clientID string, devs []string, wait time.Duration) (*sim.Fleet, func(), error) {
+// the MQTT prefix, its data in dir/devices, with fa's keys, waits up to
+// wait for it to be subscribed, and returns it with the function that
+// closes it.
+func startFleet(ctx context.Context, dir, url, prefix, clientID string, devs []string, wait time.Duration, fa fleetAuth) (*sim.Fleet, func(), error) {
 	fleet, err := sim.NewFleet(ctx, sim.FleetConfig{Devices: devs, DataDir: filepath.Join(dir, "devices"), Broker: url,
-		Prefix: prefix, ClientID: clientID, MQTT: mqtt.Config{CleanStart: true, SessionExpiry: -1}})
+		Prefix: prefix, ClientID: clientID, MQTT: mqtt.Config{CleanStart: true, SessionExpiry: -1}, Keys: fa.keys, Signers: fa.signers})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -171,10 +172,10 @@ func startFleet(ctx context.Context, dir, url, prefix, clientID string, devs []s
 
 // startFleets starts nf sim.Fleets serving devs on the broker at url under
 // the MQTT prefix, device i on fleet i mod nf, fleet i with its data in
-// dir/fleet-i and MQTT client id clientID-i, each with a fresh session,
+// dir/fleet-i and MQTT client id clientID-i, each with a fresh session and fa's keys,
 // and waits up to 10 s for each to be subscribed. It returns the fleets it
 // started, also with an error: close them with closeFleets.
-func startFleets(ctx context.Context, dir, url, prefix, clientID string, devs []string, nf int) ([]*sim.Fleet, error) {
+func startFleets(ctx context.Context, dir, url, prefix, clientID string, devs []string, nf int, fa fleetAuth) ([]*sim.Fleet, error) {
 	parts := make([][]string, nf)
 	for i, d := range devs {
 		parts[i%nf] = append(parts[i%nf], d)
@@ -182,7 +183,8 @@ func startFleets(ctx context.Context, dir, url, prefix, clientID string, devs []
 	var fleets []*sim.Fleet
 	for i, p := range parts {
 		f, err := sim.NewFleet(ctx, sim.FleetConfig{Devices: p, DataDir: filepath.Join(dir, fmt.Sprintf("fleet-%d", i)), Broker: url,
-			Prefix: prefix, ClientID: fmt.Sprintf("%s-%d", clientID, i), MQTT: mqtt.Config{CleanStart: true, SessionExpiry: -1}})
+			Prefix: prefix, ClientID: fmt.Sprintf("%s-%d", clientID, i), MQTT: mqtt.Config{CleanStart: true, SessionExpiry: -1},
+			Keys: fa.keys, Signers: fa.signers})
 		if err != nil {
 			return fleets, err
 		}

@@ -28,6 +28,7 @@ type benchFlags struct {
 	agentBin string // rss, failover, lifecycle
 	keep     bool
 	cpuprof  string
+	sign     bool // roundtrip, replay, rss
 }
 
 type rtFlags struct {
@@ -78,6 +79,7 @@ func newFlagSet(stderr io.Writer) (*flag.FlagSet, *benchFlags) {
 	fs.IntVar(&f.runs, "runs", 0, "locks, replay: repetitions (default 5, 3); failover: trials per lease_ttl and fault (default 3); twins: latency rounds per size (default 30)")
 	fs.StringVar(&f.agentBin, "agent-bin", "", "rss, failover: the edgefence binary (default: go build it from the module in the working directory)")
 	fs.BoolVar(&f.keep, "keep", false, "keep the temp dir (logs, configs, data)")
+	fs.BoolVar(&f.sign, "sign", false, "roundtrip, replay, rss: run signed (I7): commands signed by the agent and verified by the devices, acks and state reports signed by the devices and verified by the agent")
 	fs.StringVar(&f.cpuprof, "cpuprofile", "", "write a CPU profile of this process (etcd, mochi, devices and the in-process agent) to FILE")
 	return fs, f
 }
@@ -201,11 +203,11 @@ func (f *benchFlags) benches(what string, set map[string]bool) (*benches, error)
 		what:    what,
 		brokers: l.brokers,
 		rt: rtConfig{N: f.rt.n, Rounds: f.rt.rounds, Warmup: f.rt.warmup, Conc: f.rt.conc,
-			ConcN: f.rt.concN, Fleets: l.fleets},
+			ConcN: f.rt.concN, Fleets: l.fleets, Sign: f.sign},
 		locks: locksConfig{N: f.devices, Runs: f.runs},
 		rss: rssConfig{Sizes: l.sizes, AgentBin: f.agentBin, Duration: f.rss.dur, Period: f.rss.period, MinRate: f.rss.minRate,
-			Workers: f.rss.workers, Env: splitNonEmpty(f.rss.agentEnv)},
-		replay: replayConfig{Devices: f.devices, Backlog: f.replay.backlog, Runs: f.runs, Timeout: f.replay.cmdTO},
+			Workers: f.rss.workers, Env: splitNonEmpty(f.rss.agentEnv), Sign: f.sign},
+		replay: replayConfig{Devices: f.devices, Backlog: f.replay.backlog, Runs: f.runs, Timeout: f.replay.cmdTO, Sign: f.sign},
 		failover: failoverConfig{Devices: f.devices, TTLs: ttls, Trials: f.runs, Faults: faults,
 			Interval: f.failover.interval, Probes: f.failover.probes, AgentBin: f.agentBin, DevsimBin: f.failover.devsim},
 		lifecycle: lifecycleConfig{Sizes: l.lcSizes, Runs: lcRuns, AgentBin: f.agentBin},

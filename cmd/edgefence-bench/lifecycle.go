@@ -98,7 +98,7 @@ func lifecycleSizeRun(ctx context.Context, etcd *sandbox.Etcd, cli *clientv3.Cli
 	}
 	devs := deviceIDs("lc-", n)
 	mqttPrefix := fmt.Sprintf("lc%d", n)
-	_, closeFleet, err := startFleet(ctx, dir, br.url, mqttPrefix, "bench-lc-fleet-"+mqttPrefix, devs, 60*time.Second)
+	_, closeFleet, err := startFleet(ctx, dir, br.url, mqttPrefix, "bench-lc-fleet-"+mqttPrefix, devs, 60*time.Second, fleetAuth{})
 	if err != nil {
 		return nil, err
 	}

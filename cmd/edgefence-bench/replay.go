@@ -27,6 +27,7 @@ type replayConfig struct {
 	Backlog int           // commands queued while the broker is down
 	Runs    int           // repetitions, each on a fresh broker, fleet, outbox and agent
 	Timeout time.Duration // the agent's command timeout
+	Sign    bool          // signed commands and acks (invariant I7; --sign)
 	Dir     string
 	Log     io.Writer
 }
@@ -105,15 +106,20 @@ func replayOnce(ctx context.Context, etcd *sandbox.Etcd, cfg replayConfig, dir s
 	// the agent and devices do in production; the devices with a fresh
 	// session (the sandbox broker keeps none across a restart anyway).
 	fresh := mqtt.Config{CleanStart: true, SessionExpiry: -1}
+	w.configureAgent(etcd, dir)
+	fa, err := signWorld(ctx, cfg.Sign, dir, w.acfg)
+	if err != nil {
+		return run, err
+	}
 	if w.fleet, err = sim.NewFleet(ctx, sim.FleetConfig{Devices: w.devs, DataDir: filepath.Join(dir, "devices"), Broker: w.br.URL(),
-		Prefix: replayPrefix, ClientID: "bench-replay-fleet-" + filepath.Base(dir), MQTT: fresh}); err != nil {
+		Prefix: replayPrefix, ClientID: "bench-replay-fleet-" + filepath.Base(dir), MQTT: fresh, Keys: fa.keys, Signers: fa.signers}); err != nil {
 		return run, err
 	}
 	defer closeCtx(w.fleet.Close)
 	if err := awaitCtx(ctx, 10*time.Second, w.fleet.AwaitReady); err != nil {
 		return run, fmt.Errorf("fleet: %w", err)
 	}
-	if err := w.startAgent(ctx, etcd, dir); err != nil {
+	if err := w.startAgent(ctx); err != nil {
 		return run, err
 	}
 	defer func() { _ = w.ag.stop() }()
@@ -169,14 +175,18 @@ type replayWorld struct {
 	sender *ackLog
 }
 
-// startAgent starts the agent as `edgefence run` builds it (agent/daemon),
-// its state under dir/agent and its outbox limits raised to hold the
-// backlog whatever its spread. Stop it with w.ag.stop.
-func (w *replayWorld) startAgent(ctx context.Context, etcd *sandbox.Etcd, dir string) (err error) {
+// configureAgent is the agent's config: its state under dir/agent and its
+// outbox limits raised to hold the backlog whatever its spread.
+func (w *replayWorld) configureAgent(etcd *sandbox.Etcd, dir string) {
 	w.acfg = agentConfig("bench-replay-"+filepath.Base(dir), filepath.Join(dir, "agent"), etcd, w.br.URL(), w.devs)
 	w.acfg.MQTT.Prefix, w.acfg.Command.Timeout = replayPrefix, w.cfg.Timeout
 	w.acfg.Outbox = agent.OutboxConfig{MaxPerDevice: max(w.cfg.Backlog, offline.DefaultMaxPerDevice), MaxTotal: max(w.cfg.Backlog, offline.DefaultMaxTotal),
 		MaxBytesPerDevice: 1 << 30, MaxTotalBytes: 1 << 30}
+}
+
+// startAgent starts the agent of w.acfg as `edgefence run` builds it
+// (agent/daemon). Stop it with w.ag.stop.
+func (w *replayWorld) startAgent(ctx context.Context) (err error) {
 	w.ag, err = startAgent(ctx, w.acfg, daemon.Options{Sender: func(c *mqtt.Commander) agent.Sender {
 		w.sender = &ackLog{Commander: c}
 		return w.sender

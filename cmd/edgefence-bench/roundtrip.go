@@ -36,8 +36,12 @@ type rtConfig struct {
 	// sim.Fleets (an MQTT client and a bbolt file each); the concurrent
 	// variant runs once per entry, the sequential one with the first.
 	Fleets []int
-	Dir    string
-	Log    io.Writer
+	// Sign runs the world signed (invariant I7): commands signed by the
+	// agent and verified by the devices, acks signed by the devices and
+	// verified by the agent (--sign).
+	Sign bool
+	Dir  string
+	Log  io.Writer
 }
 
 // Path names, as printed.
@@ -128,15 +132,19 @@ func newRTWorld(ctx context.Context, etcd *sandbox.Etcd, name, dir string, fleet
 	// The simulated devices: the real shim (bbolt, fsync per accepted
 	// command) behind sim.Fleet, devices split round-robin over Fleets,
 	// each with a fresh MQTT session (nothing queued from earlier runs).
-	nf := min(max(fleets, 1), len(w.devices))
-	if w.fleets, err = startFleets(ctx, dir, w.broker.url, topics.Prefix, "bench-fleet-"+name, w.devices, nf); err != nil {
-		return nil, err
-	}
-
 	// The agent, built and run as `edgefence run` runs it (agent/daemon):
 	// every command goes through the outbox (fsync) to the MQTT Commander.
+	// With Sign, commands and acks are signed and verified (I7).
 	acfg := agentConfig("bench-agent-"+name, filepath.Join(dir, "agent"), etcd, w.broker.url, w.devices)
 	acfg.MQTT.Prefix = topics.Prefix
+	fa, err := signWorld(ctx, cfg.Sign, dir, acfg)
+	if err != nil {
+		return nil, err
+	}
+	nf := min(max(fleets, 1), len(w.devices))
+	if w.fleets, err = startFleets(ctx, dir, w.broker.url, topics.Prefix, "bench-fleet-"+name, w.devices, nf, fa); err != nil {
+		return nil, err
+	}
 	if w.ag, err = startAgent(ctx, acfg, daemon.Options{Sender: func(c *mqtt.Commander) agent.Sender {
 		w.sender = &dupSender{Commander: c}
 		return w.sender

@@ -33,6 +33,7 @@ type rssConfig struct {
 	MinRate  float64       // ...but at least MinRate commands/s over all devices
 	Workers  int           // API clients sending the load concurrently
 	Env      []string      // extra environment of the agent, e.g. GODEBUG=gctrace=1
+	Sign     bool          // signed commands and acks (invariant I7; --sign)
 	Dir      string
 	Log      io.Writer
 }
@@ -161,7 +162,21 @@ func measureAgentRSS(ctx context.Context, etcd *sandbox.Etcd, cli *clientv3.Clie
 	prefix := fmt.Sprintf("rss%d", n)
 	// The devices answer the commands; they run here, not in the agent:
 	// one sim.Fleet (one MQTT client, one bbolt file) for all of them.
-	_, closeFleet, err := startFleet(ctx, dir, br.url, prefix, "bench-rss-fleet-"+prefix, devs, 120*time.Second)
+	ac := rssAgentConfig{n: n, dir: dir, etcd: etcd.Endpoint(), broker: br.url, prefix: prefix, devs: devs,
+		sock: filepath.Join(dir, "agent.sock"), etcdPrefix: fmt.Sprintf("/bench/rss-%d-%d", n, time.Now().UnixNano())}
+	var fa fleetAuth
+	if cfg.Sign {
+		s, err := newSigning(dir, fmt.Sprintf("bench-rss-%d", n))
+		if err != nil {
+			return row, err
+		}
+		a := s.authConfig()
+		ac.auth = &a
+		if fa, err = s.enrol(ctx, etcd.Endpoints(), ac.etcdPrefix, devs); err != nil {
+			return row, err
+		}
+	}
+	_, closeFleet, err := startFleet(ctx, dir, br.url, prefix, "bench-rss-fleet-"+prefix, devs, 120*time.Second, fa)
 	if err != nil {
 		return row, err
 	}
@@ -170,9 +185,7 @@ func measureAgentRSS(ctx context.Context, etcd *sandbox.Etcd, cli *clientv3.Clie
 	if err != nil {
 		return row, err
 	}
-	ac := rssAgentConfig{n: n, dir: dir, etcd: etcd.Endpoint(), broker: br.url, prefix: prefix, devs: devs,
-		sock: filepath.Join(dir, "agent.sock"), metrics: fmt.Sprintf("127.0.0.1:%d", mport),
-		etcdPrefix: fmt.Sprintf("/bench/rss-%d-%d", n, time.Now().UnixNano())}
+	ac.metrics = fmt.Sprintf("127.0.0.1:%d", mport)
 	cpath := filepath.Join(dir, "edgefence.yaml")
 	if err := ac.write(cpath); err != nil {
 		return row, err
@@ -234,6 +247,7 @@ type rssAgentConfig struct {
 	dir, etcd, broker, prefix string
 	sock, metrics, etcdPrefix string
 	devs                      []string
+	auth                      *agent.AuthConfig // --sign: the gateway's key, certificate and trust root
 }
 
 // write writes the config file to path.
@@ -258,8 +272,12 @@ command:
 log:
   level: warn
   format: text
-devices:
 `, c.n, filepath.Join(c.dir, "state"), c.etcd, c.etcdPrefix, c.broker, c.prefix, c.n, c.sock, c.metrics)
+	if a := c.auth; a != nil {
+		fmt.Fprintf(&conf, "auth:\n  key_file: %q\n  key_id: %q\n  certificate: %q\n  trust_root: %q\n  trust_root_kid: %q\n",
+			a.KeyFile, a.KeyID, a.Certificate, a.TrustRoot, a.TrustRootKID)
+	}
+	conf.WriteString("devices:\n")
 	for _, d := range c.devs {
 		fmt.Fprintf(&conf, "  - id: %s\n", d)
 	}

@@ -309,7 +309,7 @@ func runTwins(ctx context.Context, etcd *sandbox.Etcd, cfg twinsConfig) (*twinsR
 	}
 	defer br.Close()
 	w := &twinsWorld{cfg: cfg, devs: deviceIDs("tw-", cfg.Devices), obs: newTwinObserver(), counter: &reqCounter{}}
-	fleets, err := startFleets(ctx, dir, br.URL(), "twins", "bench-twins-fleet", w.devs, nf)
+	fleets, err := startFleets(ctx, dir, br.URL(), "twins", "bench-twins-fleet", w.devs, nf, fleetAuth{})
 	defer closeFleets(fleets)
 	if err != nil {
 		return res, err

@@ -207,3 +207,63 @@ func TestStatementContentType(t *testing.T) {
 		t.Errorf("revocation version %d after refusals", c.trust.Version())
 	}
 }
+
+// Rotating a gateway's key with overlap: the new key (gw-a/2) is certified
+// while the old one (gw-a/1) is still valid, so commands signed by either
+// verify during the switch; once the operator revokes gw-a/1, only the new
+// key's do, and replaying the old certificate (or an older list) changes
+// nothing.
+func TestRotationWithOverlap(t *testing.T) {
+	c := newChain(t)
+	old := c.gateway(t, "gw-a/1", 1, "dev-1")
+	verify := func(s *auth.Signer) error {
+		t.Helper()
+		raw, err := s.Sign(env("dev-1", 9, 1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = auth.Verify(raw, c.trust)
+		return err
+	}
+	k := newKey(t)
+	newCert, err := c.root.Certify([]byte("gw-a/2"), &k.PublicKey, []string{"dev-1"}, c.now.Add(-time.Minute), c.now.Add(365*24*time.Hour), 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.trust.AddCertificate(newCert); err != nil {
+		t.Fatal(err)
+	}
+	next, err := auth.NewSigner([]byte("gw-a/2"), k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := verify(old); err != nil {
+		t.Fatalf("old key during the overlap: %v", err)
+	}
+	if err := verify(next); err != nil {
+		t.Fatalf("new key during the overlap: %v", err)
+	}
+	list, err := c.root.Revoke(1, [][]byte{[]byte("gw-a/1")}, c.now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.trust.ApplyRevocations(list); err != nil {
+		t.Fatal(err)
+	}
+	if err := verify(old); !errors.Is(err, auth.ErrRevoked) {
+		t.Fatalf("old key after its revocation: %v", err)
+	}
+	if err := verify(next); err != nil {
+		t.Fatalf("new key after the old one's revocation: %v", err)
+	}
+	empty, err := c.root.Revoke(0, nil, c.now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.trust.ApplyRevocations(empty); !errors.Is(err, auth.ErrStaleTrust) {
+		t.Fatalf("an older, empty list: %v", err)
+	}
+	if err := verify(old); !errors.Is(err, auth.ErrRevoked) {
+		t.Fatalf("old key after an older list was replayed: %v", err)
+	}
+}
