@@ -164,17 +164,9 @@ func measureAgentRSS(ctx context.Context, etcd *sandbox.Etcd, cli *clientv3.Clie
 	// one sim.Fleet (one MQTT client, one bbolt file) for all of them.
 	ac := rssAgentConfig{n: n, dir: dir, etcd: etcd.Endpoint(), broker: br.url, prefix: prefix, devs: devs,
 		sock: filepath.Join(dir, "agent.sock"), etcdPrefix: fmt.Sprintf("/bench/rss-%d-%d", n, time.Now().UnixNano())}
-	var fa fleetAuth
-	if cfg.Sign {
-		s, err := newSigning(dir, fmt.Sprintf("bench-rss-%d", n))
-		if err != nil {
-			return row, err
-		}
-		a := s.authConfig()
-		ac.auth = &a
-		if fa, err = s.enrol(ctx, etcd.Endpoints(), ac.etcdPrefix, devs); err != nil {
-			return row, err
-		}
+	fa, err := ac.sign(ctx, cfg.Sign, etcd)
+	if err != nil {
+		return row, err
 	}
 	_, closeFleet, err := startFleet(ctx, dir, br.url, prefix, "bench-rss-fleet-"+prefix, devs, 120*time.Second, fa)
 	if err != nil {
@@ -248,6 +240,21 @@ type rssAgentConfig struct {
 	sock, metrics, etcdPrefix string
 	devs                      []string
 	auth                      *agent.AuthConfig // --sign: the gateway's key, certificate and trust root
+}
+
+// sign, with sign, makes the chain for c's agent and devices (--sign):
+// c's auth section, and what the devices run with.
+func (c *rssAgentConfig) sign(ctx context.Context, sign bool, etcd *sandbox.Etcd) (fleetAuth, error) {
+	if !sign {
+		return fleetAuth{}, nil
+	}
+	s, err := newSigning(c.dir, fmt.Sprintf("bench-rss-%d", c.n))
+	if err != nil {
+		return fleetAuth{}, err
+	}
+	a := s.authConfig()
+	c.auth = &a
+	return s.enrol(ctx, etcd.Endpoints(), c.etcdPrefix, c.devs)
 }
 
 // write writes the config file to path.

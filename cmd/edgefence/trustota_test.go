@@ -13,6 +13,7 @@ import (
 	"github.com/edgefence/edgefence/devices/sim"
 	"github.com/edgefence/edgefence/fence/auth"
 	"github.com/edgefence/edgefence/fence/auth/authtest"
+	"github.com/edgefence/edgefence/internal/sandbox"
 	"github.com/edgefence/edgefence/transport/mqtt"
 )
 
@@ -45,7 +46,25 @@ func TestTrustOverTheAirEndToEnd(t *testing.T) {
 	list1 := file("revocations-1.cbor", op.Revoke(1))
 
 	deviceTrust := op.Trust() // the device: the root only
-	e := newEnvKeys(t, deviceTrust, "dev-1")
+	// ... and a key of its own, enrolled: its acks are signed.
+	var signers map[string]*auth.Signer
+	e := newEnvFleet(t, func(w *sandbox.World, fc *sim.FleetConfig) {
+		bundle := filepath.Join(dir, "bundle")
+		if r := edgefence(t, "keys", "enrol", "dev-1", "--root", rootPrefix, "--root-kid", authtest.RootKID, "--out", bundle,
+			"--etcd", w.Etcd.Endpoint()); r.code != 0 {
+			t.Fatal(r)
+		}
+		k, err := auth.ReadKey(filepath.Join(bundle, "dev-1.key"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := auth.NewSigner([]byte("dev-1/1"), k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		signers = map[string]*auth.Signer{"dev-1": s}
+		fc.Keys, fc.Signers = deviceTrust, signers
+	}, "dev-1")
 	gateway := func(name string) (cfg, sock string) {
 		t.Helper()
 		gw := op.Certify(name, "dev-*")
@@ -150,7 +169,7 @@ func TestTrustOverTheAirEndToEnd(t *testing.T) {
 	}
 	deviceTrust = op.Trust()
 	e.fleet, err = sim.NewFleet(ctx, sim.FleetConfig{Devices: []string{"dev-1"}, DataDir: filepath.Join(e.dir, "devices"),
-		Broker: e.world.Broker.URL(), ClientID: "devsim-" + t.Name(), Keys: deviceTrust})
+		Broker: e.world.Broker.URL(), ClientID: "devsim-" + t.Name(), Keys: deviceTrust, Signers: signers})
 	if err != nil {
 		t.Fatal(err)
 	}
