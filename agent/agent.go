@@ -168,6 +168,7 @@ func New(cfg *Config, cli *clientv3.Client, s Sender, o Options) (*Agent, error)
 		return nil, fmt.Errorf("agent: %w", err)
 	}
 	a.devauth.install(s) // the transport itself: it checks acks before they resolve commands
+	a.leases.publishedReset = a.devauth.publishedReset
 	if s, err = a.withTrustUpdates(o.TrustUpdates, s); err != nil {
 		return nil, fmt.Errorf("agent: %w", err)
 	}

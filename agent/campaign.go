@@ -116,6 +116,9 @@ func (l *leases) install(ctx context.Context, d *device, token fence.Token, key 
 	}
 	defer func() { <-d.sem }()
 	g, why, regression := l.vet(d, grant{token: token, key: key, lease: lease})
+	if regression && l.lowerGuard(ctx, d, token) {
+		g, why, regression = l.vet(d, grant{token: token, key: key, lease: lease})
+	}
 	if why != "" {
 		l.refuse(d, token, why, regression)
 		return false, false, true

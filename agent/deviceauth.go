@@ -233,6 +233,28 @@ func (k *deviceAuth) checkReset(dev, id string, raw []byte) (*fence.Ack, error) 
 	return v.Ack, nil
 }
 
+// publishedReset returns the operator's fence reset of dev that `edgefence
+// fence reset` published at <prefix>/trust/resets/<dev>, if it verifies
+// against the trust root (none without auth.trust_root).
+func (k *deviceAuth) publishedReset(ctx context.Context, dev string) (fence.Mark, string, bool) {
+	if k.trust == nil || k.cli == nil {
+		return fence.Mark{}, "", false
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	key := k.prefix + "/trust/resets/" + dev
+	resp, err := k.cli.Get(ctx, key)
+	if err != nil || len(resp.Kvs) == 0 {
+		return fence.Mark{}, "", false
+	}
+	r, err := k.trust.VerifyReset(resp.Kvs[0].Value, dev)
+	if err != nil {
+		k.log.Warn("fence reset in etcd refused: not the operator root's for this device", "device", dev, "key", key, "err", err)
+		return fence.Mark{}, "", false
+	}
+	return r.Mark(), r.ID, true
+}
+
 // checkState returns the state of the signed report payload from dev if
 // dev's key signed it and it is newer than what was accepted before. ok
 // is false if dev's reports are not checked (auth: off, unknown devices).

@@ -35,10 +35,13 @@ type leases struct {
 	gateway string // stamped on the lock keys this agent holds
 	store   leaseStore
 	hooks   leaseHooks
-	log     *slog.Logger
-	now     func() time.Time
-	devices map[string]*device // the agent's; read-only
-	order   []string
+	// publishedReset returns the operator's fence reset of a device
+	// published in etcd, verified (deviceAuth.publishedReset); nil: none.
+	publishedReset func(ctx context.Context, dev string) (m fence.Mark, id string, ok bool)
+	log            *slog.Logger
+	now            func() time.Time
+	devices        map[string]*device // the agent's; read-only
+	order          []string
 	lossRule
 
 	mu        sync.Mutex
@@ -73,6 +76,7 @@ type leaseStore interface {
 	SetLease(id int64) error
 	Issued(device string) (fence.Token, uint64, error)
 	SetHeld(device string, t fence.Token) error
+	LowerHeld(device string, t fence.Token) error
 }
 
 // leaseHooks is what the leases tell the rest of the agent (Agent wires

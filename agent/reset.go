@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"fmt"
 	"math"
 
@@ -39,6 +40,52 @@ func (a *Agent) FenceResetAck(dev string, ack *fence.Ack, raw []byte) {
 		ack = v
 	}
 	a.leases.fenceReset(d, ack.Mark(), ack.ID)
+}
+
+// lowerGuard is the way back for a gateway whose own guard (the highest
+// token it ever held, or the device's mark it learned) refuses token after
+// a token regression the operator has repaired with a fence reset it did
+// not see: the reset, root-signed, published in etcd by `edgefence fence
+// reset` (<prefix>/trust/resets/<device>), verified against auth.trust_root.
+// If it sets the device's mark below token, the guard comes down to the
+// reset's token, durably; the commands queued under the tokens before it
+// are superseded (ended as stale, never sent again), so that none of them
+// can raise the device's mark above the reset. It reports whether it
+// lowered the guard. Without a trust root, or a reset that verifies,
+// nothing changes: the device's own fence stays the authority either way.
+func (l *leases) lowerGuard(ctx context.Context, d *device, token fence.Token) bool {
+	if l.publishedReset == nil {
+		return false
+	}
+	m, id, ok := l.publishedReset(ctx, d.id)
+	if !ok || token <= m.Token {
+		return false
+	}
+	d.mu.Lock()
+	maxHeld, mark := d.maxToken, d.fenceMark
+	d.mu.Unlock()
+	if maxHeld <= m.Token && mark <= m.Token {
+		return false // nothing to lower: the refusal is not the reset's business
+	}
+	if err := l.store.LowerHeld(d.id, m.Token); err != nil {
+		l.stats.outboxErr.Add(1)
+		l.log.Error("fence reset found, but the held token cannot be lowered durably; device still refused", "device", d.id, "err", err)
+		return false
+	}
+	d.mu.Lock()
+	top := max(d.maxToken, d.deposedAt)
+	if d.last != nil {
+		top = max(top, d.last.token)
+	}
+	d.deposedAt = top
+	d.maxToken = min(d.maxToken, m.Token)
+	d.fenceMark = min(d.fenceMark, m.Token)
+	d.mu.Unlock()
+	l.stats.resets.Add(1)
+	l.log.Warn("fence reset found in etcd: guard lowered", "device", d.id, "token", token, "max_held", maxHeld, "fence_token", mark,
+		"mark", m.String(), "id", id, "holder", l.gateway)
+	l.hooks.heldElsewhere(d) // queued commands of the tokens before it end as superseded
+	return true
 }
 
 // fenceReset records that d's fence point was reset to m.

@@ -21,34 +21,48 @@ var heldBucket = []byte("agent.held")
 // tokens in far fewer fsyncs than 1,000); the check-and-raise decides from
 // what its transaction holds, as a group's rerun requires.
 func (ob *Outbox) SetHeld(device string, t fence.Token) error {
+	if err := ob.putHeld(device, t, func(cur fence.Token) bool { return t > cur }); err != nil {
+		return fmt.Errorf("offline: record held token of %s: %w", device, err)
+	}
+	return nil
+}
+
+// LowerHeld records t as the highest token held for device if it is below
+// the record, durably: after the operator's fence reset (agent) the device
+// takes tokens above t again, and the guard must let them through. It
+// never raises the record (SetHeld does).
+func (ob *Outbox) LowerHeld(device string, t fence.Token) error {
+	if err := ob.putHeld(device, t, func(cur fence.Token) bool { return t < cur }); err != nil {
+		return fmt.Errorf("offline: lower held token of %s: %w", device, err)
+	}
+	return nil
+}
+
+// putHeld writes t as device's held token, in a group commit, if better
+// says so of the token recorded (0 if none).
+func (ob *Outbox) putHeld(device string, t fence.Token, better func(cur fence.Token) bool) error {
 	// Touches no in-memory state: a read lock keeps Close out, and
 	// writers that hold the write lock (Append, Resolve) are serialized
 	// with the group by bbolt itself.
 	ob.mu.RLock()
 	defer ob.mu.RUnlock()
-	var err error
 	switch {
 	case ob.closed:
-		err = ErrClosed
+		return ErrClosed
 	case ob.opts.ReadOnly:
-		err = ErrReadOnly
-	default:
-		err = ob.group.Commit(func(tx *bbolt.Tx) error {
-			b, err := tx.CreateBucketIfNotExists(heldBucket)
-			if err != nil {
-				return err
-			}
-			cur, err := heldIn(b, device)
-			if err != nil || t <= cur {
-				return err
-			}
-			return b.Put([]byte(device), binary.BigEndian.AppendUint64(nil, uint64(t)))
-		})
+		return ErrReadOnly
 	}
-	if err != nil {
-		return fmt.Errorf("offline: record held token of %s: %w", device, err)
-	}
-	return nil
+	return ob.group.Commit(func(tx *bbolt.Tx) error {
+		b, err := tx.CreateBucketIfNotExists(heldBucket)
+		if err != nil {
+			return err
+		}
+		cur, err := heldIn(b, device)
+		if err != nil || !better(cur) {
+			return err
+		}
+		return b.Put([]byte(device), binary.BigEndian.AppendUint64(nil, uint64(t)))
+	})
 }
 
 // Held returns the highest token recorded by SetHeld for device, 0 if none.

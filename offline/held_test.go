@@ -92,3 +92,27 @@ func BenchmarkSetHeldTakeover(b *testing.B) {
 	b.ReportMetric(b.Elapsed().Seconds()*1000/float64(b.N), "ms/takeover")
 	b.ReportMetric(0, "ns/op")
 }
+
+// LowerHeld lowers the record durably (the operator's fence reset) and
+// never raises it.
+func TestLowerHeld(t *testing.T) {
+	path := dbPath(t)
+	ob := open(t, path, nil)
+	if err := ob.SetHeld("d1", 500); err != nil {
+		t.Fatal(err)
+	}
+	if err := ob.LowerHeld("d1", 12); err != nil {
+		t.Fatal(err)
+	}
+	if err := ob.LowerHeld("d1", 40); err != nil { // not a raise
+		t.Fatal(err)
+	}
+	if err := ob.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ob = open(t, path, nil)
+	defer ob.Close()
+	if got, err := ob.Held("d1"); err != nil || got != 12 {
+		t.Fatalf("held after LowerHeld and a reopen: %d, %v; want 12", got, err)
+	}
+}

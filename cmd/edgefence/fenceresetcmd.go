@@ -45,7 +45,11 @@ milliseconds, so a later reset has a higher one.
 --out writes the signed reset to a file (an air-gapped operator key: sign
 there, deliver with --from on a machine that reaches the broker).
 --config publishes it on the device's command topic with that agent config's
-MQTT settings (broker, credentials, TLS, prefix) and waits for the ack.
+MQTT settings (broker, credentials, TLS, prefix) and waits for the ack; once
+applied, it also puts the signed reset at <etcd prefix>/trust/resets/DEVICE,
+where a gateway not running now (one that held the device before a token
+regression, whose own guard remembers a higher token) finds it and, with
+auth.trust_root set, takes the device again above the reset.
 
 flags:
 `
@@ -267,10 +271,39 @@ func (f *resetFlags) deliver(raw []byte, r *auth.Reset) error {
 	}
 	if ack.Verdict == fence.Accepted {
 		fmt.Fprintf(f.stdout, "accepted: %s's fence mark is now %s (reset %s)\n", r.Device, ack.Mark(), ack.ID)
+		f.publish(raw, r)
 		return nil
 	}
 	fmt.Fprintf(f.stdout, "refused (%s): %s; %s's mark stays %s\n", ack.Verdict, ack.Reason, r.Device, ack.Mark())
 	return exitError{exitFailure}
+}
+
+// publish puts the applied reset, root-signed and so public, at
+// <etcd prefix>/trust/resets/<device> in the config's etcd: agents that
+// were not running when it was applied (a gateway that held the device
+// before a token regression) find it there and lower their own guard
+// (agent.leases.lowerGuard). Failing to is said, not fatal: the device has
+// the reset; run the command again when etcd is back (a replay is refused
+// by the device and published again).
+func (f *resetFlags) publish(raw []byte, r *auth.Reset) {
+	key := f.deliverCfg.Etcd.Prefix + "/trust/resets/" + r.Device
+	err := func() error {
+		t := &etcdTarget{endpoints: f.deliverCfg.Etcd.Endpoints, prefix: f.deliverCfg.Etcd.Prefix, cfg: f.deliverCfg.Etcd}
+		cli, err := t.dial()
+		if err != nil {
+			return err
+		}
+		defer cli.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), f.timeout)
+		defer cancel()
+		_, err = cli.Put(ctx, key, string(raw))
+		return err
+	}()
+	if err != nil {
+		fmt.Fprintf(f.stdout, "not published at %s (%v): gateways that were not running keep their own guard until it is\n", key, err)
+		return
+	}
+	fmt.Fprintf(f.stdout, "published at %s for the gateways not running now\n", key)
 }
 
 // writeNewFile writes b to path, which must not exist, fsynced.

@@ -133,7 +133,8 @@ func TestTokenRegressionRunbookReset(t *testing.T) {
 			file := signReset(t, keyDir, "dev-1", rev, rootKey, "operator")
 			r := deliverReset(t, file, cfg2)
 			want := fence.Mark{Token: rev, Seq: math.MaxUint64}
-			if r.code != 0 || !strings.Contains(r.stdout, "accepted: dev-1's fence mark is now "+want.String()) {
+			if r.code != 0 || !strings.Contains(r.stdout, "accepted: dev-1's fence mark is now "+want.String()) ||
+				!strings.Contains(r.stdout, "published at /edgefence/v1/trust/resets/dev-1") {
 				t.Fatalf("fence reset --from\n%s", r)
 			}
 			if m, err := e.fleet.Mark("dev-1"); err != nil || m != want {
@@ -172,6 +173,28 @@ func TestTokenRegressionRunbookReset(t *testing.T) {
 			}
 			if r, res := e.set(sock2, "dev-1", 23); r.code != 0 || res.Verdict != "accepted" {
 				t.Fatalf("after the replay\n%s", r)
+			}
+
+			// gw-1 held the device at the high token before the wipe,
+			// and its own guard remembers it (max_token_held). Started
+			// again, now with the operator's root, it finds the reset the
+			// CLI published in etcd, lowers its guard to the reset and
+			// takes the device with a token above the reset and below
+			// what it held: accepted.
+			if err := gw2.Stop(10 * time.Second); err != nil {
+				t.Fatalf("gw-2 did not stop cleanly: %v", err)
+			}
+			cfg1, sock1 := e.config("gw-1", 5*time.Second)
+			appendConfig(t, cfg1, "auth:\n  trust_root: "+filepath.Join(keyDir, "operator.pub")+"\n  trust_root_kid: operator\n")
+			e.startAgent("gw-1", cfg1)
+			d1 := waitStatus(t, sock1, "dev-1", "held by gw-1 again", func(d agent.DeviceStatus, _ agent.Counters) bool {
+				return d.State == agent.StateHolding
+			})
+			if d1.Token <= rev || d1.Token >= high {
+				t.Fatalf("gw-1 holds dev-1 under token %d: want one above the reset %d and below what it held, %d", d1.Token, rev, high)
+			}
+			if r, res := e.set(sock1, "dev-1", 24); r.code != 0 || res.Verdict != "accepted" {
+				t.Fatalf("gw-1's send under token %d after the reset: want accepted\n%s", d1.Token, r)
 			}
 		})
 	}
