@@ -25,7 +25,10 @@ func TestSignWithPlainDevices(t *testing.T) {
 			t.Error(err)
 			return
 		}
-		if err := dev.Publish(timeout(t, 5*time.Second), Message{Topic: topics.Ack(d), Payload: ack}); err != nil {
+		// The commander may have the ack (and the test may be over)
+		// before the broker's PUBACK reaches the device: a publish cut
+		// short by the test's end is not an error.
+		if err := dev.Publish(timeout(t, 5*time.Second), Message{Topic: topics.Ack(d), Payload: ack}); err != nil && t.Context().Err() == nil {
 			t.Error(err)
 		}
 	})
