@@ -228,6 +228,20 @@ func TestSecretsFromEnvironmentAreRedacted(t *testing.T) {
 		}
 	}
 
+	// auth.key_file may be a systemd credential too.
+	kc := filepath.Join(dir, "key-cred.yaml")
+	if err := os.WriteFile(kc, append([]byte(src), []byte("auth:\n  key_file: ${CREDENTIALS_DIRECTORY}/gw.key\n  key_id: gw/1\n")...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if c, err = LoadConfig(kc); err != nil || c.Auth.KeyFile != filepath.Join(creds, "gw.key") {
+		t.Fatalf("key_file from the credentials directory: %v %+v", err, c)
+	}
+	t.Setenv("CREDENTIALS_DIRECTORY", "")
+	if _, err = LoadConfig(kc); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "auth.key_file") {
+		t.Fatalf("key_file from an unset credentials directory: %v", err)
+	}
+	t.Setenv("CREDENTIALS_DIRECTORY", creds)
+
 	// _FILE, with ${CREDENTIALS_DIRECTORY}; a missing file names the variable.
 	t.Setenv(EnvMQTTPassword, "")
 	t.Setenv(EnvMQTTPassword+"_FILE", "${CREDENTIALS_DIRECTORY}/etcd_password")

@@ -130,6 +130,23 @@ const (
 	EnvEtcdPassword = "EDGEFENCE_ETCD_PASSWORD"
 )
 
+// expandKeyFile expands ${CREDENTIALS_DIRECTORY} in auth.key_file, so that
+// the gateway's signing key can be a systemd credential
+// (LoadCredential=gw.key:/etc/edgefence/gw.key, key_file:
+// ${CREDENTIALS_DIRECTORY}/gw.key): it never sits in a file the service
+// user can read outside the unit's run.
+func (c *Config) expandKeyFile(credDir string) error {
+	const ref = "${CREDENTIALS_DIRECTORY}"
+	if !strings.Contains(c.Auth.KeyFile, ref) {
+		return nil
+	}
+	if credDir == "" {
+		return &ConfigError{Key: "auth.key_file", Msg: ref + " is not set: run under systemd with LoadCredential= (or give a path)"}
+	}
+	c.Auth.KeyFile = strings.ReplaceAll(c.Auth.KeyFile, ref, credDir)
+	return nil
+}
+
 // secretEnv lists the overrides: the variable, the systemd credential
 // name, and the secret it sets.
 func (c *Config) secretEnv() []struct {
@@ -150,6 +167,9 @@ func (c *Config) secretEnv() []struct {
 func (c *Config) applyEnv(lookup func(string) (string, bool)) []error {
 	var errs []error
 	credDir, _ := lookup("CREDENTIALS_DIRECTORY")
+	if err := c.expandKeyFile(credDir); err != nil {
+		errs = append(errs, err)
+	}
 	for _, o := range c.secretEnv() {
 		if v, ok := lookup(o.env); ok && v != "" {
 			*o.s = Secret{value: v, source: "env " + o.env}
