@@ -9,6 +9,10 @@
 //	write_registers  {"addr": A, "values": [V...]}  → 0x10 (1..123 registers)
 //	read_registers   {"addr": A, "count": N}        → 0x03 (1..125 registers)
 //
-// Today the PDUs travel in edgefence's serial frames (transport/serial:
-// COBS + CRC-32C); Modbus RTU and Modbus TCP framing land here next.
+// Today the bridge sends the PDUs in edgefence's serial frames
+// (transport/serial: COBS + CRC-32C). The field's own framing is here
+// (adu.go): Modbus RTU (unit id, PDU, CRC-16; t1.5/t3.5 from the baud rate,
+// RTUTiming) and Modbus TCP (the MBAP header), checked strictly (ErrCRC,
+// ErrFrame: another unit's or transaction's answer is not ours). The bus
+// worker that speaks them to real devices comes next (issue 14).
 package modbus
