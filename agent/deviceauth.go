@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -116,30 +115,9 @@ func newDeviceAuth(cfg *Config, cli *clientv3.Client, log *slog.Logger, now func
 		}
 		return k, nil
 	}
-	pub, err := auth.ReadPublic(a.TrustRoot)
-	if err != nil {
-		return nil, fmt.Errorf("auth.trust_root: %w", err)
-	}
-	if k.trust, err = auth.NewTrust([]byte(a.TrustRootKID), pub, now); err != nil {
-		return nil, fmt.Errorf("auth.trust_root: %w", err)
-	}
-	for _, f := range []struct {
-		key, path string
-		add       func([]byte) error
-	}{
-		{"auth.certificate", a.Certificate, func(b []byte) error { _, err := k.trust.AddCertificate(b); return err }},
-		{"auth.revocations", a.Revocations, k.trust.ApplyRevocations},
-	} {
-		if f.path == "" {
-			continue
-		}
-		b, err := os.ReadFile(f.path)
-		if err == nil {
-			err = f.add(b)
-		}
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", f.key, err)
-		}
+	var err error
+	if k.trust, err = a.OperatorTrust(now); err != nil {
+		return nil, err
 	}
 	return k, nil
 }
@@ -242,7 +220,7 @@ func (k *deviceAuth) publishedReset(ctx context.Context, dev string) (fence.Mark
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	key := k.prefix + "/trust/resets/" + dev
+	key := TrustResetKey(k.prefix, dev)
 	resp, err := k.cli.Get(ctx, key)
 	if err != nil || len(resp.Kvs) == 0 {
 		return fence.Mark{}, "", false
@@ -336,10 +314,10 @@ func (k *deviceAuth) reread(dev string) bool {
 
 	ctx, cancel := context.WithTimeout(context.Background(), rereadTimeout)
 	defer cancel()
-	key := k.prefix + "/trust/devices/" + dev
-	ops := []clientv3.Op{clientv3.OpGet(key), clientv3.OpGet(k.prefix + "/trust/revocations")}
+	key := TrustDeviceKey(k.prefix, dev)
+	ops := []clientv3.Op{clientv3.OpGet(key), clientv3.OpGet(TrustRevocationsKey(k.prefix))}
 	if k.bridged[dev] {
-		ops = append(ops, clientv3.OpGet(k.prefix+"/trust/certs/", clientv3.WithPrefix(), clientv3.WithLimit(1024)))
+		ops = append(ops, clientv3.OpGet(TrustCertKey(k.prefix, ""), clientv3.WithPrefix(), clientv3.WithLimit(1024)))
 	}
 	resp, err := k.cli.Txn(ctx).Then(ops...).Commit()
 	if err != nil {

@@ -49,8 +49,10 @@ func (a *Agent) FenceResetAck(dev string, ack *fence.Ack, raw []byte) {
 // reset` (<prefix>/trust/resets/<device>), verified against auth.trust_root.
 // If it sets the device's mark below token, the guard comes down to the
 // reset's token, durably; the commands queued under the tokens before it
-// are superseded (ended as stale, never sent again), so that none of them
-// can raise the device's mark above the reset. It reports whether it
+// and never sent are superseded (ended as stale, not sent). One of those
+// tokens already sent once (its fate unknown) is still sent again to learn
+// its verdict, and the device, now at the reset's mark, may take it: a
+// known limit (docs/ARCHITECTURE.md). It reports whether it
 // lowered the guard. Without a trust root, or a reset that verifies,
 // nothing changes: the device's own fence stays the authority either way.
 func (l *leases) lowerGuard(ctx context.Context, d *device, token fence.Token) bool {

@@ -35,6 +35,14 @@ func TrustRevocationsKey(prefix string) string { return prefix + "/trust/revocat
 // TrustCertKey is the etcd key of the certificate of the gateway key kid.
 func TrustCertKey(prefix, kid string) string { return prefix + "/trust/certs/" + kid }
 
+// TrustDeviceKey is the etcd key of device's certificate (`edgefence keys
+// enrol`).
+func TrustDeviceKey(prefix, device string) string { return prefix + "/trust/devices/" + device }
+
+// TrustResetKey is the etcd key of the last operator fence reset of device
+// (`edgefence fence reset`), root-signed.
+func TrustResetKey(prefix, device string) string { return prefix + "/trust/resets/" + device }
+
 // TrustPublisher publishes a trust update on a device's command topic, in
 // order with what is published there after it returns. *mqtt.Commander
 // satisfies it.

@@ -22,30 +22,7 @@ import (
 // required` devices against it (bridge.Config.Keys); trust updates extend
 // it as they arrive. A file that cannot be read or does not verify is a
 // config error naming its key.
-func gatewayTrust(a agent.AuthConfig) (*auth.Trust, error) {
-	if a.TrustRoot == "" {
-		return nil, nil
-	}
-	pub, err := auth.ReadPublic(a.TrustRoot)
-	if err != nil {
-		return nil, fmt.Errorf("%w: auth.trust_root: %w", agent.ErrConfig, err)
-	}
-	t, err := auth.NewTrust([]byte(a.TrustRootKID), pub, nil)
-	if err != nil {
-		return nil, fmt.Errorf("%w: auth.trust_root: %w", agent.ErrConfig, err)
-	}
-	if a.Certificate != "" {
-		if _, err := t.AddCertificateFile(a.Certificate); err != nil {
-			return nil, fmt.Errorf("%w: auth.certificate: %w", agent.ErrConfig, err)
-		}
-	}
-	if a.Revocations != "" {
-		if err := t.ApplyRevocationsFile(a.Revocations); err != nil {
-			return nil, fmt.Errorf("%w: auth.revocations: %w", agent.ErrConfig, err)
-		}
-	}
-	return t, nil
-}
+func gatewayTrust(a agent.AuthConfig) (*auth.Trust, error) { return a.OperatorTrust(nil) }
 
 // authOffDevices returns the devices whose policy is `auth: off`, in
 // config order.
@@ -98,12 +75,10 @@ func trustUpdates(a agent.AuthConfig, pub agent.TrustPublisher) (*agent.TrustUpd
 	if a.TrustRoot == "" {
 		return tu, nil
 	}
-	root, err := auth.ReadPublic(a.TrustRoot)
-	if err != nil {
-		return nil, fmt.Errorf("auth.trust_root: %w", err)
-	}
-	if tu.Trust, err = auth.NewTrust([]byte(a.TrustRootKID), root, nil); err != nil {
-		return nil, fmt.Errorf("auth.trust_root: %w", err)
+	// Root only: the lists are the push's to adopt (setList), so that
+	// the one in auth.revocations is relayed too.
+	if tu.Trust, err = a.RootTrust(nil); err != nil {
+		return nil, err
 	}
 	c, err := tu.Trust.AddCertificate(tu.Certificate)
 	if err != nil {

@@ -38,14 +38,7 @@ func TestSignedCommandsEndToEnd(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	c, err := mqtt.Dial(ctx, mqtt.Config{Brokers: []string{e.world.Broker.URL()}, ClientID: "mallory"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close(context.Background())
-	if err := c.AwaitConnection(ctx); err != nil {
-		t.Fatal(err)
-	}
+	c := dialMallory(t, ctx, e.world.Broker.URL())
 	unauth := e.fleet.Stats().Unauthenticated
 	if err := c.Publish(ctx, mqtt.Message{Topic: mqtt.Topics{}.Cmd("dev-1"), Payload: forged}); err != nil {
 		t.Fatal(err)
@@ -61,4 +54,19 @@ func TestSignedCommandsEndToEnd(t *testing.T) {
 	if res := send("23"); res.Verdict != "accepted" {
 		t.Fatalf("the holder after the forgery: %+v", res)
 	}
+}
+
+// dialMallory connects a broker client with no right to speak for anyone
+// (the forger) to the broker at url; it disconnects when the test ends.
+func dialMallory(t *testing.T, ctx context.Context, url string) *mqtt.Client {
+	t.Helper()
+	c, err := mqtt.Dial(ctx, mqtt.Config{Brokers: []string{url}, ClientID: "mallory"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(context.Background()) })
+	if err := c.AwaitConnection(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return c
 }

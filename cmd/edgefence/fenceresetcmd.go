@@ -286,7 +286,7 @@ func (f *resetFlags) deliver(raw []byte, r *auth.Reset) error {
 // the reset; run the command again when etcd is back (a replay is refused
 // by the device and published again).
 func (f *resetFlags) publish(raw []byte, r *auth.Reset) {
-	key := f.deliverCfg.Etcd.Prefix + "/trust/resets/" + r.Device
+	key := agent.TrustResetKey(f.deliverCfg.Etcd.Prefix, r.Device)
 	err := func() error {
 		t := &etcdTarget{endpoints: f.deliverCfg.Etcd.Endpoints, prefix: f.deliverCfg.Etcd.Prefix, cfg: f.deliverCfg.Etcd}
 		cli, err := t.dial()

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/edgefence/edgefence/agent"
 	"github.com/edgefence/edgefence/fence"
 	"github.com/edgefence/edgefence/fence/auth"
 )
@@ -179,7 +180,7 @@ func publishDeviceCert(o *enrolOpts, cert []byte, stdout io.Writer) error {
 	defer cli.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	key := t.prefix + "/trust/devices/" + o.device
+	key := agent.TrustDeviceKey(t.prefix, o.device)
 	if _, err := cli.Put(ctx, key, string(cert)); err != nil {
 		return fmt.Errorf("publish %s: %w", key, err)
 	}

@@ -185,14 +185,7 @@ func TestTrustOverTheAirEndToEnd(t *testing.T) {
 	}
 
 	// A broker client replays the old list, then forges one.
-	c, err := mqtt.Dial(ctx, mqtt.Config{Brokers: []string{e.world.Broker.URL()}, ClientID: "mallory"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close(context.Background())
-	if err := c.AwaitConnection(ctx); err != nil {
-		t.Fatal(err)
-	}
+	c := dialMallory(t, ctx, e.world.Broker.URL())
 	forged, _ := os.ReadFile(forgedList)
 	for i, up := range [][]byte{authtest.Update(t, old), authtest.Update(t, forged)} {
 		refused := e.fleet.Stats().TrustRefused

@@ -231,6 +231,7 @@ func PublishDevices(ctx context.Context, endpoints []string, prefix string, cert
 		n := min(len(ids), 64) // etcd's default max txn ops is 128
 		var ops []clientv3.Op
 		for _, id := range ids[:n] {
+			// agent.TrustDeviceKey (agent's tests import this package).
 			ops = append(ops, clientv3.OpPut(prefix+"/trust/devices/"+id, string(certs[id])))
 		}
 		if _, err := cli.Txn(ctx).Then(ops...).Commit(); err != nil {
