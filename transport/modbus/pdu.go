@@ -8,8 +8,13 @@ import (
 
 // Modbus function codes this package speaks.
 const (
+	FuncReadCoils     byte = 0x01
+	FuncReadDiscrete  byte = 0x02
 	FuncReadHolding   byte = 0x03
+	FuncReadInput     byte = 0x04
+	FuncWriteCoil     byte = 0x05
 	FuncWriteSingle   byte = 0x06
+	FuncWriteCoils    byte = 0x0F
 	FuncWriteMultiple byte = 0x10
 	ExceptionFlag     byte = 0x80 // set in a response's function code: an exception
 	MaxReadRegisters       = 125  // Modbus application protocol v1.1b3, 6.3
