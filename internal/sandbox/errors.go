@@ -14,6 +14,9 @@ var (
 	// ErrBadACL means an ACL or a password file could not be parsed.
 	ErrBadACL = errors.New("sandbox: bad broker ACL")
 
+	// ErrLineConfig means an RS485 line was given a bad config or fault.
+	ErrLineConfig = errors.New("sandbox: bad RS-485 line config")
+
 	// ErrClosed is returned by Start and Restart after Close.
 	ErrClosed = errors.New("sandbox: closed")
 )
