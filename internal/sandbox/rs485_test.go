@@ -507,7 +507,7 @@ func needModbusTools(t *testing.T) {
 }
 
 // startProcess runs a program until the test ends.
-func startProcess(t *testing.T, name string, args ...string) {
+func startProcess(t testing.TB, name string, args ...string) {
 	t.Helper()
 	cmd := exec.Command(name, args...)
 	var out bytes.Buffer
@@ -524,12 +524,13 @@ func startProcess(t *testing.T, name string, args ...string) {
 	})
 }
 
-// TestRS485ExternalPrograms: real programs on the line: two pymodbus RTU
-// servers, units 1 and 2, each on its own drop, and mbpoll as the master
-// reading both over the one bus.
-func TestRS485ExternalPrograms(t *testing.T) {
-	needModbusTools(t)
-	l := newLine(t, RS485Config{Baud: 9600, Drops: 2})
+// startSlaves runs a pymodbus RTU server on each drop of a 9,600-baud
+// line, unit i+1 on drop i, and waits until mbpoll reads units 1 and 2. It
+// returns the line's counters before that last, successful poll. (Before
+// the servers are up, a late answer may collide with mbpoll's next
+// request.)
+func startSlaves(t testing.TB, l *RS485) RS485Stats {
+	t.Helper()
 	script := filepath.Join(t.TempDir(), "slave.py")
 	if err := os.WriteFile(script, []byte(rtuSlave), 0o644); err != nil {
 		t.Fatal(err)
@@ -537,22 +538,53 @@ func TestRS485ExternalPrograms(t *testing.T) {
 	for i, p := range l.Drops {
 		startProcess(t, "/usr/bin/python3", script, p, strconv.Itoa(i+1), "9600")
 	}
-	// The servers take a moment to start: poll until both answer. (Before
-	// they do, a late answer may collide with mbpoll's next request.)
-	var out []byte
 	var before RS485Stats
 	waitUntil(t, "mbpoll to read units 1 and 2", func() bool {
-		var err error
 		before = l.Stats()
-		out, err = exec.Command("mbpoll", "-m", "rtu", "-a", "1,2", "-b", "9600", "-P", "none",
-			"-t", "4", "-r", "1", "-c", "3", "-o", "0.5", "-1", l.Master).CombinedOutput()
-		return err == nil && bytes.Contains(out, []byte("\t101")) && bytes.Contains(out, []byte("\t201"))
+		return pollBoth(l) == 2
 	})
+	return before
+}
+
+// pollBoth reads registers 1-3 of units 1 and 2 with mbpoll, as the bus
+// master, and returns how many units answered right.
+func pollBoth(l *RS485) int {
+	out, _ := exec.Command("mbpoll", "-m", "rtu", "-a", "1,2", "-b", "9600", "-P", "none",
+		"-t", "4", "-r", "1", "-c", "3", "-o", "0.5", "-1", l.Master).CombinedOutput()
+	return bytes.Count(out, []byte("[1]: \t101\n[2]: \t102\n[3]: \t103\n")) +
+		bytes.Count(out, []byte("[1]: \t201\n[2]: \t202\n[3]: \t203\n"))
+}
+
+// TestRS485ExternalPrograms: real programs on the line: two pymodbus RTU
+// servers, units 1 and 2, each on its own drop, and mbpoll as the master
+// reading both over the one bus.
+func TestRS485ExternalPrograms(t *testing.T) {
+	needModbusTools(t)
+	l := newLine(t, RS485Config{Baud: 9600, Drops: 2})
+	before := startSlaves(t, l)
 	st := l.Stats()
-	t.Logf("mbpoll:\n%s\nline %+v", out, st)
+	t.Logf("line %+v", st)
 	if st.ToDrops.Frames-before.ToDrops.Frames != 2 || st.ToMaster.Frames-before.ToMaster.Frames != 2 ||
 		st.Corrupted() != before.Corrupted() {
 		t.Errorf("line %+v, before the last poll %+v: want 2 requests and 2 answers, none corrupted", st, before)
+	}
+}
+
+// BenchmarkRS485DropsHearDrops is why drops do not hear each other by
+// default: the share of mbpoll's reads of two pymodbus servers answered,
+// with the drops isolated and hearing each other.
+func BenchmarkRS485DropsHearDrops(b *testing.B) {
+	for _, hear := range []bool{false, true} {
+		b.Run(fmt.Sprintf("hear=%v", hear), func(b *testing.B) {
+			l := newLine(b, RS485Config{Baud: 9600, Drops: 2, DropsHearDrops: hear})
+			startSlaves(b, l)
+			answered := 0
+			for b.Loop() {
+				answered += pollBoth(l)
+			}
+			b.ReportMetric(float64(answered)/float64(2*b.N), "answered")
+			b.ReportMetric(0, "ns/op")
+		})
 	}
 }
 
