@@ -94,6 +94,12 @@ func (s RS485Stats) Corrupted() uint64 { return s.Flipped + s.Collided }
 //
 // Faults can be injected while the line runs, from any goroutine:
 // FlipBits, Cut, Unplug and Replug.
+//
+// A pty has no baud rate and no parity: the line's config alone sets the
+// timing, whatever the programs ask of their ends. Linux drops PARENB on a
+// pty, which tarm/serial (transport/serial) and mbpoll do not check but
+// pyserial (so pymodbus) does, failing with EINVAL: open the ends from
+// Python with parity "N".
 type RS485 struct {
 	Master string   // the master's path: Dir/master, a symlink to its current pty
 	Drops  []string // the drops' paths: Dir/drop0, Dir/drop1, ...
