@@ -47,8 +47,8 @@ func TestSlaveWithMbpoll(t *testing.T) {
 	if got := MbpollRead(t, tcp.TCPTarget(), 3, HoldingRegisters, 9, 1); got[0] != Initial(3, 9) {
 		t.Fatalf("unit 3: %v", got)
 	}
-	tcp.Restart()
-	rtu.Restart()
+	tcp.Restart(t)
+	rtu.Restart(t)
 	if got := MbpollRead(t, tcp.TCPTarget(), 7, HoldingRegisters, 1, 1); got[0] != Initial(7, 1) {
 		t.Fatalf("after a restart: %v", got)
 	}

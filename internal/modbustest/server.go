@@ -79,7 +79,7 @@ func StartRTU(t testing.TB, path string, opts Options) *Server {
 	t.Helper()
 	Require(t)
 	s := &Server{t: t, opts: opts.withDefaults(), path: path}
-	s.start()
+	s.start(t)
 	t.Cleanup(s.Stop)
 	return s
 }
@@ -90,7 +90,7 @@ func StartTCP(t testing.TB, opts Options) *Server {
 	t.Helper()
 	Require(t)
 	s := &Server{t: t, opts: opts.withDefaults()}
-	s.start()
+	s.start(t)
 	t.Cleanup(s.Stop)
 	return s
 }
@@ -115,15 +115,17 @@ func (s *Server) Stop() {
 }
 
 // Restart kills the slave if it runs and starts it again on the same tty
-// or port, with its registers back to their initial values.
-func (s *Server) Restart() {
-	s.t.Helper()
+// or port, with its registers back to their initial values. A failure to
+// start fails t (the running test, perhaps a subtest of the one that
+// started the slave).
+func (s *Server) Restart(t testing.TB) {
+	t.Helper()
 	s.Stop()
-	s.start()
+	s.start(t)
 }
 
-func (s *Server) start() {
-	s.t.Helper()
+func (s *Server) start(t testing.TB) {
+	t.Helper()
 	units := make([]int, len(s.opts.Units)) // not []byte: JSON would make that base64
 	for i, u := range s.opts.Units {
 		units[i] = int(u)
@@ -136,27 +138,27 @@ func (s *Server) start() {
 	}
 	arg, err := json.Marshal(spec)
 	if err != nil {
-		s.t.Fatal(err)
+		t.Fatal(err)
 	}
-	script := filepath.Join(s.t.TempDir(), "server.py")
+	script := filepath.Join(t.TempDir(), "server.py")
 	if err := os.WriteFile(script, serverScript, 0o600); err != nil {
-		s.t.Fatal(err)
+		t.Fatal(err)
 	}
 	cmd := exec.Command(Python, script, string(arg))
 	stderr := &bytes.Buffer{}
 	cmd.Stderr = stderr // read only after Wait
 	out, err := cmd.StdoutPipe()
 	if err != nil {
-		s.t.Fatal(err)
+		t.Fatal(err)
 	}
 	if err := cmd.Start(); err != nil {
-		s.t.Fatalf("modbustest: start pymodbus: %v", err)
+		t.Fatalf("modbustest: start pymodbus: %v", err)
 	}
 	port, err := awaitReady(out)
 	if err != nil {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
-		s.t.Fatalf("modbustest: pymodbus %s: %v\n%s", arg, err, stderr.String())
+		t.Fatalf("modbustest: pymodbus %s: %v\n%s", arg, err, stderr.String())
 	}
 	if s.path == "" {
 		s.port = port

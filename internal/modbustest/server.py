@@ -60,9 +60,13 @@ async def serve(spec):
         return
     server = ModbusTcpServer(
         context, framer=ModbusSocketFramer, address=("127.0.0.1", spec["tcp"]),
-        ignore_missing_slaves=True)
+        ignore_missing_slaves=True,
+        allow_reuse_address=True)  # a restart binds the same port at once
     task = asyncio.create_task(server.serve_forever())
-    await server.serving
+    await asyncio.wait([task, server.serving], return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        task.result()  # serve_forever failed (e.g. the port is taken): raise it
+        sys.exit("server stopped before serving")
     print("ready %d" % server.server.sockets[0].getsockname()[1], flush=True)
     await task
 

@@ -33,7 +33,17 @@ type rtuLine struct {
 	wg   sync.WaitGroup
 
 	last time.Time // the last byte heard or sent: silence counts from here
+	// dirty is set after a bad or missing answer: the frames' bounds are
+	// unknown, so the next request waits for drainQuiet of silence rather
+	// than t3.5 (a USB adapter delivers a frame in bursts up to its
+	// latency timer apart, 16 ms by default).
+	dirty      bool
+	drainQuiet time.Duration
 }
+
+// drainQuiet is the silence that ends a drain after a bad frame: a tick of
+// tarm/serial's read timeout.
+const drainQuiet = 100 * time.Millisecond
 
 type chunk struct {
 	b  []byte
@@ -54,7 +64,7 @@ func openRTU(port serial.PortConfig, timeout time.Duration, log *slog.Logger, st
 		return nil, fmt.Errorf("%w: %w", ErrConfig, openErr)
 	}
 	l := &rtuLine{conn: conn, timing: timing, timeout: timeout, log: log, st: st,
-		rx: make(chan chunk, 64), stop: make(chan struct{})}
+		rx: make(chan chunk, 64), stop: make(chan struct{}), drainQuiet: drainQuiet}
 	l.wg.Add(1)
 	go l.read()
 	return l, openErr
@@ -116,15 +126,20 @@ func (l *rtuLine) transact(ctx context.Context, unit byte, q *Request, pdu []byt
 		return nil, time.Since(start), fmt.Errorf("%w: %d of %d bytes written: %w", ErrTimeout, n, len(frame), err)
 	}
 	rsp, err := l.answer(ctx, unit, q, sent.Add(l.timing.FrameTime(len(frame))+l.timeout))
+	l.dirty = err != nil
 	return rsp, time.Since(start) + silence, err
 }
 
-// quiet waits until the line has been silent for t3.5, dropping whatever
-// arrives meanwhile (the rest of a bad frame, a late answer). It reports
-// whether it had to wait, and fails if ctx ends or the line is not quiet
-// within the timeout.
+// quiet waits until the line has been silent for t3.5 (drainQuiet after
+// a bad answer), dropping whatever arrives meanwhile (the rest of a bad
+// frame, a late answer). It reports whether it had to wait, and fails if
+// ctx ends or the line is not quiet within the timeout.
 func (l *rtuLine) quiet(ctx context.Context) (bool, error) {
-	limit := time.Now().Add(l.timeout)
+	silence := l.timing.T35
+	if l.dirty {
+		silence = max(silence, l.drainQuiet)
+	}
+	limit := time.Now().Add(l.timeout + silence)
 	waited, dropped := false, 0
 	for {
 		select {
@@ -133,15 +148,16 @@ func (l *rtuLine) quiet(ctx context.Context) (bool, error) {
 			continue
 		default:
 		}
-		wait := time.Until(l.last.Add(l.timing.T35))
+		wait := time.Until(l.last.Add(silence))
 		if wait <= 0 {
 			if dropped > 0 {
 				l.log.Debug("modbus RTU line drained before a request", "bytes", dropped)
 			}
+			l.dirty = false
 			return waited, nil
 		}
 		if time.Now().After(limit) {
-			return waited, fmt.Errorf("line not quiet for %v within %v (%d bytes dropped)", l.timing.T35, l.timeout, dropped)
+			return waited, fmt.Errorf("line not quiet for %v within %v (%d bytes dropped)", silence, l.timeout, dropped)
 		}
 		waited = true
 		t := time.NewTimer(wait)
