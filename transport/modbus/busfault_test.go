@@ -126,7 +126,7 @@ func TestBusRefusals(t *testing.T) {
 }
 
 // A transaction whose context ends while it waits behind another is never
-// sent.
+// sent; one whose context ends after sending is of unknown fate.
 func TestBusCancelledWhileQueued(t *testing.T) {
 	slave := modbustest.StartTCP(t, modbustest.Options{Units: []byte{1}, Size: blockSize})
 	b, _ := openTestBus(t, BusConfig{TCP: slave.Addr(), Timeout: 2 * time.Second})
@@ -142,7 +142,18 @@ func TestBusCancelledWhileQueued(t *testing.T) {
 	if err := <-held; !errors.Is(err, ErrTimeout) {
 		t.Fatalf("the holder: %v", err)
 	}
-	if st := b.Stats(); st.Transactions != 1 || st.NotSent != 1 {
+	// Cancelled after sending: fate unknown, and the bus does not wait out
+	// its timeout for it.
+	ctx, cancel = context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	if _, err := b.Transact(ctx, 9, &Request{Func: FuncWriteSingle, Addr: 1, Values: []uint16{1}}); !errors.Is(err, ErrTimeout) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("cancelled after sending: %v", err)
+	}
+	if took := time.Since(start); took >= 2*time.Second {
+		t.Errorf("a cancelled transaction held its caller %v, the bus's whole timeout", took)
+	}
+	if st := b.Stats(); st.Transactions != 2 || st.NotSent != 1 || st.Timeouts != 2 {
 		t.Errorf("stats %+v", st)
 	}
 }
@@ -366,5 +377,34 @@ func TestBusRTUDrainsAfterBadFrame(t *testing.T) {
 	}
 	if st := b.Stats(); st.CRCErrors != 1 || st.FrameErrors != 0 || st.Transactions != 2 {
 		t.Errorf("stats %+v", st)
+	}
+}
+
+// The RS-485 adapter unplugged and plugged back: transactions fail
+// meanwhile (ErrNotSent while the port is down, or ErrTimeout), the port
+// reopens by itself, and the bus serves again.
+func TestBusRTUUnplugReplug(t *testing.T) {
+	f := newRTU(t, 19200, "N", 7)
+	b, logs := openTestBus(t, BusConfig{Name: "rs485", RTU: &f.port})
+	if err := readHolding(b, 7, 2); err != nil {
+		t.Fatal(err)
+	}
+	f.slave.Stop()
+	f.pair.Unplug()
+	eventually(t, "the port seen down", func() error {
+		err := readHolding(b, 7, 2)
+		if !errors.Is(err, ErrNotSent) || !errors.Is(err, serial.ErrPortDown) {
+			return fmt.Errorf("want ErrNotSent with the port down, got %v", err)
+		}
+		return nil
+	})
+	f.pair.Replug(t)
+	f.slave.Restart(t)
+	eventually(t, "recovery after the replug", func() error { return readHolding(b, 7, 2) })
+	if st := b.Stats(); st.NotSent == 0 {
+		t.Errorf("stats %+v", st)
+	}
+	if !strings.Contains(logs.String(), "serial port lost") || !strings.Contains(logs.String(), "bus=rs485") {
+		t.Errorf("no port loss in the log:\n%s", logs)
 	}
 }
