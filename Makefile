@@ -32,7 +32,7 @@ build: ## test/demo build (failpoints compiled in) of the agent, the device simu
 	@mkdir -p $(BIN)
 	$(GO) build -tags $(UNSAFETAGS) -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/ $(addprefix ./cmd/,$(CMDS))
 
-deps: ## install what the tests need (Mosquitto and mosquitto_pub for interop and forgery tests, Debian's etcd 3.4 and etcdctl for the recovery tests, systemd-analyze to verify the unit, qemu-user-static for the arm smoke test)
+deps: ## install what the tests need (Mosquitto and mosquitto_pub for interop and forgery tests, Debian's etcd 3.4 and etcdctl for the recovery tests, systemd-analyze to verify the unit, qemu-user-static for the arm smoke test, python3-pymodbus, socat and mbpoll for the Modbus tests)
 	@if ! command -v mosquitto >/dev/null && [ ! -x /usr/sbin/mosquitto ] || ! command -v mosquitto_pub >/dev/null; then \
 		if command -v apt-get >/dev/null; then \
 			echo "installing mosquitto and mosquitto-clients (apt-get; mosquitto_pub is the forgery tests' forger)"; \
@@ -58,6 +58,15 @@ deps: ## install what the tests need (Mosquitto and mosquitto_pub for interop an
 			$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq systemd >/dev/null; \
 		else \
 			echo "systemd-analyze not found and no apt-get: the unit check is skipped (it fails under CI=true)"; \
+		fi; \
+	fi
+	@if ! /usr/bin/python3 -c 'import pymodbus.server.async_io, serial_asyncio' 2>/dev/null || ! command -v mbpoll >/dev/null || ! command -v socat >/dev/null; then \
+		if command -v apt-get >/dev/null; then \
+			echo "installing python3-pymodbus, socat and mbpoll (apt-get) for the Modbus tests (pymodbus the slave, mbpoll the independent master)"; \
+			SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+			$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq python3-pymodbus socat mbpoll >/dev/null; \
+		else \
+			echo "pymodbus (under /usr/bin/python3), mbpoll or socat not found and no apt-get: the Modbus tests are skipped (they fail under CI=true)"; \
 		fi; \
 	fi
 	@if ! command -v qemu-aarch64-static >/dev/null || ! command -v qemu-arm-static >/dev/null; then \

@@ -64,6 +64,13 @@ func (d *Registers) Handle(pdu []byte) []byte {
 		}
 		return (&modbus.Response{Func: fn, Exception: code}).Encode()
 	}
+	if q.Func != modbus.FuncReadHolding && q.Func != modbus.FuncWriteSingle && q.Func != modbus.FuncWriteMultiple {
+		// Coils, discrete and input registers: a holding-register device has none.
+		d.mu.Lock()
+		d.errs++
+		d.mu.Unlock()
+		return (&modbus.Response{Func: q.Func, Exception: modbus.ExIllegalFunction}).Encode()
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if int(q.Addr)+int(q.Span()) > len(d.regs) {

@@ -36,11 +36,14 @@ func TestRegistersApplyAndLog(t *testing.T) {
 	if r := d.Handle([]byte{0x06, 0}); !bytes.Equal(r, []byte{0x86, modbus.ExIllegalValue}) {
 		t.Fatalf("short write: % x", r)
 	}
+	if r := d.Handle([]byte{0x05, 0, 1, 0xff, 0}); !bytes.Equal(r, []byte{0x85, modbus.ExIllegalFunction}) {
+		t.Fatalf("a coil write to a register device: % x", r)
+	}
 	applied, err := ReadApplied(&log)
 	if err != nil || len(applied) != 1 || applied[0].Device != "plc-1" || applied[0].Addr != 2 || !slices.Equal(applied[0].Values, []uint16{7, 8}) {
 		t.Fatalf("applied log %+v %v", applied, err)
 	}
-	if w, e := d.Stats(); w != 1 || e != 3 {
+	if w, e := d.Stats(); w != 1 || e != 4 {
 		t.Fatalf("stats %d %d", w, e)
 	}
 }

@@ -16,6 +16,13 @@ func TestRequestRoundTrip(t *testing.T) {
 		{Func: FuncWriteSingle, Addr: 65535, Values: []uint16{0xbeef}},
 		{Func: FuncWriteMultiple, Addr: 10, Values: []uint16{1, 2, 3}},
 		{Func: FuncWriteMultiple, Addr: 0, Values: make([]uint16, MaxWriteRegisters)},
+		{Func: FuncReadCoils, Addr: 3, Count: MaxReadBits},
+		{Func: FuncReadDiscrete, Addr: 0, Count: 1},
+		{Func: FuncReadInput, Addr: 9, Count: 2},
+		{Func: FuncWriteCoil, Addr: 4, Values: []uint16{1}},
+		{Func: FuncWriteCoil, Addr: 4, Values: []uint16{0}},
+		{Func: FuncWriteCoils, Addr: 5, Values: []uint16{1, 0, 1, 1, 0, 0, 0, 0, 1}},
+		{Func: FuncWriteCoils, Addr: 0, Values: make([]uint16, MaxWriteCoils)},
 	} {
 		b, err := q.Encode()
 		if err != nil {
@@ -67,6 +74,15 @@ var badRequests = [][]byte{
 	{0x10, 0x00, 0x01, 0x00, 0x02, 0x03, 0x00, 0x01, 0x00, 0x02}, // byte count mismatch
 	{0x10, 0x00, 0x01, 0x00, 0x00, 0x00},                         // zero registers
 	{0x2b, 0x00, 0x01, 0x00, 0x01},                               // unknown function
+	{0x01, 0x00, 0x01, 0x00, 0x00},                               // read 0 coils
+	{0x02, 0x00, 0x01, 0x07, 0xd1},                               // read 2001 inputs
+	{0x04, 0x00, 0x01, 0x00, 0x7e},                               // read 126 input registers
+	{0x05, 0x00, 0x01, 0x00, 0x01},                               // coil value neither 0xff00 nor 0
+	{0x05, 0x00, 0x01, 0xff, 0x00, 0x00},                         // long coil write
+	{0x0f, 0x00, 0x01, 0x00, 0x0a, 0x01, 0xcd},                   // 10 coils in 1 byte
+	{0x0f, 0x00, 0x01, 0x00, 0x03, 0x01, 0x0d},                   // padding bits set
+	{0x0f, 0x00, 0x01, 0x00, 0x00, 0x00},                         // zero coils
+	{0x0f, 0x00, 0x01, 0x07, 0xb1, 0xf7},                         // 1969 coils
 	bytes.Repeat([]byte{0x10}, 300),
 }
 
