@@ -26,7 +26,6 @@ func (d *decoder) build(raw *rawProfile) *Profile {
 		Description:  raw.Description,
 		PollInterval: DefaultPollInterval,
 		MaxGap:       DefaultMaxGap,
-		modelLine:    d.lines["model"],
 		byName:       map[string]*Field{},
 		byKind:       map[string]*Command{},
 	}

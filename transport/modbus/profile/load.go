@@ -13,17 +13,18 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// Load reads and validates the profile in file. Every problem is reported,
-// joined: each an *Error naming file, line and key, wrapping ErrProfile.
+// Load reads and validates the profile in file. Every problem in it is
+// reported, joined: each an *Error naming file, line and key, wrapping
+// ErrProfile. A file that cannot be read is the os error, wrapped.
 func Load(file string) (*Profile, error) {
 	f, err := os.Open(file)
 	if err != nil {
-		return nil, &Error{File: file, Msg: err.Error()}
+		return nil, fmt.Errorf("modbus profile: %w", err)
 	}
 	defer f.Close()
 	b, err := io.ReadAll(io.LimitReader(f, MaxFileSize+1))
 	if err != nil {
-		return nil, &Error{File: file, Msg: err.Error()}
+		return nil, fmt.Errorf("modbus profile: %s: %w", file, err)
 	}
 	return Parse(b, file)
 }
@@ -55,29 +56,6 @@ func Parse(b []byte, file string) (*Profile, error) {
 	}
 	p.File = file
 	return p, nil
-}
-
-// LoadAll loads files and returns their profiles by model; a model in two
-// files is an error (in the second).
-func LoadAll(files []string) (map[string]*Profile, error) {
-	out := make(map[string]*Profile, len(files))
-	var errs []error
-	for _, f := range files {
-		p, err := Load(f)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		if q, ok := out[p.Model]; ok {
-			errs = append(errs, &Error{File: f, Line: p.modelLine, Key: "model", Msg: fmt.Sprintf("%q is also the model of %s", p.Model, q.File)})
-			continue
-		}
-		out[p.Model] = p
-	}
-	if len(errs) > 0 {
-		return nil, errors.Join(errs...)
-	}
-	return out, nil
 }
 
 var yamlErrLineRE = regexp.MustCompile(`line (\d+):`)

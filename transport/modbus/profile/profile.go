@@ -32,10 +32,9 @@ type Profile struct {
 	Fields       []*Field      // in the file's order
 	Commands     []*Command    // in the file's order
 
-	modelLine int
-	byName    map[string]*Field
-	byKind    map[string]*Command
-	blocks    []Block
+	byName map[string]*Field
+	byKind map[string]*Command
+	blocks []Block
 }
 
 // Field is a twin field on a register (or two) or a coil.
