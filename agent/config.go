@@ -3,6 +3,7 @@ package agent
 import (
 	"errors"
 	"os"
+	"path/filepath"
 	"reflect"
 	"sort"
 	"strings"
@@ -60,6 +61,7 @@ type Config struct {
 	Twins    TwinsConfig    `yaml:"twins"`
 	Log      LogConfig      `yaml:"log"`
 	Auth     AuthConfig     `yaml:"auth"`
+	Modbus   ModbusConfig   `yaml:"modbus"`
 	Devices  []DeviceConfig `yaml:"devices"`
 }
 
@@ -220,6 +222,10 @@ type DeviceConfig struct {
 	// Auth is AuthRequired or AuthOff; empty means AuthRequired when
 	// auth.key_file is set, else AuthOff (ApplyDefaults).
 	Auth string `yaml:"auth,omitempty"`
+	// Modbus is, instead of Serial or MQTTTopic, where a Modbus device is:
+	// a bus of modbus.buses, its unit id there and its device profile.
+	// Only on its home gateway.
+	Modbus *DeviceModbusConfig `yaml:"modbus,omitempty"`
 }
 
 // SerialConfig is a device's serial line (see transport/serial.PortConfig).
@@ -270,6 +276,9 @@ func (c *Config) ApplyDefaults() {
 	orDefault(&o.Retention, offline.DefaultRetention)
 	orDefault(&c.Log.Level, DefaultLogLevel)
 	orDefault(&c.Log.Format, DefaultLogFormat)
+	for i := range c.Modbus.Buses {
+		c.Modbus.Buses[i].applyDefaults()
+	}
 	for i := range c.Devices {
 		d := &c.Devices[i]
 		orDefault(&d.Fence, FenceDevice)
@@ -352,6 +361,14 @@ func parseConfig(b []byte, file string, lookup func(string) (string, bool), over
 	c.ApplyDefaults()
 	if d.trusted {
 		errs = append(errs, d.validate(c, overrides)...)
+	}
+	if lookup != nil && d.trusted && !related("modbus.profiles", d.typeKeys) {
+		// Read from a file on the gateway: the device profiles must load,
+		// from the config file's directory; a profile's problems name its
+		// own file, line and key.
+		c.Modbus.resolveProfiles(filepath.Dir(file))
+		_, err := c.ModbusProfiles()
+		errs = append(errs, d.lined(err)...)
 	}
 	if lookup != nil && len(errs) == 0 {
 		// Read from a file on the gateway: the TLS files must load.
@@ -437,6 +454,19 @@ func (d parsed) validate(c Config, overrides []Override) []error {
 	return errs
 }
 
+// lined returns the ConfigErrors of err, those of the config (no file of
+// their own) with their lines.
+func (d parsed) lined(err error) []error {
+	var errs []error
+	for _, ce := range ConfigErrors(err) {
+		if ce.File == "" {
+			ce.Line = d.lines.line(ce.Key)
+		}
+		errs = append(errs, ce)
+	}
+	return errs
+}
+
 // loadTLS loads c's TLS files and returns their problems, with lines.
 func (d parsed) loadTLS(c Config) []error {
 	var errs []error
@@ -469,27 +499,39 @@ func related(key string, keys []string) bool {
 	return false
 }
 
-// withFile sets the file of errs (not of flag errors, Line -1), orders
-// them by line, and joins them.
+// withFile sets the file of errs (not of flag errors, Line -1, nor of
+// those in another file, a device profile's), orders them by line, those
+// of other files last, and joins them.
 func withFile(file string, errs []error) error {
-	sort.SliceStable(errs, func(i, j int) bool { return lineOf(errs[i]) < lineOf(errs[j]) })
+	sort.SliceStable(errs, func(i, j int) bool {
+		fi, li := lineOf(errs[i])
+		fj, lj := lineOf(errs[j])
+		return fi < fj || fi == 0 && fj == 0 && li < lj // another file's keep their order
+	})
 	for _, e := range errs {
 		if ce, ok := e.(*ConfigError); ok {
 			if ce.Line < 0 {
 				ce.Line = 0
 				continue
 			}
-			ce.File = file
+			if ce.File == "" {
+				ce.File = file
+			}
 		}
 	}
 	return errors.Join(errs...)
 }
 
-func lineOf(err error) int {
+// lineOf returns where err is: its line, and whether it is in a file of
+// its own (1) or in the config (0).
+func lineOf(err error) (otherFile, line int) {
 	if ce, ok := err.(*ConfigError); ok {
-		return ce.Line
+		if ce.File != "" {
+			otherFile = 1
+		}
+		return otherFile, ce.Line
 	}
-	return 0
+	return 0, 0
 }
 
 // orDefault sets *v to def if it is the zero value.

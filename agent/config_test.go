@@ -134,8 +134,12 @@ func TestExampleConfigParses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Gateway != "gw-01" || len(c.Devices) != 5 || c.Devices[1].Fence != FenceDevice || len(c.Bridged()) != 2 {
+	if c.Gateway != "gw-01" || len(c.Devices) != 6 || c.Devices[1].Fence != FenceDevice || len(c.Bridged()) != 3 {
 		t.Fatalf("%+v", c)
+	}
+	profiles, err := c.ModbusProfiles()
+	if err != nil || len(profiles) != 2 || profiles[c.Devices[5].Modbus.Profile] == nil {
+		t.Fatalf("profiles %v %v", profiles, err)
 	}
 }
 
@@ -227,7 +231,15 @@ func TestApplyDefaultsFillsEveryDefault(t *testing.T) {
   - id: plc-1
     fence: gateway
     home: gw-a
-    serial: {port: /dev/ttyUSB0}`)))
+    serial: {port: /dev/ttyUSB0}
+  - id: meter-1
+    fence: gateway
+    home: gw-a
+    modbus: {bus: rs485, unit: 1, profile: m}
+modbus:
+  buses:
+    - {name: rs485, rtu: {port: /dev/ttyUSB1}}
+    - {name: net, tcp: "127.0.0.1:502"}`)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -238,6 +250,8 @@ func TestApplyDefaultsFillsEveryDefault(t *testing.T) {
 		"auth.key_file": true, "auth.key_id": true, // no key: plain envelopes
 		"auth.certificate": true, "auth.revocations": true, "auth.trust_root": true, "auth.trust_root_kid": true, // none: no trust to check against
 		"devices[].home": true, "devices[].serial": true, "devices[].mqtt_topic": true, "devices[].reissue_kinds": true,
+		"devices[].modbus": true, "modbus.profiles": true, // none
+		"modbus.buses[].rtu": true, "modbus.buses[].tcp": true, // one of them
 	}
 	var walk func(v reflect.Value, key string)
 	walk = func(v reflect.Value, key string) {
@@ -270,6 +284,10 @@ func TestApplyDefaultsFillsEveryDefault(t *testing.T) {
 	}
 	if s := c.Devices[1].Serial; s.Baud != serial.DefaultBaud || s.Parity != serial.DefaultParity || s.ReadTimeout != serial.DefaultReadTimeout {
 		t.Errorf("serial %+v, want transport/serial's defaults", *s)
+	}
+	b := c.Modbus.Buses[0]
+	if r := b.RTU; r.Baud != 9600 || r.Parity != "E" || r.DataBits != 8 || r.StopBits != 1 || b.Timeout != time.Second || *b.Retries != 2 || b.PollUtilisation != 0.5 {
+		t.Errorf("modbus bus %+v %+v, want the Modbus serial line defaults", b, *b.RTU)
 	}
 }
 

@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/edgefence/edgefence/internal/keyerr"
 )
 
 // ConfigError is one problem in a configuration: the dotted key it is
@@ -22,69 +24,19 @@ type ConfigError struct {
 	Msg  string
 }
 
-func (e *ConfigError) Error() string {
-	var b strings.Builder
-	switch {
-	case e.File != "" && e.Line > 0:
-		fmt.Fprintf(&b, "%s:%d: ", e.File, e.Line)
-	case e.File != "":
-		b.WriteString(e.File + ": ")
-	case e.Line > 0:
-		fmt.Fprintf(&b, "line %d: ", e.Line)
-	}
-	if e.Key != "" {
-		b.WriteString(e.Key + ": ")
-	}
-	b.WriteString(e.Msg)
-	return b.String()
-}
+func (e *ConfigError) Error() string { return keyerr.Format(e.File, e.Line, e.Key, e.Msg) }
 
 // Unwrap makes errors.Is(err, ErrConfig) true.
 func (e *ConfigError) Unwrap() error { return ErrConfig }
 
 // ConfigErrors returns the ConfigErrors in err (joined or single), in order.
-func ConfigErrors(err error) []*ConfigError {
-	var out []*ConfigError
-	var walk func(error)
-	walk = func(err error) {
-		if ce, ok := err.(*ConfigError); ok {
-			out = append(out, ce)
-			return
-		}
-		switch u := err.(type) {
-		case interface{ Unwrap() []error }:
-			for _, e := range u.Unwrap() {
-				walk(e)
-			}
-		case interface{ Unwrap() error }:
-			if e := u.Unwrap(); e != nil {
-				walk(e)
-			}
-		}
-	}
-	if err != nil {
-		walk(err)
-	}
-	return out
-}
+func ConfigErrors(err error) []*ConfigError { return keyerr.All[*ConfigError](err) }
 
 // keyLines maps the dotted keys present in a YAML document to their lines.
 type keyLines map[string]int
 
 // line returns the line of key, or of its nearest parent in the file.
-func (kl keyLines) line(key string) int {
-	for key != "" {
-		if l, ok := kl[key]; ok {
-			return l
-		}
-		i := strings.LastIndexAny(key, ".[")
-		if i < 0 {
-			return 0
-		}
-		key = key[:i]
-	}
-	return 0
-}
+func (kl keyLines) line(key string) int { return keyerr.Line(kl, key) }
 
 // keyAt returns the deepest key on line, for errors yaml reports by line.
 func (kl keyLines) keyAt(line int) string {

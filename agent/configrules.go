@@ -148,6 +148,8 @@ var configRules = []configRule{
 		}
 		return ""
 	}),
+	{"modbus.profiles", checkModbusProfiles},
+	{"modbus.buses", checkModbusBuses},
 	{"devices", checkDevices},
 }
 
@@ -193,11 +195,13 @@ type deviceRule struct {
 	check func(v deviceCheck, bad badFunc)
 }
 
-// deviceCheck is a device rule's input: the device, its key (devices[3]),
-// whether an earlier device has its id, and the config it is in.
+// deviceCheck is a device rule's input: the device, its index and key
+// (devices[3]), whether an earlier device has its id, and the config it
+// is in.
 type deviceCheck struct {
 	c   *Config
 	d   *DeviceConfig
+	i   int
 	key string
 	dup bool
 }
@@ -222,6 +226,7 @@ var deviceRules = []deviceRule{
 		}
 	}},
 	{"", checkLink},
+	{"modbus", checkDeviceModbus},
 	{"policy", func(v deviceCheck, bad badFunc) {
 		if p := notOneOf(v.d.Policy, fmt.Sprintf("%q or %q", PolicyStrict, PolicyAutonomous), PolicyStrict, PolicyAutonomous); p != "" {
 			bad(v.key+".policy", "%s", p)
@@ -254,7 +259,7 @@ func checkDevices(c *Config, bad badFunc) {
 	seen := make(map[string]bool, len(c.Devices))
 	for i := range c.Devices {
 		d := &c.Devices[i]
-		v := deviceCheck{c: c, d: d, key: fmt.Sprintf("devices[%d]", i), dup: seen[d.ID]}
+		v := deviceCheck{c: c, d: d, i: i, key: fmt.Sprintf("devices[%d]", i), dup: seen[d.ID]}
 		seen[d.ID] = true
 		for _, r := range deviceRules {
 			r.check(v, bad)
@@ -264,23 +269,25 @@ func checkDevices(c *Config, bad badFunc) {
 
 // checkLink checks how a device is reached: a `fence: device` device
 // through its shim, over MQTT; a `fence: gateway` device through its home
-// gateway, which alone has its link (a serial line or a plain MQTT topic).
-// One problem at most: the first of these that applies.
+// gateway, which alone has its link (a serial line, a plain MQTT topic or
+// a Modbus bus). One problem at most: the first of these that applies.
 func checkLink(v deviceCheck, bad badFunc) {
 	d, f, gw := v.d, v.key, v.c.Gateway
 	kind := cmp.Or(d.Fence, FenceDevice)
-	link := d.Serial != nil || d.MQTTTopic != ""
+	link := d.Serial != nil || d.MQTTTopic != "" || d.Modbus != nil
 	switch {
 	case kind == FenceDevice && (d.Home != "" || link):
-		bad(f+".home", "home, serial and mqtt_topic are for `fence: gateway` devices")
+		bad(f+".home", "home, serial, mqtt_topic and modbus are for `fence: gateway` devices")
 	case kind == FenceGateway && d.Home == "":
 		bad(f+".home", "a `fence: gateway` device needs its home gateway")
 	case kind == FenceGateway && d.Home == gw && !link:
-		bad(f+".serial", "this gateway is %q's home: give its serial port or its mqtt_topic", d.ID)
+		bad(f+".serial", "this gateway is %q's home: give its serial port, its mqtt_topic or its modbus bus", d.ID)
 	case d.Serial != nil && d.MQTTTopic != "":
 		bad(f+".mqtt_topic", "a device is on serial or on mqtt_topic, not both")
+	case d.Modbus != nil && (d.Serial != nil || d.MQTTTopic != ""):
+		bad(f+".modbus", "a device is on modbus, serial or mqtt_topic: one of them")
 	case kind == FenceGateway && d.Home != gw && link:
-		bad(f+".serial", "only the home gateway %q reaches %q's link (serial or mqtt_topic)", d.Home, d.ID)
+		bad(f+".serial", "only the home gateway %q reaches %q's link (serial, mqtt_topic or modbus)", d.Home, d.ID)
 	case strings.ContainsAny(d.MQTTTopic, "+#") || strings.HasPrefix(d.MQTTTopic, cmp.Or(v.c.MQTT.Prefix, DefaultMQTTPrefix)+"/"):
 		bad(f+".mqtt_topic", "%q: no wildcards, and not under mqtt.prefix", d.MQTTTopic)
 	case d.Serial != nil && d.Serial.Port == "":
@@ -297,7 +304,12 @@ var serialFields = map[string]string{"Path": "port", "Baud": "baud", "DataBits":
 // transport/serial does, and reports a problem under the key it is about.
 func checkSerial(s SerialConfig, key string, bad badFunc) {
 	s.applyDefaults() // a copy: the config is not changed
-	pc := serial.PortConfig{Path: s.Port, Baud: s.Baud, DataBits: s.DataBits, Parity: s.Parity, StopBits: s.StopBits, ReadTimeout: s.ReadTimeout}
+	checkPort(serial.PortConfig{Path: s.Port, Baud: s.Baud, DataBits: s.DataBits, Parity: s.Parity, StopBits: s.StopBits, ReadTimeout: s.ReadTimeout}, key, bad)
+}
+
+// checkPort checks a serial line as transport/serial opens it, and
+// reports a problem under the key (below key) it is about.
+func checkPort(pc serial.PortConfig, key string, bad badFunc) {
 	if err := pc.Validate(); err != nil {
 		msg := strings.TrimPrefix(strings.TrimPrefix(err.Error(), serial.ErrInvalidConfig.Error()), ": ")
 		if name, _, _ := strings.Cut(msg, " "); serialFields[name] != "" {
@@ -351,9 +363,13 @@ func checkCredentials(bad badFunc, key, user string, pass Secret, t TLSConfig) {
 
 // checkListen checks a host:port to listen on: a numeric port in 1-65535
 // and a host that is empty, an IP address or a name.
-func checkListen(s string) error {
+func checkListen(s string) error { return checkHostPort(s, false) }
+
+// checkHostPort checks a host:port: a numeric port in 1-65535 and a host
+// that is an IP address or a name, or empty unless needHost (to connect to).
+func checkHostPort(s string, needHost bool) error {
 	host, port, err := net.SplitHostPort(s)
-	if err != nil {
+	if err != nil || needHost && host == "" {
 		return fmt.Errorf("%q: want host:port", s)
 	}
 	if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {

@@ -36,6 +36,16 @@ func homeDevice(c *Config) *DeviceConfig {
 	return d
 }
 
+// modbusDevice makes devices[0] a Modbus device of this gateway on bus
+// rs485, and the bus.
+func modbusDevice(c *Config) *DeviceModbusConfig {
+	c.Modbus.Buses = []ModbusBusConfig{{Name: "rs485", RTU: &ModbusRTUConfig{Port: "/dev/ttyUSB1"}}}
+	homeDevice(c).Modbus = &DeviceModbusConfig{Bus: "rs485", Unit: 7, Profile: "acme-em100"}
+	return c.Devices[0].Modbus
+}
+
+func intp(n int) *int { return &n }
+
 // ruleCases holds, for every rule of configRules and deviceRules, valid
 // values and each way a value can be invalid.
 var ruleCases = []ruleCase{
@@ -156,6 +166,62 @@ var ruleCases = []ruleCase{
 	{"policy", func(c *Config) { c.Devices[0].Policy = PolicyAutonomous }, "", ""},
 	{"policy unknown", func(c *Config) { c.Devices[0].Policy = "yolo" }, "devices[0].policy", `"yolo": want "strict" or "autonomous"`},
 	{"reissue kinds", func(c *Config) { c.Devices[0].ReissueKinds = []string{"set", "setpoint"} }, "", ""},
+	{"modbus profiles", func(c *Config) { c.Modbus.Profiles = []string{"a.yaml", "/etc/b.yaml"} }, "", ""},
+	{"modbus profile empty", func(c *Config) { c.Modbus.Profiles = []string{"a.yaml", ""} }, "modbus.profiles[1]", "empty"},
+	{"modbus profile twice", func(c *Config) { c.Modbus.Profiles = []string{"a.yaml", "./a.yaml"} }, "modbus.profiles[1]", `"./a.yaml" listed twice`},
+	{"modbus buses", func(c *Config) {
+		c.Modbus.Buses = []ModbusBusConfig{
+			{Name: "rs485", RTU: &ModbusRTUConfig{Port: "/dev/ttyUSB1", Baud: 19200, Parity: "N", StopBits: 2}, Timeout: 300 * time.Millisecond, Retries: intp(0), PollUtilisation: 1},
+			{Name: "net", TCP: "plc.local:502", Retries: intp(MaxModbusRetries)},
+		}
+	}, "", ""},
+	{"modbus bus name", func(c *Config) { c.Modbus.Buses = []ModbusBusConfig{{Name: "a b", TCP: "h:502"}} }, "modbus.buses[0].name", `"a b": may contain only`},
+	{"modbus bus twice", func(c *Config) {
+		c.Modbus.Buses = []ModbusBusConfig{{Name: "a", TCP: "h:502"}, {Name: "a", TCP: "h:503"}}
+	}, "modbus.buses[1].name", `"a" listed twice`},
+	{"modbus bus neither", func(c *Config) { c.Modbus.Buses = []ModbusBusConfig{{Name: "a"}} }, "modbus.buses[0]", "give rtu (a serial line) or tcp (host:port), one of them"},
+	{"modbus bus both", func(c *Config) {
+		c.Modbus.Buses = []ModbusBusConfig{{Name: "a", TCP: "h:502", RTU: &ModbusRTUConfig{Port: "/dev/x"}}}
+	}, "modbus.buses[0]", "one of them"},
+	{"modbus rtu without port", func(c *Config) { c.Modbus.Buses = []ModbusBusConfig{{Name: "a", RTU: &ModbusRTUConfig{}}} }, "modbus.buses[0].rtu.port", "required"},
+	{"modbus rtu baud", func(c *Config) {
+		c.Modbus.Buses = []ModbusBusConfig{{Name: "a", RTU: &ModbusRTUConfig{Port: "/dev/x", Baud: 12345}}}
+	}, "modbus.buses[0].rtu.baud", "Baud 12345"},
+	{"modbus rtu parity", func(c *Config) {
+		c.Modbus.Buses = []ModbusBusConfig{{Name: "a", RTU: &ModbusRTUConfig{Port: "/dev/x", Parity: "M"}}}
+	}, "modbus.buses[0].rtu.parity", `Parity "M"`},
+	{"modbus tcp without port", func(c *Config) { c.Modbus.Buses = []ModbusBusConfig{{Name: "a", TCP: "plc"}} }, "modbus.buses[0].tcp", `"plc": want host:port (e.g. 192.0.2.7:502)`},
+	{"modbus tcp without host", func(c *Config) { c.Modbus.Buses = []ModbusBusConfig{{Name: "a", TCP: ":502"}} }, "modbus.buses[0].tcp", "want host:port"},
+	{"modbus tcp port", func(c *Config) { c.Modbus.Buses = []ModbusBusConfig{{Name: "a", TCP: "h:0"}} }, "modbus.buses[0].tcp", "port must be a number in 1-65535"},
+	{"modbus timeout negative", func(c *Config) { c.Modbus.Buses = []ModbusBusConfig{{Name: "a", TCP: "h:1", Timeout: -1}} }, "modbus.buses[0].timeout", "must be positive"},
+	{"modbus retries", func(c *Config) { c.Modbus.Buses = []ModbusBusConfig{{Name: "a", TCP: "h:1", Retries: intp(11)}} }, "modbus.buses[0].retries", "11: want 0..10"},
+	{"modbus retries negative", func(c *Config) { c.Modbus.Buses = []ModbusBusConfig{{Name: "a", TCP: "h:1", Retries: intp(-1)}} }, "modbus.buses[0].retries", "-1: want 0..10"},
+	{"modbus poll utilisation", func(c *Config) { c.Modbus.Buses = []ModbusBusConfig{{Name: "a", TCP: "h:1", PollUtilisation: 1.5}} }, "modbus.buses[0].poll_utilisation", "1.5: want more than 0 and at most 1"},
+	{"modbus poll utilisation negative", func(c *Config) { c.Modbus.Buses = []ModbusBusConfig{{Name: "a", TCP: "h:1", PollUtilisation: -0.1}} }, "modbus.buses[0].poll_utilisation", "want more than 0"},
+	{"modbus device", func(c *Config) { modbusDevice(c) }, "", ""},
+	{"modbus device elsewhere", func(c *Config) { modbusDevice(c); c.Devices[0].Home = "gw-b" }, "devices[0].serial", `only the home gateway "gw-b" reaches "dev-1"'s link (serial, mqtt_topic or modbus)`},
+	{"modbus of a device fence", func(c *Config) {
+		c.Modbus.Buses = []ModbusBusConfig{{Name: "rs485", TCP: "h:1"}}
+		c.Devices[0].Modbus = &DeviceModbusConfig{Bus: "rs485", Unit: 1, Profile: "m"}
+	}, "devices[0].home", "home, serial, mqtt_topic and modbus are for `fence: gateway` devices"},
+	{"modbus and serial", func(c *Config) { modbusDevice(c); c.Devices[0].Serial = &SerialConfig{Port: "/dev/ttyS0"} }, "devices[0].modbus", "on modbus, serial or mqtt_topic: one of them"},
+	{"modbus and topic", func(c *Config) { modbusDevice(c); c.Devices[0].MQTTTopic = "site/x" }, "devices[0].modbus", "one of them"},
+	{"modbus unknown bus", func(c *Config) { modbusDevice(c).Bus = "rs232" }, "devices[0].modbus.bus", `"rs232": not a bus of modbus.buses (rs485)`},
+	{"modbus no bus at all", func(c *Config) { modbusDevice(c); c.Modbus.Buses = nil }, "devices[0].modbus.bus", `"rs485": not a bus of modbus.buses (none)`},
+	{"modbus unit broadcast", func(c *Config) { modbusDevice(c).Unit = 0 }, "devices[0].modbus.unit", "0 is broadcast"},
+	{"modbus unit 247", func(c *Config) { modbusDevice(c).Unit = 247 }, "", ""},
+	{"modbus unit 248", func(c *Config) { modbusDevice(c).Unit = 248 }, "devices[0].modbus.unit", "248: want 1..247"},
+	{"modbus unit twice", func(c *Config) {
+		m := *modbusDevice(c)
+		c.Devices = append(c.Devices, DeviceConfig{ID: "dev-2", Fence: FenceGateway, Home: c.Gateway, Modbus: &m})
+	}, "devices[1].modbus.unit", `unit 7 of bus "rs485" is also "dev-1"`},
+	{"modbus same unit, another bus", func(c *Config) {
+		m := *modbusDevice(c)
+		c.Modbus.Buses = append(c.Modbus.Buses, ModbusBusConfig{Name: "net", TCP: "h:502"})
+		m.Bus = "net"
+		c.Devices = append(c.Devices, DeviceConfig{ID: "dev-2", Fence: FenceGateway, Home: c.Gateway, Modbus: &m})
+	}, "", ""},
+	{"modbus no profile", func(c *Config) { modbusDevice(c).Profile = "" }, "devices[0].modbus.profile", "required"},
 	{"reissue kind empty", func(c *Config) { c.Devices[0].ReissueKinds = []string{"set", ""} }, "devices[0].reissue_kinds[1]", `"" is not a command kind`},
 	{"reissue kind too long", func(c *Config) { c.Devices[0].ReissueKinds = []string{strings.Repeat("k", 300)} }, "devices[0].reissue_kinds[0]", "is not a command kind"},
 }
@@ -171,6 +237,23 @@ func cloneConfig(c Config) Config {
 		if d.Serial != nil {
 			s := *d.Serial
 			d.Serial = &s
+		}
+		if d.Modbus != nil {
+			m := *d.Modbus
+			d.Modbus = &m
+		}
+	}
+	c.Modbus.Profiles = slices.Clone(c.Modbus.Profiles)
+	c.Modbus.Buses = slices.Clone(c.Modbus.Buses)
+	for i := range c.Modbus.Buses {
+		b := &c.Modbus.Buses[i]
+		if b.RTU != nil {
+			r := *b.RTU
+			b.RTU = &r
+		}
+		if b.Retries != nil {
+			n := *b.Retries
+			b.Retries = &n
 		}
 	}
 	return c

@@ -60,6 +60,8 @@ func TestPackage(t *testing.T) {
 			"/usr/bin/edgefence":                 0o755,
 			unitPath:                             0o644,
 			"/etc/edgefence/config.yaml":         0o644, // read by a DynamicUser: not 0640 root
+			profileEM:                            0o644,
+			profileTC:                            0o644,
 			"/usr/share/doc/edgefence/README.md": 0o644,
 			"/usr/share/doc/edgefence/copyright": 0o644,
 		})
@@ -72,8 +74,8 @@ func TestPackage(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := strings.Fields(string(b)); !slices.Equal(got, []string{"/etc/edgefence/config.yaml"}) {
-			t.Fatalf("conffiles %q, want exactly /etc/edgefence/config.yaml", got)
+		if got := strings.Fields(string(b)); !slices.Equal(got, []string{"/etc/edgefence/config.yaml", profileEM, profileTC}) {
+			t.Fatalf("conffiles %q, want exactly /etc/edgefence/config.yaml and the two profiles", got)
 		}
 	})
 	t.Run("maintainer scripts", func(t *testing.T) {
@@ -84,7 +86,8 @@ func TestPackage(t *testing.T) {
 	run(t, time.Minute, ".", nil, dpkgDeb, "-x", deb, root)
 	t.Run("same files as the tree", func(t *testing.T) {
 		for inst, src := range map[string]string{unitPath: "deploy/edgefence.service",
-			"/etc/edgefence/config.yaml": "configs/edgefence.example.yaml", "/usr/share/doc/edgefence/copyright": "deploy/copyright"} {
+			"/etc/edgefence/config.yaml": "configs/edgefence.example.yaml", "/usr/share/doc/edgefence/copyright": "deploy/copyright",
+			profileEM: "configs/profiles/energy-meter.yaml", profileTC: "configs/profiles/hvac-controller.yaml"} {
 			a, err1 := os.ReadFile(filepath.Join(root, inst))
 			b, err2 := os.ReadFile(filepath.Join(repoRoot, src))
 			if err := errors.Join(err1, err2); err != nil || !bytes.Equal(a, b) {
@@ -140,6 +143,12 @@ func TestPackage(t *testing.T) {
 // units of installed packages, /usr/lib/systemd/system (not /lib, which
 // merged-/usr systems only alias).
 const unitPath = "/usr/lib/systemd/system/edgefence.service"
+
+// The example Modbus device profiles the default config names.
+const (
+	profileEM = "/etc/edgefence/profiles/energy-meter.yaml"
+	profileTC = "/etc/edgefence/profiles/hvac-controller.yaml"
+)
 
 // A describe string with commits after a tag and a dirty tree: the Debian
 // version must come out valid and sort after 1.2.3.

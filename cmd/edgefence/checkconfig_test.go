@@ -70,6 +70,38 @@ func TestCheckConfig(t *testing.T) {
 	}
 }
 
+// config check loads the device profiles the config names (from the config
+// file's directory) and names a profile's problem by its own file, line and
+// key.
+func TestCheckConfigModbusProfile(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "edgefence.yaml")
+	prof := filepath.Join(dir, "profiles", "meter.yaml")
+	y := goodConfig + `modbus:
+  profiles: [profiles/meter.yaml]
+  buses: [{name: rs485, tcp: "127.0.0.1:5020"}]
+`
+	y = strings.Replace(y, "  - id: dev-2\n", "  - id: dev-2\n    fence: gateway\n    home: gw-1\n    modbus: {bus: rs485, unit: 3, profile: em1}\n", 1)
+	if err := os.MkdirAll(filepath.Dir(prof), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, content := range map[string]string{cfg: y, prof: "model: em1\nfields:\n  - {name: volts, table: input, address: 0, type: float32, scale: 0}\n"} {
+		if err := os.WriteFile(name, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := edgefence(t, "config", "check", cfg)
+	if want := prof + ":3: fields[0].scale: 0: want a finite number other than 0\nedgefence: invalid config: 1 problem\n"; r.code != 1 || r.stderr != want {
+		t.Fatalf("want exit 1 and\n%s\n%s", want, r)
+	}
+	if err := os.WriteFile(prof, []byte("model: em1\nfields:\n  - {name: volts, table: input, address: 0, type: float32}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if r := edgefence(t, "config", "check", cfg); r.code != 0 || !strings.Contains(r.stdout, "- "+prof) {
+		t.Fatalf("want exit 0 and the profile's path\n%s", r)
+	}
+}
+
 // The example config is valid, and check-config prints it with the defaults
 // filled in as a config file that reads back the same.
 func TestCheckConfigExample(t *testing.T) {
