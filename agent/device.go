@@ -57,7 +57,7 @@ type device struct {
 
 // verdictNames are the terminal verdicts the agent counts, globally and
 // per device, in the order of device.verdicts.
-var verdictNames = [...]string{"accepted", "duplicate", "stale", "invalid", "expired"}
+var verdictNames = [...]string{"accepted", "duplicate", "stale", "invalid", "expired", "unknown"}
 
 // verdictIndex is v's index in verdictNames; every verdict a fence point
 // gives that is not accepted, duplicate or stale counts as invalid.
@@ -71,6 +71,8 @@ func verdictIndex(v fence.Verdict) int {
 		return 2
 	case fence.Expired:
 		return 4
+	case fence.Unknown:
+		return 5
 	default:
 		return 3
 	}

@@ -232,7 +232,7 @@ var agentSeries = []series{
 	perDevice("device_commands_total", "Commands of the device that ended, by verdict (as edgefence_commands_total, per device).", prometheus.CounterValue, []string{"verdict"},
 		func(d *DeviceStatus, emit func(float64, ...string)) {
 			v := d.Verdicts
-			for i, n := range [len(verdictNames)]uint64{v.Accepted, v.Duplicate, v.Stale, v.Invalid, v.Expired} {
+			for i, n := range [len(verdictNames)]uint64{v.Accepted, v.Duplicate, v.Stale, v.Invalid, v.Expired, v.Unknown} {
 				emit(float64(n), verdictNames[i])
 			}
 		}),
@@ -264,11 +264,11 @@ var agentSeries = []series{
 	counter("etcd_sessions_reattached_total", "Sessions resumed because their lease survived (a lost session, or the previous run's after a restart).", func(n *Counters) uint64 { return n.Reattached }),
 	counter("lock_releases_total", "Device locks let go after a fence point or the regression guard refused the token; each is campaigned for again after a backoff.", func(n *Counters) uint64 { return n.Released }),
 
-	{name: "commands_total", help: "Commands that ended, by verdict (accepted, duplicate, stale, invalid from device acks; expired from the outbox).",
+	{name: "commands_total", help: "Commands that ended, by verdict (accepted, duplicate, stale, invalid, unknown from fence point acks; expired from the outbox).",
 		typ: prometheus.CounterValue, labels: []string{"verdict"},
 		collect: func(v *scrapeView, emit func(float64, ...string)) {
 			n := &v.n
-			for i, c := range [len(verdictNames)]uint64{n.Accepted, n.Duplicate, n.Stale, n.Invalid, n.Expired} {
+			for i, c := range [len(verdictNames)]uint64{n.Accepted, n.Duplicate, n.Stale, n.Invalid, n.Expired, n.Unknown} {
 				emit(float64(c), verdictNames[i])
 			}
 		}},

@@ -71,10 +71,10 @@ type delivery struct {
 
 // deliveryCounters are delivery's running totals (Counters).
 type deliveryCounters struct {
-	sent, noAck, sendErr            atomic.Uint64
-	accepted, duplicate, stale, inv atomic.Uint64
-	queued, resent, expired, full   atomic.Uint64
-	reissued, outboxErr, superseded atomic.Uint64
+	sent, noAck, sendErr                     atomic.Uint64
+	accepted, duplicate, stale, inv, unknown atomic.Uint64
+	queued, resent, expired, full            atomic.Uint64
+	reissued, outboxErr, superseded          atomic.Uint64
 }
 
 // deposer is what delivery tells the leases: a fence point refused the

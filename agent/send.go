@@ -143,6 +143,8 @@ func (q *delivery) countVerdict(d *device, v fence.Verdict) {
 		q.stats.duplicate.Add(1)
 	case fence.Stale:
 		q.stats.stale.Add(1)
+	case fence.Unknown:
+		q.stats.unknown.Add(1)
 	default:
 		q.stats.inv.Add(1)
 	}

@@ -83,6 +83,9 @@ type VerdictCounts struct {
 	Stale     uint64 `json:"stale,omitempty"`
 	Invalid   uint64 `json:"invalid,omitempty"`
 	Expired   uint64 `json:"expired,omitempty"`
+	// Unknown: a gateway fence sent the command and the device never
+	// answered; not repeated (fence.Unknown).
+	Unknown uint64 `json:"unknown,omitempty"`
 	// Superseded are commands the agent ended stale itself, never sent
 	// (strict devices, once another session held the lock); Stale counts
 	// only the fence point's stale verdicts.
@@ -132,6 +135,7 @@ type Counters struct {
 	Duplicate   uint64 `json:"acks_duplicate"`
 	Stale       uint64 `json:"acks_stale"`
 	Invalid     uint64 `json:"acks_invalid"`
+	Unknown     uint64 `json:"acks_unknown"` // a gateway fence's device never answered a command that may not be repeated
 	Acquired    uint64 `json:"locks_acquired"`
 	Lost        uint64 `json:"locks_lost"`
 	Regressions uint64 `json:"token_regressions"`
@@ -213,7 +217,7 @@ func (a *Agent) Status() Status {
 		ds.Queued, _ = a.outbox.Pending(id)
 		ds.Oldest = oldest[id]
 		v := &d.verdicts
-		ds.Verdicts = VerdictCounts{Accepted: v[0].Load(), Duplicate: v[1].Load(), Stale: v[2].Load(), Invalid: v[3].Load(), Expired: v[4].Load(),
+		ds.Verdicts = VerdictCounts{Accepted: v[0].Load(), Duplicate: v[1].Load(), Stale: v[2].Load(), Invalid: v[3].Load(), Expired: v[4].Load(), Unknown: v[5].Load(),
 			Superseded: d.superseded.Load()}
 		if a.twin != nil && a.usable(ctl) {
 			n := a.twin.deltaFields(id)
@@ -246,7 +250,7 @@ func (c *leaseCounters) fill(n *Counters) {
 // fill adds delivery's totals to n.
 func (c *deliveryCounters) fill(n *Counters) {
 	n.Sent, n.NoAck, n.SendErrors = c.sent.Load(), c.noAck.Load(), c.sendErr.Load()
-	n.Accepted, n.Duplicate, n.Stale, n.Invalid = c.accepted.Load(), c.duplicate.Load(), c.stale.Load(), c.inv.Load()
+	n.Accepted, n.Duplicate, n.Stale, n.Invalid, n.Unknown = c.accepted.Load(), c.duplicate.Load(), c.stale.Load(), c.inv.Load(), c.unknown.Load()
 	n.Queued, n.Resent, n.Expired, n.Full = c.queued.Load(), c.resent.Load(), c.expired.Load(), c.full.Load()
 	n.Reissued, n.Superseded = c.reissued.Load(), c.superseded.Load()
 	n.OutboxErr += c.outboxErr.Load()

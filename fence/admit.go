@@ -30,9 +30,15 @@ const (
 	Stale     Verdict = 3 // token below the high-water mark; refused
 	Invalid   Verdict = 4 // malformed or failed validation; refused
 	Expired   Verdict = 5 // never delivered within its time to live
+	// Unknown: admitted and sent to a device that cannot check tokens,
+	// which then gave no answer, and the command is not one that may be
+	// sent again (not idempotent): it may or may not have been applied. A
+	// gateway fence point's verdict (agent/bridge), terminal: the command
+	// is never repeated; the operator checks the device.
+	Unknown Verdict = 6
 )
 
-var verdictNames = [...]string{"", "accepted", "duplicate", "stale", "invalid", "expired"}
+var verdictNames = [...]string{"", "accepted", "duplicate", "stale", "invalid", "expired", "unknown"}
 
 func (v Verdict) String() string {
 	if int(v) < len(verdictNames) && v != 0 {
@@ -42,7 +48,7 @@ func (v Verdict) String() string {
 }
 
 // Valid reports whether v is one of the defined verdicts.
-func (v Verdict) Valid() bool { return v >= Accepted && v <= Expired }
+func (v Verdict) Valid() bool { return v >= Accepted && v <= Unknown }
 
 // Err returns nil for Accepted and the matching sentinel error otherwise.
 func (v Verdict) Err() error {
@@ -55,6 +61,8 @@ func (v Verdict) Err() error {
 		return ErrStale
 	case Expired:
 		return ErrExpired
+	case Unknown:
+		return ErrUnknown
 	default:
 		return ErrInvalid
 	}

@@ -133,6 +133,7 @@ var allVerdicts = []struct {
 	{fence.Stale, "stale", fence.ErrStale},
 	{fence.Invalid, "invalid", fence.ErrInvalid},
 	{fence.Expired, "expired", fence.ErrExpired},
+	{fence.Unknown, "unknown", fence.ErrUnknown},
 }
 
 func TestVerdict(t *testing.T) {
@@ -179,7 +180,7 @@ func TestVerdictErrDistinct(t *testing.T) {
 }
 
 func TestVerdictUndefined(t *testing.T) {
-	for _, v := range []fence.Verdict{0, 6, 7, 255} {
+	for _, v := range []fence.Verdict{0, 7, 8, 255} {
 		if v.Valid() {
 			t.Errorf("Verdict(%d).Valid() = true", v)
 		}
@@ -196,7 +197,7 @@ func TestVerdictUndefined(t *testing.T) {
 }
 
 func TestVerdictUnmarshalTextRejects(t *testing.T) {
-	for _, s := range []string{"", "Accepted", "ACCEPTED", " stale", "stale ", "verdict(0)", "verdict(1)", "0", "1", "unknown", "accepted\x00"} {
+	for _, s := range []string{"", "Accepted", "ACCEPTED", " stale", "stale ", "verdict(0)", "verdict(1)", "0", "1", "Unknown", "fate unknown", "accepted\x00"} {
 		v := fence.Stale
 		if err := v.UnmarshalText([]byte(s)); err == nil {
 			t.Errorf("UnmarshalText(%q) = nil error, verdict %v", s, v)

@@ -801,7 +801,7 @@ func invalidAckCases() []invalidCase {
 		{"version 0", h(cmap("01 00", aDev, aID, aVerd)), false},
 		{"version 2", h(cmap("01 02", aDev, aID, aVerd)), false},
 		{"verdict 0", h(cmap(aV, aDev, aID, "04 00")), false},
-		{"verdict 6", h(cmap(aV, aDev, aID, "04 06")), false},
+		{"verdict 7", h(cmap(aV, aDev, aID, "04 07")), false},
 		{"verdict missing", h(cmap(aV, aDev, aID)), false},
 		{"verdict as text", h(cmap(aV, aDev, aID, "04 65 7374616c65")), false},
 		{"verdict overflows uint8", h(cmap(aV, aDev, aID, "04 19 0103")), false},
@@ -870,7 +870,7 @@ func TestMarshalAckRejects(t *testing.T) {
 	}{
 		{"version 0", func(a *fence.Ack) { a.V = 0 }},
 		{"verdict 0", func(a *fence.Ack) { a.Verdict = 0 }},
-		{"verdict 6", func(a *fence.Ack) { a.Verdict = 6 }},
+		{"verdict 7", func(a *fence.Ack) { a.Verdict = 7 }},
 		{"bad device", func(a *fence.Ack) { a.Device = ".x" }},
 		{"bad id", func(a *fence.Ack) { a.ID = "a b" }},
 		{"reason too long", func(a *fence.Ack) { a.Reason = strings.Repeat("r", fence.MaxReasonLen+1) }},

@@ -15,6 +15,10 @@ var (
 	// ErrExpired means the command outlived its time to live before it was
 	// delivered.
 	ErrExpired = errors.New("fence: command expired")
+	// ErrUnknown means the command reached a device that cannot check
+	// tokens and its fate is unknown: the device gave no answer, and the
+	// command may not be repeated (see Unknown).
+	ErrUnknown = errors.New("fence: fate unknown")
 	// ErrTooLarge means an encoded envelope or ack exceeds its size limit.
 	ErrTooLarge = errors.New("fence: message too large")
 )

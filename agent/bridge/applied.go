@@ -49,6 +49,7 @@ const maxFailed = 64
 type outcome struct {
 	id     string // the command's id: only its resends get the outcome
 	m      fence.Mark
+	v      fence.Verdict // Invalid or Unknown
 	reason string
 }
 
@@ -96,9 +97,13 @@ func (b *Bridge) resent(p *port, env *fence.Envelope) bool {
 	if !failed || o.id != env.ID {
 		return false
 	}
-	b.invalid.Add(1)
-	b.record(history.OpVerdict, env, fence.Invalid, o.reason)
-	b.ack(p.dev.ID, env, fence.Invalid, o.m, o.reason)
+	if o.v == fence.Unknown {
+		b.unknown.Add(1)
+	} else {
+		b.invalid.Add(1)
+	}
+	b.record(history.OpVerdict, env, o.v, o.reason)
+	b.ack(p.dev.ID, env, o.v, o.m, o.reason)
 	return true
 }
 
@@ -122,6 +127,10 @@ func (b *Bridge) settle(p *port, j *job, res result, reason string, r *modbus.Re
 		return
 	}
 	u := &unsynced{j: j, res: res, v: fence.Invalid, reason: reason}
+	if res == resUnknown {
+		u.v = fence.Unknown // terminal: never sent again (fence.Unknown)
+		b.unknown.Add(1)
+	}
 	if res == resApplied {
 		b.record(history.OpApplied, j.env, fence.Accepted, "")
 	}
@@ -203,7 +212,7 @@ func (b *Bridge) complete(p *port, u *unsynced) {
 	}
 	if u.v != fence.Accepted {
 		if _, ok := p.failed[j.m]; !ok {
-			p.failed[j.m] = outcome{id: j.env.ID, m: j.m, reason: u.reason}
+			p.failed[j.m] = outcome{id: j.env.ID, m: j.m, v: u.v, reason: u.reason}
 			p.failedList = append(p.failedList, j.m)
 			if len(p.failedList) > maxFailed {
 				delete(p.failed, p.failedList[0])
@@ -217,9 +226,12 @@ func (b *Bridge) complete(p *port, u *unsynced) {
 		if u.v != fence.Accepted {
 			wv, wreason = u.v, u.reason
 		}
-		if wv == fence.Duplicate {
+		switch wv {
+		case fence.Duplicate:
 			b.duplicate.Add(1)
-		} else {
+		case fence.Unknown:
+			b.unknown.Add(1)
+		default:
 			b.invalid.Add(1)
 		}
 		b.record(history.OpVerdict, w, wv, wreason)

@@ -134,10 +134,13 @@ type Config struct {
 
 // Stats are the bridge's counters.
 type Stats struct {
-	Accepted     uint64 `json:"accepted"`
-	Duplicate    uint64 `json:"duplicate"`
-	Stale        uint64 `json:"stale"`
-	Invalid      uint64 `json:"invalid"`
+	Accepted  uint64 `json:"accepted"`
+	Duplicate uint64 `json:"duplicate"`
+	Stale     uint64 `json:"stale"`
+	Invalid   uint64 `json:"invalid"`
+	// Unknown: commands sent that the device never answered, ended
+	// fence.Unknown (never repeated).
+	Unknown      uint64 `json:"unknown"`
 	Busy         uint64 `json:"busy"`
 	TableErrors  uint64 `json:"table_errors"`
 	SerialErrors uint64 `json:"serial_errors"`
@@ -169,7 +172,7 @@ type Bridge struct {
 	wg     sync.WaitGroup
 
 	accepted, duplicate, stale, invalid, busy, tableErr, serialErr, devErr, ackErr atomic.Uint64
-	unauth, unsigned, resets, resetsRefused                                        atomic.Uint64
+	unauth, unsigned, resets, resetsRefused, unknown                               atomic.Uint64
 
 	trust   auth.LearnedCounters
 	ledger  *auth.Ledger  // trust updates (trust.go); nil without a Trust
@@ -342,7 +345,7 @@ func (b *Bridge) Close() error {
 // Stats returns the counters.
 func (b *Bridge) Stats() Stats {
 	return Stats{Accepted: b.accepted.Load(), Duplicate: b.duplicate.Load(), Stale: b.stale.Load(),
-		Invalid: b.invalid.Load(), Busy: b.busy.Load(), TableErrors: b.tableErr.Load(),
+		Invalid: b.invalid.Load(), Unknown: b.unknown.Load(), Busy: b.busy.Load(), TableErrors: b.tableErr.Load(),
 		SerialErrors: b.serialErr.Load(), DeviceErrors: b.devErr.Load(), AckErrors: b.ackErr.Load(),
 		Unauthenticated: b.unauth.Load(), TrustApplied: b.trust.Applied.Load(), TrustHeld: b.trust.Held.Load(),
 		TrustRefused: b.trust.Refused.Load(), Resets: b.resets.Load(), ResetsRefused: b.resetsRefused.Load(),

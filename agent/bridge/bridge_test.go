@@ -406,7 +406,7 @@ func TestMissingPortKeepsOthersServed(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	ack, err := cmdr.Send(ctx, &fence.Envelope{V: fence.Version, Device: "plc-9", Token: 3, Seq: 1, ID: "m1", Kind: modbus.KindWriteRegister, Body: body})
-	if err != nil || ack.Verdict != fence.Invalid || ack.Reason == "" {
+	if err != nil || ack.Verdict != fence.Unknown || ack.Reason == "" {
 		t.Fatalf("command to the missing device: %+v %v", ack, err)
 	}
 	if a := r.write(4, 1, 42); a.Verdict != fence.Accepted {
@@ -433,7 +433,7 @@ func TestMissingPortKeepsOthersServed(t *testing.T) {
 		if ack.Verdict == fence.Accepted {
 			break
 		}
-		if ack.Verdict != fence.Invalid || ctx.Err() != nil {
+		if ack.Verdict != fence.Unknown || ctx.Err() != nil {
 			t.Fatalf("after the port appeared: %+v", ack)
 		}
 	}

@@ -82,7 +82,7 @@ func verdictCounts(v agent.VerdictCounts) string {
 	for _, c := range []struct {
 		name string
 		n    uint64
-	}{{"superseded", v.Superseded}, {"dup", v.Duplicate}, {"inv", v.Invalid}, {"exp", v.Expired}} {
+	}{{"superseded", v.Superseded}, {"dup", v.Duplicate}, {"inv", v.Invalid}, {"exp", v.Expired}, {"unknown", v.Unknown}} {
 		if c.n != 0 {
 			more = append(more, fmt.Sprintf("%s %d", c.name, c.n))
 		}

@@ -16,7 +16,9 @@
 // Exit status, for scripts: 0 ok (send: accepted or duplicate — the device
 // applied the command, once); 1 error; 2 usage; 3 send: the device refused
 // the command (stale, invalid); 4 send: queued, no verdict yet; 5 twin set:
-// version conflict; 6 the agent is not running or not reachable on its socket.
+// version conflict; 6 the agent is not running or not reachable on its socket;
+// 7 send: fate unknown (a gateway-fenced device never answered a command
+// that may not be repeated).
 package main
 
 import (
@@ -116,6 +118,8 @@ exit status:
   4  send: queued in the agent's outbox, no verdict yet
   5  twin set --if-version: conflict, desired moved on
   6  the agent is not running or not reachable on its socket
+  7  send: fate unknown: the command reached a gateway-fenced device that
+     never answered, and it may not be repeated; check the device
 
 Run 'edgefence help COMMAND' or 'edgefence COMMAND -h' for a command's flags.
 `
@@ -128,6 +132,7 @@ const (
 	exitVerdict     = 3 // send: the device refused the command (stale, invalid)
 	exitQueued      = 4 // send: stored in the outbox, no verdict yet
 	exitUnreachable = 6 // no agent answers on the socket
+	exitUnknown     = 7 // send: fate unknown (fence.Unknown)
 )
 
 // commands are the top-level commands; hidden ones are not in usage.

@@ -94,6 +94,9 @@ func cmdSend(args []string, stdout, stderr io.Writer) error {
 		if v.UnmarshalText([]byte(res.Verdict)) == nil && (v == fence.Accepted || v == fence.Duplicate) {
 			return nil // applied, exactly once
 		}
+		if v == fence.Unknown {
+			return exitError{exitUnknown}
+		}
 		return exitError{exitVerdict}
 	case res.Queued:
 		if res.Error != "" {
