@@ -63,11 +63,7 @@ func (b *Bridge) recover() error {
 		}
 		for i, env := range envs {
 			j := &job{env: env, m: fence.Mark{Token: env.Token, Seq: env.Seq}, verify: i == 0}
-			if p.dev.Topic != "" {
-				j.json, j.err = bodyJSON(env)
-			} else {
-				j.req, j.err = modbus.CommandPDU(env)
-			}
+			j.err = p.prepare(j)
 			p.recovered = append(p.recovered, j)
 			p.pending[j.m] = j
 		}
@@ -137,7 +133,7 @@ func (b *Bridge) settle(p *port, j *job, res result, reason string, r *modbus.Re
 	if res == resApplied || res == resFound {
 		u.v, u.reason = fence.Accepted, ""
 		b.accepted.Add(1)
-		if r != nil && j.req.Func == modbus.FuncReadHolding {
+		if r != nil && r.Func == modbus.FuncReadHolding {
 			b.publishRead(p.dev.ID, j.env, r)
 		}
 	}

@@ -44,6 +44,7 @@ import (
 	"github.com/edgefence/edgefence/fence/auth"
 	"github.com/edgefence/edgefence/fence/history"
 	"github.com/edgefence/edgefence/transport/modbus"
+	"github.com/edgefence/edgefence/transport/modbus/profile"
 	"github.com/edgefence/edgefence/transport/mqtt"
 	"github.com/edgefence/edgefence/transport/serial"
 )
@@ -70,6 +71,9 @@ type Device struct {
 	// command's body is published as JSON, QoS 1, on Topic/<kind>, and the
 	// broker's PUBACK counts as delivery (the device acks nothing).
 	Topic string
+	// Modbus, if set, makes the device a unit on one of Config.Buses
+	// (modbus.go): a PLC, meter or drive that speaks Modbus RTU or TCP.
+	Modbus *ModbusUnit
 	// AuthOff is the device's `auth: off`: with Config.Keys set, its
 	// plain envelopes are taken still (counted in Stats.Unsigned); a
 	// signed one is verified as for any device.
@@ -92,6 +96,8 @@ type Config struct {
 	Table   Table // the gateway's fence table (required)
 	Topics  mqtt.Topics
 	Devices []Device
+	// Buses are the Modbus buses of the devices with Device.Modbus.
+	Buses []Bus
 	// CommandTimeout bounds one command on the serial link, retries and
 	// waiting for an unplugged port included. Default 30s.
 	CommandTimeout time.Duration
@@ -164,6 +170,7 @@ type Bridge struct {
 	cfg     Config
 	log     *slog.Logger
 	devices map[string]*port
+	buses   map[string]*mbBus // by name (modbus.go)
 
 	mu     sync.Mutex
 	client *mqtt.Client
@@ -184,6 +191,7 @@ type port struct {
 	queue chan *job
 	conn  *serial.Conn
 	link  *serial.Link
+	mb    *mbDev // a Modbus device: its bus and profile (modbus.go)
 
 	// recovered holds the commands a previous process admitted but did not
 	// see applied, in admission order: the worker sends them before
@@ -207,6 +215,7 @@ type port struct {
 type job struct {
 	env  *fence.Envelope
 	req  *modbus.Request // serial devices
+	ops  []profile.Op    // Modbus devices: the command's transactions
 	json []byte          // MQTT-link devices: the body as JSON
 	m    fence.Mark
 	err  error // a recovered command that can no longer be built: answered Invalid
@@ -242,7 +251,11 @@ func New(cfg Config) (*Bridge, error) {
 		if err := fence.ValidateDeviceID(d.ID); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 		}
-		if d.Topic != "" {
+		if d.Modbus != nil {
+			if d.Topic != "" || d.Port.Path != "" {
+				return nil, fmt.Errorf("%w: device %s: a Modbus unit has no serial port or topic of its own", ErrConfig, d.ID)
+			}
+		} else if d.Topic != "" {
 			if strings.ContainsAny(d.Topic, "+#") || strings.HasPrefix(d.Topic, cfg.Topics.Prefix+"/") {
 				return nil, fmt.Errorf("%w: device %s: topic %q: no wildcards, and not under the fenced prefix", ErrConfig, d.ID, d.Topic)
 			}
@@ -251,6 +264,9 @@ func New(cfg Config) (*Bridge, error) {
 		}
 		b.devices[d.ID] = &port{dev: d, queue: make(chan *job, cfg.Queue),
 			pending: make(map[fence.Mark]*job), failed: make(map[fence.Mark]outcome)}
+	}
+	if err := b.checkBuses(); err != nil {
+		return nil, err
 	}
 	if err := b.recover(); err != nil {
 		return nil, err
@@ -286,8 +302,19 @@ func (b *Bridge) Start(ctx context.Context, client *mqtt.Client) error {
 	}
 	b.client = client
 	b.ctx, b.cancel = context.WithCancel(ctx)
+	if err := b.openBuses(); err != nil {
+		b.cancel()
+		return err
+	}
 	for _, p := range b.devices {
-		if p.dev.Topic != "" {
+		if p.mb != nil && p.mb.prof != nil {
+			b.wg.Add(1)
+			go func() {
+				defer b.wg.Done()
+				b.poll(p)
+			}()
+		}
+		if p.dev.Topic != "" || p.mb != nil {
 			b.wg.Add(1)
 			go func() {
 				defer b.wg.Done()
@@ -333,6 +360,7 @@ func (b *Bridge) Close() error {
 	}
 	cancel()
 	b.wg.Wait()
+	b.closeBuses()
 	for _, p := range b.devices {
 		if p.link != nil {
 			p.link.Close()
@@ -416,12 +444,7 @@ func (b *Bridge) onCommand(msg mqtt.Message) {
 		return
 	}
 	j := &job{env: env}
-	if p.dev.Topic != "" {
-		j.json, err = bodyJSON(env)
-	} else {
-		j.req, err = modbus.CommandPDU(env)
-	}
-	if err != nil {
+	if err := p.prepare(j); err != nil {
 		b.refuse(dev, env, fence.Invalid, fence.Mark{}, err.Error())
 		return
 	}
@@ -574,12 +597,30 @@ func (b *Bridge) send(p *port, j *job) {
 		reason string
 		r      *modbus.Response
 	)
-	if p.dev.Topic != "" {
+	switch {
+	case p.dev.Topic != "":
 		res, reason = b.publish(p, j)
-	} else {
+	case p.mb != nil:
+		res, reason, r = b.transactBus(p, j)
+	default:
 		res, reason, r = b.transact(p, j)
 	}
 	b.settle(p, j, res, reason, r)
+}
+
+// prepare builds what j's device is sent: JSON for an MQTT-link device,
+// the transactions of a Modbus device, a PDU for a serial one. Errors wrap
+// fence.ErrInvalid.
+func (p *port) prepare(j *job) (err error) {
+	switch {
+	case p.dev.Topic != "":
+		j.json, err = bodyJSON(j.env)
+	case p.mb != nil:
+		j.ops, err = p.mb.plan(j.env)
+	default:
+		j.req, err = modbus.CommandPDU(j.env)
+	}
+	return err
 }
 
 // transact runs one admitted command on a serial device. For a write

@@ -244,7 +244,7 @@ func (d *Daemon) newAgent() error {
 	opts := agent.Options{Logger: log, Outbox: d.outbox, History: d.hist, OnHolding: d.o.OnHolding,
 		UnsafeIgnoreSessionLoss: d.o.UnsafeIgnoreSessionLoss}
 	if br := d.br; br != nil {
-		opts.BridgeStatus = func() any { return br.Stats() }
+		opts.BridgeStatus = func() any { return br.Status() }
 		if d.table != nil {
 			opts.FenceTable = d.table
 		}

@@ -25,7 +25,11 @@ campaigning, lost, autonomous, …), the token it holds, where it is fenced
 autonomy policy, its auth policy (required: signed commands; off: plain
 envelopes), the commands pending in the outbox and the age of the
 oldest, how this agent's commands to it ended since start, the last one to
-end, and why the device is lost or refused.
+end, and why the device is lost or refused. On the home gateway of Modbus
+devices, a second table shows each one's bus, unit id, profile, last
+answered poll and last error, and a third each bus's transactions, errors
+by kind, the time it was busy (rate of edgefence_modbus_busy_seconds_total
+is its utilisation) and the polls' share of it against the cap.
 
 ACCEPTED/STALE counts every command that ended so, whoever decided it: STALE
 includes the commands the agent ended stale itself without sending them
@@ -48,6 +52,9 @@ ended, by either.
 		return printJSON(stdout, st.Devices)
 	}
 	printDevices(stdout, st.Devices, time.Now())
+	if bs := modbusStatus(st); bs != nil {
+		printModbus(stdout, bs, time.Now())
+	}
 	return nil
 }
 
