@@ -154,7 +154,15 @@ func (r *rig) startBridgeWith(cfg Config) (*Bridge, func()) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := mqtt.Dial(context.Background(), mqtt.Config{Brokers: []string{r.broker.URL()}, ClientID: "home-gw",
+	return br, runBridge(t, r.broker.URL(), br, tbl)
+}
+
+// runBridge connects br to the broker at url as the home gateway and
+// starts it; the returned func (also a cleanup of t) stops it and closes
+// tbl.
+func runBridge(t testing.TB, url string, br *Bridge, tbl Table) func() {
+	t.Helper()
+	c, err := mqtt.Dial(context.Background(), mqtt.Config{Brokers: []string{url}, ClientID: "home-gw",
 		CleanStart: true, Subscriptions: br.Subscriptions()})
 	if err != nil {
 		t.Fatal(err)
@@ -178,7 +186,7 @@ func (r *rig) startBridgeWith(cfg Config) (*Bridge, func()) {
 		})
 	}
 	t.Cleanup(stop)
-	return br, stop
+	return stop
 }
 
 func (r *rig) write(token fence.Token, seq uint64, value uint16) *fence.Ack {

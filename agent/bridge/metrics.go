@@ -91,7 +91,7 @@ func (c collector) collectBuses(ch chan<- prometheus.Metric) {
 		for _, o := range []struct {
 			n     uint64
 			label string
-		}{{t.Transactions - t.Exceptions, "ok"}, {t.Exceptions, "exception"}, {t.Timeouts, "timeout"}, {t.CRCErrors, "crc"},
+		}{{t.Transactions - t.Exceptions - t.Timeouts, "ok"}, {t.Exceptions, "exception"}, {t.Timeouts, "timeout"}, {t.CRCErrors, "crc"},
 			{t.FrameErrors, "frame"}, {t.NotSent, "not_sent"}} {
 			counter(busTxDesc, float64(o.n), s.Name, o.label)
 		}

@@ -28,7 +28,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -300,7 +299,7 @@ var errVerify = errors.New("read back differs from the write")
 
 // verifyOp reads back what op wrote.
 func (b *Bridge) verifyOp(ctx context.Context, p *port, op profile.Op) error {
-	same, got, err := b.readBack(ctx, p, op.Req)
+	same, got, err := b.readBack(ctx, p, op)
 	if err != nil {
 		return fmt.Errorf("verify: %w", err)
 	}
@@ -310,18 +309,13 @@ func (b *Bridge) verifyOp(ctx context.Context, p *port, op profile.Op) error {
 	return nil
 }
 
-// readBack reports whether the device holds what the write q puts there.
-func (b *Bridge) readBack(ctx context.Context, p *port, q *modbus.Request) (bool, []uint16, error) {
-	read := modbus.FuncReadHolding
-	if q.Func == modbus.FuncWriteCoil || q.Func == modbus.FuncWriteCoils {
-		read = modbus.FuncReadCoils
-	}
-	rq := &modbus.Request{Func: read, Addr: q.Addr, Count: uint16(len(q.Values))}
-	r, err := b.runOp(ctx, p, profile.Op{Req: rq})
+// readBack reports whether the device holds what the write op puts there.
+func (b *Bridge) readBack(ctx context.Context, p *port, op profile.Op) (bool, []uint16, error) {
+	r, err := b.runOp(ctx, p, profile.Op{Req: op.ReadBack()})
 	if err != nil {
 		return false, nil, err
 	}
-	return slices.Equal(r.Values, q.Values), r.Values, nil
+	return op.Matches(r), r.Values, nil
 }
 
 // recheck handles the oldest command a previous process admitted and did
@@ -337,7 +331,7 @@ func (b *Bridge) recheck(ctx context.Context, p *port, j *job) (result, string, 
 		}
 		writes++
 		unsafe = unsafe || !op.Idempotent
-		same, _, err := b.readBack(ctx, p, op.Req)
+		same, _, err := b.readBack(ctx, p, op)
 		if err != nil || !same {
 			if unsafe || !op.Idempotent {
 				return resUnknown, "admitted before the restart, may have reached the device, and not idempotent: not sent again", true
