@@ -13,6 +13,14 @@
 // answered "illegal data address". Units not in Options.Units get no
 // answer at all.
 //
+// For fault tests (faults.go) a slave keeps a write log (Options.WriteLog:
+// every write its datastore applied, read back with Server.Writes), the
+// witness that a write was applied once, twice or never whatever its
+// master was told; it can answer as another unit (Options.AnswerAs),
+// answer its first writes "slave device busy" without applying them
+// (Options.Busy), and hold the answer to an applied write (Server.Stall),
+// to be killed mid-transaction.
+//
 // A pty has no parity bit: Linux clears PARENB on it, and pyserial (through
 // glibc's tcsetattr check) then refuses to open it with parity, so on a pty
 // the slave serves 8N1 whatever Options.Parity says (and says so on its

@@ -37,6 +37,11 @@ type Options struct {
 	Baud     int    // RTU: default 19200
 	Parity   string // RTU: "N" (default), "E" or "O"
 	StopBits int    // RTU: default 1
+
+	// Faults and their witness, for fault tests (faults.go):
+	WriteLog bool          // record every write the slave applies (Server.Writes)
+	AnswerAs map[byte]byte // answers to unit k carry unit id AnswerAs[k]: a foreign unit answering
+	Busy     int           // the first Busy writes after each start are answered "slave device busy", not applied
 }
 
 func (o Options) withDefaults() Options {
@@ -67,6 +72,7 @@ type Server struct {
 	opts Options
 	path string // RTU: the tty it serves; "" for TCP
 	port int    // TCP: the port it serves
+	dir  string // its write log and stall file (faults.go)
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -78,7 +84,7 @@ type Server struct {
 func StartRTU(t testing.TB, path string, opts Options) *Server {
 	t.Helper()
 	Require(t)
-	s := &Server{t: t, opts: opts.withDefaults(), path: path}
+	s := &Server{t: t, opts: opts.withDefaults(), path: path, dir: t.TempDir()}
 	s.start(t)
 	t.Cleanup(s.Stop)
 	return s
@@ -89,7 +95,7 @@ func StartRTU(t testing.TB, path string, opts Options) *Server {
 func StartTCP(t testing.TB, opts Options) *Server {
 	t.Helper()
 	Require(t)
-	s := &Server{t: t, opts: opts.withDefaults()}
+	s := &Server{t: t, opts: opts.withDefaults(), dir: t.TempDir()}
 	s.start(t)
 	t.Cleanup(s.Stop)
 	return s
@@ -136,6 +142,7 @@ func (s *Server) start(t testing.TB) {
 	} else {
 		spec["tcp"] = s.port // 0 the first time: the slave picks a free port
 	}
+	s.faults(spec)
 	arg, err := json.Marshal(spec)
 	if err != nil {
 		t.Fatal(err)
