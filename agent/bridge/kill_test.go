@@ -34,11 +34,22 @@ func TestBridgeHelperProcess(t *testing.T) {
 	if spec == "" {
 		t.Skip("helper process")
 	}
-	// spec: broker|table|dev=path,dev=path
+	// spec: broker|table|dev=path,dev=path; path modbus:PATH is a Modbus
+	// device on an RTU bus at PATH (helperModbus)
 	parts := strings.Split(spec, "|")
 	var devs []Device
+	var buses []Bus
 	for _, kv := range strings.Split(parts[2], ",") {
 		id, path, _ := strings.Cut(kv, "=")
+		if path, ok := strings.CutPrefix(path, "modbus:"); ok { // modbusfault_test.go
+			d, b, err := helperModbus(id, path)
+			if err != nil {
+				fmt.Println("error", err)
+				os.Exit(1)
+			}
+			devs, buses = append(devs, d), append(buses, b)
+			continue
+		}
 		devs = append(devs, Device{ID: id, Port: serial.PortConfig{Path: path}})
 	}
 	hist, err := helperHistory()
@@ -51,7 +62,7 @@ func TestBridgeHelperProcess(t *testing.T) {
 		fmt.Println("error", err)
 		os.Exit(1)
 	}
-	cfg := Config{Table: tbl, Topics: mqtt.Topics{Prefix: "kill"}, Devices: devs, History: hist}
+	cfg := Config{Table: tbl, Topics: mqtt.Topics{Prefix: "kill"}, Devices: devs, Buses: buses, History: hist}
 	var br *Bridge
 	if err := helperHooks(&cfg, &br); err != nil {
 		fmt.Println("error", err)

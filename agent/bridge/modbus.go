@@ -241,55 +241,74 @@ func (b *Bridge) transactBus(p *port, j *job) (result, string, *modbus.Response)
 }
 
 // runOp runs one transaction, sending it again only where that cannot apply
-// it twice.
+// it twice. Once a request of it went out and its answer was lost, its
+// failure is a *lostError (fate unknown), however the later attempts end:
+// not sent, refused, or cut short by the command's timeout.
 func (b *Bridge) runOp(ctx context.Context, p *port, op profile.Op) (*modbus.Response, error) {
 	m := p.mb
 	again := !op.Req.IsWrite() || op.Idempotent
 	delay := 20 * time.Millisecond
-	for lost := 0; ; {
+	sent, lost := 0, 0 // requests that went out; answers of them lost
+	giveUp := func(err error) error {
+		if lost > 0 {
+			return &lostError{err: err, sent: sent, lost: lost, again: again}
+		}
+		return err
+	}
+	for {
 		r, err := m.bus.bus.Transact(ctx, m.unit, op.Req)
 		if err == nil {
 			return r, nil
+		}
+		if !errors.Is(err, modbus.ErrNotSent) && !errors.Is(err, modbus.ErrClosed) {
+			sent++
+		}
+		if errors.Is(err, modbus.ErrTimeout) {
+			lost++
 		}
 		var ex *modbus.ExceptionError
 		busy := errors.As(err, &ex) && ex.Code == modbus.ExDeviceBusy
 		switch {
 		case ctx.Err() != nil || errors.Is(err, modbus.ErrClosed):
-			return nil, err
+			return nil, giveUp(err)
 		case errors.Is(err, modbus.ErrNotSent):
 			// Nothing reached the line: send it again, until the timeout.
-		case busy && lost < m.bus.cfg.Retries:
-			lost++ // not applied: ask again later
+		case busy && sent <= m.bus.cfg.Retries:
+			// Not applied: ask again later.
 		case errors.Is(err, modbus.ErrException):
-			return r, err
-		case again && lost < m.bus.cfg.Retries:
-			lost++
+			return r, giveUp(err)
+		case again && sent <= m.bus.cfg.Retries:
 			b.log.Info("modbus: answer lost; sending again (a read, or an idempotent write)", "device", p.dev.ID,
-				"bus", m.bus.cfg.Name, "unit", m.unit, "function", op.Req.Func, "addr", op.Req.Addr, "attempt", lost+1, "err", err)
+				"bus", m.bus.cfg.Name, "unit", m.unit, "function", op.Req.Func, "addr", op.Req.Addr, "attempt", sent+1, "err", err)
 		default:
-			return nil, &lostError{err: err, attempts: lost + 1, again: again}
+			return nil, giveUp(err)
 		}
 		select {
 		case <-ctx.Done():
-			return nil, err
+			return nil, giveUp(err)
 		case <-time.After(delay):
 		}
 		delay = min(2*delay, time.Second)
 	}
 }
 
-// lostError is an answer lost for good: the write's fate is unknown.
+// lostError is an op given up on after an answer to it was lost: if a
+// write, its fate is unknown.
 type lostError struct {
-	err      error
-	attempts int
-	again    bool // the op could have been sent again (retries ran out)
+	err        error // the last attempt's
+	sent, lost int   // requests sent; answers of them lost
+	again      bool  // the op could be sent again (a read, an idempotent write)
 }
 
 func (e *lostError) Error() string {
-	if e.again {
-		return fmt.Sprintf("no answer after %d attempts: %v", e.attempts, e.err)
+	switch {
+	case !e.again:
+		return fmt.Sprintf("no answer, and the write is not idempotent, so it was not sent again: %v", e.err)
+	case e.lost == e.sent && errors.Is(e.err, modbus.ErrTimeout):
+		return fmt.Sprintf("no answer after %d attempts: %v", e.sent, e.err)
+	default:
+		return fmt.Sprintf("no answer to %d of %d attempts sent, then: %v", e.lost, e.sent, e.err)
 	}
-	return fmt.Sprintf("no answer, and the write is not idempotent, so it was not sent again: %v", e.err)
 }
 
 func (e *lostError) Unwrap() error { return e.err }
@@ -361,17 +380,17 @@ func (b *Bridge) opFailed(p *port, j *job, i int, err error) (result, string) {
 	where := fmt.Sprintf("unit %d on bus %s", p.mb.unit, p.mb.bus.cfg.Name)
 	var lost *lostError
 	switch {
+	case errors.As(err, &lost) && op.Req.IsWrite(): // before an exception: an earlier attempt may have been applied
+		b.serialErr.Add(1)
+		b.log.Warn("modbus: write's answer lost; fate unknown, not repeated", "device", p.dev.ID, "bus", p.mb.bus.cfg.Name,
+			"unit", p.mb.unit, "id", j.env.ID, "op", what, "err", err)
+		return resUnknown, fmt.Sprintf("%sfate unknown: %s of %s: %v", prefix, what, where, err)
 	case errors.Is(err, modbus.ErrException):
 		b.devErr.Add(1)
 		return resRefused, fmt.Sprintf("%s%s refused %s: %v", prefix, where, what, err)
 	case errors.Is(err, errVerify):
 		b.devErr.Add(1)
 		return resRefused, fmt.Sprintf("%s%s: %s: %v", prefix, where, what, err)
-	case errors.As(err, &lost) && op.Req.IsWrite():
-		b.serialErr.Add(1)
-		b.log.Warn("modbus: write's answer lost; fate unknown, not repeated", "device", p.dev.ID, "bus", p.mb.bus.cfg.Name,
-			"unit", p.mb.unit, "id", j.env.ID, "op", what, "err", err)
-		return resUnknown, fmt.Sprintf("%sfate unknown: %s of %s: %v", prefix, what, where, err)
 	default:
 		// Not sent (the port stayed down), a read that got no answer, a
 		// verification read lost: nothing of op was applied by us.

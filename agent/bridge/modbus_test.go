@@ -47,6 +47,14 @@ func hvacProfile(t *testing.T) *profile.Profile {
 // bridge over tbl with buses and devs.
 func startMbRig(t *testing.T, tbl Table, buses []Bus, devs []Device) *mbRig {
 	t.Helper()
+	return startMbRigWith(t, Config{Table: tbl, Buses: buses, Devices: devs})
+}
+
+// startMbRigWith is startMbRig with cfg's Table, Buses, Devices and
+// CommandTimeout (default 10s here).
+func startMbRigWith(t *testing.T, cfg Config) *mbRig {
+	t.Helper()
+	tbl, devs := cfg.Table, cfg.Devices
 	b, err := sandbox.StartBroker(sandbox.BrokerConfig{})
 	if err != nil {
 		t.Fatal(err)
@@ -62,7 +70,11 @@ func startMbRig(t *testing.T, tbl Table, buses []Bus, devs []Device) *mbRig {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { closeCtx(r.cmdr.Close) })
-	br, err := New(Config{Table: tbl, Topics: r.topics, Devices: devs, Buses: buses, CommandTimeout: 10 * time.Second})
+	cfg.Topics = r.topics
+	if cfg.CommandTimeout == 0 {
+		cfg.CommandTimeout = 10 * time.Second
+	}
+	br, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,20 +166,29 @@ func TestModbusFrozenHolderRefusedBeforeTheBus(t *testing.T) {
 	}
 }
 
-// Several units on one RTU line, one of them dead: the live ones are served
-// in order, each command to the dead one ends Unknown after its timeout
-// (an absolute write is retried, an alarm pulse is not: it was sent once),
-// and an exception is Invalid with its name.
+// Several units on one RS-485 line (each slave on its drop), one of them
+// dead: the live ones are served in order, each command to the dead one
+// ends Unknown after its timeout (an absolute write is retried, an alarm
+// pulse is not: it was sent once), and an exception is Invalid with its
+// name. Then a live unit goes absent (its drop cut): its commands end
+// Unknown and reach nothing, the other unit is served meanwhile, and once
+// connected again it is served.
 func TestModbusUnitsOnOneBusOneDead(t *testing.T) {
 	modbustest.Require(t)
-	pair := modbustest.NewPtyPair(t)
-	modbustest.StartRTU(t, pair.A, modbustest.Options{Units: []byte{1, 2}, Baud: 19200})
+	line := startLine(t, 2)
+	modbustest.StartRTU(t, line.Drops[0], modbustest.Options{Units: []byte{1}, Baud: 19200})
+	slave2 := modbustest.StartRTU(t, line.Drops[1], modbustest.Options{Units: []byte{2}, Baud: 19200, WriteLog: true})
 	tbl, err := fence.OpenTable(filepath.Join(t.TempDir(), "fence.db"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	hvac := hvacProfile(t)
-	bus := Bus{BusConfig: modbus.BusConfig{Name: "rs485-1", RTU: &serial.PortConfig{Path: pair.B, Baud: 19200}, Timeout: 300 * time.Millisecond}, Retries: 2}
+	// Unpolled: the dead unit's polls would time out on the bus too, and
+	// the bus's counters must show the pulse's one timeout.
+	hvac, err := hvacUnpolled()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bus := Bus{BusConfig: modbus.BusConfig{Name: "rs485-1", RTU: &serial.PortConfig{Path: line.Master, Baud: 19200}, Timeout: 300 * time.Millisecond}, Retries: 2}
 	r := startMbRig(t, tbl, []Bus{bus}, []Device{
 		{ID: "plc-1", Modbus: &ModbusUnit{Bus: "rs485-1", Unit: 1}},
 		{ID: "tc-2", Modbus: &ModbusUnit{Bus: "rs485-1", Unit: 2, Profile: hvac}},
@@ -218,16 +239,39 @@ func TestModbusUnitsOnOneBusOneDead(t *testing.T) {
 	if a.Verdict != fence.Invalid || !strings.Contains(a.Reason, "illegal data address") {
 		t.Errorf("exception: %+v", a)
 	}
-	r.stop() // free the line for mbpoll
-	if v := modbustest.MbpollRead(t, modbustest.Target{Path: pair.B}, 1, modbustest.HoldingRegisters, 10, 1); v[0] != 103 {
-		t.Errorf("unit 1 register 10 = %d, want 103", v[0])
-	}
-	if v := modbustest.MbpollRead(t, modbustest.Target{Path: pair.B}, 2, modbustest.HoldingRegisters, 0, 1); v[0] != 210 {
-		t.Errorf("unit 2 setpoint = %d, want 210", v[0])
-	}
 	units := r.br.Units()
 	if len(units) != 3 || units[2].Device != "tc-3" || units[2].LastError == "" {
 		t.Errorf("units %+v", units)
+	}
+
+	// Unit 2 goes absent: its drop is cut from the line.
+	must(t, line.Cut(1, true))
+	applied := len(slave2.Writes(t))
+	gone := make(chan []*fence.Ack, 1)
+	go func() {
+		gone <- []*fence.Ack{r.send("tc-2", 4, 4, KindTwinSet, twinSet(t, map[string]any{"setpoint": 25.0})), r.send("tc-2", 4, 5, "ack_alarm", nil)}
+	}()
+	for seq := uint64(5); seq <= 7; seq++ { // unit 1 is served meanwhile
+		if a := r.send("plc-1", 4, seq, modbus.KindWriteRegister, rawWrite(t, 11, uint16(100+seq))); a.Verdict != fence.Accepted {
+			t.Errorf("plc-1 while unit 2 is cut: %+v", a)
+		}
+	}
+	cut := <-gone
+	wantAck(t, "setpoint to the cut unit", cut[0], fence.Unknown, "no answer after 3 attempts")
+	wantAck(t, "pulse to the cut unit", cut[1], fence.Unknown, "not idempotent")
+	if ws := slave2.Writes(t); len(ws) != applied {
+		t.Errorf("the cut unit applied %+v", ws[applied:])
+	}
+	must(t, line.Cut(1, false))
+	wantAck(t, "unit 2 connected again", r.send("tc-2", 4, 6, KindTwinSet, twinSet(t, map[string]any{"setpoint": 26.0})), fence.Accepted, "")
+
+	r.stop() // free the line for mbpoll
+	master := modbustest.Target{Path: line.Master}
+	if v := modbustest.MbpollRead(t, master, 1, modbustest.HoldingRegisters, 10, 2); v[0] != 103 || v[1] != 107 {
+		t.Errorf("unit 1 registers 10, 11 = %v, want 103, 107", v)
+	}
+	if v := modbustest.MbpollRead(t, master, 2, modbustest.HoldingRegisters, 0, 1); v[0] != 260 {
+		t.Errorf("unit 2 setpoint = %d, want 260", v[0])
 	}
 }
 
