@@ -122,6 +122,13 @@ func startLine(t *testing.T, drops int) *sandbox.RS485 {
 	return l
 }
 
+// at returns the rig for subtest t: its failures are t's.
+func (r *faultRig) at(t *testing.T) *faultRig {
+	m, c := *r.mbRig, *r
+	m.t, c.mbRig = t, &m
+	return &c
+}
+
 // next returns the envelope of tc-2's next command.
 func (r *faultRig) next(kind string, body []byte) *fence.Envelope {
 	r.seq++
@@ -165,7 +172,7 @@ func (r *faultRig) writes(table modbustest.Table, addr uint16) [][]uint16 {
 // awaitWrites waits until the slave applied n writes at table addr.
 func (r *faultRig) awaitWrites(table modbustest.Table, addr uint16, n int) {
 	r.t.Helper()
-	eventually(r.t, fmt.Sprintf("%d writes at %s %d", n, table, addr), func() bool { return len(r.writes(table, addr)) >= n })
+	eventually(r.t, fmt.Sprintf("%d writes at %s %d (so far %+v)", n, table, addr, r.slave.Writes(r.t)), func() bool { return len(r.writes(table, addr)) >= n })
 }
 
 func (r *faultRig) stats() modbus.BusStats { return r.br.Buses()[0].Stats }
@@ -482,6 +489,11 @@ func TestModbusCrashRecovery(t *testing.T) {
 		_ = child.Process.Kill()
 		_ = child.Wait()
 	}
+	start := func(t *testing.T, env ...string) *exec.Cmd {
+		child := helper(t, spec, env...)
+		t.Cleanup(func() { kill(child) }) // also when t fails first
+		return child
+	}
 	for _, c := range []struct {
 		name    string
 		env     *fence.Envelope
@@ -497,9 +509,10 @@ func TestModbusCrashRecovery(t *testing.T) {
 		{"after the wire, setpoint", r.setpointEnv(22.5), modbustest.HoldingRegisters, 0, true, fence.Accepted, 1},
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			r := r.at(t)
 			before := len(r.writes(c.table, c.addr))
 			if c.afterTx {
-				child := helper(t, spec)
+				child := start(t)
 				r.slave.Stall(t, true)
 				sent := make(chan error, 1)
 				ctx, cancel := context.WithCancel(context.Background())
@@ -515,7 +528,7 @@ func TestModbusCrashRecovery(t *testing.T) {
 					t.Fatal("answered, though the bridge was killed before the answer")
 				}
 			} else {
-				child := helper(t, spec, crashEnv+"="+c.env.ID)
+				child := start(t, crashEnv+"="+c.env.ID)
 				if a, err := send(c.env, 2*time.Second); err == nil {
 					t.Fatalf("the command the bridge died on was answered: %+v", a)
 				}
@@ -523,8 +536,7 @@ func TestModbusCrashRecovery(t *testing.T) {
 					t.Fatalf("helper did not die at the failpoint: %v", err)
 				}
 			}
-			child := helper(t, spec)
-			defer kill(child)
+			start(t)
 			a, err := send(c.env, 30*time.Second)
 			switch {
 			case err != nil:
