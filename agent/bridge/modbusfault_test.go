@@ -444,6 +444,20 @@ func (r *faultRig) servedAgain() {
 	}
 }
 
+// The command's timeout ends while the bus still waits for the answer to
+// a write that went out (the unit is slow: its answer held). The slave
+// applied it, so the command ends Unknown, not "not done", and it was not
+// sent again.
+func TestModbusCommandTimeoutCutsTheWait(t *testing.T) {
+	r := startFaultRig(t, faultRigConfig{Timeout: 10 * time.Second, CommandTimeout: time.Second})
+	r.slave.Stall(t, true)
+	wantAck(t, "pulse", r.ackAlarm(), fence.Unknown, "fate unknown")
+	r.slave.Stall(t, false)
+	if n := len(r.writes(modbustest.Coils, 8)); n != 1 {
+		t.Errorf("pulse applied %d times, want 1", n)
+	}
+}
+
 // helperModbus is the Modbus device of TestBridgeHelperProcess's spec
 // "id=modbus:PATH": the hvac controller (unpolled), unit 2 on an RTU bus
 // at PATH.
