@@ -20,6 +20,7 @@ const fig1Unit = 5
 // process has stopped (on the line: from the master end B has let go of).
 func runFigure1Modbus(t *testing.T, rtu, noFence bool) *Figure1Result {
 	t.Helper()
+	binaries(t) // skipped with -short before pymodbus is asked for
 	modbustest.Require(t)
 	prof, err := filepath.Abs(filepath.Join("..", "..", "configs", "profiles", "hvac-controller.yaml"))
 	if err != nil {
