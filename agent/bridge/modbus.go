@@ -326,14 +326,18 @@ func (b *Bridge) readBack(ctx context.Context, p *port, op profile.Op) (bool, []
 func (b *Bridge) recheck(ctx context.Context, p *port, j *job) (result, string, bool) {
 	writes, unsafe := 0, false
 	for _, op := range j.ops {
+		if op.Req.IsWrite() {
+			writes++
+			unsafe = unsafe || !op.Idempotent
+		}
+	}
+	for _, op := range j.ops {
 		if !op.Req.IsWrite() {
 			continue
 		}
-		writes++
-		unsafe = unsafe || !op.Idempotent
 		same, _, err := b.readBack(ctx, p, op)
 		if err != nil || !same {
-			if unsafe || !op.Idempotent {
+			if unsafe {
 				return resUnknown, "admitted before the restart, may have reached the device, and not idempotent: not sent again", true
 			}
 			return 0, "", false
@@ -367,7 +371,9 @@ func (b *Bridge) opFailed(p *port, j *job, i int, err error) (result, string) {
 	case errors.Is(err, errVerify):
 		b.devErr.Add(1)
 		return resRefused, fmt.Sprintf("%s%s: %s: %v", prefix, where, what, err)
-	case errors.As(err, &lost) && op.Req.IsWrite():
+	case (errors.As(err, &lost) || errors.Is(err, modbus.ErrTimeout)) && op.Req.IsWrite():
+		// The request went out and no valid answer came back: given up
+		// (lostError), or the command's time ran out mid-transaction.
 		b.serialErr.Add(1)
 		b.log.Warn("modbus: write's answer lost; fate unknown, not repeated", "device", p.dev.ID, "bus", p.mb.bus.cfg.Name,
 			"unit", p.mb.unit, "id", j.env.ID, "op", what, "err", err)
