@@ -27,6 +27,8 @@ import (
 	"github.com/edgefence/edgefence/internal/sandbox"
 	"github.com/edgefence/edgefence/offline"
 	"github.com/edgefence/edgefence/shadow"
+	"github.com/edgefence/edgefence/transport/modbus"
+	"github.com/edgefence/edgefence/transport/modbus/profile"
 	"github.com/edgefence/edgefence/transport/mqtt"
 )
 
@@ -122,7 +124,15 @@ func startObsWorld(t *testing.T) *obsWorld {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { tbl.Close() })
-	bri, err := bridge.New(bridge.Config{Table: tbl, Topics: w.topics, Devices: []bridge.Device{{ID: obsMeter, Topic: "site/" + obsMeter}}, Logger: log})
+	// And a Modbus bus whose endpoint is not there (its series exist from
+	// the start), with a profiled device the bridge polls in vain.
+	hvac, err := profile.Load("../configs/profiles/hvac-controller.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bri, err := bridge.New(bridge.Config{Table: tbl, Topics: w.topics, Logger: log,
+		Devices: []bridge.Device{{ID: obsMeter, Topic: "site/" + obsMeter}, {ID: "obs-plc", Modbus: &bridge.ModbusUnit{Bus: "obs-bus", Unit: 1, Profile: hvac}}},
+		Buses:   []bridge.Bus{{BusConfig: modbus.BusConfig{Name: "obs-bus", TCP: "127.0.0.1:1", Timeout: 100 * time.Millisecond}}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -696,7 +706,7 @@ func TestScrapeSeriesByFleetSize(t *testing.T) {
 		}
 		return all, ours
 	}
-	const idlePerDevice = 11
+	const idlePerDevice = 12
 	for _, perDevice := range []bool{false, true} {
 		all10, ours10 := count(10, perDevice)
 		all1k, ours1k := count(1000, perDevice)

@@ -345,14 +345,18 @@ func (b *Bridge) readBack(ctx context.Context, p *port, op profile.Op) (bool, []
 func (b *Bridge) recheck(ctx context.Context, p *port, j *job) (result, string, bool) {
 	writes, unsafe := 0, false
 	for _, op := range j.ops {
+		if op.Req.IsWrite() {
+			writes++
+			unsafe = unsafe || !op.Idempotent
+		}
+	}
+	for _, op := range j.ops {
 		if !op.Req.IsWrite() {
 			continue
 		}
-		writes++
-		unsafe = unsafe || !op.Idempotent
 		same, _, err := b.readBack(ctx, p, op)
 		if err != nil || !same {
-			if unsafe || !op.Idempotent {
+			if unsafe {
 				return resUnknown, "admitted before the restart, may have reached the device, and not idempotent: not sent again", true
 			}
 			return 0, "", false

@@ -6,9 +6,12 @@ package bridge
 // value changed, publishes the changed fields as a state report on the
 // device's state topic — signed with the gateway's key when it has one, and
 // bound to the device's mark in the fence table — for the device's holder
-// to write to the twin's reported state under its own token (I5). Every
-// fullReportEvery all fields are sent again, so a report lost while no
-// holder listened heals.
+// to write to the twin's reported state under its own token (I5). The
+// holder writes only what differs from reported, so repeating a value
+// costs a message, not an etcd write: every fullReportEvery, and at the
+// first poll after the table saw a new holder's token (a holder that just
+// took over dropped the reports from before it held the device), all
+// fields are sent again.
 //
 // Polls share the bus with commands, at most Bus.PollUtilisation of its
 // time: one poll runs at a time on a bus, and the next may start only once
@@ -34,7 +37,7 @@ import (
 
 // fullReportEvery is how often a poller reports every field, changed or
 // not.
-const fullReportEvery = 5 * time.Minute
+const fullReportEvery = 30 * time.Second
 
 // marker is what the bridge reads of the table to bind state reports to the
 // device's mark; *fence.Table has it.
@@ -52,6 +55,7 @@ func (b *Bridge) poll(p *port) {
 	due := make([]time.Time, len(blocks))
 	last := map[string]any{}
 	var lastFull time.Time
+	var lastToken fence.Token
 	for {
 		i := 0
 		for k := range due {
@@ -75,18 +79,27 @@ func (b *Bridge) poll(p *port) {
 		if err != nil {
 			continue
 		}
+		// last holds what was reported: a report that could not be
+		// published (the broker away) is sent again with the next poll.
 		changed := map[string]any{}
 		for k, v := range fields {
 			if old, ok := last[k]; !ok || !reflect.DeepEqual(old, v) {
 				changed[k] = v
 			}
 		}
-		maps.Copy(last, fields)
-		if time.Since(lastFull) > fullReportEvery {
-			changed, lastFull = maps.Clone(last), time.Now()
+		full := time.Since(lastFull) > fullReportEvery
+		if tok := b.markOf(p.dev.ID).Token; tok != lastToken {
+			full, lastToken = true, tok
 		}
-		if len(changed) > 0 {
-			b.publishState(p, changed)
+		if full {
+			changed = maps.Clone(last)
+			maps.Copy(changed, fields)
+		}
+		if len(changed) > 0 && b.publishState(p, changed) == nil {
+			maps.Copy(last, changed)
+			if full {
+				lastFull = time.Now()
+			}
 		}
 	}
 }
@@ -116,7 +129,7 @@ func (b *Bridge) polled(p *port, blk profile.Block, r *modbus.Response, err erro
 }
 
 // publishState publishes fields as p's state report.
-func (b *Bridge) publishState(p *port, fields map[string]any) {
+func (b *Bridge) publishState(p *port, fields map[string]any) error {
 	raw, err := shadow.EncodeCBOR(fields, shadow.Limits{})
 	if err == nil && b.cfg.Signer != nil {
 		mark := b.markOf(p.dev.ID)
@@ -132,6 +145,7 @@ func (b *Bridge) publishState(p *port, fields map[string]any) {
 		b.ackErr.Add(1)
 		b.log.Warn("publish state report", "device", p.dev.ID, "err", err)
 	}
+	return err
 }
 
 // markOf returns dev's mark in the table (zero if the table cannot say).

@@ -1,13 +1,16 @@
 package main
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/edgefence/edgefence/agent"
 	"github.com/edgefence/edgefence/internal/modbustest"
+	"github.com/edgefence/edgefence/shadow"
 )
 
 // A home gateway of a Modbus device: `edgefence run` with a modbus bus and
@@ -29,7 +32,7 @@ func TestHomeGatewayModbus(t *testing.T) {
 		t.Fatal(err)
 	}
 	if _, err := f.WriteString("  - id: tc-1\n    fence: gateway\n    home: gw-1\n    modbus: {bus: plc-net, unit: 3, profile: acme-tc20}\n" +
-		"modbus:\n  profiles: [" + prof + "]\n  buses:\n    - name: plc-net\n      tcp: " + slave.Addr() + "\n"); err != nil {
+		"modbus:\n  profiles: [" + prof + "]\n  buses:\n    - name: plc-net\n      tcp: " + slave.Addr() + "\ntwins:\n  enabled: true\n"); err != nil {
 		t.Fatal(err)
 	}
 	f.Close()
@@ -64,8 +67,40 @@ func TestHomeGatewayModbus(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	t.Logf("edgefence devices:\n%s", r.stdout)
 	if !strings.Contains(r.stdout, "plc-net") || !strings.Contains(r.stdout, slave.Addr()) {
 		t.Fatalf("devices: no bus row:\n%s", r)
+	}
+
+	// The twin, both ways: a desired setpoint reaches the register through
+	// the fenced path (twin.set, planned by the profile), and the polled
+	// fields land in reported, written by the holder under its token.
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	app := shadow.NewStore(e.etcd, shadow.StoreConfig{Prefix: agent.DefaultEtcdPrefix, Writer: "app"})
+	if _, err := app.UpdateDesired(ctx, "tc-1", map[string]any{"setpoint": 19.5}, 0); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if v := modbustest.MbpollRead(t, slave.TCPTarget(), 3, modbustest.HoldingRegisters, 0, 1); v[0] == 195 {
+			break
+		}
+		if ctx.Err() != nil {
+			r := edgefence(t, "twin", "get", "--config", cfg, "tc-1")
+			t.Fatalf("the desired setpoint did not reach the register:\n%s", r)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for {
+		rep, err := app.GetReported(ctx, "tc-1")
+		// pymodbus starts input register 0 of unit 3 at 3<<8 = 768: 76.8 °C.
+		if err == nil && rep.Fields["room_temperature"] == 76.8 && rep.Fields["setpoint"] == 19.5 {
+			break
+		}
+		if ctx.Err() != nil {
+			r := edgefence(t, "twin", "get", "--config", cfg, "tc-1")
+			t.Logf("twin get: %s", r)
+			t.Fatalf("reported %+v, %v: want the polled room_temperature 76.8 and setpoint 19.5", rep, err)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }

@@ -2,6 +2,7 @@ package modbustest
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"os/exec"
 	"regexp"
@@ -52,20 +53,36 @@ var mbpollValue = regexp.MustCompile(`(?m)^\[(\d+)\]:\s+(\S+)`)
 // of unit with mbpoll, and fails t if mbpoll fails.
 func MbpollRead(t testing.TB, g Target, unit byte, table Table, addr uint16, count int) []uint16 {
 	t.Helper()
-	out := mbpoll(t, g, unit, table, addr, []string{"-c", strconv.Itoa(count)}, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), startWait)
+	defer cancel()
+	vals, err := Read(ctx, g, unit, table, addr, count)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return vals
+}
+
+// Read is MbpollRead for callers without a testing.TB (a scenario's final
+// read-back): mbpoll's failure, or an answer without count values, is its
+// error.
+func Read(ctx context.Context, g Target, unit byte, table Table, addr uint16, count int) ([]uint16, error) {
+	out, err := mbpoll(ctx, g, unit, table, addr, []string{"-c", strconv.Itoa(count)}, nil)
+	if err != nil {
+		return nil, err
+	}
 	got := mbpollValue.FindAllStringSubmatch(out, -1)
 	if len(got) != count {
-		t.Fatalf("mbpoll read %d values, want %d:\n%s", len(got), count, out)
+		return nil, fmt.Errorf("modbustest: mbpoll read %d values, want %d:\n%s", len(got), count, out)
 	}
 	vals := make([]uint16, count)
 	for i, m := range got {
 		v, err := strconv.ParseUint(m[2], 0, 16)
 		if err != nil {
-			t.Fatalf("mbpoll value %q: %v", m[2], err)
+			return nil, fmt.Errorf("modbustest: mbpoll value %q: %w", m[2], err)
 		}
 		vals[i] = uint16(v)
 	}
-	return vals
+	return vals, nil
 }
 
 // MbpollWrite writes values to table (Coils or HoldingRegisters) from addr
@@ -76,22 +93,23 @@ func MbpollWrite(t testing.TB, g Target, unit byte, table Table, addr uint16, va
 	for _, v := range values {
 		args = append(args, strconv.Itoa(int(v)))
 	}
-	mbpoll(t, g, unit, table, addr, nil, args)
+	ctx, cancel := context.WithTimeout(context.Background(), startWait)
+	defer cancel()
+	if _, err := mbpoll(ctx, g, unit, table, addr, nil, args); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // mbpoll runs mbpoll once, with opts before the target and values (to
-// write) after it.
-func mbpoll(t testing.TB, g Target, unit byte, table Table, addr uint16, opts, values []string) string {
-	t.Helper()
+// write) after it, and returns its output.
+func mbpoll(ctx context.Context, g Target, unit byte, table Table, addr uint16, opts, values []string) (string, error) {
 	args := []string{"-1", "-0", "-o", "2", "-a", strconv.Itoa(int(unit)), "-t", string(table), "-r", strconv.Itoa(int(addr))}
 	args = append(args, opts...)
 	args = append(args, g.args()...)
 	args = append(args, values...)
-	ctx, cancel := context.WithTimeout(context.Background(), startWait)
-	defer cancel()
 	out, err := exec.CommandContext(ctx, "mbpoll", args...).CombinedOutput()
 	if err != nil {
-		t.Fatalf("mbpoll %v: %v\n%s", args, err, out)
+		return "", fmt.Errorf("modbustest: mbpoll %v: %w\n%s", args, err, out)
 	}
-	return string(out)
+	return string(out), nil
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/edgefence/edgefence/devices/sim"
 	"github.com/edgefence/edgefence/fence"
 	"github.com/edgefence/edgefence/transport/modbus"
+	"github.com/edgefence/edgefence/transport/modbus/profile"
 )
 
 // Figure1Config sets up a replay of Figure 1 of the fencing article on real
@@ -49,6 +50,11 @@ type Figure1Config struct {
 	// Commands are write_register to register 0; Devices must be one id.
 	// With NoFence, B runs with its fence table off.
 	Serial bool
+	// Modbus runs the scenario against a unit on a Modbus bus, RTU or TCP,
+	// wired to agent B, its home gateway (figure1modbus.go); Devices must
+	// be one id, DevsimBin is not needed. With NoFence, B runs with its
+	// fence table off.
+	Modbus *Figure1Modbus
 
 	// RestartDevicesBeforeLate kills the device simulator with SIGKILL and
 	// starts it again on the same data before A's late command arrives.
@@ -92,7 +98,8 @@ type Figure1Result struct {
 	Late           map[string]SendResult  // A's late command per device
 	Verdicts       []sim.VerdictRecord    // the devices' verdict log, in order
 	Final          map[string]sim.State   // each device's state at the end (MQTT devices)
-	Values         map[string]float64     // each device's final value: setpoint, or register 0 (Serial)
+	Values         map[string]float64     // each device's final value: setpoint, register 0 (Serial), or the slave's field (Modbus)
+	Registers      []uint16               // the slave's registers of the field, read back at the end (Modbus)
 	Applied        []legacy.Applied       // the legacy device's applied writes (Serial)
 	Frozen         time.Duration          // how long A was frozen
 	Forgery        *ForgeryResult         // the forgery scene's outcome (Figure1Config.Forgery)
@@ -127,12 +134,14 @@ type figure1 struct {
 	pair    *PtyPair               // Serial: gateway end A... device end B
 	keys    map[string]*GatewayKey // Trust: gw-a's and gw-b's signing keys
 	devKeys string                 // Trust, MQTT devices: their own keys (edgefence-devsim --device-keys)
+	prof    *profile.Profile       // Modbus: the device's profile
+	field   *profile.Field         // Modbus: the field the commands set
 }
 
 // RunFigure1 runs the scenario and returns what happened. It stops every
 // process it started before returning.
 func RunFigure1(ctx context.Context, cfg Figure1Config) (*Figure1Result, error) {
-	if cfg.Dir == "" || cfg.Etcd == "" || cfg.MQTT == "" || cfg.AgentBin == "" || cfg.DevsimBin == "" {
+	if cfg.Dir == "" || cfg.Etcd == "" || cfg.MQTT == "" || cfg.AgentBin == "" || (cfg.DevsimBin == "" && cfg.Modbus == nil) {
 		return nil, errors.New("sandbox: figure 1: Dir, Etcd, MQTT, AgentBin and DevsimBin are required")
 	}
 	if len(cfg.Devices) == 0 {
@@ -158,6 +167,9 @@ func RunFigure1(ctx context.Context, cfg Figure1Config) (*Figure1Result, error) 
 	}
 	f := &figure1{cfg: cfg, start: time.Now()}
 	defer f.stopAll()
+	if err := f.checkModbus(); err != nil {
+		return nil, err
+	}
 	if err := f.addUsers(); err != nil {
 		return nil, err
 	}
@@ -188,6 +200,9 @@ func (f *figure1) stopAll() {
 func (f *figure1) path(name string) string { return filepath.Join(f.cfg.Dir, name) }
 
 func (f *figure1) startDevices(ctx context.Context) (*Proc, error) {
+	if f.cfg.Modbus != nil {
+		return nil, nil // the caller's slave
+	}
 	if f.cfg.Serial {
 		p, err := StartProc("devsim", f.path("devsim.log"), nil, f.cfg.DevsimBin,
 			"--serial", f.pair.B, "--devices", f.cfg.Devices[0], "--log", f.path("applied.jsonl"))
@@ -231,11 +246,14 @@ func (f *figure1) startAgent(ctx context.Context, gw, failpoints string) (*Proc,
 	var devs strings.Builder
 	for _, d := range f.cfg.Devices {
 		fmt.Fprintf(&devs, "  - id: %s\n", d)
-		if f.cfg.Serial {
+		if f.cfg.atGateway() {
 			// B is the home gateway: the device is wired to it.
 			fmt.Fprintf(&devs, "    fence: gateway\n    home: gw-b\n")
-			if gw == "gw-b" {
+			if gw == "gw-b" && f.cfg.Serial {
 				fmt.Fprintf(&devs, "    serial:\n      port: %s\n", f.pair.A)
+			}
+			if gw == "gw-b" && f.cfg.Modbus != nil {
+				devs.WriteString(f.modbusDeviceYAML())
 			}
 			if f.cfg.Trust != nil {
 				devs.WriteString("    auth: off\n") // B's table knows only B's certificate
@@ -266,9 +284,9 @@ command:
 log:
   level: info
   format: json
-%sdevices:
+%s%sdevices:
 %s`, gw, f.path(gw+"-state"), f.cfg.Etcd, f.cfg.EtcdPrefix, f.cfg.LeaseTTL, f.cfg.MQTT, f.cfg.MQTTPrefix,
-		gw+"-"+filepath.Base(f.cfg.Dir), user, sock, authYAML(f.keys[gw]), devs.String())
+		gw+"-"+filepath.Base(f.cfg.Dir), user, sock, authYAML(f.keys[gw]), f.modbusYAML(gw), devs.String())
 	cpath := f.path(gw + ".yaml")
 	if err := os.WriteFile(cpath, []byte(conf), 0o644); err != nil {
 		return nil, "", err
@@ -299,14 +317,15 @@ func (f *figure1) login(user string) (string, []string, error) {
 }
 
 // addUsers adds the run's users and rules to Auth: gateways gw-a and gw-b
-// (gw-b the home of a Serial device) and devsim, serving the MQTT devices.
+// (gw-b the home of a Serial or Modbus device) and devsim, serving the MQTT
+// devices.
 func (f *figure1) addUsers() error {
 	if f.cfg.Auth == nil {
 		return nil
 	}
 	p := f.cfg.MQTTPrefix
 	acl := GatewayACL(p, "gw-a")
-	if f.cfg.Serial {
+	if f.cfg.atGateway() {
 		acl += GatewayACL(p, "gw-b", f.cfg.Devices...)
 	} else {
 		acl += GatewayACL(p, "gw-b") + FleetACL(p, "devsim", f.cfg.Devices...)
@@ -374,6 +393,9 @@ func (f *figure1) send(ctx context.Context, sock, dev string, setpoint float64) 
 	if f.cfg.Serial {
 		kind, body = modbus.KindWriteRegister, fmt.Sprintf(`{"addr": 0, "value": %g}`, setpoint)
 	}
+	if f.cfg.Modbus != nil {
+		kind, body = kindTwinSet, fmt.Sprintf(`{%q: %g}`, f.cfg.Modbus.Field, setpoint)
+	}
 	cmd := exec.CommandContext(ctx, f.cfg.AgentBin, "send", "--json", "--socket", sock, dev, kind, body)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -429,7 +451,7 @@ func (f *figure1) run(ctx context.Context) (*Figure1Result, error) {
 		}
 	}
 	f.say("A's late command (token %s): %s", fmtTokens(c.Devices, res.TokenA), fmtVerdicts(c.Devices, res.Late))
-	if err := f.finish(res); err != nil {
+	if err := f.finish(ctx, res); err != nil {
 		return nil, err
 	}
 	return res, nil
@@ -451,10 +473,14 @@ func (f *figure1) startAll(ctx context.Context, res *Figure1Result) (*figure1Pro
 		fenceWord = "a legacy serial device wired to gateway B, whose fence table is OFF"
 	case c.Serial:
 		fenceWord = "a legacy serial device (no fence of its own) wired to gateway B, whose fence table guards it"
+	case c.Modbus != nil && c.NoFence:
+		fenceWord = "a Modbus slave, " + f.modbusWhere() + ", wired to gateway B, whose fence table is OFF"
+	case c.Modbus != nil:
+		fenceWord = "a Modbus slave (no fence of its own), " + f.modbusWhere() + ", wired to gateway B, whose fence table guards it"
 	case c.NoFence:
 		fenceWord = "UNFENCED (--unsafe-no-fence: they apply whatever arrives)"
 	}
-	if c.Trust != nil && !c.Serial {
+	if c.Trust != nil && !c.atGateway() {
 		fenceWord += ", taking only commands signed by a gateway key the operator certified (gw-a/1, gw-b/1)"
 	}
 	p := &figure1Procs{}
@@ -473,13 +499,13 @@ func (f *figure1) startAll(ctx context.Context, res *Figure1Result) (*figure1Pro
 	f.say("agent A holds the lease of every device (lease TTL %v), tokens %s", c.LeaseTTL, fmtTokens(c.Devices, res.TokenA))
 
 	bFailpoints := ""
-	if c.Serial && c.NoFence {
+	if c.atGateway() && c.NoFence {
 		bFailpoints = "no-fence-table" // B is the device's home: its table is the fence
 	}
 	if p.b, p.sockB, err = f.startAgent(ctx, "gw-b", bFailpoints); err != nil {
 		return nil, err
 	}
-	if err := f.waitUp(ctx, p.b, p.sockB, c.Serial); err != nil {
+	if err := f.waitUp(ctx, p.b, p.sockB, c.atGateway()); err != nil {
 		return nil, err
 	}
 	f.say("agent B is up and campaigning for the same devices")
@@ -550,11 +576,15 @@ func (f *figure1) takeOver(ctx context.Context, p *figure1Procs, res *Figure1Res
 
 // finish stops everything so the device logs are complete, then reads the
 // devices' final values from them.
-func (f *figure1) finish(res *Figure1Result) error {
+func (f *figure1) finish(ctx context.Context, res *Figure1Result) error {
 	f.stopAll()
 	f.procs = nil
 	res.Values = map[string]float64{}
-	if f.cfg.Serial {
+	if f.cfg.Modbus != nil {
+		if err := f.readModbus(ctx, res); err != nil {
+			return err
+		}
+	} else if f.cfg.Serial {
 		if err := f.readApplied(res); err != nil {
 			return err
 		}

@@ -78,7 +78,7 @@ func (f *figure1) provisionTrust(ctx context.Context) error {
 		}
 		f.keys[gw] = k
 	}
-	if !c.Serial { // the serial device's acks are its home gateway's table's
+	if !c.atGateway() { // a serial or Modbus device's acks are its home gateway's table's
 		dir, certs, err := c.Trust.DeviceKeys(c.Devices...)
 		if err != nil {
 			return err

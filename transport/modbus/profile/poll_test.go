@@ -146,7 +146,7 @@ fields:
 		msg  string
 	}{
 		{nil, blocks[0], ErrDecode, "no response"},
-		{&modbus.Response{Func: modbus.FuncReadInput, Exception: modbus.ExIllegalAddress}, blocks[0], modbus.ErrException, "exception 0x02"},
+		{&modbus.Response{Func: modbus.FuncReadInput, Exception: modbus.ExIllegalAddress}, blocks[0], modbus.ErrException, "illegal data address (0x02)"},
 		{&modbus.Response{Func: modbus.FuncReadHolding, Values: make([]uint16, 10)}, blocks[0], ErrDecode, "response function 0x03 to a read 0x04"},
 		{&modbus.Response{Func: modbus.FuncReadInput, Values: make([]uint16, 9)}, blocks[0], ErrDecode, "9 values for a read of 10"},
 		{&modbus.Response{Func: modbus.FuncReadCoils, Values: []uint16{1}}, Block{Req: coil.Req, Fields: []string{"s16"}}, ErrDecode, `field "s16" is not in this block`},
