@@ -26,7 +26,7 @@ import (
 // mbRig is a bridge whose devices are Modbus units, with a holder's
 // Commander on the same broker.
 type mbRig struct {
-	t      *testing.T
+	t      testing.TB
 	topics mqtt.Topics
 	broker *sandbox.Broker
 	cmdr   *mqtt.Commander
@@ -34,7 +34,7 @@ type mbRig struct {
 	stop   func()
 }
 
-func hvacProfile(t *testing.T) *profile.Profile {
+func hvacProfile(t testing.TB) *profile.Profile {
 	t.Helper()
 	p, err := profile.Load(filepath.Join("..", "..", "configs", "profiles", "hvac-controller.yaml"))
 	if err != nil {
@@ -45,14 +45,14 @@ func hvacProfile(t *testing.T) *profile.Profile {
 
 // startMbRig starts a broker, the holder's Commander for devs' ids and a
 // bridge over tbl with buses and devs.
-func startMbRig(t *testing.T, tbl Table, buses []Bus, devs []Device) *mbRig {
+func startMbRig(t testing.TB, tbl Table, buses []Bus, devs []Device) *mbRig {
 	t.Helper()
 	return startMbRigWith(t, Config{Table: tbl, Buses: buses, Devices: devs})
 }
 
 // startMbRigWith is startMbRig with cfg's Table, Buses, Devices and
 // CommandTimeout (default 10s here).
-func startMbRigWith(t *testing.T, cfg Config) *mbRig {
+func startMbRigWith(t testing.TB, cfg Config) *mbRig {
 	t.Helper()
 	tbl, devs := cfg.Table, cfg.Devices
 	b, err := sandbox.StartBroker(sandbox.BrokerConfig{})
@@ -94,7 +94,7 @@ func (r *mbRig) send(dev string, tok fence.Token, seq uint64, kind string, body 
 	return ack
 }
 
-func twinSet(t *testing.T, fields map[string]any) []byte {
+func twinSet(t testing.TB, fields map[string]any) []byte {
 	t.Helper()
 	b, err := shadow.EncodeCBOR(fields, shadow.Limits{})
 	if err != nil {
@@ -103,7 +103,7 @@ func twinSet(t *testing.T, fields map[string]any) []byte {
 	return b
 }
 
-func rawWrite(t *testing.T, addr, value uint16) []byte {
+func rawWrite(t testing.TB, addr, value uint16) []byte {
 	t.Helper()
 	b, err := fence.EncodeBody(map[string]any{"addr": addr, "value": value})
 	if err != nil {

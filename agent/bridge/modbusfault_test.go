@@ -189,7 +189,7 @@ func count(ws [][]uint16, v ...uint16) int {
 }
 
 // eventually polls cond for up to 30 s.
-func eventually(t *testing.T, what string, cond func() bool) {
+func eventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	for deadline := time.Now().Add(30 * time.Second); !cond(); {
 		if time.Now().After(deadline) {
@@ -199,7 +199,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-func wantAck(t *testing.T, what string, a *fence.Ack, v fence.Verdict, reason string) {
+func wantAck(t testing.TB, what string, a *fence.Ack, v fence.Verdict, reason string) {
 	t.Helper()
 	if a.Verdict != v || !strings.Contains(a.Reason, reason) {
 		t.Errorf("%s: %v %q, want %v with %q", what, a.Verdict, a.Reason, v, reason)
@@ -259,7 +259,7 @@ func TestModbusBitErrors(t *testing.T) {
 	}
 }
 
-func must(t *testing.T, err error) {
+func must(t testing.TB, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
