@@ -22,6 +22,7 @@ type benchFlags struct {
 	replay   replayFlags
 	failover failoverFlags
 	rss      rssFlags
+	rtu      rtuFlags
 	lcSizes  string // lifecycle
 	devices  int    // locks, replay, failover, twins
 	runs     int    // locks, replay, failover, twins, lifecycle
@@ -54,6 +55,11 @@ type failoverFlags struct {
 	devsim       string
 }
 
+type rtuFlags struct {
+	bauds string
+	n     int
+}
+
 type rssFlags struct {
 	sizes       string
 	dur, period time.Duration
@@ -74,6 +80,7 @@ func newFlagSet(stderr io.Writer) (*flag.FlagSet, *benchFlags) {
 	f.replay.register(fs)
 	f.failover.register(fs)
 	f.rss.register(fs)
+	f.rtu.register(fs)
 	fs.StringVar(&f.lcSizes, "lc-sizes", "10,1000", "lifecycle: device counts, comma-separated")
 	fs.IntVar(&f.devices, "devices", 0, "locks: devices (default 1000); replay: devices (default 10); failover: devices (default 4); twins: devices on the agent, all changing at once in the throughput runs (default 1000)")
 	fs.IntVar(&f.runs, "runs", 0, "locks, replay: repetitions (default 5, 3); failover: trials per lease_ttl and fault (default 3); twins: latency rounds per size (default 30)")
@@ -123,8 +130,13 @@ func (f *rssFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.agentEnv, "agent-env", "", "rss: extra environment for the agent, comma-separated (e.g. GOGC=50,GODEBUG=gctrace=1; see --keep for its log)")
 }
 
+func (f *rtuFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.bauds, "bauds", "9600,115200", "modbus-rtu: line rates, comma-separated")
+	fs.IntVar(&f.n, "rtu-n", 500, "modbus-rtu: transactions per rate and operation")
+}
+
 // benchNames are the subcommands.
-var benchNames = []string{"roundtrip", "locks", "rss", "all", "replay", "failover", "twins", "lifecycle"}
+var benchNames = []string{"roundtrip", "locks", "rss", "all", "replay", "failover", "twins", "lifecycle", "modbus-rtu"}
 
 // parseArgs parses args, the flags before or after the one benchmark
 // name, and returns that name. With ok false the command is to exit with
@@ -171,6 +183,7 @@ type benches struct {
 	failover  failoverConfig
 	lifecycle lifecycleConfig
 	twins     twinsConfig
+	rtu       modbusRTUConfig
 	keep      bool
 	cpuprof   string
 }
@@ -213,6 +226,7 @@ func (f *benchFlags) benches(what string, set map[string]bool) (*benches, error)
 		lifecycle: lifecycleConfig{Sizes: l.lcSizes, Runs: lcRuns, AgentBin: f.agentBin},
 		twins: twinsConfig{Sizes: l.twinSizes, Rounds: f.runs, Devices: f.devices, Changes: f.twins.changes,
 			TPRuns: f.twins.runs, Fleets: f.twins.fleets},
+		rtu:     modbusRTUConfig{Bauds: l.bauds, N: f.rtu.n},
 		keep:    f.keep,
 		cpuprof: f.cpuprof,
 	}, nil
@@ -222,6 +236,7 @@ func (f *benchFlags) benches(what string, set map[string]bool) (*benches, error)
 type flagLists struct {
 	brokers                           []string
 	sizes, fleets, lcSizes, twinSizes []int
+	bauds                             []int
 }
 
 func (f *benchFlags) lists() (flagLists, error) {
@@ -237,7 +252,7 @@ func (f *benchFlags) lists() (flagLists, error) {
 	for _, x := range []struct {
 		name, val string
 		list      *[]int
-	}{{"sizes", f.rss.sizes, &l.sizes}, {"fleets", f.rt.fleets, &l.fleets}, {"lc-sizes", f.lcSizes, &l.lcSizes}, {"twin-sizes", f.twins.sizes, &l.twinSizes}} {
+	}{{"sizes", f.rss.sizes, &l.sizes}, {"fleets", f.rt.fleets, &l.fleets}, {"lc-sizes", f.lcSizes, &l.lcSizes}, {"twin-sizes", f.twins.sizes, &l.twinSizes}, {"bauds", f.rtu.bauds, &l.bauds}} {
 		var err error
 		if *x.list, err = intList(x.val); err != nil {
 			return l, fmt.Errorf("--%s: %w", x.name, err)
@@ -265,8 +280,8 @@ func (f *benchFlags) defaults(what string, set map[string]bool) {
 
 // checkBounds checks the numeric flags' ranges.
 func (f *benchFlags) checkBounds(what string, twinSizes []int) error {
-	if f.rt.n < 1 || f.rt.conc < 1 || f.devices < 1 || f.runs < 1 || f.replay.backlog < 1 || f.twins.changes < 1 || f.twins.fleets < 1 {
-		return errors.New("--n, --conc, --devices, --runs, --backlog, --changes and --twin-fleets must be at least 1")
+	if f.rt.n < 1 || f.rt.conc < 1 || f.devices < 1 || f.runs < 1 || f.replay.backlog < 1 || f.twins.changes < 1 || f.twins.fleets < 1 || f.rtu.n < 1 {
+		return errors.New("--n, --conc, --devices, --runs, --backlog, --changes, --twin-fleets and --rtu-n must be at least 1")
 	}
 	if f.twins.runs < 0 {
 		return errors.New("--twin-runs must not be negative")

@@ -17,6 +17,8 @@
 //	           frozen or stopped under load; time to the other's first ack
 //	twins      the twin reconciler: desired → twin.set → reported, latency
 //	           and throughput, etcd requests per update
+//	modbus-rtu the Modbus RTU bus master against the line-rate limit, with
+//	           the Go slave on a paced RS-485 line (sandbox.RS485)
 //
 // roundtrip, locks, replay and twins run the agent in process, built by
 // agent/daemon as `edgefence run` builds it (outbox included). Run from the
@@ -50,7 +52,7 @@ func main() {
 	os.Exit(code)
 }
 
-const usage = `usage: edgefence-bench [flags] roundtrip|locks|rss|all|replay|failover|twins|lifecycle [flags]
+const usage = `usage: edgefence-bench [flags] roundtrip|locks|rss|all|replay|failover|twins|lifecycle|modbus-rtu [flags]
 
 Measures edgefence's performance figures on real components and prints
 Markdown tables (progress goes to stderr). Flags:
@@ -179,6 +181,10 @@ func (b *benches) dispatch(ctx context.Context, e *benchEnv) {
 		res, err := runTwins(ctx, e.etcd, b.twins)
 		show(e, res, err, res != nil && (len(res.Lat) > 0 || len(res.TP) > 0), printTwins)
 	}
+	if b.what == "modbus-rtu" {
+		res, err := runModbusRTU(ctx, b.rtu)
+		show(e, res, err, len(res) > 0, printModbusRTU)
+	}
 }
 
 // setDir gives every benchmark the temp dir and the progress log.
@@ -190,6 +196,7 @@ func (b *benches) setDir(dir string, log io.Writer) {
 	b.failover.Dir, b.failover.Log = dir, log
 	b.lifecycle.Dir, b.lifecycle.Log = dir, log
 	b.twins.Dir, b.twins.Log = dir, log
+	b.rtu.Dir, b.rtu.Log = dir, log
 }
 
 // show prints a benchmark's result res with print if ok (it holds

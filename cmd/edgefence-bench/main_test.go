@@ -41,6 +41,8 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"twins", "--twin-sizes", "1,x"}, 2, "--twin-sizes"},
 		{[]string{"twins", "--twin-sizes", "0"}, 2, "--twin-sizes"},
 		{[]string{"twins", "--devices", "10", "--twin-sizes", "1,100"}, 2, "--twin-sizes"},
+		{[]string{"modbus-rtu", "--bauds", "9600,x"}, 2, "--bauds"},
+		{[]string{"modbus-rtu", "--rtu-n", "0"}, 2, "--rtu-n"},
 		{[]string{"-h"}, 0, "usage"},
 	} {
 		var out, errb bytes.Buffer
