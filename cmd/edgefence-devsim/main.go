@@ -57,6 +57,7 @@ type devsimFlags struct {
 	resetRoot                                                 *string
 	count, regs                                               *int
 	noFence                                                   *bool
+	modbus                                                    modbusFlags
 }
 
 func newDevsimFlags(fs *flag.FlagSet) devsimFlags {
@@ -82,6 +83,12 @@ func newDevsimFlags(fs *flag.FlagSet) devsimFlags {
 		revocations:  fs.String("revocations", "", "with --trust-root: a revocation list (edgefence keys revoke)"),
 		resetRoot:    fs.String("reset-root", "", "the operator's public key (PEM): accept its fence resets (edgefence fence reset) while commands stay unsigned; --trust-root does both"),
 		deviceKeys:   fs.String("device-keys", "", "directory of the devices' keys (<id>.key, <id>.cert: edgefence keys enrol): sign acks and state reports"),
+		modbus: modbusFlags{
+			tcp:   fs.String("modbus-tcp", "", "serve simulated Modbus devices (no fence of their own) as a Modbus TCP server on this address, e.g. 127.0.0.1:5020"),
+			rtu:   fs.String("modbus-rtu", "", "serve simulated Modbus devices as a Modbus RTU slave on this tty (a pty end)"),
+			units: fs.String("modbus-units", "1", "with --modbus-tcp or --modbus-rtu: the unit ids served, comma-separated (1..247)"),
+			baud:  fs.Int("modbus-baud", 19200, "with --modbus-rtu: the line's baud rate (its t3.5 silences)"),
+		},
 	}
 }
 
@@ -143,6 +150,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "edgefence-devsim: %s\n", msg)
 		fs.Usage()
 		return 2
+	}
+	if *f.modbus.tcp != "" || *f.modbus.rtu != "" {
+		if *f.modbus.tcp != "" && *f.modbus.rtu != "" || *f.port != "" || *f.broker != "" || *f.count != 0 || *f.noFence || *f.dir != "" ||
+			*f.histPath != "" || *f.mqttUser != "" || *f.mqttPassFile != "" || *f.devices != "" || fs.NArg() > 0 {
+			return usage("--modbus-tcp or --modbus-rtu (one) runs simulated Modbus devices: it takes --modbus-units, --modbus-baud, --registers, --log; not --mqtt, --serial, --devices, --count, --dir, --history or an unsafe flag")
+		}
+		return runModbus(ctx, log, f.modbus, *f.regs, *f.logPath, stdout)
 	}
 	if *f.port != "" {
 		if *f.broker != "" || *f.count != 0 || *f.noFence || *f.dir != "" || *f.histPath != "" || *f.mqttUser != "" || *f.mqttPassFile != "" {
