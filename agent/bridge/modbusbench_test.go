@@ -66,7 +66,9 @@ func BenchmarkModbusTCP(b *testing.B) {
 		}
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
-		go func() { done <- (&legacy.Slave{Units: legacy.Units{1: legacy.NewRegisters("u1", 8, nil)}}).ServeTCP(ctx, ln) }()
+		go func() {
+			done <- (&legacy.Slave{Units: legacy.Units{1: legacy.NewRegisters("u1", 8, nil)}}).ServeTCP(ctx, ln)
+		}()
 		defer func() { cancel(); <-done }()
 		benchFenced(b, ln.Addr().String(), units[:1])
 	})
@@ -184,6 +186,6 @@ func benchPollLoad(b *testing.B, baud, n int) {
 	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
 	b.ReportMetric(polls/elapsed, "polls/s")
 	b.ReportMetric(float64(n)*elapsed/polls, "s/poll-period")
-	b.ReportMetric((after.PollBusy - before.PollBusy).Seconds()/elapsed, "poll-share")
-	b.ReportMetric((after.Stats.Busy - before.Stats.Busy).Seconds()/elapsed, "bus-share")
+	b.ReportMetric((after.PollBusy-before.PollBusy).Seconds()/elapsed, "poll-share")
+	b.ReportMetric((after.Stats.Busy-before.Stats.Busy).Seconds()/elapsed, "bus-share")
 }

@@ -51,16 +51,12 @@ func runModbus(ctx context.Context, log *slog.Logger, f modbusFlags, nregs int, 
 		log.Error("modbus", "err", err)
 		return 2
 	}
-	var applied io.Writer = stdout
-	if logPath != "" {
-		lf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
-		if err != nil {
-			log.Error("open applied log", "err", err)
-			return 1
-		}
-		defer lf.Close()
-		applied = lf
+	applied, closeLog, err := appliedLog(logPath, stdout)
+	if err != nil {
+		log.Error("open applied log", "err", err)
+		return 1
 	}
+	defer closeLog()
 	units := legacy.Units{}
 	for _, u := range ids {
 		units[u] = legacy.NewRegisters("unit-"+strconv.Itoa(int(u)), nregs, applied)

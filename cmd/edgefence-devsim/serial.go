@@ -25,16 +25,12 @@ func runSerial(ctx context.Context, log *slog.Logger, path, id string, nregs int
 		log.Error("device id", "err", err)
 		return 2
 	}
-	var applied io.Writer = stdout
-	if logPath != "" {
-		f, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
-		if err != nil {
-			log.Error("open applied log", "err", err)
-			return 1
-		}
-		defer f.Close()
-		applied = f
+	applied, closeLog, err := appliedLog(logPath, stdout)
+	if err != nil {
+		log.Error("open applied log", "err", err)
+		return 1
 	}
+	defer closeLog()
 	dev := legacy.NewRegisters(id, nregs, applied)
 	conn, err := serial.OpenConn(serial.ConnConfig{Port: serial.PortConfig{Path: path}, Logger: log})
 	switch {
@@ -66,4 +62,17 @@ func runSerial(ctx context.Context, log *slog.Logger, path, id string, nregs int
 	writes, bad := dev.Stats()
 	log.Info("stopped", "writes", writes, "refused", bad, "stats", fmt.Sprintf("%+v", st))
 	return 0
+}
+
+// appliedLog opens the applied-writes log at path (appending), or returns
+// stdout without one.
+func appliedLog(path string, stdout io.Writer) (io.Writer, func(), error) {
+	if path == "" {
+		return stdout, func() {}, nil
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, nil, err
+	}
+	return f, func() { f.Close() }, nil
 }
