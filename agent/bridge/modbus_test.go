@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/fence/auth"
 	"github.com/edgefence/edgefence/internal/modbustest"
 	"github.com/edgefence/edgefence/internal/sandbox"
 	"github.com/edgefence/edgefence/shadow"
@@ -279,12 +280,20 @@ func TestModbusUnitsOnOneBusOneDead(t *testing.T) {
 // state topic as a state report (shadow CBOR), decoded by the profile.
 func TestModbusPollReportsFields(t *testing.T) {
 	modbustest.Require(t)
+	trust, gw := gatewayKey(t)
 	slave := modbustest.StartTCP(t, modbustest.Options{Units: []byte{2}})
 	tbl, err := fence.OpenTable(filepath.Join(t.TempDir(), "fence.db"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	reports := make(chan map[string]any, 16)
+	// The home gateway signs its devices' reports (I7): a holder takes
+	// them only verified against the gateway's certificate, bound to the
+	// device and to the table's mark.
+	type report struct {
+		mark   fence.Mark
+		fields map[string]any
+	}
+	reports := make(chan report, 64)
 	b, err := sandbox.StartBroker(sandbox.BrokerConfig{})
 	if err != nil {
 		t.Fatal(err)
@@ -292,9 +301,14 @@ func TestModbusPollReportsFields(t *testing.T) {
 	defer b.Close()
 	topics := mqtt.Topics{Prefix: "mb-poll"}
 	watch, err := mqtt.Dial(context.Background(), mqtt.Config{Brokers: []string{b.URL()}, ClientID: "twin-watch", CleanStart: true,
-		Subscriptions: []mqtt.Subscription{{Filter: topics.State("tc-2"), Handler: func(m mqtt.Message) {
-			if f, err := shadow.DecodeCBOR(m.Payload, shadow.Limits{}); err == nil {
-				reports <- f
+		Subscriptions: []mqtt.Subscription{{Filter: topics.State("plc-2"), Handler: func(m mqtt.Message) {
+			v, err := auth.VerifyState(m.Payload, auth.GatewayAcks{Keys: trust})
+			if err != nil || v.Report.Device != "plc-2" {
+				t.Errorf("state report: %v", err)
+				return
+			}
+			if f, err := shadow.DecodeCBOR(v.Report.State, shadow.Limits{}); err == nil {
+				reports <- report{v.Report.Mark(), f}
 			}
 		}}}})
 	if err != nil {
@@ -306,8 +320,8 @@ func TestModbusPollReportsFields(t *testing.T) {
 	if err := watch.AwaitSubscribed(ctx); err != nil {
 		t.Fatal(err)
 	}
-	br, err := New(Config{Table: tbl, Topics: topics, Buses: []Bus{{BusConfig: modbus.BusConfig{Name: "net", TCP: slave.Addr()}}},
-		Devices: []Device{{ID: "tc-2", Modbus: &ModbusUnit{Bus: "net", Unit: 2, Profile: hvacProfile(t)}}}})
+	br, err := New(Config{Table: tbl, Topics: topics, Signer: gw, Buses: []Bus{{BusConfig: modbus.BusConfig{Name: "net", TCP: slave.Addr()}}},
+		Devices: []Device{{ID: "plc-2", Modbus: &ModbusUnit{Bus: "net", Unit: 2, Profile: hvacProfile(t)}}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -315,8 +329,8 @@ func TestModbusPollReportsFields(t *testing.T) {
 	seen := map[string]any{}
 	for len(seen) < 5 {
 		select {
-		case f := <-reports:
-			for k, v := range f {
+		case r := <-reports:
+			for k, v := range r.fields {
 				seen[k] = v
 			}
 		case <-ctx.Done():
@@ -326,6 +340,33 @@ func TestModbusPollReportsFields(t *testing.T) {
 	// pymodbus starts register a of unit u at u<<8|a: input 0 is 512, ×0.1.
 	if v, ok := seen["room_temperature"].(float64); !ok || v != 51.2 {
 		t.Errorf("room_temperature %v (%T), want 51.2; all %v", seen["room_temperature"], seen["room_temperature"], seen)
+	}
+	// A holder commands the device: the reports after it carry the new
+	// mark, and every field again (a new holder's token).
+	cmdr, err := mqtt.NewCommander(context.Background(), mqtt.Config{Brokers: []string{b.URL()}, ClientID: "holder", CleanStart: true}, topics, []string{"plc-2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeCtx(cmdr.Close)
+	if a, err := cmdr.Send(ctx, &fence.Envelope{V: fence.Version, Device: "plc-2", Token: 8, Seq: 1, ID: "s1", Kind: KindTwinSet,
+		Body: twinSet(t, map[string]any{"setpoint": 21.0})}); err != nil || a.Verdict != fence.Accepted {
+		t.Fatalf("twin.set: %+v %v", a, err)
+	}
+	// The setpoint register is polled every 10 s: its new value follows.
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel2()
+	full, setpoint := false, false
+	for !full || !setpoint {
+		select {
+		case r := <-reports:
+			if r.mark != (fence.Mark{Token: 8, Seq: 1}) {
+				continue
+			}
+			full = full || len(r.fields) >= 5
+			setpoint = setpoint || r.fields["setpoint"] == 21.0
+		case <-ctx2.Done():
+			t.Fatalf("after the command: full report bound to mark 8/1 %v, setpoint 21 reported %v", full, setpoint)
+		}
 	}
 	st := br.Buses()[0]
 	if st.Polls == 0 || st.PollCap != DefaultPollUtilisation {

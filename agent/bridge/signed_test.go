@@ -12,7 +12,7 @@ import (
 
 // gatewayKey returns a trust anchored at a new operator root and a gateway
 // key it certified for plc-*.
-func gatewayKey(t *testing.T) (*auth.Trust, *auth.Signer) {
+func gatewayKey(t testing.TB) (*auth.Trust, *auth.Signer) {
 	t.Helper()
 	rk, err := auth.NewKey()
 	if err != nil {
