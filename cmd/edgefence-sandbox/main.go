@@ -20,7 +20,10 @@
 // and EDGEFENCE_MQTT=... to the --env file once ready, and runs until
 // SIGINT or SIGTERM, or until its stdout is a pipe nobody reads any more
 // (its reader exited: EPIPE). Either way it stops cleanly and removes its
-// temp dir. demo replays Figure 1 of the fencing article. With no command
+// temp dir. demo replays Figure 1 of the fencing article on MQTT devices
+// that check tokens, then on a PLC that cannot (a Modbus RTU slave on an
+// RS-485 line behind gateway B's fence table), each scene followed by the
+// same schedule without the fence unless --contrast=false. With no command
 // it prints this list and exits 2. The logic lives in packages
 // internal/sandbox and devices/sim.
 package main
