@@ -109,7 +109,7 @@ bench-e2e: ## end-to-end figures: command round trip (mochi, Mosquitto), 1,000 l
 bench-mcu-verify: ## the ES256 verify a microcontroller fence point pays: mbedTLS on QEMU Cortex-M3/M4, instructions counted (needs gcc-arm-none-eabi, qemu-system-arm, libmbedtls-dev, mbedTLS source)
 	sh devices/firmware/bench/ecdsa/run.sh
 
-demo: build ## replay the article's Figure 1 on real etcd, MQTT and devices, and narrate it
+demo: build ## replay the article's Figure 1 on real etcd, MQTT and devices (thermostats, then a PLC on an RS-485 line), and narrate it
 	$(BIN)/edgefence-sandbox demo --bin $(BIN)
 
 ROUNDS ?= 30

@@ -58,8 +58,13 @@ func runModbus(ctx context.Context, log *slog.Logger, f modbusFlags, nregs int, 
 	}
 	defer closeLog()
 	units := legacy.Units{}
-	for _, u := range ids {
+	unitIDs := make([]int, len(ids)) // for the log: a []byte would print as a string
+	for i, u := range ids {
 		units[u] = legacy.NewRegisters("unit-"+strconv.Itoa(int(u)), nregs, applied)
+		unitIDs[i] = int(u)
+	}
+	if nregs <= 0 {
+		nregs = legacy.DefaultRegisters
 	}
 	s := &legacy.Slave{Units: units, Baud: *f.baud, Logger: log}
 	if *f.tcp != "" {
@@ -68,7 +73,7 @@ func runModbus(ctx context.Context, log *slog.Logger, f modbusFlags, nregs int, 
 			log.Error("modbus tcp", "err", err)
 			return 1
 		}
-		log.Info("ready", "modbus_tcp", ln.Addr().String(), "units", ids, "registers", nregs)
+		log.Info("ready", "modbus_tcp", ln.Addr().String(), "units", unitIDs, "registers", nregs)
 		err = s.ServeTCP(ctx, ln)
 		return stopped(log, s, err)
 	}
@@ -78,7 +83,7 @@ func runModbus(ctx context.Context, log *slog.Logger, f modbusFlags, nregs int, 
 		return 1
 	}
 	defer port.Close()
-	log.Info("ready", "modbus_rtu", *f.rtu, "baud", *f.baud, "units", ids, "registers", nregs)
+	log.Info("ready", "modbus_rtu", *f.rtu, "baud", *f.baud, "units", unitIDs, "registers", nregs)
 	return stopped(log, s, s.ServeRTU(ctx, port))
 }
 
