@@ -151,7 +151,7 @@ func (f *figure1) readModbus(ctx context.Context, res *Figure1Result) error {
 	for i, r := range regs {
 		words[i] = fmt.Sprint(r)
 	}
-	f.say("the processes are stopped; an independent master reads holding register %d of unit %d: %s, %s=%g",
+	f.say("the processes are stopped; a master apart from the agents reads holding register %d of unit %d: %s, %s=%g",
 		fd.Address, m.Unit, strings.Join(words, " "), fd.Name, x)
 	return nil
 }
