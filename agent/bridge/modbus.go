@@ -30,6 +30,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/edgefence/edgefence/fence"
@@ -97,6 +98,8 @@ type mbDev struct {
 	lastPoll  time.Time // last poll answered
 	lastErr   string    // last poll's or command's error, "" after a success
 	lastErrAt time.Time
+
+	pubFailing atomic.Bool // the last state report could not be published (poller only)
 }
 
 // checkBuses validates the buses and the Modbus devices' places on them.

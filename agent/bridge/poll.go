@@ -21,6 +21,7 @@ package bridge
 
 import (
 	"context"
+	"log/slog"
 	"maps"
 	"reflect"
 	"slices"
@@ -141,9 +142,19 @@ func (b *Bridge) publishState(p *port, fields map[string]any) error {
 		err = b.client.Publish(ctx, mqtt.Message{Topic: b.cfg.Topics.State(p.dev.ID), Payload: raw})
 		cancel()
 	}
-	if err != nil && b.ctx.Err() == nil {
+	// One WARN line per failing stretch (the broker away: every poll
+	// would fail), the rest at DEBUG.
+	m := p.mb
+	switch {
+	case err != nil && b.ctx.Err() == nil:
 		b.ackErr.Add(1)
-		b.log.Warn("publish state report", "device", p.dev.ID, "err", err)
+		lvl := slog.LevelDebug
+		if !m.pubFailing.Swap(true) {
+			lvl = slog.LevelWarn
+		}
+		b.log.Log(b.ctx, lvl, "publish state report; sent again with the next poll", "device", p.dev.ID, "err", err)
+	case err == nil && m.pubFailing.Swap(false):
+		b.log.Info("state reports published again", "device", p.dev.ID)
 	}
 	return err
 }
