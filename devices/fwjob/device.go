@@ -8,6 +8,8 @@ import (
 	"hash"
 	"log/slog"
 	"os"
+	"strings"
+	"unicode/utf8"
 
 	"go.etcd.io/bbolt"
 
@@ -255,8 +257,26 @@ func cancel(r *record) error {
 func disarm(r *record, reason string) {
 	r.Boot.Trial, r.Boot.TrialImage, r.Boot.Tries = "", nil, 0
 	if j := &r.Job; j.State == Rebooting || j.State == Confirming {
-		j.State, j.Reason = RolledBack, reason
+		j.State, j.Reason = RolledBack, clip(reason)
 	}
+}
+
+// MaxReasonLen bounds a job's reason (bytes): it travels in the state
+// report, and may come from the caller's health check.
+const MaxReasonLen = 200
+
+// clip makes reason valid UTF-8 of at most MaxReasonLen bytes: the record
+// must always decode.
+func clip(reason string) string {
+	reason = strings.ToValidUTF8(reason, "?")
+	if len(reason) <= MaxReasonLen {
+		return reason
+	}
+	cut := MaxReasonLen
+	for cut > 0 && !utf8.RuneStart(reason[cut]) {
+		cut--
+	}
+	return reason[:cut]
 }
 
 // finishInstall verifies the job's slot against the image hash: installed,
@@ -264,7 +284,7 @@ func disarm(r *record, reason string) {
 func finishInstall(dir string, r *record) {
 	j := &r.Job
 	if err := verifySlot(dir, j.Slot, j.Image); err != nil {
-		j.State, j.Reason = Failed, "install: "+err.Error()
+		j.State, j.Reason = Failed, clip("install: "+err.Error())
 		return
 	}
 	j.State = Installed

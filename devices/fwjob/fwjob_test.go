@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"go.uber.org/goleak"
 
@@ -380,6 +381,9 @@ func TestBootRollback(t *testing.T) {
 		{"fails", func(context.Context, fwjob.BootInfo) error { return sick }, "health check failed: application does not start"},
 		{"hangs", func(ctx context.Context, _ fwjob.BootInfo) error { <-ctx.Done(); return nil }, "did not pass within"},
 		{"panics", func(context.Context, fwjob.BootInfo) error { panic("segfault") }, "health check panicked"},
+		{"says too much", func(context.Context, fwjob.BootInfo) error {
+			return errors.New("bad \xff byte " + strings.Repeat("é", 300))
+		}, "health check failed: bad ? byte é"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -389,6 +393,9 @@ func TestBootRollback(t *testing.T) {
 			st := info.Status
 			if info.Slot != fwjob.SlotA || info.Trial || st.State != fwjob.RolledBack || !strings.Contains(st.Reason, c.reason) || st.Trial != "" {
 				t.Fatalf("%+v", info)
+			}
+			if len(st.Reason) > fwjob.MaxReasonLen || !utf8.ValidString(st.Reason) {
+				t.Fatalf("reason of %d bytes, valid UTF-8 %v", len(st.Reason), utf8.ValidString(st.Reason))
 			}
 			r.refused(fwjob.KindCommit, small.job1(), "state rolled_back")
 		})
