@@ -217,6 +217,25 @@ func (s *Shim) View(fn func(tx *bbolt.Tx) error) error {
 	return err
 }
 
+// Update runs fn in a write transaction on the shim's database, committed
+// with fsync, for TxApplier devices whose state also moves without a
+// command (a firmware install that the device finishes after the command
+// that started it: devices/fwjob). fn must keep to buckets of its own, as
+// ApplyTx does; it cannot move a mark. It runs between decisions, never
+// inside one.
+func (s *Shim) Update(fn func(tx *bbolt.Tx) error) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrClosed
+	}
+	err := s.db.Update(fn)
+	if errors.Is(err, bberrors.ErrDatabaseNotOpen) {
+		return ErrClosed
+	}
+	return err
+}
+
 // Stats are the shim's counters since Open.
 type Stats struct {
 	Accepted  uint64 // commands that took effect
