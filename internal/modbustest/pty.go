@@ -56,16 +56,20 @@ func (p *PtyPair) Replug(t testing.TB) {
 	t.Helper()
 	p.Unplug()
 	cmd := exec.Command("socat", "-d", "-d", "pty,raw,echo=0,link="+p.A, "pty,raw,echo=0,link="+p.B)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr // read only after Wait
+	stderr := &lockedBuffer{}
+	cmd.Stderr = stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("modbustest: socat: %v", err)
 	}
+	// The links appear before socat has set the ptys raw: a port opened
+	// in between gets its termios (tarm/serial's VMIN 0, VTIME n) replaced
+	// by raw's (VMIN 1, VTIME 0), and its reads then block for ever. socat
+	// says when both ends are set up: it starts its transfer loop.
 	deadline := time.Now().Add(startWait)
 	for {
 		_, errA := os.Stat(p.A)
 		_, errB := os.Stat(p.B)
-		if errA == nil && errB == nil {
+		if errA == nil && errB == nil && stderr.contains("starting data transfer loop") {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -78,4 +82,28 @@ func (p *PtyPair) Replug(t testing.TB) {
 	p.mu.Lock()
 	p.cmd = cmd
 	p.mu.Unlock()
+}
+
+// lockedBuffer is socat's stderr, read while socat writes it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) contains(s string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return bytes.Contains(l.b.Bytes(), []byte(s))
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
