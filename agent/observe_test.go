@@ -684,7 +684,7 @@ func idleMetrics(tb testing.TB, n int, perDevice bool) *httptest.Server {
 // sample line of the text format) at 10 and 1,000 idle devices, with
 // metrics.per_device off and on. Off, the edgefence_* series do not grow
 // with the fleet and none has a device label; on, each idle device adds
-// 11 (5 states, 5 verdicts, its outbox depth). docs/BENCHMARKS.md records
+// 12 (5 states, 6 verdicts, its outbox depth). docs/BENCHMARKS.md records
 // the counts (go test -v).
 func TestScrapeSeriesByFleetSize(t *testing.T) {
 	count := func(n int, perDevice bool) (all, ours int) {
