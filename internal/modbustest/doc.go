@@ -26,4 +26,9 @@
 // the slave serves 8N1 whatever Options.Parity says (and says so on its
 // stderr). A test "at 9600 8E1" exercises the master's settings and timing,
 // not parity bits.
+//
+// socat creates its pty links before it sets the ptys raw: a port opened
+// in between has its termios (tarm/serial's VMIN 0, VTIME n) replaced by
+// raw's (VMIN 1, VTIME 0), and its reads block for ever. NewPtyPair
+// returns only once socat has started its transfer loop.
 package modbustest
