@@ -34,6 +34,7 @@ import (
 	"time"
 
 	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/internal/backoff"
 	"github.com/edgefence/edgefence/shadow"
 	"github.com/edgefence/edgefence/transport/modbus"
 	"github.com/edgefence/edgefence/transport/modbus/profile"
@@ -250,7 +251,9 @@ func (b *Bridge) transactBus(p *port, j *job) (result, string, *modbus.Response)
 func (b *Bridge) runOp(ctx context.Context, p *port, op profile.Op) (*modbus.Response, error) {
 	m := p.mb
 	again := !op.Req.IsWrite() || op.Idempotent
-	delay := 20 * time.Millisecond
+	// Between attempts: 20 ms doubling to 1 s, jittered (a bus whose
+	// port is down is asked again until the command's timeout).
+	delay := backoff.Backoff{Min: 20 * time.Millisecond, Max: time.Second, Jitter: backoff.Equal}
 	sent, lost := 0, 0 // requests that went out; answers of them lost
 	giveUp := func(err error) error {
 		if lost > 0 {
@@ -286,12 +289,9 @@ func (b *Bridge) runOp(ctx context.Context, p *port, op profile.Op) (*modbus.Res
 		default:
 			return nil, giveUp(err)
 		}
-		select {
-		case <-ctx.Done():
+		if !backoff.Sleep(ctx, delay.Next()) {
 			return nil, giveUp(err)
-		case <-time.After(delay):
 		}
-		delay = min(2*delay, time.Second)
 	}
 }
 

@@ -3,6 +3,7 @@ package bridge
 import (
 	"context"
 	"errors"
+	"math"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -352,10 +353,12 @@ func TestModbusPollReportsFields(t *testing.T) {
 		Body: twinSet(t, map[string]any{"setpoint": 21.0})}); err != nil || a.Verdict != fence.Accepted {
 		t.Fatalf("twin.set: %+v %v", a, err)
 	}
-	// The setpoint register is polled every 10 s: its new value follows.
-	ctx2, cancel2 := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel2()
+	// Every field again at the next poll (the alarm's, every second), well
+	// before the periodic full report (fullReportEvery after the first);
+	// the setpoint register is polled every 10 s: its new value follows.
 	full, setpoint := false, false
+	fullBy := time.After(fullReportEvery / 2)
+	setpointBy := time.After(60 * time.Second)
 	for !full || !setpoint {
 		select {
 		case r := <-reports:
@@ -364,8 +367,12 @@ func TestModbusPollReportsFields(t *testing.T) {
 			}
 			full = full || len(r.fields) >= 5
 			setpoint = setpoint || r.fields["setpoint"] == 21.0
-		case <-ctx2.Done():
-			t.Fatalf("after the command: full report bound to mark 8/1 %v, setpoint 21 reported %v", full, setpoint)
+		case <-fullBy:
+			if !full {
+				t.Fatalf("no full report within %v of a new holder's command", fullReportEvery/2)
+			}
+		case <-setpointBy:
+			t.Fatal("the new setpoint was never reported")
 		}
 	}
 	st := br.Buses()[0]
@@ -398,5 +405,39 @@ func TestModbusConfigRefused(t *testing.T) {
 		if _, err := New(c); !errors.Is(err, ErrConfig) {
 			t.Errorf("%s: %v", name, err)
 		}
+	}
+}
+
+// The poll gate keeps polls to their share of the bus: after a poll of d
+// that started at s, the next may start at s + d/share, so polls back to
+// back use exactly the share; a poll waiting for the gate gives the token
+// back when its context ends.
+func TestPollGateCap(t *testing.T) {
+	for _, share := range []float64{1, 0.5, 0.25, 0.1} {
+		m := &mbBus{cfg: Bus{PollUtilisation: share}, gate: make(chan time.Time, 1)}
+		start, d := time.Unix(1000, 0), 40*time.Millisecond
+		var busy time.Duration
+		for range 10 {
+			m.giveGate(start, d)
+			busy += d
+			start = <-m.gate
+		}
+		if got := float64(busy) / float64(start.Sub(time.Unix(1000, 0))); math.Abs(got-share) > 1e-9 {
+			t.Errorf("share %g: polls took %g of the time", share, got)
+		}
+		if m.polls != 10 || m.pollBusy != busy {
+			t.Errorf("share %g: counted %d polls, %v", share, m.polls, m.pollBusy)
+		}
+	}
+	m := &mbBus{cfg: Bus{PollUtilisation: 0.5}, gate: make(chan time.Time, 1)}
+	next := time.Now().Add(time.Hour)
+	m.gate <- next
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if m.takeGate(ctx) {
+		t.Fatal("took the gate an hour early")
+	}
+	if got := <-m.gate; !got.Equal(next) {
+		t.Fatalf("token back with %v, want %v", got, next)
 	}
 }

@@ -30,6 +30,7 @@ import (
 
 	"github.com/edgefence/edgefence/fence"
 	"github.com/edgefence/edgefence/fence/auth"
+	"github.com/edgefence/edgefence/internal/backoff"
 	"github.com/edgefence/edgefence/shadow"
 	"github.com/edgefence/edgefence/transport/modbus"
 	"github.com/edgefence/edgefence/transport/modbus/profile"
@@ -199,18 +200,7 @@ func (m *mbBus) giveGate(start time.Time, d time.Duration) {
 
 // sleepUntil waits until t, or reports false if ctx ends first.
 func sleepUntil(ctx context.Context, t time.Time) bool {
-	d := time.Until(t)
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-timer.C:
-		return true
-	}
+	return backoff.Sleep(ctx, time.Until(t))
 }
 
 // BusStatus is one Modbus bus as the operator sees it.

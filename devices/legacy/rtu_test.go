@@ -5,7 +5,6 @@ import (
 	"errors"
 	"net"
 	"os"
-	"os/exec"
 	"slices"
 	"syscall"
 	"testing"
@@ -22,18 +21,6 @@ import (
 
 // testWait bounds every wait of these tests; nothing is timed tightly.
 const testWait = 30 * time.Second
-
-// needMbpoll skips the test without mbpoll, Debian's independent Modbus
-// master, or fails it under CI=true (make deps installs it).
-func needMbpoll(t *testing.T) {
-	t.Helper()
-	if _, err := exec.LookPath("mbpoll"); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("mbpoll not installed (make deps installs it)")
-		}
-		t.Skip("mbpoll not installed")
-	}
-}
 
 // serveRTU runs s on the master of a fresh raw pty until the test ends,
 // and returns the path of the pty's slave end, for the master under test.
@@ -84,7 +71,7 @@ func serve(t *testing.T, f func(context.Context) error) {
 // them, another unit on the same line stays untouched, and ServeRTU ends
 // with its context.
 func TestSlaveAnswersMbpoll(t *testing.T) {
-	needMbpoll(t)
+	modbustest.Require(t)
 	u7, u9 := legacy.NewRegisters("u7", 16, nil), legacy.NewRegisters("u9", 16, nil)
 	s := &legacy.Slave{Units: legacy.Units{7: u7, 9: u9}, Baud: 19200}
 	rtu := modbustest.Target{Path: serveRTU(t, s), Baud: 19200}

@@ -56,7 +56,7 @@ func (p *PtyPair) Replug(t testing.TB) {
 	t.Helper()
 	p.Unplug()
 	cmd := exec.Command("socat", "-d", "-d", "pty,raw,echo=0,link="+p.A, "pty,raw,echo=0,link="+p.B)
-	stderr := &lockedBuffer{}
+	stderr := &Buffer{}
 	cmd.Stderr = stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("modbustest: socat: %v", err)
@@ -84,25 +84,26 @@ func (p *PtyPair) Replug(t testing.TB) {
 	p.mu.Unlock()
 }
 
-// lockedBuffer is socat's stderr, read while socat writes it.
-type lockedBuffer struct {
+// Buffer is a bytes.Buffer that one side may write while another reads
+// it: socat's stderr here, a bus's log in transport/modbus's tests.
+type Buffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer
 }
 
-func (l *lockedBuffer) Write(p []byte) (int, error) {
+func (l *Buffer) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.Write(p)
 }
 
-func (l *lockedBuffer) contains(s string) bool {
+func (l *Buffer) contains(s string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return bytes.Contains(l.b.Bytes(), []byte(s))
 }
 
-func (l *lockedBuffer) String() string {
+func (l *Buffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()

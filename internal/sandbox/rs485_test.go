@@ -9,13 +9,13 @@ import (
 	"math/bits"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/edgefence/edgefence/internal/modbustest"
 	"github.com/edgefence/edgefence/transport/modbus"
 	"github.com/edgefence/edgefence/transport/serial"
 )
@@ -472,71 +472,15 @@ func TestRS485CloseHangsUp(t *testing.T) {
 	}
 }
 
-// rtuSlave is a pymodbus 3.0 RTU server for one unit on a port, its
-// holding registers 100·unit + i. A pty has no parity (Linux drops PARENB
-// and pyserial then fails to configure it), so it opens its port 8N1
-// whatever the line's timing.
-const rtuSlave = `
-import sys
-from pymodbus.server import StartSerialServer
-from pymodbus.datastore import ModbusServerContext, ModbusSlaveContext, ModbusSequentialDataBlock
-from pymodbus.transaction import ModbusRtuFramer
-port, unit, baud = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-block = ModbusSequentialDataBlock(0, [unit * 100 + i for i in range(100)])
-ctx = ModbusServerContext(slaves={unit: ModbusSlaveContext(hr=block)}, single=False)
-StartSerialServer(context=ctx, framer=ModbusRtuFramer, port=port, baudrate=baud, timeout=0.1)
-`
-
-// needModbusTools skips the test without Debian's pymodbus and mbpoll, or
-// fails it under CI=true.
-func needModbusTools(t *testing.T) {
-	t.Helper()
-	missing := ""
-	if _, err := exec.LookPath("mbpoll"); err != nil {
-		missing = "mbpoll"
-	} else if err := exec.Command("/usr/bin/python3", "-c", "import pymodbus.server, serial").Run(); err != nil {
-		missing = "python3-pymodbus"
-	}
-	if missing == "" {
-		return
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("%s not installed (make deps)", missing)
-	}
-	t.Skipf("%s not installed (make deps)", missing)
-}
-
-// startProcess runs a program until the test ends.
-func startProcess(t testing.TB, name string, args ...string) {
-	t.Helper()
-	cmd := exec.Command(name, args...)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-		if t.Failed() {
-			t.Logf("%s %v:\n%s", name, args, out.String())
-		}
-	})
-}
-
-// startSlaves runs a pymodbus RTU server on each drop of a 9,600-baud
-// line, unit i+1 on drop i, and waits until mbpoll reads units 1 and 2. It
-// returns the line's counters before that last, successful poll. (Before
-// the servers are up, a late answer may collide with mbpoll's next
-// request.)
+// startSlaves runs a pymodbus RTU server (internal/modbustest) on each
+// drop of a 9,600-baud line, unit i+1 on drop i, and waits until mbpoll
+// reads units 1 and 2. It returns the line's counters before that last,
+// successful poll. (Before the servers are up, a late answer may collide
+// with mbpoll's next request.)
 func startSlaves(t testing.TB, l *RS485) RS485Stats {
 	t.Helper()
-	script := filepath.Join(t.TempDir(), "slave.py")
-	if err := os.WriteFile(script, []byte(rtuSlave), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	for i, p := range l.Drops {
-		startProcess(t, "/usr/bin/python3", script, p, strconv.Itoa(i+1), "9600")
+		modbustest.StartRTU(t, p, modbustest.Options{Units: []byte{byte(i + 1)}, Baud: 9600})
 	}
 	var before RS485Stats
 	waitUntil(t, "mbpoll to read units 1 and 2", func() bool {
@@ -546,20 +490,21 @@ func startSlaves(t testing.TB, l *RS485) RS485Stats {
 	return before
 }
 
-// pollBoth reads registers 1-3 of units 1 and 2 with mbpoll, as the bus
-// master, and returns how many units answered right.
+// pollBoth reads holding registers 0-2 (mbpoll's references 1-3) of
+// units 1 and 2 with mbpoll, as the bus master, and returns how many units
+// answered right (modbustest.Initial: unit u's register a holds u·256 + a).
 func pollBoth(l *RS485) int {
 	out, _ := exec.Command("mbpoll", "-m", "rtu", "-a", "1,2", "-b", "9600", "-P", "none",
 		"-t", "4", "-r", "1", "-c", "3", "-o", "0.5", "-1", l.Master).CombinedOutput()
-	return bytes.Count(out, []byte("[1]: \t101\n[2]: \t102\n[3]: \t103\n")) +
-		bytes.Count(out, []byte("[1]: \t201\n[2]: \t202\n[3]: \t203\n"))
+	return bytes.Count(out, []byte("[1]: \t256\n[2]: \t257\n[3]: \t258\n")) +
+		bytes.Count(out, []byte("[1]: \t512\n[2]: \t513\n[3]: \t514\n"))
 }
 
 // TestRS485ExternalPrograms: real programs on the line: two pymodbus RTU
 // servers, units 1 and 2, each on its own drop, and mbpoll as the master
 // reading both over the one bus.
 func TestRS485ExternalPrograms(t *testing.T) {
-	needModbusTools(t)
+	modbustest.Require(t)
 	l := newLine(t, RS485Config{Baud: 9600, Drops: 2})
 	before := startSlaves(t, l)
 	st := l.Stats()

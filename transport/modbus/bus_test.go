@@ -1,14 +1,12 @@
 package modbus
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -26,27 +24,9 @@ const (
 	blockSize   = 50
 )
 
-// syncBuffer is a log sink the bus's goroutine and the test share.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func openTestBus(t *testing.T, cfg BusConfig) (*Bus, *syncBuffer) {
+func openTestBus(t *testing.T, cfg BusConfig) (*Bus, *modbustest.Buffer) {
 	t.Helper()
-	logs := &syncBuffer{}
+	logs := &modbustest.Buffer{}
 	cfg.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	if cfg.Timeout == 0 {
 		cfg.Timeout = testTimeout
