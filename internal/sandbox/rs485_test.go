@@ -345,6 +345,10 @@ func TestRS485Cut(t *testing.T) {
 	hears(t, m, "one", d0)
 	write(t, d1, []byte("lost"))
 	hears(t, d0, "heard", m)
+	// The cut drop's bytes are lost when the line reads them from its pty,
+	// which may be after the exchange above: wait, or reconnecting first
+	// would put them on the line.
+	waitUntil(t, "the line drops what the cut drop wrote", func() bool { return l.Stats().Lost == 4 })
 	if err := l.Cut(1, false); err != nil {
 		t.Fatal(err)
 	}
