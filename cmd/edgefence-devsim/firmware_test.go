@@ -1,12 +1,14 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -46,9 +48,9 @@ type fwReport struct {
 type fwCommander struct {
 	c      *mqtt.Client
 	topics mqtt.Topics
-	acks   chan fence.Ack
 
 	mu      sync.Mutex
+	waiters map[string]chan fence.Ack // by command id
 	reports map[string][]fwReport // per device, in arrival order
 	changed chan struct{}         // closed and replaced on every report
 }
@@ -56,10 +58,19 @@ type fwCommander struct {
 func newFWCommander(t *testing.T, url string, topics mqtt.Topics) *fwCommander {
 	t.Helper()
 	c := dialTest(t, url, "fw-commander")
-	k := &fwCommander{c: c, topics: topics, acks: make(chan fence.Ack, 256), reports: map[string][]fwReport{}, changed: make(chan struct{})}
+	k := &fwCommander{c: c, topics: topics, waiters: map[string]chan fence.Ack{}, reports: map[string][]fwReport{}, changed: make(chan struct{})}
 	c.Subscribe(topics.AllAck(), func(m mqtt.Message) {
-		if a, err := fence.UnmarshalAck(m.Payload); err == nil {
-			k.acks <- *a
+		a, err := fence.UnmarshalAck(m.Payload)
+		if err != nil {
+			return
+		}
+		k.mu.Lock()
+		defer k.mu.Unlock()
+		if ch := k.waiters[a.ID]; ch != nil {
+			select {
+			case ch <- *a:
+			default: // a second ack (a redelivery's): the first one counts
+			}
 		}
 	})
 	c.Subscribe(topics.State("+"), func(m mqtt.Message) { k.report(t, m) })
@@ -95,12 +106,26 @@ func (k *fwCommander) report(t *testing.T, m mqtt.Message) {
 // accepts, and returns the last such one.
 func (k *fwCommander) awaitReport(t *testing.T, dev string, what string, ok func(fwReport) bool) fwReport {
 	t.Helper()
+	return k.awaitReportFrom(t, dev, 0, what, ok)
+}
+
+// count returns the number of reports of dev so far.
+func (k *fwCommander) count(dev string) int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return len(k.reports[dev])
+}
+
+// awaitReportFrom is awaitReport among the reports of dev after the
+// first from.
+func (k *fwCommander) awaitReportFrom(t *testing.T, dev string, from int, what string, ok func(fwReport) bool) fwReport {
+	t.Helper()
 	deadline := time.After(60 * time.Second)
 	for {
 		k.mu.Lock()
 		rs, ch := k.reports[dev], k.changed
 		k.mu.Unlock()
-		for i := len(rs) - 1; i >= 0; i-- {
+		for i := len(rs) - 1; i >= from; i-- {
 			if ok(rs[i]) {
 				return rs[i]
 			}
@@ -111,17 +136,6 @@ func (k *fwCommander) awaitReport(t *testing.T, dev string, what string, ok func
 			t.Fatalf("%s: no report %s; reports %+v", dev, what, rs)
 		}
 	}
-}
-
-// last returns dev's last report.
-func (k *fwCommander) last(dev string) fwReport {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	rs := k.reports[dev]
-	if len(rs) == 0 {
-		return fwReport{}
-	}
-	return rs[len(rs)-1]
 }
 
 // holder is one gateway's turn at a device: a token and its next seq.
@@ -150,22 +164,22 @@ func (h *holder) send(t *testing.T, kind string, body any) fence.Ack {
 	if err != nil {
 		t.Fatal(err)
 	}
+	ch := make(chan fence.Ack, 1)
+	h.k.mu.Lock()
+	h.k.waiters[id] = ch
+	h.k.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := h.k.c.Publish(ctx, mqtt.Message{Topic: h.k.topics.Cmd(h.dev), Payload: raw}); err != nil {
 		t.Fatal(err)
 	}
-	timeout := time.After(30 * time.Second)
-	for {
-		select {
-		case a := <-h.k.acks:
-			if a.ID == id {
-				return a
-			}
-		case <-timeout:
-			t.Fatalf("no ack for %s (%s)", id, kind)
-		}
+	select {
+	case a := <-ch:
+		return a
+	case <-time.After(30 * time.Second):
+		t.Fatalf("no ack for %s (%s)", id, kind)
 	}
+	return fence.Ack{}
 }
 
 // must sends a command that must be accepted.
@@ -341,4 +355,143 @@ func TestFirmwareJob(t *testing.T) {
 		t.Fatalf("after the commit: %+v", r)
 	}
 	d.stop(t, syscall.SIGTERM)
+}
+
+// TestFirmwareRollback: images whose health check fails, never answers or
+// crashes the device are rolled back by the device itself after the
+// reboot, and it runs its old slot again, saying why in its retained
+// report. The crashing one dies (SIGKILL of itself) in every trial boot
+// until the tries are spent.
+func TestFirmwareRollback(t *testing.T) {
+	url, dir := startBroker(t), t.TempDir()
+	topics := mqtt.Topics{Prefix: "site-f/v1"}
+	k := newFWCommander(t, url, topics)
+	d := startFirmware(t, url, dir, "fw-fail,fw-hang,fw-crash", "--prefix", topics.Prefix, "--fw-tries", "2")
+	for _, tt := range []struct {
+		dev, health, reason string
+	}{
+		{"fw-fail", sim.HealthFail, "image marked EDGEFENCE-HEALTH=fail"},
+		{"fw-hang", sim.HealthHang, "did not pass within 1s"},
+		{"fw-crash", sim.HealthCrash, "trial boots exhausted"},
+	} {
+		t.Run(tt.health, func(t *testing.T) {
+			t.Parallel()
+			h := k.holder(tt.dev, 7)
+			im := newFWImage(t, "j-"+tt.health, 20_000, 0, sim.VersionMarker+"9.9", sim.HealthMarker+tt.health)
+			h.must(t, fwjob.KindBegin, im.begin())
+			h.download(t, im, 0, nil)
+			h.must(t, fwjob.KindInstall, im.jobBody())
+			k.awaitReport(t, tt.dev, "installed", func(r fwReport) bool { return r.FW.State == "installed" })
+			h.must(t, fwjob.KindActivate, im.jobBody())
+			r := k.awaitReport(t, tt.dev, "rolled back", func(r fwReport) bool { return r.FW.State == "rolled_back" })
+			if r.FW.Slot != "a" || r.FW.Image != emptySum() || r.Firmware != "" || !strings.Contains(r.FW.Reason, tt.reason) {
+				t.Fatalf("after the reboot: %+v, want rolled back to slot a with %q", r, tt.reason)
+			}
+			if r := retainedReport(t, url, topics, tt.dev); r.FW.State != "rolled_back" || r.FW.Slot != "a" {
+				t.Fatalf("retained: %+v", r)
+			}
+			// The job is over: a commit is refused, naming the state.
+			if a := h.send(t, fwjob.KindCommit, im.jobBody()); a.Verdict != fence.Invalid || !strings.Contains(a.Reason, "state rolled_back") {
+				t.Fatalf("commit after the roll back: %v %q", a.Verdict, a.Reason)
+			}
+		})
+	}
+	t.Cleanup(func() {
+		crashes := regexp.MustCompile(`msg="device exited" device=fw-crash pid=\d+ exit_code=-1 status="signal: killed"`)
+		if n := len(crashes.FindAllString(d.log(), -1)); n != 2 && !t.Failed() {
+			t.Errorf("the crashing image killed its device %d times, want 2 (its tries):\n%s", n, d.log())
+		}
+	})
+}
+
+// TestFirmwareKill9MidDownload kills the device process with SIGKILL in
+// the middle of a download (power loss): the supervisor starts it again,
+// its retained report shows the bytes it holds, durable, and the download
+// resumes from them. A newer holder (a failover) takes the job over from
+// the reported bytes; the old holder's chunk is then stale, never
+// written. The image completes and installs with its hash verified.
+func TestFirmwareKill9MidDownload(t *testing.T) {
+	url, dir := startBroker(t), t.TempDir()
+	k := newFWCommander(t, url, mqtt.Topics{})
+	d := startFirmware(t, url, dir, "fw-k")
+	k.awaitReport(t, "fw-k", "after the boot", func(r fwReport) bool { return r.FW.State == "idle" })
+	im := newFWImage(t, "j-k", 100_000, 0, sim.VersionMarker+"3.1")
+	old := k.holder("fw-k", 100)
+	old.must(t, fwjob.KindBegin, im.begin())
+	sent := old.download(t, im, 0, func(sent uint64) bool { return sent >= 3*uint64(im.chunk) })
+
+	pid, n := pidOf(t, dir, "fw-k"), k.count("fw-k")
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	awaitNewPID(t, d, dir, "fw-k", pid)
+	r := k.awaitReportFrom(t, "fw-k", n, "after the restart", func(fwReport) bool { return true })
+	if r.FW.State != "downloading" || r.FW.Bytes != sent || r.FW.Job != "j-k" || r.FW.Token != 100 {
+		t.Fatalf("after kill -9 at %d bytes: %+v", sent, r)
+	}
+	if r := retainedReport(t, url, mqtt.Topics{}, "fw-k"); r.FW.Bytes != sent {
+		t.Fatalf("retained after the restart: %+v", r)
+	}
+	sent = old.download(t, im, r.FW.Bytes, func(sent uint64) bool { return sent >= 6*uint64(im.chunk) })
+
+	// A failover: the new holder resumes from the device's reported bytes.
+	r = k.awaitReport(t, "fw-k", "with the old holder's chunks", func(r fwReport) bool { return r.FW.Bytes == sent })
+	next := k.holder("fw-k", 200)
+	off := next.download(t, im, r.FW.Bytes, func(uint64) bool { return true }) // one chunk
+	if a := old.send(t, fwjob.KindChunk, im.chunkAt(off)); a.Verdict != fence.Stale {
+		t.Fatalf("the deposed holder's chunk at %d: %v %q", off, a.Verdict, a.Reason)
+	}
+	next.download(t, im, off, nil)
+	next.must(t, fwjob.KindInstall, im.jobBody())
+	r = k.awaitReport(t, "fw-k", "installed", func(r fwReport) bool { return r.FW.State == "installed" })
+	if r.FW.Bytes != uint64(len(im.data)) || r.FW.Token != 200 {
+		t.Fatalf("installed: %+v", r)
+	}
+	slot, err := os.ReadFile(fwjob.SlotPath(filepath.Join(dir, "fw-k"), fwjob.SlotB))
+	if err != nil || !bytes.Equal(slot, im.data) {
+		t.Fatalf("slot b: %d bytes, %v; want the image's %d", len(slot), err, len(im.data))
+	}
+	d.stop(t, syscall.SIGTERM)
+}
+
+// TestFirmwareSupervisorDies: the children die with the supervisor, however
+// it dies (Pdeathsig): kill -9 of the supervisor leaves no device process.
+// A clean stop (SIGTERM) stops them too (TestFirmwareJob: exit code 0).
+func TestFirmwareSupervisorDies(t *testing.T) {
+	url, dir := startBroker(t), t.TempDir()
+	d := startFirmware(t, url, dir, "fw-x,fw-y")
+	pids := []int{pidOf(t, dir, "fw-x"), pidOf(t, dir, "fw-y")}
+	t.Cleanup(func() { // only if the test failed: the test's own children
+		for _, p := range pids {
+			if alive(p) {
+				syscall.Kill(p, syscall.SIGKILL)
+			}
+		}
+	})
+	for _, p := range pids {
+		if !alive(p) {
+			t.Fatalf("device process %d not running", p)
+		}
+	}
+	d.cmd.Process.Kill()
+	d.wait(t)
+	deadline := time.Now().Add(30 * time.Second)
+	for _, p := range pids {
+		for alive(p) {
+			if time.Now().After(deadline) {
+				t.Fatalf("device process %d outlived its supervisor", p)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+}
+
+// alive reports whether process pid runs (a zombie does not).
+func alive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	return len(f) > 0 && f[0] != "Z" && f[0] != "X"
 }
