@@ -51,8 +51,8 @@ type fwCommander struct {
 
 	mu      sync.Mutex
 	waiters map[string]chan fence.Ack // by command id
-	reports map[string][]fwReport // per device, in arrival order
-	changed chan struct{}         // closed and replaced on every report
+	reports map[string][]fwReport     // per device, in arrival order
+	changed chan struct{}             // closed and replaced on every report
 }
 
 func newFWCommander(t *testing.T, url string, topics mqtt.Topics) *fwCommander {
