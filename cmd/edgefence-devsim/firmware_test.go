@@ -372,15 +372,21 @@ func TestFirmwareJob(t *testing.T) {
 	if r := k.awaitReport(t, "fw-1", "after set", func(r fwReport) bool { return r.Applied == 1 }); r.Setpoint != 23.5 {
 		t.Fatalf("after set: %+v", r)
 	}
-	im := newFWImage(t, "j1", 50_000, 2, sim.VersionMarker+"2.0.0")
+	im := newFWImage(t, "j1", 1<<20, 2, sim.VersionMarker+"2.0.0")
+	im.chunk = fwjob.MaxChunk
 	h.must(t, fwjob.KindBegin, im.begin())
+	start := time.Now()
 	h.download(t, im, 0, nil)
+	dl := time.Since(start)
 	h.must(t, fwjob.KindInstall, im.jobBody())
 	k.awaitReport(t, "fw-1", "installed", func(r fwReport) bool { return r.FW.State == "installed" })
 	pid := pidOf(t, dir, "fw-1")
+	start = time.Now()
 	h.must(t, fwjob.KindActivate, im.jobBody())
 	awaitNewPID(t, d, dir, "fw-1", pid)
 	r = k.awaitReport(t, "fw-1", "confirming", func(r fwReport) bool { return r.FW.State == "confirming" })
+	t.Logf("figures: %d bytes in %d-byte chunks, one in flight, in %v (%.1f MB/s); fw.activate sent → confirming report (exit, restart, Boot with its check, MQTT session, report) in %v",
+		len(im.data), im.chunk, dl.Round(time.Millisecond), float64(len(im.data))/dl.Seconds()/1e6, time.Since(start).Round(time.Millisecond))
 	if r.FW.Slot != "b" || r.FW.Image != im.hex() || r.Firmware != "2.0.0" {
 		t.Fatalf("after the reboot: %+v", r)
 	}
