@@ -340,7 +340,7 @@ func emptySum() string { s := sha256.Sum256(nil); return hex.EncodeToString(s[:]
 func startFirmware(t *testing.T, url, dir string, devices string, extra ...string) *devsim {
 	t.Helper()
 	d := startDevsim(t, append([]string{"--firmware", "--mqtt", url, "--devices", devices, "--dir", dir,
-		"--fw-window", "1s", "--restart-delay", "50ms"}, extra...)...)
+		"--fw-window", "20s", "--restart-delay", "50ms"}, extra...)...) // a window a loaded machine's check passes in
 	t.Cleanup(func() {
 		if t.Failed() {
 			for _, dev := range strings.Split(devices, ",") {
@@ -414,12 +414,13 @@ func TestFirmwareRollback(t *testing.T) {
 	url, dir := startBroker(t), t.TempDir()
 	topics := mqtt.Topics{Prefix: "site-f/v1"}
 	k := newFWCommander(t, url, topics)
-	d := startFirmware(t, url, dir, "fw-fail,fw-hang,fw-crash", "--prefix", topics.Prefix, "--fw-tries", "2")
+	d := startFirmware(t, url, dir, "fw-fail,fw-hang,fw-crash", "--prefix", topics.Prefix, "--fw-tries", "2",
+		"--fw-window", "2s") // what the hanging image waits out; the others fail at once
 	for _, tt := range []struct {
 		dev, health, reason string
 	}{
 		{"fw-fail", sim.HealthFail, "image marked EDGEFENCE-HEALTH=fail"},
-		{"fw-hang", sim.HealthHang, "did not pass within 1s"},
+		{"fw-hang", sim.HealthHang, "did not pass within 2s"},
 		{"fw-crash", sim.HealthCrash, "trial boots exhausted"},
 	} {
 		t.Run(tt.health, func(t *testing.T) {
