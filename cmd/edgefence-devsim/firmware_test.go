@@ -43,7 +43,8 @@ type fwReport struct {
 		Token   uint64 `cbor:"token"`
 		Image   string `cbor:"image"`
 	} `cbor:"fw"`
-	counter uint64 // a signed report's
+	counter uint64     // a signed report's
+	mark    fence.Mark // a signed report's
 }
 
 // fwCommander plays the holders of firmware devices: it sends fenced
@@ -112,7 +113,7 @@ func (k *fwCommander) ack(raw []byte) (*fence.Ack, error) {
 // signed, the state it carries).
 func (k *fwCommander) report(t *testing.T, m mqtt.Message) {
 	dev, _, _ := k.topics.Parse(m.Topic)
-	payload, counter := m.Payload, uint64(0)
+	payload, counter, mark := m.Payload, uint64(0), fence.Mark{}
 	if k.trust != nil {
 		vs, err := auth.VerifyState(payload, k.trust)
 		if err != nil || vs.Report.Device != dev {
@@ -120,12 +121,13 @@ func (k *fwCommander) report(t *testing.T, m mqtt.Message) {
 			return
 		}
 		payload, counter = vs.Report.State, vs.Report.Counter
+		mark = vs.Report.Mark()
 	}
 	if _, err := shadow.DecodeCBOR(payload, shadow.Limits{}); err != nil {
 		t.Errorf("state report of %s refused by the twin's decoder: %v", dev, err)
 		return
 	}
-	r := fwReport{counter: counter}
+	r := fwReport{counter: counter, mark: mark}
 	if err := cbor.Unmarshal(payload, &r); err != nil {
 		t.Errorf("state report of %s: %v", dev, err)
 		return
@@ -598,6 +600,20 @@ func TestFirmwareSigned(t *testing.T) {
 		t.Fatalf("after the reboot: %+v (boot report's counter %d)", r, boot.counter)
 	}
 	h.must(t, fwjob.KindCommit, im.jobBody())
-	k.awaitReport(t, "fw-s", "committed", func(r fwReport) bool { return r.FW.State == "committed" })
+	r = k.awaitReport(t, "fw-s", "committed", func(r fwReport) bool { return r.FW.State == "committed" })
+	if want := (fence.Mark{Token: 6, Seq: h.seq}); r.mark != want {
+		t.Fatalf("committed report's mark %v, want %v", r.mark, want)
+	}
+	// A report after a refused command carries the device's mark, not
+	// the command's: a gateway must never take it for a newer one.
+	n := k.count("fw-s")
+	stranger := k.holder("fw-s", 99)
+	stranger.signer = signer
+	if a := stranger.send(t, "fw.bogus", fwjob.JobBody{Job: "x"}); a.Verdict != fence.Invalid {
+		t.Fatalf("bogus kind: %v %q", a.Verdict, a.Reason)
+	}
+	if r := k.awaitReportFrom(t, "fw-s", n, "after the refusal", func(fwReport) bool { return true }); r.mark != (fence.Mark{Token: 6, Seq: h.seq}) {
+		t.Fatalf("report after a refused command: mark %v, want the device's %v", r.mark, fence.Mark{Token: 6, Seq: h.seq})
+	}
 	d.stop(t, syscall.SIGTERM)
 }
