@@ -404,7 +404,11 @@ func TestFirmwareJob(t *testing.T) {
 	if r.FW.Slot != "b" || r.FW.Version != 2 || r.Setpoint != 23.5 || r.FW.Token != 100 {
 		t.Fatalf("after the commit: %+v", r)
 	}
+	pid = pidOf(t, dir, "fw-1")
 	d.stop(t, syscall.SIGTERM)
+	if alive(pid) || !strings.Contains(deviceLog(dir, "fw-1"), "msg=stopped device=fw-1 reboot=false exit_code=0") {
+		t.Fatalf("device process %d after the supervisor's clean stop (alive %v):\n%s", pid, alive(pid), deviceLog(dir, "fw-1"))
+	}
 }
 
 // TestFirmwareRollback: images whose health check fails, never answers or
