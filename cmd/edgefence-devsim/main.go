@@ -8,6 +8,17 @@
 //
 //	edgefence-devsim --mqtt mqtt://127.0.0.1:1883 --devices dev-1,dev-2 --dir /var/lib/devsim
 //	edgefence-devsim --mqtt mqtt://127.0.0.1:1883 --count 100 --id-prefix dev- --dir ./data --log verdicts.jsonl
+//	edgefence-devsim --firmware --mqtt mqtt://127.0.0.1:1883 --devices fw-1,fw-2 --dir ./fw --fw-window 30s
+//
+// With --firmware the devices take firmware jobs (fw.* kinds, package
+// fwjob) besides the thermostat's commands: one child process per device
+// (--firmware-device ID, the same flags), its state in <dir>/<id>, its log
+// in <dir>/<id>/devsim.log and its pid in <dir>/<id>/pid. A device that
+// must reboot exits with code 3 and is started again at once; one that
+// dies otherwise (kill -9: power loss) after --restart-delay. The image in
+// the booted slot decides a trial boot's health check (EDGEFENCE-HEALTH=
+// fail, hang or crash; see sim.FirmwareImage). Their state reports are
+// retained.
 //
 // Logs go to stderr (slog text); one line with msg=ready is logged once the
 // broker has acknowledged every subscription. The verdict log (one JSON line
@@ -47,7 +58,8 @@ func main() {
 }
 
 // run is the whole program; it returns the exit code: 0 after a clean
-// shutdown, 1 on a runtime error, 2 on a usage error.
+// shutdown, 1 on a runtime error, 2 on a usage error, 3 (exitReboot) when
+// a firmware device reboots.
 // devsimFlags are the command line of edgefence-devsim.
 type devsimFlags struct {
 	broker, prefix, devices, idPrefix, dir, logPath, clientID *string
@@ -58,6 +70,7 @@ type devsimFlags struct {
 	count, regs                                               *int
 	noFence                                                   *bool
 	modbus                                                    modbusFlags
+	fw                                                        firmwareFlags
 }
 
 func newDevsimFlags(fs *flag.FlagSet) devsimFlags {
@@ -89,6 +102,7 @@ func newDevsimFlags(fs *flag.FlagSet) devsimFlags {
 			units: fs.String("modbus-units", "1", "with --modbus-tcp or --modbus-rtu: the unit ids served, comma-separated (1..247)"),
 			baud:  fs.Int("modbus-baud", 19200, "with --modbus-rtu: the line's baud rate (its t3.5 silences)"),
 		},
+		fw: newFirmwareFlags(fs),
 	}
 }
 
@@ -120,6 +134,29 @@ func (f devsimFlags) trust() (auth.Keys, error) {
 		}
 	}
 	return t, nil
+}
+
+// deviceAuth is what --trust-root, --certs, --revocations, --reset-root and
+// --device-keys make of the devices ids.
+type deviceAuth struct {
+	keys    auth.Keys
+	root    auth.ResetVerifier
+	signers map[string]*auth.Signer
+}
+
+func (f devsimFlags) deviceAuth(ids []string) (deviceAuth, error) {
+	var a deviceAuth
+	var err error
+	if a.keys, err = f.trust(); err != nil {
+		return a, fmt.Errorf("trust: %w", err)
+	}
+	if a.root, err = f.resetRootKey(); err != nil {
+		return a, fmt.Errorf("reset root: %w", err)
+	}
+	if a.signers, err = deviceSigners(*f.deviceKeys, ids); err != nil {
+		return a, fmt.Errorf("device keys: %w", err)
+	}
+	return a, nil
 }
 
 // resetRootKey returns the fleet's Root from --reset-root (nil without it:
@@ -168,22 +205,34 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		return runSerial(ctx, log, *f.port, id, *f.regs, *f.logPath, stdout)
 	}
+	if *f.fw.supervise || *f.fw.device != "" {
+		return runFirmware(ctx, log, fs, f, usage)
+	}
 	ids, err := deviceIDs(*f.devices, *f.count, *f.idPrefix)
-	switch {
-	case fs.NArg() > 0:
-		return usage("unexpected arguments: " + strings.Join(fs.Args(), " "))
-	case *f.broker == "":
-		return usage("--mqtt is required")
-	case *f.dir == "":
-		return usage("--dir is required")
-	case err != nil:
-		return usage(err.Error())
+	if msg := mqttUsage(fs, f, err); msg != "" {
+		return usage(msg)
 	}
 	user, pass, err := mqttCredentials(*f.mqttUser, *f.mqttPassFile)
 	if err != nil {
 		return usage(err.Error())
 	}
 	return runFleet(ctx, log, f, ids, mqtt.Config{Username: user, Password: pass}, stdout)
+}
+
+// mqttUsage returns the usage error of a command line that runs devices
+// on MQTT, or "": idsErr is deviceIDs's error, if it was called.
+func mqttUsage(fs *flag.FlagSet, f devsimFlags, idsErr error) string {
+	switch {
+	case fs.NArg() > 0:
+		return "unexpected arguments: " + strings.Join(fs.Args(), " ")
+	case *f.broker == "":
+		return "--mqtt is required"
+	case *f.dir == "":
+		return "--dir is required"
+	case idsErr != nil:
+		return idsErr.Error()
+	}
+	return ""
 }
 
 // envMQTTPassword is the agent's variable for the MQTT password
@@ -234,24 +283,14 @@ func runFleet(ctx context.Context, log *slog.Logger, f devsimFlags, ids []string
 		}
 		defer hist.Close() // after the fleet: deferred calls run last in, first out
 	}
-	keys, err := f.trust()
+	a, err := f.deviceAuth(ids)
 	if err != nil {
-		log.Error("trust", "err", err)
-		return 1
-	}
-	root, err := f.resetRootKey()
-	if err != nil {
-		log.Error("reset root", "err", err)
-		return 1
-	}
-	signers, err := deviceSigners(*f.deviceKeys, ids)
-	if err != nil {
-		log.Error("device keys", "err", err)
+		log.Error("start", "err", err)
 		return 1
 	}
 	fleet, err := sim.NewFleet(ctx, sim.FleetConfig{Devices: ids, DataDir: *f.dir, Broker: *f.broker, Prefix: *f.prefix,
-		ClientID: *f.clientID, VerdictLog: vlog, History: hist, Kind: deviceKind(*f.noFence), Logger: log, MQTT: creds, Keys: keys,
-		Root: root, Signers: signers})
+		ClientID: *f.clientID, VerdictLog: vlog, History: hist, Kind: deviceKind(*f.noFence), Logger: log, MQTT: creds, Keys: a.keys,
+		Root: a.root, Signers: a.signers})
 	if err != nil {
 		log.Error("start", "err", err)
 		return 1
