@@ -67,7 +67,8 @@
 // version (the running security version), reason, token (of the last
 // step), image (hex SHA-256 of the running slot's image as the boot loader
 // holds it: Status.RunningImage; "" between a fw.cancel of the running
-// trial and the reboot it asks for)}.
+// trial and the reboot it asks for), seq (of the last step), boots (the
+// boot counter: with token and seq it orders a device's reports)}.
 //
 // A device that does more than take firmware (a thermostat, say) keeps
 // its application behind the same fence point: Config.Other takes every

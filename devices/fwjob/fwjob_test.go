@@ -185,7 +185,11 @@ func TestJobCommitted(t *testing.T) {
 		t.Fatalf("after commit: %+v", st)
 	}
 	want := map[string]any{"job": "j1", "state": "committed", "bytes": uint64(10_000), "size": uint64(10_000),
-		"slot": "b", "version": uint64(3), "reason": "", "token": uint64(r.token), "image": hex.EncodeToString(im.sum())}
+		"slot": "b", "version": uint64(3), "reason": "", "token": uint64(r.token), "image": hex.EncodeToString(im.sum()),
+		"seq": st.Seq, "boots": st.Boots}
+	if st.Seq == 0 || st.Boots != 2 {
+		t.Fatalf("after commit: seq %d, boots %d (want the commit's seq and 2 boots)", st.Seq, st.Boots)
+	}
 	if got := st.Report(); !maps.Equal(got, want) {
 		t.Fatalf("report %v, want %v", got, want)
 	}

@@ -200,13 +200,13 @@ func (r *record) status() Status {
 
 // Report is the "fw" field of the device's state report: job, state,
 // bytes, size, slot (the running one), version (the running security
-// version), reason, token (of the last step) and image (RunningImage in
-// hex).
+// version), reason, token and seq (of the last step), image (RunningImage
+// in hex) and boots (the boot counter).
 func (s Status) Report() map[string]any {
 	return map[string]any{
 		"job": s.Job, "state": string(s.State), "bytes": s.Bytes, "size": s.Size,
 		"slot": s.Slot, "version": s.Security, "reason": s.Reason, "token": uint64(s.Token),
-		"image": hex.EncodeToString(s.RunningImage()),
+		"image": hex.EncodeToString(s.RunningImage()), "seq": s.Seq, "boots": s.Boots,
 	}
 }
 
