@@ -224,7 +224,7 @@ func (c *Cache) run(ctx context.Context, o *op, ref Ref, u *url.URL, key string,
 // check hashes the entry key: true if it is what its name says (it is
 // marked checked); false if not (it is removed and counted corrupt).
 func (c *Cache) check(key string) (bool, error) {
-	sum, n, err := hashFile(c.path(key))
+	sum, n, err := HashFile(c.path(key))
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e := c.ents[key]
