@@ -259,7 +259,7 @@ func (c *Cache) fetch(ctx context.Context, ref Ref, u *url.URL, key string) erro
 	case err != nil && ctx.Err() != nil:
 		err = ctx.Err()
 	case err != nil && fctx.Err() != nil:
-		err = fmt.Errorf("%w: not done within %s: %w", ErrFetch, c.o.FetchTimeout, err)
+		err = fmt.Errorf("%w: not done within %s (%v)", ErrFetch, c.o.FetchTimeout, err) // not the caller's deadline: not "canceled"
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
