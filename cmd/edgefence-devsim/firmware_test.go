@@ -595,7 +595,16 @@ func TestFirmwareSigned(t *testing.T) {
 	h := k.holder("fw-s", 6)
 	h.signer = signer
 	im := newFWImage(t, "j-s", 30_000, 1)
-	h.must(t, fwjob.KindBegin, im.begin())
+	// A device provisioned with the operator's root installs only images
+	// the operator signed: a begin without the manifest is refused.
+	if a := h.send(t, fwjob.KindBegin, im.begin()); a.Verdict != fence.Invalid || !strings.Contains(a.Reason, "manifest") {
+		t.Fatalf("begin without a manifest: %v %q", a.Verdict, a.Reason)
+	}
+	begin := im.begin()
+	if begin.Manifest, err = kit.Manifest(auth.Manifest{Image: im.sum(), Size: uint64(len(im.data)), Version: im.version}); err != nil {
+		t.Fatal(err)
+	}
+	h.must(t, fwjob.KindBegin, begin)
 	h.download(t, im, 0, nil)
 	h.must(t, fwjob.KindInstall, im.jobBody())
 	h.must(t, fwjob.KindActivate, im.jobBody())

@@ -43,6 +43,12 @@ type FirmwareConfig struct {
 	Keys   auth.Keys
 	Root   auth.ResetVerifier
 	Signer *auth.Signer
+	// Manifests, if set, is the operator's root that signs image
+	// manifests (fwjob.Config.Manifests): fw.begin must carry one it
+	// verifies. nil: the Keys or the Root, whichever checks manifests
+	// (a device provisioned with the operator's root installs only
+	// images the operator signed); neither: no manifest is checked.
+	Manifests auth.ManifestVerifier
 	// Logger receives log lines (the MQTT client's too); nil means none.
 	Logger *slog.Logger
 	// MQTT overrides the client settings other than Brokers, ClientID and
@@ -128,7 +134,8 @@ func (d *FirmwareDevice) open() error {
 	if err != nil {
 		return err
 	}
-	d.dev, err = fwjob.New(fwjob.Config{Dir: cfg.Dir, Device: cfg.Device, BootTries: cfg.Tries, Logger: cfg.Logger, Other: Thermostat{}})
+	d.dev, err = fwjob.New(fwjob.Config{Dir: cfg.Dir, Device: cfg.Device, BootTries: cfg.Tries, Logger: cfg.Logger, Other: Thermostat{},
+		Manifests: cfg.manifests()})
 	if err != nil {
 		s.Close()
 		return err
@@ -286,4 +293,19 @@ func (d *FirmwareDevice) report() ([]byte, error) {
 		return nil, err
 	}
 	return stateEnc.Marshal(FirmwareState{State: st, FW: fw.Report(), Firmware: d.version})
+}
+
+// manifests returns who checks the device's image manifests
+// (FirmwareConfig.Manifests).
+func (cfg *FirmwareConfig) manifests() auth.ManifestVerifier {
+	if cfg.Manifests != nil {
+		return cfg.Manifests
+	}
+	if v, ok := cfg.Keys.(auth.ManifestVerifier); ok && v != nil {
+		return v
+	}
+	if v, ok := cfg.Root.(auth.ManifestVerifier); ok && v != nil {
+		return v
+	}
+	return nil
 }

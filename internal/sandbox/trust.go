@@ -69,6 +69,10 @@ func NewTrustKit(dir string) (*TrustKit, error) {
 // RootPub is the root public key's file.
 func (k *TrustKit) RootPub() string { return filepath.Join(k.Dir, "root.pub") }
 
+// Manifest returns the operator's signed manifest of an image (the root
+// signs it): what fw.begin carries to a device provisioned with the root.
+func (k *TrustKit) Manifest(m auth.Manifest) ([]byte, error) { return k.root.Manifest(m) }
+
 // Gateway makes gateway's signing key (key id "<gateway>/1"; an earlier
 // run's is taken again) and a new certificate for it that may command
 // devices (ids, "prefix*" or "*").
