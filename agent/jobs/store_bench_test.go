@@ -4,13 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
 
 	"github.com/edgefence/edgefence/agent/jobs"
 	"github.com/edgefence/edgefence/fence"
@@ -22,18 +23,30 @@ import (
 // max_concurrent conc: the rollout key's contention. One op is one
 // execution's Start and Finish; queued beforehand, untimed.
 func BenchmarkStoreStartFinish(b *testing.B) {
-	for _, c := range []struct{ conc, gw int }{{1, 1}, {10, 1}, {50, 1}, {50, 2}} {
+	for _, c := range []struct{ conc, gw int }{{1, 1}, {10, 1}, {50, 1}, {50, 2}, {50, 10}} {
 		b.Run(fmt.Sprintf("concurrent=%d/gateways=%d", c.conc, c.gw), func(b *testing.B) { benchStartFinish(b, c.conc, c.gw) })
 	}
 }
 
 func benchStartFinish(b *testing.B, conc, gw int) {
-	st, cli := newStore(b)
-	prefix := strings.TrimSuffix(st.JobKey(""), "/jobs/")
-	stores := []*jobs.Store{st}
-	for len(stores) < gw {
-		stores = append(stores, jobs.NewStore(newClient(b), prefix))
+	var reqs atomic.Int64
+	count := func(ctx context.Context, method string, req, reply any, conn *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		reqs.Add(1)
+		return invoker(ctx, method, req, reply, conn, opts...)
 	}
+	cli := newClient(b)
+	prefix := newPrefix()
+	var stores []*jobs.Store
+	for range gw {
+		c, err := clientv3.New(clientv3.Config{Endpoints: testEtcd.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+			DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(count)}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { c.Close() })
+		stores = append(stores, jobs.NewStore(c, prefix))
+	}
+	st := jobs.NewStore(cli, prefix)
 	ctx := context.Background()
 	j := testJob("fw-b")
 	j.Targets = jobs.Targets{Match: []string{"dev-*"}}
@@ -44,6 +57,7 @@ func benchStartFinish(b *testing.B, conc, gw int) {
 	execs, holders := benchQueue(b, st, cli, b.N)
 	var next, notYet atomic.Int64
 	var wg sync.WaitGroup
+	reqs.Store(0)
 	b.ResetTimer()
 	t0 := time.Now()
 	for w := range conc {
@@ -71,6 +85,7 @@ func benchStartFinish(b *testing.B, conc, gw int) {
 	b.StopTimer()
 	b.ReportMetric(float64(b.N)/time.Since(t0).Seconds(), "pairs/s")
 	b.ReportMetric(float64(notYet.Load())/float64(b.N), "notyet/op")
+	b.ReportMetric(float64(reqs.Load())/float64(b.N), "etcd-reqs/op")
 }
 
 // benchQueue makes n devices, each with a lock key (a plain key: its

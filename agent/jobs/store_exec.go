@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"strings"
+	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -266,12 +268,25 @@ func fenced(dev string, h Holder, lock []*mvccpb.KeyValue) error {
 	return nil
 }
 
-// retry bounds the attempts of a write that lost the rollout key.
+// retry bounds the attempts of a write that lost the rollout key, and
+// spreads the writers of several gateways that keep losing it to each
+// other: from the second retry on it waits up to a few milliseconds,
+// at random.
 func retry(ctx context.Context, attempt int, job string) error {
 	if attempt >= maxAttempts {
 		return fmt.Errorf("%w: rollout %s changed %d times in a row", ErrConflict, job, maxAttempts)
 	}
-	return ctx.Err()
+	if attempt < 2 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(time.Duration(rand.Int64N(int64(min(attempt, 8)) * int64(time.Millisecond))))
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
 }
 
 // checkHolder refuses a write whose holder cannot be dev's: a lock key
