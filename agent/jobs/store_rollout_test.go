@@ -410,3 +410,34 @@ func TestStoreWatch(t *testing.T) {
 	for range ch {
 	}
 }
+
+// TestStoreTwoGateways: each gateway's Store decides on the rollout it
+// last wrote; a refusal is still decided on the rollout as it is, and a
+// start on a rollout another Store changed is decided again.
+func TestStoreTwoGateways(t *testing.T) {
+	a, cli := newStore(t)
+	prefix := strings.TrimSuffix(a.JobKey(""), "/jobs/")
+	b, op := jobs.NewStore(newClient(t), prefix), jobs.NewStore(newClient(t), prefix)
+	j := testJob("fw-1")
+	j.Rollout.MaxConcurrent = 1
+	f := newFleet(t, a, cli, j, 3)
+	if err := f.start(t, f.devs[0]); err != nil {
+		t.Fatal(err)
+	}
+	fb := *f
+	fb.st = b
+	if err := fb.start(t, f.devs[1]); !errors.Is(err, jobs.ErrNotYet) {
+		t.Fatalf("gateway b's start while a runs one: %v", err)
+	}
+	f.finish(t, f.devs[0], jobs.Succeeded, "") // b's Store last saw 1 in progress
+	if err := fb.start(t, f.devs[1]); err != nil {
+		t.Fatalf("gateway b's start after a's finish: %v", err)
+	}
+	fb.finish(t, f.devs[1], jobs.Succeeded, "") // a's Store last saw 1 in progress, active
+	if _, err := op.SetRollout(ctxT(t), "fw-1", jobs.RolloutPaused, "op"); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.start(t, f.devs[2]); !errors.Is(err, jobs.ErrStopped) {
+		t.Fatalf("gateway a's start after the operator's pause: %v", err)
+	}
+}
