@@ -16,17 +16,19 @@ import (
 )
 
 // maxAttempts bounds the attempts of a write that keeps losing the
-// rollout key to other gateways' writes (each retry reads the rollout the
-// failed transaction returned and decides again at once).
+// rollout key to other gateways' writes (each retry decides again on the
+// rollout the failed transaction returned; see retry).
 const maxAttempts = 1000
 
 // Store keeps job documents, rollouts and executions in etcd under a
-// prefix (the agent's etcd.prefix). Every call reads or writes etcd, and
-// every write of an execution is fenced by the writer's lock key (I5). The
-// writes of one job's rollout through one Store take turns (turns), so
-// that a gateway's own writers queue in memory instead of losing the
-// rollout key to each other in etcd; gateways still contend with each
-// other there. It is safe for concurrent use.
+// prefix (the agent's etcd.prefix). Every write of an execution is fenced
+// by the writer's lock key (I5). The writes of one job's rollout through
+// one Store take turns (turns), so that a gateway's own writers queue in
+// memory instead of losing the rollout key to each other in etcd, and
+// decide on the rollout the Store last wrote or read (known): the
+// transaction checks it is still the one in etcd, and a refusal (not yet,
+// stopped) is decided again on a fresh read. Gateways still contend with
+// each other in etcd. It is safe for concurrent use.
 type Store struct {
 	kv     clientv3.KV
 	prefix string

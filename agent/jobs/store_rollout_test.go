@@ -141,14 +141,18 @@ func TestStoreMaxConcurrent(t *testing.T) {
 }
 
 // maxInProgress replays every version of job's rollout up to rev (a
-// watch from revision 1) and returns the most executions in progress any
-// of them counts.
+// watch from its creation) and returns the most executions in progress
+// any of them counts.
 func maxInProgress(tb testing.TB, cli *clientv3.Client, st *jobs.Store, job string, rev int64) int {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	cur, err := cli.Get(ctx, st.RolloutKey(job))
+	if err != nil || len(cur.Kvs) != 1 {
+		tb.Fatalf("rollout %s: %v %v", job, cur, err)
+	}
 	most := 0
-	for wr := range cli.Watch(ctx, st.RolloutKey(job), clientv3.WithRev(1)) {
+	for wr := range cli.Watch(ctx, st.RolloutKey(job), clientv3.WithRev(cur.Kvs[0].CreateRevision)) {
 		if err := wr.Err(); err != nil {
 			tb.Fatal(err)
 		}
