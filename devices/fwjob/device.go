@@ -36,8 +36,20 @@ type Config struct {
 	BootTries uint8
 	// Logger receives the device's log lines; nil means none.
 	Logger *slog.Logger
+	// Other, if set, takes the commands that are not firmware steps
+	// (IsKind false): the device's application (a thermostat, say) behind
+	// the same fence point, its effect committed with the mark as a step's
+	// is. nil refuses them as an unknown kind.
+	Other Application
 
 	crash func(point string) // tests: called at the named crash points
+}
+
+// Application is what Config.Other is: a device model that applies its
+// commands in the shim's transaction.
+type Application interface {
+	shim.Device
+	shim.TxApplier
 }
 
 // Device is a firmware-updatable device behind a fence point: it runs the
@@ -82,6 +94,9 @@ func (d *Device) Check(env *fence.Envelope) error {
 	if env.Device != d.cfg.Device {
 		return fmt.Errorf("%w: this is the firmware of %s, not %s", ErrCommand, d.cfg.Device, env.Device)
 	}
+	if d.cfg.Other != nil && !IsKind(env.Kind) {
+		return d.cfg.Other.Check(env)
+	}
 	_, err := parseStep(env, d.cfg.MaxImage)
 	return err
 }
@@ -93,10 +108,14 @@ func (d *Device) Apply(*fence.Envelope) error {
 
 // ApplyTx takes one step of the job in the shim's write transaction: the
 // job record (and the boot state) are written in tx; a chunk's data is
-// written to the slot and fsynced before tx commits. An error refuses the
+// written to the slot and fsynced before tx commits (a command of another
+// kind goes to Config.Other). An error refuses the
 // step (Invalid) and nothing moves: the record, the mark and the bytes the
 // device counts as received stay as they were.
 func (d *Device) ApplyTx(tx *bbolt.Tx, env *fence.Envelope) error {
+	if d.cfg.Other != nil && !IsKind(env.Kind) {
+		return d.cfg.Other.ApplyTx(tx, env)
+	}
 	s, err := parseStep(env, d.cfg.MaxImage)
 	if err != nil {
 		return err

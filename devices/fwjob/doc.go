@@ -65,5 +65,11 @@
 // Status is the firmware state; Status.Report is the "fw" field of the
 // device's state report: {job, state, bytes, size, slot (the running one),
 // version (the running security version), reason, token (of the last
-// step)}.
+// step), image (hex SHA-256 of the running slot's image as the boot loader
+// holds it: Status.RunningImage; "" between a fw.cancel of the running
+// trial and the reboot it asks for)}.
+//
+// A device that does more than take firmware (a thermostat, say) keeps
+// its application behind the same fence point: Config.Other takes every
+// command whose kind is not fw.*, in the same transaction as the mark.
 package fwjob

@@ -3,6 +3,7 @@ package fwjob_test
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"maps"
@@ -184,7 +185,7 @@ func TestJobCommitted(t *testing.T) {
 		t.Fatalf("after commit: %+v", st)
 	}
 	want := map[string]any{"job": "j1", "state": "committed", "bytes": uint64(10_000), "size": uint64(10_000),
-		"slot": "b", "version": uint64(3), "reason": "", "token": uint64(r.token)}
+		"slot": "b", "version": uint64(3), "reason": "", "token": uint64(r.token), "image": hex.EncodeToString(im.sum())}
 	if got := st.Report(); !maps.Equal(got, want) {
 		t.Fatalf("report %v, want %v", got, want)
 	}

@@ -1,6 +1,7 @@
 package fwjob
 
 import (
+	"encoding/hex"
 	"fmt"
 	"slices"
 
@@ -199,12 +200,28 @@ func (r *record) status() Status {
 
 // Report is the "fw" field of the device's state report: job, state,
 // bytes, size, slot (the running one), version (the running security
-// version), reason and token (of the last step).
+// version), reason, token (of the last step) and image (RunningImage in
+// hex).
 func (s Status) Report() map[string]any {
 	return map[string]any{
 		"job": s.Job, "state": string(s.State), "bytes": s.Bytes, "size": s.Size,
 		"slot": s.Slot, "version": s.Security, "reason": s.Reason, "token": uint64(s.Token),
+		"image": hex.EncodeToString(s.RunningImage()),
 	}
+}
+
+// RunningImage is the SHA-256 of the running slot's image as the boot
+// loader holds it: the active image's, or the trial's while a trial runs;
+// nil after fw.cancel disarmed the trial the device runs (it boots the
+// active slot at once: RebootPending).
+func (s Status) RunningImage() []byte {
+	switch s.Slot {
+	case s.Active:
+		return s.ActiveImage
+	case s.Trial:
+		return s.TrialImage
+	}
+	return nil
 }
 
 // ReadStatus reads the firmware state in tx (a View of the device's

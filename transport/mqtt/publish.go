@@ -25,6 +25,10 @@ type Message struct {
 	// the first delivery of messages queued for an offline session.
 	// Deduplicate on content (fence token and sequence), not on this flag.
 	Duplicate bool
+	// Retain asks the broker to keep the message as the topic's retained
+	// one (a device's last state report, read at once by a new
+	// subscriber); on receive, it says the message is a retained one.
+	Retain bool
 }
 
 // Handler handles a received message. See the package documentation for
@@ -73,7 +77,7 @@ func (c *Client) publish(ctx context.Context, m Message) error {
 	stop := context.AfterFunc(l.ctx, func() { cancel(context.Cause(l.ctx)) })
 	defer stop()
 
-	p := &paho.Publish{QoS: 1, Topic: m.Topic, Payload: m.Payload}
+	p := &paho.Publish{QoS: 1, Topic: m.Topic, Payload: m.Payload, Retain: m.Retain}
 	if m.CorrelationData != nil || m.ResponseTopic != "" {
 		p.Properties = &paho.PublishProperties{CorrelationData: m.CorrelationData, ResponseTopic: m.ResponseTopic}
 	}

@@ -145,7 +145,7 @@ func (c *Client) subscribe(l *link, gen uint64, filters []string) error {
 func (c *Client) onPublishReceived(pr paho.PublishReceived) (bool, error) {
 	p := pr.Packet
 	c.received.Add(1)
-	m := Message{Topic: p.Topic, Payload: p.Payload, Duplicate: p.Duplicate()}
+	m := Message{Topic: p.Topic, Payload: p.Payload, Duplicate: p.Duplicate(), Retain: p.Retain}
 	if p.Properties != nil {
 		m.CorrelationData = p.Properties.CorrelationData
 		m.ResponseTopic = p.Properties.ResponseTopic
