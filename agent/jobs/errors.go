@@ -3,6 +3,7 @@ package jobs
 import (
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Errors callers test with errors.Is.
@@ -32,3 +33,20 @@ var (
 func invalidf(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrInvalidJob, fmt.Sprintf(format, args...))
 }
+
+// NotYetError is Store.Start's answer when the rollout does not allow a
+// start now; errors.Is(err, ErrNotYet).
+type NotYetError struct {
+	// Reason says which limit: "max_concurrent 10 in progress",
+	// "canaries running (2 left)", "rate 5/min".
+	Reason string
+	// RetryAfter is a hint: when the limit may allow a start again (the
+	// rate's oldest start leaving the minute); a change of the rollout
+	// (Store.Watch) may allow one sooner.
+	RetryAfter time.Duration
+}
+
+func (e *NotYetError) Error() string { return ErrNotYet.Error() + ": " + e.Reason }
+
+// Unwrap makes errors.Is(err, ErrNotYet) hold.
+func (e *NotYetError) Unwrap() error { return ErrNotYet }

@@ -30,9 +30,11 @@ type Rollout struct {
 	// Counts is the number of executions per status.
 	Counts map[Status]int `json:"counts"`
 	// Started counts the executions ever started; CanaryLeft the canaries
-	// not yet succeeded.
-	Started    int `json:"started"`
-	CanaryLeft int `json:"canary_left,omitempty"`
+	// not yet succeeded; CanaryRunning the canaries in progress (a canary
+	// canceled while the rollout goes on frees its place for another).
+	Started       int `json:"started"`
+	CanaryLeft    int `json:"canary_left,omitempty"`
+	CanaryRunning int `json:"canary_running,omitempty"`
 	// Starts holds the start times within the last minute (Policy.PerMinute).
 	Starts  []time.Time `json:"starts,omitempty"`
 	Updated time.Time   `json:"updated_at"`
