@@ -1,0 +1,348 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/edgefence/edgefence/agent/jobs"
+	"github.com/edgefence/edgefence/devices/fwjob"
+	"github.com/edgefence/edgefence/devices/shim"
+	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/internal/sandbox"
+	"github.com/edgefence/edgefence/shadow"
+	"github.com/edgefence/edgefence/transport/mqtt"
+)
+
+// The firmware jobs' test rig: real agents on the test etcd and a mochi
+// broker, and in-process firmware devices (devices/fwjob behind a shim) on
+// their own MQTT client. A device publishes its state report {"fw": …}
+// retained at boot and after every command; a reboot (fw.activate, or
+// fw.cancel of the trial it runs) closes its fence point, runs fwjob.Boot
+// and opens it again, inside the command's handler, so that the next
+// commands wait at the broker as they would for a restarting device.
+
+// fwWorld is one broker and etcd prefix with its devices and agents.
+type fwWorld struct {
+	t      *testing.T
+	prefix string
+	broker *sandbox.Broker
+	topics mqtt.Topics
+	store  *jobs.Store
+	images *memImages
+	devs   map[string]*fwDev
+}
+
+func newFWWorld(t *testing.T) *fwWorld {
+	t.Helper()
+	br, err := sandbox.StartBroker(sandbox.BrokerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { br.Close() })
+	prefix := twinPrefix(t)
+	return &fwWorld{t: t, prefix: prefix, broker: br, topics: mqtt.Topics{Prefix: "fw"},
+		store: jobs.NewStore(etcdClient(t), prefix), images: &memImages{m: map[string][]byte{}}, devs: map[string]*fwDev{}}
+}
+
+// memImages serves images from memory by SHA-256 (agent/images' cache in
+// the daemon).
+type memImages struct {
+	mu sync.Mutex
+	m  map[string][]byte
+}
+
+type memImage struct{ *bytes.Reader }
+
+func (m memImage) Size() uint64 { return uint64(m.Reader.Size()) }
+func (memImage) Close() error   { return nil }
+
+func (im *memImages) Get(_ context.Context, ref jobs.ImageRef) (jobs.Image, error) {
+	im.mu.Lock()
+	defer im.mu.Unlock()
+	b, ok := im.m[ref.SHA256]
+	if !ok {
+		return nil, fmt.Errorf("no image %s", ref.SHA256)
+	}
+	return memImage{bytes.NewReader(b)}, nil
+}
+
+// image makes an image of n bytes (seeded by tag) and returns its ref.
+func (w *fwWorld) image(tag string, n int, version uint64) jobs.ImageRef {
+	b := bytes.Repeat([]byte(tag), n/len(tag)+1)[:n]
+	sum := sha256.Sum256(b)
+	h := hex.EncodeToString(sum[:])
+	w.images.mu.Lock()
+	w.images.m[h] = b
+	w.images.mu.Unlock()
+	return jobs.ImageRef{SHA256: h, Size: uint64(n), Version: version, URL: "file:///images/" + tag}
+}
+
+// createJob creates a job on devs with short timeouts.
+func (w *fwWorld) createJob(id string, img jobs.ImageRef, devs ...string) jobs.Job {
+	w.t.Helper()
+	j := jobs.Job{ID: id, Image: img, Chunk: 4 << 10, Targets: jobs.Targets{Devices: devs},
+		Timeout: jobs.Timeouts{Step: jobs.Duration(20 * time.Second), Reboot: jobs.Duration(20 * time.Second)}}
+	j, _, err := w.store.Create(context.Background(), j)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return j
+}
+
+// agent runs a jobs-enabled agent gw for devs, with its own MQTT client;
+// wrap, if set, wraps its sender.
+func (w *fwWorld) agent(gw string, devs []string, wrap func(Sender) Sender) (*testAgent, *mqtt.Commander) {
+	t := w.t
+	t.Helper()
+	mc := mqtt.Config{CleanStart: true, SessionExpiry: -1, Brokers: []string{w.broker.URL()}, ClientID: "fw-" + gw}
+	cmdr, err := mqtt.NewCommander(context.Background(), mc, w.topics, devs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		cmdr.Close(c)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := cmdr.Client().AwaitSubscribed(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cfg := twinAgentConfig(gw, w.prefix, w.broker.URL(), devs...)
+	cfg.MQTT.Prefix = w.topics.Prefix
+	var s Sender = cmdr
+	if wrap != nil {
+		s = wrap(cmdr)
+	}
+	a, err := newAgent(t, cfg, etcdClient(t), s, Options{Jobs: w.store, Images: w.images})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ta := runStarted(t, a)
+	// The state reports (the retained ones at once), as the daemon routes
+	// them once its agent exists.
+	cmdr.Client().Subscribe(w.topics.State("+"), func(m mqtt.Message) {
+		if d, leaf, ok := w.topics.Parse(m.Topic); ok && leaf == mqtt.LeafState {
+			a.DeviceStateReport(d, m.Payload)
+		}
+	})
+	if err := cmdr.Client().AwaitSubscribed(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return ta, cmdr
+}
+
+// runStarted runs a until the test ends (or stop).
+func runStarted(t *testing.T, a *Agent) *testAgent {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := a.Run(ctx); err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	var once sync.Once
+	stop := func() { once.Do(func() { cancel(); <-done }) }
+	t.Cleanup(stop)
+	return &testAgent{Agent: a, stop: stop}
+}
+
+// fwDev is one firmware device on its own MQTT client.
+type fwDev struct {
+	t    *testing.T
+	w    *fwWorld
+	id   string
+	dir  string
+	boot fwjob.BootConfig
+	cli  *mqtt.Client
+
+	mu     sync.Mutex
+	s      *shim.Shim
+	d      *fwjob.Device
+	chunks map[string]fence.Token // job/off → the token of the chunk applied there
+	twice  []string               // job/off applied more than once
+}
+
+// device starts a firmware device id whose slot a holds factory.
+func (w *fwWorld) device(id string, boot fwjob.BootConfig) *fwDev {
+	t := w.t
+	t.Helper()
+	d := &fwDev{t: t, w: w, id: id, dir: t.TempDir(), boot: boot, chunks: map[string]fence.Token{}}
+	if err := os.WriteFile(fwjob.SlotPath(d.dir, fwjob.SlotA), []byte("factory "+id), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d.start()
+	t.Cleanup(func() {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		d.s.Close()
+	})
+	mc := mqtt.Config{CleanStart: true, SessionExpiry: -1, Brokers: []string{w.broker.URL()}, ClientID: "fwdev-" + id,
+		Subscriptions: []mqtt.Subscription{{Filter: w.topics.Cmd(id), Handler: d.handle}}}
+	var err error
+	if d.cli, err = mqtt.Dial(context.Background(), mc); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		d.cli.Close(c)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := d.cli.AwaitSubscribed(ctx); err != nil {
+		t.Fatal(err)
+	}
+	d.publish()
+	w.devs[id] = d
+	return d
+}
+
+// start boots the device and opens its fence point (d.mu held or unshared).
+func (d *fwDev) start() {
+	if _, err := fwjob.Boot(context.Background(), d.dir, d.boot); err != nil {
+		d.t.Errorf("boot %s: %v", d.id, err)
+		return
+	}
+	var err error
+	if d.s, err = shim.Open(fwjob.DBPath(d.dir), nil); err != nil {
+		d.t.Errorf("shim %s: %v", d.id, err)
+		return
+	}
+	if d.d, err = fwjob.New(fwjob.Config{Dir: d.dir, Device: d.id}); err != nil {
+		d.t.Errorf("fwjob %s: %v", d.id, err)
+	}
+}
+
+// handle decides one command, acks it, reboots if the step says so, and
+// publishes the state report.
+func (d *fwDev) handle(m mqtt.Message) {
+	d.mu.Lock()
+	out := d.d.Handle(d.s, m.Payload)
+	if out.Applied && out.Envelope != nil && out.Envelope.Kind == fwjob.KindChunk {
+		var c fwjob.ChunkBody
+		if err := fence.DecodeBody(out.Envelope.Body, &c); err == nil {
+			k := fmt.Sprintf("%s/%d", c.Job, c.Off)
+			if _, ok := d.chunks[k]; ok {
+				d.twice = append(d.twice, k)
+			}
+			d.chunks[k] = out.Envelope.Token
+		}
+	}
+	d.mu.Unlock()
+	ack, err := fence.MarshalAck(&out.Ack)
+	if err != nil {
+		d.t.Errorf("ack: %v", err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	topic := d.w.topics.Ack(d.id)
+	if m.ResponseTopic != "" {
+		topic = m.ResponseTopic
+	}
+	if err := d.cli.Publish(ctx, mqtt.Message{Topic: topic, Payload: ack, CorrelationData: m.CorrelationData}); err != nil {
+		d.t.Logf("%s: ack not published: %v", d.id, err)
+	}
+	if out.Reboot {
+		d.reboot()
+	}
+	d.publish()
+}
+
+// reboot is the device's restart: fence point closed, Boot, opened again.
+func (d *fwDev) reboot() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.s.Close(); err != nil {
+		d.t.Errorf("close %s: %v", d.id, err)
+	}
+	d.start()
+}
+
+// status is the device's firmware state.
+func (d *fwDev) status() fwjob.Status {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	s, err := d.d.Status(d.s)
+	if err != nil {
+		d.t.Errorf("status %s: %v", d.id, err)
+	}
+	return s
+}
+
+// publish sends the device's state report, retained.
+func (d *fwDev) publish() {
+	st := d.status()
+	b, err := shadow.EncodeCBOR(map[string]any{FieldFirmware: st.Report()}, shadow.Limits{})
+	if err != nil {
+		d.t.Errorf("report %s: %v", d.id, err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := d.cli.Publish(ctx, mqtt.Message{Topic: d.w.topics.State(d.id), Payload: b, Retain: true}); err != nil {
+		d.t.Logf("%s: report not published: %v", d.id, err)
+	}
+}
+
+// execution reads dev's execution of job.
+func (w *fwWorld) execution(dev, job string) jobs.Execution {
+	w.t.Helper()
+	e, err := w.store.Execution(context.Background(), dev, job)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return e
+}
+
+// waitEnded waits until dev's execution of job is terminal and returns it.
+func (w *fwWorld) waitEnded(dev, job string) jobs.Execution {
+	w.t.Helper()
+	var e jobs.Execution
+	waitLong(w.t, dev+"'s execution of "+job+" ends", func() bool {
+		e = w.execution(dev, job)
+		return e.Status.Terminal()
+	})
+	return e
+}
+
+// runsImage checks that the device committed img: active slot, its hash
+// as the boot loader holds it, and the slot file's bytes.
+func (d *fwDev) runsImage(img jobs.ImageRef) {
+	d.t.Helper()
+	st := d.status()
+	if st.State != fwjob.Committed || st.Slot != st.Active || hex.EncodeToString(st.ActiveImage) != img.SHA256 {
+		d.t.Fatalf("%s: state %s, running %s, active %s image %x; want committed %s", d.id, st.State, st.Slot, st.Active, st.ActiveImage, img.SHA256)
+	}
+	b, err := os.ReadFile(fwjob.SlotPath(d.dir, st.Active))
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	if sum := sha256.Sum256(b[:img.Size]); hex.EncodeToString(sum[:]) != img.SHA256 {
+		d.t.Fatalf("%s: slot %s does not hold the image (%s)", d.id, st.Active, filepath.Base(fwjob.SlotPath(d.dir, st.Active)))
+	}
+}
+
+// waitLong polls cond (every 50 ms) until it holds, for at most two
+// minutes: a firmware job takes many round trips on a busy machine.
+func waitLong(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
