@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -123,11 +124,13 @@ func (w *fwWorld) agent(gw string, devs []string, wrap func(Sender) Sender) (*te
 	if wrap != nil {
 		s = wrap(cmdr)
 	}
-	a, err := newAgent(t, cfg, etcdClient(t), s, Options{Jobs: w.store, Images: w.images})
+	cli := etcdClient(t)
+	a, err := newAgent(t, cfg, cli, s, Options{Jobs: w.store, Images: w.images})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ta := runStarted(t, a)
+	ta.cli = cli
 	// The state reports (the retained ones at once), as the daemon routes
 	// them once its agent exists.
 	cmdr.Client().Subscribe(w.topics.State("+"), func(m mqtt.Message) {
@@ -344,5 +347,49 @@ func waitLong(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// chunkGate is a Sender that holds the n-th fw.chunk it is given until
+// release is closed, then sends it with a context that ignores
+// cancellation: a holder frozen in the middle of a send.
+type chunkGate struct {
+	Sender
+	n       int32
+	count   atomic.Int32
+	held    chan struct{} // closed when the n-th chunk is held
+	release chan struct{}
+	result  chan gateResult // the held chunk's ack
+}
+
+type gateResult struct {
+	ack *fence.Ack
+	err error
+}
+
+func newChunkGate(s Sender, n int32) *chunkGate {
+	return &chunkGate{Sender: s, n: n, held: make(chan struct{}), release: make(chan struct{}), result: make(chan gateResult, 1)}
+}
+
+func (g *chunkGate) Send(ctx context.Context, env *fence.Envelope) (*fence.Ack, error) {
+	if env.Kind != fwjob.KindChunk || g.count.Add(1) != g.n {
+		return g.Sender.Send(ctx, env)
+	}
+	close(g.held)
+	<-g.release
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 20*time.Second)
+	defer cancel()
+	ack, err := g.Sender.Send(sctx, env)
+	g.result <- gateResult{ack, err}
+	return ack, err
+}
+
+// wait waits for ch to close, at most two minutes.
+func wait(t *testing.T, what string, ch <-chan struct{}) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("timed out waiting for %s", what)
 	}
 }

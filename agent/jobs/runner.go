@@ -152,6 +152,7 @@ func (r *Runner) Run(ctx context.Context) error {
 				return nil // ctx ended: the watch closes its channel
 			}
 			r.kickHeld()
+			r.stats.changed()
 		}
 	}
 }

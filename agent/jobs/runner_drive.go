@@ -155,8 +155,10 @@ func (x *xrun) plan(ctx context.Context) error {
 		return x.commit(ctx)
 	case fwjob.Committed:
 		return x.finish(ctx, Succeeded, "")
-	case fwjob.Failed, fwjob.RolledBack:
-		return x.finish(ctx, Failed, string(rep.State)+": "+rep.Reason)
+	case fwjob.Failed:
+		return x.finish(ctx, Failed, "failed: "+rep.Reason)
+	case fwjob.RolledBack:
+		return x.finish(ctx, Failed, "rolled back: "+rep.Reason)
 	}
 	return x.begin(ctx) // idle naming the job: not begun
 }

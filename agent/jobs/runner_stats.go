@@ -19,6 +19,9 @@ type RunnerStats struct {
 	InProgress int `json:"in_progress"`
 	// BadReports counts firmware reports that did not parse.
 	BadReports uint64 `json:"bad_reports"`
+	// Changes counts the job and rollout changes the runner has passed
+	// on to its workers.
+	Changes uint64 `json:"changes"`
 }
 
 // runnerStats is the runner's counters; mu is a leaf lock.
@@ -29,6 +32,7 @@ type runnerStats struct {
 	bytes      uint64
 	inProgress int
 	bad        uint64
+	changes    uint64
 }
 
 func (s *runnerStats) init() {
@@ -58,6 +62,12 @@ func (s *runnerStats) driving(d int) {
 	s.mu.Unlock()
 }
 
+func (s *runnerStats) changed() {
+	s.mu.Lock()
+	s.changes++
+	s.mu.Unlock()
+}
+
 func (s *runnerStats) badReport() {
 	s.mu.Lock()
 	s.bad++
@@ -70,7 +80,7 @@ func (r *Runner) Stats() RunnerStats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := RunnerStats{Ended: maps.Clone(s.ended), Steps: make(map[string]map[string]uint64, len(s.steps)),
-		ImageBytes: s.bytes, InProgress: s.inProgress, BadReports: s.bad}
+		ImageBytes: s.bytes, InProgress: s.inProgress, BadReports: s.bad, Changes: s.changes}
 	for k, v := range s.steps {
 		out.Steps[k] = maps.Clone(v)
 	}
