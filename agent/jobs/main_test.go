@@ -80,18 +80,24 @@ type lockHolder struct {
 
 func lockDevice(tb testing.TB, cli *clientv3.Client, st *jobs.Store, dev, gateway string) *lockHolder {
 	tb.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
 	sess, err := concurrency.NewSession(cli, concurrency.WithTTL(5))
 	if err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { sess.Close() })
+	return lockOn(tb, sess, st, dev, gateway)
+}
+
+// lockOn locks dev on an existing session (a gateway holding many devices).
+func lockOn(tb testing.TB, sess *concurrency.Session, st *jobs.Store, dev, gateway string) *lockHolder {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
 	m := concurrency.NewMutex(sess, st.LockPrefix(dev))
 	if err := m.Lock(ctx); err != nil {
 		tb.Fatal(err)
 	}
-	r, err := cli.Get(ctx, m.Key())
+	r, err := sess.Client().Get(ctx, m.Key())
 	if err != nil || len(r.Kvs) != 1 {
 		tb.Fatalf("read own lock key: %v %v", r, err)
 	}
@@ -110,10 +116,10 @@ func testJob(id string, devs ...string) jobs.Job {
 		Targets: jobs.Targets{Devices: devs}}
 }
 
-// snapshot is every key and value under prefix, and etcd's revision.
-func snapshot(tb testing.TB, cli *clientv3.Client, prefix string) string {
+// snapshot is every key, value and revision under the store's prefix.
+func snapshot(tb testing.TB, cli *clientv3.Client, st *jobs.Store) string {
 	tb.Helper()
-	r, err := cli.Get(context.Background(), prefix+"/", clientv3.WithPrefix())
+	r, err := cli.Get(context.Background(), strings.TrimSuffix(st.JobKey(""), "jobs/"), clientv3.WithPrefix())
 	if err != nil {
 		tb.Fatal(err)
 	}
