@@ -58,6 +58,7 @@ type devsimFlags struct {
 	count, regs                                               *int
 	noFence                                                   *bool
 	modbus                                                    modbusFlags
+	fw                                                        firmwareFlags
 }
 
 func newDevsimFlags(fs *flag.FlagSet) devsimFlags {
@@ -89,6 +90,7 @@ func newDevsimFlags(fs *flag.FlagSet) devsimFlags {
 			units: fs.String("modbus-units", "1", "with --modbus-tcp or --modbus-rtu: the unit ids served, comma-separated (1..247)"),
 			baud:  fs.Int("modbus-baud", 19200, "with --modbus-rtu: the line's baud rate (its t3.5 silences)"),
 		},
+		fw: newFirmwareFlags(fs),
 	}
 }
 
@@ -120,6 +122,29 @@ func (f devsimFlags) trust() (auth.Keys, error) {
 		}
 	}
 	return t, nil
+}
+
+// deviceAuth is what --trust-root, --certs, --revocations, --reset-root and
+// --device-keys make of the devices ids.
+type deviceAuth struct {
+	keys    auth.Keys
+	root    auth.ResetVerifier
+	signers map[string]*auth.Signer
+}
+
+func (f devsimFlags) deviceAuth(ids []string) (deviceAuth, error) {
+	var a deviceAuth
+	var err error
+	if a.keys, err = f.trust(); err != nil {
+		return a, fmt.Errorf("trust: %w", err)
+	}
+	if a.root, err = f.resetRootKey(); err != nil {
+		return a, fmt.Errorf("reset root: %w", err)
+	}
+	if a.signers, err = deviceSigners(*f.deviceKeys, ids); err != nil {
+		return a, fmt.Errorf("device keys: %w", err)
+	}
+	return a, nil
 }
 
 // resetRootKey returns the fleet's Root from --reset-root (nil without it:
@@ -168,22 +193,34 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		return runSerial(ctx, log, *f.port, id, *f.regs, *f.logPath, stdout)
 	}
+	if *f.fw.supervise || *f.fw.device != "" {
+		return runFirmware(ctx, log, fs, f, usage)
+	}
 	ids, err := deviceIDs(*f.devices, *f.count, *f.idPrefix)
-	switch {
-	case fs.NArg() > 0:
-		return usage("unexpected arguments: " + strings.Join(fs.Args(), " "))
-	case *f.broker == "":
-		return usage("--mqtt is required")
-	case *f.dir == "":
-		return usage("--dir is required")
-	case err != nil:
-		return usage(err.Error())
+	if msg := mqttUsage(fs, f, err); msg != "" {
+		return usage(msg)
 	}
 	user, pass, err := mqttCredentials(*f.mqttUser, *f.mqttPassFile)
 	if err != nil {
 		return usage(err.Error())
 	}
 	return runFleet(ctx, log, f, ids, mqtt.Config{Username: user, Password: pass}, stdout)
+}
+
+// mqttUsage returns the usage error of a command line that runs devices
+// on MQTT, or "": idsErr is deviceIDs's error, if it was called.
+func mqttUsage(fs *flag.FlagSet, f devsimFlags, idsErr error) string {
+	switch {
+	case fs.NArg() > 0:
+		return "unexpected arguments: " + strings.Join(fs.Args(), " ")
+	case *f.broker == "":
+		return "--mqtt is required"
+	case *f.dir == "":
+		return "--dir is required"
+	case idsErr != nil:
+		return idsErr.Error()
+	}
+	return ""
 }
 
 // envMQTTPassword is the agent's variable for the MQTT password
@@ -234,24 +271,14 @@ func runFleet(ctx context.Context, log *slog.Logger, f devsimFlags, ids []string
 		}
 		defer hist.Close() // after the fleet: deferred calls run last in, first out
 	}
-	keys, err := f.trust()
+	a, err := f.deviceAuth(ids)
 	if err != nil {
-		log.Error("trust", "err", err)
-		return 1
-	}
-	root, err := f.resetRootKey()
-	if err != nil {
-		log.Error("reset root", "err", err)
-		return 1
-	}
-	signers, err := deviceSigners(*f.deviceKeys, ids)
-	if err != nil {
-		log.Error("device keys", "err", err)
+		log.Error("start", "err", err)
 		return 1
 	}
 	fleet, err := sim.NewFleet(ctx, sim.FleetConfig{Devices: ids, DataDir: *f.dir, Broker: *f.broker, Prefix: *f.prefix,
-		ClientID: *f.clientID, VerdictLog: vlog, History: hist, Kind: deviceKind(*f.noFence), Logger: log, MQTT: creds, Keys: keys,
-		Root: root, Signers: signers})
+		ClientID: *f.clientID, VerdictLog: vlog, History: hist, Kind: deviceKind(*f.noFence), Logger: log, MQTT: creds, Keys: a.keys,
+		Root: a.root, Signers: a.signers})
 	if err != nil {
 		log.Error("start", "err", err)
 		return 1

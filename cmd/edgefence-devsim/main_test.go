@@ -144,15 +144,7 @@ func newCommander(t *testing.T, url string, topics mqtt.Topics) *commander {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, err := mqtt.Dial(context.Background(), mqtt.Config{Brokers: []string{url}, ClientID: "commander", CleanStart: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		c.Close(ctx)
-	})
+	c := dialTest(t, url, "commander")
 	k := &commander{c: c, topics: topics, acks: make(chan fence.Ack, 64)}
 	c.Subscribe(topics.AllAck(), func(m mqtt.Message) {
 		if a, err := fence.UnmarshalAck(m.Payload); err == nil {
@@ -163,6 +155,21 @@ func newCommander(t *testing.T, url string, topics mqtt.Topics) *commander {
 		t.Fatal(err)
 	}
 	return k
+}
+
+// dialTest dials a clean-session client that is closed when the test ends.
+func dialTest(t *testing.T, url, clientID string) *mqtt.Client {
+	t.Helper()
+	c, err := mqtt.Dial(context.Background(), mqtt.Config{Brokers: []string{url}, ClientID: clientID, CleanStart: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		c.Close(ctx)
+	})
+	return c
 }
 
 func (k *commander) send(t *testing.T, dev string, token fence.Token, seq uint64, set sim.SetBody) fence.Ack {

@@ -14,7 +14,6 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"github.com/edgefence/edgefence/devices/shim"
 	"github.com/edgefence/edgefence/fence"
@@ -78,7 +77,6 @@ type Fleet struct {
 	host    *Host
 	client  *mqtt.Client
 	topics  mqtt.Topics
-	tree    string // <prefix>/dev/
 	devices []string
 	member  map[string]bool
 	log     *slog.Logger
@@ -142,7 +140,7 @@ func NewFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 		return nil, fmt.Errorf("sim: fleet: %w", err)
 	}
 	topics := mqtt.Topics{Prefix: cfg.Prefix}
-	f := &Fleet{host: host, client: client, topics: topics, tree: strings.TrimSuffix(topics.Cmd("x"), "x/cmd"),
+	f := &Fleet{host: host, client: client, topics: topics,
 		devices: append([]string(nil), cfg.Devices...), member: member, log: log, ctx: fctx, cancel: cancel, signers: cfg.Signers}
 	f.reports.Store(uint64(time.Now().UnixNano()))
 	for _, d := range f.devices {
@@ -239,14 +237,10 @@ func (f *Fleet) handle(device string, m mqtt.Message) {
 		f.log.Error("ack does not encode", "device", device, "err", err)
 		return
 	}
-	topic := f.topics.Ack(device)
-	if rt := m.ResponseTopic; rt != "" {
-		if f.responseTopicOK(device, rt) {
-			topic = rt
-		} else {
-			f.badResponseTopics.Add(1)
-			f.log.Warn("response topic refused; acking on the ack topic", "device", device, "response_topic", shorten(rt))
-		}
+	topic, refused := ackTopic(f.topics, device, m.ResponseTopic)
+	if refused {
+		f.badResponseTopics.Add(1)
+		f.log.Warn("response topic refused; acking on the ack topic", "device", device, "response_topic", shorten(m.ResponseTopic))
 	}
 	ctx, cancel := context.WithTimeout(f.ctx, publishTimeout)
 	defer cancel()
@@ -270,20 +264,6 @@ func (f *Fleet) handle(device string, m mqtt.Message) {
 		return
 	}
 	f.states.Add(1)
-}
-
-// responseTopicOK refuses response topics that are not plain topic names or
-// that point into the fleet's own tree anywhere but this device's ack topic:
-// a command must not make a device publish onto another device's command or
-// state topic.
-func (f *Fleet) responseTopicOK(device, rt string) bool {
-	if len(rt) > 65535 || !utf8.ValidString(rt) || strings.ContainsAny(rt, "+#\x00") || strings.HasPrefix(rt, "$") {
-		return false
-	}
-	if d, leaf, ok := f.topics.Parse(rt); ok {
-		return d == device && leaf == mqtt.LeafAck
-	}
-	return !strings.HasPrefix(rt, f.tree)
 }
 
 func shorten(s string) string {
