@@ -32,25 +32,27 @@ import (
 
 // fwWorld is one broker and etcd prefix with its devices and agents.
 type fwWorld struct {
-	t      *testing.T
+	t      testing.TB
 	prefix string
 	broker *sandbox.Broker
 	topics mqtt.Topics
 	store  *jobs.Store
 	images *memImages
 	devs   map[string]*fwDev
+	chunk  int  // bytes per fw.chunk of the jobs createJob makes
+	noJobs bool // agents without the runner (the raw command path)
 }
 
-func newFWWorld(t *testing.T) *fwWorld {
+func newFWWorld(t testing.TB) *fwWorld {
 	t.Helper()
 	br, err := sandbox.StartBroker(sandbox.BrokerConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { br.Close() })
-	prefix := twinPrefix(t)
+	prefix := fmt.Sprintf("/t/%s/%d", t.Name(), twinRuns.Add(1))
 	return &fwWorld{t: t, prefix: prefix, broker: br, topics: mqtt.Topics{Prefix: "fw"},
-		store: jobs.NewStore(etcdClient(t), prefix), images: &memImages{m: map[string][]byte{}}, devs: map[string]*fwDev{}}
+		store: jobs.NewStore(etcdClient(t), prefix), images: &memImages{m: map[string][]byte{}}, devs: map[string]*fwDev{}, chunk: 4 << 10}
 }
 
 // memImages serves images from memory by SHA-256 (agent/images' cache in
@@ -89,7 +91,7 @@ func (w *fwWorld) image(tag string, n int, version uint64) jobs.ImageRef {
 // createJob creates a job on devs with short timeouts.
 func (w *fwWorld) createJob(id string, img jobs.ImageRef, devs ...string) jobs.Job {
 	w.t.Helper()
-	j := jobs.Job{ID: id, Image: img, Chunk: 4 << 10, Targets: jobs.Targets{Devices: devs},
+	j := jobs.Job{ID: id, Image: img, Chunk: w.chunk, Targets: jobs.Targets{Devices: devs},
 		Timeout: jobs.Timeouts{Step: jobs.Duration(20 * time.Second), Reboot: jobs.Duration(20 * time.Second)}}
 	j, _, err := w.store.Create(context.Background(), j)
 	if err != nil {
@@ -125,7 +127,11 @@ func (w *fwWorld) agent(gw string, devs []string, wrap func(Sender) Sender) (*te
 		s = wrap(cmdr)
 	}
 	cli := etcdClient(t)
-	a, err := newAgent(t, cfg, cli, s, Options{Jobs: w.store, Images: w.images})
+	o := Options{Jobs: w.store, Images: w.images}
+	if w.noJobs {
+		o = Options{}
+	}
+	a, err := newAgent(t, cfg, cli, s, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,7 +151,7 @@ func (w *fwWorld) agent(gw string, devs []string, wrap func(Sender) Sender) (*te
 }
 
 // runStarted runs a until the test ends (or stop).
-func runStarted(t *testing.T, a *Agent) *testAgent {
+func runStarted(t testing.TB, a *Agent) *testAgent {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
@@ -162,7 +168,7 @@ func runStarted(t *testing.T, a *Agent) *testAgent {
 
 // fwDev is one firmware device on its own MQTT client.
 type fwDev struct {
-	t    *testing.T
+	t    testing.TB
 	w    *fwWorld
 	id   string
 	dir  string
@@ -172,15 +178,16 @@ type fwDev struct {
 	mu     sync.Mutex
 	s      *shim.Shim
 	d      *fwjob.Device
-	chunks map[string]fence.Token // job/off → the token of the chunk applied there
-	twice  []string               // job/off applied more than once
+	chunks map[string]fence.Token  // job/off → the token of the chunk applied there
+	twice  []string                // job/off applied more than once
+	spans  map[string][2]time.Time // job → when its first and last chunk were applied
 }
 
 // device starts a firmware device id whose slot a holds factory.
 func (w *fwWorld) device(id string, boot fwjob.BootConfig) *fwDev {
 	t := w.t
 	t.Helper()
-	d := &fwDev{t: t, w: w, id: id, dir: t.TempDir(), boot: boot, chunks: map[string]fence.Token{}}
+	d := &fwDev{t: t, w: w, id: id, dir: t.TempDir(), boot: boot, chunks: map[string]fence.Token{}, spans: map[string][2]time.Time{}}
 	if err := os.WriteFile(fwjob.SlotPath(d.dir, fwjob.SlotA), []byte("factory "+id), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -240,6 +247,12 @@ func (d *fwDev) handle(m mqtt.Message) {
 				d.twice = append(d.twice, k)
 			}
 			d.chunks[k] = out.Envelope.Token
+			sp := d.spans[c.Job]
+			if sp[0].IsZero() {
+				sp[0] = time.Now()
+			}
+			sp[1] = time.Now()
+			d.spans[c.Job] = sp
 		}
 	}
 	d.mu.Unlock()
@@ -339,7 +352,7 @@ func (d *fwDev) runsImage(img jobs.ImageRef) {
 
 // waitLong polls cond (every 50 ms) until it holds, for at most two
 // minutes: a firmware job takes many round trips on a busy machine.
-func waitLong(t *testing.T, what string, cond func() bool) {
+func waitLong(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(2 * time.Minute)
 	for !cond() {
@@ -385,7 +398,7 @@ func (g *chunkGate) Send(ctx context.Context, env *fence.Envelope) (*fence.Ack, 
 }
 
 // wait waits for ch to close, at most two minutes.
-func wait(t *testing.T, what string, ch <-chan struct{}) {
+func wait(t testing.TB, what string, ch <-chan struct{}) {
 	t.Helper()
 	select {
 	case <-ch:
