@@ -190,7 +190,7 @@ func (r *Runner) Report(dev string, fw map[string]any) {
 	r.reports[dev] = rep
 	w := r.workers[dev]
 	r.mu.Unlock()
-	if w != nil {
+	if w != nil && w.driving.Load() {
 		w.poke(false)
 	}
 }

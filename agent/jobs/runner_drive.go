@@ -56,7 +56,11 @@ func (w *worker) newRun(h Holder, job Job, e Execution) *xrun {
 // from the device's firmware report.
 func (w *worker) drive(ctx context.Context, h Holder, job Job, e Execution) (time.Duration, error) {
 	w.r.stats.driving(1)
-	defer w.r.stats.driving(-1)
+	w.driving.Store(true)
+	defer func() {
+		w.driving.Store(false)
+		w.r.stats.driving(-1)
+	}()
 	x := w.newRun(h, job, e)
 	defer x.close()
 	if e.Token != h.Token || e.Gateway != w.r.cfg.Gateway {

@@ -10,6 +10,8 @@ import (
 	"slices"
 	"sync/atomic"
 	"time"
+
+	"github.com/edgefence/edgefence/fence"
 )
 
 // errDeposed: this gateway no longer holds the device (a stale ack, or
@@ -29,6 +31,13 @@ type worker struct {
 	// changed: the jobs or rollouts changed since the worker last read
 	// them (a Watch change, an acquisition).
 	changed atomic.Bool
+	// driving: the worker drives an execution and waits on the device's
+	// reports; otherwise a report does not wake it (no etcd reads per
+	// report of an idle device).
+	driving atomic.Bool
+	// deposedAt is the token under which the worker was last deposed: it
+	// does not drive under it again (the agent may not have noticed yet).
+	deposedAt fence.Token
 }
 
 // poke wakes the worker; changed says the jobs or rollouts changed.
@@ -54,6 +63,7 @@ func (w *worker) run(ctx context.Context) {
 	}()
 	for ctx.Err() == nil {
 		h, held := w.r.host.Holding(w.dev)
+		held = held && h.Token > w.deposedAt
 		wait := forever
 		if held {
 			var err error
@@ -61,7 +71,7 @@ func (w *worker) run(ctx context.Context) {
 			switch {
 			case errors.Is(err, errDeposed):
 				w.log.Info("firmware jobs: deposed; the new holder resumes", "token", h.Token, "err", err)
-				held = false
+				held, w.deposedAt = false, h.Token
 			case err != nil && ctx.Err() == nil:
 				w.log.Warn("firmware job: retrying", "err", err, "in", wait)
 			}
