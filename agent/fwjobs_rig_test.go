@@ -373,6 +373,7 @@ type chunkGate struct {
 	held    chan struct{} // closed when the n-th chunk is held
 	release chan struct{}
 	result  chan gateResult // the held chunk's ack
+	end     context.Context // the test's: its end lets a held chunk go unsent
 }
 
 type gateResult struct {
@@ -380,8 +381,9 @@ type gateResult struct {
 	err error
 }
 
-func newChunkGate(s Sender, n int32) *chunkGate {
-	return &chunkGate{Sender: s, n: n, held: make(chan struct{}), release: make(chan struct{}), result: make(chan gateResult, 1)}
+func newChunkGate(t testing.TB, s Sender, n int32) *chunkGate {
+	return &chunkGate{Sender: s, n: n, held: make(chan struct{}), release: make(chan struct{}), result: make(chan gateResult, 1),
+		end: t.Context()}
 }
 
 func (g *chunkGate) Send(ctx context.Context, env *fence.Envelope) (*fence.Ack, error) {
@@ -389,7 +391,11 @@ func (g *chunkGate) Send(ctx context.Context, env *fence.Envelope) (*fence.Ack, 
 		return g.Sender.Send(ctx, env)
 	}
 	close(g.held)
-	<-g.release
+	select {
+	case <-g.release:
+	case <-g.end.Done(): // the test failed before it released the chunk
+		return nil, g.end.Err()
+	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 20*time.Second)
 	defer cancel()
 	ack, err := g.Sender.Send(sctx, env)

@@ -91,7 +91,7 @@ func TestFirmwareJobFailoverMidDownload(t *testing.T) {
 	devs := []string{d.id}
 	img := w.image("fail-over", 40<<10, 1) // ten chunks of 4 KiB
 	var gate *chunkGate
-	a, _ := w.agent("gw-a", devs, func(s Sender) Sender { gate = newChunkGate(s, 4); return gate })
+	a, _ := w.agent("gw-a", devs, func(s Sender) Sender { gate = newChunkGate(t, s, 4); return gate })
 	waitFor(t, "gw-a holds", holdingAll(a, devs))
 	b, _ := w.agent("gw-b", devs, nil)
 	ta, _ := a.Holding(d.id)
@@ -192,7 +192,7 @@ func TestFirmwareJobCancelMidDownload(t *testing.T) {
 	w := newFWWorld(t)
 	d := w.device("fw-c", fwjob.BootConfig{})
 	var gate *chunkGate
-	a, _ := w.agent("gw-1", []string{d.id}, func(s Sender) Sender { gate = newChunkGate(s, 2); return gate })
+	a, _ := w.agent("gw-1", []string{d.id}, func(s Sender) Sender { gate = newChunkGate(t, s, 2); return gate })
 	job := w.createJob("j-cancel", w.image("cancel", 40<<10, 1), d.id)
 	wait(t, "the second chunk held", gate.held)
 	seen := a.jobs.Stats().Changes
