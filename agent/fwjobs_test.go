@@ -210,3 +210,34 @@ func TestFirmwareJobCancelMidDownload(t *testing.T) {
 		t.Fatalf("device %+v", st)
 	}
 }
+
+// TestFirmwareJobRebootTimeout: the device's trial boot does not report
+// within the job's reboot timeout (its health check hangs longer): the
+// runner sends fw.cancel and the execution ends timed_out naming the step.
+func TestFirmwareJobRebootTimeout(t *testing.T) {
+	w := newFWWorld(t)
+	d := w.device("fw-slow", fwjob.BootConfig{Window: 3 * time.Second, Health: func(ctx context.Context, b fwjob.BootInfo) error {
+		if b.Trial {
+			<-ctx.Done() // hangs past the window: the device rolls back by itself, too late
+		}
+		return nil
+	}})
+	job := jobs.Job{ID: "j-slow", Image: w.image("slow", 9000, 1), Chunk: w.chunk, Targets: jobs.Targets{Devices: []string{d.id}},
+		Timeout: jobs.Timeouts{Step: jobs.Duration(20 * time.Second), Reboot: jobs.Duration(time.Second)}}
+	if _, _, err := w.store.Create(context.Background(), job); err != nil {
+		t.Fatal(err)
+	}
+	a, _ := w.agent("gw-1", []string{d.id}, nil)
+	e := w.waitEnded(d.id, job.ID)
+	if e.Status != jobs.TimedOut || !strings.Contains(e.Reason, "after fw.activate: none within 1s") {
+		t.Fatalf("execution %+v", e)
+	}
+	waitLong(t, "fw.cancel sent", func() bool {
+		st, _ := a.JobStats()
+		return st.Steps[fwjob.KindCancel]["accepted"]+st.Steps[fwjob.KindCancel]["invalid"]+st.Steps[fwjob.KindCancel]["none"] == 1
+	})
+	waitLong(t, "the device back on its old image", func() bool {
+		st := d.status()
+		return st.State == fwjob.RolledBack && st.Slot == fwjob.SlotA
+	})
+}
