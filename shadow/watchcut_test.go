@@ -2,12 +2,7 @@ package shadow_test
 
 import (
 	"testing"
-	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
-
-	"github.com/edgefence/edgefence/internal/sandbox"
 	"github.com/edgefence/edgefence/shadow"
 )
 
@@ -26,15 +21,11 @@ func TestWatchCompactedWhileCut(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	proxy, err := sandbox.StartCutProxy(testEtcd.Endpoint()[len("http://"):])
+	proxy, wcli, err := testEtcd.CutClient()
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { proxy.Close() })
-	wcli, err := clientv3.New(clientv3.Config{Endpoints: []string{"http://" + proxy.Addr()}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
 	defer wcli.Close()
 	w := startWatch(t, newStore(t, wcli, prefix, "agent"), "", 0)
 	for range 2 {

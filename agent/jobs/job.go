@@ -67,9 +67,10 @@ type Policy struct {
 	// Canary executions go first: no other starts until they all
 	// succeeded; a failed canary aborts the rollout.
 	Canary int `json:"canary,omitempty"`
-	// Abort stops the rollout when, after MinExecutions finished, the
-	// share of them that did not succeed reaches FailureRatio. Zero
-	// FailureRatio: never.
+	// Abort stops the rollout when, once MinExecutions (at least 1) ended
+	// succeeded or failing, the share of failing ones (failed, timed_out,
+	// rejected) reaches FailureRatio; canceled executions count neither
+	// way. Zero FailureRatio: never.
 	Abort AbortPolicy `json:"abort,omitempty"`
 }
 

@@ -231,7 +231,7 @@ func (x *xrun) finish(ctx context.Context, to Status, reason string) error {
 			}
 			continue
 		}
-		return fenced(fmt.Errorf("jobs: finish %s %s: %w", x.job.ID, to, err))
+		return asDeposed(fmt.Errorf("jobs: finish %s %s: %w", x.job.ID, to, err))
 	}
 	return fmt.Errorf("jobs: finish %s: %w", x.job.ID, ErrConflict)
 }
@@ -275,7 +275,7 @@ func (x *xrun) update(ctx context.Context, step string, bytes uint64, force bool
 			x.e, x.lastUpdate, x.lastBytes = n, now, bytes
 			return nil
 		case errors.Is(err, ErrFenced):
-			return fenced(err)
+			return asDeposed(err)
 		case errors.Is(err, ErrConflict):
 			if err := x.reread(ctx); err != nil || x.done {
 				return err

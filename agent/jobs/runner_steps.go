@@ -42,7 +42,7 @@ func (x *xrun) send(ctx context.Context, kind string, b body, n int) (*fence.Ack
 	case ack != nil && ack.Verdict == fence.Stale:
 		return ack, seq, fmt.Errorf("%w: %s refused stale: %s", errDeposed, kind, ack.Reason)
 	case errors.Is(err, ErrFenced):
-		return ack, seq, fenced(err)
+		return ack, seq, asDeposed(err)
 	case applied:
 		clear(x.invalid)
 		return ack, seq, nil

@@ -155,7 +155,7 @@ func (w *worker) pick(ctx context.Context, h Holder) (*Job, Execution, error) {
 				continue
 			}
 			if e, err = st.Queue(ctx, w.dev, j.ID, h); err != nil {
-				return nil, e, fenced(fmt.Errorf("jobs: queue %s: %w", j.ID, err))
+				return nil, e, asDeposed(fmt.Errorf("jobs: queue %s: %w", j.ID, err))
 			}
 			if e.Status.Terminal() {
 				continue
@@ -167,8 +167,8 @@ func (w *worker) pick(ctx context.Context, h Holder) (*Job, Execution, error) {
 	return nil, Execution{}, nil
 }
 
-// fenced turns ErrFenced into errDeposed (keeping the cause).
-func fenced(err error) error {
+// asDeposed turns ErrFenced into errDeposed (keeping the cause).
+func asDeposed(err error) error {
 	if errors.Is(err, ErrFenced) {
 		return fmt.Errorf("%w: %w", errDeposed, err)
 	}
@@ -202,7 +202,7 @@ func (w *worker) start(ctx context.Context, h Holder, job Job, e Execution) (tim
 	case errors.Is(err, ErrConflict):
 		return 0, nil
 	}
-	return retry, fenced(fmt.Errorf("jobs: start %s: %w", job.ID, err))
+	return retry, asDeposed(fmt.Errorf("jobs: start %s: %w", job.ID, err))
 }
 
 // stopReason says why a stopping rollout cancels an execution.

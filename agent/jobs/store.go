@@ -5,8 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strings"
+	"sync"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -15,28 +15,40 @@ import (
 	"github.com/edgefence/edgefence/fence"
 )
 
-// maxAttempts bounds the retries of a write that lost the rollout key to
-// another writer (every start and finish of the job writes it); past
-// quickAttempts a retry waits a few milliseconds, jittered, first.
-const (
-	maxAttempts   = 200
-	quickAttempts = 3
-)
+// maxAttempts bounds the attempts of a write that keeps losing the
+// rollout key to other gateways' writes (each retry decides again on the
+// rollout the failed transaction returned; see retry).
+const maxAttempts = 1000
 
 // Store keeps job documents, rollouts and executions in etcd under a
-// prefix (the agent's etcd.prefix). It keeps no state of its own: every
-// call reads or writes etcd, and every write of an execution is fenced by
-// the writer's lock key (I5). It is safe for concurrent use.
+// prefix (the agent's etcd.prefix). Every write of an execution is fenced
+// by the writer's lock key (I5). The writes of one job's rollout through
+// one Store take turns (turns), so that a gateway's own writers queue in
+// memory instead of losing the rollout key to each other in etcd, and
+// decide on the rollout the Store last wrote or read (known): the
+// transaction checks it is still the one in etcd, and a refusal (not yet,
+// stopped) is decided again on a fresh read. Gateways still contend with
+// each other in etcd. It is safe for concurrent use.
 type Store struct {
 	kv     clientv3.KV
 	prefix string
 	now    func() time.Time
+
+	mu    sync.Mutex
+	turns map[string]*turn    // by job
+	known map[string]jobState // by job: the rollout as this store last wrote or read it
+}
+
+// turn is a job's rollout writers' token: one at a time per Store.
+type turn struct {
+	ch    chan struct{} // holds a value while a writer has the turn
+	users int           // writers holding or waiting; the entry goes at 0
 }
 
 // NewStore returns a store on kv under prefix (e.g. /edgefence/v1). Watch
 // needs kv to be a clientv3.Watcher too (a *clientv3.Client is).
 func NewStore(kv clientv3.KV, prefix string) *Store {
-	return &Store{kv: kv, prefix: strings.TrimRight(prefix, "/"), now: time.Now}
+	return &Store{kv: kv, prefix: strings.TrimRight(prefix, "/"), now: time.Now, turns: map[string]*turn{}, known: map[string]jobState{}}
 }
 
 // WithClock sets the clock of the timestamps and the rate decisions
@@ -159,10 +171,12 @@ func (s *Store) SetRollout(ctx context.Context, id string, to RolloutStatus, rea
 	if err != nil {
 		return Rollout{}, err
 	}
-	for attempt := range maxAttempts {
-		if err := s.pause(ctx, attempt); err != nil {
-			return Rollout{}, err
-		}
+	release, err := s.take(ctx, id)
+	if err != nil {
+		return Rollout{}, err
+	}
+	defer release()
+	for range maxAttempts {
 		if err := rolloutTransition(r.Status, to); err != nil {
 			return Rollout{}, fmt.Errorf("jobs: %s: %w", id, err)
 		}
@@ -182,6 +196,7 @@ func (s *Store) SetRollout(ctx context.Context, id string, to RolloutStatus, rea
 			return Rollout{}, fmt.Errorf("jobs: set rollout %s: %w", id, err)
 		}
 		if resp.Succeeded {
+			s.forget(id)
 			next.Rev = resp.Header.Revision
 			return next, nil
 		}
@@ -230,21 +245,96 @@ func (s *Store) Executions(ctx context.Context, job string) ([]Execution, error)
 	return out, errors.Join(errs...)
 }
 
-// pause waits before a retry past the quick ones, jittered so that
-// writers contending for the rollout key spread out.
-func (s *Store) pause(ctx context.Context, attempt int) error {
-	if attempt < quickAttempts {
-		return ctx.Err()
+// take waits for job's turn (or ctx) and returns its release.
+func (s *Store) take(ctx context.Context, job string) (func(), error) {
+	s.mu.Lock()
+	t := s.turns[job]
+	if t == nil {
+		t = &turn{ch: make(chan struct{}, 1)}
+		s.turns[job] = t
 	}
-	d := time.Duration(1+rand.IntN(min(attempt, 20))) * time.Millisecond
-	t := time.NewTimer(d)
-	defer t.Stop()
+	t.users++
+	s.mu.Unlock()
+	leave := func() {
+		s.mu.Lock()
+		if t.users--; t.users == 0 {
+			delete(s.turns, job)
+		}
+		s.mu.Unlock()
+	}
 	select {
+	case t.ch <- struct{}{}:
+		return func() { <-t.ch; leave() }, nil
 	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
+		leave()
+		return nil, ctx.Err()
 	}
+}
+
+// jobState is a job and its rollout as read (or written) at their
+// revisions.
+type jobState struct {
+	job    Job
+	jobRev int64 // the job document's ModRevision
+	r      Rollout
+}
+
+// clone is st with its own counts, to change.
+func (st jobState) clone() jobState {
+	st.r.Counts = cloneCounts(st.r.Counts)
+	return st
+}
+
+// state returns job's state as this store last knew it (cached) or, if it
+// knows none or fresh is set, as read now.
+func (s *Store) state(ctx context.Context, job string, fresh bool) (jobState, bool, error) {
+	if !fresh {
+		s.mu.Lock()
+		st, ok := s.known[job]
+		s.mu.Unlock()
+		if ok {
+			return st, true, nil
+		}
+	}
+	resp, err := s.kv.Txn(ctx).Then(clientv3.OpGet(s.JobKey(job)), clientv3.OpGet(s.RolloutKey(job))).Commit()
+	if err != nil {
+		return jobState{}, false, fmt.Errorf("jobs: read job %s: %w", job, err)
+	}
+	st, err := s.stateFrom(job, resp.Responses[0].GetResponseRange().Kvs, resp.Responses[1].GetResponseRange().Kvs)
+	return st, false, err
+}
+
+// stateFrom decodes job's document and rollout as read and keeps them.
+func (s *Store) stateFrom(job string, jkvs, rkvs []*mvccpb.KeyValue) (jobState, error) {
+	if len(jkvs) == 0 {
+		s.forget(job)
+		return jobState{}, fmt.Errorf("%w: %s", ErrNoJob, job)
+	}
+	j, err := decodeJob(string(jkvs[0].Key), jkvs[0].Value)
+	if err != nil {
+		s.forget(job)
+		return jobState{}, err
+	}
+	r, err := s.rolloutFrom(job, rkvs)
+	if err != nil {
+		s.forget(job)
+		return jobState{}, err
+	}
+	st := jobState{job: j, jobRev: jkvs[0].ModRevision, r: r}
+	s.remember(job, st)
+	return st, nil
+}
+
+func (s *Store) remember(job string, st jobState) {
+	s.mu.Lock()
+	s.known[job] = st
+	s.mu.Unlock()
+}
+
+func (s *Store) forget(job string) {
+	s.mu.Lock()
+	delete(s.known, job)
+	s.mu.Unlock()
 }
 
 func decodeJob(key string, b []byte) (Job, error) {

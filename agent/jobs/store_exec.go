@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"strings"
+	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -14,13 +16,18 @@ import (
 // The holder's writes of an execution. Each is one transaction:
 //
 //	If(CreateRevision(h.LockKey) == h.Token, ModRevision(execution) == e.Rev
-//	   [, ModRevision(rollout) == r.Rev])
+//	   [, ModRevision(job) == as read, ModRevision(rollout) == as read])
 //	Then(put execution, put its index copy [, put rollout])
 //
 // so a deposed holder writes nothing (ErrFenced), two writers of one
 // execution cannot lose each other's updates (ErrConflict), and a start or
-// finish is decided against the rollout state it is written with (a
-// conflict on the rollout alone is read again and decided again).
+// finish is decided against the rollout state it is written with: a
+// conflict on the rollout alone (another gateway's start or finish, the
+// operator's pause) decides again on the rollout the failed transaction
+// returned. The rollout a store wrote last is kept (jobState) and decided
+// on without reading it first: if another gateway wrote it since, the
+// transaction fails and returns it; a refusal (not yet, stopped) is never
+// answered from it but from a fresh read.
 
 // Queue creates dev's execution of job, queued, if it does not exist
 // (counting it in the rollout in the same transaction), and returns the
@@ -30,33 +37,34 @@ func (s *Store) Queue(ctx context.Context, dev, job string, h Holder) (Execution
 	if err := s.checkHolder(dev, job, h); err != nil {
 		return Execution{}, err
 	}
-	cur, _, r, err := s.readAll(ctx, dev, job)
+	release, err := s.take(ctx, job)
 	if err != nil {
 		return Execution{}, err
 	}
-	for attempt := 0; ; attempt++ {
-		if cur.Rev != 0 {
-			return cur, nil
-		}
-		if err := s.retry(ctx, attempt, job); err != nil {
-			return Execution{}, err
+	defer release()
+	st, _, err := s.state(ctx, job, false)
+	for attempt := 0; err == nil; attempt++ {
+		if err = retry(ctx, attempt, job); err != nil {
+			break
 		}
 		now := s.now().UTC()
 		e := Execution{Job: job, Device: dev, Status: Queued, Gateway: h.Gateway, Token: h.Token, Version: 1, Queued: now, Updated: now}
-		next := r
-		next.Counts = cloneCounts(r.Counts)
-		move(&next, "", Queued)
-		next.Updated = now
+		next := st.clone()
+		move(&next.r, "", Queued)
+		next.r.Updated = now
 		out, err := s.commit(ctx, h, e, 0, &next)
-		if err != nil {
+		switch {
+		case err != nil:
 			return Execution{}, err
-		}
-		if out.ok {
+		case out.ok:
 			e.Rev = out.rev
 			return e, nil
+		case out.execChanged:
+			return out.exec, nil // it exists
 		}
-		cur, r = out.exec, out.rollout
+		st = out.state
 	}
+	return Execution{}, err
 }
 
 // Start moves a queued execution to in_progress if the rollout allows a
@@ -71,38 +79,45 @@ func (s *Store) Start(ctx context.Context, e Execution, h Holder) (Execution, er
 	if e.Status != Queued || e.Rev == 0 {
 		return Execution{}, fmt.Errorf("%w: start of %s's execution of %s in status %q (want queued)", ErrTransition, e.Device, e.Job, e.Status)
 	}
-	j, r, err := s.jobAndRollout(ctx, e.Job)
+	release, err := s.take(ctx, e.Job)
 	if err != nil {
 		return Execution{}, err
 	}
-	for attempt := 0; ; attempt++ {
-		if err := s.retry(ctx, attempt, e.Job); err != nil {
-			return Execution{}, err
+	defer release()
+	st, cached, err := s.state(ctx, e.Job, false)
+	for attempt := 0; err == nil; attempt++ {
+		if err = retry(ctx, attempt, e.Job); err != nil {
+			break
 		}
 		now := s.now().UTC()
-		canary, err := decideStart(&j, &r, now)
-		if err != nil {
-			return Execution{}, fmt.Errorf("jobs: start %s on %s: %w", e.Job, e.Device, err)
+		canary, no := decideStart(&st.job, &st.r, now)
+		if no != nil && cached {
+			// Refuse on the rollout as it is now, not as this store last
+			// wrote it.
+			st, cached, err = s.state(ctx, e.Job, true)
+			continue
 		}
-		next := r
-		next.Counts = cloneCounts(r.Counts)
-		applyStart(&j, &next, canary, now)
+		if no != nil {
+			return Execution{}, fmt.Errorf("jobs: start %s on %s: %w", e.Job, e.Device, no)
+		}
+		next := st.clone()
+		applyStart(&next.job, &next.r, canary, now)
 		ne := e
 		ne.Status, ne.Canary, ne.Started, ne.Updated = InProgress, canary, now, now
 		ne.Gateway, ne.Token, ne.Version = h.Gateway, h.Token, e.Version+1
 		out, err := s.commit(ctx, h, ne, e.Rev, &next)
-		if err != nil {
+		switch {
+		case err != nil:
 			return Execution{}, err
-		}
-		if out.ok {
+		case out.ok:
 			ne.Rev = out.rev
 			return ne, nil
-		}
-		if out.execChanged {
+		case out.execChanged:
 			return Execution{}, conflictf(e, out.exec)
 		}
-		r = out.rollout
+		st, cached = out.state, false
 	}
+	return Execution{}, err
 }
 
 // Update writes the progress of an in-progress execution (Step, Bytes,
@@ -142,34 +157,35 @@ func (s *Store) Finish(ctx context.Context, e Execution, to Status, reason strin
 	if !to.Terminal() || (e.Status != Queued && e.Status != InProgress) || e.Rev == 0 {
 		return Execution{}, Rollout{}, fmt.Errorf("%w: %s's execution of %s: %q → %q", ErrTransition, e.Device, e.Job, e.Status, to)
 	}
-	j, r, err := s.jobAndRollout(ctx, e.Job)
+	release, err := s.take(ctx, e.Job)
 	if err != nil {
 		return Execution{}, Rollout{}, err
 	}
-	for attempt := 0; ; attempt++ {
-		if err := s.retry(ctx, attempt, e.Job); err != nil {
-			return Execution{}, Rollout{}, err
+	defer release()
+	st, _, err := s.state(ctx, e.Job, false)
+	for attempt := 0; err == nil; attempt++ {
+		if err = retry(ctx, attempt, e.Job); err != nil {
+			break
 		}
 		now := s.now().UTC()
-		next := r
-		next.Counts = cloneCounts(r.Counts)
-		applyFinish(&j, &next, &e, to, reason, now)
+		next := st.clone()
+		applyFinish(&next.job, &next.r, &e, to, reason, now)
 		ne := e
 		ne.Status, ne.Reason, ne.Finished, ne.Updated = to, reason, now, now
 		ne.Gateway, ne.Token, ne.Version = h.Gateway, h.Token, e.Version+1
 		out, err := s.commit(ctx, h, ne, e.Rev, &next)
-		if err != nil {
+		switch {
+		case err != nil:
 			return Execution{}, Rollout{}, err
-		}
-		if out.ok {
-			ne.Rev, next.Rev = out.rev, out.rev
-			return ne, next, nil
-		}
-		if out.execChanged {
+		case out.ok:
+			ne.Rev = out.rev
+			return ne, out.state.clone().r, nil
+		case out.execChanged:
 			return Execution{}, Rollout{}, conflictf(e, out.exec)
 		}
-		r = out.rollout
+		st = out.state
 	}
+	return Execution{}, Rollout{}, err
 }
 
 // outcome is what a fenced write's transaction found.
@@ -178,12 +194,15 @@ type outcome struct {
 	rev         int64     // the write's revision, if ok
 	execChanged bool      // not ok: the execution was not at the revision read
 	exec        Execution // the execution as it is now, if not ok
-	rollout     Rollout   // the rollout as it is now, if not ok and a rollout was written
+	// state is the job and rollout as written (ok) or as they are now
+	// (not ok), if a rollout was written.
+	state jobState
 }
 
-// commit writes e (read at rev; 0: absent) and, if r is not nil, the
-// rollout r (read at r.Rev), fenced by h. A failed fence is ErrFenced.
-func (s *Store) commit(ctx context.Context, h Holder, e Execution, rev int64, r *Rollout) (outcome, error) {
+// commit writes e (read at rev; 0: absent) and, if st is not nil, the
+// rollout st.r (st read at st.jobRev and st.r.Rev), fenced by h. A failed
+// fence is ErrFenced. It keeps the rollout it wrote or found.
+func (s *Store) commit(ctx context.Context, h Holder, e Execution, rev int64, st *jobState) (outcome, error) {
 	eb, err := json.Marshal(e)
 	if err != nil {
 		return outcome{}, fmt.Errorf("jobs: encode execution %s/%s: %w", e.Device, e.Job, err)
@@ -195,84 +214,79 @@ func (s *Store) commit(ctx context.Context, h Holder, e Execution, rev int64, r 
 	}
 	then := []clientv3.Op{clientv3.OpPut(ek, string(eb)), clientv3.OpPut(ik, string(eb))}
 	els := []clientv3.Op{clientv3.OpGet(h.LockKey), clientv3.OpGet(ek)}
-	if r != nil {
-		rb, err := json.Marshal(r)
+	if st != nil {
+		rb, err := json.Marshal(st.r)
 		if err != nil {
 			return outcome{}, fmt.Errorf("jobs: encode rollout %s: %w", e.Job, err)
 		}
-		rk := s.RolloutKey(e.Job)
-		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(rk), "=", r.Rev))
+		jk, rk := s.JobKey(e.Job), s.RolloutKey(e.Job)
+		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(jk), "=", st.jobRev), clientv3.Compare(clientv3.ModRevision(rk), "=", st.r.Rev))
 		then = append(then, clientv3.OpPut(rk, string(rb)))
-		els = append(els, clientv3.OpGet(rk))
+		els = append(els, clientv3.OpGet(jk), clientv3.OpGet(rk))
 	}
 	resp, err := s.kv.Txn(ctx).If(cmps...).Then(then...).Else(els...).Commit()
 	if err != nil {
+		s.forget(e.Job) // written or not: unknown
 		return outcome{}, fmt.Errorf("jobs: write execution %s/%s: %w", e.Device, e.Job, err)
 	}
 	if resp.Succeeded {
-		return outcome{ok: true, rev: resp.Header.Revision}, nil
+		out := outcome{ok: true, rev: resp.Header.Revision}
+		if st != nil {
+			out.state = *st
+			out.state.r.Rev = out.rev
+			s.remember(e.Job, out.state)
+		}
+		return out, nil
 	}
 	kvs := func(i int) []*mvccpb.KeyValue { return resp.Responses[i].GetResponseRange().Kvs }
-	if lock := kvs(0); len(lock) == 0 || lock[0].CreateRevision != int64(h.Token) {
-		if len(lock) == 0 {
-			return outcome{}, fmt.Errorf("%w: device %s: lock key %s is gone (token %d)", ErrFenced, e.Device, h.LockKey, h.Token)
-		}
-		return outcome{}, fmt.Errorf("%w: device %s: lock key %s was recreated at revision %d, token %d",
-			ErrFenced, e.Device, h.LockKey, lock[0].CreateRevision, h.Token)
+	if err := fenced(e.Device, h, kvs(0)); err != nil {
+		return outcome{}, err
 	}
 	var out outcome
 	if out.exec, err = execFrom(e.Device, e.Job, kvs(1)); err != nil {
 		return outcome{}, err
 	}
 	out.execChanged = out.exec.Rev != rev
-	if r != nil {
-		if out.rollout, err = s.rolloutFrom(e.Job, kvs(2)); err != nil {
+	if st != nil {
+		if out.state, err = s.stateFrom(e.Job, kvs(2), kvs(3)); err != nil {
 			return outcome{}, err
 		}
 	}
 	return out, nil
 }
 
-// readAll reads dev's execution of job (none if dev is ""), the job and
-// its rollout in one request.
-func (s *Store) readAll(ctx context.Context, dev, job string) (Execution, Job, Rollout, error) {
-	ops := []clientv3.Op{clientv3.OpGet(s.JobKey(job)), clientv3.OpGet(s.RolloutKey(job))}
-	if dev != "" {
-		ops = append(ops, clientv3.OpGet(s.ExecutionKey(dev, job)))
+// fenced is ErrFenced, naming the lock key, if lock (the holder's lock key
+// as read) is not h's.
+func fenced(dev string, h Holder, lock []*mvccpb.KeyValue) error {
+	switch {
+	case len(lock) == 0:
+		return fmt.Errorf("%w: device %s: lock key %s is gone (token %d)", ErrFenced, dev, h.LockKey, h.Token)
+	case lock[0].CreateRevision != int64(h.Token):
+		return fmt.Errorf("%w: device %s: lock key %s was recreated at revision %d, token %d",
+			ErrFenced, dev, h.LockKey, lock[0].CreateRevision, h.Token)
 	}
-	resp, err := s.kv.Txn(ctx).Then(ops...).Commit()
-	if err != nil {
-		return Execution{}, Job{}, Rollout{}, fmt.Errorf("jobs: read job %s: %w", job, err)
-	}
-	kvs := func(i int) []*mvccpb.KeyValue { return resp.Responses[i].GetResponseRange().Kvs }
-	if len(kvs(0)) == 0 {
-		return Execution{}, Job{}, Rollout{}, fmt.Errorf("%w: %s", ErrNoJob, job)
-	}
-	j, err := decodeJob(string(kvs(0)[0].Key), kvs(0)[0].Value)
-	if err != nil {
-		return Execution{}, Job{}, Rollout{}, err
-	}
-	r, err := s.rolloutFrom(job, kvs(1))
-	if err != nil || dev == "" {
-		return Execution{}, j, r, err
-	}
-	e, err := execFrom(dev, job, kvs(2))
-	return e, j, r, err
+	return nil
 }
 
-// jobAndRollout reads job's document and rollout in one request.
-func (s *Store) jobAndRollout(ctx context.Context, job string) (Job, Rollout, error) {
-	_, j, r, err := s.readAll(ctx, "", job)
-	return j, r, err
-}
-
-// retry is the wait before attempt (none for the first ones) and the
-// bound on attempts of a write that lost the rollout key.
-func (s *Store) retry(ctx context.Context, attempt int, job string) error {
+// retry bounds the attempts of a write that lost the rollout key, and
+// spreads the writers of several gateways that keep losing it to each
+// other: from the second retry on it waits up to a few milliseconds,
+// at random.
+func retry(ctx context.Context, attempt int, job string) error {
 	if attempt >= maxAttempts {
 		return fmt.Errorf("%w: rollout %s changed %d times in a row", ErrConflict, job, maxAttempts)
 	}
-	return s.pause(ctx, attempt)
+	if attempt < 2 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(time.Duration(rand.Int64N(int64(min(attempt, 8)) * int64(time.Millisecond))))
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
 }
 
 // checkHolder refuses a write whose holder cannot be dev's: a lock key

@@ -141,14 +141,18 @@ func TestStoreMaxConcurrent(t *testing.T) {
 }
 
 // maxInProgress replays every version of job's rollout up to rev (a
-// watch from revision 1) and returns the most executions in progress any
-// of them counts.
+// watch from its creation) and returns the most executions in progress
+// any of them counts.
 func maxInProgress(tb testing.TB, cli *clientv3.Client, st *jobs.Store, job string, rev int64) int {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	cur, err := cli.Get(ctx, st.RolloutKey(job))
+	if err != nil || len(cur.Kvs) != 1 {
+		tb.Fatalf("rollout %s: %v %v", job, cur, err)
+	}
 	most := 0
-	for wr := range cli.Watch(ctx, st.RolloutKey(job), clientv3.WithRev(1)) {
+	for wr := range cli.Watch(ctx, st.RolloutKey(job), clientv3.WithRev(cur.Kvs[0].CreateRevision)) {
 		if err := wr.Err(); err != nil {
 			tb.Fatal(err)
 		}
@@ -408,5 +412,36 @@ func TestStoreWatch(t *testing.T) {
 	next("delete", func(c jobs.Change) bool { return c.ID == "fw-0" && c.Deleted && c.Doc == jobs.DocJob })
 	cancel()
 	for range ch {
+	}
+}
+
+// TestStoreTwoGateways: each gateway's Store decides on the rollout it
+// last wrote; a refusal is still decided on the rollout as it is, and a
+// start on a rollout another Store changed is decided again.
+func TestStoreTwoGateways(t *testing.T) {
+	a, cli := newStore(t)
+	prefix := strings.TrimSuffix(a.JobKey(""), "/jobs/")
+	b, op := jobs.NewStore(newClient(t), prefix), jobs.NewStore(newClient(t), prefix)
+	j := testJob("fw-1")
+	j.Rollout.MaxConcurrent = 1
+	f := newFleet(t, a, cli, j, 3)
+	if err := f.start(t, f.devs[0]); err != nil {
+		t.Fatal(err)
+	}
+	fb := *f
+	fb.st = b
+	if err := fb.start(t, f.devs[1]); !errors.Is(err, jobs.ErrNotYet) {
+		t.Fatalf("gateway b's start while a runs one: %v", err)
+	}
+	f.finish(t, f.devs[0], jobs.Succeeded, "") // b's Store last saw 1 in progress
+	if err := fb.start(t, f.devs[1]); err != nil {
+		t.Fatalf("gateway b's start after a's finish: %v", err)
+	}
+	fb.finish(t, f.devs[1], jobs.Succeeded, "") // a's Store last saw 1 in progress, active
+	if _, err := op.SetRollout(ctxT(t), "fw-1", jobs.RolloutPaused, "op"); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.start(t, f.devs[2]); !errors.Is(err, jobs.ErrStopped) {
+		t.Fatalf("gateway a's start after the operator's pause: %v", err)
 	}
 }

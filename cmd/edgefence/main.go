@@ -7,6 +7,7 @@
 //	edgefence fence list|show [--json]     the gateway's fence table
 //	edgefence outbox list|show [--json]    the agent's outbox: queued commands and terminal states
 //	edgefence twin get|set|watch [--json]  a device's twin in etcd
+//	edgefence job create|list|show|pause|resume|cancel  firmware jobs and their rollouts in etcd
 //	edgefence etcd bump-revision --to N    raise etcd's revision past the tokens in use (any etcd version)
 //	edgefence keys new|certify|revoke|verify  keys of signed commands: operator root, gateway certificates, revocations
 //	edgefence config check [--json] FILE   validate a config file; print it with defaults filled in
@@ -96,6 +97,9 @@ commands:
   fence list | show DEVICE        the fence table's marks (from its file or the agent)
   outbox list | show ID           the outbox's queued commands and terminal states
   twin get | set | watch          a device's twin in etcd: read, merge into desired, follow
+  job create | list | show | pause | resume | cancel
+                                  firmware jobs in etcd: create one, follow its rollout and
+                                  every device's execution (show --watch), pause, cancel
   etcd bump-revision --to N       raise etcd's revision to N, so that every new token is above
                                   it: token regression recovery on any etcd version
   keys new | certify | revoke | verify
@@ -144,6 +148,7 @@ var commands = map[string]command{
 	"fence":   cmdFence,
 	"outbox":  cmdOutbox,
 	"twin":    cmdTwin,
+	"job":     cmdJob,
 	"etcd":    cmdEtcd,
 	"keys":    cmdKeys,
 	"config":  cmdConfig,

@@ -73,29 +73,39 @@ type twinFlags struct {
 }
 
 func newTwinFlags(name, args string, stderr io.Writer) *twinFlags {
-	f := &twinFlags{fenceFlags: fenceFlags{fs: flag.NewFlagSet("twin "+name, flag.ContinueOnError)}}
+	return newEtcdCmdFlags("twin", name, args, stderr)
+}
+
+// newEtcdCmdFlags are the flags of a command of group (twin, job) that
+// talks to etcd directly: the etcd flags, --json and --timeout.
+func newEtcdCmdFlags(group, name, args string, stderr io.Writer) *twinFlags {
+	f := &twinFlags{fenceFlags: fenceFlags{fs: flag.NewFlagSet(group+" "+name, flag.ContinueOnError)}}
 	f.fs.SetOutput(stderr)
 	addEtcdFlags(f.fs, &f.config, &f.etcd, &f.prefix)
 	f.fs.BoolVar(&f.asJSON, "json", false, "print JSON")
 	f.fs.DurationVar(&f.timeout, "timeout", 10*time.Second, "give up on etcd after this long")
 	f.fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: edgefence twin %s [flags]%s\n\nSee 'edgefence twin help' for the rules and exit codes.\n\n", name, args)
+		fmt.Fprintf(stderr, "usage: edgefence %s %s [flags]%s\n\nSee 'edgefence %s help' for the rules and exit codes.\n\n", group, name, args, group)
 		f.fs.PrintDefaults()
 	}
 	return f
 }
 
-// twinConn is an open etcd client and the store on it.
-type twinConn struct {
+// etcdConn is an open etcd client and the store S on it (twin: a
+// shadow.Store; job: a jobs.Store).
+type etcdConn[S any] struct {
 	cli       *clientv3.Client
-	store     *shadow.Store
+	store     S
 	endpoints string
 }
 
-func (c *twinConn) Close() error { return c.cli.Close() }
+// twinConn is the twin commands' connection.
+type twinConn = etcdConn[*shadow.Store]
+
+func (c *etcdConn[S]) Close() error { return c.cli.Close() }
 
 // etcdErr names the endpoints in an etcd failure.
-func (c *twinConn) etcdErr(err error) error {
+func (c *etcdConn[S]) etcdErr(err error) error {
 	if errors.Is(err, context.DeadlineExceeded) {
 		return fmt.Errorf("etcd %s: no answer: %w", c.endpoints, err)
 	}
@@ -133,15 +143,24 @@ func (f *twinFlags) open(dev, writer string) (*twinConn, error) {
 
 // oneDevice parses the flags and the single DEVICE argument.
 func (f *twinFlags) oneDevice(args []string) (string, error) {
-	rest, err := f.parse(args)
+	rest, err := f.nArgs(args, 1)
 	if err != nil {
 		return "", err
 	}
-	if len(rest) != 1 {
-		f.fs.Usage()
-		return "", exitError{2}
-	}
 	return rest[0], nil
+}
+
+// nArgs parses the flags and exactly n arguments (else usage, exit 2).
+func (f *twinFlags) nArgs(args []string, n int) ([]string, error) {
+	rest, err := f.parse(args)
+	if err != nil {
+		return nil, err
+	}
+	if len(rest) != n {
+		f.fs.Usage()
+		return nil, exitError{2}
+	}
+	return rest, nil
 }
 
 func cmdTwinGet(args []string, stdout, stderr io.Writer) error {
@@ -209,13 +228,9 @@ func cmdTwinSet(args []string, stdout, stderr io.Writer) error {
 		return nil
 	})
 	writer := f.fs.String("writer", "", "who to record in the fields' metadata (default cli:<user>@<host>)")
-	rest, err := f.parse(args)
+	rest, err := f.nArgs(args, 2)
 	if err != nil {
 		return err
-	}
-	if len(rest) != 2 {
-		f.fs.Usage()
-		return exitError{2}
 	}
 	dev, body := rest[0], []byte(rest[1])
 	if rest[1] == "-" {

@@ -323,7 +323,14 @@ type twinWatcher struct {
 
 func startTwinWatch(t *testing.T, args ...string) *twinWatcher {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], append([]string{"twin", "watch"}, args...)...)
+	return startWatcher(t, append([]string{"twin", "watch"}, args...)...)
+}
+
+// startWatcher runs edgefence with args (a command that prints until
+// Ctrl-C: twin watch, job show --watch) as a subprocess.
+func startWatcher(t *testing.T, args ...string) *twinWatcher {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], args...)
 	cmd.Env = append(os.Environ(), subprocEnv()...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {

@@ -140,6 +140,31 @@ func (e *Etcd) Client() (*clientv3.Client, error) {
 	return c, nil
 }
 
+// CutClient returns a new client of this server through a CutProxy, so a
+// test can cut that client off (and heal it) without touching the others.
+// The caller closes both.
+func (e *Etcd) CutClient() (*CutProxy, *clientv3.Client, error) {
+	p, err := StartCutProxy(e.clientAddr)
+	if err != nil {
+		return nil, nil, err
+	}
+	var tc *tls.Config
+	if e.cfg.TLS != nil {
+		tc = e.cfg.TLS.Client
+	}
+	c, err := clientv3.New(clientv3.Config{
+		Endpoints:   []string{e.scheme() + "://" + p.Addr()},
+		DialTimeout: 5 * time.Second,
+		TLS:         tc,
+		Logger:      zap.NewNop(),
+	})
+	if err != nil {
+		p.Close()
+		return nil, nil, fmt.Errorf("sandbox: etcd client: %w", err)
+	}
+	return p, c, nil
+}
+
 // Start starts a stopped server again on the same ports and data dir and
 // waits until it is ready. It is a no-op while running and returns ErrClosed
 // after Close.
