@@ -224,7 +224,7 @@ func (c *Cache) run(ctx context.Context, o *op, ref Ref, u *url.URL, key string,
 // check hashes the entry key: true if it is what its name says (it is
 // marked checked); false if not (it is removed and counted corrupt).
 func (c *Cache) check(key string) (bool, error) {
-	sum, n, err := hashFile(c.path(key))
+	sum, n, err := HashFile(c.path(key))
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e := c.ents[key]
@@ -259,7 +259,7 @@ func (c *Cache) fetch(ctx context.Context, ref Ref, u *url.URL, key string) erro
 	case err != nil && ctx.Err() != nil:
 		err = ctx.Err()
 	case err != nil && fctx.Err() != nil:
-		err = fmt.Errorf("%w: not done within %s: %w", ErrFetch, c.o.FetchTimeout, err)
+		err = fmt.Errorf("%w: not done within %s (%v)", ErrFetch, c.o.FetchTimeout, err) // not the caller's deadline: not "canceled"
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -170,8 +170,9 @@ func syncDir(dir string) error {
 	return err
 }
 
-// hashFile returns the SHA-256 and size of the file at path.
-func hashFile(path string) ([]byte, uint64, error) {
+// HashFile returns the SHA-256 and size of the file at path (what a Ref
+// for it names).
+func HashFile(path string) ([]byte, uint64, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, 0, err

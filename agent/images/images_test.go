@@ -310,6 +310,19 @@ func getAsync(ctx context.Context, c *images.Cache, ref images.Ref) <-chan error
 	return errc
 }
 
+// A fetch over FetchTimeout fails as a fetch (ErrFetch, reason fetch),
+// not as the caller's cancellation.
+func TestFetchTimeout(t *testing.T) {
+	b := newBlob(1<<20, 18)
+	s := newServer(t, b, false)
+	s.mode.Store(stall)
+	c, lb, dir := open(t, "", images.Options{HTTP: client(t, nil), FetchTimeout: 300 * time.Millisecond})
+	failing(t, c, lb, dir, b.ref(s.url()), images.ErrFetch, "fetch")
+	if _, err := c.Get(context.Background(), b.ref(s.url())); errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("the fetch timeout reads as the caller's deadline: %v", err)
+	}
+}
+
 // tempBytes is the size of the unfinished fetches in dir.
 func tempBytes(dir string) int64 {
 	ms, _ := filepath.Glob(filepath.Join(dir, ".fetch-*"))

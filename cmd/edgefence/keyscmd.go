@@ -12,7 +12,7 @@ import (
 	"github.com/edgefence/edgefence/fence/auth"
 )
 
-const keysUsage = `usage: edgefence keys new|certify|enrol|revoke|verify|publish [flags]
+const keysUsage = `usage: edgefence keys new|certify|enrol|revoke|verify|publish|manifest [flags]
 
 The key lifecycle of signed commands (I7; fence points verify them offline):
 
@@ -40,11 +40,19 @@ The key lifecycle of signed commands (I7; fence points verify them offline):
                                          (<prefix>/trust/revocations, only over an older list;
                                          <prefix>/trust/certs/<kid>): running agents relay
                                          the list to every device they hold
+  keys manifest --root-key KEY [--root-kid ID] --image FILE --version N [--name TEXT] -o FILE
+                                         the operator releases a firmware image: a manifest of
+                                         its sha256, size and security version signed by the
+                                         root; devices provisioned with the root install
+                                         nothing else
+  keys manifest --show FILE [--root PUB [--root-kid ID]] [--image FILE]
+                                         print a manifest; verify it against the root, and
+                                         that the image file is the one it names
 `
 
 func cmdKeys(args []string, stdout, stderr io.Writer) error {
 	return subcommand("keys", keysUsage, map[string]command{"new": cmdKeysNew, "certify": cmdKeysCertify, "enrol": cmdKeysEnrol,
-		"revoke": cmdKeysRevoke, "verify": cmdKeysVerify, "publish": cmdKeysPublish}, args, stdout, stderr)
+		"revoke": cmdKeysRevoke, "verify": cmdKeysVerify, "publish": cmdKeysPublish, "manifest": cmdKeysManifest}, args, stdout, stderr)
 }
 
 func keysFlagSet(name string, stderr io.Writer) *flag.FlagSet {

@@ -11,6 +11,7 @@ import (
 	"github.com/fxamacker/cbor/v2"
 
 	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/fence/auth"
 )
 
 // Command kinds of a firmware job, one fenced command per step.
@@ -44,13 +45,15 @@ const (
 
 // BeginBody is the body of fw.begin: a new job for an image of Size bytes
 // whose SHA-256 is Image, of security Version, sent in chunks of at most
-// Chunk bytes.
+// Chunk bytes. Manifest, optional, is the operator's signed manifest of the
+// image (auth.Root.Manifest); a device with Config.Manifests requires it.
 type BeginBody struct {
-	Job     string `cbor:"job"`
-	Image   []byte `cbor:"image"` // 32 bytes
-	Size    uint64 `cbor:"size"`
-	Version uint64 `cbor:"version"`
-	Chunk   uint64 `cbor:"chunk"`
+	Job      string `cbor:"job"`
+	Image    []byte `cbor:"image"` // 32 bytes
+	Size     uint64 `cbor:"size"`
+	Version  uint64 `cbor:"version"`
+	Chunk    uint64 `cbor:"chunk"`
+	Manifest []byte `cbor:"manifest,omitempty"` // at most auth.MaxManifestSize
 }
 
 // ChunkBody is the body of fw.chunk: Data goes at byte Off of the image,
@@ -77,24 +80,26 @@ func (b JobBody) Encode() (cbor.RawMessage, error) { return fence.EncodeBody(b) 
 
 // step is one decoded firmware command.
 type step struct {
-	kind    string
-	job     string
-	image   []byte // begin
-	size    uint64 // begin
-	version uint64 // begin
-	chunk   uint64 // begin
-	off     uint64 // chunk
-	data    []byte // chunk
+	kind     string
+	job      string
+	image    []byte // begin
+	size     uint64 // begin
+	version  uint64 // begin
+	chunk    uint64 // begin
+	manifest []byte // begin, optional
+	off      uint64 // chunk
+	data     []byte // chunk
 }
 
 // The wire bodies with every field a pointer, so that a missing field is
 // told from a zero one.
 type beginWire struct {
-	Job     *string `cbor:"job"`
-	Image   []byte  `cbor:"image"`
-	Size    *uint64 `cbor:"size"`
-	Version *uint64 `cbor:"version"`
-	Chunk   *uint64 `cbor:"chunk"`
+	Job      *string `cbor:"job"`
+	Image    []byte  `cbor:"image"`
+	Size     *uint64 `cbor:"size"`
+	Version  *uint64 `cbor:"version"`
+	Chunk    *uint64 `cbor:"chunk"`
+	Manifest []byte  `cbor:"manifest"`
 }
 
 type chunkWire struct {
@@ -149,8 +154,10 @@ func parseBegin(body cbor.RawMessage, s *step, maxImage uint64) error {
 		return fmt.Errorf("%w: fw.begin: size %d outside 1..%d", ErrCommand, *w.Size, maxImage)
 	case *w.Chunk == 0 || *w.Chunk > MaxChunk:
 		return fmt.Errorf("%w: fw.begin: chunk %d outside 1..%d", ErrCommand, *w.Chunk, MaxChunk)
+	case len(w.Manifest) > auth.MaxManifestSize:
+		return fmt.Errorf("%w: fw.begin: manifest of %d bytes, limit %d", ErrCommand, len(w.Manifest), auth.MaxManifestSize)
 	}
-	s.image, s.size, s.version, s.chunk = w.Image, *w.Size, *w.Version, *w.Chunk
+	s.image, s.size, s.version, s.chunk, s.manifest = w.Image, *w.Size, *w.Version, *w.Chunk, w.Manifest
 	return nil
 }
 

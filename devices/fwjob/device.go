@@ -1,6 +1,7 @@
 package fwjob
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding"
 	"errors"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/edgefence/edgefence/devices/shim"
 	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/fence/auth"
 )
 
 // DefaultBootTries is Config.BootTries's default: trial boots of a new
@@ -34,6 +36,11 @@ type Config struct {
 	// BootTries is how many trial boots fw.activate arms; zero means
 	// DefaultBootTries.
 	BootTries uint8
+	// Manifests, when set, is the operator's root as this device knows it
+	// (a *auth.Trust or *auth.RootKey): every fw.begin must carry the
+	// image's manifest signed by it, naming the begin's image, size and
+	// version (ErrManifest otherwise). Nil: manifests are not checked.
+	Manifests auth.ManifestVerifier
 	// Logger receives the device's log lines; nil means none.
 	Logger *slog.Logger
 	// Other, if set, takes the commands that are not firmware steps
@@ -97,7 +104,41 @@ func (d *Device) Check(env *fence.Envelope) error {
 	if d.cfg.Other != nil && !IsKind(env.Kind) {
 		return d.cfg.Other.Check(env)
 	}
-	_, err := parseStep(env, d.cfg.MaxImage)
+	_, err := d.parse(env)
+	return err
+}
+
+// parse decodes and checks a firmware command on its own: parseStep and,
+// for fw.begin, the image manifest.
+func (d *Device) parse(env *fence.Envelope) (step, error) {
+	s, err := parseStep(env, d.cfg.MaxImage)
+	if err == nil && s.kind == KindBegin {
+		err = d.checkManifest(s)
+	}
+	return s, err
+}
+
+// checkManifest checks a fw.begin's manifest against Config.Manifests:
+// present, signed by the operator's root, naming the begin's image, size
+// and version.
+func (d *Device) checkManifest(s step) error {
+	if d.cfg.Manifests == nil {
+		return nil
+	}
+	var why error
+	if len(s.manifest) == 0 {
+		why = errors.New("none: this device installs only images the operator signed")
+	} else if m, err := d.cfg.Manifests.VerifyManifest(s.manifest); err != nil {
+		why = err
+	} else if !bytes.Equal(m.Image, s.image) || m.Size != s.size || m.Version != s.version {
+		why = fmt.Errorf("signed for image %x, %d bytes, version %d; fw.begin names %x, %d bytes, version %d",
+			m.Image, m.Size, m.Version, s.image, s.size, s.version)
+	}
+	if why == nil {
+		return nil
+	}
+	err := fmt.Errorf("%w: fw.begin of job %s: manifest: %w", ErrManifest, s.job, why)
+	d.log.Warn("firmware job refused", "job", s.job, "err", err)
 	return err
 }
 
@@ -116,7 +157,7 @@ func (d *Device) ApplyTx(tx *bbolt.Tx, env *fence.Envelope) error {
 	if d.cfg.Other != nil && !IsKind(env.Kind) {
 		return d.cfg.Other.ApplyTx(tx, env)
 	}
-	s, err := parseStep(env, d.cfg.MaxImage)
+	s, err := d.parse(env)
 	if err != nil {
 		return err
 	}

@@ -6,7 +6,8 @@
 // Every step is a fenced command (Envelope.Kind), its body a CBOR map with
 // text keys (BeginBody, ChunkBody, JobBody):
 //
-//	fw.begin    {job, image (SHA-256, 32 bytes), size, version, chunk}
+//	fw.begin    {job, image (SHA-256, 32 bytes), size, version, chunk,
+//	             manifest (optional: the operator's signed image manifest)}
 //	fw.chunk    {job, off, data}   off must be the bytes received
 //	fw.install  {job}              verify the slot → installed
 //	fw.activate {job}              arm a trial boot of the new slot → rebooting
@@ -32,6 +33,17 @@
 // the same or a new one after a failover — resumes from the device's
 // reported bytes. State checks run in ApplyTx, after the admit rule, so a
 // deposed holder's step is stale, never applied, whatever it is.
+//
+// Image manifests: a device given the operator's root (Config.Manifests,
+// a fence/auth Trust or RootKey) installs only images the operator
+// released. Its fw.begin must carry the image's manifest, a COSE_Sign1 by
+// the root (auth.Root.Manifest: SHA-256, size, security version), and the
+// manifest must name exactly the begin's image, size and version; anything
+// else — no manifest, one signed by any other key (a gateway's too, even
+// one the root certified for this device), altered, of another content
+// type or image — is refused invalid with ErrManifest ("manifest: …"),
+// checked with the body before the admit rule, so nothing moves. Without
+// Config.Manifests the field is only bounded (auth.MaxManifestSize).
 //
 // Durability (I3): Device is a shim.TxApplier. The job record and the boot
 // state (one CBOR value, bucket "fwjob", key "state", in the shim's own

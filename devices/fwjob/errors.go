@@ -17,6 +17,11 @@ var (
 	// ErrRollback means the image's security version is below the running
 	// one (anti-rollback).
 	ErrRollback = errors.New("fwjob: security version below the running one")
+	// ErrManifest means fw.begin's image manifest is required
+	// (Config.Manifests) and missing, does not verify against the
+	// operator's root, or names another image, size or version; the reason
+	// says which ("manifest: …").
+	ErrManifest = errors.New("fwjob: image manifest refused")
 	// ErrOffset means a chunk does not start at the bytes received; the
 	// reason says where it must ("expected offset N").
 	ErrOffset = errors.New("fwjob: chunk offset")

@@ -18,7 +18,7 @@ import (
 func FuzzBody(f *testing.F) {
 	im := small
 	seeds := []any{
-		im.begin(), im.chunkAt(0), im.chunkAt(100), im.job1(), fwjob.JobBody{Job: "j2"},
+		im.begin(), fwjob.BeginBody{Job: "j1", Image: im.sum(), Size: 250, Version: 3, Chunk: 100, Manifest: []byte{0xd2, 0x84}}, im.chunkAt(0), im.chunkAt(100), im.job1(), fwjob.JobBody{Job: "j2"},
 		map[string]any{"job": "j1", "off": 0}, map[string]any{"job": 7}, map[string]any{},
 		map[string]any{"job": "j1", "image": make([]byte, 31), "size": 1, "version": 0, "chunk": 1},
 		map[string]any{"job": "j1", "off": uint64(1) << 63, "data": []byte{1}}, []byte{1, 2}, nil,

@@ -160,15 +160,13 @@ var (
 // the signature, the payload, the device. Every refusal wraps
 // fence.ErrInvalid and a sentinel.
 func verifyReset(raw []byte, device string, rootKid []byte, root cose.Verifier) (*Reset, error) {
-	msg, r, err := openReset(raw)
+	var r Reset
+	msg, kid, err := openStatement(raw, MaxResetSize, "reset", ContentReset, &r)
 	if err != nil {
 		return nil, err
 	}
-	if string(msg.kid) != string(rootKid) {
-		return nil, refuse(ErrUnknownKey, "reset signed by %x, not the operator root %x", msg.kid, rootKid)
-	}
-	if err := msg.Verify(nil, root); err != nil {
-		return nil, refuse(ErrBadSignature, "reset %s of %s", r.ID, r.Device)
+	if err := rootSigned(msg, kid, rootKid, root, "reset "+r.ID+" of "+r.Device); err != nil {
+		return nil, err
 	}
 	if err := r.Validate(); err != nil {
 		return nil, err
@@ -176,39 +174,50 @@ func verifyReset(raw []byte, device string, rootKid []byte, root cose.Verifier) 
 	if r.Device != device {
 		return nil, refuse(ErrResetDevice, "reset %s names %q, addressed to %q", r.ID, r.Device, device)
 	}
-	return r, nil
+	return &r, nil
 }
 
-type resetMsg struct {
-	*cose.Sign1Message
-	kid []byte
-}
-
-// openReset decodes a reset statement without checking its signature.
-func openReset(raw []byte) (resetMsg, *Reset, error) {
-	if len(raw) > MaxResetSize {
-		return resetMsg{}, nil, refuse(ErrMalformed, "reset of %d bytes, limit %d", len(raw), MaxResetSize)
+// openStatement decodes a root statement of content type ctype, at most
+// limit bytes, its payload into v, without checking its signature; what
+// names it in a refusal.
+func openStatement(raw []byte, limit int, what, ctype string, v any) (*cose.Sign1Message, []byte, error) {
+	if len(raw) > limit {
+		return nil, nil, refuse(ErrMalformed, "%s of %d bytes, limit %d", what, len(raw), limit)
 	}
-	msg, kid, ctype, err := decodeSign1(raw)
+	msg, kid, got, err := decodeSign1(raw)
 	if err != nil {
-		return resetMsg{}, nil, err
+		return nil, nil, err
 	}
-	if ctype != ContentReset {
-		return resetMsg{}, nil, refuse(ErrMalformed, "statement of content type %q, want %q", ctype, ContentReset)
+	if got != ctype {
+		return nil, nil, refuse(ErrMalformed, "statement of content type %q, want %q", got, ctype)
 	}
-	var r Reset
-	if err := trustDec.Unmarshal(msg.Payload, &r); err != nil {
-		return resetMsg{}, nil, refuse(ErrMalformed, "reset payload: %v", err)
+	if err := trustDec.Unmarshal(msg.Payload, v); err != nil {
+		return nil, nil, refuse(ErrMalformed, "%s payload: %v", what, err)
 	}
-	return resetMsg{msg, kid}, &r, nil
+	return msg, kid, nil
+}
+
+// rootSigned checks that msg, whose protected kid is kid, is signed by the
+// operator's root; what names it in a refusal.
+func rootSigned(msg *cose.Sign1Message, kid, rootKid []byte, root cose.Verifier, what string) error {
+	if string(kid) != string(rootKid) {
+		return refuse(ErrUnknownKey, "%s signed by %x, not the operator root %x", what, kid, rootKid)
+	}
+	if err := msg.Verify(nil, root); err != nil {
+		return refuse(ErrBadSignature, "%s", what)
+	}
+	return nil
 }
 
 // PeekReset returns the reset raw claims to be, without checking its
 // signature: for display, and to address the refusal of one that failed
 // VerifyReset (its ack names the reset id). Never act on it.
 func PeekReset(raw []byte) (*Reset, error) {
-	_, r, err := openReset(raw)
-	return r, err
+	var r Reset
+	if _, _, err := openStatement(raw, MaxResetSize, "reset", ContentReset, &r); err != nil {
+		return nil, err
+	}
+	return &r, nil
 }
 
 // IsReset reports whether raw, a payload on a device's command topic, is

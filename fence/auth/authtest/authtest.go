@@ -95,3 +95,13 @@ func Update(t testing.TB, stmts ...[]byte) []byte {
 	}
 	return raw
 }
+
+// Manifest returns the image manifest m signed by the root.
+func (o *Operator) Manifest(m auth.Manifest) []byte {
+	o.t.Helper()
+	raw, err := o.Root.Manifest(m)
+	if err != nil {
+		o.t.Fatal(err)
+	}
+	return raw
+}
