@@ -21,6 +21,8 @@ import (
 	"github.com/edgefence/edgefence/devices/fwjob"
 	"github.com/edgefence/edgefence/devices/sim"
 	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/fence/auth"
+	"github.com/edgefence/edgefence/internal/sandbox"
 	"github.com/edgefence/edgefence/shadow"
 	"github.com/edgefence/edgefence/transport/mqtt"
 )
@@ -41,6 +43,8 @@ type fwReport struct {
 		Token   uint64 `cbor:"token"`
 		Image   string `cbor:"image"`
 	} `cbor:"fw"`
+	counter uint64     // a signed report's
+	mark    fence.Mark // a signed report's
 }
 
 // fwCommander plays the holders of firmware devices: it sends fenced
@@ -48,6 +52,7 @@ type fwReport struct {
 type fwCommander struct {
 	c      *mqtt.Client
 	topics mqtt.Topics
+	trust  auth.DeviceKeys // if set, acks and reports must be signed by the device
 
 	mu      sync.Mutex
 	waiters map[string]chan fence.Ack // by command id
@@ -57,11 +62,20 @@ type fwCommander struct {
 
 func newFWCommander(t *testing.T, url string, topics mqtt.Topics) *fwCommander {
 	t.Helper()
+	return newFWCommanderTrusting(t, url, topics, nil)
+}
+
+// newFWCommanderTrusting is newFWCommander for devices that sign: acks
+// and state reports not signed by a key trust allows for the device fail
+// the test.
+func newFWCommanderTrusting(t *testing.T, url string, topics mqtt.Topics, trust auth.DeviceKeys) *fwCommander {
+	t.Helper()
 	c := dialTest(t, url, "fw-commander")
-	k := &fwCommander{c: c, topics: topics, waiters: map[string]chan fence.Ack{}, reports: map[string][]fwReport{}, changed: make(chan struct{})}
+	k := &fwCommander{c: c, topics: topics, trust: trust, waiters: map[string]chan fence.Ack{}, reports: map[string][]fwReport{}, changed: make(chan struct{})}
 	c.Subscribe(topics.AllAck(), func(m mqtt.Message) {
-		a, err := fence.UnmarshalAck(m.Payload)
+		a, err := k.ack(m.Payload)
 		if err != nil {
+			t.Errorf("ack on %s: %v", m.Topic, err)
 			return
 		}
 		k.mu.Lock()
@@ -82,16 +96,39 @@ func newFWCommander(t *testing.T, url string, topics mqtt.Topics) *fwCommander {
 	return k
 }
 
+// ack decodes an ack: verified if k.trust is set.
+func (k *fwCommander) ack(raw []byte) (*fence.Ack, error) {
+	if k.trust == nil {
+		return fence.UnmarshalAck(raw)
+	}
+	va, err := auth.VerifyAck(raw, k.trust)
+	if err != nil {
+		return nil, err
+	}
+	return va.Ack, nil
+}
+
 // report takes in a state report: it must pass the agent's decoding of
-// state reports (shadow.DecodeCBOR with the default limits) as it is.
+// state reports (shadow.DecodeCBOR with the default limits) as it is (or,
+// signed, the state it carries).
 func (k *fwCommander) report(t *testing.T, m mqtt.Message) {
 	dev, _, _ := k.topics.Parse(m.Topic)
-	if _, err := shadow.DecodeCBOR(m.Payload, shadow.Limits{}); err != nil {
+	payload, counter, mark := m.Payload, uint64(0), fence.Mark{}
+	if k.trust != nil {
+		vs, err := auth.VerifyState(payload, k.trust)
+		if err != nil || vs.Report.Device != dev {
+			t.Errorf("state report of %s: %v", dev, err)
+			return
+		}
+		payload, counter = vs.Report.State, vs.Report.Counter
+		mark = vs.Report.Mark()
+	}
+	if _, err := shadow.DecodeCBOR(payload, shadow.Limits{}); err != nil {
 		t.Errorf("state report of %s refused by the twin's decoder: %v", dev, err)
 		return
 	}
-	var r fwReport
-	if err := cbor.Unmarshal(m.Payload, &r); err != nil {
+	r := fwReport{counter: counter, mark: mark}
+	if err := cbor.Unmarshal(payload, &r); err != nil {
 		t.Errorf("state report of %s: %v", dev, err)
 		return
 	}
@@ -140,10 +177,11 @@ func (k *fwCommander) awaitReportFrom(t *testing.T, dev string, from int, what s
 
 // holder is one gateway's turn at a device: a token and its next seq.
 type holder struct {
-	k     *fwCommander
-	dev   string
-	token fence.Token
-	seq   uint64
+	k      *fwCommander
+	dev    string
+	token  fence.Token
+	seq    uint64
+	signer *auth.Signer // the gateway's key, if commands are signed
 }
 
 func (k *fwCommander) holder(dev string, token fence.Token) *holder {
@@ -159,8 +197,14 @@ func (h *holder) send(t *testing.T, kind string, body any) fence.Ack {
 		t.Fatal(err)
 	}
 	id := fmt.Sprintf("%s-%d-%d", h.dev, h.token, h.seq)
-	raw, err := fence.MarshalEnvelope(&fence.Envelope{V: fence.Version, Device: h.dev, Token: h.token, Seq: h.seq, ID: id,
-		Kind: kind, Body: b, Holder: fmt.Sprintf("gw-%d", h.token)})
+	env := &fence.Envelope{V: fence.Version, Device: h.dev, Token: h.token, Seq: h.seq, ID: id,
+		Kind: kind, Body: b, Holder: fmt.Sprintf("gw-%d", h.token)}
+	var raw []byte
+	if h.signer != nil {
+		raw, err = h.signer.Sign(env)
+	} else {
+		raw, err = fence.MarshalEnvelope(env)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -298,7 +342,7 @@ func emptySum() string { s := sha256.Sum256(nil); return hex.EncodeToString(s[:]
 func startFirmware(t *testing.T, url, dir string, devices string, extra ...string) *devsim {
 	t.Helper()
 	d := startDevsim(t, append([]string{"--firmware", "--mqtt", url, "--devices", devices, "--dir", dir,
-		"--fw-window", "1s", "--restart-delay", "50ms"}, extra...)...)
+		"--fw-window", "20s", "--restart-delay", "50ms"}, extra...)...) // a window a loaded machine's check passes in
 	t.Cleanup(func() {
 		if t.Failed() {
 			for _, dev := range strings.Split(devices, ",") {
@@ -330,15 +374,21 @@ func TestFirmwareJob(t *testing.T) {
 	if r := k.awaitReport(t, "fw-1", "after set", func(r fwReport) bool { return r.Applied == 1 }); r.Setpoint != 23.5 {
 		t.Fatalf("after set: %+v", r)
 	}
-	im := newFWImage(t, "j1", 50_000, 2, sim.VersionMarker+"2.0.0")
+	im := newFWImage(t, "j1", 1<<20, 2, sim.VersionMarker+"2.0.0")
+	im.chunk = fwjob.MaxChunk
 	h.must(t, fwjob.KindBegin, im.begin())
+	start := time.Now()
 	h.download(t, im, 0, nil)
+	dl := time.Since(start)
 	h.must(t, fwjob.KindInstall, im.jobBody())
 	k.awaitReport(t, "fw-1", "installed", func(r fwReport) bool { return r.FW.State == "installed" })
 	pid := pidOf(t, dir, "fw-1")
+	start = time.Now()
 	h.must(t, fwjob.KindActivate, im.jobBody())
 	awaitNewPID(t, d, dir, "fw-1", pid)
 	r = k.awaitReport(t, "fw-1", "confirming", func(r fwReport) bool { return r.FW.State == "confirming" })
+	t.Logf("figures: %d bytes in %d-byte chunks, one in flight, in %v (%.1f MB/s); fw.activate sent → confirming report (exit, restart, Boot with its check, MQTT session, report) in %v",
+		len(im.data), im.chunk, dl.Round(time.Millisecond), float64(len(im.data))/dl.Seconds()/1e6, time.Since(start).Round(time.Millisecond))
 	if r.FW.Slot != "b" || r.FW.Image != im.hex() || r.Firmware != "2.0.0" {
 		t.Fatalf("after the reboot: %+v", r)
 	}
@@ -354,7 +404,11 @@ func TestFirmwareJob(t *testing.T) {
 	if r.FW.Slot != "b" || r.FW.Version != 2 || r.Setpoint != 23.5 || r.FW.Token != 100 {
 		t.Fatalf("after the commit: %+v", r)
 	}
+	pid = pidOf(t, dir, "fw-1")
 	d.stop(t, syscall.SIGTERM)
+	if alive(pid) || !strings.Contains(deviceLog(dir, "fw-1"), "msg=stopped device=fw-1 reboot=false exit_code=0") {
+		t.Fatalf("device process %d after the supervisor's clean stop (alive %v):\n%s", pid, alive(pid), deviceLog(dir, "fw-1"))
+	}
 }
 
 // TestFirmwareRollback: images whose health check fails, never answers or
@@ -366,12 +420,13 @@ func TestFirmwareRollback(t *testing.T) {
 	url, dir := startBroker(t), t.TempDir()
 	topics := mqtt.Topics{Prefix: "site-f/v1"}
 	k := newFWCommander(t, url, topics)
-	d := startFirmware(t, url, dir, "fw-fail,fw-hang,fw-crash", "--prefix", topics.Prefix, "--fw-tries", "2")
+	d := startFirmware(t, url, dir, "fw-fail,fw-hang,fw-crash", "--prefix", topics.Prefix, "--fw-tries", "2",
+		"--fw-window", "2s") // what the hanging image waits out; the others fail at once
 	for _, tt := range []struct {
 		dev, health, reason string
 	}{
 		{"fw-fail", sim.HealthFail, "image marked EDGEFENCE-HEALTH=fail"},
-		{"fw-hang", sim.HealthHang, "did not pass within 1s"},
+		{"fw-hang", sim.HealthHang, "did not pass within 2s"},
 		{"fw-crash", sim.HealthCrash, "trial boots exhausted"},
 	} {
 		t.Run(tt.health, func(t *testing.T) {
@@ -494,4 +549,75 @@ func alive(pid int) bool {
 	}
 	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
 	return len(f) > 0 && f[0] != "Z" && f[0] != "X"
+}
+
+// TestFirmwareSigned: a firmware device with its own key (--device-keys)
+// that takes only signed commands (--trust-root, --certs) signs its acks
+// and its retained state reports, before and after a reboot, the
+// report's counter growing across the restart.
+func TestFirmwareSigned(t *testing.T) {
+	kit, err := sandbox.NewTrustKit(filepath.Join(t.TempDir(), "trust"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw, err := kit.Gateway("gw-1", "fw-s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDir, _, err := kit.DeviceKeys("fw-s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	trust, err := kit.Trust()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := trust.AddCertificateFile(filepath.Join(keyDir, "fw-s.cert")); err != nil {
+		t.Fatal(err)
+	}
+	key, err := auth.ReadKey(gw.KeyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	signer, err := auth.NewSigner([]byte(gw.KeyID), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	url, dir := startBroker(t), t.TempDir()
+	k := newFWCommanderTrusting(t, url, mqtt.Topics{}, trust)
+	d := startFirmware(t, url, dir, "fw-s", append(kit.DevsimArgs(""), "--device-keys", keyDir)...)
+	boot := k.awaitReport(t, "fw-s", "after the boot", func(r fwReport) bool { return r.FW.State == "idle" })
+
+	unsigned := k.holder("fw-s", 5)
+	if a := unsigned.send(t, sim.KindSet, sim.SetBody{Relay: ptr(true)}); a.Verdict != fence.Invalid {
+		t.Fatalf("unsigned command: %v %q", a.Verdict, a.Reason)
+	}
+	h := k.holder("fw-s", 6)
+	h.signer = signer
+	im := newFWImage(t, "j-s", 30_000, 1)
+	h.must(t, fwjob.KindBegin, im.begin())
+	h.download(t, im, 0, nil)
+	h.must(t, fwjob.KindInstall, im.jobBody())
+	h.must(t, fwjob.KindActivate, im.jobBody())
+	r := k.awaitReport(t, "fw-s", "confirming", func(r fwReport) bool { return r.FW.State == "confirming" })
+	if r.counter <= boot.counter || r.FW.Image != im.hex() {
+		t.Fatalf("after the reboot: %+v (boot report's counter %d)", r, boot.counter)
+	}
+	h.must(t, fwjob.KindCommit, im.jobBody())
+	r = k.awaitReport(t, "fw-s", "committed", func(r fwReport) bool { return r.FW.State == "committed" })
+	if want := (fence.Mark{Token: 6, Seq: h.seq}); r.mark != want {
+		t.Fatalf("committed report's mark %v, want %v", r.mark, want)
+	}
+	// A report after a refused command carries the device's mark, not
+	// the command's: a gateway must never take it for a newer one.
+	n := k.count("fw-s")
+	stranger := k.holder("fw-s", 99)
+	stranger.signer = signer
+	if a := stranger.send(t, "fw.bogus", fwjob.JobBody{Job: "x"}); a.Verdict != fence.Invalid {
+		t.Fatalf("bogus kind: %v %q", a.Verdict, a.Reason)
+	}
+	if r := k.awaitReportFrom(t, "fw-s", n, "after the refusal", func(fwReport) bool { return true }); r.mark != (fence.Mark{Token: 6, Seq: h.seq}) {
+		t.Fatalf("report after a refused command: mark %v, want the device's %v", r.mark, fence.Mark{Token: 6, Seq: h.seq})
+	}
+	d.stop(t, syscall.SIGTERM)
 }

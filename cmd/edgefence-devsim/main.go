@@ -8,6 +8,17 @@
 //
 //	edgefence-devsim --mqtt mqtt://127.0.0.1:1883 --devices dev-1,dev-2 --dir /var/lib/devsim
 //	edgefence-devsim --mqtt mqtt://127.0.0.1:1883 --count 100 --id-prefix dev- --dir ./data --log verdicts.jsonl
+//	edgefence-devsim --firmware --mqtt mqtt://127.0.0.1:1883 --devices fw-1,fw-2 --dir ./fw --fw-window 30s
+//
+// With --firmware the devices take firmware jobs (fw.* kinds, package
+// fwjob) besides the thermostat's commands: one child process per device
+// (--firmware-device ID, the same flags), its state in <dir>/<id>, its log
+// in <dir>/<id>/devsim.log and its pid in <dir>/<id>/pid. A device that
+// must reboot exits with code 3 and is started again at once; one that
+// dies otherwise (kill -9: power loss) after --restart-delay. The image in
+// the booted slot decides a trial boot's health check (EDGEFENCE-HEALTH=
+// fail, hang or crash; see sim.FirmwareImage). Their state reports are
+// retained.
 //
 // Logs go to stderr (slog text); one line with msg=ready is logged once the
 // broker has acknowledged every subscription. The verdict log (one JSON line
@@ -47,7 +58,8 @@ func main() {
 }
 
 // run is the whole program; it returns the exit code: 0 after a clean
-// shutdown, 1 on a runtime error, 2 on a usage error.
+// shutdown, 1 on a runtime error, 2 on a usage error, 3 (exitReboot) when
+// a firmware device reboots.
 // devsimFlags are the command line of edgefence-devsim.
 type devsimFlags struct {
 	broker, prefix, devices, idPrefix, dir, logPath, clientID *string

@@ -466,6 +466,17 @@ func TestUsage(t *testing.T) {
 		{[]string{"--mqtt", "mqtt://h", "--dir", "x", "--devices", "a", "--mqtt-password-file", "p"}, 2, "--mqtt-password-file without --mqtt-user"},
 		{[]string{"--mqtt", "mqtt://h", "--dir", "x", "--devices", "a", "--mqtt-user", "a", "--mqtt-password-file", filepath.Join(t.TempDir(), "none")}, 2, "--mqtt-password-file: open"},
 		{[]string{"--serial", "/dev/null", "--mqtt-user", "a"}, 2, "not --mqtt, --mqtt-user"},
+		{[]string{"--firmware", "--mqtt", "mqtt://h", "--dir", "x"}, 2, "--devices or --count is required"},
+		{[]string{"--firmware", "--devices", "a", "--dir", "x"}, 2, "--mqtt is required"},
+		{[]string{"--firmware", "--mqtt", "mqtt://h", "--devices", "a"}, 2, "--dir is required"},
+		{[]string{"--firmware", "--firmware-device", "a", "--mqtt", "mqtt://h", "--dir", "x", "--devices", "a"}, 2, "not both"},
+		{[]string{"--firmware", "--mqtt", "mqtt://h", "--dir", "x", "--devices", "a", "--client-id", "c"}, 2, "--client-id names one client"},
+		{[]string{"--firmware", "--mqtt", "mqtt://h", "--dir", "x", "--devices", "a", "--log", "v.jsonl"}, 2, "firmware devices take no"},
+		{[]string{"--firmware-device", "a", "--mqtt", "mqtt://h", "--dir", "x", "--count", "2"}, 2, "runs one device"},
+		{[]string{"--firmware-device", "a", "--mqtt", "mqtt://h", "--dir", "x", "--fw-tries", "0"}, 2, "--fw-tries must be 1..255"},
+		{[]string{"--firmware-device", "a", "--mqtt", "mqtt://h", "--dir", "x", "--fw-window", "0s"}, 2, "--fw-window must be positive"},
+		{[]string{"--firmware", "--mqtt", "mqtt://h", "--dir", "x", "--devices", "a", "--restart-delay", "-1s"}, 2, "--restart-delay must not be negative"},
+		{[]string{"--firmware-device", "bad/id", "--mqtt", "mqtt://h", "--dir", t.TempDir()}, 1, "device id"},
 	} {
 		var out, errb bytes.Buffer
 		if code := run(context.Background(), tt.args, &out, &errb); code != tt.want || !strings.Contains(errb.String(), tt.msg) {

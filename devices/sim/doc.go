@@ -31,4 +31,13 @@
 // copied from the command) go to <prefix>/dev/<id>/ack or to the command's
 // response topic, and the state (CBOR map, see State) goes to
 // <prefix>/dev/<id>/state after every applied command.
+//
+// A FirmwareDevice is one device that also takes firmware jobs (the fw.*
+// kinds of package fwjob, in the same fence point and transaction as its
+// thermostat): it boots through fwjob.Boot, the booted image deciding a
+// trial's health check (HealthMarker; FirmwareImage builds test images),
+// publishes its state report (FirmwareState: the thermostat's fields, "fw"
+// and "firmware") retained, and asks its caller to restart it when a
+// command reboots it (RebootRequested): edgefence-devsim --firmware runs
+// each as a process that exits to reboot.
 package sim

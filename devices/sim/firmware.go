@@ -227,7 +227,11 @@ func (d *FirmwareDevice) handle(m mqtt.Message) {
 	} else {
 		d.acks.Add(1)
 	}
-	if err := d.publishState(ctx, o.Ack.Mark()); err != nil {
+	mark, err := d.shim.Mark(dev) // the device's own mark: an ack of a refused command may carry none
+	if err != nil {
+		d.log.Error("fence mark unreadable; state not published", "err", err)
+		d.stateErrors.Add(1)
+	} else if err := d.publishState(ctx, mark); err != nil {
 		d.log.Warn("state not published", "err", err)
 	}
 	if o.Reboot {
