@@ -17,6 +17,7 @@ import (
 	"github.com/edgefence/edgefence/devices/fwjob"
 	"github.com/edgefence/edgefence/devices/shim"
 	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/fence/auth"
 	"github.com/edgefence/edgefence/internal/sandbox"
 	"github.com/edgefence/edgefence/shadow"
 	"github.com/edgefence/edgefence/transport/mqtt"
@@ -174,6 +175,9 @@ type fwDev struct {
 	dir  string
 	boot fwjob.BootConfig
 	cli  *mqtt.Client
+	// manifests, if set before start, is the root the device checks
+	// fw.begin's manifest against (fwjob.Config.Manifests).
+	manifests auth.ManifestVerifier
 
 	mu     sync.Mutex
 	s      *shim.Shim
@@ -185,9 +189,15 @@ type fwDev struct {
 
 // device starts a firmware device id whose slot a holds factory.
 func (w *fwWorld) device(id string, boot fwjob.BootConfig) *fwDev {
+	return w.deviceWith(id, boot, nil)
+}
+
+// deviceWith is device with a root for manifests (nil: none checked).
+func (w *fwWorld) deviceWith(id string, boot fwjob.BootConfig, manifests auth.ManifestVerifier) *fwDev {
 	t := w.t
 	t.Helper()
-	d := &fwDev{t: t, w: w, id: id, dir: t.TempDir(), boot: boot, chunks: map[string]fence.Token{}, spans: map[string][2]time.Time{}}
+	d := &fwDev{t: t, w: w, id: id, dir: t.TempDir(), boot: boot, manifests: manifests,
+		chunks: map[string]fence.Token{}, spans: map[string][2]time.Time{}}
 	if err := os.WriteFile(fwjob.SlotPath(d.dir, fwjob.SlotA), []byte("factory "+id), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -229,7 +239,7 @@ func (d *fwDev) start() {
 		d.t.Errorf("shim %s: %v", d.id, err)
 		return
 	}
-	if d.d, err = fwjob.New(fwjob.Config{Dir: d.dir, Device: d.id}); err != nil {
+	if d.d, err = fwjob.New(fwjob.Config{Dir: d.dir, Device: d.id, Manifests: d.manifests}); err != nil {
 		d.t.Errorf("fwjob %s: %v", d.id, err)
 	}
 }

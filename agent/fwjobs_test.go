@@ -11,6 +11,8 @@ import (
 	"github.com/edgefence/edgefence/agent/jobs"
 	"github.com/edgefence/edgefence/devices/fwjob"
 	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/fence/auth"
+	"github.com/edgefence/edgefence/fence/auth/authtest"
 )
 
 // TestFirmwareJobCommits: a job on three devices, through a real agent,
@@ -240,4 +242,30 @@ func TestFirmwareJobRebootTimeout(t *testing.T) {
 		st := d.status()
 		return st.State == fwjob.RolledBack && st.Slot == fwjob.SlotA
 	})
+}
+
+// TestFirmwareJobManifest: a device that installs only images the
+// operator signed gets the job's manifest in fw.begin and commits; a job
+// without one is rejected with the device's reason.
+func TestFirmwareJobManifest(t *testing.T) {
+	w := newFWWorld(t)
+	op := authtest.NewOperator(t)
+	d := w.deviceWith("fw-signed", fwjob.BootConfig{}, op.Trust())
+	unsigned := w.image("unsigned", 9000, 1)
+	w.createJob("j-unsigned", unsigned, d.id)
+	signed := w.image("signed", 12000, 1)
+	sum, err := signed.Hash()
+	if err != nil {
+		t.Fatal(err)
+	}
+	signed.Manifest = op.Manifest(auth.Manifest{Image: sum, Size: signed.Size, Version: signed.Version, Issued: time.Now().UnixMilli()})
+	w.createJob("j-signed", signed, d.id)
+	w.agent("gw-1", []string{d.id}, nil)
+	if e := w.waitEnded(d.id, "j-unsigned"); e.Status != jobs.Rejected || !strings.Contains(e.Reason, "manifest") {
+		t.Fatalf("unsigned: %+v", e)
+	}
+	if e := w.waitEnded(d.id, "j-signed"); e.Status != jobs.Succeeded {
+		t.Fatalf("signed: %+v", e)
+	}
+	d.runsImage(signed)
 }

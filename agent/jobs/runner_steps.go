@@ -143,15 +143,17 @@ func (x *xrun) await(ctx context.Context, what string, timeout time.Duration, do
 	}
 }
 
-// begin starts the job at the device; a refusal (anti-rollback, another
-// job, a bad manifest) rejects the execution.
+// begin starts the job at the device, with the operator's signed manifest
+// if the job has one; a refusal (anti-rollback, another job, a missing or
+// bad manifest) rejects the execution.
 func (x *xrun) begin(ctx context.Context) error {
 	im := x.job.Image
 	sum, err := im.Hash()
 	if err != nil {
 		return x.finish(ctx, Failed, err.Error())
 	}
-	b := fwjob.BeginBody{Job: x.job.ID, Image: sum, Size: im.Size, Version: im.Version, Chunk: uint64(x.job.Chunk)}
+	b := fwjob.BeginBody{Job: x.job.ID, Image: sum, Size: im.Size, Version: im.Version, Chunk: uint64(x.job.Chunk),
+		Manifest: im.Manifest}
 	ack, seq, err := x.send(ctx, fwjob.KindBegin, b, 0)
 	switch {
 	case err != nil:
