@@ -12,7 +12,7 @@ import (
 // The runner: this gateway's side of the firmware jobs of the devices it
 // holds.
 //
-//	Store.Watch ─▶ kick every held device's worker
+//	Store.Watch ─▶ kick the workers of the held devices the job selects
 //	Acquired(dev) (lease hook) ─▶ start dev's worker (or kick it)
 //	Report(dev, fw) (state report) ─▶ latest report of dev; kick its worker
 //	worker(dev), while Holding(dev):
@@ -143,18 +143,40 @@ func (r *Runner) Run(ctx context.Context) error {
 	}()
 	ch := r.store.Watch(ctx)
 	r.kickHeld() // jobs created before the watch
+	seen := make(map[string]Job)
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case _, ok := <-ch:
+		case c, ok := <-ch:
 			if !ok {
 				return nil // ctx ended: the watch closes its channel
 			}
-			r.kickHeld()
-			r.stats.changed()
+			r.changed(seen, c)
 		}
 	}
+}
+
+// changed kicks the workers of the held devices a change concerns: those
+// its job selects (every held device while the job document is unknown).
+// seen holds the job documents the watch delivered; only Run uses it.
+func (r *Runner) changed(seen map[string]Job, c Change) {
+	switch {
+	case c.Job != nil:
+		seen[c.ID] = *c.Job
+	case c.Deleted && c.Doc == DocJob:
+		delete(seen, c.ID)
+	}
+	j, known := seen[c.ID]
+	for _, d := range r.cfg.Devices {
+		if known && !j.Selects(d) {
+			continue
+		}
+		if _, ok := r.host.Holding(d); ok {
+			r.kick(d, true)
+		}
+	}
+	r.stats.changed()
 }
 
 // kickHeld starts (or kicks) the worker of every device this gateway
