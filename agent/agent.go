@@ -111,6 +111,9 @@ type FenceTable interface {
 //   - stateReports (statereport.go): malformed report counts; a leaf lock.
 //   - deviceAuth (deviceauth.go): the checks of acks and state reports of
 //     `auth: required` devices; a leaf lock.
+//   - jobs (fwjobs.go, agent/jobs): the firmware job runner, over jobHost
+//     (holder, Send); started by the acquired hook, fed the devices' fw
+//     reports; its locks are its own.
 //
 // They share the devices (device.go): device.mu guards one device's state,
 // device.sem orders its seqs; device says which part writes which field.
