@@ -9,6 +9,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/edgefence/edgefence/agent/jobs"
 	"github.com/edgefence/edgefence/fence"
 	"github.com/edgefence/edgefence/fence/history"
 	"github.com/edgefence/edgefence/offline"
@@ -77,6 +78,13 @@ type Options struct {
 	// devices: on acquiring each, before its first command, and to every
 	// device it holds when the list changes (trustpush.go).
 	TrustUpdates *TrustUpdates
+
+	// Jobs and Images, both set, turn the firmware job runner on
+	// (fwjobs.go): the agent drives the firmware jobs of the devices it
+	// holds, writing their executions in Jobs fenced by the lock key (I5)
+	// and serving the images from Images (agent/images' cache).
+	Jobs   jobs.Executions
+	Images jobs.Images
 }
 
 // FenceTable is the read side of fence.Table the local API needs.
@@ -103,6 +111,9 @@ type FenceTable interface {
 //   - stateReports (statereport.go): malformed report counts; a leaf lock.
 //   - deviceAuth (deviceauth.go): the checks of acks and state reports of
 //     `auth: required` devices; a leaf lock.
+//   - jobs (fwjobs.go, agent/jobs): the firmware job runner, over jobHost
+//     (holder, Send); started by the acquired hook, fed the devices' fw
+//     reports; its locks are its own.
 //
 // They share the devices (device.go): device.mu guards one device's state,
 // device.sem orders its seqs; device says which part writes which field.
@@ -130,8 +141,9 @@ type Agent struct {
 	twin     *twins     // nil: no twin reconciler
 	api      *apiServer // the local API's handlers
 	reports  stateReports
-	trust    *trustPush  // nil: no trust updates (trustpush.go)
-	devauth  *deviceAuth // who speaks for a device: acks and state reports (deviceauth.go)
+	trust    *trustPush   // nil: no trust updates (trustpush.go)
+	devauth  *deviceAuth  // who speaks for a device: acks and state reports (deviceauth.go)
+	jobs     *jobs.Runner // nil: no firmware jobs (fwjobs.go)
 }
 
 // New returns an agent for cfg (which must pass Validate; New fills in its
@@ -164,6 +176,7 @@ func New(cfg *Config, cli *clientv3.Client, s Sender, o Options) (*Agent, error)
 	if o.Twins != nil {
 		a.twin = newTwins(a, o.Twins, o.TwinCache)
 	}
+	a.jobs = a.newJobs(o)
 	if a.devauth, err = newDeviceAuth(&a.cfg, cli, a.log, a.now); err != nil {
 		return nil, fmt.Errorf("agent: %w", err)
 	}
@@ -226,6 +239,15 @@ func (a *Agent) Run(ctx context.Context) error {
 		}()
 		defer func() { cancel(); <-done }()
 	}
+	if a.jobs != nil {
+		jctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_ = a.jobs.Run(jctx) // fwjobs.go; nil once jctx ends
+		}()
+		defer func() { cancel(); <-done }()
+	}
 	a.leases.runSessions(ctx)
 	return nil
 }
@@ -266,6 +288,9 @@ func (a *Agent) acquired(d *device) {
 	a.trust.acquired(d.id)
 	a.delivery.kick(d)
 	a.twin.kick(d.id)
+	if a.jobs != nil {
+		a.jobs.Acquired(d.id)
+	}
 	if a.onHold != nil {
 		if _, token, ok := a.leases.holder(d.id); ok {
 			a.onHold(d.id, token)

@@ -67,7 +67,7 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func etcdClient(t *testing.T) *clientv3.Client {
+func etcdClient(t testing.TB) *clientv3.Client {
 	t.Helper()
 	c, err := testEtcd.Client()
 	if err != nil {

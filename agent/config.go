@@ -59,6 +59,7 @@ type Config struct {
 	Command  CommandConfig  `yaml:"command"`
 	Outbox   OutboxConfig   `yaml:"outbox"`
 	Twins    TwinsConfig    `yaml:"twins"`
+	Jobs     JobsConfig     `yaml:"jobs"`
 	Log      LogConfig      `yaml:"log"`
 	Auth     AuthConfig     `yaml:"auth"`
 	Modbus   ModbusConfig   `yaml:"modbus"`
@@ -276,6 +277,7 @@ func (c *Config) ApplyDefaults() {
 	orDefault(&o.Retention, offline.DefaultRetention)
 	orDefault(&c.Log.Level, DefaultLogLevel)
 	orDefault(&c.Log.Format, DefaultLogFormat)
+	c.Jobs.applyDefaults(c.StateDir)
 	for i := range c.Modbus.Buses {
 		c.Modbus.Buses[i].applyDefaults()
 	}

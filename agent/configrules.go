@@ -118,6 +118,8 @@ var configRules = []configRule{
 	notNegative("outbox.max_total_bytes", "must not be negative", func(c *Config) int64 { return c.Outbox.MaxTotalBytes }),
 	notNegative("outbox.ttl", "must not be negative", func(c *Config) time.Duration { return c.Outbox.TTL }),
 	notNegative("outbox.retention", "must not be negative", func(c *Config) time.Duration { return c.Outbox.Retention }),
+	notNegative("jobs.cache_max_bytes", "must not be negative", func(c *Config) int64 { return c.Jobs.CacheMaxBytes }),
+	notNegative("jobs.fetch_timeout", "must not be negative", func(c *Config) time.Duration { return c.Jobs.FetchTimeout }),
 	scalar("log.level", func(c *Config) string {
 		return notOneOf(c.Log.Level, "debug, info, warn or error", "debug", "info", "warn", "error")
 	}),

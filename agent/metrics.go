@@ -16,6 +16,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/edgefence/edgefence/agent/jobs"
+	"github.com/edgefence/edgefence/devices/fwjob"
 	"github.com/edgefence/edgefence/offline"
 )
 
@@ -142,6 +144,7 @@ type scrapeView struct {
 	unconverged int
 	authOff     int // devices with auth: off
 	apiRefused  [len(apiRefusals)]uint64
+	jobs        jobs.RunnerStats // zero while the runner is off
 }
 
 func gauge(name, help string, f func(*scrapeView) float64) series {
@@ -327,6 +330,29 @@ var agentSeries = []series{
 	// State reports are read only with twins on.
 	twinCounter("state_reports_malformed_total", "Device state reports (MQTT state topic) that did not decode and were dropped.", func(v *scrapeView) uint64 { return v.n.StateMalformed }),
 
+	{name: "jobs_executions_ended_total", help: "Firmware job executions this gateway ended, by status (0s while the runner is off).",
+		typ: prometheus.CounterValue, labels: []string{"status"},
+		collect: func(v *scrapeView, emit func(float64, ...string)) {
+			for _, st := range jobs.Statuses {
+				if st.Terminal() {
+					emit(float64(v.jobs.Ended[st]), string(st))
+				}
+			}
+		}},
+	{name: "jobs_steps_total", help: "Firmware steps (fw.begin, fw.chunk, …) sent, by kind and the device's verdict (none: no ack came back).",
+		typ: prometheus.CounterValue, labels: []string{"kind", "verdict"},
+		collect: func(v *scrapeView, emit func(float64, ...string)) {
+			for _, k := range fwjob.Kinds {
+				for _, vn := range append(verdictNames[:], "none") {
+					emit(float64(v.jobs.Steps[k][vn]), k, vn)
+				}
+			}
+		}},
+	{name: "jobs_image_bytes_sent_total", help: "Image bytes of the fw.chunk commands the devices accepted.", typ: prometheus.CounterValue,
+		collect: func(v *scrapeView, emit func(float64, ...string)) { emit(float64(v.jobs.ImageBytes)) }},
+	gauge("jobs_executions_in_progress", "Firmware job executions this gateway drives now.",
+		func(v *scrapeView) float64 { return float64(v.jobs.InProgress) }),
+
 	deviceAuthCounter("acks_unauthenticated_total", "Acks of auth: required devices dropped before they could resolve a command (unsigned, forged, not bound to the command …), by reason.",
 		func(v *scrapeView) map[string]uint64 { return v.s.DeviceAuth.AcksRefused }),
 	deviceAuthCounter("state_reports_unauthenticated_total", "State reports of auth: required devices dropped before the twin (unsigned, forged, replayed …), by reason.",
@@ -382,6 +408,9 @@ func (c *agentCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	v.apiRefused = c.a.api.refusedCounts()
+	if v.s.Jobs != nil {
+		v.jobs = *v.s.Jobs
+	}
 	v.sum, v.sumErr = c.a.outbox.Summary("")
 	for i, s := range agentSeries {
 		desc := c.descs[i]

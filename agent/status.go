@@ -4,18 +4,20 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/edgefence/edgefence/agent/jobs"
 	"github.com/edgefence/edgefence/fence"
 )
 
 // Status is a snapshot of the agent, as `edgefence status` shows it.
 type Status struct {
-	Gateway   string         `json:"gateway"`
-	Etcd      EtcdStatus     `json:"etcd"`
-	Transport map[string]any `json:"transport,omitempty"`
-	Bridge    any            `json:"bridge,omitempty"` // gateway fence bridge counters, on a home gateway
-	Twins     *TwinStats     `json:"twins,omitempty"`  // the twin reconciler's counters, when it is on
-	Devices   []DeviceStatus `json:"devices"`
-	Counters  Counters       `json:"counters"`
+	Gateway   string            `json:"gateway"`
+	Etcd      EtcdStatus        `json:"etcd"`
+	Transport map[string]any    `json:"transport,omitempty"`
+	Bridge    any               `json:"bridge,omitempty"` // gateway fence bridge counters, on a home gateway
+	Twins     *TwinStats        `json:"twins,omitempty"`  // the twin reconciler's counters, when it is on
+	Jobs      *jobs.RunnerStats `json:"jobs,omitempty"`   // the firmware job runner's counters, when it is on
+	Devices   []DeviceStatus    `json:"devices"`
+	Counters  Counters          `json:"counters"`
 	// LeaseTail: what threatens the lease, measured (tail.go).
 	LeaseTail TailStatus `json:"lease_tail"`
 	// DeviceAuth: the checks of signed acks and state reports, when a
@@ -182,6 +184,9 @@ func (a *Agent) Status() Status {
 	if a.twin != nil {
 		ts := a.TwinStats()
 		s.Twins = &ts
+	}
+	if js, ok := a.JobStats(); ok {
+		s.Jobs = &js
 	}
 	s.DeviceAuth = a.devauth.status()
 	var oldest map[string]time.Time // of each device's pending commands

@@ -679,8 +679,10 @@ func (t *twins) reportState(ctx context.Context, dev string, fields map[string]a
 // while the agent holds the device, only the fields that differ from
 // reported, fenced (I5) — and a report never causes a command by itself.
 // Reports for devices the agent does not know, or while twins are off, are
-// ignored.
+// ignored by the twin. A report's "fw" field goes to the firmware job
+// runner (fwjobs.go) for every configured device, held or not.
 func (a *Agent) DeviceState(dev string, fields map[string]any) {
+	a.firmwareReport(dev, fields) // every configured device, held or not (fwjobs.go)
 	if a.twin != nil {
 		a.twin.deviceState(dev, fields)
 	}

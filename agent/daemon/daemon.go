@@ -18,6 +18,8 @@ import (
 
 	"github.com/edgefence/edgefence/agent"
 	"github.com/edgefence/edgefence/agent/bridge"
+	"github.com/edgefence/edgefence/agent/images"
+	"github.com/edgefence/edgefence/agent/jobs"
 	"github.com/edgefence/edgefence/fence"
 	"github.com/edgefence/edgefence/fence/auth"
 	"github.com/edgefence/edgefence/fence/history"
@@ -82,6 +84,7 @@ type Daemon struct {
 	trust       *auth.Trust        // the operator's trust chain (gatewayTrust); nil without auth.trust_root
 	mcancel     context.CancelFunc // the MQTT client's context
 	twins       *shadow.Cache
+	images      *images.Cache // the firmware image cache; nil with jobs off
 	ag          *agent.Agent
 	sd          *notifier
 	brokerUp    chan struct{}
@@ -136,7 +139,7 @@ func New(ctx context.Context, cfg *agent.Config, o Options) (_ *Daemon, err erro
 	}
 	log := d.log
 	log.Info("edgefence starting", "version", o.Version, "gateway", c.Gateway, "devices", len(c.Devices),
-		"etcd", c.Etcd.Endpoints, "mqtt", c.MQTT.Brokers, "socket", c.API.Socket, "twins", c.Twins.Enabled)
+		"etcd", c.Etcd.Endpoints, "mqtt", c.MQTT.Brokers, "socket", c.API.Socket, "twins", c.Twins.Enabled, "jobs", c.Jobs.On())
 	return d, nil
 }
 
@@ -178,14 +181,14 @@ func (d *Daemon) openLocal() error {
 			return err
 		}
 	}
-	if cfg.Twins.Enabled {
+	if cfg.Twins.Enabled || cfg.Jobs.On() {
 		// Desired states for a start without etcd, reported writes etcd
 		// could not take yet.
 		if d.twins, err = shadow.OpenCache(cfg.StateDir, nil); err != nil {
 			return err
 		}
 	}
-	return nil
+	return d.openImages() // jobs.go
 }
 
 // openClients makes the etcd client (of ecfg) and the MQTT commander, and
@@ -249,7 +252,7 @@ func (d *Daemon) newAgent() error {
 			opts.FenceTable = d.table
 		}
 	}
-	if cfg.Twins.Enabled {
+	if cfg.Twins.Enabled || cfg.Jobs.On() {
 		// The twin reconciler: desired states in etcd become fenced
 		// twin.set commands; reported writes are fenced by the lock (I5).
 		opts.Twins = shadow.NewStore(d.cli, shadow.StoreConfig{Prefix: cfg.Etcd.Prefix, Writer: cfg.Gateway})
@@ -260,6 +263,11 @@ func (d *Daemon) newAgent() error {
 		return err
 	}
 	opts.TrustUpdates = tu
+	if d.images != nil {
+		// The firmware job runner: executions fenced by the lock (I5),
+		// images from the cache (jobs.go).
+		opts.Jobs, opts.Images = jobs.NewStore(d.cli, cfg.Etcd.Prefix), cacheImages(d.images)
+	}
 	var s agent.Sender = d.cmdr
 	if d.o.Sender != nil {
 		s = d.o.Sender(d.cmdr)
@@ -270,7 +278,7 @@ func (d *Daemon) newAgent() error {
 	}
 	d.ag = ag
 	d.cmdr.OnUnmatched(ag.FenceResetAck) // an operator's fence reset (agent/reset.go)
-	if cfg.Twins.Enabled {
+	if cfg.Twins.Enabled || cfg.Jobs.On() {
 		subscribeStateReports(d.cmdr.Client(), mqtt.Topics{Prefix: cfg.MQTT.Prefix}, ag)
 	}
 	wd := watchdogInterval(log)

@@ -4,7 +4,8 @@
 // New(ctx, cfg, Options) checks etcd's TLS handshake, then opens and owns,
 // in this order: the API socket (claimed first, so a second agent on the
 // same config fails before it campaigns), the fence table and bridge (home
-// gateway only), the outbox, the history files, the twin cache, the etcd
+// gateway only), the outbox, the history files, the twin cache, the
+// firmware image cache (jobs on; it holds no open files between jobs), the etcd
 // client (with etcd auth it waits for etcd until ctx ends), the MQTT
 // commander (the bridge's command topics subscribed before it connects)
 // and the agent, whose Sender is the commander. The devices' state

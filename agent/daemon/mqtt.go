@@ -42,7 +42,9 @@ func mqttCredentials(c agent.MQTTConfig, mc *mqtt.Config) error {
 
 // subscribeStateReports routes the devices' state reports
 // (<prefix>/dev/+/state) to ag, which updates their reported twin state
-// while it holds them, never sending a command on its own. It subscribes
+// while it holds them (twins on), and hands their "fw" field to the
+// firmware job runner (jobs on), which plans the steps of a held device's
+// job from it. It subscribes
 // on the running client, once ag exists: see the package doc.
 func subscribeStateReports(c *mqtt.Client, topics mqtt.Topics, ag *agent.Agent) {
 	c.Subscribe(topics.State("+"), func(m mqtt.Message) {

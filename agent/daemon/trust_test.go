@@ -148,15 +148,7 @@ func TestPerDeviceAuthPolicy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
+	defer runDaemon(t, d)()
 	ag := d.Agent()
 	for deadline := time.Now().Add(60 * time.Second); ag.Status().Counters.Acquired < uint64(len(cfg.Devices)) || !d.cmdr.Client().Subscribed(); time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {

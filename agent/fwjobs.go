@@ -1,0 +1,73 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/edgefence/edgefence/agent/jobs"
+	"github.com/edgefence/edgefence/fence"
+)
+
+// The firmware job runner (agent/jobs), on when Options.Jobs and
+// Options.Images are set: it drives the firmware jobs of the devices this
+// agent holds through Send (the outbox, the fenced path) and writes their
+// executions fenced by the device's lock key (I5). The leases' acquired
+// hook starts a device's worker; DeviceState hands it the "fw" field of
+// every configured device's state report, held or not, so that a gateway
+// taking a device over has its last report.
+
+// FieldFirmware is the state report field of a device's firmware job
+// (devices/fwjob Status.Report).
+const FieldFirmware = "fw"
+
+// jobHost is the runner's view of the agent (jobs.Host).
+type jobHost struct{ a *Agent }
+
+// Holding returns dev's lock key and token while the agent holds it.
+func (h jobHost) Holding(dev string) (jobs.Holder, bool) {
+	key, token, ok := h.a.leases.holder(dev)
+	if !ok {
+		return jobs.Holder{}, false
+	}
+	return jobs.Holder{Gateway: h.a.cfg.Gateway, LockKey: key, Token: token}, true
+}
+
+// Send is Agent.Send; not holding the lease is jobs.ErrFenced.
+func (h jobHost) Send(ctx context.Context, dev, kind string, body []byte) (*fence.Ack, error) {
+	ack, err := h.a.Send(ctx, dev, kind, body)
+	if errors.Is(err, ErrNotHolder) {
+		return ack, fmt.Errorf("%w: %w", jobs.ErrFenced, err)
+	}
+	return ack, err
+}
+
+// newJobs returns the runner of o.Jobs and o.Images (nil if either is
+// missing).
+func (a *Agent) newJobs(o Options) *jobs.Runner {
+	if o.Jobs == nil || o.Images == nil {
+		return nil
+	}
+	return jobs.NewRunner(o.Jobs, o.Images, jobHost{a}, jobs.RunnerConfig{Gateway: a.cfg.Gateway, Devices: a.order,
+		Logger: a.log, Now: a.now})
+}
+
+// JobStats returns the firmware job runner's counters (ok false: it is off).
+func (a *Agent) JobStats() (jobs.RunnerStats, bool) {
+	if a.jobs == nil {
+		return jobs.RunnerStats{}, false
+	}
+	return a.jobs.Stats(), true
+}
+
+// firmwareReport hands the "fw" field of dev's state report to the runner.
+func (a *Agent) firmwareReport(dev string, fields map[string]any) {
+	if a.jobs == nil {
+		return
+	}
+	fw, ok := fields[FieldFirmware].(map[string]any)
+	if !ok {
+		return
+	}
+	a.jobs.Report(dev, fw)
+}
