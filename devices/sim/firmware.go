@@ -14,6 +14,7 @@ import (
 	"github.com/edgefence/edgefence/devices/shim"
 	"github.com/edgefence/edgefence/fence"
 	"github.com/edgefence/edgefence/fence/auth"
+	"github.com/edgefence/edgefence/fence/history"
 	"github.com/edgefence/edgefence/transport/mqtt"
 )
 
@@ -34,9 +35,17 @@ type FirmwareConfig struct {
 	// Security is the factory image's security version (first boot only).
 	Security uint64
 	// PowerLoss is what an image marked HealthCrash does during its health
-	// check: it must kill the process at once (edgefence-devsim sends
-	// itself SIGKILL). nil makes such an image hang instead.
+	// check: kill the process at once (edgefence-devsim sends itself
+	// SIGKILL), or, for a device run in-process (FirmwareFleet), cancel
+	// the ctx given to StartFirmware, which abandons the boot as a power
+	// loss would (the try it spent stays spent). nil makes such an image
+	// hang instead.
 	PowerLoss func()
+	// History, if not nil, gets every fence decision of the device as a
+	// history event (shim.Options.History), firmware steps with their job
+	// (fwjob.NoteHistory). Its source must name this device's fence point
+	// only. The device does not close it.
+	History *history.Writer
 
 	// Keys, Root: as HostConfig's. Signer, if set, is the device's own
 	// key: its acks and state reports go out signed.
@@ -124,7 +133,8 @@ func StartFirmware(ctx context.Context, cfg FirmwareConfig) (*FirmwareDevice, er
 // open opens the fence point and dials the broker.
 func (d *FirmwareDevice) open() error {
 	cfg := d.cfg
-	s, err := shim.Open(fwjob.DBPath(cfg.Dir), &shim.Options{Logger: cfg.Logger, Keys: cfg.Keys, Root: cfg.Root})
+	s, err := shim.Open(fwjob.DBPath(cfg.Dir), &shim.Options{Logger: cfg.Logger, Keys: cfg.Keys, Root: cfg.Root,
+		History: cfg.History, HistoryNote: fwjob.NoteHistory})
 	if err != nil {
 		return err
 	}
@@ -138,14 +148,18 @@ func (d *FirmwareDevice) open() error {
 	if mc.ClientID == "" {
 		mc.ClientID = defaultClientID(cfg.Dir)
 	}
+	// Registered before the first connection: the commands the broker
+	// queued while the device rebooted are delivered the moment the
+	// session resumes, and must find their handler.
+	mc.Subscriptions = append(append([]mqtt.Subscription(nil), mc.Subscriptions...),
+		mqtt.Subscription{Filter: d.topics.Cmd(cfg.Device), Handler: d.handle})
+	d.shim = s
 	d.ctx, d.cancel = context.WithCancel(context.Background())
 	if d.client, err = mqtt.Dial(d.ctx, mc); err != nil {
 		d.cancel()
 		s.Close()
 		return err
 	}
-	d.shim = s
-	d.client.Subscribe(d.topics.Cmd(cfg.Device), d.handle)
 	d.log.Info("firmware device starting", "broker", cfg.Broker, "client_id", mc.ClientID,
 		"dir", cfg.Dir, "slot", d.boot.Slot, "trial", d.boot.Trial, "fw_state", d.boot.Status.State,
 		"reason", d.boot.Status.Reason, "firmware", d.version)
