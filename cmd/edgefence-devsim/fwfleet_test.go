@@ -221,3 +221,72 @@ func TestFirmwareInProcessRollback(t *testing.T) {
 	}
 	checkHistory(t, filepath.Join(dir, "h.jsonl"))
 }
+
+// BenchmarkFirmwareInProcess starts $EDGEFENCE_FWFLEET_N (default 1000)
+// firmware devices in one --in-process devsim on a fresh directory, then
+// again on the same directories (a restart), against an in-process broker
+// (in the test process, not the devsim's), and reports the time to
+// msg=ready (every device booted, connected, subscribed and its retained
+// report published) and the devsim's RSS then.
+func BenchmarkFirmwareInProcess(b *testing.B) {
+	n := 1000
+	if s := os.Getenv("EDGEFENCE_FWFLEET_N"); s != "" {
+		if _, err := fmt.Sscan(s, &n); err != nil {
+			b.Fatal(err)
+		}
+	}
+	url := startBroker(b)
+	for range b.N {
+		dir := b.TempDir()
+		for _, run := range []string{"fresh", "restart"} {
+			t0 := time.Now()
+			d := startDevsim(b, "--firmware", "--in-process", "--mqtt", url, "--dir", dir, "--count", fmt.Sprint(n))
+			select {
+			case <-d.ready:
+			case <-d.exited:
+				b.Fatalf("devsim exited before ready:\n%s", d.log())
+			case <-time.After(10 * time.Minute):
+				b.Fatalf("devsim not ready:\n%s", d.log())
+			}
+			ready := time.Since(t0)
+			rss := childRSSKiB(b, d.cmd.Process.Pid)
+			b.ReportMetric(ready.Seconds(), run+"-ready-s")
+			b.ReportMetric(float64(rss)/1024, run+"-rss-MiB")
+			b.Logf("%d devices, %s: ready in %v, RSS %d MiB (%d KiB per device); %s", n, run, ready.Round(time.Millisecond),
+				rss/1024, rss/uint64(n), readyLine(d.log()))
+			if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+				b.Fatal(err)
+			}
+			<-d.exited
+			d.cmd.Wait()
+		}
+	}
+}
+
+// readyLine returns the msg=ready line of a devsim log.
+func readyLine(log string) string {
+	for _, l := range strings.Split(log, "\n") {
+		if strings.Contains(l, "msg=ready") {
+			return l
+		}
+	}
+	return ""
+}
+
+// childRSSKiB reads the VmRSS of process pid.
+func childRSSKiB(tb testing.TB, pid int) uint64 {
+	tb.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+			var kib uint64
+			fmt.Sscan(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), &kib)
+			return kib
+		}
+	}
+	tb.Fatalf("no VmRSS in /proc/%d/status", pid)
+	return 0
+}

@@ -43,7 +43,7 @@ type devsim struct {
 	exited chan struct{}
 }
 
-func startDevsim(t *testing.T, args ...string) *devsim {
+func startDevsim(t testing.TB, args ...string) *devsim {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], args...)
 	cmd.Env = append(os.Environ(), asMainEnv+"=1")
@@ -110,7 +110,7 @@ func (d *devsim) awaitReady(t *testing.T) {
 }
 
 // wait waits for the process to exit and returns its exit code.
-func (d *devsim) wait(t *testing.T) int {
+func (d *devsim) wait(t testing.TB) int {
 	t.Helper()
 	select {
 	case <-d.exited:
