@@ -58,7 +58,10 @@ type FirmwareFleetConfig struct {
 // power loss would (the ctx of its StartFirmware cancelled) and the device
 // boots again at once, each time spending a try, until the boot loader
 // rolls back. Commands that arrive while a device reboots are queued by
-// the broker in its session and decided when it is back, never refused.
+// the broker in its session and decided when it is back, never refused; one
+// decided as the device goes down may lose its ack with the connection,
+// and the broker's redelivery is then acked duplicate (as for a device
+// process).
 //
 // Each device runs in a goroutine the fleet owns; Close stops them all.
 type FirmwareFleet struct {
