@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"path/filepath"
 	"syscall"
 	"testing"
@@ -54,7 +55,7 @@ func TestFirmwareHistory(t *testing.T) {
 	d.stop(t, syscall.SIGTERM)
 
 	evs := checkHistory(t, hpath)
-	var stale, activated int
+	stale, activated := map[string]bool{}, 0
 	for _, e := range evs {
 		if e.Op != history.OpVerdict || e.Source != "devsim:"+e.Device {
 			continue
@@ -64,12 +65,15 @@ func TestFirmwareHistory(t *testing.T) {
 		}
 		switch {
 		case e.Kind == fwjob.KindChunk && e.Verdict == "stale":
-			stale++
+			stale[e.ID] = true
 		case e.Kind == fwjob.KindActivate && e.Verdict == "accepted":
 			activated++
 		}
 	}
-	if stale != 1 || activated != 1 {
-		t.Fatalf("%d stale chunks, %d accepted fw.activate; want 1 and 1", stale, activated)
+	// The late chunk is stale; so may be a redelivery of one the old holder
+	// sent before the kill (its PUBACK died with the process) if it comes
+	// after the new holder's first step.
+	if late := fmt.Sprintf("fw-h1-%d-%d", old.token, old.seq); !stale[late] || activated != 1 {
+		t.Fatalf("stale chunks %v (want %s among them), %d accepted fw.activate (want 1)", stale, late, activated)
 	}
 }

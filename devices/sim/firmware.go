@@ -90,6 +90,7 @@ type FirmwareDevice struct {
 
 	reboot     chan struct{}
 	rebootOnce sync.Once
+	dialed     chan struct{} // closed once client is set: a resumed session's command may come first
 
 	reports                                                 atomic.Uint64 // signed reports' counter
 	acks, ackErrors, states, stateErrors, badResponseTopics atomic.Uint64
@@ -155,11 +156,13 @@ func (d *FirmwareDevice) open() error {
 		mqtt.Subscription{Filter: d.topics.Cmd(cfg.Device), Handler: d.handle})
 	d.shim = s
 	d.ctx, d.cancel = context.WithCancel(context.Background())
+	d.dialed = make(chan struct{})
 	if d.client, err = mqtt.Dial(d.ctx, mc); err != nil {
 		d.cancel()
 		s.Close()
 		return err
 	}
+	close(d.dialed)
 	d.log.Info("firmware device starting", "broker", cfg.Broker, "client_id", mc.ClientID,
 		"dir", cfg.Dir, "slot", d.boot.Slot, "trial", d.boot.Trial, "fw_state", d.boot.Status.State,
 		"reason", d.boot.Status.Reason, "firmware", d.version)
@@ -214,6 +217,7 @@ func (d *FirmwareDevice) Close(ctx context.Context) error {
 // handle runs on the MQTT client's delivery goroutine, one command at a
 // time; the command's PUBACK goes out when it returns.
 func (d *FirmwareDevice) handle(m mqtt.Message) {
+	<-d.dialed
 	dev := d.cfg.Device
 	o := d.dev.Handle(d.shim, m.Payload) // committed (fsync) before we return
 	if o.Update != nil {
@@ -234,7 +238,7 @@ func (d *FirmwareDevice) handle(m mqtt.Message) {
 	}
 	ctx, cancel := context.WithTimeout(d.ctx, publishTimeout)
 	defer cancel()
-	if err := d.client.Publish(ctx, mqtt.Message{Topic: topic, Payload: ack, CorrelationData: m.CorrelationData}); err != nil {
+	if err := d.publish(ctx, mqtt.Message{Topic: topic, Payload: ack, CorrelationData: m.CorrelationData}); err != nil {
 		d.ackErrors.Add(1)
 		d.log.Warn("ack not published; a redelivery will be acked as duplicate",
 			"id", o.Ack.ID, "verdict", o.Ack.Verdict.String(), "err", err)
@@ -253,6 +257,18 @@ func (d *FirmwareDevice) handle(m mqtt.Message) {
 	}
 }
 
+// publish publishes m once the client counts its connection up: the
+// broker delivers the commands it queued for a resumed session (sent while
+// the device rebooted) as soon as the CONNACK is out, which can be before
+// the client's own bookkeeping has the link, and an ack published then
+// would fail "not connected" and be lost.
+func (d *FirmwareDevice) publish(ctx context.Context, m mqtt.Message) error {
+	if err := d.client.AwaitConnection(ctx); err != nil {
+		return err
+	}
+	return d.client.Publish(ctx, m)
+}
+
 // nextSlot is the slot the boot loader boots next.
 func nextSlot(s fwjob.Status) string {
 	if s.Trial != "" {
@@ -269,7 +285,7 @@ func (d *FirmwareDevice) publishState(ctx context.Context, m fence.Mark) error {
 		raw, err = signState(d.cfg.Signer, &d.reports, d.cfg.Device, m, raw)
 	}
 	if err == nil {
-		err = d.client.Publish(ctx, mqtt.Message{Topic: d.topics.State(d.cfg.Device), Payload: raw, Retain: true})
+		err = d.publish(ctx, mqtt.Message{Topic: d.topics.State(d.cfg.Device), Payload: raw, Retain: true})
 	}
 	if err != nil {
 		d.stateErrors.Add(1)
