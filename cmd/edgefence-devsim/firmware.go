@@ -13,6 +13,7 @@ import (
 
 	"github.com/edgefence/edgefence/devices/fwjob"
 	"github.com/edgefence/edgefence/devices/sim"
+	"github.com/edgefence/edgefence/fence/history"
 	"github.com/edgefence/edgefence/transport/mqtt"
 )
 
@@ -31,6 +32,7 @@ type firmwareFlags struct {
 	tries        *int
 	security     *uint64
 	restartDelay *time.Duration
+	inProcess    *bool
 }
 
 func newFirmwareFlags(fs *flag.FlagSet) firmwareFlags {
@@ -42,6 +44,8 @@ func newFirmwareFlags(fs *flag.FlagSet) firmwareFlags {
 		security:  fs.Uint64("fw-security", 0, "firmware devices: the factory image's security version (first boot)"),
 		restartDelay: fs.Duration("restart-delay", time.Second,
 			"with --firmware: wait this long before restarting a device that died (not one that rebooted)"),
+		inProcess: fs.Bool("in-process", false,
+			"with --firmware: run every device in this one process (a reboot closes and boots it again in place): for scale benchmarks; the proofs use a process per device"),
 	}
 }
 
@@ -68,9 +72,16 @@ func runFirmwareDevice(ctx context.Context, log *slog.Logger, f devsimFlags, cre
 		dlog.Error("start", "err", err)
 		return 1
 	}
+	hist, err := deviceHistory(*f.histPath, *f.histSrc, id)
+	if err != nil {
+		dlog.Error("open history", "err", err)
+		return 1
+	}
+	defer hist.Close() // after the device: deferred calls run last in, first out
 	d, err := sim.StartFirmware(ctx, sim.FirmwareConfig{Device: id, Dir: filepath.Join(*f.dir, id), Broker: *f.broker,
 		Prefix: *f.prefix, ClientID: *f.clientID, Window: *f.fw.window, Tries: uint8(*f.fw.tries), Security: *f.fw.security,
-		PowerLoss: func() { powerLoss(dlog) }, Keys: a.keys, Root: a.root, Signer: a.signers[id], Logger: log, MQTT: creds})
+		PowerLoss: func() { powerLoss(dlog) }, Keys: a.keys, Root: a.root, Signer: a.signers[id], Logger: log, MQTT: creds,
+		History: hist})
 	log = dlog
 	if err != nil {
 		if ctx.Err() != nil {
@@ -132,10 +143,12 @@ func runFirmware(ctx context.Context, log *slog.Logger, fs *flag.FlagSet, f devs
 	switch {
 	case *f.fw.supervise && *f.fw.device != "":
 		return usage("--firmware runs the devices of --devices or --count; --firmware-device runs one (the supervisor's child): not both")
-	case *f.port != "" || *f.logPath != "" || *f.histPath != "" || *f.noFence:
-		return usage("firmware devices take no --serial, --log, --history or unsafe flag")
+	case *f.port != "" || *f.logPath != "" || *f.noFence:
+		return usage("firmware devices take no --serial, --log or unsafe flag")
 	case *f.fw.supervise && *f.clientID != "":
 		return usage("--client-id names one client: --firmware's devices derive theirs from their directories")
+	case *f.fw.inProcess && !*f.fw.supervise:
+		return usage("--in-process runs the devices of --firmware in this process: it needs --firmware")
 	case *f.fw.device != "" && (*f.devices != "" || *f.count != 0):
 		return usage("--firmware-device runs one device: no --devices or --count")
 	}
@@ -146,8 +159,23 @@ func runFirmware(ctx context.Context, log *slog.Logger, fs *flag.FlagSet, f devs
 	if err != nil {
 		return usage(err.Error())
 	}
-	if *f.fw.supervise {
+	creds := mqtt.Config{Username: user, Password: pass}
+	switch {
+	case *f.fw.inProcess:
+		return runFirmwareFleet(ctx, log, f, ids, creds)
+	case *f.fw.supervise:
 		return runSupervisor(ctx, log, fs, f, ids)
 	}
-	return runFirmwareDevice(ctx, log, f, mqtt.Config{Username: user, Password: pass})
+	return runFirmwareDevice(ctx, log, f, creds)
+}
+
+// deviceHistory opens the history file path for firmware device id (nil
+// without a path): the device appends to it under its own source,
+// source+":"+id, one write(2) per line on an O_APPEND file, so the devices'
+// processes share the file (history.Create).
+func deviceHistory(path, source, id string) (*history.Writer, error) {
+	if path == "" {
+		return nil, nil
+	}
+	return history.Create(path, source+":"+id)
 }

@@ -9,6 +9,7 @@
 //	edgefence-devsim --mqtt mqtt://127.0.0.1:1883 --devices dev-1,dev-2 --dir /var/lib/devsim
 //	edgefence-devsim --mqtt mqtt://127.0.0.1:1883 --count 100 --id-prefix dev- --dir ./data --log verdicts.jsonl
 //	edgefence-devsim --firmware --mqtt mqtt://127.0.0.1:1883 --devices fw-1,fw-2 --dir ./fw --fw-window 30s
+//	edgefence-devsim --firmware --in-process --mqtt mqtt://127.0.0.1:1883 --count 1000 --dir ./fw --history fw.jsonl
 //
 // With --firmware the devices take firmware jobs (fw.* kinds, package
 // fwjob) besides the thermostat's commands: one child process per device
@@ -18,7 +19,11 @@
 // dies otherwise (kill -9: power loss) after --restart-delay. The image in
 // the booted slot decides a trial boot's health check (EDGEFENCE-HEALTH=
 // fail, hang or crash; see sim.FirmwareImage). Their state reports are
-// retained.
+// retained. With --in-process every firmware device runs in this one
+// process instead (sim.FirmwareFleet), a reboot closing and booting it in
+// place: for scale benchmarks; the proofs use a process per device.
+// Firmware devices take --history too, each device under the source
+// <history-source>:<id>.
 //
 // Logs go to stderr (slog text); one line with msg=ready is logged once the
 // broker has acknowledged every subscription. The verdict log (one JSON line
@@ -205,7 +210,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		return runSerial(ctx, log, *f.port, id, *f.regs, *f.logPath, stdout)
 	}
-	if *f.fw.supervise || *f.fw.device != "" {
+	if *f.fw.supervise || *f.fw.device != "" || *f.fw.inProcess {
 		return runFirmware(ctx, log, fs, f, usage)
 	}
 	ids, err := deviceIDs(*f.devices, *f.count, *f.idPrefix)

@@ -43,7 +43,7 @@ type devsim struct {
 	exited chan struct{}
 }
 
-func startDevsim(t *testing.T, args ...string) *devsim {
+func startDevsim(t testing.TB, args ...string) *devsim {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], args...)
 	cmd.Env = append(os.Environ(), asMainEnv+"=1")
@@ -110,7 +110,7 @@ func (d *devsim) awaitReady(t *testing.T) {
 }
 
 // wait waits for the process to exit and returns its exit code.
-func (d *devsim) wait(t *testing.T) int {
+func (d *devsim) wait(t testing.TB) int {
 	t.Helper()
 	select {
 	case <-d.exited:
@@ -477,6 +477,12 @@ func TestUsage(t *testing.T) {
 		{[]string{"--firmware-device", "a", "--mqtt", "mqtt://h", "--dir", "x", "--fw-window", "0s"}, 2, "--fw-window must be positive"},
 		{[]string{"--firmware", "--mqtt", "mqtt://h", "--dir", "x", "--devices", "a", "--restart-delay", "-1s"}, 2, "--restart-delay must not be negative"},
 		{[]string{"--firmware-device", "bad/id", "--mqtt", "mqtt://h", "--dir", t.TempDir()}, 1, "device id"},
+		{[]string{"--in-process", "--mqtt", "mqtt://h", "--dir", "x", "--devices", "a"}, 2, "--in-process runs the devices of --firmware"},
+		{[]string{"--firmware-device", "a", "--in-process", "--mqtt", "mqtt://h", "--dir", "x"}, 2, "it needs --firmware"},
+		{[]string{"--firmware", "--in-process", "--mqtt", "mqtt://h", "--dir", "x", "--devices", "a", "--client-id", "c"}, 2, "--client-id names one client"},
+		{[]string{"--firmware", "--in-process", "--mqtt", "mqtt://h", "--dir", t.TempDir(), "--devices", "a,bad/id"}, 1, "device id"},
+		{[]string{"--firmware", "--in-process", "--mqtt", "mqtt://h", "--dir", t.TempDir(), "--devices", "a", "--history", filepath.Join(t.TempDir(), "none", "h")}, 1, "history"},
+		{[]string{"--firmware-device", "a", "--mqtt", "mqtt://h", "--dir", t.TempDir(), "--history", filepath.Join(t.TempDir(), "none", "h")}, 1, "open history"},
 	} {
 		var out, errb bytes.Buffer
 		if code := run(context.Background(), tt.args, &out, &errb); code != tt.want || !strings.Contains(errb.String(), tt.msg) {

@@ -73,6 +73,9 @@ func (s *Shim) record(res Result) {
 		Verdict: a.Verdict.String(), Reason: a.Reason}
 	if res.Envelope != nil {
 		e.Kind = res.Envelope.Kind
+		if s.opts.HistoryNote != nil {
+			s.opts.HistoryNote(res.Envelope, &e)
+		}
 	}
 	if err := s.opts.History.Record(e); err != nil {
 		s.log.Warn("history not written", "device", a.Device, "id", a.ID, "err", err)

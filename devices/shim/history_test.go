@@ -152,3 +152,39 @@ func TestHistoryRecover(t *testing.T) {
 		t.Fatalf("check:\n%s", r)
 	}
 }
+
+// TestHistoryNote: Options.HistoryNote annotates every decision of a
+// decoded command, the accept (written before its commit) and the
+// refusals alike, before the event is written.
+func TestHistoryNote(t *testing.T) {
+	dir := t.TempDir()
+	hpath := filepath.Join(dir, "history.jsonl")
+	note := func(env *fence.Envelope, e *history.Event) { e.Job = "job-of-" + env.ID }
+	s := open(t, filepath.Join(dir, "fence.db"), &shim.Options{History: createHistory(t, hpath, "shim"), HistoryNote: note})
+	d := &recorder{}
+	s.Handle("dev-1", envelope(t, "dev-1", 10, 1, "ok"), d)
+	s.Handle("dev-1", envelope(t, "dev-1", 10, 1, "ok"), d)
+	s.Handle("dev-1", envelope(t, "dev-1", 9, 1, "ok"), d)
+	s.Handle("dev-1", []byte("garbage"), d)
+	var got []string
+	for _, e := range closeAndRead(t, s, hpath) {
+		got = append(got, e.Verdict+" "+e.Job)
+	}
+	want := []string{"accepted job-of-c-10-1", "duplicate job-of-c-10-1", "stale job-of-c-9-1", "invalid "}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("events\n got %q\nwant %q", got, want)
+	}
+}
+
+// closeAndRead closes s and reads the history file at path.
+func closeAndRead(t *testing.T, s *shim.Shim, path string) []history.Event {
+	t.Helper()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	evs, err := history.Read(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return evs
+}

@@ -69,6 +69,10 @@ type Options struct {
 	// PersistOnTokenChangeOnly only tokens are durable, so only accepts
 	// above the durable token are discarded after a crash.
 	History *history.Writer
+	// HistoryNote, if set, adds what the device knows about a command to
+	// its History event before it is written (fwjob.NoteHistory: the job
+	// and image of a firmware step). It must not block.
+	HistoryNote func(env *fence.Envelope, e *history.Event)
 
 	// Keys, if set, makes the shim accept only signed envelopes (invariant
 	// I7, fence/auth): a command must be a COSE_Sign1 by a key Keys

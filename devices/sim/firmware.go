@@ -14,6 +14,7 @@ import (
 	"github.com/edgefence/edgefence/devices/shim"
 	"github.com/edgefence/edgefence/fence"
 	"github.com/edgefence/edgefence/fence/auth"
+	"github.com/edgefence/edgefence/fence/history"
 	"github.com/edgefence/edgefence/transport/mqtt"
 )
 
@@ -34,9 +35,17 @@ type FirmwareConfig struct {
 	// Security is the factory image's security version (first boot only).
 	Security uint64
 	// PowerLoss is what an image marked HealthCrash does during its health
-	// check: it must kill the process at once (edgefence-devsim sends
-	// itself SIGKILL). nil makes such an image hang instead.
+	// check: kill the process at once (edgefence-devsim sends itself
+	// SIGKILL), or, for a device run in-process (FirmwareFleet), cancel
+	// the ctx given to StartFirmware, which abandons the boot as a power
+	// loss would (the try it spent stays spent). nil makes such an image
+	// hang instead.
 	PowerLoss func()
+	// History, if not nil, gets every fence decision of the device as a
+	// history event (shim.Options.History), firmware steps with their job
+	// (fwjob.NoteHistory). Its source must name this device's fence point
+	// only. The device does not close it.
+	History *history.Writer
 
 	// Keys, Root: as HostConfig's. Signer, if set, is the device's own
 	// key: its acks and state reports go out signed.
@@ -87,6 +96,7 @@ type FirmwareDevice struct {
 
 	reboot     chan struct{}
 	rebootOnce sync.Once
+	dialed     chan struct{} // closed once client is set: a resumed session's command may come first
 
 	reports                                                 atomic.Uint64 // signed reports' counter
 	acks, ackErrors, states, stateErrors, badResponseTopics atomic.Uint64
@@ -130,7 +140,8 @@ func StartFirmware(ctx context.Context, cfg FirmwareConfig) (*FirmwareDevice, er
 // open opens the fence point and dials the broker.
 func (d *FirmwareDevice) open() error {
 	cfg := d.cfg
-	s, err := shim.Open(fwjob.DBPath(cfg.Dir), &shim.Options{Logger: cfg.Logger, Keys: cfg.Keys, Root: cfg.Root})
+	s, err := shim.Open(fwjob.DBPath(cfg.Dir), &shim.Options{Logger: cfg.Logger, Keys: cfg.Keys, Root: cfg.Root,
+		History: cfg.History, HistoryNote: fwjob.NoteHistory})
 	if err != nil {
 		return err
 	}
@@ -145,14 +156,20 @@ func (d *FirmwareDevice) open() error {
 	if mc.ClientID == "" {
 		mc.ClientID = defaultClientID(cfg.Dir)
 	}
+	// Registered before the first connection: the commands the broker
+	// queued while the device rebooted are delivered the moment the
+	// session resumes, and must find their handler.
+	mc.Subscriptions = append(append([]mqtt.Subscription(nil), mc.Subscriptions...),
+		mqtt.Subscription{Filter: d.topics.Cmd(cfg.Device), Handler: d.handle})
+	d.shim = s
 	d.ctx, d.cancel = context.WithCancel(context.Background())
+	d.dialed = make(chan struct{})
 	if d.client, err = mqtt.Dial(d.ctx, mc); err != nil {
 		d.cancel()
 		s.Close()
 		return err
 	}
-	d.shim = s
-	d.client.Subscribe(d.topics.Cmd(cfg.Device), d.handle)
+	close(d.dialed)
 	d.log.Info("firmware device starting", "broker", cfg.Broker, "client_id", mc.ClientID,
 		"dir", cfg.Dir, "slot", d.boot.Slot, "trial", d.boot.Trial, "fw_state", d.boot.Status.State,
 		"reason", d.boot.Status.Reason, "firmware", d.version)
@@ -207,6 +224,7 @@ func (d *FirmwareDevice) Close(ctx context.Context) error {
 // handle runs on the MQTT client's delivery goroutine, one command at a
 // time; the command's PUBACK goes out when it returns.
 func (d *FirmwareDevice) handle(m mqtt.Message) {
+	<-d.dialed
 	dev := d.cfg.Device
 	o := d.dev.Handle(d.shim, m.Payload) // committed (fsync) before we return
 	if o.Update != nil {
@@ -227,7 +245,7 @@ func (d *FirmwareDevice) handle(m mqtt.Message) {
 	}
 	ctx, cancel := context.WithTimeout(d.ctx, publishTimeout)
 	defer cancel()
-	if err := d.client.Publish(ctx, mqtt.Message{Topic: topic, Payload: ack, CorrelationData: m.CorrelationData}); err != nil {
+	if err := d.publish(ctx, mqtt.Message{Topic: topic, Payload: ack, CorrelationData: m.CorrelationData}); err != nil {
 		d.ackErrors.Add(1)
 		d.log.Warn("ack not published; a redelivery will be acked as duplicate",
 			"id", o.Ack.ID, "verdict", o.Ack.Verdict.String(), "err", err)
@@ -246,6 +264,18 @@ func (d *FirmwareDevice) handle(m mqtt.Message) {
 	}
 }
 
+// publish publishes m once the client counts its connection up: the
+// broker delivers the commands it queued for a resumed session (sent while
+// the device rebooted) as soon as the CONNACK is out, which can be before
+// the client's own bookkeeping has the link, and an ack published then
+// would fail "not connected" and be lost.
+func (d *FirmwareDevice) publish(ctx context.Context, m mqtt.Message) error {
+	if err := d.client.AwaitConnection(ctx); err != nil {
+		return err
+	}
+	return d.client.Publish(ctx, m)
+}
+
 // nextSlot is the slot the boot loader boots next.
 func nextSlot(s fwjob.Status) string {
 	if s.Trial != "" {
@@ -262,7 +292,7 @@ func (d *FirmwareDevice) publishState(ctx context.Context, m fence.Mark) error {
 		raw, err = signState(d.cfg.Signer, &d.reports, d.cfg.Device, m, raw)
 	}
 	if err == nil {
-		err = d.client.Publish(ctx, mqtt.Message{Topic: d.topics.State(d.cfg.Device), Payload: raw, Retain: true})
+		err = d.publish(ctx, mqtt.Message{Topic: d.topics.State(d.cfg.Device), Payload: raw, Retain: true})
 	}
 	if err != nil {
 		d.stateErrors.Add(1)

@@ -72,6 +72,12 @@ type Event struct {
 	Kind    string    `json:"kind,omitempty"`
 	Verdict string    `json:"verdict,omitempty"` // accepted, duplicate, stale, invalid, expired
 	Reason  string    `json:"reason,omitempty"`
+	// Job and Image say what a firmware step (fw.* kinds, devices/fwjob)
+	// is about: the job id of its body, and for fw.begin the image's
+	// SHA-256 in hex. Empty for other kinds and for a body that does not
+	// decode (older files have neither).
+	Job   string `json:"job,omitempty"`
+	Image string `json:"image,omitempty"`
 }
 
 // Writer appends events to a file. A nil *Writer records nothing, so

@@ -216,6 +216,32 @@ func TestReadRoundTrip(t *testing.T) {
 	}
 }
 
+// TestReadFirmwareFields: a firmware step's job and image round-trip;
+// a line written before they existed reads with them empty, and an event
+// without them writes neither key.
+func TestReadFirmwareFields(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "h.jsonl")
+	appendRaw(t, path, `{"t":"2026-01-02T03:04:05Z","src":"old","op":"verdict","dev":"d","id":"a","token":1,"seq":1,"kind":"fw.begin","verdict":"accepted"}`+"\n")
+	write(t, path, []history.Event{
+		{Op: history.OpVerdict, Device: "d", ID: "b", Token: 1, Seq: 2, Kind: "fw.begin", Verdict: "accepted", Job: "j1", Image: "ab12"},
+		{Op: history.OpVerdict, Device: "d", ID: "c", Token: 1, Seq: 3, Kind: "set", Verdict: "accepted"},
+	})
+	got, err := history.Read(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 3 || got[0].Job != "" || got[0].Image != "" || got[1].Job != "j1" || got[1].Image != "ab12" || got[2].Job != "" {
+		t.Fatalf("%+v", got)
+	}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if last := strings.Split(strings.TrimSpace(string(raw)), "\n")[2]; strings.Contains(last, `"job"`) || strings.Contains(last, `"image"`) {
+		t.Fatalf("an event without job and image: %s", last)
+	}
+}
+
 func TestWriterDefaults(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "h.jsonl")
 	write(t, path, []history.Event{{Op: history.OpVerdict, Device: "d", ID: "x", Token: 1, Seq: 1, Verdict: "accepted"}})
