@@ -181,7 +181,11 @@ func (e *env) startAgent(name, path string) *sandbox.Proc {
 		default:
 		}
 		if err := p.Stop(10 * time.Second); err != nil {
-			e.t.Errorf("%s did not shut down cleanly: %v", name, err)
+			log, _ := os.ReadFile(filepath.Join(e.dir, name+".log"))
+			if len(log) > 16<<10 {
+				log = log[len(log)-16<<10:] // a race report is at the end
+			}
+			e.t.Errorf("%s did not shut down cleanly: %v; the end of its log:\n%s", name, err, log)
 		}
 	})
 	return p
