@@ -286,7 +286,7 @@ func (r *Figure1FirmwareResult) checkLate() error {
 	chunks := 0
 	for _, s := range r.Late {
 		if s.Verdict != "stale" {
-			errs = append(errs, fmt.Errorf("A's late %s (token %d): %q %s", s.Kind, s.Token, s.Verdict, s.Reason))
+			errs = append(errs, fmt.Errorf("late %s of A (token %d): %q %s", s.Kind, s.Token, s.Verdict, s.Reason))
 		}
 		if s.Kind == fwjob.KindChunk {
 			chunks++
@@ -296,10 +296,10 @@ func (r *Figure1FirmwareResult) checkLate() error {
 		errs = append(errs, errors.New("no late chunk of A reached the device"))
 	}
 	if r.LateActivate.Verdict != "stale" {
-		errs = append(errs, fmt.Errorf("A's late fw.activate: %q %s", r.LateActivate.Verdict, r.LateActivate.Error))
+		errs = append(errs, fmt.Errorf("late fw.activate of A: %q %s", r.LateActivate.Verdict, r.LateActivate.Error))
 	}
 	if r.AStale == 0 {
-		errs = append(errs, errors.New("A counted no stale chunk"))
+		errs = append(errs, errors.New("gw-a counted no stale chunk"))
 	}
 	return errors.Join(errs...)
 }

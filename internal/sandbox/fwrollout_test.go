@@ -97,6 +97,9 @@ func TestFirmwareRolloutAbortsOverTwoGateways(t *testing.T) {
 		if v.Rollout.Status == jobs.RolloutAborted && len(v.Executions) == len(devs) && allEnded(v.Executions) {
 			break
 		}
+		if v.Rollout.Status == jobs.RolloutCompleted || v.Rollout.Status == jobs.RolloutCanceled {
+			t.Fatalf("rollout %s, want aborted: counts %v", v.Rollout.Status, v.Rollout.Counts)
+		}
 		if time.Now().After(deadline) {
 			t.Fatalf("rollout %s %v, executions %+v", v.Rollout.Status, v.Rollout.Counts, v.Executions)
 		}
