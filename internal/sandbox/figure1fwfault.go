@@ -154,6 +154,9 @@ func (f *figure1fw) wake(ctx context.Context, res *Figure1FirmwareResult) error 
 			id = s.ID
 		}
 	}
+	if id == "" {
+		return errors.New("sandbox: figure 1 firmware: no chunk of A's held in the broker at the freeze")
+	}
 	res.Frozen = time.Since(f.faultAt)
 	if err := f.a.Resume(); err != nil {
 		return err
