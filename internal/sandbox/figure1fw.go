@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/edgefence/edgefence/agent/jobs"
@@ -95,7 +96,13 @@ type Figure1FirmwareResult struct {
 	Late         []FirmwareStep
 	LateActivate SendResult
 	AStale       uint64
-	Frozen       time.Duration
+	// ALogStale are the kinds of the commands A's log says the device
+	// refused stale ("command refused", verdict stale); DeviceLogStale
+	// the command ids the device's own log (<dir>/devices/<id>/devsim.log)
+	// says it refused stale from gw-a under A's token.
+	ALogStale      []string
+	DeviceLogStale []string
+	Frozen         time.Duration
 
 	// From the fault to B's first accepted step, and to the device's
 	// committed report.
@@ -336,6 +343,13 @@ func (f *figure1fw) collect(res *Figure1FirmwareResult) error {
 				res.Late = append(res.Late, s)
 			}
 		}
+	}
+	if f.c.Fault == FaultFreezeMidDownload {
+		if err := f.readLogs(res); err != nil {
+			return err
+		}
+		f.say("A's log: the device refused %s stale; the device's log: %d stale refusals of gw-a's token %d",
+			strings.Join(res.ALogStale, ", "), len(res.DeviceLogStale), res.TokenA)
 	}
 	f.say("the device runs slot %s: %s (image %s…), slot file SHA-256 %s…; execution %s by %s under token %d",
 		res.Final.Slot, res.Final.State, short12(res.Final.Image), short12(res.SlotSHA256), res.Execution.Status,

@@ -84,6 +84,7 @@ func goodFirmwareRun() *Figure1FirmwareResult {
 		return FirmwareStep{Holder: h, Token: fence.Token(tok), Kind: kind, Off: off, Verdict: v}
 	}
 	late := []FirmwareStep{st("gw-a", 2, "fw.chunk", 8192, "stale"), st("gw-a", 2, "fw.activate", 0, "stale")}
+	late[0].ID, late[1].ID = "c1", "a1"
 	return &Figure1FirmwareResult{Fault: FaultFreezeMidDownload, Job: "j", Image: img, Size: 10000, Chunk: 4096,
 		TokenA: 2, TokenB: 6, FaultAt: FirmwareReport{State: "downloading", Bytes: 8192},
 		Execution:  jobs.Execution{Status: jobs.Succeeded, Gateway: "gw-b", Token: 6},
@@ -93,10 +94,12 @@ func goodFirmwareRun() *Figure1FirmwareResult {
 			st("gw-a", 2, "fw.chunk", 4096, "accepted"), st("gw-b", 6, "fw.chunk", 8192, "accepted"),
 			st("gw-b", 6, "fw.install", 0, "accepted"), st("gw-b", 6, "fw.activate", 0, "accepted"),
 			st("gw-b", 6, "fw.commit", 0, "accepted")}, late...),
-		Reports:      []FirmwareReport{{Job: "j", State: "confirming"}, {Job: "j", State: "committed"}, {Job: "j", State: "committed"}},
-		Late:         late,
-		LateActivate: SendResult{Verdict: "stale"},
-		AStale:       1,
+		Reports:        []FirmwareReport{{Job: "j", State: "confirming"}, {Job: "j", State: "committed"}, {Job: "j", State: "committed"}},
+		Late:           late,
+		LateActivate:   SendResult{Verdict: "stale"},
+		AStale:         1,
+		ALogStale:      []string{"fw.chunk", "fw.activate"},
+		DeviceLogStale: []string{"c1", "a1"},
 	}
 }
 

@@ -1,9 +1,14 @@
 package sandbox
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -304,5 +309,46 @@ func (r *Figure1FirmwareResult) checkLate() error {
 	if r.AStale == 0 {
 		errs = append(errs, errors.New("gw-a counted no stale chunk"))
 	}
+	if !slices.Contains(r.ALogStale, fwjob.KindChunk) || !slices.Contains(r.ALogStale, fwjob.KindActivate) {
+		errs = append(errs, fmt.Errorf("gw-a's log has stale refusals of %v; want fw.chunk and fw.activate", r.ALogStale))
+	}
+	for _, s := range r.Late {
+		if !slices.Contains(r.DeviceLogStale, s.ID) {
+			errs = append(errs, fmt.Errorf("the device's log has no stale refusal of A's late %s %s", s.Kind, s.ID))
+		}
+	}
 	return errors.Join(errs...)
+}
+
+// readLogs reads A's log and the device's for their stale refusals of
+// A's commands (Figure1FirmwareResult.ALogStale, DeviceLogStale).
+func (f *figure1fw) readLogs(res *Figure1FirmwareResult) error {
+	a, err := os.ReadFile(f.path("gw-a.log"))
+	if err != nil {
+		return err
+	}
+	for _, line := range bytes.Split(a, []byte("\n")) {
+		var l struct {
+			Msg, Verdict, Kind string
+			Token              fence.Token
+		}
+		if json.Unmarshal(line, &l) == nil && l.Msg == "command refused" && l.Verdict == "stale" && l.Token == res.TokenA {
+			res.ALogStale = append(res.ALogStale, l.Kind)
+		}
+	}
+	d, err := os.ReadFile(filepath.Join(f.path("devices"), f.c.Device, "devsim.log"))
+	if err != nil {
+		return err
+	}
+	tok := fmt.Sprintf(" token=%d ", res.TokenA)
+	for _, line := range strings.Split(string(d), "\n") {
+		if !strings.Contains(line, `msg="stale command refused"`) || !strings.Contains(line, tok) || !strings.Contains(line, " holder=gw-a ") {
+			continue
+		}
+		if _, rest, ok := strings.Cut(line, " id="); ok {
+			id, _, _ := strings.Cut(rest, " ")
+			res.DeviceLogStale = append(res.DeviceLogStale, id)
+		}
+	}
+	return nil
 }
