@@ -17,7 +17,7 @@ import (
 // demo replays Figure 1 of the fencing article on real parts and narrates
 // it; `demo firmware` runs the firmware failover demo instead (demofw.go).
 func demo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("demo", "[firmware] [flags]", stderr)
+	fs := newFlagSet("demo", "[flags]", stderr)
 	binDir := fs.String("bin", "", "directory holding the edgefence and edgefence-devsim binaries (default: next to this program)")
 	contrast := fs.Bool("contrast", true, "after each scene, run the same schedule with the fence switched off")
 	keep := fs.Bool("keep", false, "keep the work dir (configs, logs, verdict logs) and print its path")
