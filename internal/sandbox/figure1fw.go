@@ -36,6 +36,10 @@ const (
 	FaultFreezeMidDownload FirmwareFault = "freeze-mid-download"
 	// FaultKillMidDownload: A is killed past a third of the image.
 	FaultKillMidDownload FirmwareFault = "kill-mid-download"
+	// FaultFreezeAfterInstall: as FaultFreezeMidDownload, A frozen as its
+	// fw.activate leaves it once the device installed the image; that
+	// fw.activate is held in the broker until A wakes.
+	FaultFreezeAfterInstall FirmwareFault = "freeze-after-install"
 	// FaultKillAfterInstall: A is killed once the device installed the
 	// image, as its fw.activate leaves it (the broker drops it).
 	FaultKillAfterInstall FirmwareFault = "kill-after-install"
@@ -45,7 +49,22 @@ const (
 )
 
 // FirmwareFaults lists the faults.
-var FirmwareFaults = []FirmwareFault{FaultFreezeMidDownload, FaultKillMidDownload, FaultKillAfterInstall, FaultKillDuringReboot}
+var FirmwareFaults = []FirmwareFault{FaultFreezeMidDownload, FaultKillMidDownload, FaultFreezeAfterInstall, FaultKillAfterInstall,
+	FaultKillDuringReboot}
+
+// frozen reports whether the fault freezes A (and wakes it at the end)
+// rather than killing it.
+func (k FirmwareFault) frozen() bool {
+	return k == FaultFreezeMidDownload || k == FaultFreezeAfterInstall
+}
+
+// heldKind is the kind of A's command a freeze holds in the broker.
+func (k FirmwareFault) heldKind() string {
+	if k == FaultFreezeAfterInstall {
+		return fwjob.KindActivate
+	}
+	return fwjob.KindChunk
+}
 
 // Figure1FirmwareConfig sets up a firmware failover run on real
 // processes: two agents (edgefence run: gw-a, the holder, and gw-b) and a
@@ -90,9 +109,9 @@ type Figure1FirmwareResult struct {
 	Steps          []FirmwareStep // every fw.* command to the device, in the order the broker took them
 	Reports        []FirmwareReport
 
-	// FaultFreezeMidDownload: A's steps that reached the device after it
-	// woke (the held chunk among them), A's late fw.activate through
-	// `edgefence send`, and A's own count of its steps refused stale.
+	// A frozen: A's steps that reached the device after it woke (the held
+	// one among them), A's late fw.activate through `edgefence send`, and
+	// A's own count of its steps of the held kind refused stale.
 	Late         []FirmwareStep
 	LateActivate SendResult
 	AStale       uint64
@@ -141,7 +160,7 @@ func RunFigure1Firmware(ctx context.Context, c Figure1FirmwareConfig) (*Figure1F
 		c.Chunk = 4096
 	}
 	failA := "none"
-	if c.Fault == FaultFreezeMidDownload {
+	if c.Fault.frozen() {
 		failA = "ignore-session-loss"
 	}
 	fc := Figure1Config{AgentBin: c.AgentBin, DevsimBin: c.DevsimBin, Dir: c.Dir, Etcd: c.Etcd, MQTT: c.Broker.URL(),
@@ -175,7 +194,7 @@ func (f *figure1fw) run(ctx context.Context) (*Figure1FirmwareResult, error) {
 	if err := f.awaitEnd(ctx, res); err != nil {
 		return nil, err
 	}
-	if f.c.Fault == FaultFreezeMidDownload {
+	if f.c.Fault.frozen() {
 		if err := f.wake(ctx, res); err != nil {
 			return nil, err
 		}
@@ -203,7 +222,7 @@ func (f *figure1fw) startAll(ctx context.Context, res *Figure1FirmwareResult) er
 	}
 	res.TokenA = toks[f.c.Device]
 	what := "killed"
-	if f.c.Fault == FaultFreezeMidDownload {
+	if f.c.Fault.frozen() {
 		what = "frozen, and never notices it lost the lease (failpoint ignore-session-loss)"
 	}
 	f.say("agent A holds %s (lease TTL %v), token %d; it will be %s", f.c.Device, f.cfg.LeaseTTL, res.TokenA, what)
@@ -344,7 +363,7 @@ func (f *figure1fw) collect(res *Figure1FirmwareResult) error {
 			}
 		}
 	}
-	if f.c.Fault == FaultFreezeMidDownload {
+	if f.c.Fault.frozen() {
 		if err := f.readLogs(res); err != nil {
 			return err
 		}

@@ -62,6 +62,13 @@ func TestFigure1FirmwareKilledMidDownload(t *testing.T) {
 	runFigure1Firmware(t, FaultKillMidDownload)
 }
 
+// TestFigure1FirmwareFrozenAfterInstall: the holder is frozen as its
+// fw.activate leaves it, the image installed; B activates and commits; A
+// wakes, its held fw.activate and a late one through it are stale.
+func TestFigure1FirmwareFrozenAfterInstall(t *testing.T) {
+	runFigure1Firmware(t, FaultFreezeAfterInstall)
+}
+
 // TestFigure1FirmwareKilledAfterInstall: kill -9 of the holder once the
 // device installed the image (its fw.activate lost with it); B activates
 // and commits.

@@ -35,6 +35,8 @@ func (f *figure1fw) fault(ctx context.Context, res *Figure1FirmwareResult) error
 		fired = f.tap.arm(onStepOfA(fwjob.KindChunk, f.a.Freeze, tapHold))
 	case FaultKillAfterInstall:
 		fired = f.tap.arm(onStepOfA(fwjob.KindActivate, f.a.Kill, tapDrop))
+	case FaultFreezeAfterInstall:
+		fired = f.tap.arm(onStepOfA(fwjob.KindActivate, f.a.Freeze, tapHold))
 	case FaultKillDuringReboot:
 		fired = f.tap.arm(func(ev tapEvent) (tapAction, bool) {
 			if r := ev.Report; r == nil || r.Job != f.job || r.State != string(fwjob.Rebooting) {
@@ -82,6 +84,8 @@ func (f *figure1fw) faultWords() string {
 		return "A is frozen (SIGSTOP) as its next chunk leaves it; the network holds that chunk until A wakes"
 	case FaultKillMidDownload:
 		return "A is killed (kill -9) in the middle of the download"
+	case FaultFreezeAfterInstall:
+		return "A is frozen (SIGSTOP) as its fw.activate leaves it, the image installed; the network holds it until A wakes"
 	case FaultKillAfterInstall:
 		return "A is killed (kill -9) right after the device installed the image, its fw.activate lost with it"
 	}
@@ -149,18 +153,19 @@ func reasonWords(r string) string {
 	return " (" + r + ")"
 }
 
-// wake resumes the frozen A once B is done: the chunk it was sending
-// reaches the device, then its fw.activate is sent through it.
+// wake resumes the frozen A once B is done: the step it was sending (held
+// in the broker) reaches the device, then a fw.activate is sent through
+// it.
 func (f *figure1fw) wake(ctx context.Context, res *Figure1FirmwareResult) error {
 	steps, _ := f.tap.snapshot()
 	var id string
 	for _, s := range steps {
-		if s.Holder == "gw-a" && s.Kind == fwjob.KindChunk && s.Verdict == "" {
+		if s.Holder == "gw-a" && s.Kind == f.c.Fault.heldKind() && s.Verdict == "" {
 			id = s.ID
 		}
 	}
 	if id == "" {
-		return errors.New("sandbox: figure 1 firmware: no chunk of A's held in the broker at the freeze")
+		return errors.New("sandbox: figure 1 firmware: no step of A's held in the broker at the freeze")
 	}
 	res.Frozen = time.Since(f.faultAt)
 	if err := f.a.Resume(); err != nil {
@@ -169,7 +174,7 @@ func (f *figure1fw) wake(ctx context.Context, res *Figure1FirmwareResult) error 
 	f.wokeAt = time.Now()
 	f.tap.releaseHeld()
 	var late FirmwareStep
-	err := f.poll(ctx, "the device's verdict on A's late chunk", func() (bool, error) {
+	err := f.poll(ctx, "the device's verdict on A's late step", func() (bool, error) {
 		var ok bool
 		late, ok = f.tap.step(id)
 		return ok && late.Verdict != "", nil
@@ -177,14 +182,18 @@ func (f *figure1fw) wake(ctx context.Context, res *Figure1FirmwareResult) error 
 	if err != nil {
 		return err
 	}
-	f.say("A wakes (SIGCONT) after %.1fs, still believing it holds the lease; its chunk at offset %d (token %d) reaches the device: %s",
-		res.Frozen.Seconds(), late.Off, late.Token, late.Verdict)
+	what := late.Kind
+	if late.Kind == fwjob.KindChunk {
+		what = fmt.Sprintf("chunk at offset %d", late.Off)
+	}
+	f.say("A wakes (SIGCONT) after %.1fs, still believing it holds the lease; its %s (token %d) reaches the device: %s",
+		res.Frozen.Seconds(), what, late.Token, late.Verdict)
 	err = f.poll(ctx, "A's count of its stale step", func() (bool, error) {
 		st, err := f.status(ctx, f.sockA)
 		if err != nil || st.Jobs == nil {
 			return false, err
 		}
-		res.AStale = st.Jobs.Steps[fwjob.KindChunk]["stale"]
+		res.AStale = st.Jobs.Steps[late.Kind]["stale"]
 		return res.AStale > 0, nil
 	})
 	if err != nil {
@@ -272,7 +281,7 @@ func (r *Figure1FirmwareResult) checkFault() error {
 		if r.FaultAt.State != string(fwjob.Downloading) || len(bKinds) == 0 || bKinds[0] != fwjob.KindChunk {
 			return fmt.Errorf("fault at %s, B's steps %v; want mid-download, B resuming with chunks", r.FaultAt.State, bKinds)
 		}
-	case FaultKillAfterInstall:
+	case FaultKillAfterInstall, FaultFreezeAfterInstall:
 		if r.FaultAt.State != string(fwjob.Installed) || len(bKinds) == 0 || bKinds[0] != fwjob.KindActivate {
 			return fmt.Errorf("fault at %s, B's steps %v; want installed, B activating", r.FaultAt.State, bKinds)
 		}
@@ -281,36 +290,36 @@ func (r *Figure1FirmwareResult) checkFault() error {
 			return fmt.Errorf("fault at %s, B's steps %v; want rebooting, B committing", r.FaultAt.State, bKinds)
 		}
 	}
-	if r.Fault == FaultFreezeMidDownload {
+	if r.Fault.frozen() {
 		return r.checkLate()
 	}
 	return nil
 }
 
-// checkLate: A's late chunk and late activate were refused stale at the
-// device, and A counted its chunk stale.
+// checkLate: A's held step and late activate were refused stale at the
+// device, and A counted its held step stale.
 func (r *Figure1FirmwareResult) checkLate() error {
 	var errs []error
-	chunks := 0
+	held, kind := 0, r.Fault.heldKind()
 	for _, s := range r.Late {
 		if s.Verdict != "stale" {
 			errs = append(errs, fmt.Errorf("late %s of A (token %d): %q %s", s.Kind, s.Token, s.Verdict, s.Reason))
 		}
-		if s.Kind == fwjob.KindChunk {
-			chunks++
+		if s.Kind == kind {
+			held++
 		}
 	}
-	if chunks == 0 {
-		errs = append(errs, errors.New("no late chunk of A reached the device"))
+	if held == 0 {
+		errs = append(errs, fmt.Errorf("no late %s of A reached the device", kind))
 	}
 	if r.LateActivate.Verdict != "stale" {
 		errs = append(errs, fmt.Errorf("late fw.activate of A: %q %s", r.LateActivate.Verdict, r.LateActivate.Error))
 	}
 	if r.AStale == 0 {
-		errs = append(errs, errors.New("gw-a counted no stale chunk"))
+		errs = append(errs, fmt.Errorf("gw-a counted no stale %s", kind))
 	}
-	if !slices.Contains(r.ALogStale, fwjob.KindChunk) || !slices.Contains(r.ALogStale, fwjob.KindActivate) {
-		errs = append(errs, fmt.Errorf("gw-a's log has stale refusals of %v; want fw.chunk and fw.activate", r.ALogStale))
+	if !slices.Contains(r.ALogStale, kind) || !slices.Contains(r.ALogStale, fwjob.KindActivate) {
+		errs = append(errs, fmt.Errorf("gw-a's log has stale refusals of %v; want %s and fw.activate", r.ALogStale, kind))
 	}
 	for _, s := range r.Late {
 		if !slices.Contains(r.DeviceLogStale, s.ID) {
