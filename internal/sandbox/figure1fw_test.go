@@ -28,6 +28,9 @@ func runFigure1Firmware(t *testing.T, fault FirmwareFault) *Figure1FirmwareResul
 	var narration strings.Builder
 	cfg := Figure1FirmwareConfig{AgentBin: agentBin, DevsimBin: devsimBin, Dir: t.TempDir(), Etcd: e.Endpoint(), Broker: b,
 		Fault: fault, Narrate: &narration}
+	if fault != FaultFreezeMidDownload && fault != FaultKillMidDownload {
+		cfg.ImageSize = 256 << 10 // the fault comes after the download: no need to make it last
+	}
 	res, err := RunFigure1Firmware(ctx, cfg)
 	t.Logf("timeline:\n%s", narration.String())
 	if err != nil || os.Getenv("FIG1_DUMP") != "" {
