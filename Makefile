@@ -23,7 +23,7 @@ CMDS := edgefence edgefence-devsim edgefence-sandbox edgefence-chaos
 CROSS_CMDS := edgefence edgefence-devsim
 TEST_TIMEOUT ?= 15m
 
-.PHONY: help build test test-short deps lint tidy-check bench bench-e2e bench-mcu-verify demo chaos cross package fuzz clean
+.PHONY: help build test test-short deps lint tidy-check bench bench-e2e bench-mcu-verify demo demo-firmware chaos cross package fuzz clean
 
 help: ## show this help
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -111,6 +111,9 @@ bench-mcu-verify: ## the ES256 verify a microcontroller fence point pays: mbedTL
 
 demo: build ## replay the article's Figure 1 on real etcd, MQTT and devices (thermostats, then a PLC on an RS-485 line), and narrate it
 	$(BIN)/edgefence-sandbox demo --bin $(BIN)
+
+demo-firmware: build ## a firmware update over two gateways: the holder frozen mid-download, the other resumes, the late chunk and activate refused
+	$(BIN)/edgefence-sandbox demo firmware --bin $(BIN)
 
 ROUNDS ?= 30
 chaos: build ## ROUNDS randomized fault-injection rounds on the real binaries (default 30); prints a summary, fails on any violation

@@ -14,16 +14,25 @@ import (
 	"github.com/edgefence/edgefence/internal/sandbox"
 )
 
-// demo replays Figure 1 of the fencing article on real parts and narrates it.
+// demo replays Figure 1 of the fencing article on real parts and narrates
+// it; `demo firmware` runs the firmware failover demo instead (demofw.go).
 func demo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("demo", "[flags]", stderr)
 	binDir := fs.String("bin", "", "directory holding the edgefence and edgefence-devsim binaries (default: next to this program)")
 	contrast := fs.Bool("contrast", true, "after each scene, run the same schedule with the fence switched off")
 	keep := fs.Bool("keep", false, "keep the work dir (configs, logs, verdict logs) and print its path")
+	firmware := len(args) > 0 && args[0] == "firmware"
+	if firmware {
+		args = args[1:] // demo firmware [flags]: the firmware failover demo
+	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
 		}
+		return errUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "demo: unexpected %q (the one scene name is firmware, first)\n", fs.Arg(0))
 		return errUsage
 	}
 	agentBin, devsimBin, err := demoBinaries(*binDir)
@@ -40,7 +49,12 @@ func demo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		defer os.RemoveAll(dir)
 	}
 
-	_, err = runDemo(ctx, demoOptions{agentBin: agentBin, devsimBin: devsimBin, dir: dir, contrast: *contrast}, stdout, stderr)
+	o := demoOptions{agentBin: agentBin, devsimBin: devsimBin, dir: dir, contrast: *contrast}
+	if firmware {
+		_, err = demoFirmware(ctx, o, stdout, stderr)
+		return err
+	}
+	_, err = runDemo(ctx, o, stdout, stderr)
 	return err
 }
 
@@ -60,14 +74,7 @@ type demoRun struct {
 // runDemo runs the demo's scenes in o.dir, narrating them to stdout.
 func runDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer) (*demoRun, error) {
 	start, dir := time.Now(), o.dir
-	// The broker requires credentials: each agent and the device simulator
-	// log in as their own user (Figure1Config.Auth adds them).
-	auth, err := sandbox.NewBrokerAuth("")
-	if err != nil {
-		return nil, err
-	}
-	w, err := sandbox.StartWorld(ctx, sandbox.WorldConfig{Dir: filepath.Join(dir, "world"), Fast: true, Auth: auth,
-		Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	w, auth, err := startDemoWorld(ctx, dir, stderr)
 	if err != nil {
 		return nil, err
 	}
@@ -112,6 +119,22 @@ func runDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer) (*dem
 	}
 	fmt.Fprintf(stdout, "\ndemo finished in %.1fs\n", time.Since(start).Seconds())
 	return run, nil
+}
+
+// startDemoWorld starts the demo's etcd and broker in dir/world. The
+// broker requires credentials: each agent and the device simulator log in
+// as their own user (Figure1Config.Auth adds them).
+func startDemoWorld(ctx context.Context, dir string, stderr io.Writer) (*sandbox.World, *sandbox.BrokerAuth, error) {
+	auth, err := sandbox.NewBrokerAuth("")
+	if err != nil {
+		return nil, nil, err
+	}
+	w, err := sandbox.StartWorld(ctx, sandbox.WorldConfig{Dir: filepath.Join(dir, "world"), Fast: true, Auth: auth,
+		Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	if err != nil {
+		return nil, nil, err
+	}
+	return w, auth, nil
 }
 
 // demoContrast runs cfg's schedule again with the fence switched off (a

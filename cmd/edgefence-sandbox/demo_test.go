@@ -12,6 +12,20 @@ import (
 	"github.com/edgefence/edgefence/internal/sandbox"
 )
 
+// demoTestOptions builds the binaries for a demo test (skipped with
+// -short) and returns the demo's options, its work dir a temp dir.
+func demoTestOptions(t *testing.T) demoOptions {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("builds and runs the real binaries; skipped with -short")
+	}
+	bin := t.TempDir()
+	if err := sandbox.BuildCommands(t.Context(), bin, false, "edgefence", "edgefence-devsim"); err != nil {
+		t.Fatal(err)
+	}
+	return demoOptions{agentBin: filepath.Join(bin, "edgefence"), devsimBin: filepath.Join(bin, "edgefence-devsim"), dir: t.TempDir()}
+}
+
 // TestDemo runs the demo, every scene and its contrast, on binaries built
 // for the test, and checks what each scene came to, not only that it ran:
 // the MQTT devices keep B's setpoint and refuse the forgery, and without
@@ -20,17 +34,11 @@ import (
 // register, A's late write answered stale by B's fence table and never
 // applied, while with B's table off the PLC applies it and holds 990.
 func TestDemo(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the real binaries; skipped with -short")
-	}
-	bin := t.TempDir()
-	if err := sandbox.BuildCommands(t.Context(), bin, false, "edgefence", "edgefence-devsim"); err != nil {
-		t.Fatal(err)
-	}
+	o := demoTestOptions(t)
+	o.contrast = true
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
 	var out, errOut bytes.Buffer
-	o := demoOptions{agentBin: filepath.Join(bin, "edgefence"), devsimBin: filepath.Join(bin, "edgefence-devsim"), dir: t.TempDir(), contrast: true}
 	run, err := runDemo(ctx, o, &out, &errOut)
 	if err != nil {
 		t.Fatalf("demo: %v\nstdout:\n%s\nstderr:\n%s", err, out.String(), errOut.String())

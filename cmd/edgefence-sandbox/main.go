@@ -9,6 +9,7 @@
 //	                        [--devices N] [--verdict-log FILE]
 //	                        [--mqtt-users FILE] [--mqtt-acl FILE]
 //	edgefence-sandbox demo [--bin DIR] [--contrast=false] [--keep]
+//	edgefence-sandbox demo firmware [--bin DIR] [--keep]
 //	edgefence-sandbox help [COMMAND]
 //
 // serve starts both servers and N simulated devices dev-1..dev-N (default
@@ -23,7 +24,10 @@
 // temp dir. demo replays Figure 1 of the fencing article on MQTT devices
 // that check tokens, then on a PLC that cannot (a Modbus RTU slave on an
 // RS-485 line behind gateway B's fence table), each scene followed by the
-// same schedule without the fence unless --contrast=false. With no command
+// same schedule without the fence unless --contrast=false. demo firmware
+// runs a firmware job over two gateways: the holder frozen mid-download,
+// the other resuming from the device's bytes, the frozen one's late chunk
+// and late fw.activate refused stale. With no command
 // it prints this list and exits 2. The logic lives in packages
 // internal/sandbox and devices/sim.
 package main
@@ -54,7 +58,7 @@ var errUsage = errors.New("usage")
 func commands() map[string]command {
 	return map[string]command{
 		"serve": {"run etcd, an MQTT v5 broker and simulated devices on loopback until interrupted", serve},
-		"demo":  {"replay the article's Figure 1 (frozen holder) on real etcd, MQTT and devices", demo},
+		"demo":  {"replay the article's Figure 1 (frozen holder) on real etcd, MQTT and devices; `demo firmware`: a firmware update handed over mid-download", demo},
 	}
 }
 

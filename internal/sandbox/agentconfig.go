@@ -48,6 +48,8 @@ type AgentConfig struct {
 	AuthOff []string
 	// Twins turns the twin reconciler on (twins.enabled).
 	Twins bool
+	// JobsOff turns the firmware job runner off (jobs.enabled: false).
+	JobsOff bool
 }
 
 // AgentConfig returns a config for an agent of this world named gateway,
@@ -110,6 +112,9 @@ func (c AgentConfig) YAML() ([]byte, error) {
 	}
 	if c.Twins {
 		b.WriteString("twins:\n  enabled: true\n")
+	}
+	if c.JobsOff {
+		b.WriteString("jobs:\n  enabled: false\n")
 	}
 	if c.LogLevel != "" || c.LogFormat != "" {
 		b.WriteString("log:\n")

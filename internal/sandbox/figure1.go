@@ -125,6 +125,9 @@ type agentStatus struct {
 		Session bool `json:"session"`
 	} `json:"etcd"`
 	Transport map[string]any `json:"transport"`
+	Jobs      *struct {
+		Steps map[string]map[string]uint64 `json:"steps"`
+	} `json:"jobs"`
 }
 
 type figure1 struct {
@@ -144,24 +147,7 @@ func RunFigure1(ctx context.Context, cfg Figure1Config) (*Figure1Result, error) 
 	if cfg.Dir == "" || cfg.Etcd == "" || cfg.MQTT == "" || cfg.AgentBin == "" || (cfg.DevsimBin == "" && cfg.Modbus == nil) {
 		return nil, errors.New("sandbox: figure 1: Dir, Etcd, MQTT, AgentBin and DevsimBin are required")
 	}
-	if len(cfg.Devices) == 0 {
-		cfg.Devices = []string{"dev-1", "dev-2", "dev-3"}
-	}
-	if cfg.LeaseTTL == 0 {
-		cfg.LeaseTTL = 2 * time.Second
-	}
-	if cfg.EtcdPrefix == "" {
-		cfg.EtcdPrefix = "/edgefence/v1"
-	}
-	if cfg.MQTTPrefix == "" {
-		cfg.MQTTPrefix = "edgefence/v1"
-	}
-	if cfg.AgentAFailpoints == "" {
-		cfg.AgentAFailpoints = "ignore-session-loss"
-	}
-	if cfg.Narrate == nil {
-		cfg.Narrate = io.Discard
-	}
+	cfg.applyDefaults()
 	if cfg.Serial && len(cfg.Devices) != 1 {
 		return nil, errors.New("sandbox: figure 1 over serial takes one device")
 	}
@@ -185,6 +171,28 @@ func RunFigure1(ctx context.Context, cfg Figure1Config) (*Figure1Result, error) 
 		defer pair.Close()
 	}
 	return f.run(ctx)
+}
+
+// applyDefaults fills in the defaults of the fields left zero.
+func (cfg *Figure1Config) applyDefaults() {
+	if len(cfg.Devices) == 0 {
+		cfg.Devices = []string{"dev-1", "dev-2", "dev-3"}
+	}
+	if cfg.LeaseTTL == 0 {
+		cfg.LeaseTTL = 2 * time.Second
+	}
+	if cfg.EtcdPrefix == "" {
+		cfg.EtcdPrefix = "/edgefence/v1"
+	}
+	if cfg.MQTTPrefix == "" {
+		cfg.MQTTPrefix = "edgefence/v1"
+	}
+	if cfg.AgentAFailpoints == "" {
+		cfg.AgentAFailpoints = "ignore-session-loss"
+	}
+	if cfg.Narrate == nil {
+		cfg.Narrate = io.Discard
+	}
 }
 
 func (f *figure1) say(format string, args ...any) {
@@ -396,6 +404,12 @@ func (f *figure1) send(ctx context.Context, sock, dev string, setpoint float64) 
 	if f.cfg.Modbus != nil {
 		kind, body = kindTwinSet, fmt.Sprintf(`{%q: %g}`, f.cfg.Modbus.Field, setpoint)
 	}
+	return f.sendKind(ctx, sock, dev, kind, body)
+}
+
+// sendKind runs `edgefence send --json` of kind with the JSON body and
+// parses its answer.
+func (f *figure1) sendKind(ctx context.Context, sock, dev, kind, body string) (SendResult, error) {
 	cmd := exec.CommandContext(ctx, f.cfg.AgentBin, "send", "--json", "--socket", sock, dev, kind, body)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
