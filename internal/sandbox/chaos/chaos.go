@@ -45,12 +45,19 @@ const (
 	FaultPartition   = "partition"
 	FaultDuplicate   = "qos1-duplicate"
 	FaultSerialNoise = "serial-noise"
+	// FaultFirmware is the firmware scenario: a firmware job over every
+	// device while its holder is frozen or killed and device processes
+	// lose power (FaultFreeze, FaultKillAgent, FaultKillDevice).
+	FaultFirmware = "firmware-failover"
+	// FaultKillDevice is kill -9 of one firmware device's process (a
+	// power loss), in the firmware scenario.
+	FaultKillDevice = "kill-device"
 )
 
 // Scenarios lists the scenario names, one per fault kind.
 func Scenarios() []string {
 	return []string{FaultFreeze, FaultKillAgent, FaultKillDevsim, FaultKillBridge, FaultEtcdRestart,
-		FaultLeaderLoss, FaultBroker, FaultPartition, FaultDuplicate, FaultSerialNoise}
+		FaultLeaderLoss, FaultBroker, FaultPartition, FaultDuplicate, FaultSerialNoise, FaultFirmware}
 }
 
 // Config configures a round. Bin and Dir are required.
@@ -114,8 +121,12 @@ type Result struct {
 
 	// Events is the round's whole history, as checked.
 	Events []history.Event
-	// FaultStart and FaultEnd bracket the (last) injected fault.
+	// FaultStart and FaultEnd bracket the (last) injected fault; in the
+	// firmware scenario, all of them.
 	FaultStart, FaultEnd time.Time
+	// Executions counts the firmware job's executions by final status
+	// (firmware scenario only).
+	Executions map[string]int
 }
 
 // OK reports whether the round found no violation.
