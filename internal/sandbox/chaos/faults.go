@@ -159,7 +159,11 @@ func (r *round) serialNoise(ctx context.Context) error {
 // resumes it: the other agent takes over meanwhile, and the frozen one's
 // commands in flight meet the fence when it wakes.
 func (r *round) freezeHolder(ctx context.Context, d time.Duration) error {
-	victim := r.busiestHolder(ctx)
+	return r.freeze(ctx, r.busiestHolder(ctx), d)
+}
+
+// freeze SIGSTOPs victim for d, then resumes it.
+func (r *round) freeze(ctx context.Context, victim *agentProc, d time.Duration) error {
 	p := victim.current()
 	if err := p.Freeze(); err != nil {
 		return err

@@ -21,13 +21,15 @@ import (
 )
 
 // The firmware scenario's job: an image of fwImageSize bytes in chunks of
-// fwChunk (48 fenced fw.chunk commands per device), security version 2
+// fwChunk (128 fenced fw.chunk commands per device), security version 2
 // (the devices boot version 0).
 const (
 	fwJobID     = "chaos-fw"
-	fwImageSize = 96 << 10
+	fwImageSize = 256 << 10
 	fwChunk     = 2 << 10
 	fwVersion   = 2
+	// fwHistory is the devices' history file in the round's directory.
+	fwHistory = "hist-fw.jsonl"
 	// fwFaults bounds the faults of a firmware round: at least the first,
 	// at most the second, one at a time while executions run.
 	fwFaultsMin, fwFaultsMax = 3, 6
@@ -100,7 +102,7 @@ func (r *round) startFirmwareDevices(ctx context.Context) error {
 	delay := r.jitter(100*time.Millisecond, time.Second)
 	p, err := sandbox.StartProc("devsim-fw", r.path("devsim-fw.log"), r.mqttEnv("devsim"), filepath.Join(r.cfg.Bin, "edgefence-devsim"),
 		"--firmware", "--mqtt", r.mqttURL, "--devices", strings.Join(r.shimDevs, ","), "--dir", r.path("devices"),
-		"--mqtt-user", "devsim", "--history", r.path("hist-fw.jsonl"), "--history-source", "fw",
+		"--mqtt-user", "devsim", "--history", r.path(fwHistory), "--history-source", "fw",
 		"--fw-window", "20s", "--restart-delay", delay.String())
 	if err != nil {
 		return err

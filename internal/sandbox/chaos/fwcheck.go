@@ -85,34 +85,57 @@ func (r *round) deviceStates(execs []jobs.Execution) error {
 	return errors.Join(errs...)
 }
 
+// deviceEnd is a device's firmware state at the end of a round.
+type deviceEnd struct {
+	st   fwjob.Status
+	slot []byte // SHA-256 of the active slot's bytes
+	err  error  // the state could not be read
+}
+
 // checkFirmwareEnd adds to the round's report the violations of FW2 and
-// FW3, device by device, and counts the executions by status. sum is the
-// job's image (hex SHA-256).
+// FW3 and counts the executions by status. sum is the job's image (hex
+// SHA-256).
 func (r *round) checkFirmwareEnd(execs []jobs.Execution, sum string) {
-	want, _ := hex.DecodeString(sum)
+	ends := map[string]deviceEnd{}
+	for _, dev := range r.shimDevs {
+		st, slot, err := r.deviceState(dev)
+		ends[dev] = deviceEnd{st, slot, err}
+	}
 	r.res.Executions = map[string]int{}
-	byDev := map[string]jobs.Execution{}
 	for _, e := range execs {
 		r.res.Executions[string(e.Status)]++
+	}
+	r.res.Report.Violations = append(r.res.Report.Violations, firmwareEnd(r.shimDevs, execs, ends, sum)...)
+}
+
+// firmwareEnd checks FW2 and FW3, device by device: the job (its image sum,
+// hex SHA-256) over devs ended with execs and left the devices in ends.
+func firmwareEnd(devs []string, execs []jobs.Execution, ends map[string]deviceEnd, sum string) []history.Violation {
+	want, _ := hex.DecodeString(sum)
+	byDev := map[string]jobs.Execution{}
+	for _, e := range execs {
 		byDev[e.Device] = e
 	}
+	var vs []history.Violation
 	bad := func(inv, dev, format string, args ...any) {
-		r.res.Report.Violations = append(r.res.Report.Violations, history.Violation{Invariant: inv, Device: dev,
-			Detail: fmt.Sprintf(format, args...)})
+		vs = append(vs, history.Violation{Invariant: inv, Device: dev, Detail: fmt.Sprintf(format, args...)})
 	}
-	for _, dev := range r.shimDevs {
-		if e := byDev[dev]; e.Status != jobs.Succeeded {
+	short := sum[:min(len(sum), 12)]
+	for _, dev := range devs {
+		if e, ok := byDev[dev]; !ok || e.Status != jobs.Succeeded {
 			bad(InvariantJobEnd, dev, "execution of %s ended %q (%s), want succeeded", fwJobID, e.Status, e.Reason)
 		}
-		st, slot, err := r.deviceState(dev)
+		d, ok := ends[dev]
+		st := d.st
 		switch {
-		case err != nil:
-			bad(InvariantImage, dev, "firmware state unreadable: %v", err)
+		case !ok || d.err != nil:
+			bad(InvariantImage, dev, "firmware state unreadable: %v", d.err)
 		case st.State != fwjob.Committed || st.Job != fwJobID || st.Slot != st.Active || st.Trial != "" ||
 			!bytes.Equal(st.ActiveImage, want):
-			bad(InvariantImage, dev, "not committed on the job's image %s…: %s", sum[:12], statusText(st))
-		case !bytes.Equal(slot, want):
-			bad(InvariantImage, dev, "active slot %s holds %x…, not the job's image %s…", st.Active, head(slot), sum[:12])
+			bad(InvariantImage, dev, "not committed on the job's image %s…: %s", short, statusText(st))
+		case !bytes.Equal(d.slot, want):
+			bad(InvariantImage, dev, "active slot %s holds %x…, not the job's image %s…", st.Active, head(d.slot), short)
 		}
 	}
+	return vs
 }
