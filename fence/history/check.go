@@ -47,7 +47,8 @@ type Report struct {
 	Terminal      map[string]int // OpTerminal events by verdict
 	FenceVerdicts map[string]int // OpVerdict events by verdict, without the uncommitted accepts
 	Uncommitted   int            // accepts discarded as never committed (a later OpOpened of their source says so)
-	Violations    []Violation    // I1 ones (history order, then across fence points), then I4 ones by device and id
+	Firmware      FirmwareCounts // firmware steps (fw.* kinds) among the accepts
+	Violations    []Violation    // I1 ones (history order, then across fence points), then I4 ones by device and id, then FW1 ones by device and job
 }
 
 // OK reports whether the history breaks no invariant.
@@ -99,6 +100,8 @@ func (a accept) less(b accept) bool {
 //     a violation too. For devices whose fence point history is present
 //     (any OpVerdict event), a terminal "accepted" or "duplicate" needs a
 //     fence accept of the same id somewhere in the history.
+//   - FW1 (InvariantActivation): per device, at most one fw.activate
+//     command of a firmware job accepted.
 //   - With opts.RequireApplied, see CheckOptions.
 //
 // Before all of that, accepts that were never committed are discarded (and
@@ -122,6 +125,7 @@ func CheckWith(events []Event, opts CheckOptions) Report {
 	c.rep.Devices = len(c.devices)
 	c.orderAcrossPoints()
 	c.fates()
+	c.checkActivations()
 	if opts.RequireApplied {
 		c.requireApplied()
 	}
@@ -142,6 +146,7 @@ type checker struct {
 	last      map[point]accept
 	accepts   map[string][]accept // per device, history order
 	sources   map[string]map[string]bool
+	fwJobs    map[jobKey][]accept // per firmware job at a device: its accepted fw.activate commands, one per id
 }
 
 func newChecker(events int) *checker {
@@ -157,6 +162,7 @@ func newChecker(events int) *checker {
 		last:      map[point]accept{},
 		accepts:   map[string][]accept{},
 		sources:   map[string]map[string]bool{},
+		fwJobs:    map[jobKey][]accept{},
 	}
 }
 
@@ -230,6 +236,7 @@ func (c *checker) verdict(e Event) {
 	}
 	a := accept{tok: e.Token, seq: e.Seq, id: e.ID, src: e.Source, t: e.Time}
 	c.orderAtPoint(e, a)
+	c.firmwareStep(e)
 	c.accepts[e.Device] = append(c.accepts[e.Device], a)
 	if c.sources[e.Device] == nil {
 		c.sources[e.Device] = map[string]bool{}

@@ -2,7 +2,9 @@
 // lines, and checks a recorded history against the invariants
 // (docs/ARCHITECTURE.md): I1 — per device, accepted tokens never decrease
 // and nothing below an accepted token is accepted again — and I4 — every
-// command created has exactly one terminal state.
+// command created has exactly one terminal state; with firmware steps
+// (fw.* kinds, Event.Job) also FW1 — at most one fw.activate of a job
+// accepted per device (firmware.go).
 //
 // Every event is a single write(2) to an O_APPEND file, so several
 // processes may share a file and a SIGKILL leaves at most a torn last line,

@@ -20,6 +20,9 @@ func (r Report) String() string {
 	}
 	b.WriteString("\n")
 	fmt.Fprintf(&b, "terminal states: %s\n", counts(r.Terminal))
+	if fw := r.Firmware; len(fw.Accepted) > 0 {
+		fmt.Fprintf(&b, "firmware steps:  %s (jobs at devices %d, activated %d)\n", counts(fw.Accepted), fw.Jobs, fw.Activated)
+	}
 	if r.OK() {
 		b.WriteString("OK: no violations\n")
 		return b.String()

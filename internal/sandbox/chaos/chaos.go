@@ -8,14 +8,19 @@
 //
 //   - I1: per device, the tokens a fence point accepted never decrease, and
 //     nothing below an accepted token is accepted again;
-//   - I4: every command an agent created has exactly one terminal state.
+//   - I4: every command an agent created has exactly one terminal state;
+//   - in the firmware round, FW1 (history.InvariantActivation: one
+//     fw.activate accepted per job per device), FW2 (every device
+//     committed on the job's image) and FW3 (every execution succeeded).
 //
 // Faults (Scenarios): a holder frozen with SIGSTOP past its lease; kill -9
 // of an agent, of the device simulator, of the home gateway (bridge); etcd
 // stopped and restarted; a 3-member etcd cluster losing its leader; the
 // broker restarted without persistence; a partition between a gateway and
 // etcd + broker made with network namespaces; QoS 1 duplicates injected by
-// the broker; noise on the serial line.
+// the broker; noise on the serial line; a firmware job over firmware device
+// processes while its holders are frozen or killed and its devices lose
+// power (FaultFirmware: several faults, fwfaults.go).
 //
 // `make chaos ROUNDS=N` runs N randomized rounds (cmd/edgefence-chaos) and
 // prints a summary; `make test` runs each scenario once (chaos_test.go).
@@ -45,12 +50,19 @@ const (
 	FaultPartition   = "partition"
 	FaultDuplicate   = "qos1-duplicate"
 	FaultSerialNoise = "serial-noise"
+	// FaultFirmware is the firmware scenario: a firmware job over every
+	// device while its holder is frozen or killed and device processes
+	// lose power (FaultFreeze, FaultKillAgent, FaultKillDevice).
+	FaultFirmware = "firmware-failover"
+	// FaultKillDevice is kill -9 of one firmware device's process (a
+	// power loss), in the firmware scenario.
+	FaultKillDevice = "kill-device"
 )
 
 // Scenarios lists the scenario names, one per fault kind.
 func Scenarios() []string {
 	return []string{FaultFreeze, FaultKillAgent, FaultKillDevsim, FaultKillBridge, FaultEtcdRestart,
-		FaultLeaderLoss, FaultBroker, FaultPartition, FaultDuplicate, FaultSerialNoise}
+		FaultLeaderLoss, FaultBroker, FaultPartition, FaultDuplicate, FaultSerialNoise, FaultFirmware}
 }
 
 // Config configures a round. Bin and Dir are required.
@@ -114,8 +126,12 @@ type Result struct {
 
 	// Events is the round's whole history, as checked.
 	Events []history.Event
-	// FaultStart and FaultEnd bracket the (last) injected fault.
+	// FaultStart and FaultEnd bracket the (last) injected fault; in the
+	// firmware scenario, all of them.
 	FaultStart, FaultEnd time.Time
+	// Executions counts the firmware job's executions by final status
+	// (firmware scenario only).
+	Executions map[string]int
 }
 
 // OK reports whether the round found no violation.

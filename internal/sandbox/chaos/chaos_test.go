@@ -125,9 +125,28 @@ func dumpLogs(t *testing.T, dir string) {
 func TestScenarios(t *testing.T) {
 	for _, sc := range Scenarios() {
 		t.Run(sc, func(t *testing.T) {
-			runRound(t, Config{}, sc)
+			res := runRound(t, Config{}, sc)
+			if sc == FaultFirmware {
+				checkFirmwareRound(t, res)
+			}
 		})
 	}
+}
+
+// checkFirmwareRound: the firmware round's history holds the devices'
+// firmware steps (so I1 and FW1 were checked on them), every device
+// activated the job once and every execution succeeded.
+func checkFirmwareRound(t *testing.T, res *Result) {
+	t.Helper()
+	fw := res.Report.Firmware
+	devs := 4 // Config.Devices' default
+	if fw.Accepted["fw.begin"] < devs || fw.Accepted["fw.chunk"] < devs*fwImageSize/fwChunk || fw.Activated != devs || fw.Jobs != devs {
+		t.Fatalf("firmware steps in the checked history: %+v", fw)
+	}
+	if res.Executions["succeeded"] != devs {
+		t.Fatalf("executions %v", res.Executions)
+	}
+	t.Logf("executions %v; firmware steps accepted %v", res.Executions, fw.Accepted)
 }
 
 // TestCheckerCatchesViolations: the checker the suite relies on fails a

@@ -159,6 +159,24 @@ func (r *round) serialNoise(ctx context.Context) error {
 // resumes it: the other agent takes over meanwhile, and the frozen one's
 // commands in flight meet the fence when it wakes.
 func (r *round) freezeHolder(ctx context.Context, d time.Duration) error {
+	return r.freeze(ctx, r.busiestHolder(ctx), d)
+}
+
+// freeze SIGSTOPs victim for d, then resumes it.
+func (r *round) freeze(ctx context.Context, victim *agentProc, d time.Duration) error {
+	p := victim.current()
+	if err := p.Freeze(); err != nil {
+		return err
+	}
+	r.fault(FaultFreeze)
+	r.logf("%s frozen (SIGSTOP) for %v", victim.name, d)
+	backoff.Sleep(ctx, d)
+	return p.Resume()
+}
+
+// busiestHolder returns the agent holding the most devices now (gw-a
+// when none answers).
+func (r *round) busiestHolder(ctx context.Context) *agentProc {
 	counts := map[*agentProc]int{}
 	for _, hs := range r.holders(ctx) {
 		for _, a := range hs {
@@ -171,14 +189,7 @@ func (r *round) freezeHolder(ctx context.Context, d time.Duration) error {
 			victim = a
 		}
 	}
-	p := victim.current()
-	if err := p.Freeze(); err != nil {
-		return err
-	}
-	r.fault(FaultFreeze)
-	r.logf("%s frozen (SIGSTOP) for %v", victim.name, d)
-	backoff.Sleep(ctx, d)
-	return p.Resume()
+	return victim
 }
 
 // killAgent SIGKILLs a and starts it again on the same state.

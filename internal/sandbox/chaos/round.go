@@ -154,15 +154,14 @@ func (r *round) run(ctx context.Context) error {
 	if err := r.startInfra(ctx); err != nil {
 		return err
 	}
+	if r.sc == FaultFirmware {
+		return r.runFirmware(ctx)
+	}
 	if err := r.startDevices(ctx); err != nil {
 		return err
 	}
-	for _, gw := range []struct{ name, node string }{{"gw-a", nodeA}, {"gw-b", nodeB}} {
-		a, err := r.startAgent(ctx, gw.name, gw.node)
-		if err != nil {
-			return err
-		}
-		r.agents = append(r.agents, a)
+	if err := r.startAgents(ctx); err != nil {
+		return err
 	}
 	if err := r.waitAllHeld(ctx, 60*time.Second); err != nil {
 		return err
