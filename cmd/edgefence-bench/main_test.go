@@ -43,6 +43,12 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"twins", "--devices", "10", "--twin-sizes", "1,100"}, 2, "--twin-sizes"},
 		{[]string{"modbus-rtu", "--bauds", "9600,x"}, 2, "--bauds"},
 		{[]string{"modbus-rtu", "--rtu-n", "0"}, 2, "--rtu-n"},
+		{[]string{"fwrollout", "--image-size", "64KB"}, 2, "--image-size"},
+		{[]string{"fwrollout", "--chunk", "0"}, 2, "--chunk"},
+		{[]string{"fwrollout", "--chunk", "64KiB"}, 2, "more than a fw.chunk carries"},
+		{[]string{"fwrollout", "--concurrent", "0"}, 2, "--concurrent"},
+		{[]string{"fwrollout", "--fw-timeout", "0s"}, 2, "--fw-timeout"},
+		{[]string{"fwrollout", "rss"}, 2, "more than one"},
 		{[]string{"-h"}, 0, "usage"},
 	} {
 		var out, errb bytes.Buffer
@@ -137,5 +143,33 @@ func TestSlogLine(t *testing.T) {
 	}
 	if _, _, ok := slogLine("gc 1 @0.01s"); ok {
 		t.Fatal("a gctrace line parsed")
+	}
+}
+
+func TestParseBytes(t *testing.T) {
+	for in, want := range map[string]int{"100": 100, "64KiB": 64 << 10, " 2 MiB": 2 << 20, "1KiB": 1024} {
+		if got, err := parseBytes(in); err != nil || got != want {
+			t.Errorf("%q: %d %v, want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "0", "-1KiB", "1GiB", "KiB", "1.5MiB"} {
+		if _, err := parseBytes(in); err == nil {
+			t.Errorf("%q parsed", in)
+		}
+	}
+}
+
+func TestFWRolloutDefaults(t *testing.T) {
+	fs, f := newFlagSet(&bytes.Buffer{})
+	what, _, ok := parseArgs(fs, []string{"fwrollout"}, &bytes.Buffer{})
+	if !ok {
+		t.Fatal("fwrollout did not parse")
+	}
+	b, err := f.benches(what, map[string]bool{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := b.fw; c.Devices != 1000 || c.Concurrent != 50 || c.ImageSize != 64<<10 || c.Chunk != 16<<10 || c.Runs != 3 {
+		t.Fatalf("%+v", c)
 	}
 }
