@@ -102,7 +102,8 @@ type Runner struct {
 	ctx     context.Context // set while Run runs; nil: no new workers
 	workers map[string]*worker
 	reports map[string]fwReport
-	seq     uint64 // numbers the reports, for "newer than"
+	waits   map[string]*places // by job: the workers waiting for a place in its rollout
+	seq     uint64             // numbers the reports, for "newer than"
 	wg      sync.WaitGroup
 
 	stats runnerStats
@@ -121,7 +122,7 @@ func NewRunner(store Executions, images Images, host Host, cfg RunnerConfig) *Ru
 	}
 	r := &Runner{store: store, images: images, host: host, cfg: cfg, log: cfg.Logger.With("component", "jobs"),
 		known: make(map[string]bool, len(cfg.Devices)), workers: make(map[string]*worker),
-		reports: make(map[string]fwReport)}
+		reports: make(map[string]fwReport), waits: make(map[string]*places)}
 	for _, d := range cfg.Devices {
 		r.known[d] = true
 	}
@@ -159,7 +160,13 @@ func (r *Runner) Run(ctx context.Context) error {
 
 // changed kicks the workers of the held devices a change concerns: those
 // its job selects (every held device while the job document is unknown).
-// seen holds the job documents the watch delivered; only Run uses it.
+// A change of an active or paused rollout of a known job wakes only the
+// workers waiting for a place that it has places for (offer): the others
+// have nothing to do with it (a worker driving an execution only looks
+// for a stopping rollout); a job document (it never changes: listed again
+// after a lost watch) does not kick the workers already waiting in its
+// rollout. seen holds the job documents the watch
+// delivered; only Run uses it.
 func (r *Runner) changed(seen map[string]Job, c Change) {
 	switch {
 	case c.Job != nil:
@@ -168,11 +175,19 @@ func (r *Runner) changed(seen map[string]Job, c Change) {
 		delete(seen, c.ID)
 	}
 	j, known := seen[c.ID]
+	if ro := c.Rollout; known && ro != nil {
+		if ro.Status == RolloutActive || ro.Status == RolloutPaused {
+			r.offer(j, *ro, c.Rev)
+			r.stats.changed()
+			return
+		}
+		r.forgetPlaces(c.ID)
+	}
 	for _, d := range r.cfg.Devices {
 		if known && !j.Selects(d) {
 			continue
 		}
-		if _, ok := r.host.Holding(d); ok {
+		if _, ok := r.host.Holding(d); ok && !(c.Job != nil && r.waitsOn(d, c.ID)) {
 			r.kick(d, true)
 		}
 	}
