@@ -54,6 +54,7 @@ type fwRolloutRun struct {
 	AtEnd       procMem             // the agent's memory at completion
 	Peak        int64               // the sampled VmRSS peak during the rollout, KiB
 	AtHeld      procMem
+	Outbox      int64    // the agent's outbox file at completion, bytes (bbolt: its mmap is in RssFile)
 	Reqs        reqCounts // the embedded etcd's requests during the rollout, the bench's own polls taken out
 }
 
@@ -217,6 +218,9 @@ func (w *fwWorld) measure(ctx context.Context, ag *sandbox.Proc, r *fwRolloutRun
 		return err
 	}
 	r.Peak, _ = peak.stop()
+	if fi, err := os.Stat(filepath.Join(w.dir, "agent-state", "outbox.db")); err == nil {
+		r.Outbox = fi.Size()
+	}
 	if ro.Status != jobs.RolloutCompleted {
 		return fmt.Errorf("rollout %s: %s (%s), counts %v", id, ro.Status, ro.Reason, ro.Counts)
 	}
@@ -288,16 +292,16 @@ func printFWRollout(w io.Writer, r *fwRolloutResult) {
 	fmt.Fprintln(w, "Devices: one `edgefence-devsim --firmware --in-process`; etcd embedded and mochi in the bench process. Times from the job's creation (`Store.Create`);")
 	fmt.Fprintln(w, "agent CPU is its user+sys (/proc/PID/stat) from creation to completion; etcd requests are the embedded server's gRPC counters over the same span (all clients: the agent's, the devsim's none, the bench's rollout polls taken out), keepalives apart.")
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "| run | all held s | done s | executions/s | first start / first end s | last start / last end s | execution p50 / max s | agent CPU s (% core) | CPU ms / execution | VmRSS held / peak / end MiB | etcd Range / Txn / other | etcd req / execution | watch msgs, keepalives |")
-	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	fmt.Fprintln(w, "| run | all held s | done s | executions/s | first start / first end s | last start / last end s | execution p50 / max s | agent CPU s (% core) | CPU ms / execution | VmRSS held / peak / end MiB | end RssAnon / RssFile MiB | outbox file MiB | etcd Range / Txn / other | etcd req / execution | watch msgs, keepalives |")
+	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	var done []time.Duration
 	for i, x := range r.Runs {
 		done = append(done, x.Done)
 		n := float64(max(x.Succeeded, 1))
-		fmt.Fprintf(w, "| %d | %s | %s | %.1f | %s / %s | %s / %s | %s / %s | %s (%.0f %%) | %.1f | %s / %s / %s | %d / %d / %d | %.1f | %d, %d |\n",
+		fmt.Fprintf(w, "| %d | %s | %s | %.1f | %s / %s | %s / %s | %s / %s | %s (%.0f %%) | %.1f | %s / %s / %s | %s / %s | %.1f | %d / %d / %d | %.1f | %d, %d |\n",
 			i+1, sec(x.Held), sec(x.Done), n/x.Done.Seconds(), sec(x.FirstStart), sec(x.FirstFinish), sec(x.LastStart), sec(x.LastFinish),
 			sec(x.Exec.P50), sec(x.Exec.Max), sec(x.CPU), 100*x.CPU.Seconds()/x.Done.Seconds(), float64(x.CPU)/float64(time.Millisecond)/n,
-			mib(x.AtHeld.VmRSS), mib(x.Peak), mib(x.AtEnd.VmRSS), x.Reqs.Range, x.Reqs.Txn, x.Reqs.Put+x.Reqs.Other,
+			mib(x.AtHeld.VmRSS), mib(x.Peak), mib(x.AtEnd.VmRSS), mib(x.AtEnd.RssAnon), mib(x.AtEnd.RssFile), float64(x.Outbox)/(1<<20), x.Reqs.Range, x.Reqs.Txn, x.Reqs.Put+x.Reqs.Other,
 			float64(x.Reqs.unary())/n, x.Reqs.WatchMsgs, x.Reqs.KeepAlives)
 	}
 	if len(done) > 0 {

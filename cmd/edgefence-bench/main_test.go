@@ -173,3 +173,26 @@ func TestFWRolloutDefaults(t *testing.T) {
 		t.Fatalf("%+v", c)
 	}
 }
+
+// TestFWRolloutTiny runs the fwrollout benchmark end to end on 3 devices,
+// 2 at a time, a 4 KiB image in 1 KiB chunks: both binaries built, etcd,
+// mochi, the devsim and the agent for real; the rollout must complete
+// with every execution succeeded and the table printed.
+func TestFWRolloutTiny(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs edgefence and edgefence-devsim")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	var out, errb bytes.Buffer
+	code := run(ctx, []string{"fwrollout", "--devices", "3", "--concurrent", "2", "--runs", "1", "--image-size", "4KiB", "--chunk", "1KiB", "--fw-timeout", "5m"}, &out, &errb)
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out.String(), errb.String())
+	}
+	for _, want := range []string{"### Firmware rollout: 3 devices", "max_concurrent 2", "| 1 | ", "median time to done"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("stdout lacks %q:\n%s", want, out.String())
+		}
+	}
+	t.Log(out.String())
+}
