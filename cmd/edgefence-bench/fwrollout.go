@@ -54,7 +54,7 @@ type fwRolloutRun struct {
 	AtEnd       procMem             // the agent's memory at completion
 	Peak        int64               // the sampled VmRSS peak during the rollout, KiB
 	AtHeld      procMem
-	Outbox      int64    // the agent's outbox file at completion, bytes (bbolt: its mmap is in RssFile)
+	Outbox      int64     // the agent's outbox file at completion, bytes (bbolt: its mmap is in RssFile)
 	Reqs        reqCounts // the embedded etcd's requests during the rollout, the bench's own polls taken out
 }
 
