@@ -144,7 +144,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	}()
 	ch := r.store.Watch(ctx)
 	r.kickHeld() // jobs created before the watch
-	seen := make(map[string]Job)
+	seen := watched{jobs: make(map[string]Job), rollouts: make(map[string]rolloutAt)}
 	for {
 		select {
 		case <-ctx.Done():
@@ -158,27 +158,45 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 }
 
+// watched is what Run's watch delivered: the job documents and the
+// latest rollout of each job (with its revision); only Run uses it.
+type watched struct {
+	jobs     map[string]Job
+	rollouts map[string]rolloutAt
+}
+
+type rolloutAt struct {
+	ro  Rollout
+	rev int64
+}
+
 // changed kicks the workers of the held devices a change concerns: those
 // its job selects (every held device while the job document is unknown).
-// A change of an active or paused rollout of a known job wakes only the
-// workers waiting for a place that it has places for (offer): the others
-// have nothing to do with it (a worker driving an execution only looks
-// for a stopping rollout); a job document (it never changes: listed again
-// after a lost watch) does not kick the workers already waiting in its
-// rollout. seen holds the job documents the watch
-// delivered; only Run uses it.
-func (r *Runner) changed(seen map[string]Job, c Change) {
+// A change of an active or paused rollout wakes only the workers waiting
+// for a place that it has places for (offer): the others have nothing to
+// do with it (a worker driving an execution only looks for a stopping
+// rollout). Job documents and rollouts come on two watch streams: a
+// rollout of a job whose document has not come yet wakes none, and the
+// document's arrival kicks every worker but those waiting in its rollout
+// already, and offers the places of its latest rollout. A job document
+// never changes (it comes again after a lost watch).
+func (r *Runner) changed(seen watched, c Change) {
+	r.stats.changed()
 	switch {
 	case c.Job != nil:
-		seen[c.ID] = *c.Job
+		seen.jobs[c.ID] = *c.Job
 	case c.Deleted && c.Doc == DocJob:
-		delete(seen, c.ID)
+		delete(seen.jobs, c.ID)
+	case c.Deleted:
+		delete(seen.rollouts, c.ID)
 	}
-	j, known := seen[c.ID]
-	if ro := c.Rollout; known && ro != nil {
+	j, known := seen.jobs[c.ID]
+	if ro := c.Rollout; ro != nil {
+		seen.rollouts[c.ID] = rolloutAt{*ro, c.Rev}
 		if ro.Status == RolloutActive || ro.Status == RolloutPaused {
-			r.offer(j, *ro, c.Rev)
-			r.stats.changed()
+			if known {
+				r.offer(j, *ro, c.Rev)
+			}
 			return
 		}
 		r.forgetPlaces(c.ID)
@@ -191,7 +209,9 @@ func (r *Runner) changed(seen map[string]Job, c Change) {
 			r.kick(d, true)
 		}
 	}
-	r.stats.changed()
+	if ra, ok := seen.rollouts[c.ID]; ok && c.Job != nil && (ra.ro.Status == RolloutActive || ra.ro.Status == RolloutPaused) {
+		r.offer(j, ra.ro, ra.rev)
+	}
 }
 
 // kickHeld starts (or kicks) the worker of every device this gateway
