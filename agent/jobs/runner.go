@@ -102,7 +102,8 @@ type Runner struct {
 	ctx     context.Context // set while Run runs; nil: no new workers
 	workers map[string]*worker
 	reports map[string]fwReport
-	seq     uint64 // numbers the reports, for "newer than"
+	waits   map[string]*places // by job: the workers waiting for a place in its rollout
+	seq     uint64             // numbers the reports, for "newer than"
 	wg      sync.WaitGroup
 
 	stats runnerStats
@@ -121,7 +122,7 @@ func NewRunner(store Executions, images Images, host Host, cfg RunnerConfig) *Ru
 	}
 	r := &Runner{store: store, images: images, host: host, cfg: cfg, log: cfg.Logger.With("component", "jobs"),
 		known: make(map[string]bool, len(cfg.Devices)), workers: make(map[string]*worker),
-		reports: make(map[string]fwReport)}
+		reports: make(map[string]fwReport), waits: make(map[string]*places)}
 	for _, d := range cfg.Devices {
 		r.known[d] = true
 	}
@@ -143,7 +144,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	}()
 	ch := r.store.Watch(ctx)
 	r.kickHeld() // jobs created before the watch
-	seen := make(map[string]Job)
+	seen := watched{jobs: make(map[string]Job), rollouts: make(map[string]rolloutAt)}
 	for {
 		select {
 		case <-ctx.Done():
@@ -157,26 +158,60 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 }
 
+// watched is what Run's watch delivered: the job documents and the
+// latest rollout of each job (with its revision); only Run uses it.
+type watched struct {
+	jobs     map[string]Job
+	rollouts map[string]rolloutAt
+}
+
+type rolloutAt struct {
+	ro  Rollout
+	rev int64
+}
+
 // changed kicks the workers of the held devices a change concerns: those
 // its job selects (every held device while the job document is unknown).
-// seen holds the job documents the watch delivered; only Run uses it.
-func (r *Runner) changed(seen map[string]Job, c Change) {
+// A change of an active or paused rollout wakes only the workers waiting
+// for a place that it has places for (offer): the others have nothing to
+// do with it (a worker driving an execution only looks for a stopping
+// rollout). Job documents and rollouts come on two watch streams: a
+// rollout of a job whose document has not come yet wakes none, and the
+// document's arrival kicks every worker but those waiting in its rollout
+// already, and offers the places of its latest rollout. A job document
+// never changes (it comes again after a lost watch).
+func (r *Runner) changed(seen watched, c Change) {
+	r.stats.changed()
 	switch {
 	case c.Job != nil:
-		seen[c.ID] = *c.Job
+		seen.jobs[c.ID] = *c.Job
 	case c.Deleted && c.Doc == DocJob:
-		delete(seen, c.ID)
+		delete(seen.jobs, c.ID)
+	case c.Deleted:
+		delete(seen.rollouts, c.ID)
 	}
-	j, known := seen[c.ID]
+	j, known := seen.jobs[c.ID]
+	if ro := c.Rollout; ro != nil {
+		seen.rollouts[c.ID] = rolloutAt{*ro, c.Rev}
+		if ro.Status == RolloutActive || ro.Status == RolloutPaused {
+			if known {
+				r.offer(j, *ro, c.Rev)
+			}
+			return
+		}
+		r.forgetPlaces(c.ID)
+	}
 	for _, d := range r.cfg.Devices {
 		if known && !j.Selects(d) {
 			continue
 		}
-		if _, ok := r.host.Holding(d); ok {
+		if _, ok := r.host.Holding(d); ok && !(c.Job != nil && r.waitsOn(d, c.ID)) {
 			r.kick(d, true)
 		}
 	}
-	r.stats.changed()
+	if ra, ok := seen.rollouts[c.ID]; ok && c.Job != nil && (ra.ro.Status == RolloutActive || ra.ro.Status == RolloutPaused) {
+		r.offer(j, ra.ro, ra.rev)
+	}
 }
 
 // kickHeld starts (or kicks) the worker of every device this gateway

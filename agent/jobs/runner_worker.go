@@ -38,6 +38,13 @@ type worker struct {
 	// deposedAt is the token under which the worker was last deposed: it
 	// does not drive under it again (the agent may not have noticed yet).
 	deposedAt fence.Token
+	// waitFor is the job whose rollout has no place for the worker's
+	// execution yet, as its last round found ("": none); only the
+	// worker's goroutine uses it. waitingOn is the job queue it waits in
+	// and woken the job whose place woke it (runner_wait.go); r.mu
+	// guards both.
+	waitFor          string
+	waitingOn, woken string
 }
 
 // poke wakes the worker; changed says the jobs or rollouts changed.
@@ -65,6 +72,7 @@ func (w *worker) run(ctx context.Context) {
 		h, held := w.r.host.Holding(w.dev)
 		held = held && h.Token > w.deposedAt
 		wait := forever
+		w.waitFor = ""
 		if held {
 			var err error
 			wait, err = w.round(ctx, h)
@@ -76,6 +84,7 @@ func (w *worker) run(ctx context.Context) {
 				w.log.Warn("firmware job: retrying", "err", err, "in", wait)
 			}
 		}
+		w.r.settle(w)
 		if !held {
 			if w.r.exit(w) {
 				return
@@ -188,8 +197,9 @@ func (w *worker) start(ctx context.Context, h Holder, job Job, e Execution) (tim
 		return 0, x.finish(ctx, Canceled, stopReason(ro))
 	}
 	s, err := w.r.store.Start(ctx, e, h)
+	w.r.unwake(w) // decided: its place taken, or not there
 	if ny, ok := errors.AsType[*NotYetError](err); ok {
-		return cmp.Or(ny.RetryAfter, retry), nil
+		return w.awaitPlace(job.ID, cmp.Or(ny.RetryAfter, retry)), nil
 	}
 	switch {
 	case err == nil:
@@ -198,7 +208,8 @@ func (w *worker) start(ctx context.Context, h Holder, job Job, e Execution) (tim
 	case errors.Is(err, ErrNotYet):
 		return retry, nil
 	case errors.Is(err, ErrStopped):
-		return forever, nil // a rollout change kicks the worker
+		w.waitFor = job.ID // paused: the change that resumes it offers places
+		return forever, nil
 	case errors.Is(err, ErrConflict):
 		return 0, nil
 	}

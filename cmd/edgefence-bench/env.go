@@ -7,9 +7,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/edgefence/edgefence/agent"
 	"github.com/edgefence/edgefence/agent/daemon"
@@ -203,4 +206,48 @@ func closeFleets(fleets []*sim.Fleet) {
 	for _, f := range fleets {
 		closeCtx(f.Close)
 	}
+}
+
+// benchBin is a binary a benchmark runs: its name under ./cmd and its
+// path (empty: build it).
+type benchBin struct {
+	name string
+	path *string
+}
+
+// buildMissing builds the binaries whose path is empty (buildBinary) and
+// sets their paths. It returns how they were built ("" if none was) for
+// the tables' headings.
+func buildMissing(ctx context.Context, dir string, log io.Writer, bins ...benchBin) (string, error) {
+	var built []string
+	for _, b := range bins {
+		if *b.path != "" {
+			continue
+		}
+		p, err := buildBinary(ctx, dir, b.name, log)
+		if err != nil {
+			return "", err
+		}
+		*b.path = p
+		built = append(built, "./cmd/"+b.name)
+	}
+	if len(built) == 0 {
+		return "", nil
+	}
+	return "CGO_ENABLED=0 go build -tags grpcnotrace -trimpath -ldflags='-s -w' " + strings.Join(built, " "), nil
+}
+
+// startMochiAndClient starts mochi in process and an etcd client; done
+// closes both.
+func startMochiAndClient(ctx context.Context, etcd *sandbox.Etcd, dir string) (*broker, *clientv3.Client, func(), error) {
+	br, err := startBroker(ctx, brokerMochi, dir)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	cli, err := etcd.Client()
+	if err != nil {
+		br.stop()
+		return nil, nil, nil, err
+	}
+	return br, cli, func() { cli.Close(); br.stop() }, nil
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -64,21 +65,12 @@ type failoverResult struct {
 }
 
 func runFailover(ctx context.Context, etcd *sandbox.Etcd, cfg failoverConfig) (*failoverResult, error) {
-	res := &failoverResult{Devices: cfg.Devices, Probes: len(probeDevices(cfg.Devices, cfg.Probes)), Interval: cfg.Interval, Built: "binaries given with --agent-bin/--devsim-bin"}
-	var err error
-	if cfg.AgentBin == "" || cfg.DevsimBin == "" {
-		res.Built = "CGO_ENABLED=0 go build -tags grpcnotrace -trimpath -ldflags='-s -w' ./cmd/edgefence ./cmd/edgefence-devsim"
+	built, err := buildMissing(ctx, cfg.Dir, cfg.Log, benchBin{"edgefence", &cfg.AgentBin}, benchBin{"edgefence-devsim", &cfg.DevsimBin})
+	if err != nil {
+		return nil, err
 	}
-	if cfg.AgentBin == "" {
-		if cfg.AgentBin, err = buildBinary(ctx, cfg.Dir, "edgefence", cfg.Log); err != nil {
-			return nil, err
-		}
-	}
-	if cfg.DevsimBin == "" {
-		if cfg.DevsimBin, err = buildBinary(ctx, cfg.Dir, "edgefence-devsim", cfg.Log); err != nil {
-			return nil, err
-		}
-	}
+	res := &failoverResult{Devices: cfg.Devices, Probes: len(probeDevices(cfg.Devices, cfg.Probes)), Interval: cfg.Interval,
+		Built: cmp.Or(built, "binaries given with --agent-bin/--devsim-bin")}
 	br, err := startBroker(ctx, brokerMochi, cfg.Dir)
 	if err != nil {
 		return nil, err

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/edgefence/edgefence/agent"
+	"github.com/edgefence/edgefence/devices/fwjob"
 )
 
 // benchFlags are edgefence-bench's flags, by the benchmark that reads
@@ -23,6 +24,7 @@ type benchFlags struct {
 	failover failoverFlags
 	rss      rssFlags
 	rtu      rtuFlags
+	fw       fwFlags
 	lcSizes  string // lifecycle
 	devices  int    // locks, replay, failover, twins
 	runs     int    // locks, replay, failover, twins, lifecycle
@@ -60,6 +62,12 @@ type rtuFlags struct {
 	n     int
 }
 
+type fwFlags struct {
+	concurrent       int
+	imageSize, chunk string
+	timeout          time.Duration
+}
+
 type rssFlags struct {
 	sizes       string
 	dur, period time.Duration
@@ -81,10 +89,11 @@ func newFlagSet(stderr io.Writer) (*flag.FlagSet, *benchFlags) {
 	f.failover.register(fs)
 	f.rss.register(fs)
 	f.rtu.register(fs)
+	f.fw.register(fs)
 	fs.StringVar(&f.lcSizes, "lc-sizes", "10,1000", "lifecycle: device counts, comma-separated")
-	fs.IntVar(&f.devices, "devices", 0, "locks: devices (default 1000); replay: devices (default 10); failover: devices (default 4); twins: devices on the agent, all changing at once in the throughput runs (default 1000)")
-	fs.IntVar(&f.runs, "runs", 0, "locks, replay: repetitions (default 5, 3); failover: trials per lease_ttl and fault (default 3); twins: latency rounds per size (default 30)")
-	fs.StringVar(&f.agentBin, "agent-bin", "", "rss, failover: the edgefence binary (default: go build it from the module in the working directory)")
+	fs.IntVar(&f.devices, "devices", 0, "locks: devices (default 1000); replay: devices (default 10); failover: devices (default 4); twins: devices on the agent, all changing at once in the throughput runs (default 1000); fwrollout: firmware devices, all targets of the job (default 1000)")
+	fs.IntVar(&f.runs, "runs", 0, "locks, replay, fwrollout: repetitions (default 5, 3, 3); failover: trials per lease_ttl and fault (default 3); twins: latency rounds per size (default 30)")
+	fs.StringVar(&f.agentBin, "agent-bin", "", "rss, failover, lifecycle, fwrollout: the edgefence binary (default: go build it from the module in the working directory)")
 	fs.BoolVar(&f.keep, "keep", false, "keep the temp dir (logs, configs, data)")
 	fs.BoolVar(&f.sign, "sign", false, "roundtrip, replay, rss: run signed (I7): commands signed by the agent and verified by the devices, acks and state reports signed by the devices and verified by the agent")
 	fs.StringVar(&f.cpuprof, "cpuprofile", "", "write a CPU profile of this process (etcd, mochi, devices and the in-process agent) to FILE")
@@ -118,7 +127,7 @@ func (f *failoverFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.faults, "faults", "kill,stop", "failover: kill (SIGKILL), stop (SIGSTOP, then SIGCONT once B took over) and/or term (SIGTERM: clean shutdown), comma-separated")
 	fs.IntVar(&f.probes, "probes", 0, "failover: send the load to this many devices, spread over the list (0: every device)")
 	fs.DurationVar(&f.interval, "interval", 10*time.Millisecond, "failover: the load sends one command per device this often through B")
-	fs.StringVar(&f.devsim, "devsim-bin", "", "failover: the edgefence-devsim binary (default: go build it)")
+	fs.StringVar(&f.devsim, "devsim-bin", "", "failover, fwrollout: the edgefence-devsim binary (default: go build it)")
 }
 
 func (f *rssFlags) register(fs *flag.FlagSet) {
@@ -130,13 +139,20 @@ func (f *rssFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.agentEnv, "agent-env", "", "rss: extra environment for the agent, comma-separated (e.g. GOGC=50,GODEBUG=gctrace=1; see --keep for its log)")
 }
 
+func (f *fwFlags) register(fs *flag.FlagSet) {
+	fs.IntVar(&f.concurrent, "concurrent", 50, "fwrollout: the job's max_concurrent (executions in progress at once)")
+	fs.StringVar(&f.imageSize, "image-size", "64KiB", "fwrollout: the image's size (bytes, or with KiB or MiB)")
+	fs.StringVar(&f.chunk, "chunk", "16KiB", "fwrollout: bytes per fw.chunk (bytes, or with KiB; at most 30 KiB)")
+	fs.DurationVar(&f.timeout, "fw-timeout", 30*time.Minute, "fwrollout: give up on a rollout not done this long after its creation")
+}
+
 func (f *rtuFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.bauds, "bauds", "9600,115200", "modbus-rtu: line rates, comma-separated")
 	fs.IntVar(&f.n, "rtu-n", 500, "modbus-rtu: transactions per rate and operation")
 }
 
 // benchNames are the subcommands.
-var benchNames = []string{"roundtrip", "locks", "rss", "all", "replay", "failover", "twins", "lifecycle", "modbus-rtu"}
+var benchNames = []string{"roundtrip", "locks", "rss", "all", "replay", "failover", "twins", "lifecycle", "modbus-rtu", "fwrollout"}
 
 // parseArgs parses args, the flags before or after the one benchmark
 // name, and returns that name. With ok false the command is to exit with
@@ -184,6 +200,7 @@ type benches struct {
 	lifecycle lifecycleConfig
 	twins     twinsConfig
 	rtu       modbusRTUConfig
+	fw        fwRolloutConfig
 	keep      bool
 	cpuprof   string
 }
@@ -208,6 +225,10 @@ func (f *benchFlags) benches(what string, set map[string]bool) (*benches, error)
 	if err != nil {
 		return nil, fmt.Errorf("--faults: %w", err)
 	}
+	fw, err := f.fw.config(f)
+	if err != nil {
+		return nil, err
+	}
 	lcRuns := f.runs
 	if what == "all" && !set["runs"] {
 		lcRuns = 10 // all's --runs default (5) is the locks benchmark's
@@ -227,6 +248,7 @@ func (f *benchFlags) benches(what string, set map[string]bool) (*benches, error)
 		twins: twinsConfig{Sizes: l.twinSizes, Rounds: f.runs, Devices: f.devices, Changes: f.twins.changes,
 			TPRuns: f.twins.runs, Fleets: f.twins.fleets},
 		rtu:     modbusRTUConfig{Bauds: l.bauds, N: f.rtu.n},
+		fw:      fw,
 		keep:    f.keep,
 		cpuprof: f.cpuprof,
 	}, nil
@@ -271,7 +293,7 @@ func (f *benchFlags) defaults(what string, set map[string]bool) {
 		}
 	}
 	if !set["runs"] {
-		f.runs = map[string]int{"replay": 3, "failover": 3, "twins": 30, "lifecycle": 10}[what]
+		f.runs = map[string]int{"replay": 3, "failover": 3, "fwrollout": 3, "twins": 30, "lifecycle": 10}[what]
 		if f.runs == 0 {
 			f.runs = 5
 		}
@@ -293,6 +315,28 @@ func (f *benchFlags) checkBounds(what string, twinSizes []int) error {
 		return errors.New("--cmd-timeout, --interval, --rss-duration, --rss-period, --rss-min-rate and --rss-workers must be positive")
 	}
 	return nil
+}
+
+// config checks the fwrollout flags and returns its configuration.
+func (f *fwFlags) config(b *benchFlags) (fwRolloutConfig, error) {
+	c := fwRolloutConfig{Devices: b.devices, Concurrent: f.concurrent, Runs: b.runs, Timeout: f.timeout,
+		AgentBin: b.agentBin, DevsimBin: b.failover.devsim}
+	var err error
+	if c.ImageSize, err = parseBytes(f.imageSize); err != nil {
+		return c, fmt.Errorf("--image-size: %w", err)
+	}
+	if c.Chunk, err = parseBytes(f.chunk); err != nil {
+		return c, fmt.Errorf("--chunk: %w", err)
+	}
+	switch {
+	case c.Chunk > fwjob.MaxChunk:
+		return c, fmt.Errorf("--chunk: %d bytes, more than a fw.chunk carries (%d)", c.Chunk, fwjob.MaxChunk)
+	case f.concurrent < 1:
+		return c, errors.New("--concurrent must be at least 1")
+	case f.timeout <= 0:
+		return c, errors.New("--fw-timeout must be positive")
+	}
+	return c, nil
 }
 
 // intList parses a comma-separated list of positive integers.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -60,24 +61,16 @@ type lifecycleResult struct {
 }
 
 func runLifecycle(ctx context.Context, etcd *sandbox.Etcd, cfg lifecycleConfig) (*lifecycleResult, error) {
-	res := &lifecycleResult{Built: "given with --agent-bin"}
-	if cfg.AgentBin == "" {
-		res.Built = "CGO_ENABLED=0 go build -tags grpcnotrace -trimpath -ldflags='-s -w' ./cmd/edgefence"
-		var err error
-		if cfg.AgentBin, err = buildBinary(ctx, cfg.Dir, "edgefence", cfg.Log); err != nil {
-			return nil, err
-		}
-	}
-	br, err := startBroker(ctx, brokerMochi, cfg.Dir)
+	built, err := buildMissing(ctx, cfg.Dir, cfg.Log, benchBin{"edgefence", &cfg.AgentBin})
 	if err != nil {
 		return nil, err
 	}
-	defer br.stop()
-	cli, err := etcd.Client()
+	res := &lifecycleResult{Built: cmp.Or(built, "given with --agent-bin")}
+	br, cli, done, err := startMochiAndClient(ctx, etcd, cfg.Dir)
 	if err != nil {
 		return nil, err
 	}
-	defer cli.Close()
+	defer done()
 	for _, n := range cfg.Sizes {
 		sz, err := lifecycleSizeRun(ctx, etcd, cli, br, n, cfg)
 		if sz != nil && len(sz.Runs) > 0 {

@@ -19,6 +19,9 @@
 //	           and throughput, etcd requests per update
 //	modbus-rtu the Modbus RTU bus master against the line-rate limit, with
 //	           the Go slave on a paced RS-485 line (sandbox.RS485)
+//	fwrollout  one firmware job over 1,000 devices (one devsim --firmware
+//	           --in-process) through one `edgefence run`, 50 at a time: time
+//	           to done, the agent's RSS and CPU, etcd requests
 //
 // roundtrip, locks, replay and twins run the agent in process, built by
 // agent/daemon as `edgefence run` builds it (outbox included). Run from the
@@ -52,7 +55,7 @@ func main() {
 	os.Exit(code)
 }
 
-const usage = `usage: edgefence-bench [flags] roundtrip|locks|rss|all|replay|failover|twins|lifecycle|modbus-rtu [flags]
+const usage = `usage: edgefence-bench [flags] roundtrip|locks|rss|all|replay|failover|twins|lifecycle|modbus-rtu|fwrollout [flags]
 
 Measures edgefence's performance figures on real components and prints
 Markdown tables (progress goes to stderr). Flags:
@@ -181,6 +184,10 @@ func (b *benches) dispatch(ctx context.Context, e *benchEnv) {
 		res, err := runTwins(ctx, e.etcd, b.twins)
 		show(e, res, err, res != nil && (len(res.Lat) > 0 || len(res.TP) > 0), printTwins)
 	}
+	if b.what == "fwrollout" {
+		res, err := runFWRollout(ctx, e.etcd, b.fw)
+		show(e, res, err, res != nil && len(res.Runs) > 0, printFWRollout)
+	}
 	if b.what == "modbus-rtu" {
 		res, err := runModbusRTU(ctx, b.rtu)
 		show(e, res, err, len(res) > 0, printModbusRTU)
@@ -197,6 +204,7 @@ func (b *benches) setDir(dir string, log io.Writer) {
 	b.lifecycle.Dir, b.lifecycle.Log = dir, log
 	b.twins.Dir, b.twins.Log = dir, log
 	b.rtu.Dir, b.rtu.Log = dir, log
+	b.fw.Dir, b.fw.Log = dir, log
 }
 
 // show prints a benchmark's result res with print if ok (it holds

@@ -43,6 +43,12 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"twins", "--devices", "10", "--twin-sizes", "1,100"}, 2, "--twin-sizes"},
 		{[]string{"modbus-rtu", "--bauds", "9600,x"}, 2, "--bauds"},
 		{[]string{"modbus-rtu", "--rtu-n", "0"}, 2, "--rtu-n"},
+		{[]string{"fwrollout", "--image-size", "64KB"}, 2, "--image-size"},
+		{[]string{"fwrollout", "--chunk", "0"}, 2, "--chunk"},
+		{[]string{"fwrollout", "--chunk", "64KiB"}, 2, "more than a fw.chunk carries"},
+		{[]string{"fwrollout", "--concurrent", "0"}, 2, "--concurrent"},
+		{[]string{"fwrollout", "--fw-timeout", "0s"}, 2, "--fw-timeout"},
+		{[]string{"fwrollout", "rss"}, 2, "more than one"},
 		{[]string{"-h"}, 0, "usage"},
 	} {
 		var out, errb bytes.Buffer
@@ -138,4 +144,55 @@ func TestSlogLine(t *testing.T) {
 	if _, _, ok := slogLine("gc 1 @0.01s"); ok {
 		t.Fatal("a gctrace line parsed")
 	}
+}
+
+func TestParseBytes(t *testing.T) {
+	for in, want := range map[string]int{"100": 100, "64KiB": 64 << 10, " 2 MiB": 2 << 20, "1KiB": 1024} {
+		if got, err := parseBytes(in); err != nil || got != want {
+			t.Errorf("%q: %d %v, want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "0", "-1KiB", "1GiB", "KiB", "1.5MiB"} {
+		if _, err := parseBytes(in); err == nil {
+			t.Errorf("%q parsed", in)
+		}
+	}
+}
+
+func TestFWRolloutDefaults(t *testing.T) {
+	fs, f := newFlagSet(&bytes.Buffer{})
+	what, _, ok := parseArgs(fs, []string{"fwrollout"}, &bytes.Buffer{})
+	if !ok {
+		t.Fatal("fwrollout did not parse")
+	}
+	b, err := f.benches(what, map[string]bool{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := b.fw; c.Devices != 1000 || c.Concurrent != 50 || c.ImageSize != 64<<10 || c.Chunk != 16<<10 || c.Runs != 3 {
+		t.Fatalf("%+v", c)
+	}
+}
+
+// TestFWRolloutTiny runs the fwrollout benchmark end to end on 3 devices,
+// 2 at a time, a 4 KiB image in 1 KiB chunks: both binaries built, etcd,
+// mochi, the devsim and the agent for real; the rollout must complete
+// with every execution succeeded and the table printed.
+func TestFWRolloutTiny(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs edgefence and edgefence-devsim")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	var out, errb bytes.Buffer
+	code := run(ctx, []string{"fwrollout", "--devices", "3", "--concurrent", "2", "--runs", "1", "--image-size", "4KiB", "--chunk", "1KiB", "--fw-timeout", "5m"}, &out, &errb)
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out.String(), errb.String())
+	}
+	for _, want := range []string{"### Firmware rollout: 3 devices", "max_concurrent 2", "| 1 | ", "median time to done"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("stdout lacks %q:\n%s", want, out.String())
+		}
+	}
+	t.Log(out.String())
 }

@@ -110,16 +110,11 @@ func runRSS(ctx context.Context, etcd *sandbox.Etcd, cfg rssConfig) (*rssResult,
 	} else {
 		return nil, err
 	}
-	br, err := startBroker(ctx, brokerMochi, cfg.Dir)
+	br, cli, done, err := startMochiAndClient(ctx, etcd, cfg.Dir)
 	if err != nil {
 		return nil, err
 	}
-	defer br.stop()
-	cli, err := etcd.Client()
-	if err != nil {
-		return nil, err
-	}
-	defer cli.Close()
+	defer done()
 	for _, n := range cfg.Sizes {
 		fmt.Fprintf(cfg.Log, "rss: agent with %d devices, %v\n", n, cfg.Duration)
 		row, err := measureAgentRSS(ctx, etcd, cli, br, n, cfg)
