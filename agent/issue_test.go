@@ -44,7 +44,9 @@ func (s *lossySender) Send(ctx context.Context, env *fence.Envelope) (*fence.Ack
 }
 
 // encode encodes a firmware body.
-func encode(t testing.TB, b interface{ Encode() (cbor.RawMessage, error) }) []byte {
+func encode(t testing.TB, b interface {
+	Encode() (cbor.RawMessage, error)
+}) []byte {
 	t.Helper()
 	raw, err := b.Encode()
 	if err != nil {
