@@ -40,6 +40,9 @@ type window struct {
 	img  Image
 	next uint64 // the offset of the next chunk to issue
 	q    []flight
+
+	failed    error  // an issue failed: no more are issued
+	failedSeq uint64 // the report count before it
 }
 
 // download sends the image from off in chunks, keeping a window of them
@@ -73,19 +76,28 @@ func (x *xrun) download(ctx context.Context, off uint64) error {
 			step = string(fwjob.Downloaded)
 		}
 		if err := x.update(ctx, step, off, false); err != nil {
-			return err
+			if !errors.Is(err, errDeposed) || len(win.q) == 0 {
+				return err
+			}
+			// Deposed (etcd says): issue no more, but take the verdicts
+			// of the chunks in flight, as after a failed issue.
+			win.stop(err, x.w.r.reportSeq())
 		}
+	}
+	if win.failed != nil {
+		return x.noAck(ctx, fwjob.KindChunk, win.failedSeq, win.failed)
 	}
 	return x.install(ctx)
 }
 
 // fill issues chunks until the window is full or the image is all issued.
-// A failed issue with chunks in flight ends the filling for now (the ones
-// in flight are waited for); with none it is the error.
+// A failed issue (the lease lost, the outbox full) ends the filling: the
+// chunks in flight are still waited for, each to its verdict, and then
+// the failure is the download's (noAck).
 func (win *window) fill(ctx context.Context) error {
 	x := win.x
 	size, chunk := x.job.Image.Size, uint64(x.job.Chunk)
-	for win.next < size && len(win.q) < x.w.r.cfg.Window {
+	for win.failed == nil && win.next < size && len(win.q) < x.w.r.cfg.Window {
 		if err := x.checkStop(ctx); err != nil {
 			return err
 		}
@@ -100,16 +112,27 @@ func (win *window) fill(ctx context.Context) error {
 		seq := x.w.r.reportSeq()
 		p, err := x.issue(ctx, fwjob.KindChunk, fwjob.ChunkBody{Job: x.job.ID, Off: win.next, Data: buf})
 		if err != nil {
-			if len(win.q) > 0 && !errors.Is(err, errDeposed) && ctx.Err() == nil {
-				x.w.log.Warn("firmware chunk not issued; waiting for the ones in flight", "job", x.job.ID, "off", win.next, "err", err)
-				return nil
-			}
-			return x.noAck(ctx, fwjob.KindChunk, seq, err)
+			win.stop(err, seq)
+			break
 		}
 		win.q = append(win.q, flight{p: p, off: win.next, n: n, seq: seq})
 		win.next += n
 	}
+	if win.failed != nil && len(win.q) == 0 {
+		return x.noAck(ctx, fwjob.KindChunk, win.failedSeq, win.failed)
+	}
 	return nil
+}
+
+// stop ends the issuing of chunks after err (seq: the report count
+// before it): the chunks in flight are still waited for, then err is the
+// download's.
+func (win *window) stop(err error, seq uint64) {
+	win.failed, win.failedSeq = err, seq
+	if len(win.q) > 0 {
+		win.x.w.log.Warn("firmware download: no more chunks issued; waiting for the ones in flight", "job", win.x.job.ID,
+			"in_flight", len(win.q), "err", err)
+	}
 }
 
 // next1 takes the oldest chunk in flight off the window and waits for its
