@@ -307,8 +307,8 @@ func (ob *Outbox) Append(ctx context.Context, e *Entry) error {
 	}
 	dev, id := e.Envelope.Device, e.Envelope.ID
 	ob.mu.Lock()
-	defer ob.mu.Unlock()
 	if ob.closed {
+		ob.mu.Unlock()
 		return fmt.Errorf("offline: append %s: %w", id, ErrClosed)
 	}
 	created := e.Created
@@ -336,9 +336,16 @@ func (ob *Outbox) Append(ctx context.Context, e *Entry) error {
 		if ob.opts.Logger != nil {
 			ob.opts.Logger.Warn("outbox full: append refused", "device", dev, "id", id, "reason", err.Error())
 		}
+		ob.mu.Unlock()
 		return fmt.Errorf("offline: append %s: %w: %v", id, ErrFull, err)
 	}
+	// The entry counts against the limits from here; the commit runs
+	// under the read lock (which keeps Close out), so that readers (Next,
+	// Pending) and Resolve are not held up by this append's fsync.
+	ob.add(dev, 1, size)
+	ob.mu.Unlock()
 	r := record{created: created.UnixMilli(), deadline: created.Add(ttl).UnixMilli(), env: raw}
+	ob.mu.RLock()
 	err = ob.update(func(tx *bbolt.Tx) error {
 		entries := tx.Bucket(entriesBucket)
 		if entries.Get([]byte(id)) != nil {
@@ -363,10 +370,13 @@ func (ob *Outbox) Append(ctx context.Context, e *Entry) error {
 		}
 		return entries.Put([]byte(id), r.encode())
 	})
+	ob.mu.RUnlock()
 	if err != nil {
+		ob.mu.Lock()
+		ob.add(dev, -1, -size)
+		ob.mu.Unlock()
 		return fmt.Errorf("offline: append %s: %w", id, err)
 	}
-	ob.add(dev, 1, size)
 	e.Raw, e.Created, e.Deadline, e.Pos = raw, time.UnixMilli(r.created), time.UnixMilli(r.deadline), r.pos
 	return nil
 }
