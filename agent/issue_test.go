@@ -4,13 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/fxamacker/cbor/v2"
 
 	"github.com/edgefence/edgefence/devices/fwjob"
 	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/offline"
 )
 
 // lossySender loses fw.chunk deliveries on purpose: of every four chunk
@@ -171,5 +175,82 @@ func TestIssueStaleEndsTheRest(t *testing.T) {
 	}
 	if st := fmt.Sprint(a.Holding(d.id)); st != "0 false" {
 		t.Fatalf("gw-a still holds: %s", st)
+	}
+}
+
+// holdFirst is a Sender that holds its first Send until release closes.
+type holdFirst struct {
+	Sender
+	once    sync.Once
+	held    chan struct{}
+	release chan struct{}
+}
+
+func (h *holdFirst) Send(ctx context.Context, env *fence.Envelope) (*fence.Ack, error) {
+	first := false
+	h.once.Do(func() { first = true })
+	if first {
+		close(h.held)
+		<-h.release
+	}
+	return h.Sender.Send(ctx, env)
+}
+
+// TestDeliveryRecordsVerdictWhileSendingNext: the outbox's record of a
+// verdict (its fsync) is off the device's path: while the commit of the
+// first command's verdict is held, the device's worker already delivers
+// the second. Its waiter still gets the ack only once it is recorded.
+func TestDeliveryRecordsVerdictWhileSendingNext(t *testing.T) {
+	ob, err := offline.Open(filepath.Join(t.TempDir(), offline.File), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ob.Close() })
+	fp := newFencePoint()
+	s := &holdFirst{Sender: fp, held: make(chan struct{}), release: make(chan struct{})}
+	cfg := &Config{Gateway: "gw", Etcd: EtcdConfig{Endpoints: testEtcd.Endpoints(), Prefix: "/t/" + t.Name(), LeaseTTL: 2 * time.Second},
+		MQTT: MQTTConfig{Brokers: []string{"mqtt://127.0.0.1:1"}}, Command: CommandConfig{Timeout: 5 * time.Second},
+		Devices: []DeviceConfig{{ID: "d1"}}}
+	a := runAgent(t, cfg, etcdClient(t), s, Options{Outbox: ob})
+	waitFor(t, "a holds d1", holdingAll(a, []string{"d1"}))
+	ctx := context.Background()
+	p1, err := a.Issue(ctx, "d1", "set", []byte{0xa0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wait(t, "the first command at the device", s.held)
+	p2, err := a.Issue(ctx, "d1", "set", []byte{0xa0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var armed atomic.Bool
+	inCommit, unblock := make(chan struct{}), make(chan struct{})
+	var once, unblocked sync.Once
+	release := func() { unblocked.Do(func() { close(unblock) }) }
+	t.Cleanup(release) // a failed test lets the commit go, so that the agent stops
+	ob.ObserveCommits(func(time.Duration) {
+		if armed.Load() {
+			once.Do(func() { close(inCommit); <-unblock })
+		}
+	})
+	armed.Store(true)
+	close(s.release)
+	wait(t, "the first verdict's commit", inCommit)
+	waitLong(t, "the second command at the device while the first verdict is recorded", func() bool {
+		fp.mu.Lock()
+		defer fp.mu.Unlock()
+		return len(fp.applied["d1"]) == 2
+	})
+	if len(p1.ch) != 0 {
+		t.Fatal("the first command's waiter has its ack before the outbox recorded it")
+	}
+	release()
+	for i, p := range []*Pending{p1, p2} {
+		if ack, err := p.Wait(ctx); err != nil || ack.Verdict != fence.Accepted {
+			t.Fatalf("command %d: %+v %v", i+1, ack, err)
+		}
+		if r, err := ob.Get(p.Envelope.ID); err != nil || r.Pending() {
+			t.Fatalf("command %d not recorded terminal: %+v %v", i+1, r, err)
+		}
 	}
 }

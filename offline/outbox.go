@@ -385,6 +385,14 @@ func (ob *Outbox) Append(ctx context.Context, e *Entry) error {
 // none. An unreadable record is an error wrapping ErrCorrupt: the device's
 // queue stops there (fail closed) rather than skip a command.
 func (ob *Outbox) Next(device string) (e *Entry, ok bool, err error) {
+	return ob.NextAfter(device, 0)
+}
+
+// NextAfter is Next of the entries behind the one at queue position pos
+// (Entry.Pos): the oldest pending entry of device with a greater Pos. A
+// delivery worker uses it to send the next command while the verdict of
+// the one at pos is still being recorded (Resolve).
+func (ob *Outbox) NextAfter(device string, pos uint64) (e *Entry, ok bool, err error) {
 	err = ob.view(func(tx *bbolt.Tx) error {
 		queue := tx.Bucket(queueBucket)
 		if queue == nil {
@@ -392,7 +400,7 @@ func (ob *Outbox) Next(device string) (e *Entry, ok bool, err error) {
 		}
 		prefix := queuePrefix(device)
 		c := queue.Cursor()
-		k, id := c.Seek(prefix)
+		k, id := c.Seek(queueKey(device, pos+1))
 		if k == nil || len(k) != len(prefix)+8 || string(k[:len(prefix)]) != string(prefix) {
 			return nil
 		}
