@@ -320,29 +320,10 @@ func (ob *Outbox) Append(ctx context.Context, e *Entry) error {
 		ttl = ob.opts.TTL
 	}
 	size := int64(len(raw))
-	u := ob.devs[dev]
-	switch {
-	case u.n+1 > ob.opts.MaxPerDevice:
-		err = fmt.Errorf("%d pending entries for device %s, limit %d", u.n, dev, ob.opts.MaxPerDevice)
-	case u.bytes+size > ob.opts.MaxBytesPerDevice:
-		err = fmt.Errorf("%d pending bytes for device %s, +%d over limit %d", u.bytes, dev, size, ob.opts.MaxBytesPerDevice)
-	case ob.total.n+1 > ob.opts.MaxTotal:
-		err = fmt.Errorf("%d pending entries, limit %d", ob.total.n, ob.opts.MaxTotal)
-	case ob.total.bytes+size > ob.opts.MaxTotalBytes:
-		err = fmt.Errorf("%d pending bytes, +%d over limit %d", ob.total.bytes, size, ob.opts.MaxTotalBytes)
-	}
-	if err != nil {
-		ob.refused++
-		if ob.opts.Logger != nil {
-			ob.opts.Logger.Warn("outbox full: append refused", "device", dev, "id", id, "reason", err.Error())
-		}
+	if err := ob.reserveLocked(dev, id, size); err != nil {
 		ob.mu.Unlock()
-		return fmt.Errorf("offline: append %s: %w: %v", id, ErrFull, err)
+		return err
 	}
-	// The entry counts against the limits from here; the commit runs
-	// under the read lock (which keeps Close out), so that readers (Next,
-	// Pending) and Resolve are not held up by this append's fsync.
-	ob.add(dev, 1, size)
 	ob.mu.Unlock()
 	r := record{created: created.UnixMilli(), deadline: created.Add(ttl).UnixMilli(), env: raw}
 	ob.mu.RLock()
@@ -378,6 +359,35 @@ func (ob *Outbox) Append(ctx context.Context, e *Entry) error {
 		return fmt.Errorf("offline: append %s: %w", id, err)
 	}
 	e.Raw, e.Created, e.Deadline, e.Pos = raw, time.UnixMilli(r.created), time.UnixMilli(r.deadline), r.pos
+	return nil
+}
+
+// reserveLocked counts an entry of size bytes for dev against the limits
+// (ob.mu held), or returns an error wrapping ErrFull and counts nothing.
+func (ob *Outbox) reserveLocked(dev, id string, size int64) error {
+	var err error
+	u := ob.devs[dev]
+	switch {
+	case u.n+1 > ob.opts.MaxPerDevice:
+		err = fmt.Errorf("%d pending entries for device %s, limit %d", u.n, dev, ob.opts.MaxPerDevice)
+	case u.bytes+size > ob.opts.MaxBytesPerDevice:
+		err = fmt.Errorf("%d pending bytes for device %s, +%d over limit %d", u.bytes, dev, size, ob.opts.MaxBytesPerDevice)
+	case ob.total.n+1 > ob.opts.MaxTotal:
+		err = fmt.Errorf("%d pending entries, limit %d", ob.total.n, ob.opts.MaxTotal)
+	case ob.total.bytes+size > ob.opts.MaxTotalBytes:
+		err = fmt.Errorf("%d pending bytes, +%d over limit %d", ob.total.bytes, size, ob.opts.MaxTotalBytes)
+	}
+	if err != nil {
+		ob.refused++
+		if ob.opts.Logger != nil {
+			ob.opts.Logger.Warn("outbox full: append refused", "device", dev, "id", id, "reason", err.Error())
+		}
+		return fmt.Errorf("offline: append %s: %w: %v", id, ErrFull, err)
+	}
+	// The entry counts against the limits from here; Append's commit
+	// runs under the read lock (which keeps Close out), so that readers
+	// (Next, Pending) and Resolve are not held up by its fsync.
+	ob.add(dev, 1, size)
 	return nil
 }
 
