@@ -263,8 +263,25 @@ func (a *Agent) LockPrefix(dev string) string { return a.leases.lockPrefix(dev) 
 // within the command timeout stays queued: the error wraps ErrNoAck and
 // ErrQueued.
 func (a *Agent) Send(ctx context.Context, dev, kind string, body []byte) (*fence.Ack, error) {
-	ack, _, err := a.delivery.submit(ctx, dev, kind, body, true)
-	return ack, err
+	p, err := a.Issue(ctx, dev, kind, body)
+	if err != nil {
+		return nil, err
+	}
+	defer p.Close()
+	return p.Wait(ctx)
+}
+
+// Issue issues one command to dev under the current token and stores it in
+// the outbox (durably), as Send does, and returns without waiting for the
+// device: p.Wait waits for its ack. A caller may issue several commands and
+// then wait for their acks in order (the firmware runner's window of
+// chunks): the device's worker still delivers them one at a time, in the
+// order issued, each resent as the same envelope until it has a verdict;
+// after a stale verdict the ones behind it end stale too (never applied).
+// Without the lease it fails with ErrNotHolder and stores nothing.
+func (a *Agent) Issue(ctx context.Context, dev, kind string, body []byte) (*Pending, error) {
+	p, _, err := a.delivery.submit(ctx, dev, kind, body, true)
+	return p, err
 }
 
 // Enqueue issues one command to dev under the current token, stores it in

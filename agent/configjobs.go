@@ -9,6 +9,8 @@ import (
 const (
 	DefaultJobsCacheMaxBytes int64 = 2 << 30
 	DefaultJobsFetchTimeout        = 30 * time.Minute
+	// DefaultJobsWindow is jobs.window's default (jobs.DefaultWindow).
+	DefaultJobsWindow = 4
 	// JobsCacheDir is the image cache's directory under state_dir.
 	JobsCacheDir = "images"
 )
@@ -29,6 +31,10 @@ type JobsConfig struct {
 	// FetchTimeout bounds one image fetch (file or HTTP(S) URL); default
 	// 30m.
 	FetchTimeout time.Duration `yaml:"fetch_timeout"`
+	// Window is how many fw.chunk commands of a download the runner keeps
+	// issued (stored in the outbox) ahead of the device's acks, 1 to 32;
+	// default 4. The device still gets them one at a time, in order.
+	Window int `yaml:"window"`
 }
 
 // On reports whether the runner is on (Enabled, default true).
@@ -43,4 +49,5 @@ func (j *JobsConfig) applyDefaults(stateDir string) {
 	orDefault(&j.CacheDir, filepath.Join(stateDir, JobsCacheDir))
 	orDefault(&j.CacheMaxBytes, DefaultJobsCacheMaxBytes)
 	orDefault(&j.FetchTimeout, DefaultJobsFetchTimeout)
+	orDefault(&j.Window, DefaultJobsWindow)
 }

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/edgefence/edgefence/agent/jobs"
 	"github.com/edgefence/edgefence/fence"
 	"github.com/edgefence/edgefence/transport/mqtt"
 	"github.com/edgefence/edgefence/transport/serial"
@@ -120,6 +121,12 @@ var configRules = []configRule{
 	notNegative("outbox.retention", "must not be negative", func(c *Config) time.Duration { return c.Outbox.Retention }),
 	notNegative("jobs.cache_max_bytes", "must not be negative", func(c *Config) int64 { return c.Jobs.CacheMaxBytes }),
 	notNegative("jobs.fetch_timeout", "must not be negative", func(c *Config) time.Duration { return c.Jobs.FetchTimeout }),
+	scalar("jobs.window", func(c *Config) string {
+		if w := c.Jobs.Window; w < 0 || w > jobs.MaxWindow {
+			return fmt.Sprintf("%d: want 1 to %d chunks in flight", w, jobs.MaxWindow)
+		}
+		return ""
+	}),
 	scalar("log.level", func(c *Config) string {
 		return notOneOf(c.Log.Level, "debug, info, warn or error", "debug", "info", "warn", "error")
 	}),

@@ -40,6 +40,7 @@ type device struct {
 	// Queue state, written by delivery only (outbox.go).
 	delivering, kicked bool
 	inflight           string     // id of the entry the worker may have sent: never expired locally
+	resolving          string     // id of the entry whose verdict the worker is recording: never expired locally
 	lastAck            *fence.Ack // the verdict of the command that ended last
 
 	// The fence points' news, written by both.

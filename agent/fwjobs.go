@@ -6,12 +6,13 @@ import (
 	"fmt"
 
 	"github.com/edgefence/edgefence/agent/jobs"
-	"github.com/edgefence/edgefence/fence"
 )
 
 // The firmware job runner (agent/jobs), on when Options.Jobs and
 // Options.Images are set: it drives the firmware jobs of the devices this
-// agent holds through Send (the outbox, the fenced path) and writes their
+// agent holds through Issue (the outbox, the fenced path; a window of
+// fw.chunk commands, jobs.window, issued ahead of the device's acks) and
+// writes their
 // executions fenced by the device's lock key (I5). The leases' acquired
 // hook starts a device's worker; DeviceState hands it the "fw" field of
 // every configured device's state report, held or not, so that a gateway
@@ -33,13 +34,16 @@ func (h jobHost) Holding(dev string) (jobs.Holder, bool) {
 	return jobs.Holder{Gateway: h.a.cfg.Gateway, LockKey: key, Token: token}, true
 }
 
-// Send is Agent.Send; not holding the lease is jobs.ErrFenced.
-func (h jobHost) Send(ctx context.Context, dev, kind string, body []byte) (*fence.Ack, error) {
-	ack, err := h.a.Send(ctx, dev, kind, body)
+// Issue is Agent.Issue; not holding the lease is jobs.ErrFenced.
+func (h jobHost) Issue(ctx context.Context, dev, kind string, body []byte) (jobs.Pending, error) {
+	p, err := h.a.Issue(ctx, dev, kind, body)
 	if errors.Is(err, ErrNotHolder) {
-		return ack, fmt.Errorf("%w: %w", jobs.ErrFenced, err)
+		return nil, fmt.Errorf("%w: %w", jobs.ErrFenced, err)
 	}
-	return ack, err
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
 }
 
 // newJobs returns the runner of o.Jobs and o.Images (nil if either is
@@ -49,7 +53,7 @@ func (a *Agent) newJobs(o Options) *jobs.Runner {
 		return nil
 	}
 	return jobs.NewRunner(o.Jobs, o.Images, jobHost{a}, jobs.RunnerConfig{Gateway: a.cfg.Gateway, Devices: a.order,
-		Logger: a.log, Now: a.now})
+		Logger: a.log, Now: a.now, Window: a.cfg.Jobs.Window})
 }
 
 // JobStats returns the firmware job runner's counters (ok false: it is off).

@@ -42,6 +42,7 @@ type fwWorld struct {
 	devs   map[string]*fwDev
 	chunk  int  // bytes per fw.chunk of the jobs createJob makes
 	noJobs bool // agents without the runner (the raw command path)
+	window int  // the agents' jobs.window (0: the default)
 }
 
 func newFWWorld(t testing.TB) *fwWorld {
@@ -104,6 +105,11 @@ func (w *fwWorld) createJob(id string, img jobs.ImageRef, devs ...string) jobs.J
 // agent runs a jobs-enabled agent gw for devs, with its own MQTT client;
 // wrap, if set, wraps its sender.
 func (w *fwWorld) agent(gw string, devs []string, wrap func(Sender) Sender) (*testAgent, *mqtt.Commander) {
+	return w.agentWith(gw, devs, wrap, Options{})
+}
+
+// agentWith is agent with o's Outbox (nil: a fresh one) and Window.
+func (w *fwWorld) agentWith(gw string, devs []string, wrap func(Sender) Sender, o Options) (*testAgent, *mqtt.Commander) {
 	t := w.t
 	t.Helper()
 	mc := mqtt.Config{CleanStart: true, SessionExpiry: -1, Brokers: []string{w.broker.URL()}, ClientID: "fw-" + gw}
@@ -123,14 +129,14 @@ func (w *fwWorld) agent(gw string, devs []string, wrap func(Sender) Sender) (*te
 	}
 	cfg := twinAgentConfig(gw, w.prefix, w.broker.URL(), devs...)
 	cfg.MQTT.Prefix = w.topics.Prefix
+	cfg.Jobs.Window = w.window
 	var s Sender = cmdr
 	if wrap != nil {
 		s = wrap(cmdr)
 	}
 	cli := etcdClient(t)
-	o := Options{Jobs: w.store, Images: w.images}
-	if w.noJobs {
-		o = Options{}
+	if !w.noJobs {
+		o.Jobs, o.Images = w.store, w.images
 	}
 	a, err := newAgent(t, cfg, cli, s, o)
 	if err != nil {

@@ -136,9 +136,9 @@ func TestFirmwareJobFailoverMidDownload(t *testing.T) {
 			t.Errorf("chunk at %d applied under token %d, want %d", off, got, want)
 		}
 	}
-	if st, _ := b.JobStats(); st.Ended[jobs.Succeeded] != 1 {
-		t.Fatalf("gw-b stats %+v", st)
-	}
+	// The runners count a step or an end just after it happened: poll.
+	waitLong(t, "gw-b counts the success", func() bool { st, _ := b.JobStats(); return st.Ended[jobs.Succeeded] == 1 })
+	waitLong(t, "gw-a counts its stale chunk", func() bool { st, _ := a.JobStats(); return st.Steps[fwjob.KindChunk]["stale"] == 1 })
 	if st, _ := a.JobStats(); st.Steps[fwjob.KindChunk]["stale"] != 1 || len(st.Ended) != 0 {
 		t.Fatalf("gw-a stats %+v", st)
 	}

@@ -170,6 +170,9 @@ func (q *delivery) deliver(ctx context.Context, d *device) {
 	for {
 		for ctx.Err() == nil && q.step(ctx, w) {
 		}
+		if !q.flush(w) && backoff.Sleep(ctx, w.delay.Next()) {
+			continue // its entry is pending again: resend it
+		}
 		d.mu.Lock()
 		if d.kicked && ctx.Err() == nil {
 			d.kicked = false
@@ -183,12 +186,25 @@ func (q *delivery) deliver(ctx context.Context, d *device) {
 }
 
 // worker is one run of a device's worker (deliver): its device, its
-// backoff, and the entry it is sending and how often it has.
+// backoff, the entry it is sending and how often it has, and the verdict
+// it is recording.
 type worker struct {
 	d      *device
 	delay  backoff.Backoff
 	headID string
 	tries  int
+	// resolving is the verdict being recorded (outbox Resolve, fsynced)
+	// while the worker sends the next entry: at most one; flush waits
+	// for it.
+	resolving *resolveOp
+}
+
+// resolveOp is one verdict being recorded by its own goroutine.
+type resolveOp struct {
+	ack  *fence.Ack
+	pos  uint64 // the entry's queue position
+	done chan struct{}
+	err  error
 }
 
 // step acts on the worker's device's next pending entry: it expires it,
@@ -197,7 +213,7 @@ type worker struct {
 // device's policy holds the queue back, or ctx ended).
 func (q *delivery) step(ctx context.Context, w *worker) bool {
 	d := w.d
-	e, attempted, err := q.next(d)
+	e, attempted, err := q.next(w)
 	if err != nil {
 		// A corrupt record: the queue stops there (fail closed)
 		// until an operator repairs it; try again later.
@@ -224,18 +240,24 @@ func (q *delivery) step(ctx context.Context, w *worker) bool {
 			Verdict: fence.Stale, Reason: "superseded: another session holds the lock; never sent"}
 		q.stats.superseded.Add(1)
 		d.superseded.Add(1)
-		return q.settle(d, e, ack, true) || backoff.Sleep(ctx, w.delay.Next())
+		return q.settle(w, e, ack, true) || backoff.Sleep(ctx, w.delay.Next())
 	}
 	return q.attempt(ctx, w, e, attempted)
 }
 
 // next returns the worker's device's next entry if it may be delivered
 // now (nil if not), and whether a worker may have sent it before
-// (attempted). It marks the entry in flight: expiry leaves it alone.
-func (q *delivery) next(d *device) (e *offline.Entry, attempted bool, err error) {
+// (attempted): the one behind the entry whose verdict is being recorded,
+// if one is. It marks the entry in flight: expiry leaves it alone.
+func (q *delivery) next(w *worker) (e *offline.Entry, attempted bool, err error) {
+	d := w.d
 	q.expireMu.RLock()
 	defer q.expireMu.RUnlock()
-	e, ok, err := q.outbox.Next(d.id)
+	var after uint64
+	if r := w.resolving; r != nil {
+		after = r.pos
+	}
+	e, ok, err := q.outbox.NextAfter(d.id, after)
 	if err != nil || !ok || !q.mayDeliver(d, e) {
 		return nil, false, err
 	}
@@ -283,7 +305,7 @@ func (q *delivery) attempt(ctx context.Context, w *worker, e *offline.Entry, att
 			"seq", e.Envelope.Seq, "id", e.Envelope.ID, "err", err, "retry_in", wait)
 		return backoff.Sleep(ctx, wait)
 	}
-	if !q.settle(d, e, ack, false) {
+	if !q.settle(w, e, ack, false) {
 		return backoff.Sleep(ctx, w.delay.Next())
 	}
 	w.delay.Reset()
@@ -304,22 +326,29 @@ func resendAfter(tries int, timeout time.Duration) time.Duration {
 // if the outbox could not record it (the entry stays pending and is resent:
 // the fence point will answer duplicate or stale, never apply twice). local
 // means the agent decided the verdict itself (the command was never sent).
-func (q *delivery) settle(d *device, e *offline.Entry, ack *fence.Ack, local bool) bool {
-	env := &e.Envelope
+//
+// A device's verdict other than stale is recorded while the worker goes
+// on to the next entry (the outbox's fsync off the device's path: one
+// command is still in flight at the device, in queue order); the worker
+// waits for that record before it settles the next one, and a record
+// that fails leaves the entry pending, so it is resent (a duplicate at
+// the device).
+func (q *delivery) settle(w *worker, e *offline.Entry, ack *fence.Ack, local bool) bool {
+	d, env := w.d, &e.Envelope
 	if ack.ID == "" { // matched by correlation data; the outbox keys by id
 		c := *ack
 		c.ID = env.ID
 		ack = &c
 	}
-	if err := q.resolve(ack); err != nil {
-		if !errors.Is(err, offline.ErrResolved) {
-			q.stats.outboxErr.Add(1)
-			q.log.Error("outbox: cannot record verdict; will resend", "device", d.id, "id", env.ID, "verdict", ack.Verdict, "err", err)
+	// After a record that failed, this one is made at once: the next
+	// entry is then the failed one again.
+	async := q.flush(w) && !local && ack.Verdict != fence.Stale
+	if async {
+		q.resolveAsync(w, e, ack)
+	} else if err := q.resolve(ack); err != nil {
+		if !q.resolveFailed(d, ack, err) {
 			return false
 		}
-		// Cannot happen while this worker is the only one to resolve
-		// d's entries; say so loudly if it does.
-		q.log.Error("outbox: verdict for a command already terminal", "device", d.id, "id", env.ID, "verdict", ack.Verdict, "err", err)
 	}
 	d.mu.Lock()
 	if d.inflight == env.ID {
@@ -341,7 +370,9 @@ func (q *delivery) settle(d *device, e *offline.Entry, ack *fence.Ack, local boo
 		q.countVerdict(d, ack.Verdict)
 	}
 	q.record(history.OpTerminal, env, ack.Verdict.String(), ack.Reason)
-	q.notify(env.ID, ack)
+	if !async {
+		q.notify(env.ID, ack)
+	}
 	q.logVerdict(d, env, ack, local)
 	if ack.Verdict != fence.Stale {
 		return true
@@ -352,6 +383,56 @@ func (q *delivery) settle(d *device, e *offline.Entry, ack *fence.Ack, local boo
 	case ctl != nil && ctl.token > env.Token && !ctl.lost.Load() && d.reissue[env.Kind]:
 		q.reissue(d, e)
 	}
+	return true
+}
+
+// resolveAsync starts recording ack, e's verdict, on its own goroutine
+// (flush waits for it); the command's waiter (Send, Pending.Wait) gets
+// the ack once it is recorded, as before.
+func (q *delivery) resolveAsync(w *worker, e *offline.Entry, ack *fence.Ack) {
+	r := &resolveOp{ack: ack, pos: e.Pos, done: make(chan struct{})}
+	w.d.mu.Lock()
+	w.d.resolving = ack.ID
+	w.d.mu.Unlock()
+	w.resolving = r
+	go func() {
+		defer close(r.done)
+		r.err = q.resolve(ack)
+		if r.err == nil || errors.Is(r.err, offline.ErrResolved) {
+			q.notify(ack.ID, ack)
+		}
+	}()
+}
+
+// flush waits for the worker's verdict being recorded, if there is one.
+// It returns false if the outbox did not record it: the entry is pending
+// again, to be resent.
+func (q *delivery) flush(w *worker) bool {
+	r := w.resolving
+	if r == nil {
+		return true
+	}
+	<-r.done
+	w.resolving = nil
+	w.d.mu.Lock()
+	if w.d.resolving == r.ack.ID {
+		w.d.resolving = ""
+	}
+	w.d.mu.Unlock()
+	return r.err == nil || q.resolveFailed(w.d, r.ack, r.err)
+}
+
+// resolveFailed logs a verdict the outbox did not record; false: the
+// entry stays pending and will be resent.
+func (q *delivery) resolveFailed(d *device, ack *fence.Ack, err error) bool {
+	if !errors.Is(err, offline.ErrResolved) {
+		q.stats.outboxErr.Add(1)
+		q.log.Error("outbox: cannot record verdict; will resend", "device", d.id, "id", ack.ID, "verdict", ack.Verdict, "err", err)
+		return false
+	}
+	// Cannot happen while this worker is the only one to resolve d's
+	// entries; say so loudly if it does.
+	q.log.Error("outbox: verdict for a command already terminal", "device", d.id, "id", ack.ID, "verdict", ack.Verdict, "err", err)
 	return true
 }
 
@@ -420,7 +501,7 @@ func (q *delivery) expire() {
 		}
 		d.mu.Lock()
 		defer d.mu.Unlock()
-		return d.inflight == id
+		return d.inflight == id || d.resolving == id
 	})
 	if err != nil {
 		q.stats.outboxErr.Add(1)

@@ -18,14 +18,22 @@ import (
 // the device's worker (outbox.go).
 
 // submit issues one command to dev under the current token and stores it
-// (sendQueued); with wait it waits for the device's ack (Agent.Send), else
-// it returns once the command is stored (Agent.Enqueue).
-func (q *delivery) submit(ctx context.Context, dev, kind string, body []byte, wait bool) (*fence.Ack, *fence.Envelope, error) {
+// (enqueue); with wait it returns a Pending whose ack the caller waits for
+// (Agent.Send, Agent.Issue), else nil once the command is stored
+// (Agent.Enqueue).
+func (q *delivery) submit(ctx context.Context, dev, kind string, body []byte, wait bool) (*Pending, *fence.Envelope, error) {
 	d, ctl, env, err := q.issue(ctx, dev, kind, body)
 	if err != nil {
 		return nil, nil, err
 	}
-	return q.sendQueued(ctx, d, ctl, env, wait) // releases d.sem
+	var p *Pending
+	if wait {
+		p = &Pending{Envelope: env, q: q, ch: make(chan *fence.Ack, 1)}
+	}
+	if err := q.enqueue(ctx, d, ctl, env, p); err != nil { // releases d.sem
+		return nil, nil, err
+	}
+	return p, env, nil
 }
 
 // issue makes the next envelope for dev under its controller's token. On
@@ -67,51 +75,85 @@ func (q *delivery) issue(ctx context.Context, dev, kind string, body []byte) (*d
 	return d, ctl, env, nil
 }
 
-// sendQueued appends env durably, hands it to the device's worker, and, if
-// wait, waits up to the command timeout for its ack. The caller holds d.sem
-// and sendQueued releases it once the entry is stored.
-func (q *delivery) sendQueued(ctx context.Context, d *device, ctl *controller, env *fence.Envelope, wait bool) (*fence.Ack, *fence.Envelope, error) {
-	// Wait for the ack from before the append: a running worker may
-	// deliver the entry the moment it is stored.
-	ch := make(chan *fence.Ack, 1)
-	if wait {
+// enqueue appends env durably and hands it to the device's worker; p, if
+// not nil, is registered for env's ack before the append (a running worker
+// may deliver the entry the moment it is stored). The caller holds d.sem
+// and enqueue releases it once the entry is stored (or not).
+func (q *delivery) enqueue(ctx context.Context, d *device, ctl *controller, env *fence.Envelope, p *Pending) error {
+	if p != nil {
 		q.mu.Lock()
-		q.waiters[env.ID] = ch
+		q.waiters[env.ID] = p.ch
 		q.mu.Unlock()
-		defer func() {
-			q.mu.Lock()
-			delete(q.waiters, env.ID)
-			q.mu.Unlock()
-		}()
 	}
 	e := &offline.Entry{Envelope: *env}
 	if err := q.outbox.Append(ctx, e); err != nil {
 		ctl.seq-- // nothing was created
 		<-d.sem
+		if p != nil {
+			p.Close()
+		}
 		if errors.Is(err, offline.ErrFull) {
 			q.stats.full.Add(1)
 		}
-		return nil, nil, fmt.Errorf("send to %s: %w", d.id, err)
+		return fmt.Errorf("send to %s: %w", d.id, err)
 	}
 	q.stats.queued.Add(1)
 	q.record(history.OpCreated, env, "", "")
 	<-d.sem
 	q.kick(d)
-	if !wait {
-		return nil, env, nil
-	}
+	return nil
+}
 
+// Pending is a command issued and stored in the outbox (Agent.Issue)
+// whose ack its caller may wait for. Its commands are delivered in the
+// order they were issued, one at a time per device, like every command in
+// the outbox; Pending only lets the caller issue the next ones while the
+// first is at the device. One goroutine uses a Pending; Close it when done
+// waiting (it is safe to Close twice, or after Wait returned the ack).
+type Pending struct {
+	// Envelope is the command as issued: its token, seq and id.
+	Envelope *fence.Envelope
+
+	q   *delivery
+	ch  chan *fence.Ack
+	ack *fence.Ack // once it arrived
+}
+
+// Wait waits for the command's ack, up to the command timeout from the
+// call (as Send does). When an ack arrived the error is ack.Err(); called
+// again, Wait returns the same ack. Without an ack in time (or when ctx
+// ends) the error is a *QueuedError: the command stays queued and will be
+// delivered, and Wait may be called again.
+func (p *Pending) Wait(ctx context.Context) (*fence.Ack, error) {
+	if p.ack != nil {
+		return p.ack, p.ack.Err()
+	}
+	env, q := p.Envelope, p.q
 	t := time.NewTimer(q.timeout)
 	defer t.Stop()
-	select {
-	case ack := <-ch:
-		return ack, env, ack.Err()
-	case <-t.C:
-		return nil, env, &QueuedError{Device: d.id, ID: env.ID, Token: env.Token, Seq: env.Seq,
-			Err: fmt.Errorf("%w within %v", ErrNoAck, q.timeout)}
-	case <-ctx.Done():
-		return nil, env, &QueuedError{Device: d.id, ID: env.ID, Token: env.Token, Seq: env.Seq, Err: ctx.Err()}
+	queued := func(err error) error {
+		return &QueuedError{Device: env.Device, ID: env.ID, Token: env.Token, Seq: env.Seq, Err: err}
 	}
+	select {
+	case ack := <-p.ch:
+		p.ack = ack
+		p.Close()
+		return ack, ack.Err()
+	case <-t.C:
+		return nil, queued(fmt.Errorf("%w within %v", ErrNoAck, q.timeout))
+	case <-ctx.Done():
+		return nil, queued(ctx.Err())
+	}
+}
+
+// Close stops waiting for the command's ack; the command stays queued (its
+// terminal state is recorded in the outbox).
+func (p *Pending) Close() {
+	p.q.mu.Lock()
+	if p.q.waiters[p.Envelope.ID] == p.ch {
+		delete(p.q.waiters, p.Envelope.ID)
+	}
+	p.q.mu.Unlock()
 }
 
 // QueuedError is Send's error when the caller stopped waiting before the

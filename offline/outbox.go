@@ -307,8 +307,8 @@ func (ob *Outbox) Append(ctx context.Context, e *Entry) error {
 	}
 	dev, id := e.Envelope.Device, e.Envelope.ID
 	ob.mu.Lock()
-	defer ob.mu.Unlock()
 	if ob.closed {
+		ob.mu.Unlock()
 		return fmt.Errorf("offline: append %s: %w", id, ErrClosed)
 	}
 	created := e.Created
@@ -320,25 +320,13 @@ func (ob *Outbox) Append(ctx context.Context, e *Entry) error {
 		ttl = ob.opts.TTL
 	}
 	size := int64(len(raw))
-	u := ob.devs[dev]
-	switch {
-	case u.n+1 > ob.opts.MaxPerDevice:
-		err = fmt.Errorf("%d pending entries for device %s, limit %d", u.n, dev, ob.opts.MaxPerDevice)
-	case u.bytes+size > ob.opts.MaxBytesPerDevice:
-		err = fmt.Errorf("%d pending bytes for device %s, +%d over limit %d", u.bytes, dev, size, ob.opts.MaxBytesPerDevice)
-	case ob.total.n+1 > ob.opts.MaxTotal:
-		err = fmt.Errorf("%d pending entries, limit %d", ob.total.n, ob.opts.MaxTotal)
-	case ob.total.bytes+size > ob.opts.MaxTotalBytes:
-		err = fmt.Errorf("%d pending bytes, +%d over limit %d", ob.total.bytes, size, ob.opts.MaxTotalBytes)
+	if err := ob.reserveLocked(dev, id, size); err != nil {
+		ob.mu.Unlock()
+		return err
 	}
-	if err != nil {
-		ob.refused++
-		if ob.opts.Logger != nil {
-			ob.opts.Logger.Warn("outbox full: append refused", "device", dev, "id", id, "reason", err.Error())
-		}
-		return fmt.Errorf("offline: append %s: %w: %v", id, ErrFull, err)
-	}
+	ob.mu.Unlock()
 	r := record{created: created.UnixMilli(), deadline: created.Add(ttl).UnixMilli(), env: raw}
+	ob.mu.RLock()
 	err = ob.update(func(tx *bbolt.Tx) error {
 		entries := tx.Bucket(entriesBucket)
 		if entries.Get([]byte(id)) != nil {
@@ -363,11 +351,43 @@ func (ob *Outbox) Append(ctx context.Context, e *Entry) error {
 		}
 		return entries.Put([]byte(id), r.encode())
 	})
+	ob.mu.RUnlock()
 	if err != nil {
+		ob.mu.Lock()
+		ob.add(dev, -1, -size)
+		ob.mu.Unlock()
 		return fmt.Errorf("offline: append %s: %w", id, err)
 	}
-	ob.add(dev, 1, size)
 	e.Raw, e.Created, e.Deadline, e.Pos = raw, time.UnixMilli(r.created), time.UnixMilli(r.deadline), r.pos
+	return nil
+}
+
+// reserveLocked counts an entry of size bytes for dev against the limits
+// (ob.mu held), or returns an error wrapping ErrFull and counts nothing.
+func (ob *Outbox) reserveLocked(dev, id string, size int64) error {
+	var err error
+	u := ob.devs[dev]
+	switch {
+	case u.n+1 > ob.opts.MaxPerDevice:
+		err = fmt.Errorf("%d pending entries for device %s, limit %d", u.n, dev, ob.opts.MaxPerDevice)
+	case u.bytes+size > ob.opts.MaxBytesPerDevice:
+		err = fmt.Errorf("%d pending bytes for device %s, +%d over limit %d", u.bytes, dev, size, ob.opts.MaxBytesPerDevice)
+	case ob.total.n+1 > ob.opts.MaxTotal:
+		err = fmt.Errorf("%d pending entries, limit %d", ob.total.n, ob.opts.MaxTotal)
+	case ob.total.bytes+size > ob.opts.MaxTotalBytes:
+		err = fmt.Errorf("%d pending bytes, +%d over limit %d", ob.total.bytes, size, ob.opts.MaxTotalBytes)
+	}
+	if err != nil {
+		ob.refused++
+		if ob.opts.Logger != nil {
+			ob.opts.Logger.Warn("outbox full: append refused", "device", dev, "id", id, "reason", err.Error())
+		}
+		return fmt.Errorf("offline: append %s: %w: %v", id, ErrFull, err)
+	}
+	// The entry counts against the limits from here; Append's commit
+	// runs under the read lock (which keeps Close out), so that readers
+	// (Next, Pending) and Resolve are not held up by its fsync.
+	ob.add(dev, 1, size)
 	return nil
 }
 
@@ -375,6 +395,14 @@ func (ob *Outbox) Append(ctx context.Context, e *Entry) error {
 // none. An unreadable record is an error wrapping ErrCorrupt: the device's
 // queue stops there (fail closed) rather than skip a command.
 func (ob *Outbox) Next(device string) (e *Entry, ok bool, err error) {
+	return ob.NextAfter(device, 0)
+}
+
+// NextAfter is Next of the entries behind the one at queue position pos
+// (Entry.Pos): the oldest pending entry of device with a greater Pos. A
+// delivery worker uses it to send the next command while the verdict of
+// the one at pos is still being recorded (Resolve).
+func (ob *Outbox) NextAfter(device string, pos uint64) (e *Entry, ok bool, err error) {
 	err = ob.view(func(tx *bbolt.Tx) error {
 		queue := tx.Bucket(queueBucket)
 		if queue == nil {
@@ -382,7 +410,7 @@ func (ob *Outbox) Next(device string) (e *Entry, ok bool, err error) {
 		}
 		prefix := queuePrefix(device)
 		c := queue.Cursor()
-		k, id := c.Seek(prefix)
+		k, id := c.Seek(queueKey(device, pos+1))
 		if k == nil || len(k) != len(prefix)+8 || string(k[:len(prefix)]) != string(prefix) {
 			return nil
 		}

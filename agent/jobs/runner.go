@@ -19,7 +19,8 @@ import (
 //	  the first job selecting dev (creation order) whose execution is live:
 //	  Queue (if absent) → Start (rollout decides) → drive it from the
 //	  device's report: fw.begin, fw.chunk…, fw.install, fw.activate,
-//	  fw.commit — each a fenced command through Host.Send — and Update the
+//	  fw.commit — each a fenced command through Host.Issue, the chunks a
+//	  window of them ahead of the device's acks — and Update the
 //	  execution (fenced by the holder's lock key) → Finish
 //	  a stale ack or ErrFenced: this gateway is deposed; the worker stops
 //	  and the new holder resumes from the device's report.
@@ -28,15 +29,26 @@ import (
 // every worker it started has returned.
 
 // Host is what the runner needs of the agent: who holds a device, and the
-// fenced command path (Agent.Send: the durable outbox, MQTT).
+// fenced command path (Agent.Issue: the durable outbox, MQTT).
 type Host interface {
 	// Holding returns the device's lock key and token now, if this
 	// gateway holds it.
 	Holding(dev string) (Holder, bool)
-	// Send issues one fenced command and returns the device's ack; the
-	// error is the ack's (fence.ErrStale, fence.ErrInvalid, …) when one
-	// arrived.
-	Send(ctx context.Context, dev, kind string, body []byte) (*fence.Ack, error)
+	// Issue issues one fenced command, stored durably in dev's queue,
+	// without waiting for the device: the device's worker delivers dev's
+	// commands one at a time in the order issued. Not holding dev is
+	// ErrFenced.
+	Issue(ctx context.Context, dev, kind string, body []byte) (Pending, error)
+}
+
+// Pending is a command Host.Issue issued (agent.Pending).
+type Pending interface {
+	// Wait waits for the device's ack (at most the host's command
+	// timeout); the error is the ack's (fence.ErrStale, fence.ErrInvalid,
+	// …) when one arrived.
+	Wait(ctx context.Context) (*fence.Ack, error)
+	// Close stops waiting; the command stays queued.
+	Close()
 }
 
 // Images gives the runner a job's image (agent/images implements it over
@@ -78,6 +90,11 @@ type RunnerConfig struct {
 	Devices []string
 	Logger  *slog.Logger     // nil: none
 	Now     func() time.Time // nil: time.Now
+	// Window is how many fw.chunk commands the runner keeps issued ahead
+	// of the device's ack (so that the outbox's appends overlap the
+	// device's work); zero: DefaultWindow; at most MaxWindow; 1: each
+	// chunk waits for the previous one's ack.
+	Window int
 	// Retry is the wait before a failed etcd read or write is tried
 	// again, and before a queued execution asks the rollout again without
 	// a RetryAfter; zero: DefaultRetry.
@@ -86,6 +103,12 @@ type RunnerConfig struct {
 
 // DefaultRetry is RunnerConfig.Retry's default.
 const DefaultRetry = 2 * time.Second
+
+// DefaultWindow and MaxWindow bound RunnerConfig.Window.
+const (
+	DefaultWindow = 4
+	MaxWindow     = 32
+)
 
 // Runner drives the firmware jobs of the devices this gateway holds.
 // Create it with NewRunner, run it with Run; Acquired and Report are safe
@@ -120,6 +143,10 @@ func NewRunner(store Executions, images Images, host Host, cfg RunnerConfig) *Ru
 	if cfg.Retry <= 0 {
 		cfg.Retry = DefaultRetry
 	}
+	if cfg.Window <= 0 {
+		cfg.Window = DefaultWindow
+	}
+	cfg.Window = min(cfg.Window, MaxWindow)
 	r := &Runner{store: store, images: images, host: host, cfg: cfg, log: cfg.Logger.With("component", "jobs"),
 		known: make(map[string]bool, len(cfg.Devices)), workers: make(map[string]*worker),
 		reports: make(map[string]fwReport), waits: make(map[string]*places)}

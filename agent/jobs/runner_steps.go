@@ -17,18 +17,45 @@ type body interface {
 	Encode() (cbor.RawMessage, error)
 }
 
-// send issues one firmware step through the host's fenced path. It
-// returns the ack when the device decided accepted, duplicate or invalid;
-// a stale ack (or the host's ErrFenced) is errDeposed; no ack is the
-// host's error. seq is the report count before the send (for "a newer
-// report").
+// send issues one firmware step through the host's fenced path and waits
+// for its verdict (verdict). seq is the report count before the send (for
+// "a newer report").
 func (x *xrun) send(ctx context.Context, kind string, b body, n int) (*fence.Ack, uint64, error) {
 	seq := x.w.r.reportSeq()
+	p, err := x.issue(ctx, kind, b)
+	if err != nil {
+		return nil, seq, err
+	}
+	defer p.Close()
+	ack, err := x.verdict(ctx, kind, p, n)
+	return ack, seq, err
+}
+
+// issue issues one firmware step through the host's fenced path (stored
+// in the outbox, in order) without waiting for it. Not holding the device
+// is errDeposed.
+func (x *xrun) issue(ctx context.Context, kind string, b body) (Pending, error) {
 	raw, err := b.Encode()
 	if err != nil {
-		return nil, seq, fmt.Errorf("jobs: %s body: %w", kind, err)
+		return nil, fmt.Errorf("jobs: %s body: %w", kind, err)
 	}
-	ack, err := x.w.r.host.Send(ctx, x.w.dev, kind, raw)
+	p, err := x.w.r.host.Issue(ctx, x.w.dev, kind, raw)
+	if err != nil {
+		x.w.r.stats.step(kind, "none", 0)
+		if errors.Is(err, ErrFenced) {
+			return nil, asDeposed(err)
+		}
+		return nil, fmt.Errorf("jobs: %s: %w", kind, err)
+	}
+	return p, nil
+}
+
+// verdict waits for an issued step's ack. It returns the ack when the
+// device decided accepted, duplicate or invalid; a stale ack (or the
+// host's ErrFenced) is errDeposed; no ack is the host's error. n is the
+// chunk's bytes (counted if applied).
+func (x *xrun) verdict(ctx context.Context, kind string, p Pending, n int) (*fence.Ack, error) {
+	ack, err := p.Wait(ctx)
 	verdict := "none"
 	if ack != nil {
 		verdict = ack.Verdict.String()
@@ -40,18 +67,18 @@ func (x *xrun) send(ctx context.Context, kind string, b body, n int) (*fence.Ack
 	x.w.r.stats.step(kind, verdict, n)
 	switch {
 	case ack != nil && ack.Verdict == fence.Stale:
-		return ack, seq, fmt.Errorf("%w: %s refused stale: %s", errDeposed, kind, ack.Reason)
+		return ack, fmt.Errorf("%w: %s refused stale: %s", errDeposed, kind, ack.Reason)
 	case errors.Is(err, ErrFenced):
-		return ack, seq, asDeposed(err)
+		return ack, asDeposed(err)
 	case applied:
 		clear(x.invalid)
-		return ack, seq, nil
+		return ack, nil
 	case ack != nil && ack.Verdict == fence.Invalid:
-		return ack, seq, nil
+		return ack, nil
 	case err == nil:
-		return ack, seq, fmt.Errorf("jobs: %s: verdict %s", kind, verdict)
+		return ack, fmt.Errorf("jobs: %s: verdict %s", kind, verdict)
 	}
-	return ack, seq, fmt.Errorf("jobs: %s: %w", kind, err)
+	return ack, fmt.Errorf("jobs: %s: %w", kind, err)
 }
 
 // reportSeq is the number of firmware reports taken so far.
@@ -73,15 +100,20 @@ func (x *xrun) noAck(ctx context.Context, kind string, seq uint64, err error) er
 
 // refused: the device refused a step (other than fw.begin) as invalid:
 // the report it was planned from was older than the device. Wait for a
-// newer report (at most a step timeout) and plan again; the same step
-// refused again fails the execution.
+// newer report (after seq, at most a step timeout) and plan again; the
+// same step refused again fails the execution.
 func (x *xrun) refused(ctx context.Context, kind string, seq uint64, reason string) error {
+	return x.replan(ctx, kind, reason, newer(seq))
+}
+
+// replan is refused with the report to wait for: current.
+func (x *xrun) replan(ctx context.Context, kind, reason string, current func(fwReport) bool) error {
 	x.invalid[kind]++
 	if x.invalid[kind] > 1 {
 		return x.finish(ctx, Failed, kind+" refused: "+reason)
 	}
 	x.w.log.Info("firmware step refused; planning again from a newer report", "job", x.job.ID, "kind", kind, "reason", reason)
-	err := x.await(ctx, "a report newer than the refusal", x.step(), newer(seq))
+	err := x.await(ctx, "a report newer than the refusal", x.step(), current)
 	if _, ok := errors.AsType[*timeoutError](err); ok {
 		return nil
 	}
@@ -168,48 +200,6 @@ func (x *xrun) begin(ctx context.Context) error {
 		return err
 	}
 	return x.download(ctx, 0)
-}
-
-// download sends the image from off in chunks, counting the accepted
-// ones itself (no wait for reports between chunks), then installs it.
-func (x *xrun) download(ctx context.Context, off uint64) error {
-	img, err := x.image(ctx)
-	if err != nil {
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		return x.finish(ctx, Failed, "image: "+err.Error())
-	}
-	size, chunk := x.job.Image.Size, uint64(x.job.Chunk)
-	buf := make([]byte, chunk)
-	for off < size {
-		if err := x.checkStop(ctx); err != nil {
-			return err
-		}
-		if err := x.checkTotal(); err != nil {
-			return err
-		}
-		n := min(chunk, size-off)
-		if _, err := img.ReadAt(buf[:n], int64(off)); err != nil {
-			return x.finish(ctx, Failed, fmt.Sprintf("image read at %d: %v", off, err))
-		}
-		ack, seq, err := x.send(ctx, fwjob.KindChunk, fwjob.ChunkBody{Job: x.job.ID, Off: off, Data: buf[:n]}, int(n))
-		switch {
-		case err != nil:
-			return x.noAck(ctx, fwjob.KindChunk, seq, err)
-		case ack.Verdict == fence.Invalid:
-			return x.refused(ctx, fwjob.KindChunk, seq, ack.Reason)
-		}
-		off += n
-		step := string(fwjob.Downloading)
-		if off == size {
-			step = string(fwjob.Downloaded)
-		}
-		if err := x.update(ctx, step, off, false); err != nil {
-			return err
-		}
-	}
-	return x.install(ctx)
 }
 
 // image opens the job's image once per drive.
