@@ -44,14 +44,27 @@ func (h *refusingHost) Holding(dev string) (jobs.Holder, bool) {
 	return x, ok
 }
 
-func (h *refusingHost) Send(ctx context.Context, dev, kind string, body []byte) (*fence.Ack, error) {
+func (h *refusingHost) Issue(_ context.Context, dev, kind string, _ []byte) (jobs.Pending, error) {
+	return &refusal{dev: dev, kind: kind, delay: h.delay}, nil
+}
+
+// refusal is a refusingHost command: its ack, invalid, comes after delay.
+type refusal struct {
+	dev, kind string
+	delay     time.Duration
+}
+
+func (p *refusal) Wait(ctx context.Context) (*fence.Ack, error) {
 	select {
 	case <-ctx.Done():
 		return nil, ctx.Err()
-	case <-time.After(h.delay):
+	case <-time.After(p.delay):
 	}
-	return &fence.Ack{Device: dev, Verdict: fence.Invalid, Reason: "test device refuses " + kind}, nil
+	ack := &fence.Ack{Device: p.dev, Verdict: fence.Invalid, Reason: "test device refuses " + p.kind}
+	return ack, ack.Err()
 }
+
+func (p *refusal) Close() {}
 
 // TestRunnerWakesOnlyFreePlaces: with many devices waiting for a place in
 // a rollout of max_concurrent 3, every finish (and every queueing) changes
