@@ -369,8 +369,8 @@ func (q *delivery) settle(w *worker, e *offline.Entry, ack *fence.Ack, local boo
 	if !local {
 		q.countVerdict(d, ack.Verdict)
 	}
-	q.record(history.OpTerminal, env, ack.Verdict.String(), ack.Reason)
 	if !async {
+		q.record(history.OpTerminal, env, ack.Verdict.String(), ack.Reason)
 		q.notify(env.ID, ack)
 	}
 	q.logVerdict(d, env, ack, local)
@@ -388,17 +388,21 @@ func (q *delivery) settle(w *worker, e *offline.Entry, ack *fence.Ack, local boo
 
 // resolveAsync starts recording ack, e's verdict, on its own goroutine
 // (flush waits for it); the command's waiter (Send, Pending.Wait) gets
-// the ack once it is recorded, as before.
+// the ack, and the history its terminal event, once it is recorded, as
+// before: a kill -9 before the record leaves the command pending, to be
+// resent (a duplicate at the device) and ended then, once.
 func (q *delivery) resolveAsync(w *worker, e *offline.Entry, ack *fence.Ack) {
 	r := &resolveOp{ack: ack, pos: e.Pos, done: make(chan struct{})}
 	w.d.mu.Lock()
 	w.d.resolving = ack.ID
 	w.d.mu.Unlock()
 	w.resolving = r
+	env := e.Envelope
 	go func() {
 		defer close(r.done)
 		r.err = q.resolve(ack)
 		if r.err == nil || errors.Is(r.err, offline.ErrResolved) {
+			q.record(history.OpTerminal, &env, ack.Verdict.String(), ack.Reason)
 			q.notify(ack.ID, ack)
 		}
 	}()

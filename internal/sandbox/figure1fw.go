@@ -185,10 +185,11 @@ func (f *figure1fw) run(ctx context.Context) (*Figure1FirmwareResult, error) {
 	if err := f.startAll(ctx, res); err != nil {
 		return nil, err
 	}
+	fired := f.arm()
 	if err := f.createJob(ctx, res); err != nil {
 		return nil, err
 	}
-	if err := f.fault(ctx, res); err != nil {
+	if err := f.fault(ctx, fired, res); err != nil {
 		return nil, err
 	}
 	if err := f.awaitEnd(ctx, res); err != nil {

@@ -17,37 +17,32 @@ import (
 	"github.com/edgefence/edgefence/fence"
 )
 
-// fault lands the run's fault on A, then waits until B holds the device.
-func (f *figure1fw) fault(ctx context.Context, res *Figure1FirmwareResult) error {
-	var fired <-chan struct{}
+// arm sets the tap to land the run's fault on A at its step, before the
+// job exists: a download through the runner's window can be over in well
+// under a second, so no poll of the execution could catch its middle.
+func (f *figure1fw) arm() <-chan struct{} {
 	switch f.c.Fault {
-	case FaultFreezeMidDownload, FaultKillMidDownload:
-		if err := f.awaitThird(ctx); err != nil {
-			return err
-		}
-		if f.c.Fault == FaultKillMidDownload {
-			fired = f.tap.arm(func(tapEvent) (tapAction, bool) {
-				_ = f.a.Kill() // at the next packet of the device's: a chunk or its ack
-				return tapPass, true
-			})
-			break
-		}
-		fired = f.tap.arm(onStepOfA(fwjob.KindChunk, f.a.Freeze, tapHold))
+	case FaultFreezeMidDownload:
+		return f.tap.arm(onChunkOfA(uint64(f.c.ImageSize), f.a.Freeze, tapHold))
+	case FaultKillMidDownload:
+		return f.tap.arm(onChunkOfA(uint64(f.c.ImageSize), f.a.Kill, tapPass))
 	case FaultKillAfterInstall:
-		fired = f.tap.arm(onStepOfA(fwjob.KindActivate, f.a.Kill, tapDrop))
+		return f.tap.arm(onStepOfA(fwjob.KindActivate, f.a.Kill, tapDrop))
 	case FaultFreezeAfterInstall:
-		fired = f.tap.arm(onStepOfA(fwjob.KindActivate, f.a.Freeze, tapHold))
-	case FaultKillDuringReboot:
-		fired = f.tap.arm(func(ev tapEvent) (tapAction, bool) {
-			if r := ev.Report; r == nil || r.Job != f.job || r.State != string(fwjob.Rebooting) {
-				return tapPass, false
-			}
-			_ = f.a.Kill()
-			return tapPass, true
-		})
-	default:
-		return fmt.Errorf("sandbox: figure 1 firmware: unknown fault %q", f.c.Fault)
+		return f.tap.arm(onStepOfA(fwjob.KindActivate, f.a.Freeze, tapHold))
 	}
+	return f.tap.arm(func(ev tapEvent) (tapAction, bool) { // FaultKillDuringReboot
+		if r := ev.Report; r == nil || r.Job != f.job || r.State != string(fwjob.Rebooting) {
+			return tapPass, false
+		}
+		_ = f.a.Kill()
+		return tapPass, true
+	})
+}
+
+// fault waits for the fault armed (arm) to land on A, then until B holds
+// the device.
+func (f *figure1fw) fault(ctx context.Context, fired <-chan struct{}, res *Figure1FirmwareResult) error {
 	select {
 	case <-fired:
 	case <-ctx.Done():
@@ -78,6 +73,18 @@ func onStepOfA(kind string, do func() error, act tapAction) func(tapEvent) (tapA
 	}
 }
 
+// onChunkOfA is a tap trigger on gw-a's first fw.chunk past a third of an
+// image of size bytes: it runs do (freeze or kill A) and does act with it.
+func onChunkOfA(size uint64, do func() error, act tapAction) func(tapEvent) (tapAction, bool) {
+	return func(ev tapEvent) (tapAction, bool) {
+		if s := ev.Step; s == nil || s.Holder != "gw-a" || s.Kind != fwjob.KindChunk || s.Off*3 < size {
+			return tapPass, false
+		}
+		_ = do()
+		return act, true
+	}
+}
+
 func (f *figure1fw) faultWords() string {
 	switch f.c.Fault {
 	case FaultFreezeMidDownload:
@@ -90,28 +97,6 @@ func (f *figure1fw) faultWords() string {
 		return "A is killed (kill -9) right after the device installed the image, its fw.activate lost with it"
 	}
 	return "A is killed (kill -9) while the device reboots into the new image, before its confirming report"
-}
-
-// awaitThird polls `edgefence job show --json` until A's execution is past
-// a third of the image.
-func (f *figure1fw) awaitThird(ctx context.Context) error {
-	var e jobs.Execution
-	err := f.poll(ctx, "a third of the image downloaded", func() (bool, error) {
-		var err error
-		e, err = f.execution(ctx)
-		if err != nil {
-			return false, err
-		}
-		if e.Status.Terminal() {
-			return false, fmt.Errorf("the execution ended %s before a third of the image: %s (make ImageSize bigger)", e.Status, e.Reason)
-		}
-		return e.Gateway == "gw-a" && e.Size > 0 && e.Bytes*3 >= e.Size, nil
-	})
-	if err == nil {
-		f.say("edgefence job show: %s %s %s, %d of %d bytes, written by %s under token %d", e.Device, e.Status, e.Step, e.Bytes,
-			e.Size, e.Gateway, e.Token)
-	}
-	return err
 }
 
 // awaitEnd polls the execution until it ended, and narrates how B resumed.
