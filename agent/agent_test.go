@@ -141,18 +141,9 @@ func runAgent(t *testing.T, cfg *Config, cli *clientv3.Client, s Sender, o Optio
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := a.Run(ctx); err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
-	var once sync.Once
-	stop := func() { once.Do(func() { cancel(); <-done }) }
-	t.Cleanup(stop)
-	return &testAgent{Agent: a, cli: cli, stop: stop}
+	ta := runStarted(t, a)
+	ta.cli = cli
+	return ta
 }
 
 // waitFor polls cond until it holds or the deadline passes. It never fails a

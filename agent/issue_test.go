@@ -14,6 +14,7 @@ import (
 
 	"github.com/edgefence/edgefence/devices/fwjob"
 	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/fence/history"
 	"github.com/edgefence/edgefence/offline"
 )
 
@@ -211,7 +212,13 @@ func TestDeliveryRecordsVerdictWhileSendingNext(t *testing.T) {
 	cfg := &Config{Gateway: "gw", Etcd: EtcdConfig{Endpoints: testEtcd.Endpoints(), Prefix: "/t/" + t.Name(), LeaseTTL: 2 * time.Second},
 		MQTT: MQTTConfig{Brokers: []string{"mqtt://127.0.0.1:1"}}, Command: CommandConfig{Timeout: 5 * time.Second},
 		Devices: []DeviceConfig{{ID: "d1"}}}
-	a := runAgent(t, cfg, etcdClient(t), s, Options{Outbox: ob})
+	histPath := filepath.Join(t.TempDir(), "history.jsonl")
+	hist, err := history.Create(histPath, "gw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { hist.Close() })
+	a := runAgent(t, cfg, etcdClient(t), s, Options{Outbox: ob, History: hist})
 	waitFor(t, "a holds d1", holdingAll(a, []string{"d1"}))
 	ctx := context.Background()
 	p1, err := a.Issue(ctx, "d1", "set", []byte{0xa0})
@@ -244,6 +251,11 @@ func TestDeliveryRecordsVerdictWhileSendingNext(t *testing.T) {
 	if len(p1.ch) != 0 {
 		t.Fatal("the first command's waiter has its ack before the outbox recorded it")
 	}
+	// Nor its terminal event in the history: a kill -9 now leaves the
+	// command pending, resent and ended once, as a duplicate.
+	if n := terminals(t, histPath, p1.Envelope.ID); n != 0 {
+		t.Fatalf("the history has %d terminal events of the first command before the outbox recorded it", n)
+	}
 	release()
 	for i, p := range []*Pending{p1, p2} {
 		if ack, err := p.Wait(ctx); err != nil || ack.Verdict != fence.Accepted {
@@ -252,5 +264,22 @@ func TestDeliveryRecordsVerdictWhileSendingNext(t *testing.T) {
 		if r, err := ob.Get(p.Envelope.ID); err != nil || r.Pending() {
 			t.Fatalf("command %d not recorded terminal: %+v %v", i+1, r, err)
 		}
+		waitLong(t, "the command's terminal event in the history", func() bool { return terminals(t, histPath, p.Envelope.ID) == 1 })
 	}
+}
+
+// terminals counts the terminal events of command id in the history at path.
+func terminals(t *testing.T, path, id string) int {
+	t.Helper()
+	evs, err := history.Read(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range evs {
+		if e.Op == history.OpTerminal && e.ID == id {
+			n++
+		}
+	}
+	return n
 }
