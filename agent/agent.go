@@ -284,6 +284,14 @@ func (a *Agent) Issue(ctx context.Context, dev, kind string, body []byte) (*Pend
 	return p, err
 }
 
+// IssueAll is Issue of several commands of one kind to dev: consecutive
+// seqs under the current token, stored in one commit (one fsync), all or
+// none; ps[i] waits for the ack of bodies[i]'s command.
+func (a *Agent) IssueAll(ctx context.Context, dev, kind string, bodies [][]byte) ([]*Pending, error) {
+	ps, _, err := a.delivery.submitAll(ctx, dev, kind, bodies, true)
+	return ps, err
+}
+
 // Enqueue issues one command to dev under the current token, stores it in
 // the outbox (durably) and returns its envelope without waiting for the
 // device: its terminal state is recorded in the outbox (`edgefence outbox

@@ -10,7 +10,7 @@ const (
 	DefaultJobsCacheMaxBytes int64 = 2 << 30
 	DefaultJobsFetchTimeout        = 30 * time.Minute
 	// DefaultJobsWindow is jobs.window's default (jobs.DefaultWindow).
-	DefaultJobsWindow = 4
+	DefaultJobsWindow = 16
 	// JobsCacheDir is the image cache's directory under state_dir.
 	JobsCacheDir = "images"
 )

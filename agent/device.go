@@ -39,9 +39,9 @@ type device struct {
 
 	// Queue state, written by delivery only (outbox.go).
 	delivering, kicked bool
-	inflight           string     // id of the entry the worker may have sent: never expired locally
-	resolving          string     // id of the entry whose verdict the worker is recording: never expired locally
-	lastAck            *fence.Ack // the verdict of the command that ended last
+	inflight           string              // id of the entry the worker may have sent: never expired locally
+	recording          map[string]struct{} // ids of the entries whose verdicts the worker is recording: never expired locally
+	lastAck            *fence.Ack          // the verdict of the command that ended last
 
 	// The fence points' news, written by both.
 	deposedAt fence.Token // highest token of ours refused as stale (delivery) or superseded by another session (leases)

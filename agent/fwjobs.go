@@ -34,16 +34,20 @@ func (h jobHost) Holding(dev string) (jobs.Holder, bool) {
 	return jobs.Holder{Gateway: h.a.cfg.Gateway, LockKey: key, Token: token}, true
 }
 
-// Issue is Agent.Issue; not holding the lease is jobs.ErrFenced.
-func (h jobHost) Issue(ctx context.Context, dev, kind string, body []byte) (jobs.Pending, error) {
-	p, err := h.a.Issue(ctx, dev, kind, body)
+// IssueAll is Agent.IssueAll; not holding the lease is jobs.ErrFenced.
+func (h jobHost) IssueAll(ctx context.Context, dev, kind string, bodies [][]byte) ([]jobs.Pending, error) {
+	ps, err := h.a.IssueAll(ctx, dev, kind, bodies)
 	if errors.Is(err, ErrNotHolder) {
 		return nil, fmt.Errorf("%w: %w", jobs.ErrFenced, err)
 	}
 	if err != nil {
 		return nil, err
 	}
-	return p, nil
+	out := make([]jobs.Pending, len(ps))
+	for i, p := range ps {
+		out[i] = p
+	}
+	return out, nil
 }
 
 // newJobs returns the runner of o.Jobs and o.Images (nil if either is

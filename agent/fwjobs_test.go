@@ -195,7 +195,7 @@ func TestFirmwareJobCancelMidDownload(t *testing.T) {
 	d := w.device("fw-c", fwjob.BootConfig{})
 	var gate *chunkGate
 	a, _ := w.agent("gw-1", []string{d.id}, func(s Sender) Sender { gate = newChunkGate(t, s, 2); return gate })
-	job := w.createJob("j-cancel", w.image("cancel", 40<<10, 1), d.id)
+	job := w.createJob("j-cancel", w.image("cancel", 160<<10, 1), d.id) // more chunks than a window
 	wait(t, "the second chunk held", gate.held)
 	seen := a.jobs.Stats().Changes
 	if _, err := w.store.SetRollout(context.Background(), job.ID, jobs.RolloutCanceled, "bad batch"); err != nil {

@@ -186,25 +186,19 @@ func (q *delivery) deliver(ctx context.Context, d *device) {
 }
 
 // worker is one run of a device's worker (deliver): its device, its
-// backoff, the entry it is sending and how often it has, and the verdict
-// it is recording.
+// backoff, the entry it is sending and how often it has, and the verdicts
+// it is recording (verdicts.go).
 type worker struct {
 	d      *device
 	delay  backoff.Backoff
 	headID string
 	tries  int
-	// resolving is the verdict being recorded (outbox Resolve, fsynced)
-	// while the worker sends the next entry: at most one; flush waits
-	// for it.
-	resolving *resolveOp
-}
-
-// resolveOp is one verdict being recorded by its own goroutine.
-type resolveOp struct {
-	ack  *fence.Ack
-	pos  uint64 // the entry's queue position
-	done chan struct{}
-	err  error
+	// unrecorded are device verdicts settled and not yet given to the
+	// outbox (at most verdictBatch), recording the batch being recorded
+	// (ResolveAll, fsynced) by its own goroutine while the worker sends
+	// the next entries: at most one. flush records and waits for both.
+	unrecorded []settled
+	recording  *recordOp
 }
 
 // step acts on the worker's device's next pending entry: it expires it,
@@ -253,11 +247,7 @@ func (q *delivery) next(w *worker) (e *offline.Entry, attempted bool, err error)
 	d := w.d
 	q.expireMu.RLock()
 	defer q.expireMu.RUnlock()
-	var after uint64
-	if r := w.resolving; r != nil {
-		after = r.pos
-	}
-	e, ok, err := q.outbox.NextAfter(d.id, after)
+	e, ok, err := q.outbox.NextAfter(d.id, w.settledThrough())
 	if err != nil || !ok || !q.mayDeliver(d, e) {
 		return nil, false, err
 	}
@@ -288,6 +278,7 @@ func (q *delivery) attempt(ctx context.Context, w *worker, e *offline.Entry, att
 		if ctx.Err() != nil {
 			return false
 		}
+		q.flush(w) // the verdicts before it: not kept waiting on this one (a failure resends them)
 		q.stats.noAck.Add(1)
 		if l, ok := q.sender.(link); ok && !l.Connected() {
 			// The link is down: resend the moment it is back (the
@@ -328,11 +319,11 @@ func resendAfter(tries int, timeout time.Duration) time.Duration {
 // means the agent decided the verdict itself (the command was never sent).
 //
 // A device's verdict other than stale is recorded while the worker goes
-// on to the next entry (the outbox's fsync off the device's path: one
-// command is still in flight at the device, in queue order); the worker
-// waits for that record before it settles the next one, and a record
-// that fails leaves the entry pending, so it is resent (a duplicate at
-// the device).
+// on to the next entries (the outbox's fsync off the device's path: one
+// command is still in flight at the device, in queue order), several in
+// one commit when the queue is deep (verdicts.go); a record that fails
+// leaves its entries pending, so they are resent (duplicates at the
+// device).
 func (q *delivery) settle(w *worker, e *offline.Entry, ack *fence.Ack, local bool) bool {
 	d, env := w.d, &e.Envelope
 	if ack.ID == "" { // matched by correlation data; the outbox keys by id
@@ -341,12 +332,12 @@ func (q *delivery) settle(w *worker, e *offline.Entry, ack *fence.Ack, local boo
 		ack = &c
 	}
 	// After a record that failed, this one is made at once: the next
-	// entry is then the failed one again.
-	async := q.flush(w) && !local && ack.Verdict != fence.Stale
-	if async {
-		q.resolveAsync(w, e, ack)
-	} else if err := q.resolve(ack); err != nil {
-		if !q.resolveFailed(d, ack, err) {
+	// entry is then the failed one again. A stale verdict or the agent's
+	// own is recorded at once, after the verdicts before it.
+	async := !local && ack.Verdict != fence.Stale && q.queueVerdict(w, e, ack)
+	if !async {
+		q.flush(w)
+		if err := q.resolve(ack); err != nil && !q.resolveFailed(d, ack, err) {
 			return false
 		}
 	}
@@ -384,46 +375,6 @@ func (q *delivery) settle(w *worker, e *offline.Entry, ack *fence.Ack, local boo
 		q.reissue(d, e)
 	}
 	return true
-}
-
-// resolveAsync starts recording ack, e's verdict, on its own goroutine
-// (flush waits for it); the command's waiter (Send, Pending.Wait) gets
-// the ack, and the history its terminal event, once it is recorded, as
-// before: a kill -9 before the record leaves the command pending, to be
-// resent (a duplicate at the device) and ended then, once.
-func (q *delivery) resolveAsync(w *worker, e *offline.Entry, ack *fence.Ack) {
-	r := &resolveOp{ack: ack, pos: e.Pos, done: make(chan struct{})}
-	w.d.mu.Lock()
-	w.d.resolving = ack.ID
-	w.d.mu.Unlock()
-	w.resolving = r
-	env := e.Envelope
-	go func() {
-		defer close(r.done)
-		r.err = q.resolve(ack)
-		if r.err == nil || errors.Is(r.err, offline.ErrResolved) {
-			q.record(history.OpTerminal, &env, ack.Verdict.String(), ack.Reason)
-			q.notify(ack.ID, ack)
-		}
-	}()
-}
-
-// flush waits for the worker's verdict being recorded, if there is one.
-// It returns false if the outbox did not record it: the entry is pending
-// again, to be resent.
-func (q *delivery) flush(w *worker) bool {
-	r := w.resolving
-	if r == nil {
-		return true
-	}
-	<-r.done
-	w.resolving = nil
-	w.d.mu.Lock()
-	if w.d.resolving == r.ack.ID {
-		w.d.resolving = ""
-	}
-	w.d.mu.Unlock()
-	return r.err == nil || q.resolveFailed(w.d, r.ack, r.err)
 }
 
 // resolveFailed logs a verdict the outbox did not record; false: the
@@ -505,7 +456,8 @@ func (q *delivery) expire() {
 		}
 		d.mu.Lock()
 		defer d.mu.Unlock()
-		return d.inflight == id || d.resolving == id
+		_, rec := d.recording[id]
+		return d.inflight == id || rec
 	})
 	if err != nil {
 		q.stats.outboxErr.Add(1)

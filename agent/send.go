@@ -22,39 +22,77 @@ import (
 // (Agent.Send, Agent.Issue), else nil once the command is stored
 // (Agent.Enqueue).
 func (q *delivery) submit(ctx context.Context, dev, kind string, body []byte, wait bool) (*Pending, *fence.Envelope, error) {
-	d, ctl, env, err := q.issue(ctx, dev, kind, body)
+	ps, envs, err := q.submitAll(ctx, dev, kind, [][]byte{body}, wait)
 	if err != nil {
 		return nil, nil, err
 	}
-	var p *Pending
-	if wait {
-		p = &Pending{Envelope: env, q: q, ch: make(chan *fence.Ack, 1)}
-	}
-	if err := q.enqueue(ctx, d, ctl, env, p); err != nil { // releases d.sem
-		return nil, nil, err
-	}
-	return p, env, nil
+	return ps[0], envs[0], nil
 }
 
-// issue makes the next envelope for dev under its controller's token. On
-// success the caller holds d.sem (the seq order) and must release it.
-func (q *delivery) issue(ctx context.Context, dev, kind string, body []byte) (*device, *controller, *fence.Envelope, error) {
+// submitAll is submit of several commands of one kind to dev: consecutive
+// seqs under one token, stored in one commit (the outbox's AppendAll), all
+// or none.
+func (q *delivery) submitAll(ctx context.Context, dev, kind string, bodies [][]byte, wait bool) ([]*Pending, []*fence.Envelope, error) {
+	d, ctl, err := q.hold(ctx, dev)
+	if err != nil {
+		return nil, nil, err
+	}
+	envs := make([]*fence.Envelope, 0, len(bodies))
+	for _, body := range bodies {
+		env, err := q.envelope(ctl, dev, kind, body)
+		if err != nil {
+			ctl.seq -= uint64(len(envs)) // nothing left the agent
+			<-d.sem
+			return nil, nil, fmt.Errorf("send to %s: %w", dev, err)
+		}
+		envs = append(envs, env)
+	}
+	ps := make([]*Pending, len(envs))
+	if wait {
+		for i, env := range envs {
+			ps[i] = &Pending{Envelope: env, q: q, ch: make(chan *fence.Ack, 1)}
+		}
+	}
+	if err := q.enqueue(ctx, d, ctl, envs, ps); err != nil { // releases d.sem
+		return nil, nil, err
+	}
+	for i, p := range ps {
+		if p != nil && len(envs[i].Body) > 0 {
+			// The body is the outbox's now: a window of firmware chunks
+			// waited for does not keep their data in memory too.
+			c := *envs[i]
+			c.Body = nil
+			p.Envelope = &c
+		}
+	}
+	return ps, envs, nil
+}
+
+// hold takes dev's seq order (d.sem) under its controller. On success the
+// caller holds d.sem and must release it.
+func (q *delivery) hold(ctx context.Context, dev string) (*device, *controller, error) {
 	d, ok := q.devices[dev]
 	if !ok {
-		return nil, nil, nil, fmt.Errorf("send to %q: %w", dev, ErrUnknownDevice)
+		return nil, nil, fmt.Errorf("send to %q: %w", dev, ErrUnknownDevice)
 	}
 	select {
 	case d.sem <- struct{}{}:
 	case <-ctx.Done():
-		return nil, nil, nil, fmt.Errorf("send to %s: %w", dev, ctx.Err())
+		return nil, nil, fmt.Errorf("send to %s: %w", dev, ctx.Err())
 	}
 	d.mu.Lock()
 	ctl := d.ctl
 	d.mu.Unlock()
 	if !q.usable(ctl) {
 		<-d.sem
-		return nil, nil, nil, fmt.Errorf("send to %s: %w", dev, ErrNotHolder)
+		return nil, nil, fmt.Errorf("send to %s: %w", dev, ErrNotHolder)
 	}
+	return d, ctl, nil
+}
+
+// envelope makes the next envelope for dev under ctl (whose seq order the
+// caller holds).
+func (q *delivery) envelope(ctl *controller, dev, kind string, body []byte) (*fence.Envelope, error) {
 	ctl.seq++
 	env := &fence.Envelope{
 		V:        fence.Version,
@@ -68,37 +106,46 @@ func (q *delivery) issue(ctx context.Context, dev, kind string, body []byte) (*d
 		Holder:   q.gateway,
 	}
 	if err := env.Validate(); err != nil {
-		ctl.seq-- // nothing left the agent
-		<-d.sem
-		return nil, nil, nil, fmt.Errorf("send to %s: %w", dev, err)
+		ctl.seq--
+		return nil, err
 	}
-	return d, ctl, env, nil
+	return env, nil
 }
 
-// enqueue appends env durably and hands it to the device's worker; p, if
-// not nil, is registered for env's ack before the append (a running worker
-// may deliver the entry the moment it is stored). The caller holds d.sem
-// and enqueue releases it once the entry is stored (or not).
-func (q *delivery) enqueue(ctx context.Context, d *device, ctl *controller, env *fence.Envelope, p *Pending) error {
-	if p != nil {
-		q.mu.Lock()
-		q.waiters[env.ID] = p.ch
-		q.mu.Unlock()
-	}
-	e := &offline.Entry{Envelope: *env}
-	if err := q.outbox.Append(ctx, e); err != nil {
-		ctl.seq-- // nothing was created
-		<-d.sem
+// enqueue appends envs durably (one commit) and hands them to the
+// device's worker; ps[i], if not nil, is registered for envs[i]'s ack
+// before the append (a running worker may deliver an entry the moment it
+// is stored). The caller holds d.sem and enqueue releases it once the
+// entries are stored (or not).
+func (q *delivery) enqueue(ctx context.Context, d *device, ctl *controller, envs []*fence.Envelope, ps []*Pending) error {
+	q.mu.Lock()
+	for i, p := range ps {
 		if p != nil {
-			p.Close()
+			q.waiters[envs[i].ID] = p.ch
+		}
+	}
+	q.mu.Unlock()
+	es := make([]*offline.Entry, len(envs))
+	for i, env := range envs {
+		es[i] = &offline.Entry{Envelope: *env}
+	}
+	if err := q.outbox.AppendAll(ctx, es); err != nil {
+		ctl.seq -= uint64(len(envs)) // nothing was created
+		<-d.sem
+		for _, p := range ps {
+			if p != nil {
+				p.Close()
+			}
 		}
 		if errors.Is(err, offline.ErrFull) {
 			q.stats.full.Add(1)
 		}
 		return fmt.Errorf("send to %s: %w", d.id, err)
 	}
-	q.stats.queued.Add(1)
-	q.record(history.OpCreated, env, "", "")
+	q.stats.queued.Add(uint64(len(envs)))
+	for _, env := range envs {
+		q.record(history.OpCreated, env, "", "")
+	}
 	<-d.sem
 	q.kick(d)
 	return nil
@@ -111,7 +158,8 @@ func (q *delivery) enqueue(ctx context.Context, d *device, ctl *controller, env 
 // first is at the device. One goroutine uses a Pending; Close it when done
 // waiting (it is safe to Close twice, or after Wait returned the ack).
 type Pending struct {
-	// Envelope is the command as issued: its token, seq and id.
+	// Envelope is the command as issued: its token, seq and id (its
+	// body stays in the outbox).
 	Envelope *fence.Envelope
 
 	q   *delivery

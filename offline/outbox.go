@@ -293,73 +293,152 @@ func (ob *Outbox) ReadOnly() bool { return ob.opts.ReadOnly }
 // commit is fsynced) before it returns. It sets e.Raw, e.Created (if zero),
 // e.Deadline and e.Pos. If a limit would be exceeded it returns an error
 // wrapping ErrFull and appends nothing; an id already in the outbox gives
-// ErrExists.
+// ErrExists. Concurrent appends (and resolves) share commits: one fsync
+// for a group (internal/groupcommit), each call returning once its own
+// entry is durable.
 func (ob *Outbox) Append(ctx context.Context, e *Entry) error {
+	return ob.AppendAll(ctx, []*Entry{e})
+}
+
+// AppendAll is Append of several entries in one commit, all or none, in
+// order (entries of one device take consecutive queue positions): a
+// caller that has several commands for a device (a firmware download's
+// chunks) pays one fsync for them. An error appends none of them.
+func (ob *Outbox) AppendAll(ctx context.Context, es []*Entry) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	if len(es) == 0 {
+		return nil
+	}
+	first := es[0].Envelope.ID
 	if ob.opts.ReadOnly {
-		return fmt.Errorf("offline: append %s: %w", e.Envelope.ID, ErrReadOnly)
+		return fmt.Errorf("offline: append %s: %w", first, ErrReadOnly)
 	}
-	raw, err := fence.MarshalEnvelope(&e.Envelope)
-	if err != nil {
-		return fmt.Errorf("offline: append: %w", err)
+	recs := make([]record, len(es))
+	for i, e := range es {
+		raw, err := fence.MarshalEnvelope(&e.Envelope)
+		if err != nil {
+			return fmt.Errorf("offline: append: %w", err)
+		}
+		recs[i].env = raw
 	}
-	dev, id := e.Envelope.Device, e.Envelope.ID
-	ob.mu.Lock()
-	if ob.closed {
-		ob.mu.Unlock()
-		return fmt.Errorf("offline: append %s: %w", id, ErrClosed)
-	}
-	created := e.Created
-	if created.IsZero() {
-		created = ob.opts.Now()
-	}
-	ttl := e.TTL
-	if ttl <= 0 {
-		ttl = ob.opts.TTL
-	}
-	size := int64(len(raw))
-	if err := ob.reserveLocked(dev, id, size); err != nil {
-		ob.mu.Unlock()
+	if err := ob.reserveAll(es, recs); err != nil {
 		return err
 	}
-	ob.mu.Unlock()
-	r := record{created: created.UnixMilli(), deadline: created.Add(ttl).UnixMilli(), env: raw}
+	var refused error // refused before any write: the group goes on
 	ob.mu.RLock()
-	err = ob.update(func(tx *bbolt.Tx) error {
-		entries := tx.Bucket(entriesBucket)
-		if entries.Get([]byte(id)) != nil {
-			return ErrExists
-		}
-		seqs := tx.Bucket(seqBucket)
-		if v := seqs.Get([]byte(dev)); v != nil {
-			if len(v) != 8 {
-				return corruptf("queue position of device %s", dev)
+	if ob.closed {
+		ob.mu.RUnlock()
+		ob.unreserve(es, recs)
+		return fmt.Errorf("offline: append %s: %w", first, ErrClosed)
+	}
+	err := ob.group.Commit(func(tx *bbolt.Tx) error {
+		refused = nil
+		ids := make(map[string]bool, len(es))
+		for _, e := range es {
+			id := e.Envelope.ID
+			if ids[id] || tx.Bucket(entriesBucket).Get([]byte(id)) != nil {
+				refused = fmt.Errorf("%s: %w", id, ErrExists)
+				return nil
 			}
-			r.pos = binary.BigEndian.Uint64(v)
+			ids[id] = true
+			if _, err := nextPos(tx, e.Envelope.Device); err != nil {
+				refused = err
+				return nil
+			}
 		}
-		r.pos++
-		if err := seqs.Put([]byte(dev), binary.BigEndian.AppendUint64(nil, r.pos)); err != nil {
-			return err
+		for i, e := range es {
+			if err := putEntry(tx, e, &recs[i]); err != nil {
+				return err
+			}
 		}
-		if err := tx.Bucket(queueBucket).Put(queueKey(dev, r.pos), []byte(id)); err != nil {
-			return err
-		}
-		if err := raiseIssued(tx, &e.Envelope); err != nil {
-			return err
-		}
-		return entries.Put([]byte(id), r.encode())
+		return nil
 	})
 	ob.mu.RUnlock()
-	if err != nil {
-		ob.mu.Lock()
-		ob.add(dev, -1, -size)
-		ob.mu.Unlock()
-		return fmt.Errorf("offline: append %s: %w", id, err)
+	if err == nil {
+		err = refused
 	}
-	e.Raw, e.Created, e.Deadline, e.Pos = raw, time.UnixMilli(r.created), time.UnixMilli(r.deadline), r.pos
+	if err != nil {
+		ob.unreserve(es, recs)
+		return fmt.Errorf("offline: append %s: %w", first, err)
+	}
+	for i, e := range es {
+		r := &recs[i]
+		e.Raw, e.Created, e.Deadline, e.Pos = r.env, time.UnixMilli(r.created), time.UnixMilli(r.deadline), r.pos
+	}
 	return nil
+}
+
+// reserveAll checks the outbox is open, dates the records and counts
+// the entries against the limits, all or none (ErrFull).
+func (ob *Outbox) reserveAll(es []*Entry, recs []record) error {
+	ob.mu.Lock()
+	defer ob.mu.Unlock()
+	if ob.closed {
+		return fmt.Errorf("offline: append %s: %w", es[0].Envelope.ID, ErrClosed)
+	}
+	now := ob.opts.Now()
+	for i, e := range es {
+		created := e.Created
+		if created.IsZero() {
+			created = now
+		}
+		ttl := e.TTL
+		if ttl <= 0 {
+			ttl = ob.opts.TTL
+		}
+		recs[i].created, recs[i].deadline = created.UnixMilli(), created.Add(ttl).UnixMilli()
+		if err := ob.reserveLocked(e.Envelope.Device, e.Envelope.ID, int64(len(recs[i].env))); err != nil {
+			for j := range i {
+				ob.add(es[j].Envelope.Device, -1, -int64(len(recs[j].env)))
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// unreserve takes back what reserveAll counted.
+func (ob *Outbox) unreserve(es []*Entry, recs []record) {
+	ob.mu.Lock()
+	defer ob.mu.Unlock()
+	for i, e := range es {
+		ob.add(e.Envelope.Device, -1, -int64(len(recs[i].env)))
+	}
+}
+
+// nextPos is the queue position dev's next entry takes in tx.
+func nextPos(tx *bbolt.Tx, dev string) (uint64, error) {
+	v := tx.Bucket(seqBucket).Get([]byte(dev))
+	if v == nil {
+		return 1, nil
+	}
+	if len(v) != 8 {
+		return 0, corruptf("queue position of device %s", dev)
+	}
+	return binary.BigEndian.Uint64(v) + 1, nil
+}
+
+// putEntry stores e (its record r, pos set here) as the newest pending
+// entry of its device in tx.
+func putEntry(tx *bbolt.Tx, e *Entry, r *record) error {
+	dev, id := e.Envelope.Device, e.Envelope.ID
+	pos, err := nextPos(tx, dev)
+	if err != nil {
+		return err
+	}
+	r.pos = pos
+	if err := tx.Bucket(seqBucket).Put([]byte(dev), binary.BigEndian.AppendUint64(nil, pos)); err != nil {
+		return err
+	}
+	if err := tx.Bucket(queueBucket).Put(queueKey(dev, pos), []byte(id)); err != nil {
+		return err
+	}
+	if err := raiseIssued(tx, &e.Envelope); err != nil {
+		return err
+	}
+	return tx.Bucket(entriesBucket).Put([]byte(id), r.encode())
 }
 
 // reserveLocked counts an entry of size bytes for dev against the limits
@@ -444,49 +523,120 @@ func (ob *Outbox) Resolve(id string, ack *fence.Ack) error {
 	if ob.opts.ReadOnly {
 		return fmt.Errorf("offline: resolve %s: %w", id, ErrReadOnly)
 	}
-	if ack == nil || ack.Verdict == fence.Expired || (ack.ID != "" && ack.ID != id) {
+	if ack != nil && ack.ID == "" {
+		c := *ack
+		c.ID = id
+		ack = &c
+	}
+	if ack == nil || ack.ID != id {
 		return fmt.Errorf("offline: resolve %s: %w: ack does not resolve this command", id, fence.ErrInvalid)
 	}
-	rawAck, err := fence.MarshalAck(ack)
-	if err != nil {
-		return fmt.Errorf("offline: resolve %s: %w", id, err)
+	return ob.ResolveAll([]*fence.Ack{ack})[0]
+}
+
+// ResolveAll is Resolve of several acks, each of the command its ID
+// names, in one commit: a device's worker records the verdicts of the
+// commands it delivered meanwhile for one fsync. Each ack gets its own
+// error, as from Resolve; one refused does not stop the others.
+func (ob *Outbox) ResolveAll(acks []*fence.Ack) []error {
+	errs := make([]error, len(acks))
+	if ob.opts.ReadOnly {
+		for i, a := range acks {
+			errs[i] = fmt.Errorf("offline: resolve %s: %w", ackID(a), ErrReadOnly)
+		}
+		return errs
+	}
+	ops := make([]resolveOp, len(acks))
+	calls := make([]groupcommit.Call, 0, len(acks))
+	now := ob.opts.Now().UnixMilli()
+	for i, a := range acks {
+		op := &ops[i]
+		if op.err = op.prepare(a); op.err == nil {
+			calls = append(calls, op.call(now))
+		}
 	}
 	// A read lock keeps Close out; the commit is shared with concurrent
-	// Resolve and SetHeld calls (group commit), and bbolt serializes it
-	// with Append's.
+	// Append, Resolve and SetHeld calls (group commit).
 	ob.mu.RLock()
 	if ob.closed {
 		ob.mu.RUnlock()
-		return fmt.Errorf("offline: resolve %s: %w", id, ErrClosed)
+		for i, a := range acks {
+			errs[i] = fmt.Errorf("offline: resolve %s: %w", ackID(a), ErrClosed)
+		}
+		return errs
 	}
-	var dev string
-	var size int64
-	var refused error // refused before terminate changed anything: the group goes on
-	now := ob.opts.Now().UnixMilli()
-	err = ob.group.Commit(func(tx *bbolt.Tx) error {
+	var cerrs []error
+	if len(calls) > 0 {
+		cerrs = ob.group.CommitMany(calls)
+	}
+	ob.mu.RUnlock()
+	ob.mu.Lock()
+	defer ob.mu.Unlock()
+	for i, a := range acks {
+		op := &ops[i]
+		if op.err == nil {
+			if err := cerrs[0]; err != nil {
+				op.err = err
+			} else {
+				op.err = op.refused
+			}
+			cerrs = cerrs[1:]
+		}
+		if op.err != nil {
+			errs[i] = fmt.Errorf("offline: resolve %s: %w", ackID(a), op.err)
+			continue
+		}
+		ob.add(op.dev, -1, -op.size)
+	}
+	return errs
+}
+
+func ackID(a *fence.Ack) string {
+	if a == nil {
+		return ""
+	}
+	return a.ID
+}
+
+// resolveOp is one ack of ResolveAll.
+type resolveOp struct {
+	id      string
+	ack     *fence.Ack
+	raw     []byte
+	dev     string
+	size    int64
+	refused error // refused before terminate changed anything: the group goes on
+	err     error
+}
+
+// prepare checks and encodes the ack.
+func (op *resolveOp) prepare(a *fence.Ack) error {
+	if a == nil || a.ID == "" || a.Verdict == fence.Expired {
+		return fmt.Errorf("%w: ack does not resolve this command", fence.ErrInvalid)
+	}
+	raw, err := fence.MarshalAck(a)
+	if err != nil {
+		return err
+	}
+	op.id, op.ack, op.raw = a.ID, a, raw
+	return nil
+}
+
+// call is op's write, for the group committer: it may run more than once.
+func (op *resolveOp) call(now int64) groupcommit.Call {
+	return func(tx *bbolt.Tx) error {
 		var err error
-		dev, size, err = terminate(tx, id, ack.Device, ack.Verdict, rawAck, now)
-		refused = nil
+		op.dev, op.size, err = terminate(tx, op.id, op.ack.Device, op.ack.Verdict, op.raw, now)
+		op.refused = nil
 		switch {
 		case err == nil:
 		case errors.Is(err, ErrNotFound), errors.Is(err, ErrResolved), errors.Is(err, ErrCorrupt), errors.Is(err, fence.ErrInvalid):
-			refused, dev, size = err, "", 0
+			op.refused, op.dev, op.size = err, "", 0
 		default:
 			return err // a write failed: the group is rolled back and rerun call by call
 		}
 		return nil
-	})
-	ob.mu.RUnlock()
-	if err == nil {
-		err = refused
 	}
-	if err != nil {
-		return fmt.Errorf("offline: resolve %s: %w", id, err)
-	}
-	ob.mu.Lock()
-	ob.add(dev, -1, -size)
-	ob.mu.Unlock()
-	return nil
 }
 
 // terminate gives the pending entry id its terminal state v in tx. It

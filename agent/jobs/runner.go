@@ -34,11 +34,12 @@ type Host interface {
 	// Holding returns the device's lock key and token now, if this
 	// gateway holds it.
 	Holding(dev string) (Holder, bool)
-	// Issue issues one fenced command, stored durably in dev's queue,
-	// without waiting for the device: the device's worker delivers dev's
-	// commands one at a time in the order issued. Not holding dev is
-	// ErrFenced.
-	Issue(ctx context.Context, dev, kind string, body []byte) (Pending, error)
+	// IssueAll issues fenced commands of one kind to dev, in order,
+	// stored durably in dev's queue in one commit (one fsync for a
+	// download's chunks), all or none, without waiting for the device:
+	// the device's worker delivers dev's commands one at a time in the
+	// order issued. Not holding dev is ErrFenced.
+	IssueAll(ctx context.Context, dev, kind string, bodies [][]byte) ([]Pending, error)
 }
 
 // Pending is a command Host.Issue issued (agent.Pending).
@@ -106,7 +107,7 @@ const DefaultRetry = 2 * time.Second
 
 // DefaultWindow and MaxWindow bound RunnerConfig.Window.
 const (
-	DefaultWindow = 4
+	DefaultWindow = 16
 	MaxWindow     = 32
 )
 

@@ -35,11 +35,25 @@ func (x *xrun) send(ctx context.Context, kind string, b body, n int) (*fence.Ack
 // in the outbox, in order) without waiting for it. Not holding the device
 // is errDeposed.
 func (x *xrun) issue(ctx context.Context, kind string, b body) (Pending, error) {
-	raw, err := b.Encode()
+	ps, err := x.issueAll(ctx, kind, []body{b})
 	if err != nil {
-		return nil, fmt.Errorf("jobs: %s body: %w", kind, err)
+		return nil, err
 	}
-	p, err := x.w.r.host.Issue(ctx, x.w.dev, kind, raw)
+	return ps[0], nil
+}
+
+// issueAll issues several steps of one kind in one commit (IssueAll), as
+// issue does one.
+func (x *xrun) issueAll(ctx context.Context, kind string, bs []body) ([]Pending, error) {
+	raws := make([][]byte, len(bs))
+	for i, b := range bs {
+		raw, err := b.Encode()
+		if err != nil {
+			return nil, fmt.Errorf("jobs: %s body: %w", kind, err)
+		}
+		raws[i] = raw
+	}
+	ps, err := x.w.r.host.IssueAll(ctx, x.w.dev, kind, raws)
 	if err != nil {
 		x.w.r.stats.step(kind, "none", 0)
 		if errors.Is(err, ErrFenced) {
@@ -47,7 +61,7 @@ func (x *xrun) issue(ctx context.Context, kind string, b body) (Pending, error) 
 		}
 		return nil, fmt.Errorf("jobs: %s: %w", kind, err)
 	}
-	return p, nil
+	return ps, nil
 }
 
 // verdict waits for an issued step's ack. It returns the ack when the

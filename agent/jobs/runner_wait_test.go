@@ -44,8 +44,12 @@ func (h *refusingHost) Holding(dev string) (jobs.Holder, bool) {
 	return x, ok
 }
 
-func (h *refusingHost) Issue(_ context.Context, dev, kind string, _ []byte) (jobs.Pending, error) {
-	return &refusal{dev: dev, kind: kind, delay: h.delay}, nil
+func (h *refusingHost) IssueAll(_ context.Context, dev, kind string, bodies [][]byte) ([]jobs.Pending, error) {
+	ps := make([]jobs.Pending, len(bodies))
+	for i := range bodies {
+		ps[i] = &refusal{dev: dev, kind: kind, delay: h.delay}
+	}
+	return ps, nil
 }
 
 // refusal is a refusingHost command: its ack, invalid, comes after delay.

@@ -12,8 +12,9 @@ import (
 
 // The download's window: up to RunnerConfig.Window fw.chunk commands are
 // issued (seq, durable append to the outbox) ahead of the device's acks,
-// so that the outbox's appends overlap the device's work on the chunk
-// before. The agent's worker still delivers them one at a time in queue
+// so that the outbox's appends overlap the device's work on the chunks
+// before; they are issued in batches of half the window (one commit, one
+// fsync, a batch), as the acks make room. The agent's worker still delivers them one at a time in queue
 // order, each resent as the same envelope until it has a verdict: the
 // device sees the chunks at its offset, in order. The runner waits for
 // the acks in the order it issued the chunks:
@@ -90,37 +91,64 @@ func (x *xrun) download(ctx context.Context, off uint64) error {
 	return x.install(ctx)
 }
 
-// fill issues chunks until the window is full or the image is all issued.
-// A failed issue (the lease lost, the outbox full) ends the filling: the
-// chunks in flight are still waited for, each to its verdict, and then
-// the failure is the download's (noAck).
+// fill issues chunks while the window has room for a batch of them
+// (refill: half the window, or what is left of the image), each batch in
+// one IssueAll (one commit in the outbox). A failed issue (the lease lost,
+// the outbox full) ends the filling: the chunks in flight are still
+// waited for, each to its verdict, and then the failure is the
+// download's (noAck).
 func (win *window) fill(ctx context.Context) error {
 	x := win.x
-	size, chunk := x.job.Image.Size, uint64(x.job.Chunk)
-	for win.failed == nil && win.next < size && len(win.q) < x.w.r.cfg.Window {
+	size, chunk, w := x.job.Image.Size, uint64(x.job.Chunk), x.w.r.cfg.Window
+	for win.failed == nil && win.next < size {
+		left := int((size - win.next + chunk - 1) / chunk)
+		n := min(w-len(win.q), left, max(1, w/2))
+		if n <= 0 || n < max(1, w/2) && n < left {
+			break // wait for more acks: a fuller batch
+		}
 		if err := x.checkStop(ctx); err != nil {
 			return err
 		}
 		if err := x.checkTotal(); err != nil {
 			return err
 		}
-		n := min(chunk, size-win.next)
-		buf := make([]byte, n)
-		if _, err := win.img.ReadAt(buf, int64(win.next)); err != nil {
-			return x.finish(ctx, Failed, fmt.Sprintf("image read at %d: %v", win.next, err))
+		if err := win.issue(ctx, n); err != nil {
+			return err
 		}
-		seq := x.w.r.reportSeq()
-		p, err := x.issue(ctx, fwjob.KindChunk, fwjob.ChunkBody{Job: x.job.ID, Off: win.next, Data: buf})
-		if err != nil {
-			win.stop(err, seq)
-			break
-		}
-		win.q = append(win.q, flight{p: p, off: win.next, n: n, seq: seq})
-		win.next += n
 	}
 	if win.failed != nil && len(win.q) == 0 {
 		return x.noAck(ctx, fwjob.KindChunk, win.failedSeq, win.failed)
 	}
+	return nil
+}
+
+// issue issues the next n chunks in one IssueAll.
+func (win *window) issue(ctx context.Context, n int) error {
+	x := win.x
+	size, chunk := x.job.Image.Size, uint64(x.job.Chunk)
+	bodies := make([]body, 0, n)
+	fl := make([]flight, 0, n)
+	seq := x.w.r.reportSeq()
+	for off := win.next; len(bodies) < n && off < size; {
+		m := min(chunk, size-off)
+		buf := make([]byte, m)
+		if _, err := win.img.ReadAt(buf, int64(off)); err != nil {
+			return x.finish(ctx, Failed, fmt.Sprintf("image read at %d: %v", off, err))
+		}
+		bodies = append(bodies, fwjob.ChunkBody{Job: x.job.ID, Off: off, Data: buf})
+		fl = append(fl, flight{off: off, n: m, seq: seq})
+		off += m
+	}
+	ps, err := x.issueAll(ctx, fwjob.KindChunk, bodies)
+	if err != nil {
+		win.stop(err, seq)
+		return nil
+	}
+	for i := range fl {
+		fl[i].p = ps[i]
+		win.next += fl[i].n
+	}
+	win.q = append(win.q, fl...)
 	return nil
 }
 

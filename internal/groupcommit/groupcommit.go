@@ -66,6 +66,15 @@ func New(update func(func(*bbolt.Tx) error) error, maxGroup int) *Committer {
 // Commit runs fn in a committed transaction, its own or its group's, and
 // returns fn's error or the transaction's.
 func (c *Committer) Commit(fn Call) error {
+	return c.CommitMany([]Call{fn})[0]
+}
+
+// CommitMany runs calls, in order, in one committed transaction shared
+// with concurrent callers' (a group may exceed the maximum size by the
+// calls of one CommitMany), and returns each call's error or the
+// transaction's. One caller's batch (e.g. one device's verdicts) costs one
+// fsync, like one call.
+func (c *Committer) CommitMany(calls []Call) []error {
 	c.mu.Lock()
 	g := c.open
 	lead := g == nil
@@ -74,7 +83,7 @@ func (c *Committer) Commit(fn Call) error {
 		c.open, c.last = g, g
 	}
 	i := len(g.calls)
-	g.calls = append(g.calls, fn)
+	g.calls = append(g.calls, calls...)
 	if len(g.calls) >= c.max {
 		c.open = nil // full: later calls form the next group
 	}
@@ -82,7 +91,7 @@ func (c *Committer) Commit(fn Call) error {
 
 	if !lead {
 		<-g.done
-		return g.errs[i]
+		return g.errs[i : i+len(calls)]
 	}
 	if g.prev != nil {
 		<-g.prev.done // one commit at a time, in group order
@@ -93,14 +102,14 @@ func (c *Committer) Commit(fn Call) error {
 	if c.open == g {
 		c.open = nil
 	}
-	calls := g.calls // no more appends: the group is closed
+	all := g.calls // no more appends: the group is closed
 	c.mu.Unlock()
-	errs := CommitAll(c.update, calls)
+	errs := CommitAll(c.update, all)
 	c.mu.Lock()
 	g.calls, g.errs = nil, errs // c.last must not keep the calls alive
 	c.mu.Unlock()
 	close(g.done)
-	return errs[i]
+	return errs[i : i+len(calls)]
 }
 
 // gather lets the callers just woken by the previous commit (or arriving

@@ -85,6 +85,29 @@ func TestCommitAllInOrder(t *testing.T) {
 	})
 }
 
+// CommitMany: one caller's calls share one commit and get their own
+// errors; a bad call among them fails only itself (the rerun alone).
+func TestCommitMany(t *testing.T) {
+	db, commits, update := openDB(t)
+	c := New(update, 2) // smaller than the batch: a batch is never split
+	errs := c.CommitMany([]Call{put("a"), put("b"), put("c")})
+	if errors.Join(errs...) != nil || len(errs) != 3 || commits.Load() != 1 {
+		t.Fatalf("errs %v in %d commits, want 3 nil in 1", errs, commits.Load())
+	}
+	errs = c.CommitMany([]Call{put("d"), func(*bbolt.Tx) error { return errBad }, put("e")})
+	if errs[0] != nil || !errors.Is(errs[1], errBad) || errs[2] != nil {
+		t.Fatalf("errs %v", errs)
+	}
+	_ = db.View(func(tx *bbolt.Tx) error {
+		for _, k := range []string{"a", "b", "c", "d", "e"} {
+			if tx.Bucket(bucket).Get([]byte(k)) == nil {
+				t.Errorf("%s not committed", k)
+			}
+		}
+		return nil
+	})
+}
+
 // Concurrent callers: every Commit returns after its write is committed,
 // each write exactly once, each caller's error its own; never more
 // transactions than calls, and with one call per group (maxGroup 1)

@@ -1,0 +1,152 @@
+package agent
+
+import (
+	"errors"
+
+	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/fence/history"
+	"github.com/edgefence/edgefence/offline"
+)
+
+// Recording a device's verdicts: a device's worker settles a verdict and
+// goes on to send the next entry at once; the verdicts are recorded in
+// the outbox (ResolveAll: one commit, one fsync) in batches, by a
+// goroutine of their own, at most one batch at a time:
+//
+//   - a batch starts when verdictBatch verdicts are waiting, or when the
+//     worker has nothing more to send now (its queue is empty, held back,
+//     or the device gave no answer): a lone command is recorded at once,
+//     and a deep queue (a firmware download's chunks, a replay after an
+//     outage) pays one fsync for up to verdictBatch commands;
+//   - a command's waiter (Send, Pending.Wait) gets its ack, and the
+//     history its terminal event, only once the verdict is recorded: a
+//     kill -9 before leaves the command pending, to be resent (a duplicate
+//     at the device) and ended then, once;
+//   - a batch that fails leaves its commands pending, and the verdicts
+//     waiting behind it are dropped (their commands stay pending too): the
+//     worker resends from the oldest pending entry, and the device answers
+//     each duplicate, never applying one twice;
+//   - the entries whose verdicts are waiting or being recorded are never
+//     expired locally (device.recording).
+
+// verdictBatch is the most verdicts of one device recorded in one commit.
+const verdictBatch = 8
+
+// settled is a verdict the worker has settled, to be recorded.
+type settled struct {
+	env fence.Envelope
+	pos uint64 // the entry's queue position
+	ack *fence.Ack
+}
+
+// recordOp is one batch of verdicts being recorded by its own goroutine.
+type recordOp struct {
+	batch []settled
+	done  chan struct{}
+	errs  []error // the outbox's, per verdict
+}
+
+// settledThrough is the queue position of the last entry the worker has a
+// verdict for that is waiting or being recorded (0: none): the worker's
+// next entry is the one after it.
+func (w *worker) settledThrough() uint64 {
+	if n := len(w.unrecorded); n > 0 {
+		return w.unrecorded[n-1].pos
+	}
+	if r := w.recording; r != nil {
+		return r.batch[len(r.batch)-1].pos
+	}
+	return 0
+}
+
+// queueVerdict adds ack, e's verdict, to those waiting to be recorded, and
+// starts a batch when verdictBatch are waiting. It returns false, having
+// added nothing, if the batch before failed: the caller records ack at
+// once (the failed entries are resent).
+func (q *delivery) queueVerdict(w *worker, e *offline.Entry, ack *fence.Ack) bool {
+	if len(w.unrecorded)+1 >= verdictBatch && !q.awaitRecord(w) {
+		return false
+	}
+	w.d.mu.Lock()
+	if w.d.recording == nil {
+		w.d.recording = make(map[string]struct{})
+	}
+	w.d.recording[ack.ID] = struct{}{}
+	w.d.mu.Unlock()
+	w.unrecorded = append(w.unrecorded, settled{env: e.Envelope, pos: e.Pos, ack: ack})
+	if len(w.unrecorded) >= verdictBatch {
+		q.startRecord(w)
+	}
+	return true
+}
+
+// startRecord starts recording the waiting verdicts (none may be in
+// flight).
+func (q *delivery) startRecord(w *worker) {
+	r := &recordOp{batch: w.unrecorded, done: make(chan struct{})}
+	w.unrecorded, w.recording = nil, r
+	go func() {
+		defer close(r.done)
+		acks := make([]*fence.Ack, len(r.batch))
+		for i := range r.batch {
+			acks[i] = r.batch[i].ack
+		}
+		r.errs = q.outbox.ResolveAll(acks)
+		for i, err := range r.errs {
+			s := &r.batch[i]
+			if err != nil && !errors.Is(err, offline.ErrResolved) {
+				continue
+			}
+			q.record(history.OpTerminal, &s.env, s.ack.Verdict.String(), s.ack.Reason)
+			q.notify(s.ack.ID, s.ack)
+		}
+	}()
+}
+
+// awaitRecord waits for the batch being recorded, if there is one. It
+// returns false if the outbox did not record all of it: those entries are
+// pending again, and the verdicts waiting behind them are dropped (their
+// entries stay pending), so that the worker resends from the oldest.
+func (q *delivery) awaitRecord(w *worker) bool {
+	r := w.recording
+	if r == nil {
+		return true
+	}
+	<-r.done
+	w.recording = nil
+	ok := true
+	for i, err := range r.errs {
+		if err != nil {
+			ok = q.resolveFailed(w.d, r.batch[i].ack, err) && ok
+		}
+	}
+	if !ok {
+		q.forget(w, w.unrecorded)
+		w.unrecorded = nil
+	}
+	q.forget(w, r.batch)
+	return ok
+}
+
+// forget drops the batch's ids from the device's recording set.
+func (q *delivery) forget(w *worker, batch []settled) {
+	w.d.mu.Lock()
+	for _, s := range batch {
+		delete(w.d.recording, s.ack.ID)
+	}
+	w.d.mu.Unlock()
+}
+
+// flush records the waiting verdicts and waits until every verdict of the
+// worker is recorded. It returns false if one was not: its entry is
+// pending again, to be resent.
+func (q *delivery) flush(w *worker) bool {
+	if !q.awaitRecord(w) {
+		return false
+	}
+	if len(w.unrecorded) == 0 {
+		return true
+	}
+	q.startRecord(w)
+	return q.awaitRecord(w)
+}

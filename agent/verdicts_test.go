@@ -1,0 +1,64 @@
+package agent
+
+import (
+	"context"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/offline"
+)
+
+// TestVerdictsRecordedInBatches: a deep queue (a replay after an outage)
+// is delivered one command at a time, in order, each applied once, while
+// its verdicts are recorded several to a commit (verdictBatch), not one
+// fsync each; every command still ends with exactly its own verdict, and
+// a lone command afterwards is recorded at once (its Send returns).
+func TestVerdictsRecordedInBatches(t *testing.T) {
+	prefix := "/t/" + t.Name()
+	g := &gate{fp: newFencePoint()}
+	ob := openOutbox(t, filepath.Join(t.TempDir(), offline.File), nil)
+	a := startOutboxAgent(t, "gw-a", prefix, devCfgs("d1"), g, ob)
+	waitFor(t, "a holds", holdingAll(a, []string{"d1"}))
+	g.down.Store(true)
+	const n = 64
+	for i := range n {
+		if _, err := a.Enqueue(context.Background(), "d1", "set", []byte{0x18, byte(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var commits atomic.Int64
+	ob.ObserveCommits(func(time.Duration) { commits.Add(1) })
+	g.down.Store(false)
+	waitFor(t, "outbox drained", pendingZero(ob))
+	got := g.fp.appliedOf("d1")
+	if len(got) != n {
+		t.Fatalf("applied %d, want %d", len(got), n)
+	}
+	for i, e := range got {
+		if e.Seq != uint64(i+1) || e.Body[1] != byte(i) { // CBOR uint8 i
+			t.Fatalf("applied #%d is seq %d body %v", i, e.Seq, e.Body)
+		}
+	}
+	c := commits.Load()
+	t.Logf("%d verdicts recorded in %d commits", n, c)
+	if c > n/4 { // one commit per verdict before batching: 64
+		t.Errorf("%d commits for %d verdicts: not batched (want about %d)", c, n, n/verdictBatch)
+	}
+	recs, err := ob.List(offline.Filter{Device: "d1"})
+	if err != nil || len(recs) != n {
+		t.Fatalf("records %d %v", len(recs), err)
+	}
+	for _, r := range recs {
+		if r.State != fence.Accepted || r.Ack == nil || r.Ack.ID != r.ID {
+			t.Fatalf("seq %d: state %v ack %+v", r.Seq, r.State, r.Ack)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if ack, err := a.Send(ctx, "d1", "set", []byte{0x18, 0xff}); err != nil || ack.Verdict != fence.Accepted {
+		t.Fatalf("a lone command: %v %v", ack, err)
+	}
+}
