@@ -514,8 +514,9 @@ func terminate(tx *bbolt.Tx, id, ackDev string, v fence.Verdict, ack []byte, now
 	}
 	size := int64(len(r.env))
 	r.state, r.resolved, r.ack = v, now, ack
-	r.env = append([]byte(nil), r.env...) // it aliases the page we overwrite
-	dropBody(&r, env)
+	if !dropBody(&r, env) {
+		r.env = append([]byte(nil), r.env...) // it aliases the page we overwrite
+	}
 	if err := tx.Bucket(queueBucket).Delete(queueKey(env.Device, r.pos)); err != nil {
 		return "", 0, err
 	}

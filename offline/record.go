@@ -169,11 +169,12 @@ func (r *record) check() error {
 }
 
 // dropBody replaces the envelope of r, a terminal entry, by env without its
-// body if the body is larger than KeepBodyMax, and records the body's
-// length and SHA-256 (a version 2 record). A smaller body is kept.
-func dropBody(r *record, env *fence.Envelope) {
+// body if the body is larger than KeepBodyMax, records the body's length
+// and SHA-256 (a version 2 record), and reports whether it did. A smaller
+// body is kept.
+func dropBody(r *record, env *fence.Envelope) bool {
 	if len(env.Body) <= KeepBodyMax {
-		return
+		return false
 	}
 	stub := *env
 	stub.Body = nil
@@ -181,9 +182,10 @@ func dropBody(r *record, env *fence.Envelope) {
 	if err != nil {
 		// Cannot happen: env passed UnmarshalEnvelope's checks, and the
 		// stub is env with less. Keeping the body loses nothing.
-		return
+		return false
 	}
 	r.env, r.dropped, r.sum = raw, uint32(len(env.Body)), sha256.Sum256(env.Body)
+	return true
 }
 
 // putTerminal stores r, a terminal record, over the pending one of id in
