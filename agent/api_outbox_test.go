@@ -1,7 +1,9 @@
 package agent
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -61,6 +63,9 @@ func newAPIAgent(t *testing.T, o Options) *Agent {
 // outboxWith returns an outbox at path holding, for dev-a, a1 (accepted),
 // a2 and a3 (pending), and for dev-b, b1 (stale) and b2 (pending), created
 // a second apart.
+// bigBody is a1000001's body in outboxWith: over offline.KeepBodyMax.
+var bigBody = append([]byte{0x59, 0x07, 0xd0}, make([]byte, 2000)...)
+
 func outboxWith(t *testing.T, path string, now func() time.Time) *offline.Outbox {
 	t.Helper()
 	ob, err := offline.Open(path, &offline.Options{Now: now})
@@ -82,6 +87,12 @@ func outboxWith(t *testing.T, path string, now func() time.Time) *offline.Outbox
 	} {
 		e := &offline.Entry{Envelope: fence.Envelope{V: fence.Version, Device: c.dev, Token: 7, Seq: c.seq, ID: c.id, Kind: "set"},
 			Created: start.Add(time.Duration(i) * time.Second)}
+		switch c.id {
+		case "a1000001": // dropped once accepted
+			e.Envelope.Body = bigBody
+		case "a2000002":
+			e.Envelope.Body = []byte{0x42, 'o', 'n'}
+		}
 		if err := ob.Append(context.Background(), e); err != nil {
 			t.Fatal(err)
 		}
@@ -168,6 +179,14 @@ func TestAPIOutbox(t *testing.T) {
 	}
 	if r, err := c.OutboxGet(ctx, "a1000001"); err != nil || r.State != fence.Accepted || r.Ack == nil || r.Resolved.IsZero() {
 		t.Errorf("OutboxGet: %+v %v", r, err)
+	}
+	// Bodies: a1's dropped once accepted, its size and SHA-256 kept; a2's pending.
+	sum := sha256.Sum256(bigBody)
+	if r, err := c.OutboxGet(ctx, "a1000001"); err != nil || r.BodyBytes != len(bigBody) || !r.BodyDropped || !bytes.Equal(r.BodySHA256, sum[:]) {
+		t.Errorf("OutboxGet of a dropped body: %d bytes, dropped %v, sha256 %x, %v", r.BodyBytes, r.BodyDropped, r.BodySHA256, err)
+	}
+	if r, err := c.OutboxGet(ctx, "a2000002"); err != nil || r.BodyBytes != 3 || r.BodyDropped || r.BodySHA256 != nil {
+		t.Errorf("OutboxGet of a pending body: %+v %v", r, err)
 	}
 
 	// Bad queries: 400 with the reason.

@@ -12,9 +12,14 @@
 //     reused.
 //   - An entry leaves pending only through Resolve (with the fence point's
 //     Ack) or ExpireDue (after its TTL), durably; a second terminal state is
-//     refused with ErrResolved. ResolveMany records several acks in one commit.
+//     refused with ErrResolved. Concurrent Resolve calls share commits.
 //   - Bounded by pending entries and bytes, per device and in all: at a limit
 //     Append returns ErrFull and stores nothing (counted in Stats.Refused).
+//   - A pending entry is never changed. A terminal entry keeps its envelope
+//     and ack, but a body larger than KeepBodyMax (a firmware chunk's data)
+//     is dropped in the commit of its terminal state: the record keeps the
+//     envelope without it, and its size and SHA-256 (Record.BodyBytes,
+//     BodySHA256).
 //   - Compact deletes only terminal entries older than Options.Retention, so
 //     command ids must stay unique for longer than that.
 //   - Records carry a CRC-32C; an unreadable one returns ErrCorrupt and stops

@@ -26,6 +26,13 @@ type Record struct {
 	State    fence.Verdict // 0 while pending, else the terminal state
 	Resolved time.Time     // when it became terminal (zero while pending)
 	Ack      *fence.Ack    // the fence point's ack; nil while pending and for expired
+	// BodyBytes is the size of the envelope's body (encoded CBOR), 0 if
+	// it has none. A terminal entry's body larger than KeepBodyMax is not
+	// kept: BodyDropped is then true and BodySHA256 is the dropped body's
+	// SHA-256 (nil otherwise).
+	BodyBytes   int
+	BodyDropped bool
+	BodySHA256  []byte
 }
 
 // Pending reports whether the entry has no terminal state yet.
@@ -59,6 +66,13 @@ func (ob *Outbox) toRecord(id []byte, v []byte, now time.Time) (Record, error) {
 	rec := Record{Device: env.Device, ID: env.ID, Token: env.Token, Seq: env.Seq, Kind: env.Kind, Pos: r.pos,
 		Created: time.UnixMilli(r.created), Deadline: time.UnixMilli(r.deadline), State: r.state}
 	rec.Age = now.Sub(rec.Created)
+	rec.BodyBytes = len(env.Body)
+	if r.dropped != 0 {
+		if len(env.Body) != 0 {
+			return Record{}, corruptf("envelope of %s: a body, and a dropped one", id)
+		}
+		rec.BodyBytes, rec.BodyDropped, rec.BodySHA256 = int(r.dropped), true, append([]byte(nil), r.sum[:]...)
+	}
 	if r.state != 0 {
 		rec.Resolved = time.UnixMilli(r.resolved)
 	}

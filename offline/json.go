@@ -1,6 +1,7 @@
 package offline
 
 import (
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"time"
@@ -11,7 +12,7 @@ import (
 // The JSON forms of Record and Summary are what `edgefence outbox list
 // --json` prints and what the agent's local API (GET /v1/outbox) serves:
 // states and verdicts by name ("pending", "accepted", ...), times in RFC
-// 3339, ages in whole milliseconds.
+// 3339, ages in whole milliseconds, a dropped body's SHA-256 in hex.
 
 type recordJSON struct {
 	Device   string     `json:"device"`
@@ -26,6 +27,11 @@ type recordJSON struct {
 	AgeMS    int64      `json:"age_ms"`
 	Resolved *time.Time `json:"resolved,omitempty"`
 	Ack      *ackJSON   `json:"ack,omitempty"`
+	// The body: its size, and for a terminal entry that no longer keeps
+	// it, its SHA-256 in hex.
+	BodyBytes   int    `json:"body_bytes,omitempty"`
+	BodyDropped bool   `json:"body_dropped,omitempty"`
+	BodySHA256  string `json:"body_sha256,omitempty"`
 }
 
 type ackJSON struct {
@@ -40,7 +46,8 @@ type ackJSON struct {
 // MarshalJSON encodes the record for operators and scripts.
 func (r Record) MarshalJSON() ([]byte, error) {
 	j := recordJSON{Device: r.Device, ID: r.ID, Token: uint64(r.Token), Seq: r.Seq, Kind: r.Kind, Pos: r.Pos,
-		State: r.StateString(), Created: r.Created.UTC(), Deadline: r.Deadline.UTC(), AgeMS: r.Age.Milliseconds()}
+		State: r.StateString(), Created: r.Created.UTC(), Deadline: r.Deadline.UTC(), AgeMS: r.Age.Milliseconds(),
+		BodyBytes: r.BodyBytes, BodyDropped: r.BodyDropped, BodySHA256: hex.EncodeToString(r.BodySHA256)}
 	if !r.Resolved.IsZero() {
 		t := r.Resolved.UTC()
 		j.Resolved = &t
@@ -64,7 +71,15 @@ func (r *Record) UnmarshalJSON(b []byte) error {
 		}
 	}
 	*r = Record{Device: j.Device, ID: j.ID, Token: fence.Token(j.Token), Seq: j.Seq, Kind: j.Kind, Pos: j.Pos,
-		Created: j.Created, Deadline: j.Deadline, Age: time.Duration(j.AgeMS) * time.Millisecond, State: state}
+		Created: j.Created, Deadline: j.Deadline, Age: time.Duration(j.AgeMS) * time.Millisecond, State: state,
+		BodyBytes: j.BodyBytes, BodyDropped: j.BodyDropped}
+	if j.BodySHA256 != "" {
+		sum, err := hex.DecodeString(j.BodySHA256)
+		if err != nil {
+			return fmt.Errorf("offline: record %s: body_sha256: %w", j.ID, err)
+		}
+		r.BodySHA256 = sum
+	}
 	if j.Resolved != nil {
 		r.Resolved = *j.Resolved
 	}

@@ -2,11 +2,13 @@ package offline_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -20,16 +22,51 @@ import (
 )
 
 // killHelperEnv names the outbox file that TestOutboxHelperProcess, run in
-// a child process, appends to until it is killed.
-const killHelperEnv = "EDGEFENCE_OUTBOX_KILL_HELPER"
+// a child process, appends to until it is killed; killBodiesEnv, set,
+// makes it append bodies (killBody) and resolve after every fourth append.
+const (
+	killHelperEnv = "EDGEFENCE_OUTBOX_KILL_HELPER"
+	killBodiesEnv = "EDGEFENCE_OUTBOX_KILL_BODIES"
+)
+
+// killBody is the body of the child's i-th entry with killBodiesEnv: a
+// firmware chunk's 30 KiB for half of them (dropped once resolved), 100
+// bytes (kept) or none.
+func killBody(i int) []byte {
+	var data []byte
+	switch i % 4 {
+	case 0, 1:
+		data = bytes.Repeat([]byte{byte(i), byte(i >> 8), byte(i >> 16)}, 10<<10)
+	case 2:
+		data = bytes.Repeat([]byte{byte(i)}, 100)
+	default:
+		return nil
+	}
+	b, err := fence.EncodeBody(data)
+	if err != nil {
+		panic(err) // 30 KiB is within fence.MaxBodySize
+	}
+	return b
+}
+
+// killIndex is i of the child's id "p<pid>-<i>".
+func killIndex(id string) int {
+	_, after, _ := strings.Cut(id, "-")
+	i, err := strconv.Atoi(after)
+	if err != nil {
+		return -1
+	}
+	return i
+}
 
 // TestOutboxHelperProcess is the process TestOutboxKill9 kills. It appends
 // entries round-robin over four devices, with ids made unique by its pid,
 // and prints "ok ID" after each Append returned; after every twelfth append
 // it resolves the oldest pending entry of each of the four devices at once
 // (four concurrent Resolve calls, which share commits: the group commit)
-// and each prints "res ID" after its Resolve returned. Anything unexpected
-// is printed as a "bad" line.
+// and each prints "res ID" after its Resolve returned (with killBodiesEnv:
+// bodies, and after every fourth append; TestOutboxKill9Bodies). Anything
+// unexpected is printed as a "bad" line.
 func TestOutboxHelperProcess(t *testing.T) {
 	path := os.Getenv(killHelperEnv)
 	if path == "" {
@@ -45,9 +82,16 @@ func outboxHelper(path string) int {
 		return 2
 	}
 	w := bufio.NewWriter(os.Stdout)
+	bodies, every := os.Getenv(killBodiesEnv) != "", 12
+	if bodies {
+		every = 4
+	}
 	deadline := time.Now().Add(time.Minute) // never outlive a broken parent for long
 	for i := 0; time.Now().Before(deadline); i++ {
 		e := entry(fmt.Sprintf("dev-%d", i%4), fmt.Sprintf("p%d-%d", os.Getpid(), i), 1, uint64(i+1))
+		if bodies {
+			e.Envelope.Body = killBody(i)
+		}
 		if err := ob.Append(context.Background(), e); err != nil {
 			fmt.Fprintln(w, "bad append:", err)
 			w.Flush()
@@ -55,7 +99,7 @@ func outboxHelper(path string) int {
 		}
 		fmt.Fprintln(w, "ok", e.Envelope.ID) // after Append returned: durable
 		w.Flush()
-		if i%12 == 11 && !resolveAll(ob, w) {
+		if i%every == every-1 && !resolveAll(ob, w) {
 			return 2
 		}
 	}
@@ -111,21 +155,7 @@ func TestOutboxKill9(t *testing.T) {
 			resolved[id] = true
 		}
 
-		db, err := bbolt.Open(path, 0o600, &bbolt.Options{ReadOnly: true, Timeout: time.Second})
-		if err != nil {
-			t.Fatal(err)
-		}
-		err = db.View(func(tx *bbolt.Tx) error {
-			for err := range tx.Check() {
-				return err
-			}
-			return nil
-		})
-		db.Close()
-		if err != nil {
-			t.Fatalf("round %d: bbolt check: %v", round, err)
-		}
-
+		boltCheck(t, path, round)
 		ob, err := offline.Open(path, nil)
 		if err != nil {
 			t.Fatalf("round %d: reopen: %v", round, err)
@@ -167,13 +197,88 @@ func TestOutboxKill9(t *testing.T) {
 	t.Logf("%d rounds, %d acknowledged appends, %d acknowledged resolves", rounds, len(appended), len(resolved))
 }
 
+// boltCheck fails unless bbolt's consistency check of the file is clean.
+func boltCheck(t *testing.T, path string, round int) {
+	t.Helper()
+	db, err := bbolt.Open(path, 0o600, &bbolt.Options{ReadOnly: true, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.View(func(tx *bbolt.Tx) error {
+		for err := range tx.Check() {
+			return err
+		}
+		return nil
+	})
+	db.Close()
+	if err != nil {
+		t.Fatalf("round %d: bbolt check: %v", round, err)
+	}
+}
+
+// TestOutboxKill9Bodies kills, at a random moment, a child appending
+// entries with bodies (killBody: half of them 30 KiB chunks) and resolving
+// four of them after every fourth append. After each kill every entry is
+// either pending with its whole body — delivered whole by NextAfter — or
+// terminal with its body kept (small) or dropped with its size and
+// SHA-256: never pending without its body. Every resolve the child printed
+// is accepted.
+func TestOutboxKill9Bodies(t *testing.T) {
+	rounds := 12
+	path := dbPath(t)
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 15))
+	resolved := map[string]bool{}
+	var dropped int // at the last round
+	for round := range rounds {
+		_, r := killRound(t, path, time.Duration(rng.IntN(30_001))*time.Microsecond, killBodiesEnv+"=1")
+		for _, id := range r {
+			resolved[id] = true
+		}
+		boltCheck(t, path, round)
+		ob := open(t, path, nil)
+		recs, err := ob.List(offline.Filter{})
+		if err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		dropped = 0
+		for _, r := range recs {
+			if err := bodyErr(r, killBody(killIndex(r.ID))); err != nil {
+				t.Fatalf("round %d: %v", round, err)
+			}
+			if resolved[r.ID] && r.State != fence.Accepted {
+				t.Fatalf("round %d: %s resolved, but %s", round, r.ID, r.StateString())
+			}
+			if r.BodyDropped {
+				dropped++
+			}
+		}
+		for dev := range 4 { // the pending entries as they will be sent
+			d := fmt.Sprintf("dev-%d", dev)
+			e, ok, err := ob.Next(d)
+			for ; ok && err == nil; e, ok, err = ob.NextAfter(d, e.Pos) {
+				if !bytes.Equal(e.Envelope.Body, killBody(killIndex(e.Envelope.ID))) {
+					t.Fatalf("round %d: %s sent with a body of %d bytes, not as appended", round, e.Envelope.ID, len(e.Envelope.Body))
+				}
+			}
+			if err != nil {
+				t.Fatalf("round %d: next of %s: %v", round, d, err)
+			}
+		}
+		ob.Close()
+	}
+	t.Logf("%d rounds, %d acknowledged resolves, %d terminal entries without their body", rounds, len(resolved), dropped)
+	if dropped == 0 {
+		t.Fatal("no body dropped")
+	}
+}
+
 // killRound runs one child, kills it with SIGKILL wait after its first
 // acknowledged append, and returns the ids it printed as appended and as
-// resolved.
-func killRound(t *testing.T, path string, wait time.Duration) (appended, resolved []string) {
+// resolved. env is added to the child's environment.
+func killRound(t *testing.T, path string, wait time.Duration, env ...string) (appended, resolved []string) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestOutboxHelperProcess$", "-test.count=1")
-	cmd.Env = append(os.Environ(), killHelperEnv+"="+path)
+	cmd.Env = append(append(os.Environ(), killHelperEnv+"="+path), env...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -59,8 +59,9 @@ type Options struct {
 	// TTL is the time to live of an entry that does not set its own
 	// (default DefaultTTL): ExpireDue ends it as fence.Expired after that.
 	TTL time.Duration
-	// Retention is how long a terminal entry is kept before Compact
-	// deletes it (default DefaultRetention).
+	// Retention is how long a terminal entry is kept (without a body
+	// over KeepBodyMax) before Compact deletes it (default
+	// DefaultRetention).
 	Retention time.Duration
 	// Logger, if set, receives a warning for every Append refused with
 	// ErrFull and for unreadable records met by ExpireDue, and an info
@@ -639,8 +640,9 @@ func (op *resolveOp) call(now int64) groupcommit.Call {
 	}
 }
 
-// terminate gives the pending entry id its terminal state v in tx. It
-// returns the entry's device and envelope size.
+// terminate gives the pending entry id its terminal state v in tx, and
+// drops its envelope's body if larger than KeepBodyMax (dropBody). It
+// returns the entry's device and the size of the envelope it had pending.
 // ackDev, if set, must be the entry's device.
 func terminate(tx *bbolt.Tx, id, ackDev string, v fence.Verdict, ack []byte, now int64) (string, int64, error) {
 	r, err := getRecord(tx, []byte(id))
@@ -660,18 +662,21 @@ func terminate(tx *bbolt.Tx, id, ackDev string, v fence.Verdict, ack []byte, now
 	if now <= 0 {
 		now = 1 // resolved 0 means pending
 	}
+	size := int64(len(r.env))
 	r.state, r.resolved, r.ack = v, now, ack
-	r.env = append([]byte(nil), r.env...) // it aliases the page we overwrite
+	if !dropBody(&r, env) {
+		r.env = append([]byte(nil), r.env...) // it aliases the page we overwrite
+	}
 	if err := tx.Bucket(queueBucket).Delete(queueKey(env.Device, r.pos)); err != nil {
 		return "", 0, err
 	}
 	if err := tx.Bucket(doneBucket).Put(doneKey(r.resolved, id), nil); err != nil {
 		return "", 0, err
 	}
-	if err := tx.Bucket(entriesBucket).Put([]byte(id), r.encode()); err != nil {
+	if err := putTerminal(tx.Bucket(entriesBucket), []byte(id), &r); err != nil {
 		return "", 0, err
 	}
-	return env.Device, int64(len(r.env)), nil
+	return env.Device, size, nil
 }
 
 // ExpireDue ends every pending entry whose deadline has passed as

@@ -1,6 +1,7 @@
 package offline_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -22,13 +23,15 @@ type modelEntry struct {
 	gone     bool // compacted
 }
 
-// TestPropertyOneTerminalState runs random appends, resolves (including
-// second resolves), clock advances with expiry, compactions and reopens
-// against a model, and checks after every step: every appended id is in the
-// outbox with the model's state (at most one terminal state, never changed
-// once set), pending entries of each device are listed and delivered in
-// append order, and an id is gone only after Compact ran at least Retention
-// after its terminal state.
+// TestPropertyOneTerminalState runs random appends (without a body, with a
+// small one, with one over KeepBodyMax), resolves (including second
+// resolves), clock advances with expiry, compactions and reopens against a
+// model, and checks after every step: every appended id is in the outbox
+// with the model's state (at most one terminal state, never changed once
+// set) and its body (kept while pending, dropped once terminal if larger
+// than KeepBodyMax), pending entries of each device are listed and
+// delivered, whole, in append order, and an id is gone only after Compact
+// ran at least Retention after its terminal state.
 func TestPropertyOneTerminalState(t *testing.T) {
 	devices := []string{"d-a", "d-b", "d-c"}
 	rapid.Check(t, func(rt *rapid.T) {
@@ -52,6 +55,12 @@ func TestPropertyOneTerminalState(t *testing.T) {
 				n++
 				id := fmt.Sprintf("c-%d", n)
 				e := entry(dev, id, fence.Token(rapid.Uint64Range(1, 5).Draw(rt, "token")), uint64(n))
+				switch rapid.IntRange(0, 2).Draw(rt, "body") { // none, kept, dropped once terminal
+				case 1:
+					e.Envelope.Body = []byte{0x42, 'o', 'n'}
+				case 2:
+					e.Envelope.Body = bodyOf(t, offline.KeepBodyMax+1+n, byte(n))
+				}
 				if rapid.Bool().Draw(rt, "ownTTL") {
 					e.TTL = time.Duration(rapid.IntRange(1, 90).Draw(rt, "ttl")) * time.Second
 				}
@@ -136,6 +145,9 @@ func TestPropertyOneTerminalState(t *testing.T) {
 					if r.State != m.state {
 						rt.Fatalf("%s state %v, want %v", id, r.StateString(), m.state)
 					}
+					if err := bodyErr(r, m.e.Envelope.Body); err != nil {
+						rt.Fatal(err)
+					}
 				}
 				total := 0
 				for _, dev := range devices {
@@ -157,7 +169,7 @@ func TestPropertyOneTerminalState(t *testing.T) {
 						rt.Fatalf("%s pending %v, want %v", dev, got, want)
 					}
 					e, ok, err := ob.Next(dev)
-					if err != nil || ok != (len(want) > 0) || ok && e.Envelope.ID != want[0] {
+					if err != nil || ok != (len(want) > 0) || ok && (e.Envelope.ID != want[0] || !bytes.Equal(e.Raw, model[want[0]].e.Raw)) {
 						rt.Fatalf("%s next %v %v %v, want %v", dev, e, ok, err, want)
 					}
 					if c, _ := ob.Pending(dev); c != len(want) {

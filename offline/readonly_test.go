@@ -3,8 +3,10 @@ package offline_test
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"reflect"
 	"strings"
@@ -292,8 +294,11 @@ func TestRecordJSON(t *testing.T) {
 	clk := newClock()
 	ob := open(t, dbPath(t), &offline.Options{Now: clk.Now})
 	e := entry("dev-a", "a1", 4, 2)
+	e.Envelope.Body = bodyOf(t, 2000, 1) // dropped once stale
 	appendOK(t, ob, e)
-	appendOK(t, ob, entry("dev-a", "a2", 4, 3))
+	e2 := entry("dev-a", "a2", 4, 3)
+	e2.Envelope.Body = []byte{0x42, 'o', 'n'}
+	appendOK(t, ob, e2)
 	clk.Advance(1500 * time.Millisecond)
 	a := ack(e, fence.Stale, "token 4 below 5")
 	a.MaxToken, a.LastSeq = 5, 1
@@ -309,7 +314,8 @@ func TestRecordJSON(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, s := range []string{`"state":"stale"`, `"state":"pending"`, `"verdict":"stale"`, `"max_token":5`, `"age_ms":1500`,
-		`"reason":"token 4 below 5"`, `"created":"2026-01-02T03:04:05Z"`} {
+		`"reason":"token 4 below 5"`, `"created":"2026-01-02T03:04:05Z"`, `"body_bytes":2000,"body_dropped":true,"body_sha256":"` +
+			fmt.Sprintf("%x", sha256.Sum256(e.Envelope.Body)) + `"`, `"body_bytes":3}`} {
 		if !strings.Contains(string(b), s) {
 			t.Errorf("%s not in %s", s, b)
 		}

@@ -238,6 +238,7 @@ func printEntry(w io.Writer, r *offline.Record) {
 	fmt.Fprintf(tw, "token\t%d\n", r.Token)
 	fmt.Fprintf(tw, "seq\t%d\n", r.Seq)
 	fmt.Fprintf(tw, "kind\t%s\n", r.Kind)
+	fmt.Fprintf(tw, "body\t%s\n", fmtBody(r))
 	fmt.Fprintf(tw, "position\t%d\n", r.Pos)
 	fmt.Fprintf(tw, "state\t%s\n", r.StateString())
 	fmt.Fprintf(tw, "created\t%s (%s ago)\n", r.Created.UTC().Format(ts), fmtAge(r.Age))
@@ -260,6 +261,18 @@ func printEntry(w io.Writer, r *offline.Record) {
 		fmt.Fprintf(tw, "reason\t%s\n", oneLine(a.Reason))
 	}
 	_ = tw.Flush()
+}
+
+// fmtBody is the size of the envelope's body and, if the outbox dropped it
+// when the entry ended, that and its SHA-256.
+func fmtBody(r *offline.Record) string {
+	switch {
+	case r.BodyDropped:
+		return fmt.Sprintf("%d bytes (dropped at %s, sha256 %x)", r.BodyBytes, r.StateString(), r.BodySHA256)
+	case r.BodyBytes == 0:
+		return "none"
+	}
+	return fmt.Sprintf("%d bytes", r.BodyBytes)
 }
 
 // printSummary writes the pending count and bytes per device, and the age

@@ -1,8 +1,11 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -25,7 +28,8 @@ const longID = "0123456789abcdef0123456789abcdef"
 // returns its path. Its clock stands 50h30m before now, so that every age
 // prints as 2d02h for half an hour; the entries, a second apart:
 //
-//	pump-7   c-pump-7-1 accepted, c-pump-7-2 stale, c-pump-7-3 and -4 pending
+//	pump-7   c-pump-7-1 accepted (its 2,003-byte body dropped), c-pump-7-2 stale,
+//	         c-pump-7-3 (a 3-byte body) and -4 pending
 //	meter-1  longID pending
 //	drive.2  d-2-1 expired
 func outboxAt(t *testing.T, dir string) string {
@@ -43,16 +47,23 @@ func outboxAt(t *testing.T, dir string) string {
 		seq     uint64
 		v       fence.Verdict
 		reason  string
+		body    []byte
 	}{
-		{"pump-7", "c-pump-7-1", 7, 1, fence.Accepted, ""},
-		{"pump-7", "c-pump-7-2", 9, 1, fence.Stale, "token 9 below\n12"},
-		{"pump-7", "c-pump-7-3", 12, 1, 0, ""},
-		{"pump-7", "c-pump-7-4", 12, 2, 0, ""},
-		{"meter-1", longID, 12, 1, 0, ""},
-		{"drive.2", "d-2-1", 3, 40, fence.Expired, ""},
+		{"pump-7", "c-pump-7-1", 7, 1, fence.Accepted, "", make([]byte, 2000)},
+		{"pump-7", "c-pump-7-2", 9, 1, fence.Stale, "token 9 below\n12", nil},
+		{"pump-7", "c-pump-7-3", 12, 1, 0, "", []byte("on")},
+		{"pump-7", "c-pump-7-4", 12, 2, 0, "", nil},
+		{"meter-1", longID, 12, 1, 0, "", nil},
+		{"drive.2", "d-2-1", 3, 40, fence.Expired, "", nil},
 	} {
 		e := &offline.Entry{Envelope: fence.Envelope{V: fence.Version, Device: c.dev, Token: c.tok, Seq: c.seq, ID: c.id, Kind: "set"},
 			Created: t0.Add(time.Duration(i-10) * time.Second), TTL: 7 * 24 * time.Hour}
+		if c.body != nil {
+			var err error
+			if e.Envelope.Body, err = fence.EncodeBody(c.body); err != nil {
+				t.Fatal(err)
+			}
+		}
 		if c.v == fence.Expired {
 			e.TTL = time.Second
 		}
@@ -164,7 +175,7 @@ func TestOutboxShow(t *testing.T) {
 		`(?m)^id        c-pump-7-2$`, `(?m)^device    pump-7$`, `(?m)^token     9$`, `(?m)^state     stale$`,
 		`(?m)^created   \d{4}-\d\d-\d\dT[0-9:.]+Z \(2d02h ago\)$`, `(?m)^resolved  \d{4}-`,
 		`(?m)^ack       stale: token 9 seq 1; fence point at token 12 seq 0$`, `(?m)^reason    token 9 below 12$`,
-		`(?m)^id        ` + longID + `$`, `(?m)^ack       - \(pending\)$`,
+		`(?m)^id        ` + longID + `$`, `(?m)^ack       - \(pending\)$`, `(?m)^body      none$`,
 	} {
 		if !regexp.MustCompile(re).MatchString(r.stdout) {
 			t.Errorf("no %s in\n%s", re, r)
@@ -184,6 +195,21 @@ func TestOutboxShow(t *testing.T) {
 	}
 	if len(recs) != 1 || recs[0].State != fence.Accepted || recs[0].Ack == nil || recs[0].Ack.Verdict != fence.Accepted {
 		t.Errorf("%+v", recs)
+	}
+
+	// A body: its size; dropped once the entry ended, with its SHA-256.
+	body, _ := fence.EncodeBody(make([]byte, 2000))
+	sum := sha256.Sum256(body)
+	if len(recs) == 1 && (recs[0].BodyBytes != 2003 || !recs[0].BodyDropped || !bytes.Equal(recs[0].BodySHA256, sum[:])) {
+		t.Errorf("JSON body: %d bytes, dropped %v, sha256 %x; want 2003, true, %x", recs[0].BodyBytes, recs[0].BodyDropped, recs[0].BodySHA256, sum)
+	}
+	r = edgefence(t, "outbox", "show", "--file", path, "c-pump-7-1", "c-pump-7-3")
+	for _, re := range []string{
+		fmt.Sprintf(`(?m)^body      2003 bytes \(dropped at accepted, sha256 %x\)$`, sum), `(?m)^body      3 bytes$`,
+	} {
+		if !regexp.MustCompile(re).MatchString(r.stdout) {
+			t.Errorf("no %s in\n%s", re, r)
+		}
 	}
 
 	// Unknown and ambiguous ids: the others still print, exit 1.
