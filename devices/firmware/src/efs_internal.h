@@ -1,0 +1,35 @@
+/* Internal to the efshim library. */
+#ifndef EFS_INTERNAL_H
+#define EFS_INTERNAL_H
+
+#include "efshim.h"
+
+/* A reader over one buffer. */
+typedef struct {
+	const uint8_t *b;
+	size_t n;
+	size_t i;
+} efs_rd;
+
+/* One item's head. */
+typedef struct {
+	unsigned major;
+	unsigned ai;
+	uint64_t arg;
+} efs_head;
+
+efs_err efs_read_head(efs_rd *r, efs_head *h);
+/* efs_walk checks one data item at depth (0 at the top) against the
+ * decoder's rules, and with keys set also the body's map key rules. */
+efs_err efs_walk(efs_rd *r, unsigned depth, int keys);
+int efs_utf8_valid(const uint8_t *p, size_t n);
+/* efs_bytes_equal compares two byte strings (no memcmp: memcpy and memset
+ * are all the libc the library uses). */
+int efs_bytes_equal(const uint8_t *a, size_t an, const uint8_t *b, size_t bn);
+int efs_valid_device_id(const uint8_t *p, size_t n);
+int efs_valid_name(const uint8_t *p, size_t n, size_t max);
+
+/* efs_store writes r as the newest flash slot (efs_mark.c). */
+efs_err efs_store(efs_ctx *c, const efs_mark_record *r);
+
+#endif

@@ -1,0 +1,136 @@
+/*
+ * The fence point: devices/shim's Handle in C. Screen (the addressed
+ * device, the envelope, the device it names), admit, store the new mark,
+ * then let the caller apply. The acks are devices/shim's, reasons included
+ * for stale and duplicate commands; an Invalid ack's reason is this
+ * library's own (efs_strerror), not Go's error text.
+ */
+#include <string.h>
+
+#include "efs_internal.h"
+
+/* append copies s to r->reason at *at (always NUL-terminated). */
+static void append(efs_result *r, size_t *at, const char *s)
+{
+	while (*s != '\0' && *at + 1 < sizeof r->reason) {
+		r->reason[(*at)++] = *s++;
+	}
+	r->reason[*at] = '\0';
+}
+
+static void append_u64(efs_result *r, size_t *at, uint64_t v)
+{
+	char d[21];
+	int i = 20;
+
+	d[i] = '\0';
+	do {
+		d[--i] = (char)('0' + v % 10u);
+		v /= 10u;
+	} while (v != 0);
+	append(r, at, d + i);
+}
+
+static void append_mark(efs_result *r, size_t *at, efs_mark m)
+{
+	append_u64(r, at, m.token);
+	append(r, at, "/");
+	append_u64(r, at, m.seq);
+}
+
+static void refuse(efs_result *r, efs_err e)
+{
+	size_t at = 0;
+
+	r->verdict = EFS_INVALID;
+	r->err = e;
+	r->apply = 0;
+	append(r, &at, efs_strerror(e));
+}
+
+void efs_process(efs_ctx *c, const uint8_t *device, size_t device_len, const uint8_t *buf, size_t n,
+	efs_result *r)
+{
+	efs_mark_record rec;
+	efs_err e;
+	size_t at = 0;
+
+	memset(r, 0, sizeof *r);
+	r->mark = c->rec.mark;
+	if (!efs_valid_device_id(device, device_len)) {
+		r->mark.token = r->mark.seq = 0;
+		refuse(r, EFS_E_ADDRESSED);
+		return;
+	}
+	r->device.p = device;
+	r->device.n = device_len;
+	if ((e = efs_decode_envelope(buf, n, &r->env)) != EFS_OK) {
+		memset(&r->env, 0, sizeof r->env);
+		refuse(r, e);
+		return;
+	}
+	r->decoded = 1;
+	if (!efs_bytes_equal(r->env.device.p, r->env.device.n, device, device_len)) {
+		refuse(r, EFS_E_WRONG_DEVICE);
+		return;
+	}
+	if (c->corrupt) { /* as devices/shim: a mark it cannot read refuses, with no mark */
+		r->mark.token = r->mark.seq = 0;
+		refuse(r, EFS_E_CORRUPT);
+		return;
+	}
+	r->verdict = efs_admit(c->rec.mark, r->env.token, r->env.seq, &r->mark);
+	switch (r->verdict) {
+	case EFS_STALE:
+		append(r, &at, "token ");
+		append_u64(r, &at, r->env.token);
+		append(r, &at, " below the high-water mark ");
+		append_mark(r, &at, c->rec.mark);
+		return;
+	case EFS_DUPLICATE:
+		append(r, &at, "already applied: ");
+		append_u64(r, &at, r->env.token);
+		append(r, &at, "/");
+		append_u64(r, &at, r->env.seq);
+		append(r, &at, " not above ");
+		append_mark(r, &at, c->rec.mark);
+		return;
+	case EFS_ACCEPTED:
+		break;
+	default: /* validation refused token 0 and seq 0 already */
+		r->mark = c->rec.mark;
+		refuse(r, EFS_E_TOKEN_ZERO);
+		return;
+	}
+	memset(&rec, 0, sizeof rec);
+	rec.mark = r->mark;
+	rec.holder_len = (uint8_t)r->env.holder.n;
+	if (rec.holder_len > 0) {
+		memcpy(rec.holder, r->env.holder.p, rec.holder_len);
+	}
+	rec.id_len = (uint8_t)r->env.id.n; /* validated: 1 to 64 */
+	memcpy(rec.id, r->env.id.p, rec.id_len);
+	if (efs_store(c, &rec) != EFS_OK) {
+		r->mark = c->rec.mark;
+		refuse(r, EFS_E_STORAGE);
+		return;
+	}
+	r->apply = 1; /* durable: the caller may apply now */
+}
+
+void efs_result_ack(const efs_result *r, efs_ack *a)
+{
+	memset(a, 0, sizeof *a);
+	a->device = r->device;
+	a->verdict = r->verdict;
+	a->mark = r->mark;
+	a->reason.p = (const uint8_t *)r->reason;
+	while (r->reason[a->reason.n] != '\0') {
+		a->reason.n++;
+	}
+	if (r->decoded) {
+		a->id = r->env.id;
+		a->token = r->env.token;
+		a->seq = r->env.seq;
+	}
+}
