@@ -97,3 +97,18 @@ func TestLibraryHygiene(t *testing.T) {
 		}
 	}
 }
+
+// TestCppcheck runs cppcheck over the library, every check but unused
+// functions (the library's API is called by its users), warnings as
+// failures.
+func TestCppcheck(t *testing.T) {
+	p, err := exec.LookPath("cppcheck")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("no cppcheck: run make deps")
+		}
+		t.Skip("no cppcheck; under CI=true this fails")
+	}
+	run(t, 2*time.Minute, p, "--std=c99", "--enable=all", "--suppress=missingIncludeSystem",
+		"--suppress=unusedFunction", "--error-exitcode=1", "--inline-suppr", "--quiet", "-Iinclude", "src/")
+}

@@ -3,6 +3,7 @@ package firmware
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"flag"
 	"fmt"
 	"math"
@@ -261,9 +262,17 @@ func mustEnvelope(e fence.Envelope) []byte {
 	return b
 }
 
+// nopDevice applies everything but kind "forbidden", which its Check
+// refuses (the runner's port.check does the same).
 type nopDevice struct{}
 
-func (nopDevice) Check(*fence.Envelope) error { return nil }
+func (nopDevice) Check(env *fence.Envelope) error {
+	if env.Kind == "forbidden" {
+		return errors.New("kind forbidden")
+	}
+	return nil
+}
+
 func (nopDevice) Apply(*fence.Envelope) error { return nil }
 
 // processVectors answers each case with a real devices/shim, one device
@@ -334,6 +343,12 @@ func processCases() []processCase {
 		}},
 		processCase{name: "addressed device empty", addressed: &empty, in: cmd(9, 1)},
 		processCase{name: "addressed device invalid", addressed: &bad, in: cmd(9, 1)},
+		processCase{name: "refused by the device's check", prime: fence.Mark{Token: 5, Seq: 3}, in: func(dev string) []byte {
+			return mustEnvelope(fence.Envelope{Device: dev, Token: 9, Seq: 1, ID: "x", Kind: "forbidden"})
+		}},
+		processCase{name: "stale and refused by the check", prime: fence.Mark{Token: 5, Seq: 3}, in: func(dev string) []byte {
+			return mustEnvelope(fence.Envelope{Device: dev, Token: 4, Seq: 1, ID: "x", Kind: "forbidden"})
+		}},
 		processCase{name: "truncated", prime: fence.Mark{Token: 5, Seq: 3}, in: func(dev string) []byte {
 			b := cmd(9, 1)(dev)
 			return b[:len(b)-1]

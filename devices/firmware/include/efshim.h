@@ -82,6 +82,7 @@ typedef enum {
 	EFS_E_BODY_KEY,      /* a body map key no decoder can hold (array, map, integer below -2^63) */
 	EFS_E_WRONG_DEVICE,  /* the envelope names another device than the addressed one */
 	EFS_E_ADDRESSED,     /* the addressed device id is not valid */
+	EFS_E_CHECK,         /* the device's check refused the command */
 	EFS_E_STORAGE,       /* the mark could not be written: the command is refused, not applied */
 	EFS_E_CORRUPT,       /* the stored mark is unreadable: every command is refused */
 	EFS_E_BUFFER,        /* output buffer too small */
@@ -102,7 +103,7 @@ typedef struct {
 } efs_mark;
 
 /* A decoded envelope (fence.Envelope); slices point into the input. */
-typedef struct {
+typedef struct efs_envelope {
 	uint8_t v;
 	efs_bytes device;
 	uint64_t token;

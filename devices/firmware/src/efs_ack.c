@@ -155,6 +155,7 @@ const char *efs_strerror(efs_err e)
 		"body: invalid map key",
 		"envelope names another device",
 		"addressed device id invalid",
+		"refused by the device's check",
 		"mark not stored",
 		"stored mark corrupt",
 		"buffer too small",

@@ -176,7 +176,7 @@ efs_err efs_store(efs_ctx *c, const efs_mark_record *r)
 	size_t len;
 	uint8_t commit = EFS_SLOT_COMMIT;
 
-	if (gen == 0 || efs_mark_record_encode(r, b + 6, sizeof b - 10, &len) != EFS_OK ||
+	if (c->gen == UINT32_MAX || efs_mark_record_encode(r, b + 6, sizeof b - 10, &len) != EFS_OK ||
 		port->sector_size < 10 + len) {
 		return EFS_E_STORAGE; /* 2^32 writes: beyond any flash's endurance */
 	}

@@ -74,6 +74,17 @@ void efs_process(efs_ctx *c, const uint8_t *device, size_t device_len, const uin
 		refuse(r, EFS_E_WRONG_DEVICE);
 		return;
 	}
+	if (c->port->check != NULL) {
+		const char *why = NULL;
+		if (c->port->check(c->port->user, &r->env, &why) != 0) {
+			refuse(r, EFS_E_CHECK);
+			if (why != NULL) {
+				at = 0;
+				append(r, &at, why);
+			}
+			return;
+		}
+	}
 	if (c->corrupt) { /* as devices/shim: a mark it cannot read refuses, with no mark */
 		r->mark.token = r->mark.seq = 0;
 		refuse(r, EFS_E_CORRUPT);

@@ -155,6 +155,17 @@ static int f_program(void *u, unsigned s, uint32_t off, const uint8_t *b, size_t
 	return 0;
 }
 
+/* check refuses kind "forbidden", as the generator's Go device does. */
+static int check(void *user, const struct efs_envelope *env, const char **reason)
+{
+	(void)user;
+	if (env->kind.n == 9 && memcmp(env->kind.p, "forbidden", 9) == 0) {
+		*reason = "kind forbidden";
+		return 1;
+	}
+	return 0;
+}
+
 static void flash_init(flash *f, efs_port *p)
 {
 	memset(f, 0, sizeof *f);
@@ -168,6 +179,7 @@ static void flash_init(flash *f, efs_port *p)
 	p->flash_read = f_read;
 	p->flash_erase = f_erase;
 	p->flash_program = f_program;
+	p->check = check;
 }
 
 /* power_on restores the power and reopens the context. */
