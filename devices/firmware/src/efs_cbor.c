@@ -151,7 +151,7 @@ static uint64_t widen(uint64_t bits, int expbits, int mantbits)
 	return (sign << 63) | ((uint64_t)(exp + 1023) << 52) | (m << (52 - mantbits));
 }
 
-static efs_err key_of(const efs_rd *r, size_t start, efs_key *k)
+static EFS_NOINLINE efs_err key_of(const efs_rd *r, size_t start, efs_key *k)
 {
 	efs_rd t = { r->b, r->n, start };
 	efs_head h;
@@ -242,7 +242,7 @@ static int key_equal(const efs_key *a, const efs_key *b)
 
 /* dup_before reports whether the key at kpos equals a key before it in the
  * map whose first key is at first (the map already walked up to kpos). */
-static efs_err dup_before(const efs_rd *r, size_t first, size_t kpos)
+static EFS_NOINLINE efs_err dup_before(const efs_rd *r, size_t first, size_t kpos)
 {
 	efs_key k, o;
 	efs_rd t = { r->b, r->n, first };
@@ -259,11 +259,39 @@ static efs_err dup_before(const efs_rd *r, size_t first, size_t kpos)
 		if (key_equal(&k, &o)) {
 			return EFS_E_DUP_KEY;
 		}
-		if ((e = efs_walk(&t, EFS_MAX_NESTING - 1u, 0)) != EFS_OK) { /* skip the key */
+		if ((e = efs_skip(&t, 2)) != EFS_OK) { /* the key and its value */
 			return e;
 		}
-		if ((e = efs_walk(&t, 0, 0)) != EFS_OK) { /* skip the value */
+	}
+	return EFS_OK;
+}
+
+efs_err efs_skip(efs_rd *r, uint64_t items)
+{
+	efs_head h;
+
+	while (items > 0) {
+		efs_err e = efs_read_head(r, &h);
+		items--;
+		if (e != EFS_OK) {
 			return e;
+		}
+		switch (h.major) {
+		case 2:
+		case 3:
+			if (h.arg > (uint64_t)(r->n - r->i)) {
+				return EFS_E_TRUNCATED;
+			}
+			r->i += (size_t)h.arg;
+			break;
+		case 4:
+			items += h.arg; /* at most EFS_MAX_ARRAY_ELEMS: walked before */
+			break;
+		case 5:
+			items += 2 * h.arg;
+			break;
+		default:
+			break;
 		}
 	}
 	return EFS_OK;

@@ -133,7 +133,7 @@ static efs_err field(efs_rd *r, uint64_t key, efs_envelope *env)
 		return field_str(r, 3, &env->kind);
 	case F_BODY:
 		start = r->i;
-		e = efs_walk(r, 1, 0);
+		e = efs_skip(r, 1);
 		env->body.p = r->b + start;
 		env->body.n = r->i - start;
 		return e;

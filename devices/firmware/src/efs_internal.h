@@ -4,6 +4,13 @@
 
 #include "efshim.h"
 
+/* EFS_NOINLINE keeps a helper's locals out of the recursive walk's frame. */
+#if defined(__GNUC__)
+#define EFS_NOINLINE __attribute__((noinline))
+#else
+#define EFS_NOINLINE
+#endif
+
 /* A reader over one buffer. */
 typedef struct {
 	const uint8_t *b;
@@ -22,6 +29,9 @@ efs_err efs_read_head(efs_rd *r, efs_head *h);
 /* efs_walk checks one data item at depth (0 at the top) against the
  * decoder's rules, and with keys set also the body's map key rules. */
 efs_err efs_walk(efs_rd *r, unsigned depth, int keys);
+/* efs_skip steps over items data items that efs_walk has accepted, without
+ * recursion. */
+efs_err efs_skip(efs_rd *r, uint64_t items);
 int efs_utf8_valid(const uint8_t *p, size_t n);
 /* efs_bytes_equal compares two byte strings (no memcmp: memcpy and memset
  * are all the libc the library uses). */
