@@ -10,9 +10,8 @@
  *
  * Check: the device's own check of kind and body, before the admit rule.
  *
- * Crypto: verify is reserved for authenticated envelopes (key 15); it is not
- * called by this version, which refuses every envelope that carries an
- * authenticator (as fence.UnmarshalEnvelope does without keys).
+ * Crypto: SHA-256 and an ES256 verify against the device's keys (the host
+ * build uses mbedTLS), for signed commands; absent, commands are plain.
  *
  * There is no clock: nothing the shim decides depends on time.
  */
@@ -23,6 +22,9 @@
 #include <stdint.h>
 
 struct efs_envelope;
+struct efs_bytes;
+
+enum { EFS_PORT_OK = 0, EFS_PORT_UNKNOWN_KEY = 1, EFS_PORT_NOT_AUTHORISED = 2, EFS_PORT_BAD_SIGNATURE = 3 };
 
 typedef struct efs_port {
 	void *user; /* passed to every callback */
@@ -37,10 +39,16 @@ typedef struct efs_port {
 	 * that decodes and names this device, before the admit rule (also for
 	 * ones then found stale or duplicate). May be NULL: every kind goes. */
 	int (*check)(void *user, const struct efs_envelope *env, const char **reason);
-	/* Reserved (authenticators, next increment): 0 when sig is a valid
-	 * signature over msg by key kid. May be NULL. */
-	int (*verify)(void *user, const uint8_t *kid, size_t kid_len, const uint8_t *msg, size_t msg_len,
-		const uint8_t *sig, size_t sig_len);
+	/* Signed commands (fence/auth: COSE_Sign1, ES256). With verify set,
+	 * every command must be signed, as devices/shim with Options.Keys.
+	 * sha256 hashes the concatenation of n parts into digest; 0 on
+	 * success. verify checks sig (r || s, 64 bytes) over digest with the
+	 * key named kid, for device: EFS_PORT_OK, EFS_PORT_UNKNOWN_KEY (no such
+	 * key, or revoked), EFS_PORT_NOT_AUTHORISED (not for this device) or
+	 * EFS_PORT_BAD_SIGNATURE. Both NULL: commands are plain envelopes. */
+	int (*sha256)(void *user, const struct efs_bytes *parts, size_t n, uint8_t digest[32]);
+	int (*verify)(void *user, const uint8_t *kid, size_t kid_len, const uint8_t *device, size_t device_len,
+		const uint8_t digest[32], const uint8_t sig[64]);
 } efs_port;
 
 #endif

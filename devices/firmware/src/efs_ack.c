@@ -158,6 +158,12 @@ const char *efs_strerror(efs_err e)
 		"refused by the device's check",
 		"mark not stored",
 		"stored mark corrupt",
+		"not a signed command (want COSE_Sign1, tag 18, array of 4)",
+		"malformed signed command",
+		"algorithm not accepted (want ES256)",
+		"unknown signer key",
+		"signer not authorised for this device",
+		"bad signature",
 		"buffer too small",
 		"invalid ack",
 	};

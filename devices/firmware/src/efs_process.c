@@ -48,6 +48,46 @@ static void refuse(efs_result *r, efs_err e)
 	append(r, &at, efs_strerror(e));
 }
 
+/* claimed sets r->env to the envelope a refused signed command claims to
+ * be, signed (unverified) or plain, if it names device: only to address
+ * the refusal's ack (fence/auth's Claimed), never to act on. */
+static void claimed(const uint8_t *device, size_t device_len, const uint8_t *buf, size_t n, efs_result *r)
+{
+	efs_signed s;
+
+	if (efs_decode_signed(buf, n, &s, &r->env) != EFS_OK && efs_decode_envelope(buf, n, &r->env) != EFS_OK) {
+		memset(&r->env, 0, sizeof r->env);
+		return;
+	}
+	if (efs_bytes_equal(r->env.device.p, r->env.device.n, device, device_len)) {
+		r->decoded = 1;
+	} else {
+		memset(&r->env, 0, sizeof r->env);
+	}
+}
+
+/* decode decodes buf into r->env: verified if the port verifies (then
+ * only signed commands are accepted), plain otherwise. */
+static efs_err decode(const efs_ctx *c, const uint8_t *device, size_t device_len, const uint8_t *buf, size_t n,
+	efs_result *r)
+{
+	efs_signed s;
+	efs_err e;
+
+	if (c->port->verify == NULL) {
+		e = efs_decode_envelope(buf, n, &r->env);
+		if (e != EFS_OK) {
+			memset(&r->env, 0, sizeof r->env);
+		}
+		return e;
+	}
+	e = efs_verify_signed(c->port, buf, n, &s, &r->env);
+	if (e != EFS_OK) {
+		claimed(device, device_len, buf, n, r);
+	}
+	return e;
+}
+
 void efs_process(efs_ctx *c, const uint8_t *device, size_t device_len, const uint8_t *buf, size_t n,
 	efs_result *r)
 {
@@ -64,8 +104,7 @@ void efs_process(efs_ctx *c, const uint8_t *device, size_t device_len, const uin
 	}
 	r->device.p = device;
 	r->device.n = device_len;
-	if ((e = efs_decode_envelope(buf, n, &r->env)) != EFS_OK) {
-		memset(&r->env, 0, sizeof r->env);
+	if ((e = decode(c, device, device_len, buf, n, r)) != EFS_OK) {
 		refuse(r, e);
 		return;
 	}

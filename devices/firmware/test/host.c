@@ -93,6 +93,8 @@ static void test_admit(void)
 	}
 }
 
+#include "port_mbedtls.c"
+
 /* A NOR flash of two sectors that can lose power at a chosen byte. */
 #define SECTOR 512
 typedef struct {
@@ -191,10 +193,10 @@ static efs_err power_on(flash *f, efs_ctx *c, const efs_port *p)
 	return efs_open(c, p);
 }
 
-static void test_process(void)
+static void run_process(const efs_vprocess *table, size_t count, int signed_cmds)
 {
-	for (size_t i = 0; i < EFS_VPROCESSES_N; i++) {
-		const efs_vprocess *v = &efs_vprocesses[i];
+	for (size_t i = 0; i < count; i++) {
+		const efs_vprocess *v = &table[i];
 		flash f;
 		efs_port port;
 		efs_ctx c;
@@ -206,6 +208,10 @@ static void test_process(void)
 		efs_err e;
 
 		flash_init(&f, &port);
+		if (signed_cmds) {
+			port.sha256 = port_sha256;
+			port.verify = port_verify;
+		}
 		CHECK(efs_open(&c, &port) == EFS_OK, "process %s: open", v->name);
 		if (pn > 0) {
 			efs_process(&c, dev, dn, prime, pn, &r);
@@ -234,6 +240,12 @@ static void test_process(void)
 		free(dev);
 		free(prime);
 	}
+}
+
+static void test_process(void)
+{
+	run_process(efs_vprocesses, EFS_VPROCESSES_N, 0);
+	run_process(efs_vsigned, EFS_VSIGNED_N, 1);
 }
 
 static void test_acks_and_marks(void)
