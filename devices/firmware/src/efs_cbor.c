@@ -266,6 +266,20 @@ static EFS_NOINLINE efs_err dup_before(const efs_rd *r, size_t first, size_t kpo
 	return EFS_OK;
 }
 
+/* step_string steps over a string's bytes, checking that they are in the
+ * input and, for text, UTF-8. */
+static efs_err step_string(efs_rd *r, const efs_head *h, int text)
+{
+	if (h->arg > (uint64_t)(r->n - r->i)) {
+		return EFS_E_TRUNCATED;
+	}
+	if (text && !efs_utf8_valid(r->b + r->i, (size_t)h->arg)) {
+		return EFS_E_UTF8;
+	}
+	r->i += (size_t)h->arg;
+	return EFS_OK;
+}
+
 efs_err efs_skip(efs_rd *r, uint64_t items)
 {
 	efs_head h;
@@ -279,10 +293,9 @@ efs_err efs_skip(efs_rd *r, uint64_t items)
 		switch (h.major) {
 		case 2:
 		case 3:
-			if (h.arg > (uint64_t)(r->n - r->i)) {
-				return EFS_E_TRUNCATED;
+			if ((e = step_string(r, &h, 0)) != EFS_OK) {
+				return e;
 			}
-			r->i += (size_t)h.arg;
 			break;
 		case 4:
 			items += h.arg; /* at most EFS_MAX_ARRAY_ELEMS: walked before */
@@ -297,66 +310,66 @@ efs_err efs_skip(efs_rd *r, uint64_t items)
 	return EFS_OK;
 }
 
+/* efs_walk walks one item without recursion: an explicit stack holds the
+ * open arrays and maps (EFS_MAX_NESTING at most), each with the items it
+ * has left and, for a map, where its first key is (for the key check). */
 efs_err efs_walk(efs_rd *r, unsigned depth, int keys)
 {
-	efs_head h;
-	efs_err e = efs_read_head(r, &h);
-	uint64_t k;
+	struct {
+		size_t first;  /* a map's first key */
+		uint16_t left; /* items left: elements, or keys and values */
+		uint8_t map;
+	} st[EFS_MAX_NESTING];
+	unsigned top = 0; /* open containers */
 
-	if (e != EFS_OK) {
-		return e;
-	}
-	switch (h.major) {
-	case 0:
-	case 1:
-	case 7:
-		return EFS_OK;
-	case 2:
-	case 3:
-		if (h.arg > (uint64_t)(r->n - r->i)) {
-			return EFS_E_TRUNCATED;
+	do {
+		size_t pos = r->i, first = 0;
+		int is_key = 0;
+		efs_head h;
+		efs_err e;
+
+		if (top > 0) {
+			is_key = st[top - 1].map && st[top - 1].left % 2 == 0;
+			first = st[top - 1].first;
+			st[top - 1].left--;
 		}
-		if (h.major == 3 && !efs_utf8_valid(r->b + r->i, (size_t)h.arg)) {
-			return EFS_E_UTF8;
+		if ((e = efs_read_head(r, &h)) != EFS_OK) {
+			return e;
 		}
-		r->i += (size_t)h.arg;
-		return EFS_OK;
-	case 6:
-		return EFS_E_TAG;
-	default:
-		break;
-	}
-	if (depth + 1 > EFS_MAX_NESTING) {
-		return EFS_E_NESTING;
-	}
-	if (h.major == 4) {
-		if (h.arg > EFS_MAX_ARRAY_ELEMS) {
-			return EFS_E_ARRAY_ELEMS;
-		}
-		for (k = 0; k < h.arg; k++) {
-			if ((e = efs_walk(r, depth + 1, keys)) != EFS_OK) {
+		switch (h.major) {
+		case 2:
+		case 3:
+			if ((e = step_string(r, &h, h.major == 3)) != EFS_OK) {
 				return e;
 			}
+			break;
+		case 4:
+		case 5:
+			if (depth + top + 1 > EFS_MAX_NESTING) {
+				return EFS_E_NESTING;
+			}
+			if (h.major == 4 && h.arg > EFS_MAX_ARRAY_ELEMS) {
+				return EFS_E_ARRAY_ELEMS;
+			}
+			if (h.major == 5 && h.arg > EFS_MAX_MAP_PAIRS) {
+				return EFS_E_MAP_PAIRS;
+			}
+			st[top].first = r->i;
+			st[top].left = (uint16_t)(h.major == 5 ? 2 * h.arg : h.arg);
+			st[top].map = h.major == 5;
+			top++;
+			break;
+		case 6:
+			return EFS_E_TAG;
+		default:
+			break;
 		}
-		return EFS_OK;
-	}
-	if (h.arg > EFS_MAX_MAP_PAIRS) {
-		return EFS_E_MAP_PAIRS;
-	}
-	{
-		size_t first = r->i;
-		for (k = 0; k < h.arg; k++) {
-			size_t kpos = r->i;
-			if ((e = efs_walk(r, depth + 1, keys)) != EFS_OK) {
-				return e;
-			}
-			if (keys && (e = dup_before(r, first, kpos)) != EFS_OK) {
-				return e;
-			}
-			if ((e = efs_walk(r, depth + 1, keys)) != EFS_OK) {
-				return e;
-			}
+		if (keys && is_key && (e = dup_before(r, first, pos)) != EFS_OK) {
+			return e;
 		}
-	}
+		while (top > 0 && st[top - 1].left == 0) {
+			top--;
+		}
+	} while (top > 0);
 	return EFS_OK;
 }

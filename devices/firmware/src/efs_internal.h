@@ -4,7 +4,7 @@
 
 #include "efshim.h"
 
-/* EFS_NOINLINE keeps a helper's locals out of the recursive walk's frame. */
+/* EFS_NOINLINE keeps a helper's locals out of the walk's frame. */
 #if defined(__GNUC__)
 #define EFS_NOINLINE __attribute__((noinline))
 #else
@@ -27,7 +27,8 @@ typedef struct {
 
 efs_err efs_read_head(efs_rd *r, efs_head *h);
 /* efs_walk checks one data item at depth (0 at the top) against the
- * decoder's rules, and with keys set also the body's map key rules. */
+ * decoder's rules, and with keys set also the body's map key rules. It
+ * does not recurse. */
 efs_err efs_walk(efs_rd *r, unsigned depth, int keys);
 /* efs_skip steps over items data items that efs_walk has accepted, without
  * recursion. */
@@ -39,7 +40,7 @@ int efs_bytes_equal(const uint8_t *a, size_t an, const uint8_t *b, size_t bn);
 int efs_valid_device_id(const uint8_t *p, size_t n);
 int efs_valid_name(const uint8_t *p, size_t n, size_t max);
 
-/* efs_store writes r as the newest flash slot (efs_mark.c). */
-efs_err efs_store(efs_ctx *c, const efs_mark_record *r);
+/* efs_store writes a mark as the newest flash slot (efs_mark.c). */
+efs_err efs_store(efs_ctx *c, efs_mark m, efs_bytes holder, efs_bytes id);
 
 #endif

@@ -52,32 +52,66 @@ static uint64_t rbe(const uint8_t *p, int n)
 	return v;
 }
 
-efs_err efs_mark_record_encode(const efs_mark_record *r, uint8_t *out, size_t cap, size_t *n)
+/* encode writes fence.MarkRecord's encoding of m, holder and id to out. */
+static efs_err encode(efs_mark m, efs_bytes holder, efs_bytes id, uint8_t *out, size_t cap, size_t *n)
 {
-	size_t len = 31u + r->holder_len + r->id_len;
+	size_t len = 31u + holder.n + id.n;
 	uint8_t *p = out;
 
-	if (r->mark.token == 0 || r->mark.seq == 0 || r->holder_len > EFS_MAX_HOLDER_LEN ||
-		r->id_len > EFS_MAX_ID_LEN || !efs_utf8_valid(r->holder, r->holder_len) ||
-		!efs_utf8_valid(r->id, r->id_len)) {
+	if (m.token == 0 || m.seq == 0 || holder.n > EFS_MAX_HOLDER_LEN || id.n > EFS_MAX_ID_LEN ||
+		!efs_utf8_valid(holder.p, holder.n) || !efs_utf8_valid(id.p, id.n)) {
 		return EFS_E_ACK;
 	}
 	if (cap < len) {
 		return EFS_E_BUFFER;
 	}
 	*p++ = 1;
-	be(p, r->mark.token, 8);
-	be(p + 8, r->mark.seq, 8);
+	be(p, m.token, 8);
+	be(p + 8, m.seq, 8);
 	memset(p + 16, 0, 8); /* no clock: time unknown */
 	p += 24;
-	*p++ = r->holder_len;
-	memcpy(p, r->holder, r->holder_len);
-	p += r->holder_len;
-	*p++ = r->id_len;
-	memcpy(p, r->id, r->id_len);
-	p += r->id_len;
+	*p++ = (uint8_t)holder.n;
+	if (holder.n > 0) {
+		memcpy(p, holder.p, holder.n);
+	}
+	p += holder.n;
+	*p++ = (uint8_t)id.n;
+	if (id.n > 0) {
+		memcpy(p, id.p, id.n);
+	}
+	p += id.n;
 	be(p, efs_crc32c(out, len - 4), 4);
 	*n = len;
+	return EFS_OK;
+}
+
+efs_err efs_mark_record_encode(const efs_mark_record *r, uint8_t *out, size_t cap, size_t *n)
+{
+	efs_bytes holder = { r->holder, r->holder_len }, id = { r->id, r->id_len };
+
+	return encode(r->mark, holder, id, out, cap, n);
+}
+
+/* parse checks a stored record and returns its mark, and where its
+ * holder and id are: b + 26, h bytes; b + 27 + h, i bytes. */
+static efs_err parse(const uint8_t *b, size_t n, efs_mark *m, size_t *h, size_t *i)
+{
+	if (n < 31 || efs_crc32c(b, n - 4) != (uint32_t)rbe(b + n - 4, 4) || b[0] != 1) {
+		return EFS_E_CORRUPT;
+	}
+	*h = b[25];
+	if (*h > EFS_MAX_HOLDER_LEN || 26 + *h >= n - 4) {
+		return EFS_E_CORRUPT;
+	}
+	*i = b[26 + *h];
+	if (*i > EFS_MAX_ID_LEN || 27 + *h + *i != n - 4) {
+		return EFS_E_CORRUPT;
+	}
+	m->token = rbe(b + 1, 8);
+	m->seq = rbe(b + 9, 8);
+	if (m->token == 0 || m->seq == 0 || !efs_utf8_valid(b + 26, *h) || !efs_utf8_valid(b + 27 + *h, *i)) {
+		return EFS_E_CORRUPT;
+	}
 	return EFS_OK;
 }
 
@@ -85,20 +119,8 @@ efs_err efs_mark_record_decode(const uint8_t *b, size_t n, efs_mark_record *r)
 {
 	size_t h, i;
 
-	if (n < 31 || efs_crc32c(b, n - 4) != (uint32_t)rbe(b + n - 4, 4) || b[0] != 1) {
-		return EFS_E_CORRUPT;
-	}
-	h = b[25];
-	if (h > EFS_MAX_HOLDER_LEN || 26 + h >= n - 4) {
-		return EFS_E_CORRUPT;
-	}
-	i = b[26 + h];
-	if (i > EFS_MAX_ID_LEN || 27 + h + i != n - 4) {
-		return EFS_E_CORRUPT;
-	}
-	r->mark.token = rbe(b + 1, 8);
-	r->mark.seq = rbe(b + 9, 8);
-	if (r->mark.token == 0 || r->mark.seq == 0 || !efs_utf8_valid(b + 26, h) || !efs_utf8_valid(b + 27 + h, i)) {
+	memset(r, 0, sizeof *r);
+	if (parse(b, n, &r->mark, &h, &i) != EFS_OK) {
 		memset(r, 0, sizeof *r);
 		return EFS_E_CORRUPT;
 	}
@@ -111,11 +133,12 @@ efs_err efs_mark_record_decode(const uint8_t *b, size_t n, efs_mark_record *r)
 
 enum { SLOT_EMPTY, SLOT_VALID, SLOT_DAMAGED };
 
-/* read_slot classifies sector s; for a valid slot it fills *r and *gen. */
-static int read_slot(const efs_port *port, unsigned s, efs_mark_record *r, uint32_t *gen)
+/* read_slot reads sector s into b and classifies it; for a valid slot it
+ * sets *m, *gen and *len (the record's, at b + 6). */
+static int read_slot(const efs_port *port, unsigned s, uint8_t b[EFS_MARK_SLOT_MAX], efs_mark *m, uint32_t *gen,
+	size_t *len)
 {
-	uint8_t b[EFS_MARK_SLOT_MAX];
-	size_t len;
+	size_t h, i;
 
 	if (port->flash_read(port->user, s, 0, b, 6) != 0) {
 		return SLOT_DAMAGED;
@@ -123,11 +146,10 @@ static int read_slot(const efs_port *port, unsigned s, efs_mark_record *r, uint3
 	if (b[0] == 0xff) {
 		return SLOT_EMPTY; /* never committed */
 	}
-	len = b[5];
-	if (len < 31 || len > EFS_MARK_RECORD_MAX ||
-		port->flash_read(port->user, s, 6, b + 6, len + 4) != 0 ||
-		efs_crc32c(b + 1, 5 + len) != (uint32_t)rbe(b + 6 + len, 4) ||
-		efs_mark_record_decode(b + 6, len, r) != EFS_OK) {
+	*len = b[5];
+	if (*len < 31 || *len > EFS_MARK_RECORD_MAX ||
+		port->flash_read(port->user, s, 6, b + 6, *len + 4) != 0 ||
+		efs_crc32c(b + 1, 5 + *len) != (uint32_t)rbe(b + 6 + *len, 4) || parse(b + 6, *len, m, &h, &i) != EFS_OK) {
 		return SLOT_DAMAGED;
 	}
 	*gen = (uint32_t)rbe(b + 1, 4);
@@ -136,18 +158,20 @@ static int read_slot(const efs_port *port, unsigned s, efs_mark_record *r, uint3
 
 efs_err efs_open(efs_ctx *c, const efs_port *port)
 {
-	efs_mark_record r;
+	uint8_t b[EFS_MARK_SLOT_MAX];
+	efs_mark m;
 	uint32_t gen;
+	size_t len;
 	int damaged = 0;
 
 	memset(c, 0, sizeof *c);
 	c->port = port;
 	c->cur = -1;
 	for (unsigned s = 0; s < 2; s++) {
-		switch (read_slot(port, s, &r, &gen)) {
+		switch (read_slot(port, s, b, &m, &gen, &len)) {
 		case SLOT_VALID:
 			if (c->cur < 0 || gen > c->gen) {
-				c->rec = r;
+				c->mark = m;
 				c->gen = gen;
 				c->cur = (int8_t)s;
 			}
@@ -166,32 +190,59 @@ efs_err efs_open(efs_ctx *c, const efs_port *port)
 	return EFS_OK;
 }
 
-/* efs_store writes r as the newest slot; on success c holds it. */
-efs_err efs_store(efs_ctx *c, const efs_mark_record *r)
+efs_err efs_read_mark_record(const efs_ctx *c, efs_mark_record *r)
+{
+	uint8_t b[EFS_MARK_SLOT_MAX];
+	efs_mark m;
+	uint32_t gen;
+	size_t len;
+
+	memset(r, 0, sizeof *r);
+	if (c->corrupt) {
+		return EFS_E_CORRUPT;
+	}
+	if (c->cur < 0) {
+		return EFS_OK;
+	}
+	if (read_slot(c->port, (unsigned)c->cur, b, &m, &gen, &len) != SLOT_VALID) {
+		return EFS_E_CORRUPT;
+	}
+	return efs_mark_record_decode(b + 6, len, r);
+}
+
+/* efs_store writes the mark m (set by the command id, from holder) as the
+ * newest slot, reads it back, then commits it; on success c holds it. */
+efs_err efs_store(efs_ctx *c, efs_mark m, efs_bytes holder, efs_bytes id)
 {
 	const efs_port *port = c->port;
-	uint8_t b[EFS_MARK_SLOT_MAX], back[EFS_MARK_SLOT_MAX];
+	uint8_t b[EFS_MARK_SLOT_MAX], back[32];
 	unsigned s = c->cur == 0 ? 1u : 0u;
-	uint32_t gen = c->gen + 1;
 	size_t len;
 	uint8_t commit = EFS_SLOT_COMMIT;
 
-	if (c->gen == UINT32_MAX || efs_mark_record_encode(r, b + 6, sizeof b - 10, &len) != EFS_OK ||
+	if (c->gen == UINT32_MAX || encode(m, holder, id, b + 6, sizeof b - 10, &len) != EFS_OK ||
 		port->sector_size < 10 + len) {
 		return EFS_E_STORAGE; /* 2^32 writes: beyond any flash's endurance */
 	}
 	b[0] = 0xff;
-	be(b + 1, gen, 4);
+	be(b + 1, c->gen + 1, 4);
 	b[5] = (uint8_t)len;
 	be(b + 6 + len, efs_crc32c(b + 1, 5 + len), 4);
-	if (port->flash_erase(port->user, s) != 0 || port->flash_program(port->user, s, 1, b + 1, 9 + len) != 0 ||
-		port->flash_read(port->user, s, 1, back + 1, 9 + len) != 0 || !efs_bytes_equal(b + 1, 9 + len, back + 1, 9 + len) ||
-		port->flash_program(port->user, s, 0, &commit, 1) != 0 ||
-		port->flash_read(port->user, s, 0, back, 1) != 0 || back[0] != commit) {
+	if (port->flash_erase(port->user, s) != 0 || port->flash_program(port->user, s, 1, b + 1, 9 + len) != 0) {
 		return EFS_E_STORAGE;
 	}
-	c->rec = *r;
-	c->gen = gen;
+	for (size_t off = 1; off < 10 + len; off += sizeof back) { /* read back */
+		size_t k = 10 + len - off < sizeof back ? 10 + len - off : sizeof back;
+		if (port->flash_read(port->user, s, (uint32_t)off, back, k) != 0 || !efs_bytes_equal(b + off, k, back, k)) {
+			return EFS_E_STORAGE;
+		}
+	}
+	if (port->flash_program(port->user, s, 0, &commit, 1) != 0 || port->flash_read(port->user, s, 0, back, 1) != 0 ||
+		back[0] != commit) {
+		return EFS_E_STORAGE;
+	}
+	c->mark = m;
+	c->gen++;
 	c->cur = (int8_t)s;
 	return EFS_OK;
 }

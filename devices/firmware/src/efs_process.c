@@ -91,12 +91,11 @@ static efs_err decode(const efs_ctx *c, const uint8_t *device, size_t device_len
 void efs_process(efs_ctx *c, const uint8_t *device, size_t device_len, const uint8_t *buf, size_t n,
 	efs_result *r)
 {
-	efs_mark_record rec;
 	efs_err e;
 	size_t at = 0;
 
 	memset(r, 0, sizeof *r);
-	r->mark = c->rec.mark;
+	r->mark = c->mark;
 	if (!efs_valid_device_id(device, device_len)) {
 		r->mark.token = r->mark.seq = 0;
 		refuse(r, EFS_E_ADDRESSED);
@@ -129,13 +128,13 @@ void efs_process(efs_ctx *c, const uint8_t *device, size_t device_len, const uin
 		refuse(r, EFS_E_CORRUPT);
 		return;
 	}
-	r->verdict = efs_admit(c->rec.mark, r->env.token, r->env.seq, &r->mark);
+	r->verdict = efs_admit(c->mark, r->env.token, r->env.seq, &r->mark);
 	switch (r->verdict) {
 	case EFS_STALE:
 		append(r, &at, "token ");
 		append_u64(r, &at, r->env.token);
 		append(r, &at, " below the high-water mark ");
-		append_mark(r, &at, c->rec.mark);
+		append_mark(r, &at, c->mark);
 		return;
 	case EFS_DUPLICATE:
 		append(r, &at, "already applied: ");
@@ -143,25 +142,17 @@ void efs_process(efs_ctx *c, const uint8_t *device, size_t device_len, const uin
 		append(r, &at, "/");
 		append_u64(r, &at, r->env.seq);
 		append(r, &at, " not above ");
-		append_mark(r, &at, c->rec.mark);
+		append_mark(r, &at, c->mark);
 		return;
 	case EFS_ACCEPTED:
 		break;
 	default: /* validation refused token 0 and seq 0 already */
-		r->mark = c->rec.mark;
+		r->mark = c->mark;
 		refuse(r, EFS_E_TOKEN_ZERO);
 		return;
 	}
-	memset(&rec, 0, sizeof rec);
-	rec.mark = r->mark;
-	rec.holder_len = (uint8_t)r->env.holder.n;
-	if (rec.holder_len > 0) {
-		memcpy(rec.holder, r->env.holder.p, rec.holder_len);
-	}
-	rec.id_len = (uint8_t)r->env.id.n; /* validated: 1 to 64 */
-	memcpy(rec.id, r->env.id.p, rec.id_len);
-	if (efs_store(c, &rec) != EFS_OK) {
-		r->mark = c->rec.mark;
+	if (efs_store(c, r->mark, r->env.holder, r->env.id) != EFS_OK) {
+		r->mark = c->mark;
 		refuse(r, EFS_E_STORAGE);
 		return;
 	}

@@ -79,7 +79,7 @@ static void rig_start(rig *d, uint64_t n)
 static int tear_write(long k, uint8_t torn_bits, int fresh)
 {
 	rig d;
-	efs_mark old = { 0, 0 }, *m = &d.c.rec.mark;
+	efs_mark old = { 0, 0 }, *m = &d.c.mark;
 	int applied;
 
 	rig_start(&d, fresh ? 0 : 2);
@@ -142,8 +142,8 @@ static void test_torn_erase(void)
 		CHECK(d.r.verdict == (e < SECTOR ? EFS_INVALID : EFS_ACCEPTED), "erase cut at %ld: verdict %d", e,
 			d.r.verdict);
 		CHECK(power_on(&d.f, &d.c, &d.port) == EFS_OK, "erase cut at %ld: reopen", e);
-		CHECK(d.c.rec.mark.token == (e < SECTOR ? 5u : 6u), "erase cut at %ld: mark %llu/%llu", e,
-			(unsigned long long)d.c.rec.mark.token, (unsigned long long)d.c.rec.mark.seq);
+		CHECK(d.c.mark.token == (e < SECTOR ? 5u : 6u), "erase cut at %ld: mark %llu/%llu", e,
+			(unsigned long long)d.c.mark.token, (unsigned long long)d.c.mark.seq);
 	}
 }
 
@@ -153,16 +153,19 @@ static void test_alternation(void)
 	efs_port port;
 	efs_ctx c;
 	efs_result r;
+	efs_mark_record rec;
 
 	flash_init(&f, &port);
-	CHECK(efs_open(&c, &port) == EFS_OK && c.rec.mark.token == 0, "fresh flash");
+	CHECK(efs_open(&c, &port) == EFS_OK && c.mark.token == 0, "fresh flash");
 	for (uint64_t s = 1; s <= 50; s++) {
 		CHECK(send(&c, 7, s, &r) == EFS_ACCEPTED && r.apply, "seq %llu", (unsigned long long)s);
 		CHECK(send(&c, 7, s, &r) == EFS_DUPLICATE && !r.apply, "seq %llu again", (unsigned long long)s);
-		CHECK(power_on(&f, &c, &port) == EFS_OK && c.rec.mark.seq == s && c.gen == s,
+		CHECK(power_on(&f, &c, &port) == EFS_OK && c.mark.seq == s && c.gen == s,
 			"seq %llu after reboot: %llu (generation %u)", (unsigned long long)s,
-			(unsigned long long)c.rec.mark.seq, (unsigned)c.gen);
-		CHECK(c.rec.holder_len == 33 && c.rec.id_len == 5, "holder and id kept");
+			(unsigned long long)c.mark.seq, (unsigned)c.gen);
+		CHECK(efs_read_mark_record(&c, &rec) == EFS_OK && rec.mark.seq == s && rec.holder_len == 33 &&
+			memcmp(rec.holder, "gateway-b-with-a-long-holder-name", 33) == 0 && rec.id_len == 5,
+			"holder and id kept");
 	}
 	CHECK(f.violations == 0, "a byte programmed twice");
 }

@@ -232,8 +232,8 @@ static void run_process(const efs_vprocess *table, size_t count, int signed_cmds
 		CHECK(e == EFS_OK && blob_equal(&v->ack, (efs_bytes){ out, len }), "process %s: ack differs (%s)",
 			v->name, efs_strerror(e));
 		if (r.apply) { /* durable: a reboot keeps it */
-			CHECK(power_on(&f, &c, &port) == EFS_OK && c.rec.mark.token == v->mark_token &&
-				c.rec.mark.seq == v->mark_seq, "process %s: mark lost on reboot", v->name);
+			CHECK(power_on(&f, &c, &port) == EFS_OK && c.mark.token == v->mark_token &&
+				c.mark.seq == v->mark_seq, "process %s: mark lost on reboot", v->name);
 		}
 		CHECK(f.violations == 0, "process %s: a byte programmed twice", v->name);
 		free(in);
