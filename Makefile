@@ -32,7 +32,7 @@ build: ## test/demo build (failpoints compiled in) of the agent, the device simu
 	@mkdir -p $(BIN)
 	$(GO) build -tags $(UNSAFETAGS) -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/ $(addprefix ./cmd/,$(CMDS))
 
-deps: ## install what the tests need (Mosquitto and mosquitto_pub for interop and forgery tests, Debian's etcd 3.4 and etcdctl for the recovery tests, systemd-analyze to verify the unit, qemu-user-static for the arm smoke test, python3-pymodbus, socat and mbpoll for the Modbus tests)
+deps: ## install what the tests need (Mosquitto and mosquitto_pub for interop and forgery tests, Debian's etcd 3.4 and etcdctl for the recovery tests, systemd-analyze to verify the unit, qemu-user-static for the arm smoke test, python3-pymodbus, socat and mbpoll for the Modbus tests, gcc, cppcheck and libmbedtls-dev for the C firmware shim)
 	@if ! command -v mosquitto >/dev/null && [ ! -x /usr/sbin/mosquitto ] || ! command -v mosquitto_pub >/dev/null; then \
 		if command -v apt-get >/dev/null; then \
 			echo "installing mosquitto and mosquitto-clients (apt-get; mosquitto_pub is the forgery tests' forger)"; \
@@ -76,6 +76,16 @@ deps: ## install what the tests need (Mosquitto and mosquitto_pub for interop an
 			$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq qemu-user-static >/dev/null; \
 		else \
 			echo "qemu-user-static not found and no apt-get: the arm smoke test is skipped (it fails under CI=true)"; \
+		fi; \
+	fi
+
+	@if ! command -v gcc >/dev/null || ! command -v cppcheck >/dev/null || [ ! -f /usr/include/mbedtls/ecdsa.h ]; then \
+		if command -v apt-get >/dev/null; then \
+			echo "installing gcc, cppcheck and libmbedtls-dev (apt-get) for the C firmware shim's host tests (devices/firmware)"; \
+			SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+			$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq gcc libc6-dev cppcheck libmbedtls-dev >/dev/null; \
+		else \
+			echo "gcc, cppcheck or libmbedtls-dev not found and no apt-get: the C firmware shim's tests are skipped (they fail under CI=true)"; \
 		fi; \
 	fi
 

@@ -1,0 +1,11 @@
+// Package firmware holds the C fence point for microcontroller firmware
+// (include/efshim.h, src/*.c; see README.md) and the Go tests that pin it
+// to the Go fence point: the conformance vectors in testdata/vectors.h are
+// generated from package fence and devices/shim (TestVectorsCurrent fails
+// when they are out of date), and the host test runner (test/host.c) runs
+// them, with the flash tear tests, under AddressSanitizer and UBSan.
+//
+// There is no Go API here.
+package firmware
+
+//go:generate go test -run TestVectorsCurrent -update .

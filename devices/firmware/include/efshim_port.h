@@ -1,0 +1,54 @@
+/*
+ * efshim_port.h: what a device gives the edgefence firmware shim.
+ *
+ * Storage: two flash sectors (0 and 1) of sector_size bytes each, NOR-style:
+ * erase sets every byte to 0xFF, program only clears bits (it is never asked
+ * to program a byte twice between erases), read returns what is there. Each
+ * call returns 0 on success and anything else on failure; the shim then
+ * treats the write as torn (it never applies a command whose mark it could
+ * not write and read back).
+ *
+ * Check: the device's own check of kind and body, before the admit rule.
+ *
+ * Crypto: SHA-256 and an ES256 verify against the device's keys (the host
+ * build uses mbedTLS), for signed commands; absent, commands are plain.
+ *
+ * There is no clock: nothing the shim decides depends on time.
+ */
+#ifndef EFSHIM_PORT_H
+#define EFSHIM_PORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct efs_envelope;
+struct efs_bytes;
+
+enum { EFS_PORT_OK = 0, EFS_PORT_UNKNOWN_KEY = 1, EFS_PORT_NOT_AUTHORISED = 2, EFS_PORT_BAD_SIGNATURE = 3 };
+
+typedef struct efs_port {
+	void *user; /* passed to every callback */
+	uint32_t sector_size; /* bytes per sector, at least EFS_MARK_SLOT_MAX */
+	int (*flash_read)(void *user, unsigned sector, uint32_t off, uint8_t *buf, size_t n);
+	int (*flash_erase)(void *user, unsigned sector);
+	int (*flash_program)(void *user, unsigned sector, uint32_t off, const uint8_t *buf, size_t n);
+	/* The device's check of a command (devices/shim's Device.Check): kind
+	 * and body, no side effects. Return 0 to go on, anything else to
+	 * refuse it Invalid with the mark unchanged; *reason (may be left
+	 * NULL) is a NUL-terminated text for the ack. Called for every command
+	 * that decodes and names this device, before the admit rule (also for
+	 * ones then found stale or duplicate). May be NULL: every kind goes. */
+	int (*check)(void *user, const struct efs_envelope *env, const char **reason);
+	/* Signed commands (fence/auth: COSE_Sign1, ES256). With verify set,
+	 * every command must be signed, as devices/shim with Options.Keys.
+	 * sha256 hashes the concatenation of n parts into digest; 0 on
+	 * success. verify checks sig (r || s, 64 bytes) over digest with the
+	 * key named kid, for device: EFS_PORT_OK, EFS_PORT_UNKNOWN_KEY (no such
+	 * key, or revoked), EFS_PORT_NOT_AUTHORISED (not for this device) or
+	 * EFS_PORT_BAD_SIGNATURE. Both NULL: commands are plain envelopes. */
+	int (*sha256)(void *user, const struct efs_bytes *parts, size_t n, uint8_t digest[32]);
+	int (*verify)(void *user, const uint8_t *kid, size_t kid_len, const uint8_t *device, size_t device_len,
+		const uint8_t digest[32], const uint8_t sig[64]);
+} efs_port;
+
+#endif

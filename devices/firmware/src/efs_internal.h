@@ -1,0 +1,46 @@
+/* Internal to the efshim library. */
+#ifndef EFS_INTERNAL_H
+#define EFS_INTERNAL_H
+
+#include "efshim.h"
+
+/* EFS_NOINLINE keeps a helper's locals out of the walk's frame. */
+#if defined(__GNUC__)
+#define EFS_NOINLINE __attribute__((noinline))
+#else
+#define EFS_NOINLINE
+#endif
+
+/* A reader over one buffer. */
+typedef struct {
+	const uint8_t *b;
+	size_t n;
+	size_t i;
+} efs_rd;
+
+/* One item's head. */
+typedef struct {
+	unsigned major;
+	unsigned ai;
+	uint64_t arg;
+} efs_head;
+
+efs_err efs_read_head(efs_rd *r, efs_head *h);
+/* efs_walk checks one data item at depth (0 at the top) against the
+ * decoder's rules, and with keys set also the body's map key rules. It
+ * does not recurse. */
+efs_err efs_walk(efs_rd *r, unsigned depth, int keys);
+/* efs_skip steps over items data items that efs_walk has accepted, without
+ * recursion. */
+efs_err efs_skip(efs_rd *r, uint64_t items);
+int efs_utf8_valid(const uint8_t *p, size_t n);
+/* efs_bytes_equal compares two byte strings (no memcmp: memcpy and memset
+ * are all the libc the library uses). */
+int efs_bytes_equal(const uint8_t *a, size_t an, const uint8_t *b, size_t bn);
+int efs_valid_device_id(const uint8_t *p, size_t n);
+int efs_valid_name(const uint8_t *p, size_t n, size_t max);
+
+/* efs_store writes a mark as the newest flash slot (efs_mark.c). */
+efs_err efs_store(efs_ctx *c, efs_mark m, efs_bytes holder, efs_bytes id);
+
+#endif

@@ -1,0 +1,177 @@
+/*
+ * The fence point: devices/shim's Handle in C. Screen (the addressed
+ * device, the envelope, the device it names), admit, store the new mark,
+ * then let the caller apply. The acks are devices/shim's, reasons included
+ * for stale and duplicate commands; an Invalid ack's reason is this
+ * library's own (efs_strerror), not Go's error text.
+ */
+#include <string.h>
+
+#include "efs_internal.h"
+
+/* append copies s to r->reason at *at (always NUL-terminated). */
+static void append(efs_result *r, size_t *at, const char *s)
+{
+	while (*s != '\0' && *at + 1 < sizeof r->reason) {
+		r->reason[(*at)++] = *s++;
+	}
+	r->reason[*at] = '\0';
+}
+
+static void append_u64(efs_result *r, size_t *at, uint64_t v)
+{
+	char d[21];
+	int i = 20;
+
+	d[i] = '\0';
+	do {
+		d[--i] = (char)('0' + v % 10u);
+		v /= 10u;
+	} while (v != 0);
+	append(r, at, d + i);
+}
+
+static void append_mark(efs_result *r, size_t *at, efs_mark m)
+{
+	append_u64(r, at, m.token);
+	append(r, at, "/");
+	append_u64(r, at, m.seq);
+}
+
+static void refuse(efs_result *r, efs_err e)
+{
+	size_t at = 0;
+
+	r->verdict = EFS_INVALID;
+	r->err = e;
+	r->apply = 0;
+	append(r, &at, efs_strerror(e));
+}
+
+/* claimed sets r->env to the envelope a refused signed command claims to
+ * be, signed (unverified) or plain, if it names device: only to address
+ * the refusal's ack (fence/auth's Claimed), never to act on. */
+static void claimed(const uint8_t *device, size_t device_len, const uint8_t *buf, size_t n, efs_result *r)
+{
+	efs_signed s;
+
+	if (efs_decode_signed(buf, n, &s, &r->env) != EFS_OK && efs_decode_envelope(buf, n, &r->env) != EFS_OK) {
+		memset(&r->env, 0, sizeof r->env);
+		return;
+	}
+	if (efs_bytes_equal(r->env.device.p, r->env.device.n, device, device_len)) {
+		r->decoded = 1;
+	} else {
+		memset(&r->env, 0, sizeof r->env);
+	}
+}
+
+/* decode decodes buf into r->env: verified if the port verifies (then
+ * only signed commands are accepted), plain otherwise. */
+static efs_err decode(const efs_ctx *c, const uint8_t *device, size_t device_len, const uint8_t *buf, size_t n,
+	efs_result *r)
+{
+	efs_signed s;
+	efs_err e;
+
+	if (c->port->verify == NULL) {
+		e = efs_decode_envelope(buf, n, &r->env);
+		if (e != EFS_OK) {
+			memset(&r->env, 0, sizeof r->env);
+		}
+		return e;
+	}
+	e = efs_verify_signed(c->port, buf, n, &s, &r->env);
+	if (e != EFS_OK) {
+		claimed(device, device_len, buf, n, r);
+	}
+	return e;
+}
+
+void efs_process(efs_ctx *c, const uint8_t *device, size_t device_len, const uint8_t *buf, size_t n,
+	efs_result *r)
+{
+	efs_err e;
+	size_t at = 0;
+
+	memset(r, 0, sizeof *r);
+	r->mark = c->mark;
+	if (!efs_valid_device_id(device, device_len)) {
+		r->mark.token = r->mark.seq = 0;
+		refuse(r, EFS_E_ADDRESSED);
+		return;
+	}
+	r->device.p = device;
+	r->device.n = device_len;
+	if ((e = decode(c, device, device_len, buf, n, r)) != EFS_OK) {
+		refuse(r, e);
+		return;
+	}
+	r->decoded = 1;
+	if (!efs_bytes_equal(r->env.device.p, r->env.device.n, device, device_len)) {
+		refuse(r, EFS_E_WRONG_DEVICE);
+		return;
+	}
+	if (c->port->check != NULL) {
+		const char *why = NULL;
+		if (c->port->check(c->port->user, &r->env, &why) != 0) {
+			refuse(r, EFS_E_CHECK);
+			if (why != NULL) {
+				at = 0;
+				append(r, &at, why);
+			}
+			return;
+		}
+	}
+	if (c->corrupt) { /* as devices/shim: a mark it cannot read refuses, with no mark */
+		r->mark.token = r->mark.seq = 0;
+		refuse(r, EFS_E_CORRUPT);
+		return;
+	}
+	r->verdict = efs_admit(c->mark, r->env.token, r->env.seq, &r->mark);
+	switch (r->verdict) {
+	case EFS_STALE:
+		append(r, &at, "token ");
+		append_u64(r, &at, r->env.token);
+		append(r, &at, " below the high-water mark ");
+		append_mark(r, &at, c->mark);
+		return;
+	case EFS_DUPLICATE:
+		append(r, &at, "already applied: ");
+		append_u64(r, &at, r->env.token);
+		append(r, &at, "/");
+		append_u64(r, &at, r->env.seq);
+		append(r, &at, " not above ");
+		append_mark(r, &at, c->mark);
+		return;
+	case EFS_ACCEPTED:
+		break;
+	default: /* validation refused token 0 and seq 0 already */
+		r->mark = c->mark;
+		refuse(r, EFS_E_TOKEN_ZERO);
+		return;
+	}
+	if (efs_store(c, r->mark, r->env.holder, r->env.id) != EFS_OK) {
+		r->mark = c->mark;
+		refuse(r, EFS_E_STORAGE);
+		return;
+	}
+	r->apply = 1; /* durable: the caller may apply now */
+}
+
+void efs_result_ack(const efs_result *r, efs_ack *a)
+{
+	memset(a, 0, sizeof *a);
+	a->device = r->device;
+	a->verdict = r->verdict;
+	a->mark = r->mark;
+	a->reason.p = (const uint8_t *)r->reason;
+	while (r->reason[a->reason.n] != '\0') {
+		a->reason.n++;
+	}
+	if (r->decoded) {
+		a->id = r->env.id;
+		a->token = r->env.token;
+		a->seq = r->env.seq;
+	}
+}

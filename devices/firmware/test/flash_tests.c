@@ -1,0 +1,201 @@
+/*
+ * Flash tests (included by host.c): durable before effect, and a power cut
+ * at any byte of a mark's write, or in its erase, never loses the last
+ * complete mark.
+ */
+
+static size_t put_head(uint8_t *p, unsigned major, uint64_t v)
+{
+	size_t n = v < 24 ? 1 : v <= 0xff ? 2 : v <= 0xffff ? 3 : v <= 0xffffffffu ? 5 : 9;
+
+	p[0] = (uint8_t)(major << 5 | (n == 1 ? v : n == 2 ? 24 : n == 3 ? 25 : n == 5 ? 26 : 27));
+	for (size_t k = 1; k < n; k++) {
+		p[k] = (uint8_t)(v >> (8 * (n - 1 - k)));
+	}
+	return n;
+}
+
+static size_t put_text(uint8_t *p, const char *s)
+{
+	size_t n = strlen(s), h = put_head(p, 3, n);
+
+	memcpy(p + h, s, n);
+	return h + n;
+}
+
+/* envelope writes a valid envelope for device "dev" to p. */
+static size_t envelope(uint8_t *p, uint64_t token, uint64_t seq, const char *holder)
+{
+	size_t n = put_head(p, 5, 7);
+
+	n += put_head(p + n, 0, 1);
+	n += put_head(p + n, 0, 1);
+	n += put_head(p + n, 0, 2);
+	n += put_text(p + n, "dev");
+	n += put_head(p + n, 0, 3);
+	n += put_head(p + n, 0, token);
+	n += put_head(p + n, 0, 4);
+	n += put_head(p + n, 0, seq);
+	n += put_head(p + n, 0, 5);
+	n += put_text(p + n, "cmd-1");
+	n += put_head(p + n, 0, 6);
+	n += put_text(p + n, "set");
+	n += put_head(p + n, 0, 9);
+	n += put_text(p + n, holder);
+	return n;
+}
+
+static efs_verdict send(efs_ctx *c, uint64_t token, uint64_t seq, efs_result *r)
+{
+	uint8_t buf[512];
+	size_t n = envelope(buf, token, seq, "gateway-b-with-a-long-holder-name");
+
+	efs_process(c, (const uint8_t *)"dev", 3, buf, n, r);
+	return r->verdict;
+}
+
+/* A device on a simulated flash. */
+typedef struct {
+	flash f;
+	efs_port port;
+	efs_ctx c;
+	efs_result r;
+} rig;
+
+/* rig_start powers up a rig on fresh flash and accepts marks 5/1 to 5/n. */
+static void rig_start(rig *d, uint64_t n)
+{
+	flash_init(&d->f, &d->port);
+	efs_open(&d->c, &d->port);
+	for (uint64_t s = 1; s <= n; s++) {
+		send(&d->c, 5, s, &d->r);
+	}
+}
+
+/* tear_write cuts the power at byte k of the write of mark 6/1 over the
+ * marks 5/1 and 5/2 (both sectors in use), or at the first write when
+ * fresh, and checks what a reboot finds. Returns 1 if the write finished
+ * before the cut. */
+static int tear_write(long k, uint8_t torn_bits, int fresh)
+{
+	rig d;
+	efs_mark old = { 0, 0 }, *m = &d.c.mark;
+	int applied;
+
+	rig_start(&d, fresh ? 0 : 2);
+	if (!fresh) {
+		old.token = 5;
+		old.seq = 2;
+	}
+	d.f.programmed = 0;
+	d.f.program_budget = k;
+	d.f.torn_bits = torn_bits;
+	send(&d.c, 6, 1, &d.r);
+	applied = d.r.apply;
+	CHECK(applied == (d.r.verdict == EFS_ACCEPTED) && (applied || d.r.err == EFS_E_STORAGE),
+		"tear at %ld: verdict %d apply %d (%s)", k, d.r.verdict, d.r.apply, d.r.reason);
+	CHECK(power_on(&d.f, &d.c, &d.port) == EFS_OK, "tear at %ld (bits %02x, fresh %d): reopen refused", k,
+		torn_bits, fresh);
+	if (applied) { /* durable before effect */
+		CHECK(m->token == 6 && m->seq == 1, "tear at %ld: applied but mark %llu/%llu", k,
+			(unsigned long long)m->token, (unsigned long long)m->seq);
+	} else { /* the last complete mark, or the new one: never anything else */
+		CHECK((m->token == old.token && m->seq == old.seq) || (m->token == 6 && m->seq == 1),
+			"tear at %ld (bits %02x, fresh %d): mark %llu/%llu after reboot", k, torn_bits, fresh,
+			(unsigned long long)m->token, (unsigned long long)m->seq);
+	}
+	/* The device goes on: the next command is accepted and kept, an
+	 * older token is stale. */
+	send(&d.c, 6, 2, &d.r);
+	CHECK(d.r.verdict == EFS_ACCEPTED && d.r.apply, "tear at %ld: next command %d (%s)", k, d.r.verdict,
+		d.r.reason);
+	send(&d.c, 4, 9, &d.r);
+	CHECK(d.r.verdict == EFS_STALE, "tear at %ld: older token %d", k, d.r.verdict);
+	CHECK(power_on(&d.f, &d.c, &d.port) == EFS_OK && m->token == 6 && m->seq == 2,
+		"tear at %ld: mark after the next command lost", k);
+	CHECK(d.f.violations == 0, "tear at %ld: a byte programmed twice without an erase", k);
+	return applied;
+}
+
+static void test_tears(void)
+{
+	static const uint8_t bits[] = { 0xff, 0x0f, 0xf0, 0x00 };
+	long k;
+
+	for (int fresh = 0; fresh < 2; fresh++) {
+		for (size_t b = 0; b < sizeof bits; b++) {
+			for (k = 0; k < 1000 && !tear_write(k, bits[b], fresh); k++) {
+			}
+			CHECK(k > 40 && k < 1000, "tears: write finished after %ld bytes", k);
+		}
+	}
+}
+
+static void test_torn_erase(void)
+{
+	for (long e = 0; e <= SECTOR; e += 7) {
+		rig d;
+
+		rig_start(&d, 2);
+		d.f.erase_budget = e;
+		send(&d.c, 6, 1, &d.r);
+		CHECK(d.r.verdict == (e < SECTOR ? EFS_INVALID : EFS_ACCEPTED), "erase cut at %ld: verdict %d", e,
+			d.r.verdict);
+		CHECK(power_on(&d.f, &d.c, &d.port) == EFS_OK, "erase cut at %ld: reopen", e);
+		CHECK(d.c.mark.token == (e < SECTOR ? 5u : 6u), "erase cut at %ld: mark %llu/%llu", e,
+			(unsigned long long)d.c.mark.token, (unsigned long long)d.c.mark.seq);
+	}
+}
+
+static void test_alternation(void)
+{
+	flash f;
+	efs_port port;
+	efs_ctx c;
+	efs_result r;
+	efs_mark_record rec;
+
+	flash_init(&f, &port);
+	CHECK(efs_open(&c, &port) == EFS_OK && c.mark.token == 0, "fresh flash");
+	for (uint64_t s = 1; s <= 50; s++) {
+		CHECK(send(&c, 7, s, &r) == EFS_ACCEPTED && r.apply, "seq %llu", (unsigned long long)s);
+		CHECK(send(&c, 7, s, &r) == EFS_DUPLICATE && !r.apply, "seq %llu again", (unsigned long long)s);
+		CHECK(power_on(&f, &c, &port) == EFS_OK && c.mark.seq == s && c.gen == s,
+			"seq %llu after reboot: %llu (generation %u)", (unsigned long long)s,
+			(unsigned long long)c.mark.seq, (unsigned)c.gen);
+		CHECK(efs_read_mark_record(&c, &rec) == EFS_OK && rec.mark.seq == s && rec.holder_len == 33 &&
+			memcmp(rec.holder, "gateway-b-with-a-long-holder-name", 33) == 0 && rec.id_len == 5,
+			"holder and id kept");
+	}
+	CHECK(f.violations == 0, "a byte programmed twice");
+}
+
+static void test_damage(void)
+{
+	rig d;
+
+	/* The only record damaged: fail closed, every command refused. */
+	rig_start(&d, 1);
+	d.f.mem[0][20] ^= 0x01;
+	CHECK(power_on(&d.f, &d.c, &d.port) == EFS_E_CORRUPT, "damaged only record: open");
+	CHECK(send(&d.c, 9, 1, &d.r) == EFS_INVALID && d.r.err == EFS_E_CORRUPT && d.r.mark.token == 0 && !d.r.apply,
+		"damaged only record: command %d", d.r.verdict);
+	/* Both damaged. */
+	rig_start(&d, 2);
+	d.f.mem[0][8] ^= 0x40;
+	d.f.mem[1][30] ^= 0x02;
+	CHECK(power_on(&d.f, &d.c, &d.port) == EFS_E_CORRUPT, "both damaged: open");
+	/* A failing flash: the command is refused, never applied. */
+	rig_start(&d, 0);
+	d.f.off = 1;
+	CHECK(send(&d.c, 5, 1, &d.r) == EFS_INVALID && d.r.err == EFS_E_STORAGE && !d.r.apply && d.r.mark.token == 0,
+		"flash off: verdict %d", d.r.verdict);
+}
+
+static void test_flash(void)
+{
+	test_tears();
+	test_torn_erase();
+	test_alternation();
+	test_damage();
+}
