@@ -73,7 +73,9 @@ func (q *delivery) queueVerdict(w *worker, e *offline.Entry, ack *fence.Ack) boo
 	}
 	w.d.recording[ack.ID] = struct{}{}
 	w.d.mu.Unlock()
-	w.unrecorded = append(w.unrecorded, settled{env: e.Envelope, pos: e.Pos, ack: ack})
+	env := e.Envelope
+	env.Body = nil // for the history; a firmware chunk's data is not kept waiting
+	w.unrecorded = append(w.unrecorded, settled{env: env, pos: e.Pos, ack: ack})
 	if len(w.unrecorded) >= verdictBatch {
 		q.startRecord(w)
 	}

@@ -14,12 +14,14 @@ import (
 // issued (seq, durable append to the outbox) ahead of the device's acks,
 // so that the outbox's appends overlap the device's work on the chunks
 // before; they are issued in batches of half the window (one commit, one
-// fsync, a batch), as the acks make room. The agent's worker still delivers them one at a time in queue
-// order, each resent as the same envelope until it has a verdict: the
-// device sees the chunks at its offset, in order. The runner waits for
-// the acks in the order it issued the chunks:
+// fsync, a batch), as the acks make room. The agent's worker still
+// delivers them one at a time in queue order, each resent as the same
+// envelope until it has a verdict: the device sees the chunks at its
+// offset, in order. The runner waits for the acks in the order it issued
+// the chunks:
 //
-//	accepted, duplicate   the next chunk (and one more issued)
+//	accepted, duplicate   the next chunk (a batch more issued once half
+//	                      the window is free)
 //	invalid               drain: wait for the acks of the chunks behind,
 //	                      then plan again from a report that accounts
 //	                      for them (refused, as with one in flight)
