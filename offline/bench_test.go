@@ -406,3 +406,26 @@ func BenchmarkReplayRawBolt(b *testing.B) {
 	}
 	b.ReportMetric(float64(backlogSize*b.N)/b.Elapsed().Seconds(), "commands/s")
 }
+
+// BenchmarkNextChunk: a delivery worker's read of its next entry when it
+// is a 30 KiB firmware chunk (a bbolt read, the envelope's decode and
+// copy): on the worker's path between one chunk's ack and the next send.
+func BenchmarkNextChunk(b *testing.B) {
+	ob, err := offline.Open(filepath.Join(b.TempDir(), offline.File), nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ob.Close()
+	body := append([]byte{0x59, 0x78, 0x00}, make([]byte, 30<<10)...) // CBOR bytes(30720)
+	e := &offline.Entry{Envelope: fence.Envelope{V: fence.Version, Device: "d", Token: 1, Seq: 1, ID: "c1", Kind: "fw.chunk", Body: body}}
+	if err := ob.Append(context.Background(), e); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		if _, ok, err := ob.NextAfter("d", 0); !ok || err != nil {
+			b.Fatal(ok, err)
+		}
+	}
+}
