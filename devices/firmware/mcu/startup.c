@@ -28,7 +28,7 @@ __attribute__((section(".vectors"), used)) static void (*const vectors[16])(void
 
 void Reset_Handler(void)
 {
-	memcpy(&_sdata, &_sidata, (size_t)((char *)&_edata - (char *)&_sdata));
-	memset(&_sbss, 0, (size_t)((char *)&_ebss - (char *)&_sbss));
+	memcpy(&_sdata, &_sidata, (size_t)((uintptr_t)&_edata - (uintptr_t)&_sdata));
+	memset(&_sbss, 0, (size_t)((uintptr_t)&_ebss - (uintptr_t)&_sbss));
 	_exit(main());
 }
