@@ -313,6 +313,28 @@ static void test_acks_and_marks(void)
 
 #include "flash_tests.c"
 
+/* Reasons carry 64-bit numbers in decimal (written without 64-bit
+ * division): checked against printf at the edges of each 16-bit digit. */
+static void test_reason_numbers(void)
+{
+	static const uint64_t marks[] = { 9, 10, 65535, 65536, 4294967295u, 4294967296u, 10000000000000000000u,
+		18446744073709551615u };
+
+	for (size_t i = 0; i < sizeof marks / sizeof marks[0]; i++) {
+		rig d;
+		char want[EFS_MAX_REASON_LEN];
+
+		rig_start(&d, 0);
+		send(&d.c, marks[i], marks[i], &d.r);
+		CHECK(d.r.apply, "mark %llu: %s", (unsigned long long)marks[i], d.r.reason);
+		send(&d.c, marks[i] - 1, 1, &d.r);
+		snprintf(want, sizeof want, "token %llu below the high-water mark %llu/%llu",
+			(unsigned long long)(marks[i] - 1), (unsigned long long)marks[i], (unsigned long long)marks[i]);
+		CHECK(d.r.verdict == EFS_STALE && strcmp(d.r.reason, want) == 0, "stale reason %s, want %s", d.r.reason,
+			want);
+	}
+}
+
 int main(void)
 {
 	test_decode();
@@ -320,6 +342,7 @@ int main(void)
 	test_process();
 	test_acks_and_marks();
 	test_flash();
+	test_reason_numbers();
 	printf("%d checks, %d failures\n", checks, failures);
 	return failures ? 1 : 0;
 }
