@@ -71,6 +71,7 @@ var (
 	mcuSkipped = regexp.MustCompile(`(?m)^signed vectors: (\d+) not run`)
 	mcuStack   = regexp.MustCompile(`(?m)^stack peak (\d+) bytes over (\d+) calls: (.*)$`)
 	mcuSizes   = regexp.MustCompile(`(?m)^sizeof efs_ctx (\d+), efs_result (\d+)$`)
+	mcuInstr   = regexp.MustCompile(`(?m)^instructions: .*$`)
 )
 
 // TestMCUConformance cross-builds the host runner (test/host.c: every
@@ -96,7 +97,7 @@ func TestMCUConformance(t *testing.T) {
 			run(t, 3*time.Minute, gcc, append(args, librarySources(t)...)...)
 			// No time limit of its own inside: QEMU exits by semihosting
 			// (the runner's exit code is QEMU's); the context bounds a hang.
-			out := run(t, 5*time.Minute, qemu, "-M", b.machine, "-nographic", "-monitor", "none",
+			out := run(t, 5*time.Minute, qemu, "-M", b.machine, "-nographic", "-monitor", "none", "-icount", "shift=0",
 				"-semihosting-config", "enable=on,target=native", "-kernel", elf)
 			checkMCURun(t, out)
 		})
@@ -136,6 +137,11 @@ func checkMCURun(t *testing.T, out string) {
 	}
 	t.Logf("%d checks; efs_process peak stack %d B, context %d B, result %d B: RAM %d B (goal %d)",
 		mustAtoi(m[1]), peak, ctx, res, ctx+res+peak, mcuRAMGoal)
+	if in := mcuInstr.FindString(out); in != "" {
+		t.Log(in)
+	} else {
+		t.Errorf("runner on QEMU: no instruction counts\n%s", out)
+	}
 	if ctx+res+peak > mcuRAMGoal {
 		t.Errorf("plain fence point RAM: context %d + result %d + peak stack %d = %d B, over the %d B goal",
 			ctx, res, peak, ctx+res+peak, mcuRAMGoal)

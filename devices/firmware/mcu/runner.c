@@ -189,6 +189,58 @@ efs_err __wrap_efs_encode_ack(const efs_ack *a, uint8_t *out, size_t cap, size_t
 	return e;
 }
 
+/* ---- instructions (QEMU with -icount shift=0: one instruction a virtual
+ * nanosecond; SysTick, clocked at the board's 25 MHz, steps 40 a tick) ---- */
+
+#define SYST_CSR (*(volatile uint32_t *)0xE000E010u)
+#define SYST_RVR (*(volatile uint32_t *)0xE000E014u)
+#define SYST_CVR (*(volatile uint32_t *)0xE000E018u)
+
+static uint32_t since(uint32_t a)
+{
+	return ((a - SYST_CVR) & 0xFFFFFFu) * 40u;
+}
+
+/* instructions runs the library's calls unprobed on a fresh simulated
+ * flash and prints what each took: a command accepted (its mark written),
+ * the same again (a duplicate: decoded, refused with a reason), its ack,
+ * and a boot. The flash is RAM here: a real one's erase and program times
+ * come on top. */
+static void instructions(void)
+{
+	static rig d;
+	uint8_t buf[256], out[EFS_MAX_ACK_SIZE];
+	size_t n = envelope(buf, 5, 1, "gateway-b-with-a-long-holder-name"), len;
+	efs_ack a;
+	uint32_t t[4], at;
+
+	SYST_RVR = 0xFFFFFFu;
+	SYST_CVR = 0;
+	SYST_CSR = 5u; /* enable, processor clock, no interrupt */
+	rig_start(&d, 0);
+	at = SYST_CVR;
+	__real_efs_process(&d.c, (const uint8_t *)"dev", 3, buf, n, &d.r);
+	t[0] = since(at);
+	if (!d.r.apply) {
+		printf("FAIL instructions: the command was not accepted: %s\n", d.r.reason);
+	}
+	at = SYST_CVR;
+	__real_efs_process(&d.c, (const uint8_t *)"dev", 3, buf, n, &d.r);
+	t[1] = since(at);
+	if (d.r.verdict != EFS_DUPLICATE) {
+		printf("FAIL instructions: the command again was not a duplicate: %s\n", d.r.reason);
+	}
+	efs_result_ack(&d.r, &a);
+	at = SYST_CVR;
+	__real_efs_encode_ack(&a, out, sizeof out, &len);
+	t[2] = since(at);
+	at = SYST_CVR;
+	__real_efs_open(&d.c, &d.port);
+	t[3] = since(at);
+	printf("instructions: accepted %lu, duplicate %lu, ack %lu, boot %lu (a %u-byte command)\n",
+		(unsigned long)t[0], (unsigned long)t[1], (unsigned long)t[2], (unsigned long)t[3], (unsigned)n);
+}
+
 /* ---- board (mcu/startup.c calls main) ---- */
 
 int main(void);
@@ -206,6 +258,7 @@ int main(void)
 			probe_name[i]);
 	}
 	printf("sizeof efs_ctx %u, efs_result %u\n", (unsigned)sizeof(efs_ctx), (unsigned)sizeof(efs_result));
+	instructions();
 	if (overflow) {
 		printf("FAIL stack probe: a call used all %u painted bytes\n", PAINT_BYTES);
 		rc = 1;
