@@ -84,8 +84,10 @@ var (
 // (TestHostConformance).
 //
 // The run also measures the library's peak stack (painted, then the high
-// water found) and checks the RAM goal of issue 16 for a plain fence
-// point: the context, the result and the peak stack within 1 KiB.
+// water found; the signed path with the crypto stubbed) and the
+// instructions a command takes (-icount shift=0), and checks the RAM goal
+// of issue 16 for a plain fence point: the context, the result and the
+// peak stack within 1 KiB.
 func TestMCUConformance(t *testing.T) {
 	gcc, _, qemu := mcuTools(t, true)
 	for _, b := range mcuBoards {
@@ -122,7 +124,7 @@ func checkMCURun(t *testing.T, out string) {
 	}
 	ctx, _ := strconv.Atoi(sz[1])
 	res, _ := strconv.Atoi(sz[2])
-	peak := 0
+	peak, signedPeak := 0, 0
 	for _, s := range mcuStack.FindAllStringSubmatch(out, -1) {
 		n, _ := strconv.Atoi(s[1])
 		if calls, _ := strconv.Atoi(s[2]); calls == 0 {
@@ -131,12 +133,15 @@ func checkMCURun(t *testing.T, out string) {
 		if strings.HasPrefix(s[3], "efs_process") && n > peak {
 			peak = n
 		}
+		if strings.HasPrefix(s[3], "signed") {
+			signedPeak = n
+		}
 	}
-	if peak == 0 {
+	if peak == 0 || signedPeak == 0 {
 		t.Fatalf("runner on QEMU: no stack figures for efs_process\n%s", out)
 	}
-	t.Logf("%d checks; efs_process peak stack %d B, context %d B, result %d B: RAM %d B (goal %d)",
-		mustAtoi(m[1]), peak, ctx, res, ctx+res+peak, mcuRAMGoal)
+	t.Logf("%d checks; efs_process peak stack %d B, context %d B, result %d B: RAM %d B (goal %d); signed path %d B + crypto",
+		mustAtoi(m[1]), peak, ctx, res, ctx+res+peak, mcuRAMGoal, signedPeak)
 	if in := mcuInstr.FindString(out); in != "" {
 		t.Log(in)
 	} else {
