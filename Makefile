@@ -32,7 +32,7 @@ build: ## test/demo build (failpoints compiled in) of the agent, the device simu
 	@mkdir -p $(BIN)
 	$(GO) build -tags $(UNSAFETAGS) -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/ $(addprefix ./cmd/,$(CMDS))
 
-deps: ## install what the tests need (Mosquitto and mosquitto_pub for interop and forgery tests, Debian's etcd 3.4 and etcdctl for the recovery tests, systemd-analyze to verify the unit, qemu-user-static for the arm smoke test, python3-pymodbus, socat and mbpoll for the Modbus tests, gcc, cppcheck and libmbedtls-dev for the C firmware shim)
+deps: ## install what the tests need (Mosquitto and mosquitto_pub for interop and forgery tests, Debian's etcd 3.4 and etcdctl for the recovery tests, systemd-analyze to verify the unit, qemu-user-static for the arm smoke test, python3-pymodbus, socat and mbpoll for the Modbus tests, gcc, cppcheck and libmbedtls-dev for the C firmware shim, gcc-arm-none-eabi, newlib and qemu-system-arm for it on Cortex-M, clang and libFuzzer for its fuzzer)
 	@if ! command -v mosquitto >/dev/null && [ ! -x /usr/sbin/mosquitto ] || ! command -v mosquitto_pub >/dev/null; then \
 		if command -v apt-get >/dev/null; then \
 			echo "installing mosquitto and mosquitto-clients (apt-get; mosquitto_pub is the forgery tests' forger)"; \
@@ -86,6 +86,16 @@ deps: ## install what the tests need (Mosquitto and mosquitto_pub for interop an
 			$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq gcc libc6-dev cppcheck libmbedtls-dev >/dev/null; \
 		else \
 			echo "gcc, cppcheck or libmbedtls-dev not found and no apt-get: the C firmware shim's tests are skipped (they fail under CI=true)"; \
+		fi; \
+	fi
+	@if ! command -v arm-none-eabi-gcc >/dev/null || [ ! -f /usr/lib/arm-none-eabi/newlib/libc_nano.a ] || ! command -v qemu-system-arm >/dev/null || \
+		! command -v clang >/dev/null || [ ! -f "$$(clang -print-resource-dir 2>/dev/null)/lib/linux/libclang_rt.fuzzer-$$(uname -m).a" ]; then \
+		if command -v apt-get >/dev/null; then \
+			echo "installing gcc-arm-none-eabi, libnewlib-arm-none-eabi, qemu-system-arm, clang and libFuzzer (apt-get) for the C firmware shim on Cortex-M and its fuzzer (devices/firmware)"; \
+			SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+			$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq gcc-arm-none-eabi libnewlib-arm-none-eabi qemu-system-arm clang libclang-rt-14-dev libfuzzer-14-dev >/dev/null; \
+		else \
+			echo "arm-none-eabi-gcc, newlib, qemu-system-arm or clang's libFuzzer not found and no apt-get: the Cortex-M and fuzz tests of devices/firmware are skipped (they fail under CI=true)"; \
 		fi; \
 	fi
 
@@ -164,11 +174,13 @@ package: cross ## .deb packages (edgefence, edgefence-devsim) for ARCHS into dis
 			$(GO) run $(NFPM) package --config $$cfg --packager deb --target $$out >/dev/null || exit 1; \
 		ls -l $$out; done; done
 
-fuzz: ## run every package's fuzz targets, each for FUZZTIME (default 30s); make test runs their seed corpora
+fuzz: ## run every package's fuzz targets, and the C firmware shim's libFuzzer target, each for FUZZTIME (default 30s); make test runs their seed corpora
 	@for p in $$($(GO) list ./...); do \
 		for t in $$($(GO) test -tags $(UNSAFETAGS) -list 'Fuzz.*' $$p | grep ^Fuzz); do \
 			echo "$$p $$t"; \
 			$(GO) test -tags $(UNSAFETAGS) -run='^$$' -fuzz="^$$t$$" -fuzztime=$${FUZZTIME:-30s} $$p || exit 1; done; done
+	@echo "./devices/firmware fuzz/fuzz_process.c (libFuzzer)"
+	EFS_FUZZTIME=$${FUZZTIME:-30s} $(GO) test -count=1 -v -run '^TestCFuzzProcess$$' -timeout 0 ./devices/firmware/
 
 clean: ## remove build output
 	rm -rf $(BIN) $(DIST)

@@ -3,7 +3,11 @@
 // to the Go fence point: the conformance vectors in testdata/vectors.h are
 // generated from package fence and devices/shim (TestVectorsCurrent fails
 // when they are out of date), and the host test runner (test/host.c) runs
-// them, with the flash tear tests, under AddressSanitizer and UBSan.
+// them, with the flash tear tests, under AddressSanitizer and UBSan. The
+// same runner runs on QEMU's Cortex-M3 and M4 (mcu/, TestMCUConformance,
+// with the measured peak stack), TestMCUSize measures the library's flash
+// in a linked firmware image, and TestCFuzzProcess runs the libFuzzer
+// target fuzz/fuzz_process.c.
 //
 // There is no Go API here.
 package firmware

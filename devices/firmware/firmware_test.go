@@ -109,9 +109,9 @@ func TestLibraryHygiene(t *testing.T) {
 	}
 }
 
-// TestCppcheck runs cppcheck over the library, every check but unused
-// functions (the library's API is called by its users), warnings as
-// failures.
+// TestCppcheck runs cppcheck over the library, the Cortex-M board
+// (mcu/) and the fuzz target (fuzz/), every check but unused functions
+// (the library's API is called by its users), warnings as failures.
 func TestCppcheck(t *testing.T) {
 	p, err := exec.LookPath("cppcheck")
 	if err != nil {
@@ -121,5 +121,5 @@ func TestCppcheck(t *testing.T) {
 		t.Skip("no cppcheck; under CI=true this fails")
 	}
 	run(t, 2*time.Minute, p, "--std=c99", "--enable=all", "--suppress=missingIncludeSystem",
-		"--suppress=unusedFunction", "--error-exitcode=1", "--inline-suppr", "--quiet", "-Iinclude", "src/")
+		"--suppress=unusedFunction", "--error-exitcode=1", "--inline-suppr", "--quiet", "-Iinclude", "src/", "mcu/", "fuzz/")
 }

@@ -18,6 +18,24 @@ static void append(efs_result *r, size_t *at, const char *s)
 	r->reason[*at] = '\0';
 }
 
+/* div10 divides *v by 10 and returns the remainder: long division in
+ * 16-bit digits, so that only 32-bit division is needed (a Cortex-M has it
+ * in hardware; libgcc's 64-bit division would add 700 bytes of flash). */
+static unsigned div10(uint64_t *v)
+{
+	uint64_t q = 0;
+	uint32_t rem = 0;
+
+	for (int shift = 48; shift >= 0; shift -= 16) {
+		uint32_t cur = rem << 16 | (uint32_t)((*v >> shift) & 0xffffu);
+
+		q |= (uint64_t)(cur / 10u) << shift;
+		rem = cur % 10u;
+	}
+	*v = q;
+	return rem;
+}
+
 static void append_u64(efs_result *r, size_t *at, uint64_t v)
 {
 	char d[21];
@@ -25,8 +43,7 @@ static void append_u64(efs_result *r, size_t *at, uint64_t v)
 
 	d[i] = '\0';
 	do {
-		d[--i] = (char)('0' + v % 10u);
-		v /= 10u;
+		d[--i] = (char)('0' + div10(&v));
 	} while (v != 0);
 	append(r, at, d + i);
 }

@@ -28,7 +28,7 @@ for pair in cortex-m3:mps2-an385 cortex-m4:mps2-an386; do
 	arm-none-eabi-gcc -mcpu="$cpu" -mthumb -O2 -ffunction-sections -fdata-sections -Wall -Wextra \
 		-I. -I"$MBEDTLS_SRC/include" -DMBEDTLS_CONFIG_FILE='"mbedtls_config.h"' \
 		--specs=nano.specs --specs=nosys.specs -nostartfiles -T mps2.ld -Wl,--gc-sections \
-		-o "$out/$cpu.elf" mcu.c verify.c "$L/bignum.c" "$L/ecp.c" "$L/ecp_curves.c" "$L/ecdsa.c" \
+		-o "$out/$cpu.elf" ../../mcu/startup.c mcu.c verify.c "$L/bignum.c" "$L/ecp.c" "$L/ecp_curves.c" "$L/ecdsa.c" \
 		"$L/sha256.c" "$L/asn1parse.c" "$L/asn1write.c" "$L/platform_util.c" "$L/constant_time.c" 2>/dev/null
 	arm-none-eabi-size "$out/$cpu.elf" | sed "s|$out/||"
 	timeout 300 qemu-system-arm -M "$board" -nographic -icount shift=0 \

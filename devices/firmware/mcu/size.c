@@ -1,0 +1,126 @@
+/*
+ * The smallest firmware that fences, for the size figures (mcu_test.go's
+ * TestMCUSize): boot, then for every message from the transport decide,
+ * apply, and send the ack. Linked as a firmware build would be (-Os, LTO,
+ * --gc-sections, newlib-nano's memcpy and memset) twice: with the library
+ * (EFS_SIZE_LIB=1) and without it (0: the same board, port, buffers and
+ * state, the library's calls left out). The difference is what the library
+ * costs in flash and in static RAM. EFS_SIZE_SIGNED adds a crypto port
+ * (stubs, in both images: the crypto itself is mbedTLS's, measured apart).
+ *
+ * Not run: the board's flash, transport and effect are compiler barriers;
+ * mcu/startup.c is the reset.
+ */
+#include <stdint.h>
+#include <string.h>
+
+#include "efshim.h"
+
+#define SECTOR 4096u
+#define FLASH ((uint8_t *)0x00300000u) /* mps2 code SRAM, standing in for two flash sectors */
+
+/* barrier: the compiler must assume p's memory is read and written here. */
+#define barrier(p) __asm__ volatile("" : : "r"(p) : "memory")
+
+static int flash_read(void *u, unsigned s, uint32_t off, uint8_t *b, size_t n)
+{
+	(void)u;
+	memcpy(b, FLASH + s * SECTOR + off, n);
+	return 0;
+}
+
+static int flash_erase(void *u, unsigned s)
+{
+	(void)u;
+	memset(FLASH + s * SECTOR, 0xff, SECTOR);
+	return 0;
+}
+
+static int flash_program(void *u, unsigned s, uint32_t off, const uint8_t *b, size_t n)
+{
+	uint8_t *p = FLASH + s * SECTOR + off;
+
+	(void)u;
+	for (size_t i = 0; i < n; i++) {
+		p[i] &= b[i];
+	}
+	return 0;
+}
+
+#ifdef EFS_SIZE_SIGNED
+static int sha256(void *u, const struct efs_bytes *parts, size_t n, uint8_t digest[32])
+{
+	(void)u;
+	barrier(parts);
+	barrier(digest);
+	return (int)n - 5;
+}
+
+static int verify(void *u, const uint8_t *kid, size_t kid_len, const uint8_t *dev, size_t dev_len,
+	const uint8_t digest[32], const uint8_t sig[64])
+{
+	(void)u;
+	barrier(kid);
+	barrier(dev);
+	barrier(digest);
+	barrier(sig);
+	return (int)(kid_len + dev_len) & 3;
+}
+#endif
+
+static const efs_port port = {
+	.sector_size = SECTOR,
+	.flash_read = flash_read,
+	.flash_erase = flash_erase,
+	.flash_program = flash_program,
+#ifdef EFS_SIZE_SIGNED
+	.sha256 = sha256,
+	.verify = verify,
+#endif
+};
+
+static efs_ctx ctx;
+static efs_result res;
+static uint8_t rx[512], tx[512];
+static const uint8_t device[] = "dev";
+
+static size_t receive(void)
+{
+	size_t n = 0;
+
+	barrier(rx);
+	barrier(&n);
+	return n;
+}
+
+int main(void);
+int main(void)
+{
+#if EFS_SIZE_LIB
+	efs_ack ack;
+	size_t len;
+
+	efs_open(&ctx, &port);
+	for (;;) {
+		efs_process(&ctx, device, sizeof device - 1, rx, receive(), &res);
+		if (res.apply) {
+			barrier(&res.env); /* the effect */
+		}
+		efs_result_ack(&res, &ack);
+		if (efs_encode_ack(&ack, tx, sizeof tx, &len) == EFS_OK) {
+			barrier(tx); /* the transport */
+		}
+	}
+#else
+	barrier(&port);
+	barrier(&ctx);
+	for (;;) {
+		size_t n = receive();
+
+		barrier(&res);
+		barrier(device);
+		memcpy(tx, rx, n);
+		barrier(tx);
+	}
+#endif
+}
