@@ -32,7 +32,7 @@ build: ## test/demo build (failpoints compiled in) of the agent, the device simu
 	@mkdir -p $(BIN)
 	$(GO) build -tags $(UNSAFETAGS) -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/ $(addprefix ./cmd/,$(CMDS))
 
-deps: ## install what the tests need (Mosquitto and mosquitto_pub for interop and forgery tests, Debian's etcd 3.4 and etcdctl for the recovery tests, systemd-analyze to verify the unit, qemu-user-static for the arm smoke test, python3-pymodbus, socat and mbpoll for the Modbus tests, gcc, cppcheck and libmbedtls-dev for the C firmware shim)
+deps: ## install what the tests need (Mosquitto and mosquitto_pub for interop and forgery tests, Debian's etcd 3.4 and etcdctl for the recovery tests, systemd-analyze to verify the unit, qemu-user-static for the arm smoke test, python3-pymodbus, socat and mbpoll for the Modbus tests, gcc, cppcheck and libmbedtls-dev for the C firmware shim, libmosquitto-dev for the C device)
 	@if ! command -v mosquitto >/dev/null && [ ! -x /usr/sbin/mosquitto ] || ! command -v mosquitto_pub >/dev/null; then \
 		if command -v apt-get >/dev/null; then \
 			echo "installing mosquitto and mosquitto-clients (apt-get; mosquitto_pub is the forgery tests' forger)"; \
@@ -86,6 +86,16 @@ deps: ## install what the tests need (Mosquitto and mosquitto_pub for interop an
 			$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq gcc libc6-dev cppcheck libmbedtls-dev >/dev/null; \
 		else \
 			echo "gcc, cppcheck or libmbedtls-dev not found and no apt-get: the C firmware shim's tests are skipped (they fail under CI=true)"; \
+		fi; \
+	fi
+
+	@if [ ! -f /usr/include/mosquitto.h ]; then \
+		if command -v apt-get >/dev/null; then \
+			echo "installing libmosquitto-dev (apt-get) for the C device (devices/firmware/linux: efsdev, run by the Figure 1 and kill -9 tests)"; \
+			SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+			$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq libmosquitto-dev >/dev/null; \
+		else \
+			echo "libmosquitto-dev not found and no apt-get: the C device's tests are skipped (they fail under CI=true)"; \
 		fi; \
 	fi
 
