@@ -23,7 +23,7 @@ CMDS := edgefence edgefence-devsim edgefence-sandbox edgefence-chaos
 CROSS_CMDS := edgefence edgefence-devsim
 TEST_TIMEOUT ?= 15m
 
-.PHONY: help build test test-short deps lint tidy-check bench bench-e2e bench-mcu-verify demo demo-firmware chaos cross package fuzz clean
+.PHONY: help build efsdev test test-short deps lint tidy-check bench bench-e2e bench-mcu-verify demo demo-firmware chaos cross package fuzz clean
 
 help: ## show this help
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -136,6 +136,11 @@ demo-firmware: build ## a firmware update over two gateways: the holder frozen m
 	$(BIN)/edgefence-sandbox demo firmware --bin $(BIN)
 
 ROUNDS ?= 30
+efsdev: ## the C device (devices/firmware/linux on libmosquitto) into bin/efsdev; e.g. make chaos CHAOSFLAGS='--c-device bin/efsdev'
+	@mkdir -p $(BIN)
+	$${CC:-cc} -std=c99 -Wall -Wextra -Werror -pedantic -O2 -Idevices/firmware/include -Idevices/firmware/linux \
+		-o $(BIN)/efsdev devices/firmware/linux/*.c devices/firmware/src/*.c -lmosquitto -lm
+
 chaos: build ## ROUNDS randomized fault-injection rounds on the real binaries (default 30); prints a summary, fails on any violation
 	$(BIN)/edgefence-chaos --rounds $(ROUNDS) --bin $(BIN) $(CHAOSFLAGS)
 

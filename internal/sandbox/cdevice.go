@@ -8,6 +8,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
+	"testing"
+	"time"
 )
 
 // ErrNoCToolchain means the C device (efsdev) cannot be built here: no C
@@ -81,4 +84,46 @@ func SanitizerReport(log []byte) string {
 		}
 	}
 	return ""
+}
+
+var testCDevice struct {
+	once sync.Once
+	dir  string
+	bin  string
+	err  error
+}
+
+// RemoveTestCDevice removes what CDeviceForTest built; call it from
+// TestMain after the tests ran.
+func RemoveTestCDevice() {
+	if d := testCDevice.dir; d != "" {
+		os.RemoveAll(d)
+	}
+}
+
+// CDeviceForTest builds efsdev for tests, under ASan/UBSan with its failpoint
+// (BuildCDevice with sanitize), once per test binary, and returns its path.
+// It skips with -short, and without a C compiler or libmosquitto-dev but
+// under CI=true (`make deps` installs them), where it fails.
+func CDeviceForTest(t testing.TB) string {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("builds and runs the C device; skipped with -short")
+	}
+	c := &testCDevice
+	c.once.Do(func() {
+		if c.dir, c.err = os.MkdirTemp("", "edgefence-efsdev-"); c.err != nil {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		c.bin, c.err = BuildCDevice(ctx, c.dir, true)
+	})
+	if errors.Is(c.err, ErrNoCToolchain) && os.Getenv("CI") != "true" {
+		t.Skipf("%v; under CI=true this fails", c.err)
+	}
+	if c.err != nil {
+		t.Fatal(c.err)
+	}
+	return c.bin
 }

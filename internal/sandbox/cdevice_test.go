@@ -2,14 +2,12 @@ package sandbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,39 +15,6 @@ import (
 	"github.com/edgefence/edgefence/fence"
 	"github.com/edgefence/edgefence/transport/mqtt"
 )
-
-var (
-	cdevOnce sync.Once
-	cdevBin  string
-	cdevErr  error
-)
-
-// cdevice builds the C device (efsdev) under AddressSanitizer and UBSan
-// once per test binary. It skips without a C compiler or libmosquitto-dev,
-// and fails under CI=true (`make deps` installs them).
-func cdevice(t *testing.T) string {
-	t.Helper()
-	if testing.Short() {
-		t.Skip("builds and runs the C device; skipped with -short")
-	}
-	cdevOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "edgefence-efsdev-")
-		if err != nil {
-			cdevErr = err
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-		defer cancel()
-		cdevBin, cdevErr = BuildCDevice(ctx, dir, true)
-	})
-	if errors.Is(cdevErr, ErrNoCToolchain) && os.Getenv("CI") != "true" {
-		t.Skipf("%v; under CI=true this fails", cdevErr)
-	}
-	if cdevErr != nil {
-		t.Fatal(cdevErr)
-	}
-	return cdevBin
-}
 
 // checkSanitizerClean fails the test if a C process's log holds an ASan,
 // LSan or UBSan report.
@@ -71,7 +36,7 @@ func checkSanitizerClean(t *testing.T, logPath string) {
 // one verdict. The commands are plain (the C device does not verify
 // signatures of the trust chain yet: Figure1Config.Trust is refused).
 func TestFigure1CDevice(t *testing.T) {
-	bin := cdevice(t)
+	bin := CDeviceForTest(t)
 	var dir string
 	res := runFigure1(t, func(c *Figure1Config) {
 		c.Device, c.CDeviceBin = DeviceC, bin
@@ -180,7 +145,7 @@ func (r *cdevKill9) answered(t *testing.T, what string, a fence.Ack, tok fence.T
 // exactly once (the state's applied count is the number sent; no mark is
 // accepted twice in the verdict log).
 func TestCDeviceKill9(t *testing.T) {
-	r := &cdevKill9{bin: cdevice(t), dir: t.TempDir()}
+	r := &cdevKill9{bin: CDeviceForTest(t), dir: t.TempDir()}
 	b := startBroker(t, BrokerConfig{})
 	r.url = b.URL()
 	r.k = NewCommander(t, r.url, mqtt.Topics{})
@@ -258,7 +223,7 @@ func (r *cdevKill9) checkFinal(t *testing.T, tok fence.Token, seq uint64) {
 // journal's pending command, the device would restart at applied 1 with
 // the first setpoint, and the resend would be refused as a duplicate: lost.
 func TestCDeviceKilledBetweenMarkAndState(t *testing.T) {
-	r := &cdevKill9{bin: cdevice(t), dir: t.TempDir()}
+	r := &cdevKill9{bin: CDeviceForTest(t), dir: t.TempDir()}
 	b := startBroker(t, BrokerConfig{})
 	r.url = b.URL()
 	r.k = NewCommander(t, r.url, mqtt.Topics{})

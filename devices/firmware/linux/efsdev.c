@@ -6,7 +6,7 @@
  *   efsdev --mqtt mqtt://127.0.0.1:1883 --devices dev-1,dev-2 --dir DIR
  *          [--prefix edgefence/v1] [--log verdicts.jsonl] [--client-id ID]
  *          [--mqtt-user U (password from $EDGEFENCE_MQTT_PASSWORD or
- *          --mqtt-password-file F)]
+ *          --mqtt-password-file F)] [--history FILE [--history-source SRC]]
  *
  * Topics, QoS and payloads are devsim's (devices/sim.Fleet): commands at
  * QoS 1 on <prefix>/dev/<id>/cmd (MQTT v5, a persistent session), acks
@@ -17,6 +17,8 @@
  * device keeps its mark in <dir>/<id>.flash (two sectors: flash_file.c)
  * and its state in <dir>/<id>.state (thermostat.c's journal). Logs go to
  * stderr as key=value lines; msg=ready once every subscription is granted.
+ * --history appends fence/history events (accepts before the mark's commit,
+ * an "opened" event with the durable mark per device at start).
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -50,11 +52,12 @@ typedef struct {
 } device;
 
 typedef struct {
-	const char *broker, *prefix, *dir, *log, *client_id, *user, *pass_file, *devices;
+	const char *broker, *prefix, *dir, *log, *client_id, *user, *pass_file, *devices, *history, *history_source;
 } options;
 
 static device devs[MAX_DEVICES];
-static int ndev, granted, ready_logged, vlog_fd = 1;
+static int ndev, granted, ready_logged, vlog_fd = 1, hist_fd = -1;
+static const char *hist_source = "efsdev";
 static const char *prefix = "edgefence/v1";
 static unsigned long counts[5];
 static volatile sig_atomic_t stopping;
@@ -102,20 +105,71 @@ static const char *verdict_name(efs_verdict v)
 	return (int)v >= 1 && (int)v <= 4 ? names[v] : "invalid";
 }
 
+/* json_time appends {"<key>":"<now, RFC 3339 with nanoseconds, UTC>" to out. */
+static size_t json_time(char *out, size_t cap, const char *key)
+{
+	struct timespec ts;
+	struct tm tm;
+	size_t at;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	gmtime_r(&ts.tv_sec, &tm);
+	at = (size_t)snprintf(out, cap, "{\"%s\":\"", key);
+	at += strftime(out + at, cap - at, "%Y-%m-%dT%H:%M:%S", &tm);
+	at += (size_t)snprintf(out + at, cap - at, ".%09ldZ\"", ts.tv_nsec);
+	return at;
+}
+
+/* json_field appends ,"<key>":<s as a JSON string>; with omit, nothing for
+ * an empty s (Go's omitempty). */
+static void json_field(char *out, size_t cap, size_t *at, const char *key, const void *s, size_t n, int omit)
+{
+	if (omit && n == 0) {
+		return;
+	}
+	*at += (size_t)snprintf(out + *at, cap - *at, ",\"%s\":", key);
+	efsdev_json_string(out, cap, at, s, n);
+}
+
+/* history_event appends one fence/history event (history.Event's JSON) to
+ * --history, in one write(2): op "verdict" with the verdict, or "opened"
+ * with the durable mark. */
+static void history_event(const device *d, const char *op, const efs_bytes *id, uint64_t token, uint64_t seq,
+	const efs_bytes *kind, const char *verdict, const char *reason)
+{
+	char line[2048];
+	size_t at;
+
+	if (hist_fd < 0) {
+		return;
+	}
+	at = json_time(line, sizeof line, "t");
+	json_field(line, sizeof line, &at, "src", hist_source, strlen(hist_source), 0);
+	json_field(line, sizeof line, &at, "op", op, strlen(op), 0);
+	json_field(line, sizeof line, &at, "dev", d->id, strlen(d->id), 0);
+	json_field(line, sizeof line, &at, "id", id ? id->p : NULL, id ? id->n : 0, 0);
+	at += (size_t)snprintf(line + at, sizeof line - at, ",\"token\":%llu,\"seq\":%llu", (unsigned long long)token,
+		(unsigned long long)seq);
+	json_field(line, sizeof line, &at, "kind", kind ? kind->p : NULL, kind ? kind->n : 0, 1);
+	json_field(line, sizeof line, &at, "verdict", verdict, verdict ? strlen(verdict) : 0, 1);
+	json_field(line, sizeof line, &at, "reason", reason, reason ? strlen(reason) : 0, 1);
+	line[at++] = '}';
+	line[at++] = '\n';
+	if (write(hist_fd, line, at) != (ssize_t)at) {
+		logf_("WARN", "msg=\"history not written\" device=%s err=\"%s\"", d->id, strerror(errno));
+	}
+}
+
 /* log_verdict appends r as one sim.VerdictRecord line, in one write. */
 static void log_verdict(const device *d, const efs_result *r)
 {
 	char line[4096];
-	size_t at = 0;
-	struct timespec ts;
-	struct tm tm;
+	size_t at = json_time(line, sizeof line, "time");
 	const efs_envelope *e = &r->env;
 	int dec = r->decoded;
 
-	clock_gettime(CLOCK_REALTIME, &ts);
-	gmtime_r(&ts.tv_sec, &tm);
-	at += strftime(line, sizeof line, "{\"time\":\"%Y-%m-%dT%H:%M:%S", &tm);
-	at += (size_t)snprintf(line + at, sizeof line - at, ".%09ldZ\",\"device\":", ts.tv_nsec);
+	memcpy(line + at, ",\"device\":", 10);
+	at += 10;
 	efsdev_json_string(line, sizeof line, &at, d ? d->id : (const char *)r->device.p, d ? strlen(d->id) : r->device.n);
 	at += (size_t)snprintf(line + at, sizeof line - at, ",\"token\":%llu,\"seq\":%llu,\"id\":",
 		(unsigned long long)(dec ? e->token : 0), (unsigned long long)(dec ? e->seq : 0));
@@ -160,8 +214,10 @@ static int response_topic_ok(const device *d, const char *rt)
 
 /* take journals the command in msg before efs_process can move the mark,
  * if it is one the device will accept: after a kill between the mark's
- * write and the state's, the restart applies it (recover). 0: go on. */
-static int take(device *d, const uint8_t *msg, size_t n)
+ * write and the state's, the restart applies it (recover). It records the
+ * accept in the history then, before the commit, as devices/shim does, and
+ * sets *accepting. 0: go on. */
+static int take(device *d, const uint8_t *msg, size_t n, int *accepting)
 {
 	efs_envelope env;
 	efsdev_changes c;
@@ -172,6 +228,7 @@ static int take(device *d, const uint8_t *msg, size_t n)
 	if (efs_decode_envelope(msg, n, &env) != EFS_OK || env.device.n != strlen(d->id) ||
 	    memcmp(env.device.p, d->id, env.device.n) != 0 || efsdev_parse(&env, &c, &reason) != 0 ||
 	    efs_admit(d->mark, env.token, env.seq, &next) != EFS_ACCEPTED) {
+		*accepting = 0;
 		return 0; /* efs_process refuses it, or acks a duplicate: no effect */
 	}
 	j->pending = 1;
@@ -185,7 +242,26 @@ static int take(device *d, const uint8_t *msg, size_t n)
 			d->id, strerror(errno));
 		return -1;
 	}
+	*accepting = 1;
+	history_event(d, "verdict", &env.id, env.token, env.seq, &env.kind, "accepted", NULL);
 	return 0;
+}
+
+/* record_decision writes r to the history unless take recorded it: a
+ * refusal, a duplicate, or (an accept take foresaw that did not happen: the
+ * mark's write failed) the durable mark, so the checker drops that accept. */
+static void record_decision(const device *d, const efs_result *r, int accepting)
+{
+	const efs_envelope *e = &r->env;
+
+	if (accepting && r->verdict == EFS_ACCEPTED) {
+		return;
+	}
+	if (accepting) {
+		history_event(d, "opened", NULL, d->mark.token, d->mark.seq, NULL, NULL, "the mark's write failed");
+	}
+	history_event(d, "verdict", r->decoded ? &e->id : NULL, r->decoded ? e->token : 0, r->decoded ? e->seq : 0,
+		r->decoded ? &e->kind : NULL, verdict_name(r->verdict), r->reason);
 }
 
 static void publish(struct mosquitto *m, const char *topic, const void *p, size_t n, const struct mosquitto_message *cmd,
@@ -239,7 +315,9 @@ static void handle(struct mosquitto *m, device *d, const struct mosquitto_messag
 	const char *reason;
 	efsdev_journal_rec *j = &d->journal.rec;
 
-	if (take(d, msg->payload, (size_t)msg->payloadlen) != 0) {
+	int accepting;
+
+	if (take(d, msg->payload, (size_t)msg->payloadlen, &accepting) != 0) {
 		return;
 	}
 	efs_process(&d->ctx, (const uint8_t *)d->id, strlen(d->id), msg->payload, (size_t)msg->payloadlen, &r);
@@ -257,6 +335,7 @@ static void handle(struct mosquitto *m, device *d, const struct mosquitto_messag
 		}
 	}
 	counts[r.verdict <= 4 ? r.verdict : 0]++;
+	record_decision(d, &r, accepting);
 	log_verdict(d, &r);
 	efs_result_ack(&r, &ack);
 	if (efs_encode_ack(&ack, out, sizeof out, &len) != EFS_OK) {
@@ -387,6 +466,7 @@ static int open_device(device *d, const char *dir, const char *id)
 		logf_("ERROR", "msg=\"state journal not written\" device=%s err=\"%s\"", id, strerror(errno));
 		return -1;
 	}
+	history_event(d, "opened", NULL, d->mark.token, d->mark.seq, NULL, NULL, NULL);
 	logf_("INFO", "msg=\"device open\" device=%s token=%llu seq=%llu applied=%llu", id, (unsigned long long)d->mark.token,
 		(unsigned long long)d->mark.seq, (unsigned long long)d->journal.rec.state.applied);
 	return 0;
@@ -416,7 +496,7 @@ static int lock_dir(const char *dir)
 static int usage(const char *msg)
 {
 	fprintf(stderr, "efsdev: %s\nusage: efsdev --mqtt URL --devices ID[,ID...] --dir DIR [--prefix P] [--log FILE] "
-		"[--client-id ID] [--mqtt-user U] [--mqtt-password-file F]\n", msg);
+		"[--client-id ID] [--mqtt-user U] [--mqtt-password-file F] [--history FILE [--history-source SRC]]\n", msg);
 	return 2;
 }
 
@@ -428,7 +508,7 @@ static int parse_args(int argc, char **argv, options *o)
 	} flags[] = {
 		{"--mqtt", &o->broker}, {"--devices", &o->devices}, {"--dir", &o->dir}, {"--prefix", &o->prefix},
 		{"--log", &o->log}, {"--client-id", &o->client_id}, {"--mqtt-user", &o->user},
-		{"--mqtt-password-file", &o->pass_file},
+		{"--mqtt-password-file", &o->pass_file}, {"--history", &o->history}, {"--history-source", &o->history_source},
 	};
 	size_t k;
 	int i;
@@ -485,6 +565,17 @@ static int open_all(options *o)
 	if (lock_dir(o->dir) != 0) {
 		return 1;
 	}
+	if (o->log != NULL && (vlog_fd = open(o->log, O_WRONLY | O_CREAT | O_APPEND, 0644)) < 0) {
+		logf_("ERROR", "msg=\"open verdict log\" err=\"%s\"", strerror(errno));
+		return 1;
+	}
+	if (o->history_source != NULL) {
+		hist_source = o->history_source;
+	}
+	if (o->history != NULL && (hist_fd = open(o->history, O_WRONLY | O_CREAT | O_APPEND, 0644)) < 0) {
+		logf_("ERROR", "msg=\"open history\" err=\"%s\"", strerror(errno));
+		return 1;
+	}
 	if (strlen(o->devices) >= sizeof list) {
 		return usage("--devices: the list is too long");
 	}
@@ -501,10 +592,6 @@ static int open_all(options *o)
 	}
 	if (ndev == 0) {
 		return usage("--devices lists no device");
-	}
-	if (o->log != NULL && (vlog_fd = open(o->log, O_WRONLY | O_CREAT | O_APPEND, 0644)) < 0) {
-		logf_("ERROR", "msg=\"open verdict log\" err=\"%s\"", strerror(errno));
-		return 1;
 	}
 	return 0;
 }
