@@ -4,7 +4,7 @@
 // states, and invariant violations, which must be 0.
 //
 //	edgefence-chaos --rounds 300 --bin bin/
-//	edgefence-chaos --rounds 20 --bin bin/ --c-device bin/efsdev --scenarios kill-devsim,freeze
+//	edgefence-chaos --rounds 20 --bin bin/ --c-device bin/efsdev --scenarios kill-devsim,holder-sigstop
 //
 // With --c-device the shim devices are the C device (devices/firmware/linux,
 // `make efsdev`) instead of edgefence-devsim.

@@ -259,3 +259,44 @@ func TestCDeviceKilledBetweenMarkAndState(t *testing.T) {
 	}
 	checkSanitizerClean(t, logPath)
 }
+
+// BenchmarkDeviceRoundTrip is one accepted set command through the broker
+// at a time, Commander to device and its ack back, for the Go simulator
+// (edgefence-devsim: bbolt, one fsynced commit) and the C device (efsdev:
+// the pending record, the mark's erase, program and commit byte, the
+// state, each fdatasynced), in the same run. The C device is the test
+// build (ASan/UBSan) unless $EFSDEV_BIN names another (make efsdev: -O2);
+// devsim has the race detector when the benchmark does.
+func BenchmarkDeviceRoundTrip(b *testing.B) {
+	_, devsim := binaries(b)
+	cdev := os.Getenv("EFSDEV_BIN") // an -O2 build (make efsdev); default the test build
+	if cdev == "" {
+		cdev = CDeviceForTest(b)
+	}
+	for _, kind := range []struct{ name, bin string }{{"devsim", devsim}, {"efsdev", cdev}} {
+		b.Run(kind.name, func(b *testing.B) {
+			br := startBroker(b, BrokerConfig{})
+			k := NewCommander(b, br.URL(), mqtt.Topics{})
+			dir := b.TempDir()
+			p, err := StartProc(kind.name, filepath.Join(dir, "dev.log"), nil, kind.bin, "--mqtt", br.URL(), "--devices", "dev-b",
+				"--dir", filepath.Join(dir, "data"), "--log", filepath.Join(dir, "verdicts.jsonl"), "--client-id", "bench-"+kind.name)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer p.Stop(10 * time.Second)
+			ctx, cancel := context.WithTimeout(b.Context(), 30*time.Second)
+			defer cancel()
+			if err := p.WaitLine(ctx, "ready"); err != nil {
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			for i := range b.N {
+				if a := k.Send(b, "dev-b", 1, uint64(i+1), setpoint(float64(i%100))); a.Verdict != fence.Accepted {
+					b.Fatalf("%+v", a)
+				}
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "commands/s")
+		})
+	}
+}

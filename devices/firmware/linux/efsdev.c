@@ -610,6 +610,9 @@ static struct mosquitto *client(const options *o)
 		return NULL;
 	}
 	mosquitto_int_option(m, MOSQ_OPT_PROTOCOL_VERSION, MQTT_PROTOCOL_V5);
+	/* the PUBACK and the ack are two small writes: without TCP_NODELAY
+	 * Nagle holds the second until the broker's delayed ACK (40 ms) */
+	mosquitto_int_option(m, MOSQ_OPT_TCP_NODELAY, 1);
 	if (o->user != NULL) {
 		const char *pass = password(o);
 		if (pass == NULL || pass[0] == '\0') {
