@@ -2,12 +2,15 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -298,5 +301,50 @@ func BenchmarkDeviceRoundTrip(b *testing.B) {
 			b.StopTimer()
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "commands/s")
 		})
+	}
+}
+
+// TestCDeviceUsage: a bad command line is a usage error (exit 2) naming
+// what is wrong, a bad device id an error (exit 1) before anything is
+// written, a second process on the same directory refused (exit 1).
+func TestCDeviceUsage(t *testing.T) {
+	bin := CDeviceForTest(t)
+	dir := t.TempDir()
+	for _, tt := range []struct {
+		args []string
+		code int
+		msg  string
+	}{
+		{[]string{"--devices", "a", "--dir", dir}, 2, "--mqtt, --devices and --dir are required"},
+		{[]string{"--mqtt", "mqtt://127.0.0.1:1", "--devices", "a", "--dir"}, 2, "a flag without its value"},
+		{[]string{"--bogus", "x"}, 2, "unknown flag"},
+		{[]string{"--mqtt", "mqtt://127.0.0.1:1", "--devices", "a", "--dir", dir, "--prefix", "a/#"}, 2, "--prefix"},
+		{[]string{"--mqtt", "mqtt://127.0.0.1:1", "--devices", ",", "--dir", dir}, 2, "no device"},
+		{[]string{"--mqtt", "mqtt://127.0.0.1:1", "--devices", "bad/id", "--dir", filepath.Join(dir, "x")}, 1, "bad device id"},
+		{[]string{"--mqtt", "mqtt://127.0.0.1:1", "--devices", "a", "--dir", dir, "--mqtt-user", "u"}, 1, "without a password"},
+	} {
+		out, err := exec.Command(bin, tt.args...).CombinedOutput()
+		code := 0
+		if ee, ok := errors.AsType[*exec.ExitError](err); ok {
+			code = ee.ExitCode()
+		}
+		if code != tt.code || !strings.Contains(string(out), tt.msg) {
+			t.Errorf("efsdev %q: exit %d, %s; want %d with %q", tt.args, code, out, tt.code, tt.msg)
+		}
+		if r := SanitizerReport(out); r != "" {
+			t.Errorf("efsdev %q: %s", tt.args, r)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "x", "bad/id.flash")); err == nil {
+		t.Error("a refused device id got a flash file")
+	}
+	r := &cdevKill9{bin: bin, dir: dir, url: startBroker(t, BrokerConfig{}).URL()}
+	p, _ := r.start(t, 0)
+	out, err := exec.Command(bin, "--mqtt", r.url, "--devices", "dev-k", "--dir", filepath.Join(dir, "data")).CombinedOutput()
+	if ee, ok := errors.AsType[*exec.ExitError](err); !ok || ee.ExitCode() != 1 || !strings.Contains(string(out), "directory locked") {
+		t.Errorf("second efsdev on the same directory: %v: %s", err, out)
+	}
+	if err := p.Stop(10 * time.Second); err != nil {
+		t.Error(err)
 	}
 }

@@ -264,15 +264,13 @@ static void record_decision(const device *d, const efs_result *r, int accepting)
 		r->decoded ? &e->kind : NULL, verdict_name(r->verdict), r->reason);
 }
 
-static void publish(struct mosquitto *m, const char *topic, const void *p, size_t n, const struct mosquitto_message *cmd,
-	const mosquitto_property *in)
+static void publish(struct mosquitto *m, const char *topic, const void *p, size_t n, const mosquitto_property *in)
 {
 	mosquitto_property *props = NULL;
 	void *corr = NULL;
 	uint16_t clen = 0;
 	int rc;
 
-	(void)cmd;
 	if (in != NULL && mosquitto_property_read_binary(in, MQTT_PROP_CORRELATION_DATA, &corr, &clen, false) != NULL) {
 		mosquitto_property_add_binary(&props, MQTT_PROP_CORRELATION_DATA, corr, clen);
 	}
@@ -349,10 +347,10 @@ static void handle(struct mosquitto *m, device *d, const struct mosquitto_messag
 			logf_("WARN", "msg=\"response topic refused; acking on the ack topic\" device=%s", d->id);
 		}
 	}
-	publish(m, topic, out, len, msg, props);
+	publish(m, topic, out, len, props);
 	free(rt);
 	if (r.apply && (sn = efsdev_state_cbor(&j->state, st, sizeof st)) > 0) {
-		publish(m, d->state, st, sn, msg, NULL);
+		publish(m, d->state, st, sn, NULL);
 	}
 }
 
@@ -434,13 +432,31 @@ static int recover(device *d)
 	return efsdev_journal_write(&d->journal);
 }
 
+/* valid_id is fence.ValidateDeviceID: 1 to 128 of [A-Za-z0-9._-], not
+ * starting with '.'. */
+static int valid_id(const char *id)
+{
+	size_t i, n = strlen(id);
+
+	if (n == 0 || n > EFS_MAX_DEVICE_ID_LEN || id[0] == '.') {
+		return 0;
+	}
+	for (i = 0; i < n; i++) {
+		char c = id[i];
+		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-')) {
+			return 0;
+		}
+	}
+	return 1;
+}
+
 static int open_device(device *d, const char *dir, const char *id)
 {
 	char path[PATH_MAX];
 	efs_err e;
 
-	if (strlen(id) > EFS_MAX_DEVICE_ID_LEN || strpbrk(id, "/+#") != NULL || id[0] == '\0' || id[0] == '.') {
-		logf_("ERROR", "msg=\"bad device id\" id=\"%s\"", id);
+	if (!valid_id(id)) {
+		logf_("ERROR", "msg=\"bad device id: want 1 to 128 of [A-Za-z0-9._-], not starting with '.' (fence.ValidateDeviceID)\"");
 		return -1;
 	}
 	strcpy(d->id, id);
@@ -556,6 +572,9 @@ static int open_all(options *o)
 	char list[4096], *tok, *save = NULL;
 
 	if (o->prefix != NULL) {
+		if (o->prefix[0] == '\0' || strlen(o->prefix) > 256 || strpbrk(o->prefix, "+#") != NULL) {
+			return usage("--prefix: 1 to 256 bytes, no wildcard");
+		}
 		prefix = o->prefix;
 	}
 	if (mkdir(o->dir, 0700) != 0 && errno != EEXIST) {
@@ -570,6 +589,9 @@ static int open_all(options *o)
 		return 1;
 	}
 	if (o->history_source != NULL) {
+		if (o->history_source[0] == '\0' || strlen(o->history_source) > 64) {
+			return usage("--history-source: 1 to 64 bytes");
+		}
 		hist_source = o->history_source;
 	}
 	if (o->history != NULL && (hist_fd = open(o->history, O_WRONLY | O_CREAT | O_APPEND, 0644)) < 0) {
