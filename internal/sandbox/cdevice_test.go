@@ -348,3 +348,60 @@ func TestCDeviceUsage(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestCDeviceBadInput: what no agent sends (an empty message, bytes that
+// are not CBOR, an envelope naming another device, a setpoint out of
+// range, an unknown kind) is acked Invalid with a reason and changes
+// nothing; the device goes on and accepts the next command.
+func TestCDeviceBadInput(t *testing.T) {
+	r := &cdevKill9{bin: CDeviceForTest(t), dir: t.TempDir()}
+	r.url = startBroker(t, BrokerConfig{}).URL()
+	r.k = NewCommander(t, r.url, mqtt.Topics{})
+	p, logPath := r.start(t, 0)
+	raw := func(e fence.Envelope) []byte {
+		e.V, e.Holder = fence.Version, "gw-test"
+		b, err := fence.MarshalEnvelope(&e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	body, err := setpoint(999).Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name, id string
+		payload  []byte
+	}{
+		{"empty", "", nil},
+		{"not CBOR", "", []byte{0xff, 0x00, 0x13}},
+		{"another device", "c-other", raw(fence.Envelope{Device: "dev-x", Token: 5, Seq: 1, ID: "c-other", Kind: "set", Body: body})},
+		{"setpoint out of range", "c-999", raw(fence.Envelope{Device: "dev-k", Token: 5, Seq: 1, ID: "c-999", Kind: "set", Body: body})},
+		{"unknown kind", "c-kind", raw(fence.Envelope{Device: "dev-k", Token: 5, Seq: 1, ID: "c-kind", Kind: "reboot"})},
+	} {
+		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+		err := r.k.Client.Publish(ctx, mqtt.Message{Topic: r.k.Topics.Cmd("dev-k"), Payload: tt.payload})
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a := r.k.Await(t, tt.id); a.Verdict != fence.Invalid || a.Reason == "" || a.Device != "dev-k" {
+			t.Errorf("%s: ack %+v; want invalid with a reason", tt.name, a)
+		}
+	}
+	if a := r.k.Send(t, "dev-k", 5, 1, setpoint(22)); a.Verdict != fence.Accepted {
+		t.Fatalf("a good command after the bad ones: %+v", a)
+	}
+	if err := p.Stop(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	checkSanitizerClean(t, logPath)
+	if _, applied := openedMark(t, filepath.Join(r.dir, "efsdev-0.log")); applied != 0 {
+		t.Fatalf("applied %d at start", applied)
+	}
+	b, err := os.ReadFile(logPath)
+	if err != nil || !strings.Contains(string(b), "invalid=5") || !strings.Contains(string(b), "accepted=1") {
+		t.Fatalf("the device's counts at exit: %v\n%s", err, b)
+	}
+}

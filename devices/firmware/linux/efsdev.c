@@ -48,6 +48,7 @@ typedef struct {
 	efs_port port;
 	efs_ctx ctx;
 	efs_mark mark; /* the mark on flash (kept in step with ctx's) */
+	int corrupt;   /* the stored mark is unreadable: efs_process refuses everything */
 	efsdev_journal journal;
 } device;
 
@@ -225,7 +226,7 @@ static int take(device *d, const uint8_t *msg, size_t n, int *accepting)
 	const char *reason;
 	efsdev_journal_rec *j = &d->journal.rec;
 
-	if (efs_decode_envelope(msg, n, &env) != EFS_OK || env.device.n != strlen(d->id) ||
+	if (d->corrupt || efs_decode_envelope(msg, n, &env) != EFS_OK || env.device.n != strlen(d->id) ||
 	    memcmp(env.device.p, d->id, env.device.n) != 0 || efsdev_parse(&env, &c, &reason) != 0 ||
 	    efs_admit(d->mark, env.token, env.seq, &next) != EFS_ACCEPTED) {
 		*accepting = 0;
@@ -312,7 +313,6 @@ static void handle(struct mosquitto *m, device *d, const struct mosquitto_messag
 	efsdev_changes c;
 	const char *reason;
 	efsdev_journal_rec *j = &d->journal.rec;
-
 	int accepting;
 
 	if (take(d, msg->payload, (size_t)msg->payloadlen, &accepting) != 0) {
@@ -476,6 +476,7 @@ static int open_device(device *d, const char *dir, const char *id)
 		return -1;
 	}
 	if ((e = efs_open(&d->ctx, &d->port)) != EFS_OK) {
+		d->corrupt = 1;
 		logf_("ERROR", "msg=\"stored mark unreadable: refusing every command\" device=%s err=\"%s\"", id, efs_strerror(e));
 	}
 	if (recover(d) != 0) {
