@@ -405,3 +405,58 @@ func TestCDeviceBadInput(t *testing.T) {
 		t.Fatalf("the device's counts at exit: %v\n%s", err, b)
 	}
 }
+
+// TestCDeviceDamagedFlashFailsClosed: a committed mark record whose bytes
+// no longer match its checksum (no older record to fall back on) makes the
+// device refuse every command Invalid, logged at start, rather than start
+// over from mark 0 and accept an old holder's token.
+func TestCDeviceDamagedFlashFailsClosed(t *testing.T) {
+	r := &cdevKill9{bin: CDeviceForTest(t), dir: t.TempDir()}
+	r.url = startBroker(t, BrokerConfig{}).URL()
+	r.k = NewCommander(t, r.url, mqtt.Topics{})
+	p, _ := r.start(t, 0)
+	if a := r.k.Send(t, "dev-k", 9, 1, setpoint(23)); a.Verdict != fence.Accepted {
+		t.Fatalf("%+v", a)
+	}
+	if err := p.Stop(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	flash := filepath.Join(r.dir, "data", "dev-k.flash")
+	b, err := os.ReadFile(flash)
+	if err != nil || len(b) != 8192 {
+		t.Fatalf("flash file: %d bytes, %v", len(b), err)
+	}
+	damaged := 0
+	for s := 0; s < 2; s++ {
+		if b[s*4096] != 0xff { // committed: flip a bit inside its record
+			b[s*4096+12] ^= 0x01
+			damaged++
+		}
+	}
+	if damaged != 1 {
+		t.Fatalf("%d committed slots after one write; want 1", damaged)
+	}
+	if err := os.WriteFile(flash, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	logPath := filepath.Join(r.dir, "efsdev-1.log")
+	p, err = StartProc("efsdev-1", logPath, nil, r.bin, "--mqtt", r.url, "--devices", "dev-k",
+		"--dir", filepath.Join(r.dir, "data"), "--client-id", "efsdev-kill9")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Stop(10 * time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if err := p.WaitLine(ctx, "msg=ready"); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.WaitLine(ctx, "stored mark unreadable"); err != nil {
+		t.Fatal(err)
+	}
+	for _, tok := range []fence.Token{1, 9, 10} { // an old holder's, the stored one's, a newer one's
+		if a := r.k.Send(t, "dev-k", tok, 2, setpoint(24)); a.Verdict != fence.Invalid {
+			t.Fatalf("token %d on a damaged mark: %+v; want invalid", tok, a)
+		}
+	}
+}
