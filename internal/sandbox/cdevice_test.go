@@ -439,18 +439,9 @@ func TestCDeviceDamagedFlashFailsClosed(t *testing.T) {
 	if err := os.WriteFile(flash, b, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	logPath := filepath.Join(r.dir, "efsdev-1.log")
-	p, err = StartProc("efsdev-1", logPath, nil, r.bin, "--mqtt", r.url, "--devices", "dev-k",
-		"--dir", filepath.Join(r.dir, "data"), "--client-id", "efsdev-kill9")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Stop(10 * time.Second)
+	p, _ = r.start(t, 1)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	if err := p.WaitLine(ctx, "msg=ready"); err != nil {
-		t.Fatal(err)
-	}
 	if err := p.WaitLine(ctx, "stored mark unreadable"); err != nil {
 		t.Fatal(err)
 	}
