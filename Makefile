@@ -23,7 +23,7 @@ CMDS := edgefence edgefence-devsim edgefence-sandbox edgefence-chaos
 CROSS_CMDS := edgefence edgefence-devsim
 TEST_TIMEOUT ?= 15m
 
-.PHONY: help build test test-short deps lint tidy-check bench bench-e2e bench-mcu-verify demo demo-firmware chaos cross package fuzz clean
+.PHONY: help build efsdev test test-short deps lint tidy-check bench bench-e2e bench-mcu-verify demo demo-firmware chaos cross package fuzz clean
 
 help: ## show this help
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -32,7 +32,7 @@ build: ## test/demo build (failpoints compiled in) of the agent, the device simu
 	@mkdir -p $(BIN)
 	$(GO) build -tags $(UNSAFETAGS) -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/ $(addprefix ./cmd/,$(CMDS))
 
-deps: ## install what the tests need (Mosquitto and mosquitto_pub for interop and forgery tests, Debian's etcd 3.4 and etcdctl for the recovery tests, systemd-analyze to verify the unit, qemu-user-static for the arm smoke test, python3-pymodbus, socat and mbpoll for the Modbus tests, gcc, cppcheck and libmbedtls-dev for the C firmware shim, gcc-arm-none-eabi, newlib and qemu-system-arm for it on Cortex-M, clang and libFuzzer for its fuzzer)
+deps: ## install what the tests need (Mosquitto and mosquitto_pub for interop and forgery tests, Debian's etcd 3.4 and etcdctl for the recovery tests, systemd-analyze to verify the unit, qemu-user-static for the arm smoke test, python3-pymodbus, socat and mbpoll for the Modbus tests, gcc, cppcheck and libmbedtls-dev for the C firmware shim, gcc-arm-none-eabi, newlib and qemu-system-arm for it on Cortex-M, clang and libFuzzer for its fuzzer, libmosquitto-dev for the C device)
 	@if ! command -v mosquitto >/dev/null && [ ! -x /usr/sbin/mosquitto ] || ! command -v mosquitto_pub >/dev/null; then \
 		if command -v apt-get >/dev/null; then \
 			echo "installing mosquitto and mosquitto-clients (apt-get; mosquitto_pub is the forgery tests' forger)"; \
@@ -99,6 +99,16 @@ deps: ## install what the tests need (Mosquitto and mosquitto_pub for interop an
 		fi; \
 	fi
 
+	@if [ ! -f /usr/include/mosquitto.h ]; then \
+		if command -v apt-get >/dev/null; then \
+			echo "installing libmosquitto-dev (apt-get) for the C device (devices/firmware/linux: efsdev, run by the Figure 1 and kill -9 tests)"; \
+			SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+			$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq libmosquitto-dev >/dev/null; \
+		else \
+			echo "libmosquitto-dev not found and no apt-get: the C device's tests are skipped (they fail under CI=true)"; \
+		fi; \
+	fi
+
 lint: tidy-check ## go.mod tidy, gofmt, go vet and staticcheck
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 		if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
@@ -136,6 +146,11 @@ demo-firmware: build ## a firmware update over two gateways: the holder frozen m
 	$(BIN)/edgefence-sandbox demo firmware --bin $(BIN)
 
 ROUNDS ?= 30
+efsdev: ## the C device (devices/firmware/linux on libmosquitto) into bin/efsdev; e.g. make chaos CHAOSFLAGS='--c-device bin/efsdev'
+	@mkdir -p $(BIN)
+	$${CC:-cc} -std=c99 -Wall -Wextra -Werror -pedantic -O2 -Idevices/firmware/include -Idevices/firmware/linux \
+		-o $(BIN)/efsdev devices/firmware/linux/*.c devices/firmware/src/*.c -lmosquitto -lm
+
 chaos: build ## ROUNDS randomized fault-injection rounds on the real binaries (default 30); prints a summary, fails on any violation
 	$(BIN)/edgefence-chaos --rounds $(ROUNDS) --bin $(BIN) $(CHAOSFLAGS)
 

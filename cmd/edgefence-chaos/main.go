@@ -4,6 +4,10 @@
 // states, and invariant violations, which must be 0.
 //
 //	edgefence-chaos --rounds 300 --bin bin/
+//	edgefence-chaos --rounds 20 --bin bin/ --c-device bin/efsdev --scenarios kill-devsim,holder-sigstop
+//
+// With --c-device the shim devices are the C device (devices/firmware/linux,
+// `make efsdev`) instead of edgefence-devsim.
 //
 // It exits 1 if any round found a violation or could not finish. `make
 // chaos ROUNDS=N` builds the binaries and runs it.
@@ -69,6 +73,7 @@ type chaosRun struct {
 	keep      bool   // keep work: given with --dir, or a round failed
 	seed      uint64 // of round 0
 	devices   int
+	cdevice   string // the C device's binary, absolute; "" for devsim
 	load      time.Duration
 	log       *slog.Logger
 }
@@ -87,6 +92,7 @@ func parseArgs(args []string, stderr io.Writer) (c *chaosRun, code int, ok bool)
 	only := fs.String("scenarios", strings.Join(chaos.Scenarios(), ","), "comma-separated scenarios to draw from")
 	fs.IntVar(&c.devices, "devices", 4, "shim devices per round")
 	fs.DurationVar(&c.load, "load", 6*time.Second, "how long commands flow in a round")
+	cdev := fs.String("c-device", "", "the C device's binary (efsdev, `make efsdev`): it serves the shim devices instead of edgefence-devsim")
 	verbose := fs.Bool("v", false, "narrate each round")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -108,6 +114,15 @@ func parseArgs(args []string, stderr io.Writer) (c *chaosRun, code int, ok bool)
 		}
 	}
 	var err error
+	if *cdev != "" {
+		if c.cdevice, err = filepath.Abs(*cdev); err == nil {
+			_, err = os.Stat(c.cdevice)
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "edgefence-chaos: --c-device: %v\n", err)
+			return nil, 2, false
+		}
+	}
 	if c.bin, err = filepath.Abs(*bin); err != nil {
 		fmt.Fprintln(stderr, "edgefence-chaos:", err)
 		return nil, 2, false
@@ -135,7 +150,8 @@ func parseArgs(args []string, stderr io.Writer) (c *chaosRun, code int, ok bool)
 func (c *chaosRun) round(ctx context.Context, i int, sum *chaos.Summary, stdout io.Writer) {
 	sc := c.scenarios[int((c.seed+uint64(i))%uint64(len(c.scenarios)))]
 	rdir := filepath.Join(c.work, fmt.Sprintf("round-%04d-%s", i, sc))
-	cfg := chaos.Config{Bin: c.bin, Dir: rdir, Seed: c.seed + uint64(i), Devices: c.devices, Load: c.load, Logger: c.log}
+	cfg := chaos.Config{Bin: c.bin, Dir: rdir, Seed: c.seed + uint64(i), Devices: c.devices, Load: c.load, Logger: c.log,
+		CDeviceBin: c.cdevice}
 	res, err := chaos.Run(ctx, cfg, sc)
 	sum.Add(res, err)
 	switch {

@@ -70,7 +70,7 @@ func newFWCommander(t *testing.T, url string, topics mqtt.Topics) *fwCommander {
 // the test.
 func newFWCommanderTrusting(t *testing.T, url string, topics mqtt.Topics, trust auth.DeviceKeys) *fwCommander {
 	t.Helper()
-	c := dialTest(t, url, "fw-commander")
+	c := sandbox.DialTest(t, url, "fw-commander")
 	k := &fwCommander{c: c, topics: topics, trust: trust, waiters: map[string]chan fence.Ack{}, reports: map[string][]fwReport{}, changed: make(chan struct{})}
 	c.Subscribe(topics.AllAck(), func(m mqtt.Message) {
 		a, err := k.ack(m.Payload)
@@ -321,7 +321,7 @@ func deviceLog(dir, dev string) string {
 // the retained report the broker hands it.
 func retainedReport(t *testing.T, url string, topics mqtt.Topics, dev string) fwReport {
 	t.Helper()
-	c := dialTest(t, url, "late-"+dev)
+	c := sandbox.DialTest(t, url, "late-"+dev)
 	got := make(chan mqtt.Message, 16)
 	c.Subscribe(topics.State(dev), func(m mqtt.Message) { got <- m })
 	select {

@@ -13,6 +13,7 @@ import (
 	"github.com/edgefence/edgefence/fence"
 	"github.com/edgefence/edgefence/fence/history"
 	"github.com/edgefence/edgefence/fence/history/linear"
+	"github.com/edgefence/edgefence/internal/sandbox"
 	"github.com/edgefence/edgefence/transport/mqtt"
 )
 
@@ -25,7 +26,7 @@ func TestDevsimHistory(t *testing.T) {
 	url := startBroker(t)
 	dir, tmp := t.TempDir(), t.TempDir()
 	hpath, opath := filepath.Join(tmp, "devsim.jsonl"), filepath.Join(tmp, "outbox.jsonl")
-	k := newCommander(t, url, mqtt.Topics{})
+	k := sandbox.NewCommander(t, url, mqtt.Topics{})
 	outbox, err := history.Create(opath, "outbox:test")
 	if err != nil {
 		t.Fatal(err)
@@ -34,11 +35,11 @@ func TestDevsimHistory(t *testing.T) {
 	send := func(dev string, tok fence.Token, seq uint64, want fence.Verdict) {
 		t.Helper()
 		e := history.Event{Op: history.OpCreated, Device: dev, Token: uint64(tok), Seq: seq}
-		e.ID = k.publish(t, dev, tok, seq, sim.SetBody{Setpoint: ptr(float64(seq))})
+		e.ID = k.Publish(t, dev, tok, seq, sim.SetBody{Setpoint: ptr(float64(seq))})
 		if err := outbox.Record(e); err != nil {
 			t.Fatal(err)
 		}
-		a := k.await(t, e.ID)
+		a := k.Await(t, e.ID)
 		if a.Verdict != want {
 			t.Fatalf("%s %d/%d: %+v, want %v", dev, tok, seq, a, want)
 		}

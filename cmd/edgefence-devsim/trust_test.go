@@ -13,6 +13,7 @@ import (
 	"github.com/edgefence/edgefence/fence"
 	"github.com/edgefence/edgefence/fence/auth"
 	"github.com/edgefence/edgefence/fence/auth/authtest"
+	"github.com/edgefence/edgefence/internal/sandbox"
 	"github.com/edgefence/edgefence/transport/mqtt"
 )
 
@@ -36,12 +37,12 @@ func TestDevsimTrustOverTheAir(t *testing.T) {
 	gwA, gwB := op.Certify("gw-a", "dev-*"), op.Certify("gw-b", "dev-*")
 
 	url := startBroker(t)
-	k := newCommander(t, url, mqtt.Topics{})
+	k := sandbox.NewCommander(t, url, mqtt.Topics{})
 	publish := func(payload []byte) {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		if err := k.c.Publish(ctx, mqtt.Message{Topic: k.topics.Cmd("dev-1"), Payload: payload}); err != nil {
+		if err := k.Client.Publish(ctx, mqtt.Message{Topic: k.Topics.Cmd("dev-1"), Payload: payload}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -58,7 +59,7 @@ func TestDevsimTrustOverTheAir(t *testing.T) {
 			t.Fatal(err)
 		}
 		publish(raw)
-		return k.await(t, id)
+		return k.Await(t, id)
 	}
 	args := []string{"--mqtt", url, "--devices", "dev-1", "--dir", t.TempDir(), "--log", filepath.Join(t.TempDir(), "v.jsonl"),
 		"--trust-root", keys + ".pub", "--trust-root-kid", authtest.RootKID}

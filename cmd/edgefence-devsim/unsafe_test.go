@@ -11,6 +11,7 @@ import (
 	"github.com/edgefence/edgefence/devices/sim"
 	"github.com/edgefence/edgefence/fence"
 	"github.com/edgefence/edgefence/fence/history"
+	"github.com/edgefence/edgefence/internal/sandbox"
 	"github.com/edgefence/edgefence/transport/mqtt"
 )
 
@@ -20,13 +21,13 @@ import (
 func TestDevsimUnsafeNoFence(t *testing.T) {
 	url := startBroker(t)
 	topics := mqtt.Topics{}
-	k := newCommander(t, url, topics)
+	k := sandbox.NewCommander(t, url, topics)
 	tmp := t.TempDir()
 	vpath, hpath := filepath.Join(tmp, "v.jsonl"), filepath.Join(tmp, "h.jsonl")
 	d := startDevsim(t, "--mqtt", url, "--devices", "boiler", "--dir", t.TempDir(), "--unsafe-no-fence", "--log", vpath, "--history", hpath)
 	d.awaitReady(t)
-	k.send(t, "boiler", 5, 1, sim.SetBody{Mode: ptr("cool")})
-	if a := k.send(t, "boiler", 4, 1, sim.SetBody{Mode: ptr("heat")}); a.Verdict != fence.Accepted || !strings.Contains(a.Reason, "FENCE DISABLED") {
+	k.Send(t, "boiler", 5, 1, sim.SetBody{Mode: ptr("cool")})
+	if a := k.Send(t, "boiler", 4, 1, sim.SetBody{Mode: ptr("heat")}); a.Verdict != fence.Accepted || !strings.Contains(a.Reason, "FENCE DISABLED") {
 		t.Fatalf("unfenced stale: %+v", a)
 	}
 	d.stop(t, syscall.SIGTERM)

@@ -12,7 +12,7 @@ import (
 	"github.com/eclipse/paho.golang/paho"
 )
 
-func startBroker(t *testing.T, cfg BrokerConfig) *Broker {
+func startBroker(t testing.TB, cfg BrokerConfig) *Broker {
 	t.Helper()
 	start := time.Now()
 	b, err := StartBroker(cfg)

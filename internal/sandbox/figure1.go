@@ -27,9 +27,16 @@ import (
 type Figure1Config struct {
 	AgentBin  string // the edgefence binary
 	DevsimBin string // the edgefence-devsim binary
-	Dir       string // work dir: configs, data, logs, sockets (required)
-	Etcd      string // etcd endpoint URL (required)
-	MQTT      string // broker URL (required)
+	// Device is what serves the MQTT devices: "" or DeviceDevsim, the Go
+	// simulator (DevsimBin); DeviceC, the C device (CDeviceBin, efsdev:
+	// devices/firmware's shim on libmosquitto, BuildCDevice). The C device
+	// runs fenced, plain (unsigned) commands: not with NoFence, Serial,
+	// Modbus or Trust.
+	Device     string
+	CDeviceBin string
+	Dir        string // work dir: configs, data, logs, sockets (required)
+	Etcd       string // etcd endpoint URL (required)
+	MQTT       string // broker URL (required)
 
 	Devices    []string      // default dev-1, dev-2, dev-3
 	LeaseTTL   time.Duration // default 2s (the minimum)
@@ -144,8 +151,11 @@ type figure1 struct {
 // RunFigure1 runs the scenario and returns what happened. It stops every
 // process it started before returning.
 func RunFigure1(ctx context.Context, cfg Figure1Config) (*Figure1Result, error) {
-	if cfg.Dir == "" || cfg.Etcd == "" || cfg.MQTT == "" || cfg.AgentBin == "" || (cfg.DevsimBin == "" && cfg.Modbus == nil) {
+	if cfg.Dir == "" || cfg.Etcd == "" || cfg.MQTT == "" || cfg.AgentBin == "" || (cfg.DevsimBin == "" && cfg.Modbus == nil && cfg.Device != DeviceC) {
 		return nil, errors.New("sandbox: figure 1: Dir, Etcd, MQTT, AgentBin and DevsimBin are required")
+	}
+	if err := cfg.checkDevice(); err != nil {
+		return nil, err
 	}
 	cfg.applyDefaults()
 	if cfg.Serial && len(cfg.Devices) != 1 {
@@ -171,6 +181,29 @@ func RunFigure1(ctx context.Context, cfg Figure1Config) (*Figure1Result, error) 
 		defer pair.Close()
 	}
 	return f.run(ctx)
+}
+
+// Figure1Config.Device values.
+const (
+	DeviceDevsim = "devsim" // edgefence-devsim (the default)
+	DeviceC      = "c"      // efsdev, the C device (BuildCDevice)
+)
+
+// checkDevice refuses a Device the run cannot use.
+func (cfg *Figure1Config) checkDevice() error {
+	switch cfg.Device {
+	case "", DeviceDevsim:
+		return nil
+	case DeviceC:
+		if cfg.CDeviceBin == "" {
+			return errors.New("sandbox: figure 1: Device c needs CDeviceBin")
+		}
+		if cfg.NoFence || cfg.Serial || cfg.Modbus != nil || cfg.Trust != nil {
+			return errors.New("sandbox: figure 1: the C device runs fenced, unsigned MQTT devices (not NoFence, Serial, Modbus or Trust)")
+		}
+		return nil
+	}
+	return fmt.Errorf("sandbox: figure 1: unknown Device %q (want %q or %q)", cfg.Device, DeviceDevsim, DeviceC)
 }
 
 // applyDefaults fills in the defaults of the fields left zero.
@@ -222,6 +255,10 @@ func (f *figure1) startDevices(ctx context.Context) (*Proc, error) {
 	}
 	args := []string{"--mqtt", f.cfg.MQTT, "--prefix", f.cfg.MQTTPrefix, "--devices", strings.Join(f.cfg.Devices, ","),
 		"--dir", f.path("devices"), "--log", f.path("verdicts.jsonl"), "--client-id", "devsim-" + filepath.Base(f.cfg.Dir)}
+	bin := f.cfg.DevsimBin
+	if f.cfg.Device == DeviceC {
+		bin = f.cfg.CDeviceBin
+	}
 	if f.cfg.NoFence {
 		args = append(args, "--unsafe-no-fence")
 	}
@@ -238,7 +275,7 @@ func (f *figure1) startDevices(ctx context.Context) (*Proc, error) {
 	if user != "" {
 		args = append(args, "--mqtt-user", user)
 	}
-	p, err := StartProc("devsim", f.path("devsim.log"), env, f.cfg.DevsimBin, args...)
+	p, err := StartProc("devsim", f.path("devsim.log"), env, bin, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -493,6 +530,8 @@ func (f *figure1) startAll(ctx context.Context, res *Figure1Result) (*figure1Pro
 		fenceWord = "a Modbus slave (no fence of its own), " + f.modbusWhere() + ", wired to gateway B, whose fence table guards it"
 	case c.NoFence:
 		fenceWord = "UNFENCED (--unsafe-no-fence: they apply whatever arrives)"
+	case c.Device == DeviceC:
+		fenceWord = "fenced by the C firmware shim (efsdev on libmosquitto, marks on its flash file)"
 	}
 	if c.Trust != nil && !c.atGateway() {
 		fenceWord += ", taking only commands signed by a gateway key the operator certified (gw-a/1, gw-b/1)"

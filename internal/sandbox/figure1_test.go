@@ -25,7 +25,7 @@ var (
 
 // binaries builds cmd/edgefence and cmd/edgefence-devsim once per test run
 // (with the race detector when the tests have it).
-func binaries(t *testing.T) (agentBin, devsimBin string) {
+func binaries(t testing.TB) (agentBin, devsimBin string) {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("builds and runs the real binaries; skipped with -short")

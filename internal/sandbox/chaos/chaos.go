@@ -73,6 +73,10 @@ type Config struct {
 	// Dir is the round's working directory (configs, state, logs,
 	// histories).
 	Dir string
+	// CDeviceBin, if set, is the C device (efsdev, sandbox.BuildCDevice):
+	// it serves the shim devices in place of edgefence-devsim, its fence
+	// point the C library's (the firmware round's devices stay devsim's).
+	CDeviceBin string
 	// Devices is the number of shim devices (MQTT); default 4.
 	Devices int
 	// Serial is the number of legacy serial devices behind gateway gw-b's

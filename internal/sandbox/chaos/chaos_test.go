@@ -45,6 +45,7 @@ func TestMain(m *testing.M) {
 	if binDir != "" {
 		os.RemoveAll(binDir)
 	}
+	sandbox.RemoveTestCDevice()
 	os.Exit(code)
 }
 

@@ -333,7 +333,11 @@ func (r *round) startDevsim(ctx context.Context) error {
 	r.devsimMu.Lock()
 	defer r.devsimMu.Unlock()
 	r.devsimRuns++
-	bin, args := r.command(nodeServer, filepath.Join(r.cfg.Bin, "edgefence-devsim"),
+	dev := filepath.Join(r.cfg.Bin, "edgefence-devsim")
+	if r.cfg.CDeviceBin != "" {
+		dev = r.cfg.CDeviceBin
+	}
+	bin, args := r.command(nodeServer, dev,
 		"--mqtt", r.mqttURL, "--devices", strings.Join(r.shimDevs, ","), "--dir", r.path("devices"),
 		"--log", r.path("verdicts.jsonl"), "--client-id", "devsim-chaos", "--mqtt-user", "devsim",
 		"--history", r.path("hist-devsim.jsonl"), "--history-source", "shim")

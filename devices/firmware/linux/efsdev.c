@@ -1,0 +1,725 @@
+/*
+ * efsdev: a thermostat device in C on libmosquitto, fenced by the efshim
+ * library: the Linux/MQTT integration of devices/firmware, and the device
+ * the Figure 1 and kill -9 tests run in place of edgefence-devsim.
+ *
+ *   efsdev --mqtt mqtt://127.0.0.1:1883 --devices dev-1,dev-2 --dir DIR
+ *          [--prefix edgefence/v1] [--log verdicts.jsonl] [--client-id ID]
+ *          [--mqtt-user U (password from $EDGEFENCE_MQTT_PASSWORD or
+ *          --mqtt-password-file F)] [--history FILE [--history-source SRC]]
+ *
+ * Topics, QoS and payloads are devsim's (devices/sim.Fleet): commands at
+ * QoS 1 on <prefix>/dev/<id>/cmd (MQTT v5, a persistent session), acks
+ * (fence.MarshalAck's bytes, from efs_encode_ack) at QoS 1 on the command's
+ * response topic or <prefix>/dev/<id>/ack with its correlation data, the
+ * state (sim.State's CBOR map) on <prefix>/dev/<id>/state after a command
+ * is applied. Verdicts go to --log as sim.VerdictRecord JSON lines. Each
+ * device keeps its mark in <dir>/<id>.flash (two sectors: flash_file.c)
+ * and its state in <dir>/<id>.state (thermostat.c's journal). Logs go to
+ * stderr as key=value lines; msg=ready once every subscription is granted.
+ * --history appends fence/history events (accepts before the mark's commit,
+ * an "opened" event with the durable mark per device at start).
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <mosquitto.h>
+#include <mqtt_protocol.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "efsdev.h"
+
+#define MAX_DEVICES 64
+#define SESSION_EXPIRY 300 /* seconds, the transport's default */
+
+typedef struct {
+	char id[EFS_MAX_DEVICE_ID_LEN + 1];
+	char cmd[512], ack[512], state[512];
+	efsdev_flash flash;
+	efs_port port;
+	efs_ctx ctx;
+	efs_mark mark; /* the mark on flash (kept in step with ctx's) */
+	int corrupt;   /* the stored mark is unreadable: efs_process refuses everything */
+	efsdev_journal journal;
+} device;
+
+typedef struct {
+	const char *broker, *prefix, *dir, *log, *client_id, *user, *pass_file, *devices, *history, *history_source;
+} options;
+
+static device devs[MAX_DEVICES];
+static int ndev, granted, ready_logged, vlog_fd = 1, hist_fd = -1;
+static const char *hist_source = "efsdev";
+static const char *prefix = "edgefence/v1";
+static unsigned long counts[5];
+static volatile sig_atomic_t stopping;
+
+static void logf_(const char *level, const char *fmt, ...)
+{
+	char buf[1024];
+	va_list ap;
+	int n = snprintf(buf, sizeof buf, "level=%s ", level);
+
+	va_start(ap, fmt);
+	vsnprintf(buf + n, sizeof buf - (size_t)n, fmt, ap);
+	va_end(ap);
+	fprintf(stderr, "%s\n", buf);
+	fflush(stderr);
+}
+
+static void on_signal(int sig)
+{
+	(void)sig;
+	stopping = 1;
+}
+
+static int check(void *user, const efs_envelope *env, const char **reason)
+{
+	efsdev_changes c;
+
+	(void)user;
+	return efsdev_parse(env, &c, reason);
+}
+
+static void state_json(char *out, size_t cap, size_t *at, const efsdev_state *s)
+{
+	*at += (size_t)snprintf(out + *at, cap - *at, "{\"setpoint\":%.17g,\"mode\":\"%s\",\"relay\":%s,\"applied\":%llu,"
+		"\"last_token\":%llu,\"last_seq\":%llu,\"last_id\":", s->setpoint, efsdev_modes[s->mode & 3],
+		s->relay ? "true" : "false", (unsigned long long)s->applied, (unsigned long long)s->last_token,
+		(unsigned long long)s->last_seq);
+	efsdev_json_string(out, cap, at, s->last_id, s->last_id_len);
+	out[(*at)++] = '}';
+}
+
+static const char *verdict_name(efs_verdict v)
+{
+	static const char *const names[] = {"", "accepted", "duplicate", "stale", "invalid"};
+	return (int)v >= 1 && (int)v <= 4 ? names[v] : "invalid";
+}
+
+/* json_time appends {"<key>":"<now, RFC 3339 with nanoseconds, UTC>" to out. */
+static size_t json_time(char *out, size_t cap, const char *key)
+{
+	struct timespec ts;
+	struct tm tm;
+	size_t at;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	gmtime_r(&ts.tv_sec, &tm);
+	at = (size_t)snprintf(out, cap, "{\"%s\":\"", key);
+	at += strftime(out + at, cap - at, "%Y-%m-%dT%H:%M:%S", &tm);
+	at += (size_t)snprintf(out + at, cap - at, ".%09ldZ\"", ts.tv_nsec);
+	return at;
+}
+
+/* json_field appends ,"<key>":<s as a JSON string>; with omit, nothing for
+ * an empty s (Go's omitempty). */
+static void json_field(char *out, size_t cap, size_t *at, const char *key, const void *s, size_t n, int omit)
+{
+	if (omit && n == 0) {
+		return;
+	}
+	*at += (size_t)snprintf(out + *at, cap - *at, ",\"%s\":", key);
+	efsdev_json_string(out, cap, at, s, n);
+}
+
+/* history_event appends one fence/history event (history.Event's JSON) to
+ * --history, in one write(2): op "verdict" with the verdict, or "opened"
+ * with the durable mark. */
+static void history_event(const device *d, const char *op, const efs_bytes *id, uint64_t token, uint64_t seq,
+	const efs_bytes *kind, const char *verdict, const char *reason)
+{
+	char line[2048];
+	size_t at;
+
+	if (hist_fd < 0) {
+		return;
+	}
+	at = json_time(line, sizeof line, "t");
+	json_field(line, sizeof line, &at, "src", hist_source, strlen(hist_source), 0);
+	json_field(line, sizeof line, &at, "op", op, strlen(op), 0);
+	json_field(line, sizeof line, &at, "dev", d->id, strlen(d->id), 0);
+	json_field(line, sizeof line, &at, "id", id ? id->p : NULL, id ? id->n : 0, 0);
+	at += (size_t)snprintf(line + at, sizeof line - at, ",\"token\":%llu,\"seq\":%llu", (unsigned long long)token,
+		(unsigned long long)seq);
+	json_field(line, sizeof line, &at, "kind", kind ? kind->p : NULL, kind ? kind->n : 0, 1);
+	json_field(line, sizeof line, &at, "verdict", verdict, verdict ? strlen(verdict) : 0, 1);
+	json_field(line, sizeof line, &at, "reason", reason, reason ? strlen(reason) : 0, 1);
+	line[at++] = '}';
+	line[at++] = '\n';
+	if (write(hist_fd, line, at) != (ssize_t)at) {
+		logf_("WARN", "msg=\"history not written\" device=%s err=\"%s\"", d->id, strerror(errno));
+	}
+}
+
+/* log_verdict appends r as one sim.VerdictRecord line, in one write. */
+static void log_verdict(const device *d, const efs_result *r)
+{
+	char line[4096];
+	size_t at = json_time(line, sizeof line, "time");
+	const efs_envelope *e = &r->env;
+	int dec = r->decoded;
+
+	memcpy(line + at, ",\"device\":", 10);
+	at += 10;
+	efsdev_json_string(line, sizeof line, &at, d ? d->id : (const char *)r->device.p, d ? strlen(d->id) : r->device.n);
+	at += (size_t)snprintf(line + at, sizeof line - at, ",\"token\":%llu,\"seq\":%llu,\"id\":",
+		(unsigned long long)(dec ? e->token : 0), (unsigned long long)(dec ? e->seq : 0));
+	efsdev_json_string(line, sizeof line, &at, (const char *)e->id.p, dec ? e->id.n : 0);
+	line[at++] = ',';
+	memcpy(line + at, "\"kind\":", 7);
+	at += 7;
+	efsdev_json_string(line, sizeof line, &at, (const char *)e->kind.p, dec ? e->kind.n : 0);
+	memcpy(line + at, ",\"holder\":", 10);
+	at += 10;
+	efsdev_json_string(line, sizeof line, &at, (const char *)e->holder.p, dec ? e->holder.n : 0);
+	at += (size_t)snprintf(line + at, sizeof line - at, ",\"verdict\":\"%s\",\"max_token\":%llu,\"last_seq\":%llu,\"reason\":",
+		verdict_name(r->verdict), (unsigned long long)r->mark.token, (unsigned long long)r->mark.seq);
+	efsdev_json_string(line, sizeof line, &at, r->reason, strlen(r->reason));
+	memcpy(line + at, ",\"state\":", 9);
+	at += 9;
+	if (d != NULL) {
+		state_json(line, sizeof line, &at, &d->journal.rec.state);
+	} else {
+		memcpy(line + at, "null", 4);
+		at += 4;
+	}
+	line[at++] = '}';
+	line[at++] = '\n';
+	if (write(vlog_fd, line, at) != (ssize_t)at) {
+		logf_("ERROR", "msg=\"verdict log\" err=\"%s\"", strerror(errno));
+	}
+}
+
+/* response_topic_ok is devsim's responseTopicOK: a plain topic name, not
+ * into the devices' tree but this device's own ack topic. */
+static int response_topic_ok(const device *d, const char *rt)
+{
+	char tree[512];
+
+	if (strpbrk(rt, "+#") != NULL || rt[0] == '$' || strlen(rt) > 65535) {
+		return 0;
+	}
+	snprintf(tree, sizeof tree, "%s/dev/", prefix);
+	return strncmp(rt, tree, strlen(tree)) != 0 || strcmp(rt, d->ack) == 0;
+}
+
+/* take journals the command in msg before efs_process can move the mark,
+ * if it is one the device will accept: after a kill between the mark's
+ * write and the state's, the restart applies it (recover). It records the
+ * accept in the history then, before the commit, as devices/shim does, and
+ * sets *accepting. 0: go on. */
+static int take(device *d, const uint8_t *msg, size_t n, int *accepting)
+{
+	efs_envelope env;
+	efsdev_changes c;
+	efs_mark next;
+	const char *reason;
+	efsdev_journal_rec *j = &d->journal.rec;
+
+	if (d->corrupt || efs_decode_envelope(msg, n, &env) != EFS_OK || env.device.n != strlen(d->id) ||
+	    memcmp(env.device.p, d->id, env.device.n) != 0 || efsdev_parse(&env, &c, &reason) != 0 ||
+	    efs_admit(d->mark, env.token, env.seq, &next) != EFS_ACCEPTED) {
+		*accepting = 0;
+		return 0; /* efs_process refuses it, or acks a duplicate: no effect */
+	}
+	j->pending = 1;
+	j->p_token = env.token;
+	j->p_seq = env.seq;
+	j->p_id_len = (uint8_t)env.id.n;
+	memcpy(j->p_id, env.id.p, env.id.n);
+	j->p_changes = c;
+	if (efsdev_journal_write(&d->journal) != 0) {
+		logf_("ERROR", "msg=\"state journal not written; command not taken (no ack: the agent retries)\" device=%s err=\"%s\"",
+			d->id, strerror(errno));
+		return -1;
+	}
+	*accepting = 1;
+	history_event(d, "verdict", &env.id, env.token, env.seq, &env.kind, "accepted", NULL);
+	return 0;
+}
+
+/* record_decision writes r to the history unless take recorded it: a
+ * refusal, a duplicate, or (an accept take foresaw that did not happen: the
+ * mark's write failed) the durable mark, so the checker drops that accept. */
+static void record_decision(const device *d, const efs_result *r, int accepting)
+{
+	const efs_envelope *e = &r->env;
+
+	if (accepting && r->verdict == EFS_ACCEPTED) {
+		return;
+	}
+	if (accepting) {
+		history_event(d, "opened", NULL, d->mark.token, d->mark.seq, NULL, NULL, "the mark's write failed");
+	}
+	history_event(d, "verdict", r->decoded ? &e->id : NULL, r->decoded ? e->token : 0, r->decoded ? e->seq : 0,
+		r->decoded ? &e->kind : NULL, verdict_name(r->verdict), r->reason);
+}
+
+static void publish(struct mosquitto *m, const char *topic, const void *p, size_t n, const mosquitto_property *in)
+{
+	mosquitto_property *props = NULL;
+	void *corr = NULL;
+	uint16_t clen = 0;
+	int rc;
+
+	if (in != NULL && mosquitto_property_read_binary(in, MQTT_PROP_CORRELATION_DATA, &corr, &clen, false) != NULL) {
+		mosquitto_property_add_binary(&props, MQTT_PROP_CORRELATION_DATA, corr, clen);
+	}
+	rc = mosquitto_publish_v5(m, NULL, topic, (int)n, p, 1, false, props);
+	if (rc != MOSQ_ERR_SUCCESS) {
+		logf_("WARN", "msg=\"not published\" topic=%s err=\"%s\"", topic, mosquitto_strerror(rc));
+	}
+	mosquitto_property_free_all(&props);
+	free(corr);
+}
+
+#ifdef EFSDEV_FAILPOINTS
+/* kill_after_mark is the test build's failpoint (-DEFSDEV_FAILPOINTS, as
+ * BuildCDevice's sanitized build): with EFSDEV_KILL_AFTER_MARK=N the
+ * process kills itself (SIGKILL) after the Nth mark it wrote, before the
+ * command's effect reaches the state journal. */
+static void kill_after_mark(void)
+{
+	static long n;
+	const char *v = getenv("EFSDEV_KILL_AFTER_MARK");
+
+	if (v != NULL && ++n == atol(v)) {
+		logf_("INFO", "msg=\"failpoint: SIGKILL after the mark's write\" n=%ld", n);
+		raise(SIGKILL);
+	}
+}
+#else
+static void kill_after_mark(void) {}
+#endif
+
+static void handle(struct mosquitto *m, device *d, const struct mosquitto_message *msg, const mosquitto_property *props)
+{
+	efs_result r;
+	efs_ack ack;
+	uint8_t out[EFS_MAX_ACK_SIZE], st[512];
+	size_t len, sn;
+	char *rt = NULL;
+	const char *topic = d->ack;
+	efsdev_changes c;
+	const char *reason;
+	efsdev_journal_rec *j = &d->journal.rec;
+	int accepting;
+
+	if (take(d, msg->payload, (size_t)msg->payloadlen, &accepting) != 0) {
+		return;
+	}
+	efs_process(&d->ctx, (const uint8_t *)d->id, strlen(d->id), msg->payload, (size_t)msg->payloadlen, &r);
+	if (r.verdict == EFS_ACCEPTED) {
+		d->mark = r.mark;
+	}
+	if (r.apply) {
+		kill_after_mark();
+	}
+	if (r.apply && efsdev_parse(&r.env, &c, &reason) == 0) {
+		efsdev_apply(&j->state, &c, r.env.token, r.env.seq, r.env.id);
+		j->pending = 0;
+		if (efsdev_journal_write(&d->journal) != 0) { /* the pending command is on disk: a restart applies it */
+			logf_("ERROR", "msg=\"state journal not written\" device=%s err=\"%s\"", d->id, strerror(errno));
+		}
+	}
+	counts[r.verdict <= 4 ? r.verdict : 0]++;
+	record_decision(d, &r, accepting);
+	log_verdict(d, &r);
+	efs_result_ack(&r, &ack);
+	if (efs_encode_ack(&ack, out, sizeof out, &len) != EFS_OK) {
+		logf_("ERROR", "msg=\"ack does not encode\" device=%s", d->id);
+		return;
+	}
+	if (props != NULL && mosquitto_property_read_string(props, MQTT_PROP_RESPONSE_TOPIC, &rt, false) != NULL) {
+		if (response_topic_ok(d, rt)) {
+			topic = rt;
+		} else {
+			logf_("WARN", "msg=\"response topic refused; acking on the ack topic\" device=%s", d->id);
+		}
+	}
+	publish(m, topic, out, len, props);
+	free(rt);
+	if (r.apply && (sn = efsdev_state_cbor(&j->state, st, sizeof st)) > 0) {
+		publish(m, d->state, st, sn, NULL);
+	}
+}
+
+static void on_message(struct mosquitto *m, void *obj, const struct mosquitto_message *msg, const mosquitto_property *props)
+{
+	int i;
+
+	(void)obj;
+	for (i = 0; i < ndev; i++) {
+		if (strcmp(msg->topic, devs[i].cmd) == 0) {
+			handle(m, &devs[i], msg, props);
+			return;
+		}
+	}
+	logf_("WARN", "msg=\"message on an unknown topic\" topic=%s", msg->topic);
+}
+
+static void on_connect(struct mosquitto *m, void *obj, int rc, int flags, const mosquitto_property *props)
+{
+	int i;
+
+	(void)obj;
+	(void)flags;
+	(void)props;
+	if (rc != 0) {
+		logf_("ERROR", "msg=\"connect refused\" reason=\"%s\"", mosquitto_reason_string(rc));
+		return;
+	}
+	logf_("INFO", "msg=connected session_present=%d", flags);
+	granted = 0;
+	for (i = 0; i < ndev; i++) {
+		int s = mosquitto_subscribe_v5(m, NULL, devs[i].cmd, 1, 0, NULL);
+		if (s != MOSQ_ERR_SUCCESS) {
+			logf_("ERROR", "msg=\"subscribe\" topic=%s err=\"%s\"", devs[i].cmd, mosquitto_strerror(s));
+		}
+	}
+}
+
+static void on_subscribe(struct mosquitto *m, void *obj, int mid, int n, const int *qos, const mosquitto_property *props)
+{
+	(void)m;
+	(void)obj;
+	(void)mid;
+	(void)props;
+	if (n < 1 || qos[0] >= 0x80) {
+		logf_("ERROR", "msg=\"subscription refused\" code=%d", n < 1 ? -1 : qos[0]);
+		return;
+	}
+	if (++granted == ndev && !ready_logged) {
+		ready_logged = 1;
+		logf_("INFO", "msg=ready devices=%d prefix=%s", ndev, prefix);
+	}
+}
+
+/* recover finishes a command whose mark reached flash before a kill
+ * stopped its effect reaching the state journal. */
+static int recover(device *d)
+{
+	efs_mark_record mr;
+	efsdev_journal_rec *j = &d->journal.rec;
+
+	if (efs_read_mark_record(&d->ctx, &mr) != EFS_OK) {
+		return 0; /* corrupt: the context refuses everything */
+	}
+	d->mark = mr.mark;
+	if (!j->pending) {
+		return 0;
+	}
+	if (mr.mark.token == j->p_token && mr.mark.seq == j->p_seq && mr.id_len == j->p_id_len &&
+	    memcmp(mr.id, j->p_id, mr.id_len) == 0 && !(j->state.last_token == j->p_token && j->state.last_seq == j->p_seq)) {
+		efs_bytes id;
+		id.p = (const uint8_t *)j->p_id;
+		id.n = j->p_id_len;
+		efsdev_apply(&j->state, &j->p_changes, j->p_token, j->p_seq, id);
+		logf_("INFO", "msg=\"applied the command whose mark was on flash before the restart\" device=%s token=%llu seq=%llu",
+			d->id, (unsigned long long)j->p_token, (unsigned long long)j->p_seq);
+	}
+	j->pending = 0;
+	return efsdev_journal_write(&d->journal);
+}
+
+/* valid_id is fence.ValidateDeviceID: 1 to 128 of [A-Za-z0-9._-], not
+ * starting with '.'. */
+static int valid_id(const char *id)
+{
+	size_t i, n = strlen(id);
+
+	if (n == 0 || n > EFS_MAX_DEVICE_ID_LEN || id[0] == '.') {
+		return 0;
+	}
+	for (i = 0; i < n; i++) {
+		char c = id[i];
+		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-')) {
+			return 0;
+		}
+	}
+	return 1;
+}
+
+static int open_device(device *d, const char *dir, const char *id)
+{
+	char path[PATH_MAX];
+	efs_err e;
+
+	if (!valid_id(id)) {
+		logf_("ERROR", "msg=\"bad device id: want 1 to 128 of [A-Za-z0-9._-], not starting with '.' (fence.ValidateDeviceID)\"");
+		return -1;
+	}
+	strcpy(d->id, id);
+	snprintf(d->cmd, sizeof d->cmd, "%s/dev/%s/cmd", prefix, id);
+	snprintf(d->ack, sizeof d->ack, "%s/dev/%s/ack", prefix, id);
+	snprintf(d->state, sizeof d->state, "%s/dev/%s/state", prefix, id);
+	snprintf(path, sizeof path, "%s/%s.flash", dir, id);
+	if (efsdev_flash_open(&d->flash, path) != 0) {
+		logf_("ERROR", "msg=\"open flash\" path=%s err=\"%s\"", path, strerror(errno));
+		return -1;
+	}
+	efsdev_flash_port(&d->flash, &d->port);
+	d->port.check = check;
+	snprintf(path, sizeof path, "%s/%s.state", dir, id);
+	if (efsdev_journal_open(&d->journal, path) != 0) {
+		logf_("ERROR", "msg=\"open state journal\" path=%s err=\"%s\"", path, strerror(errno));
+		return -1;
+	}
+	if ((e = efs_open(&d->ctx, &d->port)) != EFS_OK) {
+		d->corrupt = 1;
+		logf_("ERROR", "msg=\"stored mark unreadable: refusing every command\" device=%s err=\"%s\"", id, efs_strerror(e));
+	}
+	if (recover(d) != 0) {
+		logf_("ERROR", "msg=\"state journal not written\" device=%s err=\"%s\"", id, strerror(errno));
+		return -1;
+	}
+	history_event(d, "opened", NULL, d->mark.token, d->mark.seq, NULL, NULL, NULL);
+	logf_("INFO", "msg=\"device open\" device=%s token=%llu seq=%llu applied=%llu", id, (unsigned long long)d->mark.token,
+		(unsigned long long)d->mark.seq, (unsigned long long)d->journal.rec.state.applied);
+	return 0;
+}
+
+/* lock_dir takes <dir>/efsdev.lock: one process per directory. */
+static int lock_dir(const char *dir)
+{
+	char path[PATH_MAX];
+	struct flock fl;
+	int fd;
+
+	snprintf(path, sizeof path, "%s/efsdev.lock", dir);
+	if ((fd = open(path, O_RDWR | O_CREAT, 0600)) < 0) {
+		return -1;
+	}
+	memset(&fl, 0, sizeof fl);
+	fl.l_type = F_WRLCK;
+	fl.l_whence = SEEK_SET;
+	if (fcntl(fd, F_SETLK, &fl) != 0) {
+		logf_("ERROR", "msg=\"directory locked: another efsdev runs on it\" dir=%s", dir);
+		return -1;
+	}
+	return 0; /* fd stays open: the lock lasts as long as the process */
+}
+
+static int usage(const char *msg)
+{
+	fprintf(stderr, "efsdev: %s\nusage: efsdev --mqtt URL --devices ID[,ID...] --dir DIR [--prefix P] [--log FILE] "
+		"[--client-id ID] [--mqtt-user U] [--mqtt-password-file F] [--history FILE [--history-source SRC]]\n", msg);
+	return 2;
+}
+
+static int parse_args(int argc, char **argv, options *o)
+{
+	const struct {
+		const char *flag;
+		const char **to;
+	} flags[] = {
+		{"--mqtt", &o->broker}, {"--devices", &o->devices}, {"--dir", &o->dir}, {"--prefix", &o->prefix},
+		{"--log", &o->log}, {"--client-id", &o->client_id}, {"--mqtt-user", &o->user},
+		{"--mqtt-password-file", &o->pass_file}, {"--history", &o->history}, {"--history-source", &o->history_source},
+	};
+	size_t k;
+	int i;
+
+	memset(o, 0, sizeof *o);
+	for (i = 1; i < argc; i += 2) {
+		if (i + 1 >= argc) {
+			return usage("a flag without its value");
+		}
+		for (k = 0; k < sizeof flags / sizeof flags[0] && strcmp(argv[i], flags[k].flag) != 0; k++) {
+		}
+		if (k == sizeof flags / sizeof flags[0]) {
+			return usage("unknown flag");
+		}
+		*flags[k].to = argv[i + 1];
+	}
+	if (o->broker == NULL || o->devices == NULL || o->dir == NULL) {
+		return usage("--mqtt, --devices and --dir are required");
+	}
+	return 0;
+}
+
+/* password returns the MQTT password of --mqtt-user (static storage). */
+static const char *password(const options *o)
+{
+	static char buf[512];
+	FILE *f;
+
+	if (o->pass_file == NULL) {
+		return getenv("EDGEFENCE_MQTT_PASSWORD");
+	}
+	if ((f = fopen(o->pass_file, "r")) == NULL || fgets(buf, sizeof buf, f) == NULL) {
+		if (f != NULL) {
+			fclose(f);
+		}
+		return NULL;
+	}
+	fclose(f);
+	buf[strcspn(buf, "\r\n")] = '\0';
+	return buf;
+}
+
+static int open_all(options *o)
+{
+	char list[4096], *tok, *save = NULL;
+
+	if (o->prefix != NULL) {
+		if (o->prefix[0] == '\0' || strlen(o->prefix) > 256 || strpbrk(o->prefix, "+#") != NULL) {
+			return usage("--prefix: 1 to 256 bytes, no wildcard");
+		}
+		prefix = o->prefix;
+	}
+	if (mkdir(o->dir, 0700) != 0 && errno != EEXIST) {
+		logf_("ERROR", "msg=\"create --dir\" dir=%s err=\"%s\"", o->dir, strerror(errno));
+		return 1;
+	}
+	if (lock_dir(o->dir) != 0) {
+		return 1;
+	}
+	if (o->log != NULL && (vlog_fd = open(o->log, O_WRONLY | O_CREAT | O_APPEND, 0644)) < 0) {
+		logf_("ERROR", "msg=\"open verdict log\" err=\"%s\"", strerror(errno));
+		return 1;
+	}
+	if (o->history_source != NULL) {
+		if (o->history_source[0] == '\0' || strlen(o->history_source) > 64) {
+			return usage("--history-source: 1 to 64 bytes");
+		}
+		hist_source = o->history_source;
+	}
+	if (o->history != NULL && (hist_fd = open(o->history, O_WRONLY | O_CREAT | O_APPEND, 0644)) < 0) {
+		logf_("ERROR", "msg=\"open history\" err=\"%s\"", strerror(errno));
+		return 1;
+	}
+	if (strlen(o->devices) >= sizeof list) {
+		return usage("--devices: the list is too long");
+	}
+	snprintf(list, sizeof list, "%s", o->devices);
+	for (tok = strtok_r(list, ",", &save); tok != NULL; tok = strtok_r(NULL, ",", &save)) {
+		if (ndev == MAX_DEVICES) {
+			logf_("ERROR", "msg=\"too many devices\" max=%d", MAX_DEVICES);
+			return 1;
+		}
+		if (open_device(&devs[ndev], o->dir, tok) != 0) {
+			return 1;
+		}
+		ndev++;
+	}
+	if (ndev == 0) {
+		return usage("--devices lists no device");
+	}
+	return 0;
+}
+
+static struct mosquitto *client(const options *o)
+{
+	char id[128];
+	struct mosquitto *m;
+
+	if (o->client_id != NULL) {
+		snprintf(id, sizeof id, "%s", o->client_id);
+	} else {
+		snprintf(id, sizeof id, "efsdev-%08x", (unsigned)efs_crc32c((const uint8_t *)o->dir, strlen(o->dir)));
+	}
+	if ((m = mosquitto_new(id, false, NULL)) == NULL) {
+		return NULL;
+	}
+	mosquitto_int_option(m, MOSQ_OPT_PROTOCOL_VERSION, MQTT_PROTOCOL_V5);
+	/* the PUBACK and the ack are two small writes: without TCP_NODELAY
+	 * Nagle holds the second until the broker's delayed ACK (40 ms) */
+	mosquitto_int_option(m, MOSQ_OPT_TCP_NODELAY, 1);
+	if (o->user != NULL) {
+		const char *pass = password(o);
+		if (pass == NULL || pass[0] == '\0') {
+			logf_("ERROR", "msg=\"--mqtt-user without a password ($EDGEFENCE_MQTT_PASSWORD or --mqtt-password-file)\"");
+			mosquitto_destroy(m);
+			return NULL;
+		}
+		mosquitto_username_pw_set(m, o->user, pass);
+	}
+	mosquitto_connect_v5_callback_set(m, on_connect);
+	mosquitto_subscribe_v5_callback_set(m, on_subscribe);
+	mosquitto_message_v5_callback_set(m, on_message);
+	return m;
+}
+
+static void pause_ms(long ms)
+{
+	struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+	nanosleep(&ts, NULL);
+}
+
+/* serve connects and runs the client until SIGINT or SIGTERM. */
+static void serve(struct mosquitto *m, const char *broker)
+{
+	char host[256];
+	const char *hp = broker, *colon;
+	int port = 1883, connected = 0, rc;
+	mosquitto_property *props = NULL;
+
+	if (strncmp(hp, "mqtt://", 7) == 0 || strncmp(hp, "tcp://", 6) == 0) {
+		hp = strstr(hp, "://") + 3;
+	}
+	snprintf(host, sizeof host, "%s", hp);
+	if ((colon = strrchr(hp, ':')) != NULL) {
+		host[colon - hp] = '\0';
+		port = atoi(colon + 1);
+	}
+	mosquitto_property_add_int32(&props, MQTT_PROP_SESSION_EXPIRY_INTERVAL, SESSION_EXPIRY);
+	while (!stopping) {
+		if (!connected) {
+			rc = mosquitto_connect_bind_v5(m, host, port, 30, NULL, props);
+			connected = rc == MOSQ_ERR_SUCCESS;
+			if (!connected) {
+				logf_("WARN", "msg=\"connect\" broker=%s err=\"%s\"", broker, mosquitto_strerror(rc));
+				pause_ms(200);
+			}
+			continue;
+		}
+		if ((rc = mosquitto_loop(m, 100, 1)) != MOSQ_ERR_SUCCESS && !stopping) {
+			logf_("WARN", "msg=\"connection lost; reconnecting\" err=\"%s\"", mosquitto_strerror(rc));
+			pause_ms(200);
+			connected = mosquitto_reconnect(m) == MOSQ_ERR_SUCCESS;
+		}
+	}
+	mosquitto_property_free_all(&props);
+	if (connected) {
+		mosquitto_disconnect_v5(m, 0, NULL);
+		mosquitto_loop(m, 100, 1);
+	}
+}
+
+int main(int argc, char **argv)
+{
+	options o;
+	struct mosquitto *m;
+	struct sigaction sa;
+	int rc;
+
+	if ((rc = parse_args(argc, argv, &o)) != 0 || (rc = open_all(&o)) != 0) {
+		return rc;
+	}
+	memset(&sa, 0, sizeof sa);
+	sa.sa_handler = on_signal;
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+	mosquitto_lib_init();
+	if ((m = client(&o)) == NULL) {
+		return 1;
+	}
+	logf_("INFO", "msg=\"device fleet starting\" devices=%d broker=%s", ndev, o.broker);
+	serve(m, o.broker);
+	logf_("INFO", "msg=stopped accepted=%lu duplicate=%lu stale=%lu invalid=%lu", counts[EFS_ACCEPTED],
+		counts[EFS_DUPLICATE], counts[EFS_STALE], counts[EFS_INVALID]);
+	mosquitto_destroy(m);
+	mosquitto_lib_cleanup();
+	return 0;
+}
