@@ -19,6 +19,7 @@ import (
 
 	"github.com/edgefence/edgefence/devices/sim"
 	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/internal/sandbox"
 	"github.com/edgefence/edgefence/transport/mqtt"
 )
 
@@ -30,6 +31,10 @@ func TestMain(m *testing.M) {
 	if os.Getenv(asMainEnv) == "1" {
 		main()
 		return
+	}
+	if err := sandbox.QuickRaceExit(); err != nil { // devices reboot and stop: no 1 s race sleep at each exit
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
 	}
 	goleak.VerifyTestMain(m)
 }
