@@ -32,6 +32,10 @@ func TestMain(m *testing.M) {
 		main()
 		return
 	}
+	if err := sandbox.QuickRaceExit(); err != nil { // devices reboot and stop: no 1 s race sleep at each exit
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
 	goleak.VerifyTestMain(m)
 }
 

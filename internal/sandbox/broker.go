@@ -203,6 +203,11 @@ func (b *Broker) stopLocked() {
 	}
 	srv, tl := b.srv, b.ln
 	b.srv, b.ln = nil, nil
+	// Accept nothing more first: mochi's Close closes its done channel
+	// before it stops its listener, and a connection accepted in between
+	// (a client reconnecting at once) is set up racing that close (the
+	// race detector caught it in TestBrokerCloseDropsClients).
+	_ = tl.Listener.Close()
 	// mochi's Close sends DISCONNECT to each client and waits for every
 	// connection handler, including ones still waiting for a CONNECT packet,
 	// which would wait forever; after a grace period close the sockets.

@@ -3,7 +3,9 @@ package sandbox
 import (
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
+	"strings"
 )
 
 // UnsafeTag is the build tag of test and demo builds: with it, the agent
@@ -30,4 +32,19 @@ func BuildCommands(ctx context.Context, dir string, race bool, names ...string) 
 		return fmt.Errorf("sandbox: go build: %w\n%s", err, out)
 	}
 	return nil
+}
+
+// QuickRaceExit makes the race-built binaries this process starts from now
+// on exit at once. The race detector sleeps atexit_sleep_ms (1 s by
+// default) before a process exits so that late reports get out; a test pays
+// it on every CLI call, device reboot and stop of a child. Races are still
+// reported as they are detected. GORACE is read when a process starts, so
+// this changes only the children; a GORACE that sets atexit_sleep_ms is
+// kept. Test mains that run the real binaries call it before m.Run.
+func QuickRaceExit() error {
+	g := os.Getenv("GORACE")
+	if strings.Contains(g, "atexit_sleep_ms") {
+		return nil
+	}
+	return os.Setenv("GORACE", strings.TrimSpace(g+" atexit_sleep_ms=0"))
 }

@@ -46,24 +46,45 @@ const (
 	// FaultKillDuringReboot: A is killed when the device reports
 	// rebooting after A's fw.activate, before its confirming report.
 	FaultKillDuringReboot FirmwareFault = "kill-during-reboot"
+	// FaultFreezeDuringReboot: A, with the ignore-session-loss failpoint,
+	// is frozen when the device reports rebooting after A's fw.activate,
+	// before its confirming report; nothing of A's is in flight, so
+	// nothing is held. When A wakes, after B committed, whatever A sends
+	// on its own, then a late fw.commit and a late fw.activate through it
+	// reach the device.
+	FaultFreezeDuringReboot FirmwareFault = "freeze-during-reboot"
 )
 
 // FirmwareFaults lists the faults.
 var FirmwareFaults = []FirmwareFault{FaultFreezeMidDownload, FaultKillMidDownload, FaultFreezeAfterInstall, FaultKillAfterInstall,
-	FaultKillDuringReboot}
+	FaultKillDuringReboot, FaultFreezeDuringReboot}
 
 // frozen reports whether the fault freezes A (and wakes it at the end)
 // rather than killing it.
 func (k FirmwareFault) frozen() bool {
-	return k == FaultFreezeMidDownload || k == FaultFreezeAfterInstall
+	return k == FaultFreezeMidDownload || k == FaultFreezeAfterInstall || k == FaultFreezeDuringReboot
 }
 
-// heldKind is the kind of A's command a freeze holds in the broker.
+// heldKind is the kind of A's command a freeze holds in the broker ("":
+// none, the freeze during the reboot).
 func (k FirmwareFault) heldKind() string {
-	if k == FaultFreezeAfterInstall {
+	switch k {
+	case FaultFreezeMidDownload:
+		return fwjob.KindChunk
+	case FaultFreezeAfterInstall:
 		return fwjob.KindActivate
 	}
-	return fwjob.KindChunk
+	return ""
+}
+
+// lateKind is the kind of the late step of A's a frozen run checks
+// besides its late fw.activate: the held one, or the fw.commit sent
+// through A after the freeze during the reboot.
+func (k FirmwareFault) lateKind() string {
+	if h := k.heldKind(); h != "" {
+		return h
+	}
+	return fwjob.KindCommit
 }
 
 // Figure1FirmwareConfig sets up a firmware failover run on real
@@ -110,10 +131,12 @@ type Figure1FirmwareResult struct {
 	Reports        []FirmwareReport
 
 	// A frozen: A's steps that reached the device after it woke (the held
-	// one among them), A's late fw.activate through `edgefence send`, and
-	// A's own count of its steps of the held kind refused stale.
+	// one among them), A's late fw.activate through `edgefence send` (and,
+	// frozen during the reboot, its late fw.commit the same way), and A's
+	// own count of its steps of the held kind refused stale.
 	Late         []FirmwareStep
 	LateActivate SendResult
+	LateCommit   SendResult
 	AStale       uint64
 	// ALogStale are the kinds of the commands A's log says the device
 	// refused stale ("command refused", verdict stale); DeviceLogStale
@@ -197,6 +220,11 @@ func (f *figure1fw) run(ctx context.Context) (*Figure1FirmwareResult, error) {
 	}
 	if f.c.Fault.frozen() {
 		if err := f.wake(ctx, res); err != nil {
+			return nil, err
+		}
+		// Read again: the woken A's execution writes are fenced too.
+		var err error
+		if res.Execution, err = f.execution(ctx); err != nil {
 			return nil, err
 		}
 	}

@@ -85,6 +85,17 @@ func TestFigure1FirmwareKilledDuringReboot(t *testing.T) {
 	runFigure1Firmware(t, FaultKillDuringReboot)
 }
 
+// TestFigure1FirmwareFrozenDuringReboot: the holder is frozen while the
+// device reboots into the new image after its fw.activate; B commits; A
+// wakes, and a late fw.commit and fw.activate through it (and anything it
+// sends on its own) are stale at the device.
+func TestFigure1FirmwareFrozenDuringReboot(t *testing.T) {
+	res := runFigure1Firmware(t, FaultFreezeDuringReboot)
+	if len(res.Late) < 2 {
+		t.Fatalf("late steps %+v; want A's commit and its activate", res.Late)
+	}
+}
+
 // goodFirmwareRun is a result Check passes: A's chunks to 8 KiB, the
 // freeze, B's last chunk, install, activate and commit, A's late chunk and
 // activate refused.
@@ -113,6 +124,26 @@ func goodFirmwareRun() *Figure1FirmwareResult {
 	}
 }
 
+// goodFrozenRebootRun is a result Check passes for the freeze during the
+// reboot: A's whole download, install and activate, the freeze at the
+// rebooting report, B's commit, A's late commit and activate refused.
+func goodFrozenRebootRun() *Figure1FirmwareResult {
+	r := goodFirmwareRun()
+	r.Fault, r.FaultAt = FaultFreezeDuringReboot, FirmwareReport{State: "rebooting", Bytes: 10000, Token: 2}
+	r.Steps = r.Steps[:3]
+	r.Steps = append(r.Steps, FirmwareStep{Holder: "gw-a", Token: 2, Kind: "fw.chunk", Off: 8192, Verdict: "accepted"})
+	for _, k := range []string{"fw.install", "fw.activate"} {
+		r.Steps = append(r.Steps, FirmwareStep{Holder: "gw-a", Token: 2, Kind: k, Verdict: "accepted"})
+	}
+	r.Steps = append(r.Steps, FirmwareStep{Holder: "gw-b", Token: 6, Kind: "fw.commit", Verdict: "accepted"})
+	r.Late = []FirmwareStep{{Holder: "gw-a", Token: 2, Kind: "fw.commit", Verdict: "stale", ID: "c1"},
+		{Holder: "gw-a", Token: 2, Kind: "fw.activate", Verdict: "stale", ID: "a1"}}
+	r.Steps = append(r.Steps, r.Late...)
+	r.LateCommit, r.AStale = SendResult{Verdict: "stale"}, 0
+	r.ALogStale = []string{"fw.commit", "fw.activate"}
+	return r
+}
+
 // TestFigure1FirmwareCheck: Check passes a good run and fails each way a
 // run can go wrong, so the proofs above cannot pass vacuously.
 func TestFigure1FirmwareCheck(t *testing.T) {
@@ -138,11 +169,32 @@ func TestFigure1FirmwareCheck(t *testing.T) {
 		"fault not mid-download":   func(r *Figure1FirmwareResult) { r.FaultAt.State = "installed" },
 		"B restarted the download": func(r *Figure1FirmwareResult) { r.Steps[3].Kind = "fw.begin" },
 	}
+	checkCatches(t, goodFirmwareRun, bad)
+	if err := goodFrozenRebootRun().Check(); err != nil {
+		t.Fatalf("a good run frozen during the reboot: %v", err)
+	}
+	badReboot := map[string]func(r *Figure1FirmwareResult){
+		"late commit applied":            func(r *Figure1FirmwareResult) { r.Late[0].Verdict = "accepted" },
+		"late commit sent, none reached": func(r *Figure1FirmwareResult) { r.Late = r.Late[1:] },
+		"late commit not stale":          func(r *Figure1FirmwareResult) { r.LateCommit.Verdict = "accepted" },
+		"late activate not stale":        func(r *Figure1FirmwareResult) { r.LateActivate.Verdict = "invalid" },
+		"A's log has no commit":          func(r *Figure1FirmwareResult) { r.ALogStale = r.ALogStale[1:] },
+		"device log has no commit":       func(r *Figure1FirmwareResult) { r.DeviceLogStale = r.DeviceLogStale[1:] },
+		"fault not in the reboot":        func(r *Figure1FirmwareResult) { r.FaultAt.State = "confirming" },
+		"B activated again":              func(r *Figure1FirmwareResult) { r.Steps[5].Holder, r.Steps[5].Token = "gw-b", 6 },
+		"committed by A":                 func(r *Figure1FirmwareResult) { r.Steps[6].Holder, r.Steps[6].Token = "gw-a", 2 },
+	}
+	checkCatches(t, goodFrozenRebootRun, badReboot)
+}
+
+// checkCatches: Check fails each good run that bad's functions spoil.
+func checkCatches(t *testing.T, good func() *Figure1FirmwareResult, bad map[string]func(r *Figure1FirmwareResult)) {
+	t.Helper()
 	for name, mutate := range bad {
-		r := goodFirmwareRun()
+		r := good()
 		mutate(r)
 		if err := r.Check(); err == nil {
-			t.Errorf("%s: Check passed", name)
+			t.Errorf("%s, %s: Check passed", r.Fault, name)
 		}
 	}
 }

@@ -30,14 +30,10 @@ func (f *figure1fw) arm() <-chan struct{} {
 		return f.tap.arm(onStepOfA(fwjob.KindActivate, f.a.Kill, tapDrop))
 	case FaultFreezeAfterInstall:
 		return f.tap.arm(onStepOfA(fwjob.KindActivate, f.a.Freeze, tapHold))
+	case FaultFreezeDuringReboot:
+		return f.tap.arm(onReport(f.job, fwjob.Rebooting, f.a.Freeze))
 	}
-	return f.tap.arm(func(ev tapEvent) (tapAction, bool) { // FaultKillDuringReboot
-		if r := ev.Report; r == nil || r.Job != f.job || r.State != string(fwjob.Rebooting) {
-			return tapPass, false
-		}
-		_ = f.a.Kill()
-		return tapPass, true
-	})
+	return f.tap.arm(onReport(f.job, fwjob.Rebooting, f.a.Kill)) // FaultKillDuringReboot
 }
 
 // fault waits for the fault armed (arm) to land on A, then until B holds
@@ -73,6 +69,18 @@ func onStepOfA(kind string, do func() error, act tapAction) func(tapEvent) (tapA
 	}
 }
 
+// onReport is a tap trigger on the device's first report of job in
+// state: it runs do (freeze or kill A) and passes the report on.
+func onReport(job string, state fwjob.State, do func() error) func(tapEvent) (tapAction, bool) {
+	return func(ev tapEvent) (tapAction, bool) {
+		if r := ev.Report; r == nil || r.Job != job || r.State != string(state) {
+			return tapPass, false
+		}
+		_ = do()
+		return tapPass, true
+	}
+}
+
 // onChunkOfA is a tap trigger on gw-a's first fw.chunk past a third of an
 // image of size bytes: it runs do (freeze or kill A) and does act with it.
 func onChunkOfA(size uint64, do func() error, act tapAction) func(tapEvent) (tapAction, bool) {
@@ -95,6 +103,8 @@ func (f *figure1fw) faultWords() string {
 		return "A is frozen (SIGSTOP) as its fw.activate leaves it, the image installed; the network holds it until A wakes"
 	case FaultKillAfterInstall:
 		return "A is killed (kill -9) right after the device installed the image, its fw.activate lost with it"
+	case FaultFreezeDuringReboot:
+		return "A is frozen (SIGSTOP) while the device reboots into the new image after A's fw.activate, before its confirming report"
 	}
 	return "A is killed (kill -9) while the device reboots into the new image, before its confirming report"
 }
@@ -139,9 +149,36 @@ func reasonWords(r string) string {
 }
 
 // wake resumes the frozen A once B is done: the step it was sending (held
-// in the broker) reaches the device, then a fw.activate is sent through
-// it.
+// in the broker) reaches the device; frozen during the reboot (nothing
+// held), a fw.commit is sent through it. Then a fw.activate is sent
+// through it.
 func (f *figure1fw) wake(ctx context.Context, res *Figure1FirmwareResult) error {
+	res.Frozen = time.Since(f.faultAt)
+	var err error
+	if f.c.Fault.heldKind() != "" {
+		err = f.wakeHeld(ctx, res)
+	} else if err = f.a.Resume(); err == nil {
+		f.wokeAt = time.Now()
+		f.say("A wakes (SIGCONT) after %.1fs, still believing it holds the lease", res.Frozen.Seconds())
+		res.LateCommit, err = f.sendKind(ctx, f.sockA, f.c.Device, fwjob.KindCommit, fmt.Sprintf(`{"job":%q}`, f.job))
+		if err == nil {
+			f.say("edgefence send --socket A %s fw.commit: %s%s", f.c.Device, res.LateCommit.Verdict, reasonWords(res.LateCommit.Error))
+		}
+	}
+	if err != nil {
+		return err
+	}
+	res.LateActivate, err = f.sendKind(ctx, f.sockA, f.c.Device, fwjob.KindActivate, fmt.Sprintf(`{"job":%q}`, f.job))
+	if err != nil {
+		return err
+	}
+	f.say("edgefence send --socket A %s fw.activate: %s%s", f.c.Device, res.LateActivate.Verdict, reasonWords(res.LateActivate.Error))
+	return nil
+}
+
+// wakeHeld resumes A and releases its step held in the broker; it waits
+// for the device's verdict on it and for A to count it stale.
+func (f *figure1fw) wakeHeld(ctx context.Context, res *Figure1FirmwareResult) error {
 	steps, _ := f.tap.snapshot()
 	var id string
 	for _, s := range steps {
@@ -152,7 +189,6 @@ func (f *figure1fw) wake(ctx context.Context, res *Figure1FirmwareResult) error 
 	if id == "" {
 		return errors.New("sandbox: figure 1 firmware: no step of A's held in the broker at the freeze")
 	}
-	res.Frozen = time.Since(f.faultAt)
 	if err := f.a.Resume(); err != nil {
 		return err
 	}
@@ -173,7 +209,7 @@ func (f *figure1fw) wake(ctx context.Context, res *Figure1FirmwareResult) error 
 	}
 	f.say("A wakes (SIGCONT) after %.1fs, still believing it holds the lease; its %s (token %d) reaches the device: %s",
 		res.Frozen.Seconds(), what, late.Token, late.Verdict)
-	err = f.poll(ctx, "A's count of its stale step", func() (bool, error) {
+	return f.poll(ctx, "A's count of its stale step", func() (bool, error) {
 		st, err := f.status(ctx, f.sockA)
 		if err != nil || st.Jobs == nil {
 			return false, err
@@ -181,15 +217,6 @@ func (f *figure1fw) wake(ctx context.Context, res *Figure1FirmwareResult) error 
 		res.AStale = st.Jobs.Steps[late.Kind]["stale"]
 		return res.AStale > 0, nil
 	})
-	if err != nil {
-		return err
-	}
-	res.LateActivate, err = f.sendKind(ctx, f.sockA, f.c.Device, fwjob.KindActivate, fmt.Sprintf(`{"job":%q}`, f.job))
-	if err != nil {
-		return err
-	}
-	f.say("edgefence send --socket A %s fw.activate: %s%s", f.c.Device, res.LateActivate.Verdict, reasonWords(res.LateActivate.Error))
-	return nil
 }
 
 // Check verifies the outcome every firmware failover run must have: the
@@ -270,7 +297,7 @@ func (r *Figure1FirmwareResult) checkFault() error {
 		if r.FaultAt.State != string(fwjob.Installed) || len(bKinds) == 0 || bKinds[0] != fwjob.KindActivate {
 			return fmt.Errorf("fault at %s, B's steps %v; want installed, B activating", r.FaultAt.State, bKinds)
 		}
-	case FaultKillDuringReboot:
+	case FaultKillDuringReboot, FaultFreezeDuringReboot:
 		if r.FaultAt.State != string(fwjob.Rebooting) || len(bKinds) == 0 || bKinds[0] != fwjob.KindCommit {
 			return fmt.Errorf("fault at %s, B's steps %v; want rebooting, B committing", r.FaultAt.State, bKinds)
 		}
@@ -281,11 +308,12 @@ func (r *Figure1FirmwareResult) checkFault() error {
 	return nil
 }
 
-// checkLate: A's held step and late activate were refused stale at the
-// device, and A counted its held step stale.
+// checkLate: A's held step (or, frozen during the reboot, its late
+// fw.commit) and its late activate were refused stale at the device, and
+// A counted its held step stale.
 func (r *Figure1FirmwareResult) checkLate() error {
 	var errs []error
-	held, kind := 0, r.Fault.heldKind()
+	held, kind := 0, r.Fault.lateKind()
 	for _, s := range r.Late {
 		if s.Verdict != "stale" {
 			errs = append(errs, fmt.Errorf("late %s of A (token %d): %q %s", s.Kind, s.Token, s.Verdict, s.Reason))
@@ -300,8 +328,11 @@ func (r *Figure1FirmwareResult) checkLate() error {
 	if r.LateActivate.Verdict != "stale" {
 		errs = append(errs, fmt.Errorf("late fw.activate of A: %q %s", r.LateActivate.Verdict, r.LateActivate.Error))
 	}
-	if r.AStale == 0 {
+	if r.Fault.heldKind() != "" && r.AStale == 0 {
 		errs = append(errs, fmt.Errorf("gw-a counted no stale %s", kind))
+	}
+	if r.Fault.heldKind() == "" && r.LateCommit.Verdict != "stale" {
+		errs = append(errs, fmt.Errorf("late fw.commit of A: %q %s", r.LateCommit.Verdict, r.LateCommit.Error))
 	}
 	if !slices.Contains(r.ALogStale, kind) || !slices.Contains(r.ALogStale, fwjob.KindActivate) {
 		errs = append(errs, fmt.Errorf("gw-a's log has stale refusals of %v; want %s and fw.activate", r.ALogStale, kind))

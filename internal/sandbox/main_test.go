@@ -9,6 +9,10 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if err := QuickRaceExit(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
 	code := m.Run()
 	if binDir != "" {
 		os.RemoveAll(binDir)

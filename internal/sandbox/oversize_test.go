@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -89,14 +90,14 @@ func runOversize(t *testing.T, brokerURL string, counted uint64) {
 	if _, err := f.waitHolding(ctx, agent, ac.Socket); err != nil {
 		t.Fatal(err)
 	}
-	roundTrip := func(setpoint float64) {
+	roundTrip := func(setpoint float64, verdicts ...string) {
 		t.Helper()
 		res, err := f.send(ctx, ac.Socket, dev, setpoint)
-		if err != nil || res.Verdict != "accepted" {
-			t.Fatalf("send %g: %+v, %v", setpoint, res, err)
+		if err != nil || !slices.Contains(verdicts, res.Verdict) {
+			t.Fatalf("send %g: %+v, %v; want %v", setpoint, res, err, verdicts)
 		}
 	}
-	roundTrip(21)
+	roundTrip(21, "accepted")
 	before := map[string]procMem{"agent": readProcMem(t, agent.Pid()), "devsim": readProcMem(t, devsim.Pid())}
 
 	// A plain paho client, as anyone on the broker could run, given a
@@ -119,8 +120,12 @@ func runOversize(t *testing.T, brokerURL string, counted uint64) {
 	// The broker delivers (or drops) in order: the round trip's command and
 	// ack come after the big messages on the same subscriptions. (mochi
 	// sends its PUBACK just before it queues a message for the
-	// subscribers: the waits below cover that.)
-	roundTrip(22)
+	// subscribers: the waits below cover that.) Behind a big message that
+	// mochi is still writing under the race detector, the command can
+	// outlast the agent's first resend (1 s): then the device applies the
+	// first copy and the agent records its verdict on the resend,
+	// duplicate — applied once all the same.
+	roundTrip(22, "accepted", "duplicate")
 	wctx, wcancel := context.WithTimeout(ctx, time.Minute)
 	defer wcancel()
 	if counted > 0 {

@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -41,6 +42,10 @@ func binaries(t *testing.T) string {
 }
 
 func TestMain(m *testing.M) {
+	if err := sandbox.QuickRaceExit(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
 	code := m.Run()
 	if binDir != "" {
 		os.RemoveAll(binDir)
@@ -122,8 +127,11 @@ func dumpLogs(t *testing.T, dir string) {
 }
 
 // TestScenarios runs every fault scenario once, with randomized timing,
-// and checks I1 and I4 on the recorded history.
+// and checks I1 and I4 on the recorded history. It runs beside
+// TestBrokerOutageSixtySeconds, which mostly waits out its outage (every
+// round has its own etcd, broker, ports, namespaces and directory).
 func TestScenarios(t *testing.T) {
+	t.Parallel()
 	for _, sc := range Scenarios() {
 		t.Run(sc, func(t *testing.T) {
 			res := runRound(t, Config{}, sc)
@@ -187,6 +195,7 @@ func TestBrokerOutageSixtySeconds(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a 60 s outage; skipped with -short")
 	}
+	t.Parallel() // beside TestScenarios: the outage is mostly waiting
 	res := runRound(t, Config{Devices: 20, Outage: outage, Load: outage + 10*time.Second, Pause: 200 * time.Millisecond}, FaultBroker)
 	if d := res.FaultEnd.Sub(res.FaultStart); d < outage {
 		t.Fatalf("the outage lasted %v", d)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -34,8 +35,12 @@ const (
 var fwTargets = []string{"fw.begin", "fw.chunk", "fw.install", "fw.activate"}
 
 // fwTargetWait bounds the wait for a device to reach a fault's target
-// moment; then the fault goes in anyway.
-const fwTargetWait = 4 * time.Second
+// moment; then the fault goes in anyway. fwRebootWait bounds it for a
+// freeze aimed at a device's reboot: the download may come before it.
+const (
+	fwTargetWait = 4 * time.Second
+	fwRebootWait = 60 * time.Second
+)
 
 // firmwareFaults injects fwFaultsMin to fwFaultsMax faults drawn from the
 // seed, one at a time and each healed before the next: the device's
@@ -43,13 +48,16 @@ const fwTargetWait = 4 * time.Second
 // the device's process SIGKILLed (a power loss; the supervisor starts it
 // again). The first three are the three kinds in a random order, the
 // others random. Each aims at a moment drawn from fwTargets, at the first
-// device that reaches it. Past fwFaultsMin it stops once every execution
-// ended.
+// device that reaches it; in half the rounds (seeded) the first freeze
+// aims at the next fw.activate a device accepts and lands at once: the
+// holder frozen while the device reboots into its trial, before its
+// fw.commit. Past fwFaultsMin it stops once every execution ended.
 func (r *round) firmwareFaults(ctx context.Context) error {
 	n := fwFaultsMin + int(r.jitter(0, time.Duration(fwFaultsMax-fwFaultsMin+1)))
 	kinds := []int{fwFreeze, fwKillHolder, fwKillDevice}
 	r.faultMu.Lock()
 	r.rnd.Shuffle(len(kinds), func(i, j int) { kinds[i], kinds[j] = kinds[j], kinds[i] })
+	rebootFreeze := r.rnd.IntN(2) == 0
 	r.faultMu.Unlock()
 	for i := range n {
 		execs, err := r.executions(ctx)
@@ -63,7 +71,12 @@ func (r *round) firmwareFaults(ctx context.Context) error {
 		}
 		targets := r.reachable()
 		target := targets[int(r.jitter(0, time.Duration(len(targets))))]
-		dev, err := r.awaitStep(ctx, target, r.jitter(0, 300*time.Millisecond))
+		wait, delay := fwTargetWait, r.jitter(0, 300*time.Millisecond)
+		if kind == fwFreeze && rebootFreeze && slices.Contains(targets, "fw.activate") {
+			target, wait, delay, rebootFreeze = "fw.activate", fwRebootWait, 0, false
+			r.logf("fault %d of %d: the holder frozen in a device's reboot", i+1, n)
+		}
+		dev, err := r.awaitStep(ctx, target, wait, delay)
 		if err != nil {
 			return err
 		}
@@ -120,15 +133,15 @@ func (r *round) reachable() []string {
 }
 
 // awaitStep waits until a device accepts a firmware step of kind (as the
-// devices' history file shows; at most fwTargetWait), then a further
-// delay, and returns that device (a random one when none did).
-func (r *round) awaitStep(ctx context.Context, kind string, delay time.Duration) (string, error) {
+// devices' history file shows; at most wait), then a further delay, and
+// returns that device (a random one when none did).
+func (r *round) awaitStep(ctx context.Context, kind string, wait, delay time.Duration) (string, error) {
 	path := r.path(fwHistory)
 	seen := 0
 	if evs, err := history.Read(path); err == nil {
 		seen = len(evs)
 	}
-	deadline := time.Now().Add(fwTargetWait)
+	deadline := time.Now().Add(wait)
 	for time.Now().Before(deadline) {
 		if !backoff.Sleep(ctx, 20*time.Millisecond) {
 			return "", ctx.Err()
