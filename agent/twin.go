@@ -97,6 +97,9 @@ type twinDev struct {
 	// report is the latest device state report not yet written (DeviceState);
 	// the worker writes it before it reconciles.
 	report map[string]any
+	// written is the last device report handed to the worker: download
+	// progress is written against it (progressOnly).
+	written map[string]any
 	// deltaFields is the number of leaf fields in Delta(desired, reported)
 	// when the reconciler (or a device report) last compared them:
 	// edgefence_twin_delta_fields.
@@ -282,6 +285,9 @@ func (t *twins) newToken(dev string, token fence.Token) {
 		return
 	}
 	t.store.Forget(dev)
+	t.mu.Lock()
+	t.dev(dev).written = nil // the device's next report is written whole
+	t.mu.Unlock()
 	if t.cache == nil {
 		return
 	}
@@ -697,7 +703,12 @@ func (t *twins) deviceState(dev string, fields map[string]any) {
 		return // another holder writes it
 	}
 	t.mu.Lock()
-	t.dev(dev).report = fields
+	td := t.dev(dev)
+	if progressOnly(td.written, fields) {
+		t.mu.Unlock()
+		return // download progress: written a tenth of the image at a time (twinprogress.go)
+	}
+	td.report, td.written = fields, fields
 	t.mu.Unlock()
 	t.kick(dev)
 }
