@@ -2,6 +2,7 @@ package bridge
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"path/filepath"
 	"strings"
@@ -36,11 +37,15 @@ func TestResetAtTheGateway(t *testing.T) {
 		t.Fatal(err)
 	}
 	br, _ := r.startBridgeWith(Config{Table: tbl, Root: rootKey})
+	requests := 0
 	request := func(raw []byte, id string) *fence.Ack {
 		t.Helper()
+		requests++
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		a, err := mqtt.Request(ctx, mqtt.Config{Brokers: []string{r.broker.URL()}, ClientID: "operator"}, r.topics, "plc-1", raw, id)
+		// A client id of its own per request: a fresh connection under the
+		// last one's id can race the broker's teardown of that session.
+		a, err := mqtt.Request(ctx, mqtt.Config{Brokers: []string{r.broker.URL()}, ClientID: fmt.Sprintf("operator-%d", requests)}, r.topics, "plc-1", raw, id)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -117,7 +122,7 @@ func TestResetWithoutRoot(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	a, err := mqtt.Request(ctx, mqtt.Config{Brokers: []string{r.broker.URL()}, ClientID: "operator"}, r.topics, "plc-1", raw, "reset:x")
+	a, err := mqtt.Request(ctx, mqtt.Config{Brokers: []string{r.broker.URL()}, ClientID: "operator-x"}, r.topics, "plc-1", raw, "reset:x")
 	if err != nil || a.Verdict != fence.Invalid || !strings.Contains(a.Reason, auth.ErrNoRoot.Error()) || a.ID != "reset:x" {
 		t.Fatalf("%+v %v", a, err)
 	}
