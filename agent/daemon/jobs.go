@@ -15,8 +15,12 @@ func (d *Daemon) openImages() error {
 	if !jc.On() {
 		return nil
 	}
-	c, err := images.Open(jc.CacheDir, images.Options{MaxBytes: uint64(jc.CacheMaxBytes), FetchTimeout: jc.FetchTimeout,
-		Logger: d.log.With("component", "images")})
+	// A cache smaller than the default bound of one image bounds its
+	// images instead (a gateway with little disk): the largest image it
+	// can hold is the whole cache.
+	maxBytes := uint64(jc.CacheMaxBytes)
+	c, err := images.Open(jc.CacheDir, images.Options{MaxBytes: maxBytes, MaxImage: min(maxBytes, images.DefaultMaxImage),
+		FetchTimeout: jc.FetchTimeout, Logger: d.log.With("component", "images")})
 	if err != nil {
 		return fmt.Errorf("jobs.cache_dir %s: %w", jc.CacheDir, err)
 	}

@@ -124,3 +124,38 @@ func runDaemon(t *testing.T, d *Daemon) (stop func()) {
 		}
 	}
 }
+
+// TestDaemonSmallImageCache: a jobs.cache_max_bytes below the default
+// bound of one image (256 MiB) starts, and bounds its images instead: an
+// image larger than the cache is refused by size, one that fits is
+// served.
+func TestDaemonSmallImageCache(t *testing.T) {
+	w := newWorld(t)
+	cfg := w.config(t, t.TempDir())
+	cfg.Jobs.CacheMaxBytes = 1 << 20
+	d, err := New(t.Context(), cfg, Options{Notify: func(string) error { return nil }})
+	if err != nil {
+		t.Fatalf("a 1 MiB image cache: %v", err)
+	}
+	defer d.Close()
+	put := func(n int) (images.Ref, error) {
+		img := make([]byte, n)
+		path := filepath.Join(t.TempDir(), "img")
+		if err := os.WriteFile(path, img, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		sum := sha256.Sum256(img)
+		ref := images.Ref{SHA256: sum[:], Size: uint64(n), URL: images.FileURL(path)}
+		im, err := d.images.Get(t.Context(), ref)
+		if err == nil {
+			im.Close()
+		}
+		return ref, err
+	}
+	if _, err := put(2 << 20); err == nil {
+		t.Error("an image of 2 MiB in a 1 MiB cache: served")
+	}
+	if _, err := put(512 << 10); err != nil {
+		t.Errorf("an image of 512 KiB in a 1 MiB cache: %v", err)
+	}
+}
