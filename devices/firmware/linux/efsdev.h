@@ -153,7 +153,7 @@ int efsdev_signer_open(efsdev_signer *s, const char *key_path, const char *cert_
 void efsdev_signer_free(efsdev_signer *s);
 /* efsdev_sign writes payload as a COSE_Sign1 of content type ctype signed
  * by s to out; its length, 0 on failure. */
-size_t efsdev_sign(const efsdev_signer *s, const char *ctype, const uint8_t *payload, size_t n, uint8_t *out, size_t cap);
+size_t efsdev_sign(efsdev_signer *s, const char *ctype, const uint8_t *payload, size_t n, uint8_t *out, size_t cap);
 /* efsdev_state_report encodes auth.StateReport {device, mark, counter,
  * state} as fence/auth does (deterministic CBOR); its length, 0 if cap is short. */
 size_t efsdev_state_report(const char *device, efs_mark m, uint64_t counter, const uint8_t *state, size_t sn, uint8_t *out,

@@ -887,12 +887,11 @@ void efsdev_signer_free(efsdev_signer *s)
 	}
 }
 
-size_t efsdev_sign(const efsdev_signer *s, const char *ctype, const uint8_t *payload, size_t n, uint8_t *out, size_t cap)
+size_t efsdev_sign(efsdev_signer *s, const char *ctype, const uint8_t *payload, size_t n, uint8_t *out, size_t cap)
 {
 	uint8_t prot[4 + 2 + 64 + 1 + 2 + EFS_MAX_KEY_ID], digest[32], sig[64];
 	size_t pn = 0, at = 0, cn = strlen(ctype);
 	mbedtls_mpi r, sv;
-	mbedtls_ecp_group grp;
 	int ret;
 
 	if (!s->ready || cn > 64 || cap < n + sizeof prot + 80) {
@@ -914,18 +913,14 @@ size_t efsdev_sign(const efsdev_signer *s, const char *ctype, const uint8_t *pay
 	}
 	mbedtls_mpi_init(&r);
 	mbedtls_mpi_init(&sv);
-	mbedtls_ecp_group_init(&grp);
-	ret = mbedtls_ecp_group_load(&grp, MBEDTLS_ECP_DP_SECP256R1);
-	if (ret == 0) {
-		ret = mbedtls_ecdsa_sign_det_ext(&grp, &r, &sv, &s->key.d, digest, 32, MBEDTLS_MD_SHA256, mbedtls_ctr_drbg_random, &drbg);
-	}
+	/* the key's own group: mbedTLS keeps its table for the generator there */
+	ret = mbedtls_ecdsa_sign_det_ext(&s->key.grp, &r, &sv, &s->key.d, digest, 32, MBEDTLS_MD_SHA256, mbedtls_ctr_drbg_random, &drbg);
 	if (ret == 0) {
 		ret = mbedtls_mpi_write_binary(&r, sig, 32);
 	}
 	if (ret == 0) {
 		ret = mbedtls_mpi_write_binary(&sv, sig + 32, 32);
 	}
-	mbedtls_ecp_group_free(&grp);
 	mbedtls_mpi_free(&sv);
 	mbedtls_mpi_free(&r);
 	if (ret != 0) {
