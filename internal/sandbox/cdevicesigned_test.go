@@ -213,9 +213,10 @@ func wantVerdict(t *testing.T, what string, a *fence.Ack, v fence.Verdict, reaso
 // VerifyAck / VerifyState against the device's certificate, bound to the
 // command. Unsigned, forged (a flipped bit), uncertified-for-the-device and
 // device-key-signed commands are refused invalid with the mark unchanged.
-// After a restart with the root alone the certificate learned is still
-// there (<dir>/trust.cbor); a revocation list refuses gw-a's commands, an
-// older one replayed does not un-revoke, nor does a restart.
+// After a kill -9 and a restart with the root alone the certificate
+// learned is still there (<dir>/trust.cbor: stored before it took effect);
+// a revocation list refuses gw-a's commands, an older one replayed does not
+// un-revoke, nor do a kill -9 and a restart.
 func TestCDeviceSigned(t *testing.T) {
 	r := newSignedRig(t)
 	p, logPath := r.start(t, 0)
@@ -267,7 +268,7 @@ func TestCDeviceSigned(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantVerdict(t, "the device's own key", r.send(t, dsigners[signedDev], envelope(t, 8, 1, 99)), fence.Invalid, "", at)
-	if err := p.Stop(10 * time.Second); err != nil {
+	if err := p.Kill(); err != nil {
 		t.Fatal(err)
 	}
 	checkSanitizerClean(t, logPath)
@@ -292,7 +293,7 @@ func TestCDeviceSigned(t *testing.T) {
 	}
 	at = fence.Mark{Token: 5, Seq: 2}
 	wantVerdict(t, "revoked", r.send(t, r.sign, envelope(t, 5, 3, 24)), fence.Invalid, "unknown", at)
-	if err := p.Stop(10 * time.Second); err != nil {
+	if err := p.Kill(); err != nil {
 		t.Fatal(err)
 	}
 	checkSanitizerClean(t, logPath)
