@@ -149,7 +149,7 @@ ROUNDS ?= 30
 efsdev: ## the C device (devices/firmware/linux on libmosquitto) into bin/efsdev; e.g. make chaos CHAOSFLAGS='--c-device bin/efsdev'
 	@mkdir -p $(BIN)
 	$${CC:-cc} -std=c99 -Wall -Wextra -Werror -pedantic -O2 -Idevices/firmware/include -Idevices/firmware/linux \
-		-o $(BIN)/efsdev devices/firmware/linux/*.c devices/firmware/src/*.c -lmosquitto -lm
+		-o $(BIN)/efsdev devices/firmware/linux/*.c devices/firmware/src/*.c -lmosquitto -lmbedcrypto -lm
 
 chaos: build ## ROUNDS randomized fault-injection rounds on the real binaries (default 30); prints a summary, fails on any violation
 	$(BIN)/edgefence-chaos --rounds $(ROUNDS) --bin $(BIN) $(CHAOSFLAGS)

@@ -14,9 +14,9 @@ import (
 )
 
 // ErrNoCToolchain means the C device (efsdev) cannot be built here: no C
-// compiler, or no libmosquitto headers (Debian libmosquitto-dev, installed
-// by `make deps`).
-var ErrNoCToolchain = errors.New("sandbox: no C compiler or libmosquitto-dev")
+// compiler, or no libmosquitto or mbedTLS headers (Debian libmosquitto-dev,
+// libmbedtls-dev, installed by `make deps`).
+var ErrNoCToolchain = errors.New("sandbox: no C compiler, libmosquitto-dev or libmbedtls-dev")
 
 // CDeviceName is the C device's binary: devices/firmware/linux's efsdev, a
 // thermostat on libmosquitto fenced by the C firmware shim.
@@ -32,7 +32,7 @@ var cFlags = []string{"-std=c99", "-Wall", "-Wextra", "-Werror", "-pedantic"}
 // EFSDEV_KILL_AFTER_MARK=N (SIGKILL after the Nth mark written, before its
 // effect is stored). It needs the module's source (run from
 // inside the module) and returns an error wrapping ErrNoCToolchain
-// without a compiler or the libmosquitto headers.
+// without a compiler or the libmosquitto or mbedTLS headers.
 func BuildCDevice(ctx context.Context, dir string, sanitize bool) (string, error) {
 	compiler := ""
 	for _, name := range []string{os.Getenv("CC"), "cc", "gcc", "clang"} {
@@ -44,8 +44,10 @@ func BuildCDevice(ctx context.Context, dir string, sanitize bool) (string, error
 	if compiler == "" {
 		return "", fmt.Errorf("%w: no cc, gcc or clang", ErrNoCToolchain)
 	}
-	if _, err := os.Stat("/usr/include/mosquitto.h"); err != nil {
-		return "", fmt.Errorf("%w: %w", ErrNoCToolchain, err)
+	for _, h := range []string{"/usr/include/mosquitto.h", "/usr/include/mbedtls/ecdsa.h"} {
+		if _, err := os.Stat(h); err != nil {
+			return "", fmt.Errorf("%w: %w", ErrNoCToolchain, err)
+		}
 	}
 	out, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
 	if err != nil || strings.TrimSpace(string(out)) == "" || strings.TrimSpace(string(out)) == os.DevNull {
@@ -66,7 +68,7 @@ func BuildCDevice(ctx context.Context, dir string, sanitize bool) (string, error
 	if sanitize {
 		args = append(args, "-O1", "-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-DEFSDEV_FAILPOINTS")
 	}
-	args = append(append(append(args, linux...), srcs...), "-lmosquitto", "-lm")
+	args = append(append(append(args, linux...), srcs...), "-lmosquitto", "-lmbedcrypto", "-lm")
 	if b, err := exec.CommandContext(ctx, compiler, args...).CombinedOutput(); err != nil {
 		return "", fmt.Errorf("sandbox: build %s: %w\n%s", CDeviceName, err, b)
 	}

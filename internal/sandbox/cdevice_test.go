@@ -103,20 +103,29 @@ type cdevKill9 struct {
 
 func (r *cdevKill9) start(t *testing.T, round int, env ...string) (*Proc, string) {
 	t.Helper()
-	logPath := filepath.Join(r.dir, fmt.Sprintf("efsdev-%d.log", round))
-	p, err := StartProc(fmt.Sprintf("efsdev-%d", round), logPath, env, r.bin, "--mqtt", r.url, "--devices", "dev-k",
+	p, logPath := startDeviceProc(t, r.dir, round, env, r.bin, "--mqtt", r.url, "--devices", "dev-k",
 		"--dir", filepath.Join(r.dir, "data"), "--log", filepath.Join(r.dir, "verdicts.jsonl"), "--client-id", "efsdev-kill9")
+	if m, _ := openedMark(t, logPath); markBelow(m, r.acked) {
+		t.Fatalf("round %d: the device restarted at mark %v below %v, which it had acked accepted", round, m, r.acked)
+	}
+	return p, logPath
+}
+
+// startDeviceProc runs a device process (efsdev, or edgefence-devsim)
+// logging to dir/efsdev-<round>.log, stopped when the test ends, and waits
+// until it is ready.
+func startDeviceProc(t testing.TB, dir string, round int, env []string, bin string, args ...string) (*Proc, string) {
+	t.Helper()
+	logPath := filepath.Join(dir, fmt.Sprintf("efsdev-%d.log", round))
+	p, err := StartProc(fmt.Sprintf("efsdev-%d", round), logPath, env, bin, args...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = p.Stop(10 * time.Second) })
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	if err := p.WaitLine(ctx, "msg=ready"); err != nil {
+	if err := p.WaitLine(ctx, "ready"); err != nil {
 		t.Fatal(err)
-	}
-	if m, _ := openedMark(t, logPath); markBelow(m, r.acked) {
-		t.Fatalf("round %d: the device restarted at mark %v below %v, which it had acked accepted", round, m, r.acked)
 	}
 	return p, logPath
 }
@@ -263,6 +272,18 @@ func TestCDeviceKilledBetweenMarkAndState(t *testing.T) {
 	checkSanitizerClean(t, logPath)
 }
 
+// benchDevices are the device processes the round-trip benchmarks compare:
+// edgefence-devsim and efsdev ($EFSDEV_BIN, an -O2 build from make efsdev;
+// else the test build).
+func benchDevices(b *testing.B) []struct{ name, bin string } {
+	_, devsim := binaries(b)
+	cdev := os.Getenv("EFSDEV_BIN")
+	if cdev == "" {
+		cdev = CDeviceForTest(b)
+	}
+	return []struct{ name, bin string }{{"devsim", devsim}, {"efsdev", cdev}}
+}
+
 // BenchmarkDeviceRoundTrip is one accepted set command through the broker
 // at a time, Commander to device and its ack back, for the Go simulator
 // (edgefence-devsim: bbolt, one fsynced commit) and the C device (efsdev:
@@ -271,12 +292,7 @@ func TestCDeviceKilledBetweenMarkAndState(t *testing.T) {
 // build (ASan/UBSan) unless $EFSDEV_BIN names another (make efsdev: -O2);
 // devsim has the race detector when the benchmark does.
 func BenchmarkDeviceRoundTrip(b *testing.B) {
-	_, devsim := binaries(b)
-	cdev := os.Getenv("EFSDEV_BIN") // an -O2 build (make efsdev); default the test build
-	if cdev == "" {
-		cdev = CDeviceForTest(b)
-	}
-	for _, kind := range []struct{ name, bin string }{{"devsim", devsim}, {"efsdev", cdev}} {
+	for _, kind := range benchDevices(b) {
 		b.Run(kind.name, func(b *testing.B) {
 			br := startBroker(b, BrokerConfig{})
 			k := NewCommander(b, br.URL(), mqtt.Topics{})

@@ -30,8 +30,9 @@ type Figure1Config struct {
 	// Device is what serves the MQTT devices: "" or DeviceDevsim, the Go
 	// simulator (DevsimBin); DeviceC, the C device (CDeviceBin, efsdev:
 	// devices/firmware's shim on libmosquitto, BuildCDevice). The C device
-	// runs fenced, plain (unsigned) commands: not with NoFence, Serial,
-	// Modbus or Trust.
+	// runs fenced MQTT devices: not with NoFence, Serial or Modbus; with
+	// Trust it verifies commands against the kit's root and signs its acks
+	// and state reports, as devsim.
 	Device     string
 	CDeviceBin string
 	Dir        string // work dir: configs, data, logs, sockets (required)
@@ -76,8 +77,8 @@ type Figure1Config struct {
 
 	// Trust, if set, signs the run (invariant I7): gw-a and gw-b get
 	// signing keys certified by it for the devices, and the devices
-	// (edgefence-devsim --trust-root --certs) accept only commands they
-	// signed. A kit serves one run. With Serial the device is `auth: off`
+	// (edgefence-devsim or efsdev --trust-root --certs --device-keys)
+	// accept only commands they signed and sign their acks and reports. A kit serves one run. With Serial the device is `auth: off`
 	// (B's fence table knows only B's own certificate).
 	Trust *TrustKit
 	// Forgery, with Trust and not Serial, adds a scene after B's command
@@ -198,8 +199,8 @@ func (cfg *Figure1Config) checkDevice() error {
 		if cfg.CDeviceBin == "" {
 			return errors.New("sandbox: figure 1: Device c needs CDeviceBin")
 		}
-		if cfg.NoFence || cfg.Serial || cfg.Modbus != nil || cfg.Trust != nil {
-			return errors.New("sandbox: figure 1: the C device runs fenced, unsigned MQTT devices (not NoFence, Serial, Modbus or Trust)")
+		if cfg.NoFence || cfg.Serial || cfg.Modbus != nil {
+			return errors.New("sandbox: figure 1: the C device runs fenced MQTT devices (not NoFence, Serial or Modbus)")
 		}
 		return nil
 	}

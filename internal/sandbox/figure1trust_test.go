@@ -33,7 +33,7 @@ func TestFigure1Signed(t *testing.T) {
 	})
 }
 
-func trustKit(t *testing.T) *TrustKit {
+func trustKit(t testing.TB) *TrustKit {
 	t.Helper()
 	k, err := NewTrustKit(filepath.Join(t.TempDir(), "trust"))
 	if err != nil {

@@ -7,6 +7,8 @@
  *          [--prefix edgefence/v1] [--log verdicts.jsonl] [--client-id ID]
  *          [--mqtt-user U (password from $EDGEFENCE_MQTT_PASSWORD or
  *          --mqtt-password-file F)] [--history FILE [--history-source SRC]]
+ *          [--trust-root PUB --trust-root-kid KID [--certs F,F...]
+ *           [--revocations F] [--device-keys DIR]]
  *
  * Topics, QoS and payloads are devsim's (devices/sim.Fleet): commands at
  * QoS 1 on <prefix>/dev/<id>/cmd (MQTT v5, a persistent session), acks
@@ -19,6 +21,13 @@
  * stderr as key=value lines; msg=ready once every subscription is granted.
  * --history appends fence/history events (accepts before the mark's commit,
  * an "opened" event with the durable mark per device at start).
+ *
+ * With --trust-root every command must be signed by a gateway the operator
+ * certified for the device (the library's efs_verify_signed, the key store
+ * of trust.c); trust updates on the cmd topic add certificates and
+ * revocation lists (kept in <dir>/trust.cbor, no ack). With --device-keys
+ * (<id>.key, <id>.cert: edgefence keys enrol) acks and state reports are
+ * signed by the device's key (fence/auth's VerifyAck and VerifyState).
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -50,10 +59,12 @@ typedef struct {
 	efs_mark mark; /* the mark on flash (kept in step with ctx's) */
 	int corrupt;   /* the stored mark is unreadable: efs_process refuses everything */
 	efsdev_journal journal;
+	efsdev_signer signer; /* --device-keys: signs acks and state reports */
 } device;
 
 typedef struct {
 	const char *broker, *prefix, *dir, *log, *client_id, *user, *pass_file, *devices, *history, *history_source;
+	const char *trust_root, *trust_root_kid, *certs, *revocations, *device_keys;
 } options;
 
 static device devs[MAX_DEVICES];
@@ -62,6 +73,13 @@ static const char *hist_source = "efsdev";
 static const char *prefix = "edgefence/v1";
 static unsigned long counts[5];
 static volatile sig_atomic_t stopping;
+static efsdev_trust trust;     /* --trust-root: commands must be signed */
+static int trusted;
+static uint64_t report_counter; /* state reports: the start time in ns, +1 per report (as devsim) */
+static unsigned long trust_counts[3]; /* statements applied, held; updates refused */
+
+static const char content_ack[] = "application/edgefence-ack+cbor";
+static const char content_state[] = "application/edgefence-state+cbor";
 
 static void logf_(const char *level, const char *fmt, ...)
 {
@@ -88,6 +106,46 @@ static int check(void *user, const efs_envelope *env, const char **reason)
 
 	(void)user;
 	return efsdev_parse(env, &c, reason);
+}
+
+static int sha256(void *user, const efs_bytes *parts, size_t n, uint8_t digest[32])
+{
+	(void)user;
+	return efsdev_sha256(NULL, parts, n, digest);
+}
+
+/* The verdict of the last signature checked, kept from take's verify to
+ * efs_process's of the same message (handle clears it before and after):
+ * one ECDSA verify per command, not two. The digest covers the whole
+ * signed command, so a hit is the same bytes, checked against the same
+ * store (nothing changes it in between). */
+static struct {
+	int valid, result;
+	uint8_t kid[EFS_MAX_KEY_ID], device[EFS_MAX_DEVICE_ID_LEN], digest[32], sig[64];
+	size_t kid_len, device_len;
+} last_verify;
+
+static int verify(void *user, const uint8_t *kid, size_t kid_len, const uint8_t *device, size_t device_len,
+	const uint8_t digest[32], const uint8_t sig[64])
+{
+	(void)user; /* the flash's: the key store is the process's */
+	if (last_verify.valid && kid_len == last_verify.kid_len && device_len == last_verify.device_len &&
+	    memcmp(kid, last_verify.kid, kid_len) == 0 && memcmp(device, last_verify.device, device_len) == 0 &&
+	    memcmp(digest, last_verify.digest, 32) == 0 && memcmp(sig, last_verify.sig, 64) == 0) {
+		last_verify.valid = 0;
+		return last_verify.result;
+	}
+	last_verify.result = efsdev_verify(&trust, kid, kid_len, device, device_len, digest, sig);
+	if (kid_len <= sizeof last_verify.kid && device_len <= sizeof last_verify.device) {
+		memcpy(last_verify.kid, kid, kid_len);
+		memcpy(last_verify.device, device, device_len);
+		memcpy(last_verify.digest, digest, 32);
+		memcpy(last_verify.sig, sig, 64);
+		last_verify.kid_len = kid_len;
+		last_verify.device_len = device_len;
+		last_verify.valid = 1;
+	}
+	return last_verify.result;
 }
 
 static void state_json(char *out, size_t cap, size_t *at, const efsdev_state *s)
@@ -221,12 +279,16 @@ static int response_topic_ok(const device *d, const char *rt)
 static int take(device *d, const uint8_t *msg, size_t n, int *accepting)
 {
 	efs_envelope env;
+	efs_signed sg;
 	efsdev_changes c;
 	efs_mark next;
 	const char *reason;
 	efsdev_journal_rec *j = &d->journal.rec;
+	/* signed: verified here, so that no forgery is ever journalled;
+	 * efs_process's verify of the same bytes then hits last_verify */
+	efs_err e = trusted ? efs_verify_signed(&d->port, msg, n, &sg, &env) : efs_decode_envelope(msg, n, &env);
 
-	if (d->corrupt || efs_decode_envelope(msg, n, &env) != EFS_OK || env.device.n != strlen(d->id) ||
+	if (d->corrupt || e != EFS_OK || env.device.n != strlen(d->id) ||
 	    memcmp(env.device.p, d->id, env.device.n) != 0 || efsdev_parse(&env, &c, &reason) != 0 ||
 	    efs_admit(d->mark, env.token, env.seq, &next) != EFS_ACCEPTED) {
 		*accepting = 0;
@@ -302,11 +364,69 @@ static void kill_after_mark(void)
 static void kill_after_mark(void) {}
 #endif
 
+/* sign turns the payload in buf (n bytes) into its signed form in place
+ * if the device has a key: the new length, 0 on failure; n without a key. */
+static size_t sign(device *d, const char *ctype, uint8_t *buf, size_t n)
+{
+	uint8_t out[EFSDEV_MAX_SIGNED_ACK];
+	size_t sn;
+
+	if (!d->signer.ready) {
+		return n;
+	}
+	if ((sn = efsdev_sign(&d->signer, ctype, buf, n, out, sizeof out)) == 0 || sn > EFSDEV_MAX_SIGNED_ACK) {
+		return 0;
+	}
+	memcpy(buf, out, sn);
+	return sn;
+}
+
+/* state_report writes the device's state as it reports it: sim.State's map,
+ * or with a key an auth.StateReport under mark m, signed. */
+static size_t state_report(device *d, efs_mark m, uint8_t *out, size_t cap)
+{
+	uint8_t st[512];
+	size_t sn = efsdev_state_cbor(&d->journal.rec.state, st, sizeof st);
+
+	if (sn == 0 || !d->signer.ready) {
+		memcpy(out, st, sn <= cap ? sn : 0);
+		return sn <= cap ? sn : 0;
+	}
+	if ((sn = efsdev_state_report(d->id, m, ++report_counter, st, sn, out, cap)) == 0) {
+		return 0;
+	}
+	return sign(d, content_state, out, sn);
+}
+
+/* take_update takes a trust update from the cmd topic: stored before it
+ * counts; refused whole if any statement is not the root's. */
+static void take_update(const device *d, const uint8_t *msg, size_t n)
+{
+	efsdev_trust_counts c;
+	const char *why = "";
+	int rc = efsdev_trust_update(&trust, msg, n, 1, &c, &why);
+
+	if (rc == -2) {
+		logf_("ERROR", "msg=\"trust store not written: stopping (the update is not kept; a restart reads the store)\" device=%s err=\"%s\"",
+			d->id, strerror(errno));
+		_exit(1);
+	}
+	if (rc != 0) {
+		trust_counts[2]++;
+		logf_("WARN", "msg=\"trust update refused\" device=%s reason=\"%s\"", d->id, why);
+		return;
+	}
+	trust_counts[0] += c.applied;
+	trust_counts[1] += c.held;
+	logf_("INFO", "msg=\"trust update\" device=%s applied=%u held=%u certificates=%d revocations=%llu", d->id, c.applied,
+		c.held, trust.ncerts, (unsigned long long)trust.rev_version);
+}
+
 static void handle(struct mosquitto *m, device *d, const struct mosquitto_message *msg, const mosquitto_property *props)
 {
 	efs_result r;
 	efs_ack ack;
-	uint8_t out[EFS_MAX_ACK_SIZE], st[512];
+	uint8_t out[EFSDEV_MAX_SIGNED_ACK], st[EFSDEV_MAX_SIGNED_ACK];
 	size_t len, sn;
 	char *rt = NULL;
 	const char *topic = d->ack;
@@ -315,10 +435,17 @@ static void handle(struct mosquitto *m, device *d, const struct mosquitto_messag
 	efsdev_journal_rec *j = &d->journal.rec;
 	int accepting;
 
+	last_verify.valid = 0;
+	if (trusted && msg->payloadlen > 0 && ((const uint8_t *)msg->payload)[0] >= 0x81 &&
+	    ((const uint8_t *)msg->payload)[0] <= 0x88) {
+		take_update(d, msg->payload, (size_t)msg->payloadlen);
+		return; /* a trust update is not a command: no ack */
+	}
 	if (take(d, msg->payload, (size_t)msg->payloadlen, &accepting) != 0) {
 		return;
 	}
 	efs_process(&d->ctx, (const uint8_t *)d->id, strlen(d->id), msg->payload, (size_t)msg->payloadlen, &r);
+	last_verify.valid = 0;
 	if (r.verdict == EFS_ACCEPTED) {
 		d->mark = r.mark;
 	}
@@ -336,7 +463,7 @@ static void handle(struct mosquitto *m, device *d, const struct mosquitto_messag
 	record_decision(d, &r, accepting);
 	log_verdict(d, &r);
 	efs_result_ack(&r, &ack);
-	if (efs_encode_ack(&ack, out, sizeof out, &len) != EFS_OK) {
+	if (efs_encode_ack(&ack, out, sizeof out, &len) != EFS_OK || (len = sign(d, content_ack, out, len)) == 0) {
 		logf_("ERROR", "msg=\"ack does not encode\" device=%s", d->id);
 		return;
 	}
@@ -349,7 +476,7 @@ static void handle(struct mosquitto *m, device *d, const struct mosquitto_messag
 	}
 	publish(m, topic, out, len, props);
 	free(rt);
-	if (r.apply && (sn = efsdev_state_cbor(&j->state, st, sizeof st)) > 0) {
+	if (r.apply && (sn = state_report(d, r.mark, st, sizeof st)) > 0) {
 		publish(m, d->state, st, sn, NULL);
 	}
 }
@@ -450,7 +577,7 @@ static int valid_id(const char *id)
 	return 1;
 }
 
-static int open_device(device *d, const char *dir, const char *id)
+static int open_device(device *d, const char *dir, const char *id, const char *keys)
 {
 	char path[PATH_MAX];
 	efs_err e;
@@ -470,10 +597,24 @@ static int open_device(device *d, const char *dir, const char *id)
 	}
 	efsdev_flash_port(&d->flash, &d->port);
 	d->port.check = check;
+	if (trusted) {
+		d->port.sha256 = sha256;
+		d->port.verify = verify;
+	}
 	snprintf(path, sizeof path, "%s/%s.state", dir, id);
 	if (efsdev_journal_open(&d->journal, path) != 0) {
 		logf_("ERROR", "msg=\"open state journal\" path=%s err=\"%s\"", path, strerror(errno));
 		return -1;
+	}
+	if (keys != NULL) {
+		char cert[PATH_MAX];
+		const char *why;
+		snprintf(path, sizeof path, "%s/%s.key", keys, id);
+		snprintf(cert, sizeof cert, "%s/%s.cert", keys, id);
+		if (efsdev_signer_open(&d->signer, path, cert, id, &trust, &why) != 0) {
+			logf_("ERROR", "msg=\"--device-keys\" device=%s key=%s err=\"%s\"", id, path, why);
+			return -1;
+		}
 	}
 	if ((e = efs_open(&d->ctx, &d->port)) != EFS_OK) {
 		d->corrupt = 1;
@@ -513,7 +654,8 @@ static int lock_dir(const char *dir)
 static int usage(const char *msg)
 {
 	fprintf(stderr, "efsdev: %s\nusage: efsdev --mqtt URL --devices ID[,ID...] --dir DIR [--prefix P] [--log FILE] "
-		"[--client-id ID] [--mqtt-user U] [--mqtt-password-file F] [--history FILE [--history-source SRC]]\n", msg);
+		"[--client-id ID] [--mqtt-user U] [--mqtt-password-file F] [--history FILE [--history-source SRC]] "
+		"[--trust-root PUB --trust-root-kid KID [--certs F,F...] [--revocations F] [--device-keys DIR]]\n", msg);
 	return 2;
 }
 
@@ -526,6 +668,8 @@ static int parse_args(int argc, char **argv, options *o)
 		{"--mqtt", &o->broker}, {"--devices", &o->devices}, {"--dir", &o->dir}, {"--prefix", &o->prefix},
 		{"--log", &o->log}, {"--client-id", &o->client_id}, {"--mqtt-user", &o->user},
 		{"--mqtt-password-file", &o->pass_file}, {"--history", &o->history}, {"--history-source", &o->history_source},
+		{"--trust-root", &o->trust_root}, {"--trust-root-kid", &o->trust_root_kid}, {"--certs", &o->certs},
+		{"--revocations", &o->revocations}, {"--device-keys", &o->device_keys},
 	};
 	size_t k;
 	int i;
@@ -544,6 +688,10 @@ static int parse_args(int argc, char **argv, options *o)
 	}
 	if (o->broker == NULL || o->devices == NULL || o->dir == NULL) {
 		return usage("--mqtt, --devices and --dir are required");
+	}
+	if ((o->trust_root == NULL) != (o->trust_root_kid == NULL) ||
+	    (o->trust_root == NULL && (o->certs != NULL || o->revocations != NULL || o->device_keys != NULL))) {
+		return usage("--trust-root and --trust-root-kid go together; --certs, --revocations and --device-keys need them");
 	}
 	return 0;
 }
@@ -566,6 +714,42 @@ static const char *password(const options *o)
 	fclose(f);
 	buf[strcspn(buf, "\r\n")] = '\0';
 	return buf;
+}
+
+/* open_trust reads the root, the store's file (what earlier runs learned),
+ * --certs and --revocations; a file that fails stops the start. */
+static int open_trust(const options *o)
+{
+	char path[PATH_MAX], list[8192], *tok, *save = NULL;
+	const char *why;
+	struct timespec ts;
+
+	snprintf(path, sizeof path, "%s/trust.cbor", o->dir);
+	if (efsdev_trust_init(&trust, o->trust_root, o->trust_root_kid, path) != 0) {
+		logf_("ERROR", "msg=\"--trust-root: want a P-256 public key (PKIX PEM) and a kid of 1 to 64 bytes\" path=%s", o->trust_root);
+		return -1;
+	}
+	if (access(path, F_OK) == 0 && efsdev_trust_file(&trust, path, 1, &why) != 0) {
+		logf_("ERROR", "msg=\"trust store unreadable\" path=%s err=\"%s\"", path, why);
+		return -1;
+	}
+	snprintf(list, sizeof list, "%s", o->certs != NULL ? o->certs : "");
+	for (tok = strtok_r(list, ",", &save); tok != NULL; tok = strtok_r(NULL, ",", &save)) {
+		if (efsdev_trust_file(&trust, tok, 0, &why) != 0) {
+			logf_("ERROR", "msg=\"--certs\" path=%s err=\"%s\"", tok, why);
+			return -1;
+		}
+	}
+	if (o->revocations != NULL && efsdev_trust_file(&trust, o->revocations, 0, &why) != 0) {
+		logf_("ERROR", "msg=\"--revocations\" path=%s err=\"%s\"", o->revocations, why);
+		return -1;
+	}
+	trusted = 1;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	report_counter = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+	logf_("INFO", "msg=\"trust: commands must be signed\" root=%s certificates=%d revocations=%llu", o->trust_root_kid,
+		trust.ncerts, (unsigned long long)trust.rev_version);
+	return 0;
 }
 
 static int open_all(options *o)
@@ -599,6 +783,9 @@ static int open_all(options *o)
 		logf_("ERROR", "msg=\"open history\" err=\"%s\"", strerror(errno));
 		return 1;
 	}
+	if (o->trust_root != NULL && open_trust(o) != 0) {
+		return 1;
+	}
 	if (strlen(o->devices) >= sizeof list) {
 		return usage("--devices: the list is too long");
 	}
@@ -608,7 +795,7 @@ static int open_all(options *o)
 			logf_("ERROR", "msg=\"too many devices\" max=%d", MAX_DEVICES);
 			return 1;
 		}
-		if (open_device(&devs[ndev], o->dir, tok) != 0) {
+		if (open_device(&devs[ndev], o->dir, tok, o->device_keys) != 0) {
 			return 1;
 		}
 		ndev++;
@@ -702,7 +889,7 @@ int main(int argc, char **argv)
 	options o;
 	struct mosquitto *m;
 	struct sigaction sa;
-	int rc;
+	int rc, i;
 
 	if ((rc = parse_args(argc, argv, &o)) != 0 || (rc = open_all(&o)) != 0) {
 		return rc;
@@ -717,8 +904,13 @@ int main(int argc, char **argv)
 	}
 	logf_("INFO", "msg=\"device fleet starting\" devices=%d broker=%s", ndev, o.broker);
 	serve(m, o.broker);
-	logf_("INFO", "msg=stopped accepted=%lu duplicate=%lu stale=%lu invalid=%lu", counts[EFS_ACCEPTED],
-		counts[EFS_DUPLICATE], counts[EFS_STALE], counts[EFS_INVALID]);
+	logf_("INFO", "msg=stopped accepted=%lu duplicate=%lu stale=%lu invalid=%lu trust_applied=%lu trust_held=%lu "
+		"trust_refused=%lu", counts[EFS_ACCEPTED], counts[EFS_DUPLICATE], counts[EFS_STALE], counts[EFS_INVALID],
+		trust_counts[0], trust_counts[1], trust_counts[2]);
+	for (i = 0; i < ndev; i++) {
+		efsdev_signer_free(&devs[i].signer);
+	}
+	efsdev_trust_free(&trust);
 	mosquitto_destroy(m);
 	mosquitto_lib_cleanup();
 	return 0;

@@ -78,4 +78,85 @@ size_t efsdev_state_cbor(const efsdev_state *s, uint8_t *out, size_t cap);
 /* efsdev_json_string appends s as a JSON string to out at *at. */
 void efsdev_json_string(char *out, size_t cap, size_t *at, const char *s, size_t n);
 
+/* Trust (trust.c, on mbedTLS): the key store behind port.verify, fed by
+ * the operator's root, certificate files and trust updates on the cmd
+ * topic; and the device key signing acks and state reports. */
+#define EFSDEV_MAX_CERTS 64
+#define EFSDEV_MAX_UPDATE 8                        /* auth.MaxUpdateStatements */
+#define EFSDEV_MAX_STATEMENT (64u * 1024u)         /* auth.MaxTrustSize */
+#define EFSDEV_MAX_UPDATE_SIZE (72u * 1024u)       /* auth.MaxUpdateSize */
+#define EFSDEV_MAX_SIGNED_ACK (EFS_MAX_ACK_SIZE + 256u)
+
+#include <mbedtls/ecp.h>
+
+typedef struct {
+	uint8_t kid[EFS_MAX_KEY_ID];
+	size_t kid_len;
+	uint8_t q[65];             /* 0x04 || X || Y */
+	mbedtls_ecp_keypair pub;   /* q, loaded (owned) */
+	int64_t not_before, not_after, role;
+	uint64_t serial, ndevices;
+	size_t devices_off;        /* the devices array, in payload */
+	uint8_t *raw;              /* the statement as received (owned) */
+	size_t raw_n;
+	const uint8_t *payload;    /* in raw */
+	size_t payload_n;
+} efsdev_cert;
+
+typedef struct {
+	char root_kid[EFS_MAX_KEY_ID + 1];
+	uint8_t root[65];
+	mbedtls_ecp_keypair root_key;
+	int root_loaded;
+	char path[4096];           /* the store's file ("" : not kept) */
+	efsdev_cert certs[EFSDEV_MAX_CERTS];
+	int ncerts;
+	uint8_t *rev_raw;          /* the revocation list held (owned), or NULL */
+	size_t rev_n;
+	uint64_t rev_version;
+	const uint8_t *rev_payload;
+	size_t rev_payload_n, rev_kids_off;
+} efsdev_trust;
+
+typedef struct {
+	unsigned applied, held;
+} efsdev_trust_counts;
+
+/* efsdev_trust_init reads the root's public key (PKIX PEM); store is the
+ * file the statements learned are kept in ("": none). */
+int efsdev_trust_init(efsdev_trust *t, const char *root_pub, const char *root_kid, const char *store);
+void efsdev_trust_free(efsdev_trust *t);
+/* efsdev_trust_file takes the statement in path (sequence 0), or every
+ * statement of a store file (sequence 1), as trust updates not persisted. */
+int efsdev_trust_file(efsdev_trust *t, const char *path, int sequence, const char **why);
+/* efsdev_trust_update takes a trust update (auth.ParseUpdate's format):
+ * 0 taken (counts in *out), -1 refused whole (*why), -2 the store's file
+ * could not be written (the update is in memory: stop the process). */
+int efsdev_trust_update(efsdev_trust *t, const uint8_t *raw, size_t n, int persist, efsdev_trust_counts *out,
+	const char **why);
+/* The port's crypto: user is the efsdev_trust. */
+int efsdev_sha256(void *user, const efs_bytes *parts, size_t n, uint8_t digest[32]);
+int efsdev_verify(void *user, const uint8_t *kid, size_t kid_len, const uint8_t *device, size_t device_len,
+	const uint8_t digest[32], const uint8_t sig[64]);
+
+typedef struct {
+	int ready;
+	uint8_t kid[EFS_MAX_KEY_ID];
+	size_t kid_len;
+	mbedtls_ecp_keypair key;
+} efsdev_signer;
+
+/* efsdev_signer_open reads a device's key (PKCS#8 PEM) and its device
+ * certificate (role device, this device only, this key, the root's). */
+int efsdev_signer_open(efsdev_signer *s, const char *key_path, const char *cert_path, const char *device,
+	efsdev_trust *t, const char **why);
+void efsdev_signer_free(efsdev_signer *s);
+/* efsdev_sign writes payload as a COSE_Sign1 of content type ctype signed
+ * by s to out; its length, 0 on failure. */
+size_t efsdev_sign(efsdev_signer *s, const char *ctype, const uint8_t *payload, size_t n, uint8_t *out, size_t cap);
+/* efsdev_state_report encodes auth.StateReport {device, mark, counter,
+ * state} as fence/auth does (deterministic CBOR); its length, 0 if cap is short. */
+size_t efsdev_state_report(const char *device, efs_mark m, uint64_t counter, const uint8_t *state, size_t sn, uint8_t *out,
+	size_t cap);
+
 #endif
