@@ -1,6 +1,7 @@
 package firmware
 
 import (
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -27,5 +28,48 @@ func TestFirmwareJobHost(t *testing.T) {
 			strings.Contains(line, " checks, ") {
 			t.Log(line)
 		}
+	}
+}
+
+// mcuFwStride is the power cuts' stride on Cortex-M under QEMU (every
+// byte on the host, TestFirmwareJobHost).
+const mcuFwStride = 3
+
+// TestMCUFirmwareJob cross-builds the firmware job's runner for
+// Cortex-M3 and Cortex-M4 (mcu/fw_runner.c: test/fw_host.c on the board,
+// -Os) and runs it on QEMU: the Go scenarios, the refusals and boots, and
+// the power cuts at every third byte; with the measured peak stack of
+// efs_fw_process, efs_fw_open and efs_fw_boot (mcu/board.h's probe).
+func TestMCUFirmwareJob(t *testing.T) {
+	gcc, _, qemu := mcuTools(t, true)
+	for _, b := range mcuBoards {
+		t.Run(b.cpu, func(t *testing.T) {
+			elf := filepath.Join(t.TempDir(), b.cpu+".elf")
+			args := append(mcuFlags(b.cpu), "-g", "--specs=nosys.specs", fmt.Sprintf("-DEFS_FW_TEAR_STRIDE=%d", mcuFwStride),
+				"-Wl,--wrap=efs_fw_process,--wrap=efs_fw_open,--wrap=efs_fw_boot", "-o", elf, "mcu/startup.c", "mcu/fw_runner.c")
+			run(t, 3*time.Minute, gcc, append(args, librarySources(t)...)...)
+			out := run(t, 5*time.Minute, qemu, "-M", b.machine, "-nographic", "-monitor", "none",
+				"-semihosting-config", "enable=on,target=native", "-kernel", elf)
+			m := mcuSummary.FindStringSubmatch(out)
+			if m == nil || m[2] != "0" || strings.Contains(out, "FAIL") {
+				t.Fatalf("firmware job runner on QEMU: no clean summary\n%s", out)
+			}
+			stacks := mcuStack.FindAllStringSubmatch(out, -1)
+			if len(stacks) != 3 {
+				t.Fatalf("firmware job runner on QEMU: %d stack figures, want 3\n%s", len(stacks), out)
+			}
+			t.Logf("%s checks, 0 failures", m[1])
+			for _, s := range stacks {
+				if s[2] == "0" {
+					t.Errorf("stack probe %q: no calls", s[3])
+				}
+				t.Logf("peak stack %s B over %s calls: %s", s[1], s[2], s[3])
+			}
+			for _, line := range strings.Split(out, "\n") {
+				if strings.HasPrefix(line, "power cuts:") || strings.HasPrefix(line, "sizeof efs_fw") {
+					t.Log(line)
+				}
+			}
+		})
 	}
 }
