@@ -9,7 +9,13 @@
 // in a linked firmware image, and TestCFuzzProcess runs the libFuzzer
 // target fuzz/fuzz_process.c.
 //
+// The firmware job (include/efshim_fw.h, src/efs_fw*.c: devices/fwjob's
+// state machine, A/B slots and boot loader on raw flash) is pinned the same
+// way: TestFwVectorsCurrent writes testdata/fw_vectors.h from scenarios run
+// through the Go devices/fwjob, and TestFirmwareJobHost runs them, with
+// power cuts through every step of a job, in test/fw_host.c.
+//
 // There is no Go API here.
 package firmware
 
-//go:generate go test -run TestVectorsCurrent -update .
+//go:generate go test -run TestVectorsCurrent|TestFwVectorsCurrent -update .

@@ -48,6 +48,15 @@ func TestCFuzzProcess(t *testing.T) {
 		}
 		t.Skipf("%v; under CI=true this fails", err)
 	}
+	runCFuzzer(t, bin, fuzzRuns)
+}
+
+// runCFuzzer has the target bin (in its own temporary directory) write its
+// seed corpus (EFS_FUZZ_SEEDS), then runs it for runs inputs with a fixed
+// seed, or for EFS_FUZZTIME with a random one, and logs its statistics.
+func runCFuzzer(t *testing.T, bin string, runs int) {
+	t.Helper()
+	dir := filepath.Dir(bin)
 	seeds, work := filepath.Join(dir, "seeds"), filepath.Join(dir, "work")
 	for _, d := range []string{seeds, work} {
 		if err := os.Mkdir(d, 0o755); err != nil {
@@ -59,7 +68,7 @@ func TestCFuzzProcess(t *testing.T) {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("writing the seeds: %v\n%s", err, out)
 	}
-	args := []string{"-runs=" + fmt.Sprint(fuzzRuns), "-seed=1"}
+	args := []string{"-runs=" + fmt.Sprint(runs), "-seed=1"}
 	timeout := 3 * time.Minute
 	if s := os.Getenv("EFS_FUZZTIME"); s != "" {
 		d, err := time.ParseDuration(s)

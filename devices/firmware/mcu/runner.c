@@ -26,69 +26,7 @@
 #include "../test/host.c"
 #undef main
 
-#define PAINT 0xA5A5A5A5u
-#define PAINT_BYTES 4096u
-
-/* ---- semihosting ---- */
-
-static int semihost(int op, const void *arg)
-{
-	register int r0 __asm__("r0") = op;
-	register const void *r1 __asm__("r1") = arg;
-	__asm__ volatile("bkpt 0xab" : "+r"(r0) : "r"(r1) : "memory");
-	return r0;
-}
-
-void _exit(int code);
-void _exit(int code)
-{
-	static const char fault[] = "FAIL fault\n";
-	uint32_t b[2] = { 0x20026u /* ADP_Stopped_ApplicationExit */, (uint32_t)code };
-
-	if (code == 127) { /* mcu/startup.c's fault */
-		semihost(0x04, fault);
-	}
-	semihost(0x20, b); /* SYS_EXIT_EXTENDED */
-	for (;;) {
-	}
-}
-
-/* newlib's stdout ends here: SYS_WRITE0 of NUL-terminated pieces. */
-int _write(int fd, const char *p, int n);
-int _write(int fd, const char *p, int n)
-{
-	char b[65];
-	int done = 0;
-
-	(void)fd;
-	while (done < n) {
-		int k = n - done < 64 ? n - done : 64;
-
-		memcpy(b, p + done, (size_t)k);
-		b[k] = 0;
-		semihost(0x04, b); /* SYS_WRITE0 */
-		done += k;
-	}
-	return n;
-}
-
-extern char end;
-static char *brk;
-
-/* newlib's malloc grows the heap through _sbrk, from the end of .bss
- * towards the stack at the top of RAM. */
-void *_sbrk(int incr);
-void *_sbrk(int incr)
-{
-	char *p;
-
-	if (brk == NULL) {
-		brk = &end;
-	}
-	p = brk;
-	brk += incr;
-	return p;
-}
+#include "board.h"
 
 /* ---- stack probes ---- */
 
@@ -103,44 +41,6 @@ static const char *const probe_name[P_N] = {
 static uint32_t peak[P_N], calls[P_N];
 static unsigned depth;
 static int signed_probe; /* efs_process calls go to P_SIGNED */
-static int overflow;
-
-static inline __attribute__((always_inline)) uint32_t *sp_now(void)
-{
-	uint32_t *sp;
-
-	__asm__ volatile("mov %0, sp" : "=r"(sp));
-	return sp;
-}
-
-/* paint fills the PAINT_BYTES below base, the probe's stack pointer:
- * inlined, so that no frame of its own is below base while it paints. */
-static inline __attribute__((always_inline)) void paint(uint32_t *base)
-{
-	volatile uint32_t *w = base; /* volatile: not made into a memset call, whose frame would be below base */
-
-	for (uint32_t i = 1; i <= PAINT_BYTES / 4; i++) {
-		w[-(int32_t)i] = PAINT;
-	}
-}
-
-static inline __attribute__((always_inline)) void scan(uint32_t *base, int probe)
-{
-	volatile uint32_t *w = base - PAINT_BYTES / 4;
-	uint32_t used;
-
-	if (*w != PAINT) {
-		overflow = 1;
-	}
-	while (w < base && *w == PAINT) {
-		w++;
-	}
-	used = (uint32_t)((uintptr_t)base - (uintptr_t)w);
-	if (used > peak[probe]) {
-		peak[probe] = used;
-	}
-	calls[probe]++;
-}
 
 efs_err __real_efs_open(efs_ctx *c, const efs_port *port);
 efs_err __wrap_efs_open(efs_ctx *c, const efs_port *port);
@@ -154,7 +54,7 @@ efs_err __wrap_efs_open(efs_ctx *c, const efs_port *port)
 	}
 	e = __real_efs_open(c, port);
 	if (--depth == 0) {
-		scan(base, P_OPEN);
+		scan(base, &peak[P_OPEN], &calls[P_OPEN]);
 	}
 	return e;
 }
@@ -170,7 +70,9 @@ void __wrap_efs_process(efs_ctx *c, const uint8_t *device, size_t dn, const uint
 	}
 	__real_efs_process(c, device, dn, buf, n, r);
 	if (--depth == 0) {
-		scan(base, signed_probe ? P_SIGNED : r->apply ? P_PROCESS_APPLY : P_PROCESS_NOAPPLY);
+		int p = signed_probe ? P_SIGNED : r->apply ? P_PROCESS_APPLY : P_PROCESS_NOAPPLY;
+
+		scan(base, &peak[p], &calls[p]);
 	}
 }
 
@@ -186,7 +88,7 @@ efs_err __wrap_efs_encode_ack(const efs_ack *a, uint8_t *out, size_t cap, size_t
 	}
 	e = __real_efs_encode_ack(a, out, cap, n);
 	if (--depth == 0) {
-		scan(base, P_ENCODE_ACK);
+		scan(base, &peak[P_ENCODE_ACK], &calls[P_ENCODE_ACK]);
 	}
 	return e;
 }

@@ -7,6 +7,9 @@
  * state, the library's calls left out). The difference is what the library
  * costs in flash and in static RAM. EFS_SIZE_SIGNED adds a crypto port
  * (stubs, in both images: the crypto itself is mbedTLS's, measured apart).
+ * EFS_SIZE_FW is a device that takes firmware jobs (efshim_fw.h): boot
+ * through the boot loader's decision, every command a firmware step; its
+ * image slots and job record on the same stand-in flash.
  *
  * Not run: the board's flash, transport and effect are compiler barriers;
  * mcu/startup.c is the reset.
@@ -15,6 +18,7 @@
 #include <string.h>
 
 #include "efshim.h"
+#include "efshim_fw.h"
 
 #define SECTOR 4096u
 #define FLASH ((uint8_t *)0x00300000u) /* mps2 code SRAM, standing in for two flash sectors */
@@ -79,6 +83,60 @@ static const efs_port port = {
 #endif
 };
 
+#ifdef EFS_SIZE_FW
+#define SLOT (64u * 1024u)
+
+static int slot_read(void *u, unsigned s, uint32_t off, uint8_t *b, size_t n)
+{
+	(void)u;
+	memcpy(b, FLASH + 2 * SECTOR + s * SLOT + off, n);
+	return 0;
+}
+
+static int slot_erase(void *u, unsigned s)
+{
+	(void)u;
+	memset(FLASH + 2 * SECTOR + s * SLOT, 0xff, SLOT);
+	return 0;
+}
+
+static int slot_program(void *u, unsigned s, uint32_t off, const uint8_t *b, size_t n)
+{
+	return flash_program(u, 0, 2 * SECTOR + s * SLOT + off, b, n);
+}
+
+static int rec_read(void *u, unsigned s, uint32_t off, uint8_t *b, size_t n)
+{
+	return flash_read(u, 0, 2 * SECTOR + 2 * SLOT + s * SECTOR + off, b, n);
+}
+
+static int rec_erase(void *u, unsigned s)
+{
+	(void)u;
+	memset(FLASH + 4 * SECTOR + 2 * SLOT + s * SECTOR, 0xff, SECTOR);
+	return 0;
+}
+
+static int rec_program(void *u, unsigned s, uint32_t off, const uint8_t *b, size_t n)
+{
+	return flash_program(u, 0, 2 * SECTOR + 2 * SLOT + s * SECTOR + off, b, n);
+}
+
+static const efs_fw_port fwport = {
+	.slot_size = SLOT,
+	.record_sector_size = SECTOR,
+	.slot_read = slot_read,
+	.slot_erase = slot_erase,
+	.slot_program = slot_program,
+	.record_read = rec_read,
+	.record_erase = rec_erase,
+	.record_program = rec_program,
+	.factory_size = 1024,
+};
+
+static efs_fw fw;
+#endif
+
 static efs_ctx ctx;
 static efs_result res;
 static uint8_t rx[512], tx[512];
@@ -101,8 +159,25 @@ int main(void)
 	size_t len;
 
 	efs_open(&ctx, &port);
+#ifdef EFS_SIZE_FW
+	efs_fw_boot_info boot;
+
+	efs_fw_open(&fw, &fwport, &ctx);
+	efs_fw_boot(&fw, &boot);
+	barrier(&boot); /* the jump to the slot */
+	if (boot.trial) {
+		efs_fw_health(&fw, (int)receive(), NULL);
+	}
+#endif
 	for (;;) {
+#ifdef EFS_SIZE_FW
+		efs_fw_process(&fw, device, sizeof device - 1, rx, receive(), &res);
+		if (efs_fw_reboot_pending(&fw)) {
+			barrier(&fw); /* the reboot */
+		}
+#else
 		efs_process(&ctx, device, sizeof device - 1, rx, receive(), &res);
+#endif
 		if (res.apply) {
 			barrier(&res.env); /* the effect */
 		}
@@ -114,6 +189,10 @@ int main(void)
 #else
 	barrier(&port);
 	barrier(&ctx);
+#ifdef EFS_SIZE_FW
+	barrier(&fwport);
+	barrier(&fw);
+#endif
 	for (;;) {
 		size_t n = receive();
 

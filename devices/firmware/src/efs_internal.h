@@ -43,4 +43,22 @@ int efs_valid_name(const uint8_t *p, size_t n, size_t max);
 /* efs_store writes a mark as the newest flash slot (efs_mark.c). */
 efs_err efs_store(efs_ctx *c, efs_mark m, efs_bytes holder, efs_bytes id);
 
+/* Reasons: efs_text_add appends s, efs_text_u64 a number in decimal, to
+ * buf (cap bytes) at *at, NUL-terminated (efs_process.c). */
+void efs_text_add(char *buf, size_t cap, size_t *at, const char *s);
+void efs_text_u64(char *buf, size_t cap, size_t *at, uint64_t v);
+
+/* A command's own part (the firmware job): check runs with the port's
+ * check, before the admit rule; step runs for an accepted command before
+ * its mark is stored. Nonzero refuses it Invalid with the mark unchanged;
+ * each writes its reason to r->reason. */
+typedef struct {
+	int (*check)(void *user, efs_result *r);
+	int (*step)(void *user, efs_result *r);
+	void *user;
+} efs_hook;
+
+void efs_process_hooked(efs_ctx *c, const uint8_t *device, size_t device_len, const uint8_t *buf, size_t n,
+	efs_result *r, const efs_hook *h);
+
 #endif

@@ -9,13 +9,18 @@
 
 #include "efs_internal.h"
 
-/* append copies s to r->reason at *at (always NUL-terminated). */
+/* efs_text_add copies s to buf (cap bytes) at *at, always NUL-terminated. */
+void efs_text_add(char *buf, size_t cap, size_t *at, const char *s)
+{
+	while (*s != '\0' && *at + 1 < cap) {
+		buf[(*at)++] = *s++;
+	}
+	buf[*at] = '\0';
+}
+
 static void append(efs_result *r, size_t *at, const char *s)
 {
-	while (*s != '\0' && *at + 1 < sizeof r->reason) {
-		r->reason[(*at)++] = *s++;
-	}
-	r->reason[*at] = '\0';
+	efs_text_add(r->reason, sizeof r->reason, at, s);
 }
 
 /* div10 divides *v by 10 and returns the remainder: long division in
@@ -36,7 +41,8 @@ static unsigned div10(uint64_t *v)
 	return rem;
 }
 
-static void append_u64(efs_result *r, size_t *at, uint64_t v)
+/* efs_text_u64 writes v in decimal to buf (cap bytes) at *at. */
+void efs_text_u64(char *buf, size_t cap, size_t *at, uint64_t v)
 {
 	char d[21];
 	int i = 20;
@@ -45,7 +51,12 @@ static void append_u64(efs_result *r, size_t *at, uint64_t v)
 	do {
 		d[--i] = (char)('0' + div10(&v));
 	} while (v != 0);
-	append(r, at, d + i);
+	efs_text_add(buf, cap, at, d + i);
+}
+
+static void append_u64(efs_result *r, size_t *at, uint64_t v)
+{
+	efs_text_u64(r->reason, sizeof r->reason, at, v);
 }
 
 static void append_mark(efs_result *r, size_t *at, efs_mark m)
@@ -108,6 +119,39 @@ static efs_err decode(const efs_ctx *c, const uint8_t *device, size_t device_len
 void efs_process(efs_ctx *c, const uint8_t *device, size_t device_len, const uint8_t *buf, size_t n,
 	efs_result *r)
 {
+	efs_process_hooked(c, device, device_len, buf, n, r, NULL);
+}
+
+/* check_hooks runs the port's check and the hook's: 0 to go on. */
+static int check_hooks(const efs_ctx *c, efs_result *r, const efs_hook *h)
+{
+	const char *why = NULL;
+	size_t at = 0;
+	int refused = 0;
+
+	if (c->port->check != NULL) {
+		refused = c->port->check(c->port->user, &r->env, &why) != 0;
+	}
+	if (!refused && h != NULL && h->check != NULL) {
+		refused = h->check(h->user, r) != 0;
+		if (refused) {
+			r->verdict = EFS_INVALID;
+			r->err = EFS_E_CHECK;
+			return 1; /* the hook wrote its reason */
+		}
+	}
+	if (refused) {
+		refuse(r, EFS_E_CHECK);
+		if (why != NULL) {
+			append(r, &at, why);
+		}
+	}
+	return refused;
+}
+
+void efs_process_hooked(efs_ctx *c, const uint8_t *device, size_t device_len, const uint8_t *buf, size_t n,
+	efs_result *r, const efs_hook *h)
+{
 	efs_err e;
 	size_t at = 0;
 
@@ -129,16 +173,8 @@ void efs_process(efs_ctx *c, const uint8_t *device, size_t device_len, const uin
 		refuse(r, EFS_E_WRONG_DEVICE);
 		return;
 	}
-	if (c->port->check != NULL) {
-		const char *why = NULL;
-		if (c->port->check(c->port->user, &r->env, &why) != 0) {
-			refuse(r, EFS_E_CHECK);
-			if (why != NULL) {
-				at = 0;
-				append(r, &at, why);
-			}
-			return;
-		}
+	if (check_hooks(c, r, h)) {
+		return;
 	}
 	if (c->corrupt) { /* as devices/shim: a mark it cannot read refuses, with no mark */
 		r->mark.token = r->mark.seq = 0;
@@ -166,6 +202,12 @@ void efs_process(efs_ctx *c, const uint8_t *device, size_t device_len, const uin
 	default: /* validation refused token 0 and seq 0 already */
 		r->mark = c->mark;
 		refuse(r, EFS_E_TOKEN_ZERO);
+		return;
+	}
+	if (h != NULL && h->step != NULL && h->step(h->user, r) != 0) {
+		r->verdict = EFS_INVALID; /* the hook wrote its reason; nothing moved */
+		r->err = EFS_E_CHECK;
+		r->mark = c->mark;
 		return;
 	}
 	if (efs_store(c, r->mark, r->env.holder, r->env.id) != EFS_OK) {

@@ -4,25 +4,6 @@
  * complete mark.
  */
 
-static size_t put_head(uint8_t *p, unsigned major, uint64_t v)
-{
-	size_t n = v < 24 ? 1 : v <= 0xff ? 2 : v <= 0xffff ? 3 : v <= 0xffffffffu ? 5 : 9;
-
-	p[0] = (uint8_t)(major << 5 | (n == 1 ? v : n == 2 ? 24 : n == 3 ? 25 : n == 5 ? 26 : 27));
-	for (size_t k = 1; k < n; k++) {
-		p[k] = (uint8_t)(v >> (8 * (n - 1 - k)));
-	}
-	return n;
-}
-
-static size_t put_text(uint8_t *p, const char *s)
-{
-	size_t n = strlen(s), h = put_head(p, 3, n);
-
-	memcpy(p + h, s, n);
-	return h + n;
-}
-
 /* envelope writes a valid envelope for device "dev" to p. */
 static size_t envelope(uint8_t *p, uint64_t token, uint64_t seq, const char *holder)
 {

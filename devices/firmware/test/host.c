@@ -16,19 +16,7 @@
 #include "efshim.h"
 #include "../testdata/vectors.h"
 
-static int failures;
-static int checks;
-
-#define CHECK(cond, ...)                                   \
-	do {                                               \
-		checks++;                                  \
-		if (!(cond)) {                             \
-			failures++;                        \
-			printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-			printf(__VA_ARGS__);               \
-			printf("\n");                      \
-		}                                          \
-	} while (0)
+#include "check.h"
 
 /* blob returns a heap copy of b of exactly its size (freed by the caller). */
 static uint8_t *blob(const efs_vblob *b, size_t *n)

@@ -1,0 +1,96 @@
+/*
+ * The firmware job vectors (included by fw_host.c): every scenario of
+ * testdata/fw_vectors.h, run through the Go devices/fwjob, replayed on
+ * efs_fw: each command's verdict, mark, refusal class and reason, and the
+ * firmware state after each command and each reboot. A refusal of a body
+ * Go's CBOR decoder words (fwjob.ErrCommand from fxamacker/cbor) is
+ * compared by class only.
+ */
+#include "../testdata/fw_vectors.h"
+
+static int fw_body_wording; /* ErrCommand reasons worded differently (not failures) */
+
+/* vector_state checks the firmware state after step k. */
+static void vector_state(const dev *d, const efs_fwvscenario *sc, size_t k, const efs_fwvstep *v)
+{
+	const efs_fw_job *j = &d->fw.job;
+	const efs_fw_boot_state *b = &d->fw.boot;
+	int trial = b->trial != EFS_FW_NO_SLOT && b->running == b->trial;
+	size_t rn = strlen(v->job_reason);
+
+	CHECK(j->state == v->state && j->bytes == v->bytes && b->running == v->running && b->active == v->active &&
+		b->security == v->security && trial == v->trial && j->seq == v->seq,
+		"%s, step %lu: state %s bytes %llu slot %u active %u security %llu trial %d seq %llu; Go: %s %llu %d %d "
+		"%llu %d %llu", sc->name, (unsigned long)k, efs_fw_state_name(j->state), (unsigned long long)j->bytes, b->running,
+		b->active, (unsigned long long)b->security, trial, (unsigned long long)j->seq, efs_fw_state_name(v->state),
+		(unsigned long long)v->bytes, v->running, v->active, (unsigned long long)v->security, v->trial,
+		(unsigned long long)v->seq);
+	/* The job's reason: Go's, clipped at EFS_FW_MAX_REASON bytes. */
+	CHECK(j->reason_len == (rn < EFS_FW_MAX_REASON ? rn : j->reason_len) && j->reason_len <= rn &&
+		memcmp(j->reason, v->job_reason, j->reason_len) == 0, "%s, step %lu: job reason \"%.*s\", Go \"%s\"",
+		sc->name, (unsigned long)k, j->reason_len, j->reason, v->job_reason);
+}
+
+static void vector_command(dev *d, const efs_fwvscenario *sc, size_t k, const efs_fwvstep *v)
+{
+	uint8_t *in = malloc(v->in_n);
+
+	if (in == NULL) {
+		abort();
+	}
+	memcpy(in, v->in, v->in_n);
+	efs_fw_process(&d->fw, (const uint8_t *)EFS_FWV_DEVICE, strlen(EFS_FWV_DEVICE), in, v->in_n, &d->r);
+	CHECK((int)d->r.verdict == v->verdict && d->r.mark.token == v->mark_token && d->r.mark.seq == v->mark_seq &&
+		d->r.apply == (v->verdict == EFS_ACCEPTED), "%s, step %lu: verdict %d mark %llu/%llu (%s); Go %d %llu/%llu (%s)",
+		sc->name, (unsigned long)k, d->r.verdict, (unsigned long long)d->r.mark.token, (unsigned long long)d->r.mark.seq,
+		d->r.reason, v->verdict, (unsigned long long)v->mark_token, (unsigned long long)v->mark_seq, v->reason);
+	if (v->verdict == EFS_INVALID) {
+		CHECK(d->fw.last == v->cls, "%s, step %lu: class %d, Go %d (%s; Go: %s)", sc->name, (unsigned long)k, d->fw.last, v->cls,
+			d->r.reason, v->reason);
+		size_t cn = strlen(d->r.reason); /* C's is cut at its buffer's size */
+		int same = cn == sizeof d->r.reason - 1 ? strncmp(d->r.reason, v->reason, cn) == 0
+						       : strcmp(d->r.reason, v->reason) == 0;
+
+		if (v->cls == EFS_FW_E_COMMAND && !same) {
+			fw_body_wording++;
+#ifdef EFS_FW_VERBOSE
+			printf("wording: C \"%s\", Go \"%s\"\n", d->r.reason, v->reason);
+#endif
+		} else {
+			CHECK(same, "%s, step %lu: reason \"%s\", Go \"%s\"", sc->name, (unsigned long)k, d->r.reason,
+				v->reason);
+		}
+	}
+	free(in);
+}
+
+static void test_vectors(void)
+{
+	size_t steps = 0;
+
+	factory = (const uint8_t *)EFS_FWV_FACTORY;
+	factory_n = strlen(EFS_FWV_FACTORY);
+	factory_security = EFS_FWV_SECURITY;
+	for (size_t i = 0; i < EFS_FWVSCENARIOS_N; i++) {
+		const efs_fwvscenario *sc = &efs_fwvscenarios[i];
+		dev d;
+
+		dev_init(&d, 0);
+		for (size_t k = 0; k < sc->n; k++, steps++) {
+			const efs_fwvstep *v = &sc->steps[k];
+
+			if (v->boot) {
+				CHECK(power_on(&d, v->healthy) == EFS_OK, "%s, step %lu: boot", sc->name, (unsigned long)k);
+			} else {
+				vector_command(&d, sc, k, v);
+			}
+			vector_state(&d, sc, k, v);
+		}
+		CHECK(d.f.violations == 0, "%s: flash violations", sc->name);
+	}
+	printf("firmware vectors: %lu scenarios, %lu steps; %d body refusals worded by Go's CBOR decoder (class compared)\n",
+		(unsigned long)EFS_FWVSCENARIOS_N, (unsigned long)steps, fw_body_wording);
+	factory = NULL;
+	factory_n = FACTORY_SIZE;
+	factory_security = 2;
+}
