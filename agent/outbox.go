@@ -345,6 +345,9 @@ func (q *delivery) settle(w *worker, e *offline.Entry, ack *fence.Ack, local boo
 	if d.inflight == env.ID {
 		d.inflight = ""
 	}
+	if !async {
+		delete(d.recording, env.ID) // recorded now, if a failed batch had kept it
+	}
 	d.lastAck = ack
 	if ack.Verdict == fence.Stale && env.Token > d.deposedAt {
 		d.deposedAt = env.Token

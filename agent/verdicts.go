@@ -26,8 +26,10 @@ import (
 //     waiting behind it are dropped (their commands stay pending too): the
 //     worker resends from the oldest pending entry, and the device answers
 //     each duplicate, never applying one twice;
-//   - the entries whose verdicts are waiting or being recorded are never
-//     expired locally (device.recording).
+//   - the entries whose verdicts are waiting or being recorded, or were
+//     answered and could not be recorded, are never expired locally
+//     (device.recording): the device has decided them, so their end is
+//     the device's verdict, not expired.
 
 // verdictBatch is the most verdicts of one device recorded in one commit.
 const verdictBatch = 8
@@ -117,16 +119,21 @@ func (q *delivery) awaitRecord(w *worker) bool {
 	<-r.done
 	w.recording = nil
 	ok := true
+	recorded := make([]settled, 0, len(r.batch))
 	for i, err := range r.errs {
-		if err != nil {
-			ok = q.resolveFailed(w.d, r.batch[i].ack, err) && ok
+		if err != nil && !q.resolveFailed(w.d, r.batch[i].ack, err) {
+			ok = false
+			continue // pending again, answered by the device: stays in the recording set
 		}
+		recorded = append(recorded, r.batch[i])
 	}
 	if !ok {
-		q.forget(w, w.unrecorded)
+		// The verdicts behind them are dropped unrecorded; their entries
+		// stay in the recording set as well (the device answered them):
+		// resent, they are never expired locally meanwhile.
 		w.unrecorded = nil
 	}
-	q.forget(w, r.batch)
+	q.forget(w, recorded)
 	return ok
 }
 

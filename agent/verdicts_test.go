@@ -2,6 +2,8 @@ package agent
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
 	"path/filepath"
 	"sync/atomic"
 	"testing"
@@ -60,5 +62,56 @@ func TestVerdictsRecordedInBatches(t *testing.T) {
 	defer cancel()
 	if ack, err := a.Send(ctx, "d1", "set", []byte{0x18, 0xff}); err != nil || ack.Verdict != fence.Accepted {
 		t.Fatalf("a lone command: %v %v", ack, err)
+	}
+}
+
+// TestFailedVerdictRecordKeepsEntriesFromExpiry: the device answered
+// three commands and the outbox cannot record their verdicts (here: it
+// is closed); the entries stay pending, and in the device's recording set
+// — the batch that failed and the verdict dropped behind it — so that
+// expiry never ends a command the device has decided as expired.
+func TestFailedVerdictRecordKeepsEntriesFromExpiry(t *testing.T) {
+	ob := openOutbox(t, filepath.Join(t.TempDir(), offline.File), nil)
+	d := &device{id: "d1", sem: make(chan struct{}, 1)}
+	q := &delivery{outbox: ob, log: slog.New(slog.DiscardHandler), devices: map[string]*device{"d1": d},
+		waiters: map[string]chan *fence.Ack{}, now: time.Now}
+	w := &worker{d: d}
+	var es []*offline.Entry
+	for i := range 3 {
+		e := &offline.Entry{Envelope: fence.Envelope{V: fence.Version, Device: "d1", Token: 5, Seq: uint64(i + 1),
+			ID: fmt.Sprintf("c%d", i), Kind: "set"}}
+		if err := ob.Append(context.Background(), e); err != nil {
+			t.Fatal(err)
+		}
+		es = append(es, e)
+	}
+	ack := func(e *offline.Entry) *fence.Ack {
+		a := fence.NewAck(&e.Envelope, fence.Accepted, fence.Mark{Token: 5, Seq: e.Envelope.Seq}, "")
+		return &a
+	}
+	for _, e := range es[:2] {
+		if !q.queueVerdict(w, e, ack(e)) {
+			t.Fatal("queued verdict refused")
+		}
+	}
+	if err := ob.Close(); err != nil {
+		t.Fatal(err)
+	}
+	q.startRecord(w) // c0, c1: fails, the outbox is closed
+	if !q.queueVerdict(w, es[2], ack(es[2])) {
+		t.Fatal("queued verdict refused")
+	}
+	if q.flush(w) {
+		t.Fatal("flush reported the verdicts recorded")
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, e := range es {
+		if _, ok := d.recording[e.Envelope.ID]; !ok {
+			t.Errorf("%s: answered by the device, not recorded, and no longer kept from expiry", e.Envelope.ID)
+		}
+	}
+	if len(w.unrecorded) != 0 || w.recording != nil {
+		t.Errorf("worker still holds verdicts: %d unrecorded, recording %v", len(w.unrecorded), w.recording != nil)
 	}
 }
