@@ -2,7 +2,9 @@ package agent
 
 import (
 	"context"
+	"flag"
 	"fmt"
+	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -18,6 +20,14 @@ import (
 
 // benchImage is the image size of BenchmarkFirmwareTransfer.
 const benchImage = 1 << 20
+
+// BenchmarkFirmwareTransfer's knobs, for the variants in BENCHMARKS §45:
+// the runner's window (and bareW's), and where the runners' outboxes live
+// (e.g. /dev/shm: the gateway's disk apart from the device's).
+var (
+	fwbenchWindow = flag.Int("fwbench.window", DefaultJobsWindow, "BenchmarkFirmwareTransfer: jobs.window of runner, and bareW's chunks in flight")
+	fwbenchOutbox = flag.String("fwbench.outbox", "", "BenchmarkFirmwareTransfer: a directory for the runners' outboxes (default: the test's temporary directory)")
+)
 
 // BenchmarkFirmwareTransfer: image bytes per second into a device's slot,
 // in the same run and interleaved (one of each per op, so that a busy
@@ -64,7 +74,16 @@ func benchTransfer(b *testing.B, chunk int) {
 	commits := map[string]*atomic.Int64{}
 	turns := map[string]*turnSender{}
 	agentFor := func(p string, window int) *testAgent {
-		ob, err := offline.Open(filepath.Join(b.TempDir(), offline.File), nil)
+		dir := b.TempDir()
+		if *fwbenchOutbox != "" {
+			d, err := os.MkdirTemp(*fwbenchOutbox, "outbox")
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { os.RemoveAll(d) })
+			dir = d
+		}
+		ob, err := offline.Open(filepath.Join(dir, offline.File), nil)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -78,7 +97,7 @@ func benchTransfer(b *testing.B, chunk int) {
 		ob.ObserveCommits(func(time.Duration) { n.Add(1) }) // in place of the agent's (its latency tails)
 		return a
 	}
-	a, a1 := agentFor("runner", DefaultJobsWindow), agentFor("runner1", 1)
+	a, a1 := agentFor("runner", *fwbenchWindow), agentFor("runner1", 1)
 	waitLong(b, "the agents hold their devices", func() bool {
 		_, ok := a.Holding(devs["runner"].id)
 		_, ok1 := a1.Holding(devs["runner1"].id)
@@ -92,7 +111,7 @@ func benchTransfer(b *testing.B, chunk int) {
 		img := w.image(fmt.Sprintf("img-%d-", i), benchImage, 1)
 		b.StartTimer()
 		bare1.transfer(b, fmt.Sprintf("bare1-%d", i), img, 1)
-		bareW.transfer(b, fmt.Sprintf("bareW-%d", i), img, DefaultJobsWindow)
+		bareW.transfer(b, fmt.Sprintf("bareW-%d", i), img, *fwbenchWindow)
 		for _, p := range []string{"runner", "runner1"} {
 			start := time.Now()
 			job := fmt.Sprintf("%s-%d", p, i)

@@ -170,3 +170,35 @@ func TestFirmwareJobWindowAgentRestart(t *testing.T) {
 		t.Fatalf("the replayed head chunk was not a duplicate: %+v", c)
 	}
 }
+
+// TestFirmwareJobChunksShareCommits: a download's chunks share the
+// outbox's commits end to end (real etcd, broker and fwjob device): half
+// a window of chunks per AppendAll, up to eight verdicts per ResolveAll.
+// A job of 64 chunks takes fewer outbox commits than it has chunks; one
+// commit per append and one per verdict, as before, took two per chunk.
+// Every offset is applied once and the image runs.
+func TestFirmwareJobChunksShareCommits(t *testing.T) {
+	w := newFWWorld(t)
+	d := w.device("fw-commits", fwjob.BootConfig{})
+	ob, err := offline.Open(filepath.Join(t.TempDir(), offline.File), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ob.Close() })
+	w.agentWith("gw-1", []string{d.id}, nil, Options{Outbox: ob})
+	var commits atomic.Int64
+	ob.ObserveCommits(func(time.Duration) { commits.Add(1) }) // in place of the agent's latency tails
+	const chunks = 64
+	img := w.image("commits", chunks*w.chunk, 1)
+	job := w.createJob("j-commits", img, d.id)
+	if e := w.waitEnded(d.id, job.ID); e.Status != jobs.Succeeded {
+		t.Fatalf("execution %+v", e)
+	}
+	d.runsImage(img)
+	d.checkOnce(job.ID, img, w.chunk)
+	n := commits.Load()
+	t.Logf("%d chunks and the job's other steps in %d outbox commits", chunks, n)
+	if n >= chunks {
+		t.Errorf("%d outbox commits for %d chunks: the chunks' appends or verdicts are not batched", n, chunks)
+	}
+}

@@ -24,9 +24,11 @@ import (
 // killHelperEnv names the outbox file that TestOutboxHelperProcess, run in
 // a child process, appends to until it is killed; killBodiesEnv, set,
 // makes it append bodies (killBody) and resolve after every fourth append.
+// killBatchEnv, set, makes it append in batches instead (outboxBatchHelper).
 const (
 	killHelperEnv = "EDGEFENCE_OUTBOX_KILL_HELPER"
 	killBodiesEnv = "EDGEFENCE_OUTBOX_KILL_BODIES"
+	killBatchEnv  = "EDGEFENCE_OUTBOX_KILL_BATCH"
 )
 
 // killBody is the body of the child's i-th entry with killBodiesEnv: a
@@ -72,16 +74,65 @@ func TestOutboxHelperProcess(t *testing.T) {
 	if path == "" {
 		t.Skip("the child process of TestOutboxKill9")
 	}
-	os.Exit(outboxHelper(path))
-}
-
-func outboxHelper(path string) int {
 	ob, err := offline.Open(path, &offline.Options{Timeout: 10 * time.Second})
 	if err != nil {
 		fmt.Println("bad open:", err)
-		return 2
+		os.Exit(2)
 	}
 	w := bufio.NewWriter(os.Stdout)
+	if os.Getenv(killBatchEnv) != "" {
+		os.Exit(outboxBatchHelper(ob, w))
+	}
+	os.Exit(outboxHelper(ob, w))
+}
+
+// killBatch is the entries of one AppendAll and one ResolveAll in
+// outboxBatchHelper.
+const killBatch = 4
+
+// outboxBatchHelper appends batch b (ids p<pid>-<4b>…<4b+3>, one device,
+// consecutive seqs) with one AppendAll and prints "ok ID" for each once it
+// returned; then it resolves batch b-1 with one ResolveAll and prints
+// "res ID" for each. Chunk-sized bodies for half of them, so that a commit
+// takes a while to write.
+func outboxBatchHelper(ob *offline.Outbox, w *bufio.Writer) int {
+	say := func(a ...any) { fmt.Fprintln(w, a...); w.Flush() }
+	deadline := time.Now().Add(time.Minute) // never outlive a broken parent for long
+	var prev []*offline.Entry
+	for b := 0; time.Now().Before(deadline); b++ {
+		es := make([]*offline.Entry, killBatch)
+		for k := range es {
+			i := b*killBatch + k
+			es[k] = entry(fmt.Sprintf("dev-%d", b%4), fmt.Sprintf("p%d-%d", os.Getpid(), i), fence.Token(b+1), uint64(k+1))
+			es[k].Envelope.Body = killBody(i)
+		}
+		if err := ob.AppendAll(context.Background(), es); err != nil {
+			say("bad append:", err)
+			return 2
+		}
+		for _, e := range es {
+			say("ok", e.Envelope.ID) // after AppendAll returned: durable
+		}
+		if prev != nil {
+			acks := make([]*fence.Ack, len(prev))
+			for k, e := range prev {
+				acks[k] = ack(e, fence.Accepted, "")
+			}
+			for k, err := range ob.ResolveAll(acks) {
+				if err != nil {
+					say("bad resolve:", err)
+					return 2
+				}
+				say("res", prev[k].Envelope.ID) // after ResolveAll returned: durable
+			}
+		}
+		prev = es
+	}
+	ob.Close()
+	return 0
+}
+
+func outboxHelper(ob *offline.Outbox, w *bufio.Writer) int {
 	bodies, every := os.Getenv(killBodiesEnv) != "", 12
 	if bodies {
 		every = 4
@@ -270,6 +321,59 @@ func TestOutboxKill9Bodies(t *testing.T) {
 	if dropped == 0 {
 		t.Fatal("no body dropped")
 	}
+}
+
+// TestOutboxKill9Batches kills, at a random moment, a child appending
+// batches with AppendAll and resolving them with ResolveAll. After each
+// kill: bbolt's check is clean; every entry the child printed is there,
+// every resolve it printed is accepted; and each batch is whole — its
+// four entries all stored or none, all accepted or none: one commit each.
+func TestOutboxKill9Batches(t *testing.T) {
+	rounds := 12
+	path := dbPath(t)
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 17))
+	var appended []string
+	resolved := map[string]bool{}
+	for round := range rounds {
+		a, r := killRound(t, path, time.Duration(rng.IntN(30_001))*time.Microsecond, killBatchEnv+"=1")
+		appended = append(appended, a...)
+		for _, id := range r {
+			resolved[id] = true
+		}
+		boltCheck(t, path, round)
+		ob := open(t, path, nil)
+		recs, err := ob.List(offline.Filter{})
+		ob.Close()
+		if err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		byID := make(map[string]offline.Record, len(recs))
+		type batch struct{ stored, accepted int }
+		batches := map[string]*batch{} // by pid and batch number
+		for _, r := range recs {
+			byID[r.ID] = r
+			pid, _, _ := strings.Cut(r.ID, "-")
+			key := fmt.Sprintf("%s/%d", pid, killIndex(r.ID)/killBatch)
+			if batches[key] == nil {
+				batches[key] = &batch{}
+			}
+			batches[key].stored++
+			if r.State == fence.Accepted {
+				batches[key].accepted++
+			}
+		}
+		for key, b := range batches {
+			if b.stored != killBatch || b.accepted != 0 && b.accepted != killBatch {
+				t.Fatalf("round %d: batch %s torn: %d of %d stored, %d accepted", round, key, b.stored, killBatch, b.accepted)
+			}
+		}
+		for _, id := range appended {
+			if rec, ok := byID[id]; !ok || resolved[id] && rec.State != fence.Accepted {
+				t.Fatalf("round %d: acknowledged %s (resolved %v) is %+v", round, id, resolved[id], rec)
+			}
+		}
+	}
+	t.Logf("%d rounds, %d acknowledged appends, %d acknowledged resolves", rounds, len(appended), len(resolved))
 }
 
 // killRound runs one child, kills it with SIGKILL wait after its first

@@ -24,19 +24,30 @@ const fuzzRuns = 6000
 // fuzz` from FUZZTIME) runs it for that long instead, with a random seed.
 // Skips without clang and libFuzzer, fails under CI=true.
 func TestCFuzzProcess(t *testing.T) {
+	var err error
+	if _, err = os.Stat("/usr/include/mbedtls/ecdsa.h"); err != nil {
+		err = fmt.Errorf("no mbedTLS headers (libmbedtls-dev)")
+	}
+	bin := buildCFuzzer(t, "fuzz/fuzz_process.c", err, "-lmbedcrypto")
+	runCFuzzer(t, bin, fuzzRuns)
+}
+
+// buildCFuzzer builds the libFuzzer target src with the library (clang,
+// -fsanitize=fuzzer,address,undefined, then libs) into a temporary
+// directory of its own and returns its path. Without clang and libFuzzer,
+// or with missing (what else the target needs), the test skips, and fails
+// under CI=true.
+func buildCFuzzer(t *testing.T, src string, missing error, libs ...string) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), strings.TrimSuffix(filepath.Base(src), ".c"))
 	clang, err := exec.LookPath("clang")
 	if err == nil {
-		if _, err = os.Stat("/usr/include/mbedtls/ecdsa.h"); err != nil {
-			err = fmt.Errorf("no mbedTLS headers (libmbedtls-dev)")
-		}
+		err = missing
 	}
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "fuzz_process")
 	if err == nil {
 		args := []string{"-std=c99", "-g", "-O1", "-Wall", "-Wextra", "-Werror",
-			"-fsanitize=fuzzer,address,undefined", "-fno-sanitize-recover=all", "-Iinclude",
-			"-o", bin, "fuzz/fuzz_process.c"}
-		args = append(append(args, librarySources(t)...), "-lmbedcrypto")
+			"-fsanitize=fuzzer,address,undefined", "-fno-sanitize-recover=all", "-Iinclude", "-o", bin, src}
+		args = append(append(args, librarySources(t)...), libs...)
 		var out []byte
 		if out, err = exec.Command(clang, args...).CombinedOutput(); err != nil {
 			err = fmt.Errorf("clang -fsanitize=fuzzer: %v\n%s", err, out)
@@ -48,7 +59,7 @@ func TestCFuzzProcess(t *testing.T) {
 		}
 		t.Skipf("%v; under CI=true this fails", err)
 	}
-	runCFuzzer(t, bin, fuzzRuns)
+	return bin
 }
 
 // runCFuzzer has the target bin (in its own temporary directory) write its

@@ -2,8 +2,6 @@ package firmware
 
 import (
 	"fmt"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -86,22 +84,5 @@ const fwFuzzRuns = 10000
 // and runs it for fwFuzzRuns inputs with a fixed seed, or for EFS_FUZZTIME
 // (`make fuzz`). Skips without clang and libFuzzer, fails under CI=true.
 func TestCFuzzFirmwareJob(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "fuzz_fw")
-	clang, err := exec.LookPath("clang")
-	if err == nil {
-		args := []string{"-std=c99", "-g", "-O1", "-Wall", "-Wextra", "-Werror",
-			"-fsanitize=fuzzer,address,undefined", "-fno-sanitize-recover=all", "-Iinclude",
-			"-o", bin, "fuzz/fuzz_fw.c"}
-		var out []byte
-		if out, err = exec.Command(clang, append(args, librarySources(t)...)...).CombinedOutput(); err != nil {
-			err = fmt.Errorf("clang -fsanitize=fuzzer: %v\n%s", err, out)
-		}
-	}
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("%v: run make deps (clang, libfuzzer-14-dev)", err)
-		}
-		t.Skipf("%v; under CI=true this fails", err)
-	}
-	runCFuzzer(t, bin, fwFuzzRuns)
+	runCFuzzer(t, buildCFuzzer(t, "fuzz/fuzz_fw.c", nil), fwFuzzRuns)
 }
