@@ -279,20 +279,12 @@ func TestMCUSize(t *testing.T) {
 	gcc, size, _ := mcuTools(t, false)
 	src := mbedtlsSource(t)
 	for _, b := range mcuBoards {
-		variants := []struct {
+		var stub [3]int // text, data, bss: the signed image with the library and stub crypto
+		for _, variant := range []struct {
 			name  string
 			extra []string
 		}{{"plain", nil}, {"signed (crypto excluded)", []string{"-DEFS_SIZE_SIGNED"}},
-			{"with the firmware job", []string{"-DEFS_SIZE_FW"}}}
-		if src != "" {
-			variants = append(variants, struct {
-				name  string
-				extra []string
-			}{"signed with the port's crypto (mbedTLS)", append([]string{"-DEFS_SIZE_SIGNED", "-DEFS_SIZE_MBEDTLS"},
-				mbedtlsArgs(src)...)})
-		}
-		var stub, crypto [3]int // text, data, bss of the signed images with the library
-		for _, variant := range variants {
+			{"with the firmware job", []string{"-DEFS_SIZE_FW"}}} {
 			t0, d0, b0 := mcuImage(t, gcc, size, b.cpu, false, variant.extra...)
 			t1, d1, b1 := mcuImage(t, gcc, size, b.cpu, true, variant.extra...)
 			flash, ram := (t1-t0)+(d1-d0), (d1-d0)+(b1-b0)
@@ -304,21 +296,29 @@ func TestMCUSize(t *testing.T) {
 			if ram != 0 {
 				t.Errorf("%s, %s: the library keeps %d B of static RAM: it should keep none", b.cpu, variant.name, ram)
 			}
-			switch variant.name {
-			case "signed (crypto excluded)":
+			if variant.name == "signed (crypto excluded)" {
 				stub = [3]int{t1, d1, b1}
-			case "signed with the port's crypto (mbedTLS)":
-				crypto = [3]int{t1, d1, b1}
 			}
 		}
 		if src != "" {
-			t.Logf("%s, the port's crypto (mbedTLS ES256 verify and SHA-256, glue, static heap): flash %d B "+
-				"(text+rodata %d, data %d), static RAM %d B (data %d, bss %d)", b.cpu,
-				crypto[0]-stub[0]+crypto[1]-stub[1], crypto[0]-stub[0], crypto[1]-stub[1],
-				crypto[1]-stub[1]+crypto[2]-stub[2], crypto[1]-stub[1], crypto[2]-stub[2])
+			logCryptoSize(t, gcc, size, b.cpu, src, stub)
 		}
 	}
 	if src == "" {
 		t.Skip("the crypto's size was not measured: no mbedTLS source (make deps)")
 	}
+}
+
+// logCryptoSize reports the port's crypto apart: the signed image with
+// the library and the port's ES256 verify and SHA-256 on mbedTLS (glue,
+// one provisioned key, the static heap) against the same with stubs
+// (stub: its text, data and bss).
+func logCryptoSize(t *testing.T, gcc, size, cpu, src string, stub [3]int) {
+	t.Helper()
+	t0, d0, b0 := stub[0], stub[1], stub[2]
+	t1, d1, b1 := mcuImage(t, gcc, size, cpu, true, append([]string{"-DEFS_SIZE_SIGNED", "-DEFS_SIZE_MBEDTLS"},
+		mbedtlsArgs(src)...)...)
+	t.Logf("%s, the port's crypto (mbedTLS ES256 verify and SHA-256, glue, static heap): flash %d B "+
+		"(text+rodata %d, data %d), static RAM %d B (data %d, bss %d); signed image %d/%d/%d with it",
+		cpu, t1-t0+d1-d0, t1-t0, d1-d0, d1-d0+b1-b0, d1-d0, b1-b0, t1, d1, b1)
 }
