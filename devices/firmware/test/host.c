@@ -6,8 +6,9 @@
  * AddressSanitizer and UBSan; each input is copied to a heap buffer of
  * exactly its size, so a read past it is caught. Prints each failure and
  * exits 1 if there was one. mcu/runner.c builds the same runner for
- * Cortex-M without the crypto port (EFS_NO_CRYPTO: the signed vectors are
- * counted, not run).
+ * Cortex-M, with this crypto port on mbedTLS built for the target, or
+ * without a source for it (EFS_NO_CRYPTO: the signed vectors are counted,
+ * not run).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -284,7 +285,7 @@ static void test_process(void)
 {
 	run_process(efs_vprocesses, EFS_VPROCESSES_N, 0);
 #ifdef EFS_NO_CRYPTO
-	/* A build without a crypto port (mcu/: no mbedTLS for the target). */
+	/* A build without a crypto port (mcu/ without mbedTLS's source). */
 	printf("signed vectors: %d not run (no crypto port in this build)\n", (int)EFS_VSIGNED_N);
 #else
 	run_process(efs_vsigned, EFS_VSIGNED_N, 1);
