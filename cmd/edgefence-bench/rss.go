@@ -168,16 +168,7 @@ func measureAgentRSS(ctx context.Context, etcd *sandbox.Etcd, cli *clientv3.Clie
 		return row, err
 	}
 	defer closeFleet()
-	mport, err := sandbox.FreePort()
-	if err != nil {
-		return row, err
-	}
-	ac.metrics = fmt.Sprintf("127.0.0.1:%d", mport)
-	cpath := filepath.Join(dir, "edgefence.yaml")
-	if err := ac.write(cpath); err != nil {
-		return row, err
-	}
-	p, err := startRSSProc(cfg.AgentBin, cpath, cfg.Env, filepath.Join(dir, "agent.log"))
+	p, err := ac.start(cfg.AgentBin, cfg.Env)
 	if err != nil {
 		return row, err
 	}
@@ -284,6 +275,21 @@ log:
 		fmt.Fprintf(&conf, "  - id: %s\n", d)
 	}
 	return os.WriteFile(path, []byte(conf.String()), 0o600)
+}
+
+// start writes the config (edgefence.yaml in c.dir, metrics on a free
+// port) and runs bin with env added on it, its output in agent.log.
+func (c *rssAgentConfig) start(bin string, env []string) (*rssProc, error) {
+	mport, err := sandbox.FreePort()
+	if err != nil {
+		return nil, err
+	}
+	c.metrics = fmt.Sprintf("127.0.0.1:%d", mport)
+	cpath := filepath.Join(c.dir, "edgefence.yaml")
+	if err := c.write(cpath); err != nil {
+		return nil, err
+	}
+	return startRSSProc(bin, cpath, env, filepath.Join(c.dir, "agent.log"))
 }
 
 // rssProc is the rss benchmark's agent subprocess.
