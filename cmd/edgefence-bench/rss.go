@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -226,6 +227,7 @@ type rssAgentConfig struct {
 	sock, metrics, etcdPrefix string
 	devs                      []string
 	auth                      *agent.AuthConfig // --sign: the gateway's key, certificate and trust root
+	cmdTimeout                time.Duration     // command.timeout; 0: 10s
 }
 
 // sign, with sign, makes the chain for c's agent and devices (--sign):
@@ -261,11 +263,11 @@ api:
 metrics:
   listen: %s
 command:
-  timeout: 10s
+  timeout: %s
 log:
   level: warn
   format: text
-`, c.n, filepath.Join(c.dir, "state"), c.etcd, c.etcdPrefix, c.broker, c.prefix, c.n, c.sock, c.metrics)
+`, c.n, filepath.Join(c.dir, "state"), c.etcd, c.etcdPrefix, c.broker, c.prefix, c.n, c.sock, c.metrics, cmp.Or(c.cmdTimeout, 10*time.Second))
 	if a := c.auth; a != nil {
 		fmt.Fprintf(&conf, "auth:\n  key_file: %q\n  key_id: %q\n  certificate: %q\n  trust_root: %q\n  trust_root_kid: %q\n",
 			a.KeyFile, a.KeyID, a.Certificate, a.TrustRoot, a.TrustRootKID)
