@@ -34,11 +34,6 @@ const FanoutChunk = 1024
 // no verdict yet) and refused (by the agent: not issued).
 var fanoutOutcomes = [...]string{"accepted", "duplicate", "stale", "invalid", "expired", "unknown", "queued", "refused"}
 
-const (
-	outcomeQueued  = len(verdictNames)
-	outcomeRefused = outcomeQueued + 1
-)
-
 // Outcome returns r's outcome: its verdict, "queued" (stored in the
 // outbox, no verdict yet) or "refused" (the agent did not issue it).
 func (r *SendResult) Outcome() string {

@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/offline"
 )
 
 // fanoutRig runs gw-1 over n labelled devices (dev-00.., site a for the
@@ -191,5 +193,43 @@ func TestSelectorAndLabels(t *testing.T) {
 	ces := ConfigErrors(err)
 	if len(ces) != 1 || ces[0].Key != "devices[0].labels.Kind" || ces[0].Line != 8 || !strings.Contains(ces[0].Msg, "a-z or 0-9") {
 		t.Fatalf("bad label key: %v", err)
+	}
+}
+
+// TestFanOutFullQueueRefusesOnlyThatDevice: a chunk's entries go in one
+// AppendAll, all or none; when a device's queue is full the fan-out
+// appends the chunk's entries one by one instead, so that only that
+// device is refused (naming the limit) and the others are stored.
+func TestFanOutFullQueueRefusesOnlyThatDevice(t *testing.T) {
+	ob, err := offline.Open(filepath.Join(t.TempDir(), offline.File), &offline.Options{MaxPerDevice: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ob.Close() })
+	devs := []string{"dev-0", "dev-1", "dev-2"}
+	cfg := &Config{Gateway: "gw-1", Etcd: EtcdConfig{Endpoints: testEtcd.Endpoints(), Prefix: "/t/" + t.Name(), LeaseTTL: 2 * time.Second},
+		MQTT: MQTTConfig{Brokers: []string{"mqtt://127.0.0.1:1"}}, Command: CommandConfig{Timeout: 5 * time.Second}}
+	for _, d := range devs {
+		cfg.Devices = append(cfg.Devices, DeviceConfig{ID: d})
+	}
+	a := runAgent(t, cfg, etcdClient(t), awaySender{}, Options{Outbox: ob})
+	waitFor(t, "held", holdingAll(a, devs))
+	if _, err := a.Enqueue(t.Context(), "dev-1", "ping", nil); err != nil { // dev-1's queue is now full
+		t.Fatal(err)
+	}
+	got := map[string]SendResult{}
+	sum := a.FanOut(t.Context(), devs, "ping", nil, false, func(r SendResult) { got[r.Device] = r })
+	if sum.ByOutcome["queued"] != 2 || sum.ByOutcome["refused"] != 1 || !strings.Contains(got["dev-1"].Error, offline.ErrFull.Error()) {
+		t.Fatalf("%+v %+v: want dev-1 refused as full, the others queued", sum, got)
+	}
+	for _, d := range []string{"dev-0", "dev-2"} {
+		if n, _ := ob.Pending(d); n != 1 || got[d].Seq != 1 {
+			t.Errorf("%s: %d pending, result %+v; want its command stored with seq 1", d, n, got[d])
+		}
+	}
+	for _, d := range a.Status().Devices {
+		if d.ID == "dev-1" && d.Seq != 1 {
+			t.Errorf("dev-1 at seq %d: the refused command used up a seq", d.Seq)
+		}
 	}
 }
