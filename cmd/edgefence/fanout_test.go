@@ -183,3 +183,37 @@ func waitOutboxEnded(t *testing.T, sock string) []offline.Record {
 		time.Sleep(200 * time.Millisecond)
 	}
 }
+
+// TestFanoutExitAndSelection: the exit status is the worst device's, in
+// the order the help gives; --devices is a glob when it has a glob
+// metacharacter, else a list.
+func TestFanoutExitAndSelection(t *testing.T) {
+	for _, tc := range []struct {
+		by   map[string]int
+		want int
+	}{
+		{map[string]int{"accepted": 3, "duplicate": 1}, 0},
+		{map[string]int{"accepted": 3, "queued": 1}, exitQueued},
+		{map[string]int{"queued": 1, "unknown": 1}, exitUnknown},
+		{map[string]int{"unknown": 1, "expired": 1}, exitVerdict},
+		{map[string]int{"stale": 1, "invalid": 1}, exitVerdict},
+		{map[string]int{"stale": 5, "refused": 1}, exitFailure},
+		{map[string]int{}, 0},
+	} {
+		if got := fanoutCode(tc.by); got != tc.want {
+			t.Errorf("%v: exit %d, want %d", tc.by, got, tc.want)
+		}
+	}
+	sel := func(devices, selector string) agent.Selection {
+		return fanoutFlags{devices: &devices, selector: &selector}.selection()
+	}
+	if s := sel("meter-*", ""); s.Glob != "meter-*" || s.Devices != nil {
+		t.Errorf("glob: %+v", s)
+	}
+	if s := sel(" a, b,,c ", ""); strings.Join(s.Devices, "|") != "a|b|c" || s.Glob != "" {
+		t.Errorf("list: %+v", s)
+	}
+	if s := sel("", "site=a"); s.Selector != "site=a" {
+		t.Errorf("selector: %+v", s)
+	}
+}
