@@ -1,12 +1,18 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/creack/pty"
 
 	"github.com/edgefence/edgefence/agent"
 	"github.com/edgefence/edgefence/fence"
@@ -68,6 +74,12 @@ func TestSendFanout(t *testing.T) {
 	if r.code != exitFailure || sum == nil || sum.ByOutcome["accepted"] != 2 || !strings.Contains(results["nope"].Error, "unknown device") || results["dev-1"].Seq != 2 {
 		t.Fatalf("want exit 1, dev-1 and dev-2 accepted (seq 2), nope refused as unknown\n%s", r)
 	}
+	t.Run("a progress line on a terminal", func(t *testing.T) {
+		out := sendOnTerminal(t, "send", "--socket", sock, "--devices", "dev-1,dev-2,dev-4,dev-5", "ping")
+		if !strings.Contains(out, "\r\x1b[K4/4 done, accepted 4") {
+			t.Fatalf("the terminal shows no final progress line %q:\n%q", "4/4 done, accepted 4", out)
+		}
+	})
 	if r := edgefence(t, "send", "--socket", sock, "--devices", "dev-1", "--selector", "site=a", "ping"); r.code != exitUsage {
 		t.Fatalf("--devices with --selector: want usage\n%s", r)
 	}
@@ -216,4 +228,32 @@ func TestFanoutExitAndSelection(t *testing.T) {
 	if s := sel("", "site=a"); s.Selector != "site=a" {
 		t.Errorf("selector: %+v", s)
 	}
+}
+
+// sendOnTerminal runs the CLI with its stderr on a pty (stdout a pipe)
+// and returns what the terminal got.
+func sendOnTerminal(t *testing.T, args ...string) string {
+	t.Helper()
+	ptmx, tty, err := pty.Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ptmx.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), cliTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], args...)
+	cmd.Env = append(os.Environ(), subprocEnv()...)
+	cmd.Stderr = tty
+	read := make(chan string, 1)
+	go func() {
+		var b bytes.Buffer
+		_, _ = io.Copy(&b, ptmx) // ends with EIO once the tty's last holder closed it
+		read <- b.String()
+	}()
+	err = cmd.Run()
+	tty.Close()
+	if err != nil {
+		t.Fatalf("%v: %v", args, err)
+	}
+	return <-read
 }
