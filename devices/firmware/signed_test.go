@@ -36,7 +36,8 @@ var vkeys = func() []vkey {
 		}
 		return vkey{kid, k, known, devs}
 	}
-	return []vkey{mk("gw-a", 0x0a, true), mk("gw-b", 0x0b, true, "dev-b"), mk("gw-x", 0x0c, false)}
+	return []vkey{mk("gw-a", 0x0a, true), mk("gw-b", 0x0b, true, "dev-b"), mk("gw-x", 0x0c, false),
+		mk("operator", 0x0d, false)} // the operator's root: signs resets, never commands
 }()
 
 func findKey(kid string) *vkey {

@@ -138,6 +138,8 @@ int efsdev_trust_update(efsdev_trust *t, const uint8_t *raw, size_t n, int persi
 int efsdev_sha256(void *user, const efs_bytes *parts, size_t n, uint8_t digest[32]);
 int efsdev_verify(void *user, const uint8_t *kid, size_t kid_len, const uint8_t *device, size_t device_len,
 	const uint8_t digest[32], const uint8_t sig[64]);
+/* efsdev_verify_root is port.verify_root with the trust's root (resets). */
+int efsdev_verify_root(void *user, const uint8_t *kid, size_t kid_len, const uint8_t digest[32], const uint8_t sig[64]);
 
 typedef struct {
 	int ready;

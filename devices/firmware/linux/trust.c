@@ -813,6 +813,16 @@ int efsdev_verify(void *user, const uint8_t *kid, size_t kid_len, const uint8_t 
 	return EFS_PORT_UNKNOWN_KEY;
 }
 
+int efsdev_verify_root(void *user, const uint8_t *kid, size_t kid_len, const uint8_t digest[32], const uint8_t sig[64])
+{
+	efsdev_trust *t = user;
+
+	if (!t->root_loaded || !bytes_eq(kid, kid_len, t->root_kid, strlen(t->root_kid))) {
+		return EFS_PORT_UNKNOWN_KEY; /* not the operator root */
+	}
+	return es256_verify(&t->root_key, digest, sig) == 0 ? EFS_PORT_OK : EFS_PORT_BAD_SIGNATURE;
+}
+
 /* The blinding generator of the device key's deterministic signatures. */
 static mbedtls_entropy_context entropy;
 static mbedtls_ctr_drbg_context drbg;

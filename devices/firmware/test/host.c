@@ -300,6 +300,7 @@ static void test_acks_and_marks(void)
 }
 
 #include "flash_tests.c"
+#include "reset_tests.c"
 
 /* Reasons carry 64-bit numbers in decimal (written without 64-bit
  * division): checked against printf at the edges of each 16-bit digit. */
@@ -330,6 +331,7 @@ int main(void)
 	test_process();
 	test_acks_and_marks();
 	test_flash();
+	test_resets();
 	test_reason_numbers();
 	printf("%d checks, %d failures\n", checks, failures);
 	return failures ? 1 : 0;

@@ -74,3 +74,17 @@ static int port_verify(void *user, const uint8_t *kid, size_t kid_len, const uin
 	}
 	return EFS_PORT_UNKNOWN_KEY;
 }
+
+/* port_verify_root checks a reset's signature with the vectors' operator
+ * root (efs_vroots). */
+static int port_verify_root(void *user, const uint8_t *kid, size_t kid_len, const uint8_t digest[32],
+	const uint8_t sig[64])
+{
+	const efs_vroot *k = &efs_vroots[0];
+
+	(void)user;
+	if (strlen(k->kid) != kid_len || memcmp(k->kid, kid, kid_len) != 0) {
+		return EFS_PORT_UNKNOWN_KEY;
+	}
+	return es256_verify(&k->point, digest, sig) == 0 ? EFS_PORT_OK : EFS_PORT_BAD_SIGNATURE;
+}
