@@ -3,7 +3,6 @@ package firmware
 import (
 	"bytes"
 	"fmt"
-	"math/rand/v2"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -138,15 +137,8 @@ func resetCorpus() []resetCase {
 		b[bit/8] ^= 1 << (bit % 8)
 		add(fmt.Sprintf("bit %d flipped", bit), b)
 	}
-	for n := 0; n < len(whole); n += 4 {
-		add(fmt.Sprintf("truncated to %d", n), whole[:n])
-	}
-	r := rand.New(rand.NewPCG(16, 9))
-	for i := 0; i < 80; i++ {
-		b := bytes.Clone(whole)
-		p := r.IntN(len(b))
-		b[p] = byte(r.IntN(256))
-		add(fmt.Sprintf("byte %d set to %02x", p, b[p]), b)
+	for _, c := range damaged(whole, 4, 9, 80) {
+		add(c.name, c.in)
 	}
 	slices.SortStableFunc(cs, func(a, b resetCase) int { return strings.Compare(a.name, b.name) }) // maps above
 	return cs

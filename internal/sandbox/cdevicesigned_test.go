@@ -327,6 +327,10 @@ func TestCDeviceTrustFlags(t *testing.T) {
 	}{
 		{"root without kid", []string{"--trust-root", r.kit.RootPub()}, "go together"},
 		{"device keys without root", []string{"--device-keys", devKeys}, "need them"},
+		{"reset root without kid", []string{"--reset-root", r.kit.RootPub()}, "go together"},
+		{"device keys with only a reset root", []string{"--reset-root", r.kit.RootPub(), "--trust-root-kid", "operator",
+			"--device-keys", devKeys}, "need them"},
+		{"reset root not a key", []string{"--reset-root", bogus, "--trust-root-kid", "operator"}, "--reset-root"},
 		{"root not a key", []string{"--trust-root", bogus, "--trust-root-kid", "operator"}, "--trust-root"},
 		{"certificate not the root's", []string{"--trust-root", r.gw.KeyFile[:len(r.gw.KeyFile)-4] + ".pub", "--trust-root-kid", "operator",
 			"--certs", r.gw.Certificate}, "--certs"},

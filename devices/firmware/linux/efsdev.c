@@ -719,7 +719,7 @@ static int parse_args(int argc, char **argv, options *o)
 	}
 	if ((o->trust_root == NULL && o->reset_root == NULL) != (o->trust_root_kid == NULL) ||
 	    (o->trust_root == NULL && (o->certs != NULL || o->revocations != NULL || o->device_keys != NULL))) {
-		return usage("--trust-root (or --reset-root) and --trust-root-kid go together; --certs, --revocations and --device-keys need --trust-root");
+		return usage("--trust-root (or --reset-root) and --trust-root-kid go together; --certs, --revocations and --device-keys need them (--trust-root)");
 	}
 	return 0;
 }

@@ -125,6 +125,9 @@ typedef struct {
 /* efsdev_trust_init reads the root's public key (PKIX PEM); store is the
  * file the statements learned are kept in ("": none). */
 int efsdev_trust_init(efsdev_trust *t, const char *root_pub, const char *root_kid, const char *store);
+/* efsdev_trust_init_point is efsdev_trust_init with the root's point
+ * (0x04 || X || Y). */
+int efsdev_trust_init_point(efsdev_trust *t, const uint8_t root[65], const char *root_kid, const char *store);
 void efsdev_trust_free(efsdev_trust *t);
 /* efsdev_trust_file takes the statement in path (sequence 0), or every
  * statement of a store file (sequence 1), as trust updates not persisted. */

@@ -21,21 +21,7 @@
 /* blob returns a heap copy of b of exactly its size (freed by the caller). */
 static uint8_t *blob(const efs_vblob *b, size_t *n)
 {
-	uint8_t *p;
-
-	*n = b->pre_n + b->fill_n + b->post_n;
-	p = malloc(*n ? *n : 1);
-	if (p == NULL) {
-		abort();
-	}
-	if (b->pre_n) {
-		memcpy(p, b->pre, b->pre_n);
-	}
-	memset(p + b->pre_n, b->fill, b->fill_n);
-	if (b->post_n) {
-		memcpy(p + b->pre_n + b->fill_n, b->post, b->post_n);
-	}
-	return p;
+	return make_blob(b->pre, b->pre_n, b->fill, b->fill_n, b->post, b->post_n, n);
 }
 
 static int blob_equal(const efs_vblob *want, efs_bytes got)
