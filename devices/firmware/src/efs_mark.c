@@ -230,16 +230,10 @@ efs_err efs_read_mark_record(const efs_ctx *c, efs_mark_record *r)
 	return efs_mark_record_decode(b + si.at, si.len, r);
 }
 
-/* efs_store writes the mark m (set by the command id, from holder) as the
- * newest slot, with the reset counter held, reads it back, then commits it;
- * on success c holds it. */
-efs_err efs_store(efs_ctx *c, efs_mark m, efs_bytes holder, efs_bytes id)
-{
-	return efs_store_reset(c, m, holder, id, c->reset_counter);
-}
-
-/* efs_store_reset is efs_store with the reset counter counter (0: none,
- * format 1), in the same slot: one write, one commit byte. */
+/* efs_store_reset writes the mark m (set by the command id, from holder)
+ * and the reset counter counter (0: none, format 1) as the newest slot,
+ * reads it back, then commits it: one write, one commit byte. On success c
+ * holds both. efs_store (efs_internal.h) keeps the counter held. */
 efs_err efs_store_reset(efs_ctx *c, efs_mark m, efs_bytes holder, efs_bytes id, uint64_t counter)
 {
 	const efs_port *port = c->port;
