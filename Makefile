@@ -206,8 +206,8 @@ fuzz: ## run every package's fuzz targets, and the C firmware shim's libFuzzer t
 		for t in $$($(GO) test -tags $(UNSAFETAGS) -list 'Fuzz.*' $$p | grep ^Fuzz); do \
 			echo "$$p $$t"; \
 			$(GO) test -tags $(UNSAFETAGS) -run='^$$' -fuzz="^$$t$$" -fuzztime=$${FUZZTIME:-30s} $$p || exit 1; done; done
-	@echo "./devices/firmware fuzz/fuzz_process.c and fuzz/fuzz_fw.c (libFuzzer)"
-	EFS_FUZZTIME=$${FUZZTIME:-30s} $(GO) test -count=1 -v -run '^TestCFuzz(Process|FirmwareJob)$$' -timeout 0 ./devices/firmware/
+	@echo "./devices/firmware fuzz/fuzz_process.c, fuzz/fuzz_fw.c and fuzz/fuzz_trust.c (libFuzzer)"
+	EFS_FUZZTIME=$${FUZZTIME:-30s} $(GO) test -count=1 -v -run '^TestCFuzz(Process|FirmwareJob|Trust)$$' -timeout 0 ./devices/firmware/
 
 clean: ## remove build output
 	rm -rf $(BIN) $(DIST)

@@ -22,21 +22,7 @@
 /* blob returns a heap copy of b of exactly its size (freed by the caller). */
 static uint8_t *blob(const efs_vblob *b, size_t *n)
 {
-	uint8_t *p;
-
-	*n = b->pre_n + b->fill_n + b->post_n;
-	p = malloc(*n ? *n : 1);
-	if (p == NULL) {
-		abort();
-	}
-	if (b->pre_n) {
-		memcpy(p, b->pre, b->pre_n);
-	}
-	memset(p + b->pre_n, b->fill, b->fill_n);
-	if (b->post_n) {
-		memcpy(p + b->pre_n + b->fill_n, b->post, b->post_n);
-	}
-	return p;
+	return make_blob(b->pre, b->pre_n, b->fill, b->fill_n, b->post, b->post_n, n);
 }
 
 static int blob_equal(const efs_vblob *want, efs_bytes got)
@@ -343,6 +329,7 @@ static void test_acks_and_marks(void)
 }
 
 #include "flash_tests.c"
+#include "reset_tests.c"
 
 /* Reasons carry 64-bit numbers in decimal (written without 64-bit
  * division): checked against printf at the edges of each 16-bit digit. */
@@ -373,6 +360,7 @@ int main(void)
 	test_process();
 	test_acks_and_marks();
 	test_flash();
+	test_resets();
 	test_reason_numbers();
 	printf("%d checks, %d failures\n", checks, failures);
 	return failures ? 1 : 0;

@@ -81,4 +81,24 @@ static int port_verify(void *user, const uint8_t *kid, size_t kid_len, const uin
 	}
 	return EFS_PORT_UNKNOWN_KEY;
 }
+
+/* port_verify_root checks a reset's signature with the vectors' operator
+ * root (efs_vroots). */
+static int port_verify_root(void *user, const uint8_t *kid, size_t kid_len, const uint8_t digest[32],
+	const uint8_t sig[64])
+{
+	const efs_vroot *k = &efs_vroots[0];
+	size_t pn;
+	uint8_t *pt;
+	int ret;
+
+	(void)user;
+	if (strlen(k->kid) != kid_len || memcmp(k->kid, kid, kid_len) != 0) {
+		return EFS_PORT_UNKNOWN_KEY;
+	}
+	pt = blob(&k->point, &pn);
+	ret = es256_verify(pt, pn, digest, sig);
+	free(pt);
+	return ret == 0 ? EFS_PORT_OK : EFS_PORT_BAD_SIGNATURE;
+}
 #endif
