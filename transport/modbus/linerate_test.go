@@ -86,6 +86,7 @@ func BenchmarkBusRTULineRate(b *testing.B) {
 						b.ReportMetric(r.LimitTxPerSec(), "limit-tx/s")
 						b.ReportMetric(r.Ratio(), "ratio")
 						b.ReportMetric(float64(r.Errors), "errors")
+						b.ReportMetric(float64(r.CPUPerTx().Microseconds()), "cpu-µs/tx")
 					})
 				}
 			})
