@@ -127,9 +127,9 @@ func BenchmarkBusRTUCPU(b *testing.B) {
 			if err != nil {
 				b.Fatalf("bus process: %v\n%s", err, out)
 			}
-			var n int
+			var n, errs int
 			var elapsed, cpu time.Duration
-			if _, err := fmt.Sscanf(string(out), "buscpu %d %d %d", &n, &elapsed, &cpu); err != nil {
+			if _, err := fmt.Sscanf(string(out), "buscpu %d %d %d %d", &n, &errs, &elapsed, &cpu); err != nil {
 				b.Fatalf("bus process said %q: %v", out, err)
 			}
 			limit, err := sandbox.RTULimit(baud, l.CharTime(), 8, 7)
@@ -140,13 +140,15 @@ func BenchmarkBusRTUCPU(b *testing.B) {
 			b.ReportMetric(float64(limit*time.Duration(n))/float64(elapsed), "ratio")
 			b.ReportMetric(float64(cpu.Microseconds())/float64(n), "bus-cpu-µs/tx")
 			b.ReportMetric(float64(rig.Microseconds())/float64(n), "rig-cpu-µs/tx")
+			b.ReportMetric(float64(errs), "errors")
 		})
 	}
 }
 
 // TestBusCPUChild is BenchmarkBusRTUCPU's bus process: it skips unless the
 // benchmark started it. It runs the transactions and prints how many, how
-// long they took and its CPU time over them, in nanoseconds.
+// many failed (a tenth failing fails it, as in MeasureLineRate), how long
+// they took and its CPU time over them, in nanoseconds.
 func TestBusCPUChild(t *testing.T) {
 	port := os.Getenv(cpuChildPort)
 	if port == "" {
@@ -169,12 +171,16 @@ func TestBusCPUChild(t *testing.T) {
 			t.Fatalf("warm-up: %v", err)
 		}
 	}
+	errs := 0
 	start, cpu := time.Now(), sandbox.ProcessCPU()
 	for i := range n {
 		if _, err := bus.Transact(ctx, 1, q); err != nil {
-			t.Fatalf("transaction %d: %v", i, err)
+			t.Logf("transaction %d: %v", i, err)
+			if errs++; errs > n/10 {
+				t.Fatalf("%d of %d transactions failed", errs, i+1)
+			}
 		}
 	}
 	elapsed, cpu := time.Since(start), sandbox.ProcessCPU()-cpu
-	fmt.Printf("buscpu %d %d %d\n", n, elapsed.Nanoseconds(), cpu.Nanoseconds())
+	fmt.Printf("buscpu %d %d %d %d\n", n, errs, elapsed.Nanoseconds(), cpu.Nanoseconds())
 }
