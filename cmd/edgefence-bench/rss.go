@@ -247,7 +247,8 @@ func measureAgentRSS(ctx context.Context, etcd *sandbox.Etcd, cli *clientv3.Clie
 	return row, nil
 }
 
-// afterLoad waits for the agent's CPU profile (if taken) and scrapes the
+// afterLoad waits for the agent's CPU profile (if taken), takes its
+// allocation profile next to it, and scrapes the
 // Go runtime's view from its metrics once the other figures are read.
 func (row *rssRow) afterLoad(ctx context.Context, prof *agentProfile, metrics string, log io.Writer) {
 	if prof != nil {
@@ -255,6 +256,11 @@ func (row *rssRow) afterLoad(ctx context.Context, prof *agentProfile, metrics st
 			fmt.Fprintln(log, "rss: agent CPU profile:", err)
 		} else {
 			row.Profile = prof.path
+		}
+		// The allocations since the agent started (acquisition included).
+		allocs := strings.Replace(prof.path, "agent-cpu-", "agent-allocs-", 1)
+		if err := fetchTo(ctx, "http://"+metrics+"/debug/pprof/allocs", allocs); err != nil {
+			fmt.Fprintln(log, "rss: agent allocation profile:", err)
 		}
 	}
 	if g, err := scrapeGoMem(ctx, "http://"+metrics+"/metrics"); err == nil {
