@@ -151,6 +151,11 @@ type MetricsConfig struct {
 	// verdicts, outbox depth and age, twin delta: 11 to 14 per device).
 	// Default false: fleet-level series only, whatever the fleet's size.
 	PerDevice bool `yaml:"per_device"`
+	// Pprof also serves Go's profiler under /debug/pprof/ on the same
+	// listener (CPU profiles of the running agent, e.g. edgefence-bench
+	// rss --agent-cpuprofile). Default false: it exposes internals and
+	// costs CPU while a profile runs.
+	Pprof bool `yaml:"pprof"`
 }
 
 // CommandConfig tunes the command path.

@@ -246,7 +246,7 @@ modbus:
 	zeroMeansItself := map[string]bool{
 		"etcd.username": true, "etcd.password": true, "etcd.tls.ca_file": true, "etcd.tls.cert_file": true, "etcd.tls.key_file": true,
 		"mqtt.username": true, "mqtt.password": true, "mqtt.tls.ca_file": true, "mqtt.tls.cert_file": true, "mqtt.tls.key_file": true,
-		"metrics.listen": true, "metrics.per_device": true, "twins.enabled": true, // off
+		"metrics.listen": true, "metrics.per_device": true, "metrics.pprof": true, "twins.enabled": true, // off
 		"auth.key_file": true, "auth.key_id": true, // no key: plain envelopes
 		"auth.certificate": true, "auth.revocations": true, "auth.trust_root": true, "auth.trust_root_kid": true, // none: no trust to check against
 		"devices[].home": true, "devices[].serial": true, "devices[].mqtt_topic": true, "devices[].reissue_kinds": true,

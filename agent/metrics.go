@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"runtime"
 	"runtime/debug"
 	"slices"
@@ -51,7 +52,8 @@ func (a *Agent) MetricsRegistry(version string, extra ...prometheus.Collector) *
 //     connected, else 503 with a one-line reason. A Sender that does not
 //     report its state (no Status() map with a "connected" key, e.g. the
 //     in-process senders of tests) counts as connected: readiness is then
-//     the etcd session alone.
+//     the etcd session alone;
+//   - /debug/pprof/: Go's profiler, only with metrics.pprof.
 func (a *Agent) MetricsHandler(version string, extra ...prometheus.Collector) http.Handler {
 	reg := a.MetricsRegistry(version, extra...)
 	mux := http.NewServeMux()
@@ -69,6 +71,12 @@ func (a *Agent) MetricsHandler(version string, extra ...prometheus.Collector) ht
 		}
 		fmt.Fprintln(w, "ready")
 	})
+	if a.cfg.Metrics.Pprof {
+		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+	}
 	return mux
 }
 

@@ -318,3 +318,32 @@ func fmtErr(err error) string {
 	}
 	return err.Error()
 }
+
+// TestPprofOnlyWhenSwitchedOn: /debug/pprof/ is served with metrics.pprof
+// and not without it (the default).
+func TestPprofOnlyWhenSwitchedOn(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		cfg := &Config{Gateway: "gw-p", Etcd: EtcdConfig{Endpoints: testEtcd.Endpoints(), Prefix: "/t/" + t.Name(), LeaseTTL: 2 * time.Second},
+			MQTT: MQTTConfig{Brokers: []string{"mqtt://127.0.0.1:1"}}, Metrics: MetricsConfig{Pprof: on}, Devices: devCfgs("d1")}
+		ob := openOutbox(t, filepath.Join(t.TempDir(), "outbox.db"), nil)
+		a, err := New(cfg, etcdClient(t), newFencePoint(), Options{Outbox: ob})
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := httptest.NewServer(a.MetricsHandler("test"))
+		code, _ := get(t, srv, "/debug/pprof/")
+		want := http.StatusNotFound
+		if on {
+			want = http.StatusOK
+		}
+		if code != want {
+			t.Errorf("pprof %v: /debug/pprof/ answered %d, want %d", on, code, want)
+		}
+		if on {
+			if code, body := get(t, srv, "/debug/pprof/profile?seconds=1"); code != http.StatusOK || len(body) == 0 {
+				t.Errorf("pprof on: a 1 s CPU profile answered %d with %d bytes", code, len(body))
+			}
+		}
+		srv.Close()
+	}
+}

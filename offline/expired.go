@@ -36,33 +36,26 @@ func (ob *Outbox) ExpireEntries(keep func(device, id string) bool) ([]Expired, e
 	}
 	var ended []done
 	var bad []error
+	// A read first: most passes find nothing due, and a write
+	// transaction would cost a commit (two fdatasyncs) every pass.
+	if ob.closed {
+		return nil, fmt.Errorf("offline: expire: %w", ErrClosed)
+	}
+	var none bool
+	if err := ob.db.View(func(tx *bbolt.Tx) error {
+		due, bad := scanDue(tx, now, keep)
+		none = len(due) == 0 && len(bad) == 0
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("offline: expire: %w", err)
+	}
+	if none {
+		return nil, nil
+	}
 	err := ob.update(func(tx *bbolt.Tx) error {
-		ended, bad = ended[:0], bad[:0]
+		ended = ended[:0]
 		var due []Expired
-		entries := tx.Bucket(entriesBucket)
-		err := tx.Bucket(queueBucket).ForEach(func(k, id []byte) error {
-			r, err := parseRecord(entries.Get(id))
-			if err != nil {
-				bad = append(bad, fmt.Errorf("%s: %w", id, err))
-				return nil
-			}
-			if now < r.deadline {
-				return nil
-			}
-			env, err := fence.UnmarshalEnvelope(r.env)
-			if err != nil {
-				bad = append(bad, fmt.Errorf("%s: %w", id, corruptf("envelope: %v", err)))
-				return nil
-			}
-			if keep != nil && keep(env.Device, string(id)) {
-				return nil
-			}
-			due = append(due, Expired{Device: env.Device, ID: string(id), Token: env.Token, Seq: env.Seq, Kind: env.Kind})
-			return nil
-		})
-		if err != nil {
-			return err
-		}
+		due, bad = scanDue(tx, now, keep)
 		for _, e := range due {
 			_, size, err := terminate(tx, e.ID, "", fence.Expired, nil, now)
 			if err != nil {
@@ -91,4 +84,31 @@ func (ob *Outbox) ExpireEntries(keep func(device, id string) bool) ([]Expired, e
 		return out, fmt.Errorf("offline: expire: %d entries unreadable: %w", len(bad), errors.Join(bad...))
 	}
 	return out, nil
+}
+
+// scanDue returns the pending entries whose deadline is before now and
+// that keep does not keep, and the records it could not read.
+func scanDue(tx *bbolt.Tx, now int64, keep func(device, id string) bool) (due []Expired, bad []error) {
+	entries := tx.Bucket(entriesBucket)
+	_ = tx.Bucket(queueBucket).ForEach(func(k, id []byte) error {
+		r, err := parseRecord(entries.Get(id))
+		if err != nil {
+			bad = append(bad, fmt.Errorf("%s: %w", id, err))
+			return nil
+		}
+		if now < r.deadline {
+			return nil
+		}
+		env, err := fence.UnmarshalEnvelope(r.env)
+		if err != nil {
+			bad = append(bad, fmt.Errorf("%s: %w", id, corruptf("envelope: %v", err)))
+			return nil
+		}
+		if keep != nil && keep(env.Device, string(id)) {
+			return nil
+		}
+		due = append(due, Expired{Device: env.Device, ID: string(id), Token: env.Token, Seq: env.Seq, Kind: env.Kind})
+		return nil
+	})
+	return due, bad
 }

@@ -10,6 +10,7 @@ import (
 	"reflect"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -440,5 +441,42 @@ func TestConcurrentAppends(t *testing.T) {
 		if e, _, _ := ob.Next(dev); e.Envelope.ID != recs[0].ID {
 			t.Fatalf("%s: next %s, want %s", dev, e.Envelope.ID, recs[0].ID)
 		}
+	}
+}
+
+// TestExpireNothingDueNoCommit: an expiry pass that finds nothing due (or
+// only entries keep keeps) commits nothing — no fdatasync a second while
+// the agent idles — and one that finds a due entry commits once.
+func TestExpireNothingDueNoCommit(t *testing.T) {
+	clk := newClock()
+	ob := open(t, dbPath(t), &offline.Options{Now: clk.Now, TTL: time.Minute})
+	var commits atomic.Int64
+	ob.ObserveCommits(func(time.Duration) { commits.Add(1) })
+	a, b := entry("dev", "a", 1, 1), entry("dev", "b", 1, 2)
+	appendOK(t, ob, a)
+	appendOK(t, ob, b)
+	base := commits.Load()
+	for range 3 {
+		if n, err := ob.ExpireDue(); n != 0 || err != nil {
+			t.Fatal(n, err)
+		}
+	}
+	clk.Advance(time.Minute)
+	keepAll := func(string, string) bool { return true }
+	if ended, err := ob.ExpireEntries(keepAll); len(ended) != 0 || err != nil {
+		t.Fatal(ended, err)
+	}
+	if c := commits.Load() - base; c != 0 {
+		t.Fatalf("%d commits by expiry passes with nothing to expire, want 0", c)
+	}
+	keepA := func(_, id string) bool { return id == "a" }
+	if ended, err := ob.ExpireEntries(keepA); len(ended) != 1 || ended[0].ID != "b" || err != nil {
+		t.Fatal(ended, err)
+	}
+	if c := commits.Load() - base; c != 1 {
+		t.Fatalf("%d commits after expiring one entry, want 1", c)
+	}
+	if r, err := ob.Get("a"); err != nil || !r.Pending() {
+		t.Fatalf("a (kept): %+v %v", r, err)
 	}
 }

@@ -195,3 +195,24 @@ func TestRunnerResumeWakesWaiters(t *testing.T) {
 	}
 	t.Logf("%d Start requests", cs.starts.Load())
 }
+
+// TestRunnerIdleDevicesKeepNoWorkers: held devices that no job selects
+// keep no worker (a goroutine each, parked until a kick, scanned by every
+// GC cycle: 10,000 of them on a 10,000-device gateway); a job created
+// later still starts them, through the watch's kick.
+func TestRunnerIdleDevicesKeepNoWorkers(t *testing.T) {
+	const n = 20
+	st, _, r, devs := newRefusingRig(t, n)
+	ctx := runRunner(t, st, r)
+	for deadline := time.Now().Add(time.Minute); r.Workers() > 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d workers for %d held devices no job selects, a minute after the runner started; want none", r.Workers(), n)
+		}
+	}
+	if _, _, err := st.Create(ctx, testJob("later", devs...)); err != nil {
+		t.Fatal(err)
+	}
+	if ro := awaitRollout(t, ctx, st, "later", 2*time.Minute); ro.Counts[jobs.Rejected] != n {
+		t.Fatalf("rollout %s, counts %v: want all %d rejected (each device's worker started by the change)", ro.Status, ro.Counts, n)
+	}
+}

@@ -5,6 +5,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -85,6 +87,8 @@ type rssFlags struct {
 	minRate     float64
 	workers     int
 	agentEnv    string
+	idle        time.Duration
+	agentProf   string
 }
 
 // newFlagSet returns edgefence-bench's flag set, parsing into the
@@ -142,12 +146,25 @@ func (f *failoverFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.devsim, "devsim-bin", "", "failover, fwrollout: the edgefence-devsim binary (default: go build it)")
 }
 
+// profDir makes dir (if given) and returns it absolute.
+func profDir(dir string) (string, error) {
+	if dir == "" {
+		return "", nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("--agent-cpuprofile: %w", err)
+	}
+	return filepath.Abs(dir)
+}
+
 func (f *rssFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.sizes, "sizes", "10,1000,10000", "rss: device counts, comma-separated")
 	fs.DurationVar(&f.dur, "rss-duration", 60*time.Second, "rss: measure this long after the agent process started")
 	fs.DurationVar(&f.period, "rss-period", 60*time.Second, "rss: the load sends each device one command per period...")
 	fs.Float64Var(&f.minRate, "rss-min-rate", 5, "rss: ...but at least this many commands/s over all devices")
 	fs.IntVar(&f.workers, "rss-workers", 8, "rss: API clients sending the load concurrently")
+	fs.DurationVar(&f.idle, "rss-idle", 20*time.Second, "rss: measure the agent's CPU this long with all devices held and no commands, before the load (0: not)")
+	fs.StringVar(&f.agentProf, "agent-cpuprofile", "", "rss: the agent serves pprof (metrics.pprof) and a CPU profile of each size's load window (at most 25 s) is written to DIR/agent-cpu-N.pprof, of its idle window to agent-idle-N.pprof, and its allocations since start to agent-allocs-N.pprof")
 	fs.StringVar(&f.agentEnv, "agent-env", "", "rss: extra environment for the agent, comma-separated (e.g. GOGC=50,GODEBUG=gctrace=1; see --keep for its log)")
 }
 
@@ -242,6 +259,10 @@ func (f *benchFlags) benches(what string, set map[string]bool) (*benches, error)
 	if err != nil {
 		return nil, err
 	}
+	pdir, err := profDir(f.rss.agentProf)
+	if err != nil {
+		return nil, err
+	}
 	lcRuns := f.runs
 	if what == "all" && !set["runs"] {
 		lcRuns = 10 // all's --runs default (5) is the locks benchmark's
@@ -253,7 +274,7 @@ func (f *benchFlags) benches(what string, set map[string]bool) (*benches, error)
 			ConcN: f.rt.concN, Fleets: l.fleets, Sign: f.sign},
 		locks: locksConfig{N: f.devices, Runs: f.runs},
 		rss: rssConfig{Sizes: l.sizes, AgentBin: f.agentBin, Duration: f.rss.dur, Period: f.rss.period, MinRate: f.rss.minRate,
-			Workers: f.rss.workers, Env: splitNonEmpty(f.rss.agentEnv), Sign: f.sign},
+			Workers: f.rss.workers, Env: splitNonEmpty(f.rss.agentEnv), Sign: f.sign, Idle: f.rss.idle, ProfDir: pdir},
 		replay: replayConfig{Devices: f.devices, Backlog: f.replay.backlog, Runs: f.runs, Timeout: f.replay.cmdTO, Sign: f.sign},
 		failover: failoverConfig{Devices: f.devices, TTLs: ttls, Trials: f.runs, Faults: faults,
 			Interval: f.failover.interval, Probes: f.failover.probes, AgentBin: f.agentBin, DevsimBin: f.failover.devsim},

@@ -22,6 +22,7 @@ import (
 
 	"github.com/edgefence/edgefence/agent"
 	"github.com/edgefence/edgefence/devices/sim"
+	"github.com/edgefence/edgefence/internal/backoff"
 	"github.com/edgefence/edgefence/internal/sandbox"
 )
 
@@ -35,6 +36,8 @@ type rssConfig struct {
 	Workers  int           // API clients sending the load concurrently
 	Env      []string      // extra environment of the agent, e.g. GODEBUG=gctrace=1
 	Sign     bool          // signed commands and acks (invariant I7; --sign)
+	Idle     time.Duration // measure the agent's CPU this long with all held and no commands, before the load
+	ProfDir  string        // non-empty: the agent serves pprof; a CPU profile of its load window goes here
 	Dir      string
 	Log      io.Writer
 }
@@ -60,6 +63,22 @@ type rssRow struct {
 	Go            goMem         // from the agent's /metrics, at the end
 	LoadFor       time.Duration // the load ran this long (all held → the end)
 	CPU           float64       // the agent's CPU time during the load, % of one core
+	LoadCPU       time.Duration // the agent's user+sys CPU during the load
+	IdleFor       time.Duration // the idle window (all held, no commands)
+	IdleCPU       float64       // the agent's CPU in it, % of one core
+	Profile       string        // the agent's CPU profile of the load window, if taken
+}
+
+// perCommand is the agent's CPU per accepted command during the load, and
+// the same less what it spends idle over as long (net of the background:
+// keepalives, timers, state reports).
+func (r rssRow) perCommand() (gross, net time.Duration) {
+	if r.Accepted == 0 {
+		return 0, 0
+	}
+	gross = r.LoadCPU / time.Duration(r.Accepted)
+	idle := time.Duration(r.IdleCPU / 100 * float64(r.LoadFor))
+	return gross, max(r.LoadCPU-idle, 0) / time.Duration(r.Accepted)
 }
 
 // goMem is what the agent's /metrics says about its Go runtime.
@@ -159,7 +178,7 @@ func measureAgentRSS(ctx context.Context, etcd *sandbox.Etcd, cli *clientv3.Clie
 	// The devices answer the commands; they run here, not in the agent:
 	// one sim.Fleet (one MQTT client, one bbolt file) for all of them.
 	ac := rssAgentConfig{n: n, dir: dir, etcd: etcd.Endpoint(), broker: br.url, prefix: prefix, devs: devs,
-		sock: filepath.Join(dir, "agent.sock"), etcdPrefix: fmt.Sprintf("/bench/rss-%d-%d", n, time.Now().UnixNano())}
+		sock: filepath.Join(dir, "agent.sock"), etcdPrefix: fmt.Sprintf("/bench/rss-%d-%d", n, time.Now().UnixNano()), pprof: cfg.ProfDir != ""}
 	fa, err := ac.sign(ctx, cfg.Sign, etcd)
 	if err != nil {
 		return row, err
@@ -191,6 +210,17 @@ func measureAgentRSS(ctx context.Context, etcd *sandbox.Etcd, cli *clientv3.Clie
 	if !time.Now().Before(end) {
 		return row, fmt.Errorf("all %d devices held only after %v, beyond --rss-duration %v", n, row.Held, cfg.Duration)
 	}
+	if cfg.Idle > 0 {
+		// Idle: all held, no commands; the load's window starts after it.
+		if cpuHeld, heldAt, err = p.idle(ctx, cfg, ac.metrics, &row, cpuHeld, heldAt); err != nil {
+			return row, err
+		}
+		end = end.Add(row.IdleFor)
+	}
+	var prof *agentProfile
+	if cfg.ProfDir != "" {
+		prof = startAgentProfile(ctx, "http://"+ac.metrics, filepath.Join(cfg.ProfDir, fmt.Sprintf("agent-cpu-%d.pprof", n)), time.Until(end))
+	}
 	// The load until the end: one command per device per Period (at least
 	// MinRate/s), round robin over the devices, sent through the agent's
 	// API socket by Workers clients as the tick comes.
@@ -198,7 +228,8 @@ func measureAgentRSS(ctx context.Context, etcd *sandbox.Etcd, cli *clientv3.Clie
 	row.LoadFor = time.Until(end)
 	row.Sent = load.run(ctx, end, devs, row.Rate)
 	if since := time.Since(heldAt); since > 0 {
-		row.CPU = 100 * (readProcCPU(p.pid) - cpuHeld).Seconds() / since.Seconds()
+		row.LoadCPU = readProcCPU(p.pid) - cpuHeld
+		row.CPU = 100 * row.LoadCPU.Seconds() / since.Seconds()
 	}
 	if row.AtEnd, err = readProcMem(p.pid); err != nil {
 		return row, err
@@ -209,13 +240,104 @@ func measureAgentRSS(ctx context.Context, etcd *sandbox.Etcd, cli *clientv3.Clie
 	row.Accepted, row.Other, lat = load.finish()
 	s := summarize(lat)
 	row.SendP50, row.SendP99 = s.P50, s.P99
-	// The Go runtime's view, scraped once the figures above are read.
-	if g, err := scrapeGoMem(ctx, "http://"+ac.metrics+"/metrics"); err == nil {
+	row.afterLoad(ctx, prof, ac.metrics, cfg.Log)
+	return row, nil
+}
+
+// afterLoad waits for the agent's CPU profile (if taken), takes its
+// allocation profile next to it, and scrapes the
+// Go runtime's view from its metrics once the other figures are read.
+func (row *rssRow) afterLoad(ctx context.Context, prof *agentProfile, metrics string, log io.Writer) {
+	if prof != nil {
+		if err := prof.wait(); err != nil {
+			fmt.Fprintln(log, "rss: agent CPU profile:", err)
+		} else {
+			row.Profile = prof.path
+		}
+		// The allocations since the agent started (acquisition included).
+		allocs := strings.Replace(prof.path, "agent-cpu-", "agent-allocs-", 1)
+		if err := fetchTo(ctx, "http://"+metrics+"/debug/pprof/allocs", allocs); err != nil {
+			fmt.Fprintln(log, "rss: agent allocation profile:", err)
+		}
+	}
+	if g, err := scrapeGoMem(ctx, "http://"+metrics+"/metrics"); err == nil {
 		row.Go = g
 	} else {
-		fmt.Fprintln(cfg.Log, "rss: /metrics:", err)
+		fmt.Fprintln(log, "rss: /metrics:", err)
 	}
-	return row, nil
+}
+
+// idle measures the agent's CPU over cfg.Idle with no commands into row, from
+// cpu0 at t0, and returns the CPU and time at its end.
+// With cfg.ProfDir it profiles the agent (serving metrics) meanwhile.
+func (p *rssProc) idle(ctx context.Context, cfg rssConfig, metrics string, row *rssRow, cpu0 time.Duration, t0 time.Time) (time.Duration, time.Time, error) {
+	var prof *agentProfile
+	if cfg.ProfDir != "" {
+		prof = startAgentProfile(ctx, "http://"+metrics, filepath.Join(cfg.ProfDir, fmt.Sprintf("agent-idle-%d.pprof", row.Devices)), cfg.Idle)
+	}
+	if !backoff.Sleep(ctx, cfg.Idle) {
+		return 0, time.Time{}, ctx.Err()
+	}
+	cpu, at := readProcCPU(p.pid), time.Now()
+	row.IdleFor = at.Sub(t0)
+	row.IdleCPU = 100 * (cpu - cpu0).Seconds() / row.IdleFor.Seconds()
+	if prof != nil {
+		if err := prof.wait(); err != nil {
+			fmt.Fprintln(cfg.Log, "rss: agent idle CPU profile:", err)
+		}
+	}
+	return cpu, at, nil
+}
+
+// agentProfile is a CPU profile of the agent subprocess, taken through
+// its /debug/pprof/profile (metrics.pprof) while the load runs.
+type agentProfile struct {
+	path string
+	done chan error
+}
+
+// startAgentProfile profiles the agent serving base for window (less a
+// second, at most 25 s: the metrics server's WriteTimeout is 30 s) into
+// path, in the background.
+func startAgentProfile(ctx context.Context, base, path string, window time.Duration) *agentProfile {
+	p := &agentProfile{path: path, done: make(chan error, 1)}
+	secs := int(min(window-time.Second, 25*time.Second).Seconds())
+	go func() {
+		if secs < 1 {
+			p.done <- fmt.Errorf("load window %v too short to profile", window)
+			return
+		}
+		p.done <- fetchTo(ctx, fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", base, secs), path)
+	}()
+	return p
+}
+
+func (p *agentProfile) wait() error { return <-p.done }
+
+// fetchTo GETs url into the file path.
+func fetchTo(ctx context.Context, url, path string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return fmt.Errorf("%s: %s: %s", url, resp.Status, strings.TrimSpace(string(b)))
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 // rssAgentConfig is the config of the rss benchmark's agent with n
@@ -226,6 +348,7 @@ type rssAgentConfig struct {
 	dir, etcd, broker, prefix string
 	sock, metrics, etcdPrefix string
 	devs                      []string
+	pprof                     bool              // metrics.pprof: serve /debug/pprof/
 	auth                      *agent.AuthConfig // --sign: the gateway's key, certificate and trust root
 	cmdTimeout                time.Duration     // command.timeout; 0: 10s
 }
@@ -262,12 +385,13 @@ api:
   socket: %s
 metrics:
   listen: %s
+  pprof: %t
 command:
   timeout: %s
 log:
   level: warn
   format: text
-`, c.n, filepath.Join(c.dir, "state"), c.etcd, c.etcdPrefix, c.broker, c.prefix, c.n, c.sock, c.metrics, cmp.Or(c.cmdTimeout, 10*time.Second))
+`, c.n, filepath.Join(c.dir, "state"), c.etcd, c.etcdPrefix, c.broker, c.prefix, c.n, c.sock, c.metrics, c.pprof, cmp.Or(c.cmdTimeout, 10*time.Second))
 	if a := c.auth; a != nil {
 		fmt.Fprintf(&conf, "auth:\n  key_file: %q\n  key_id: %q\n  certificate: %q\n  trust_root: %q\n  trust_root_kid: %q\n",
 			a.KeyFile, a.KeyID, a.Certificate, a.TrustRoot, a.TrustRootKID)
