@@ -90,10 +90,14 @@ func (q *delivery) ackContext(ctx context.Context, tries int) (sctx context.Cont
 	deadline := func() time.Duration { return ackWait(tries, q.timeout, ahead, p.ackInterval()) - time.Since(sent) }
 	var mu sync.Mutex
 	var t *time.Timer
+	stopped := false
 	mu.Lock()
 	t = time.AfterFunc(deadline(), func() {
 		mu.Lock()
 		defer mu.Unlock()
+		if stopped {
+			return
+		}
 		if left := deadline(); left > 0 { // the pace measured meanwhile says wait on
 			t.Reset(left)
 			return
@@ -103,6 +107,7 @@ func (q *delivery) ackContext(ctx context.Context, tries int) (sctx context.Cont
 	mu.Unlock()
 	return sctx, func(acked bool) {
 		mu.Lock()
+		stopped = true
 		t.Stop()
 		mu.Unlock()
 		cancel(nil)
