@@ -67,6 +67,7 @@ type delivery struct {
 	expireMu sync.RWMutex // expiry (W) vs a worker picking its next entry (R)
 
 	stats deliveryCounters
+	pace  linkPace // the resend policy's view of the link (resend.go)
 }
 
 // deliveryCounters are delivery's running totals (Counters).
@@ -270,10 +271,10 @@ func (q *delivery) attempt(ctx context.Context, w *worker, e *offline.Entry, att
 	if e.Envelope.ID != w.headID {
 		w.headID, w.tries = e.Envelope.ID, 0
 	}
-	sctx, cancel := context.WithTimeout(ctx, resendAfter(w.tries, q.timeout))
+	sctx, done := q.ackContext(ctx, w.tries) // resend.go
 	w.tries++
 	ack, err := q.sender.Send(sctx, &e.Envelope)
-	cancel()
+	done(err == nil)
 	if err != nil {
 		if ctx.Err() != nil {
 			return false
@@ -304,8 +305,9 @@ func (q *delivery) attempt(ctx context.Context, w *worker, e *offline.Entry, att
 }
 
 // resendAfter is how long a worker waits for the ack of its tries+1-th
-// attempt at one command before sending it again: 1 s, 2 s, 4 s … up to
-// the command timeout. A resend is safe (the fence point answers a repeat
+// attempt at one command before sending it again when nothing else is in
+// flight on the link (ackWait stretches it by the link's backlog): 1 s,
+// 2 s, 4 s … up to the command timeout. A resend is safe (the fence point answers a repeat
 // as a duplicate), and a short first wait matters after an outage: a
 // command published before the device has resubscribed is dropped by the
 // broker, and only a resend reaches it.

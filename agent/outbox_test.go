@@ -69,9 +69,16 @@ func startOutboxAgent(t *testing.T, gw, prefix string, devs []DeviceConfig, s Se
 // startOutboxAgentOn runs an agent with an outbox on e, with lease TTL ttl.
 func startOutboxAgentOn(t *testing.T, e *sandbox.Etcd, ttl time.Duration, gw, prefix string, devs []DeviceConfig, s Sender, ob *offline.Outbox) *testAgent {
 	t.Helper()
+	return startOutboxAgentTimeout(t, e, ttl, 300*time.Millisecond, gw, prefix, devs, s, ob)
+}
+
+// startOutboxAgentTimeout is startOutboxAgentOn with command.timeout
+// timeout.
+func startOutboxAgentTimeout(t *testing.T, e *sandbox.Etcd, ttl, timeout time.Duration, gw, prefix string, devs []DeviceConfig, s Sender, ob *offline.Outbox) *testAgent {
+	t.Helper()
 	endpoints := e.Endpoints()
 	cfg := &Config{Gateway: gw, Etcd: EtcdConfig{Endpoints: endpoints, Prefix: prefix, LeaseTTL: ttl, DialTimeout: time.Second},
-		MQTT: MQTTConfig{Brokers: []string{"mqtt://127.0.0.1:1"}}, Command: CommandConfig{Timeout: 300 * time.Millisecond},
+		MQTT: MQTTConfig{Brokers: []string{"mqtt://127.0.0.1:1"}}, Command: CommandConfig{Timeout: timeout},
 		Devices: devs}
 	cli, err := e.Client()
 	if err != nil {

@@ -115,3 +115,44 @@ func TestFailedVerdictRecordKeepsEntriesFromExpiry(t *testing.T) {
 		t.Errorf("worker still holds verdicts: %d unrecorded, recording %v", len(w.unrecorded), w.recording != nil)
 	}
 }
+
+// holdGate holds every Send until release is closed, then hands it to
+// the fence point: the devices' acks all come back at once.
+type holdGate struct {
+	fp      *fencePoint
+	held    atomic.Int64
+	release chan struct{}
+}
+
+func (g *holdGate) Send(ctx context.Context, env *fence.Envelope) (*fence.Ack, error) {
+	g.held.Add(1)
+	select {
+	case <-g.release:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("held: %w", ctx.Err())
+	}
+	return g.fp.Send(ctx, env)
+}
+
+// TestVerdictsOfDevicesShareCommits: one command each to 64 devices, their
+// acks coming back together; the verdicts of different devices, recorded
+// by their own workers, share commits (the outbox's group commit): far
+// fewer commits than devices. Fails if a device's verdicts were committed
+// by themselves (a db.Update per ResolveAll: 64 commits). (The outbox's
+// old locking, a write lock taken after each resolve's commit, grouped
+// these as well — 3 commits — its cost was the convoy behind appends.)
+func TestVerdictsOfDevicesShareCommits(t *testing.T) {
+	const n = 64
+	g := &holdGate{fp: newFencePoint(), release: make(chan struct{})}
+	ob, _ := enqueueOnEach(t, n, g, time.Minute)
+	waitFor(t, "every command at the devices", func() bool { return g.held.Load() >= n })
+	var commits atomic.Int64
+	ob.ObserveCommits(func(time.Duration) { commits.Add(1) })
+	close(g.release)
+	waitFor(t, "outbox drained", pendingZero(ob))
+	c := commits.Load()
+	t.Logf("%d devices' verdicts recorded in %d commits", n, c)
+	if c > n/4 {
+		t.Errorf("%d commits for the verdicts of %d devices: not shared", c, n)
+	}
+}

@@ -8,6 +8,8 @@
 //
 //   - Append returns only after the bbolt commit holding the entry was
 //     fsynced; the entry keeps the encoded envelope exactly as it is sent.
+//     Concurrent Append calls share commits (one fsync for a group), each
+//     returning once its own entries are durable.
 //   - Per device, Next returns the oldest pending entry; positions are never
 //     reused.
 //   - An entry leaves pending only through Resolve (with the fence point's

@@ -70,8 +70,12 @@ func (ob *Outbox) ExpireEntries(keep func(device, id string) bool) ([]Expired, e
 		return nil, fmt.Errorf("offline: expire: %w", err)
 	}
 	out := make([]Expired, len(ended))
-	for i, d := range ended {
+	ob.cmu.Lock()
+	for _, d := range ended {
 		ob.add(d.e.Device, -1, -d.size)
+	}
+	ob.cmu.Unlock()
+	for i, d := range ended {
 		out[i] = d.e
 		if ob.opts.Logger != nil {
 			ob.opts.Logger.Info("outbox entry expired", "device", d.e.Device, "id", d.e.ID, "token", d.e.Token, "seq", d.e.Seq)

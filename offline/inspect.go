@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -229,8 +230,8 @@ func hasPrefix(k, prefix []byte) bool {
 
 // Devices returns the devices with pending entries, in order.
 func (ob *Outbox) Devices() []string {
-	ob.mu.RLock()
-	defer ob.mu.RUnlock()
+	ob.cmu.Lock()
+	defer ob.cmu.Unlock()
 	devs := make([]string, 0, len(ob.devs))
 	for d := range ob.devs {
 		devs = append(devs, d)
@@ -242,8 +243,8 @@ func (ob *Outbox) Devices() []string {
 // Pending returns the number of pending entries of device, and their
 // envelope bytes.
 func (ob *Outbox) Pending(device string) (n int, bytes int64) {
-	ob.mu.RLock()
-	defer ob.mu.RUnlock()
+	ob.cmu.Lock()
+	defer ob.cmu.Unlock()
 	u := ob.devs[device]
 	return u.n, u.bytes
 }
@@ -262,7 +263,9 @@ type Stats struct {
 func (ob *Outbox) Stats() (Stats, error) {
 	s := Stats{Terminal: make(map[fence.Verdict]int)}
 	err := ob.view(func(tx *bbolt.Tx) error {
+		ob.cmu.Lock()
 		s.Pending, s.PendingBytes, s.Refused = ob.total.n, ob.total.bytes, ob.refused
+		ob.cmu.Unlock()
 		entries := tx.Bucket(entriesBucket)
 		if entries == nil {
 			return nil // read-only and never initialized: empty
@@ -315,17 +318,19 @@ func (ob *Outbox) Summary(device string) (Summary, error) {
 	now := ob.opts.Now()
 	var s Summary
 	err := ob.view(func(tx *bbolt.Tx) error {
+		ob.cmu.Lock()
 		s = Summary{Refused: ob.refused, ReadOnly: ob.opts.ReadOnly}
-		devs := make([]string, 0, len(ob.devs))
-		for d := range ob.devs {
+		counts := make(map[string]usage, len(ob.devs))
+		for d, u := range ob.devs {
 			if device == "" || d == device {
-				devs = append(devs, d)
+				counts[d] = u
 			}
 		}
-		slices.Sort(devs)
+		ob.cmu.Unlock()
+		devs := slices.Sorted(maps.Keys(counts))
 		queue := tx.Bucket(queueBucket)
 		for _, d := range devs {
-			u := ob.devs[d]
+			u := counts[d]
 			ds := DeviceSummary{Device: d, Pending: u.n, Bytes: u.bytes}
 			if queue != nil {
 				prefix := queuePrefix(d)

@@ -29,6 +29,9 @@ const (
 	killHelperEnv = "EDGEFENCE_OUTBOX_KILL_HELPER"
 	killBodiesEnv = "EDGEFENCE_OUTBOX_KILL_BODIES"
 	killBatchEnv  = "EDGEFENCE_OUTBOX_KILL_BATCH"
+	// killConcurrentEnv, set, makes it append from killWriters goroutines
+	// at once (outboxConcurrentHelper): their appends share commits.
+	killConcurrentEnv = "EDGEFENCE_OUTBOX_KILL_CONCURRENT"
 )
 
 // killBody is the body of the child's i-th entry with killBodiesEnv: a
@@ -82,6 +85,9 @@ func TestOutboxHelperProcess(t *testing.T) {
 	w := bufio.NewWriter(os.Stdout)
 	if os.Getenv(killBatchEnv) != "" {
 		os.Exit(outboxBatchHelper(ob, w))
+	}
+	if os.Getenv(killConcurrentEnv) != "" {
+		os.Exit(outboxConcurrentHelper(ob, w))
 	}
 	os.Exit(outboxHelper(ob, w))
 }
@@ -280,17 +286,10 @@ func TestOutboxKill9Bodies(t *testing.T) {
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 15))
 	resolved := map[string]bool{}
 	var dropped int // at the last round
+	var appended []string
 	for round := range rounds {
-		_, r := killRound(t, path, time.Duration(rng.IntN(30_001))*time.Microsecond, killBodiesEnv+"=1")
-		for _, id := range r {
-			resolved[id] = true
-		}
-		boltCheck(t, path, round)
+		recs := killAndList(t, path, rng, round, killBodiesEnv, &appended, resolved)
 		ob := open(t, path, nil)
-		recs, err := ob.List(offline.Filter{})
-		if err != nil {
-			t.Fatalf("round %d: %v", round, err)
-		}
 		dropped = 0
 		for _, r := range recs {
 			if err := bodyErr(r, killBody(killIndex(r.ID))); err != nil {
@@ -335,18 +334,7 @@ func TestOutboxKill9Batches(t *testing.T) {
 	var appended []string
 	resolved := map[string]bool{}
 	for round := range rounds {
-		a, r := killRound(t, path, time.Duration(rng.IntN(30_001))*time.Microsecond, killBatchEnv+"=1")
-		appended = append(appended, a...)
-		for _, id := range r {
-			resolved[id] = true
-		}
-		boltCheck(t, path, round)
-		ob := open(t, path, nil)
-		recs, err := ob.List(offline.Filter{})
-		ob.Close()
-		if err != nil {
-			t.Fatalf("round %d: %v", round, err)
-		}
+		recs := killAndList(t, path, rng, round, killBatchEnv, &appended, resolved)
 		byID := make(map[string]offline.Record, len(recs))
 		type batch struct{ stored, accepted int }
 		batches := map[string]*batch{} // by pid and batch number
@@ -374,6 +362,26 @@ func TestOutboxKill9Batches(t *testing.T) {
 		}
 	}
 	t.Logf("%d rounds, %d acknowledged appends, %d acknowledged resolves", rounds, len(appended), len(resolved))
+}
+
+// killAndList runs one round of killRound with env set, adds what the
+// child printed to appended and resolved, checks the file with bbolt and
+// returns its records.
+func killAndList(t *testing.T, path string, rng *rand.Rand, round int, env string, appended *[]string, resolved map[string]bool) []offline.Record {
+	t.Helper()
+	a, r := killRound(t, path, time.Duration(rng.IntN(30_001))*time.Microsecond, env+"=1")
+	*appended = append(*appended, a...)
+	for _, id := range r {
+		resolved[id] = true
+	}
+	boltCheck(t, path, round)
+	ob := open(t, path, nil)
+	recs, err := ob.List(offline.Filter{})
+	ob.Close()
+	if err != nil {
+		t.Fatalf("round %d: %v", round, err)
+	}
+	return recs
 }
 
 // killRound runs one child, kills it with SIGKILL wait after its first

@@ -148,8 +148,20 @@ type Outbox struct {
 	path string
 	opts Options
 
-	mu      sync.RWMutex // writers Lock (across their commit), readers RLock
-	closed  bool
+	// mu keeps Close out of every operation (RLock across it, commits
+	// included) and serializes the writers that do not go through the
+	// group committer (Lock: ExpireEntries, Compact, SetLease, Close).
+	// Append, Resolve and SetHeld hold only RLock across their commit, so
+	// that concurrent callers join one group (one fsync); they never take
+	// mu.Lock, which would wait for the group in progress and hold the
+	// next callers back (§ "Group commit on the hot path" in
+	// docs/BENCHMARKS.md).
+	mu     sync.RWMutex
+	closed bool
+
+	// cmu guards the pending counts, held only for the counting: never
+	// across a commit. Order: mu → cmu.
+	cmu     sync.Mutex
 	devs    map[string]usage // pending, per device
 	total   usage            // pending, all devices
 	refused uint64           // Appends refused with ErrFull since Open
@@ -198,7 +210,9 @@ func Open(path string, opts *Options) (*Outbox, error) {
 			if r, err := parseRecord(entries.Get(id)); err == nil {
 				size = int64(len(r.env))
 			}
+			ob.cmu.Lock()
 			ob.add(dev, 1, size)
+			ob.cmu.Unlock()
 			return nil
 		})
 	}
@@ -248,6 +262,7 @@ func (ob *Outbox) Close() error {
 // Path returns the file's path.
 func (ob *Outbox) Path() string { return ob.path }
 
+// add counts n entries of bytes for dev (cmu held).
 func (ob *Outbox) add(dev string, n int, bytes int64) {
 	u := ob.devs[dev]
 	u.n += n
@@ -324,16 +339,17 @@ func (ob *Outbox) AppendAll(ctx context.Context, es []*Entry) error {
 		}
 		recs[i].env = raw
 	}
+	// The read lock keeps Close out, and only Close out: concurrent
+	// appends and resolves join one group commit.
+	ob.mu.RLock()
+	defer ob.mu.RUnlock()
+	if ob.closed {
+		return fmt.Errorf("offline: append %s: %w", first, ErrClosed)
+	}
 	if err := ob.reserveAll(es, recs); err != nil {
 		return err
 	}
 	var refused error // refused before any write: the group goes on
-	ob.mu.RLock()
-	if ob.closed {
-		ob.mu.RUnlock()
-		ob.unreserve(es, recs)
-		return fmt.Errorf("offline: append %s: %w", first, ErrClosed)
-	}
 	err := ob.group.Commit(func(tx *bbolt.Tx) error {
 		refused = nil
 		ids := make(map[string]bool, len(es))
@@ -356,7 +372,6 @@ func (ob *Outbox) AppendAll(ctx context.Context, es []*Entry) error {
 		}
 		return nil
 	})
-	ob.mu.RUnlock()
 	if err == nil {
 		err = refused
 	}
@@ -371,14 +386,11 @@ func (ob *Outbox) AppendAll(ctx context.Context, es []*Entry) error {
 	return nil
 }
 
-// reserveAll checks the outbox is open, dates the records and counts
-// the entries against the limits, all or none (ErrFull).
+// reserveAll dates the records and counts the entries against the
+// limits, all or none (ErrFull).
 func (ob *Outbox) reserveAll(es []*Entry, recs []record) error {
-	ob.mu.Lock()
-	defer ob.mu.Unlock()
-	if ob.closed {
-		return fmt.Errorf("offline: append %s: %w", es[0].Envelope.ID, ErrClosed)
-	}
+	ob.cmu.Lock()
+	defer ob.cmu.Unlock()
 	now := ob.opts.Now()
 	for i, e := range es {
 		created := e.Created
@@ -402,8 +414,8 @@ func (ob *Outbox) reserveAll(es []*Entry, recs []record) error {
 
 // unreserve takes back what reserveAll counted.
 func (ob *Outbox) unreserve(es []*Entry, recs []record) {
-	ob.mu.Lock()
-	defer ob.mu.Unlock()
+	ob.cmu.Lock()
+	defer ob.cmu.Unlock()
 	for i, e := range es {
 		ob.add(e.Envelope.Device, -1, -int64(len(recs[i].env)))
 	}
@@ -443,7 +455,7 @@ func putEntry(tx *bbolt.Tx, e *Entry, r *record) error {
 }
 
 // reserveLocked counts an entry of size bytes for dev against the limits
-// (ob.mu held), or returns an error wrapping ErrFull and counts nothing.
+// (ob.cmu held), or returns an error wrapping ErrFull and counts nothing.
 func (ob *Outbox) reserveLocked(dev, id string, size int64) error {
 	var err error
 	u := ob.devs[dev]
@@ -465,8 +477,9 @@ func (ob *Outbox) reserveLocked(dev, id string, size int64) error {
 		return fmt.Errorf("offline: append %s: %w: %v", id, ErrFull, err)
 	}
 	// The entry counts against the limits from here; Append's commit
-	// runs under the read lock (which keeps Close out), so that readers
-	// (Next, Pending) and Resolve are not held up by its fsync.
+	// runs under the read lock only (which keeps Close out), so that
+	// readers (Next, Pending), Resolve and other Appends are not held up
+	// by its fsync: the other Appends join its group or the next.
 	ob.add(dev, 1, size)
 	return nil
 }
@@ -566,13 +579,13 @@ func (ob *Outbox) ResolveAll(acks []*fence.Ack) []error {
 		}
 		return errs
 	}
+	defer ob.mu.RUnlock()
 	var cerrs []error
 	if len(calls) > 0 {
 		cerrs = ob.group.CommitMany(calls)
 	}
-	ob.mu.RUnlock()
-	ob.mu.Lock()
-	defer ob.mu.Unlock()
+	ob.cmu.Lock()
+	defer ob.cmu.Unlock()
 	for i, a := range acks {
 		op := &ops[i]
 		if op.err == nil {

@@ -46,12 +46,14 @@ type fanoutConfig struct {
 }
 
 type fanoutRun struct {
-	Wall      time.Duration // request → summary, at the client
-	Stored    time.Duration // the agent's IssuedMs
-	Commits   uint64
-	CPU       time.Duration // agent user+sys during the request
-	Accepted  int
-	Duplicate int // applied, answered duplicate (a resend's ack came first)
+	Wall       time.Duration // request → summary, at the client
+	Stored     time.Duration // the agent's IssuedMs
+	Commits    uint64
+	AllCommits uint64        // every outbox commit during the request (/metrics: appends, verdicts, expiry passes)
+	Resent     uint64        // commands sent again during the request (/metrics)
+	CPU        time.Duration // agent user+sys during the request
+	Accepted   int
+	Duplicate  int // applied, answered duplicate (a resend's ack came first)
 }
 
 type fanoutRow struct {
@@ -120,11 +122,17 @@ func fanoutSize(ctx context.Context, etcd *sandbox.Etcd, cli *clientv3.Client, b
 	api := agent.NewAPIClient(ac.sock)
 	var last map[string]agent.SendResult
 	for i := range cfg.Runs {
+		before, _ := scrapeMetrics(ctx, "http://"+ac.metrics+"/metrics", fanoutCounters...)
 		r, results, err := fanoutOnce(ctx, api, p.pid, n)
 		if err != nil {
 			return row, err
 		}
-		fmt.Fprintf(cfg.Log, "fanout: %d devices, run %d: %v, %d accepted, %d duplicate, %d commits, CPU %v\n", n, i+1, r.Wall.Round(time.Millisecond), r.Accepted, r.Duplicate, r.Commits, r.CPU)
+		if after, err := scrapeMetrics(ctx, "http://"+ac.metrics+"/metrics", fanoutCounters...); err == nil && before != nil {
+			r.AllCommits = uint64(after[fanoutCounters[0]] - before[fanoutCounters[0]])
+			r.Resent = uint64(after[fanoutCounters[1]] - before[fanoutCounters[1]])
+		}
+		fmt.Fprintf(cfg.Log, "fanout: %d devices, run %d: %v, %d accepted, %d duplicate, %d resent, %d append commits, %d outbox commits, CPU %v\n",
+			n, i+1, r.Wall.Round(time.Millisecond), r.Accepted, r.Duplicate, r.Resent, r.Commits, r.AllCommits, r.CPU)
 		row.Runs = append(row.Runs, r)
 		last = results
 	}
@@ -132,6 +140,10 @@ func fanoutSize(ctx context.Context, etcd *sandbox.Etcd, cli *clientv3.Client, b
 	fmt.Fprintf(cfg.Log, "fanout: %d devices, bare paho: %v, %d accepted\n", n, row.Bare.Round(time.Millisecond), row.BareOK)
 	return row, err
 }
+
+// fanoutCounters are the agent's counters read around each fan-out: its
+// outbox commits (each one's fsync time is observed) and its resends.
+var fanoutCounters = []string{"edgefence_state_fsync_seconds_count", "edgefence_commands_resent_total"}
 
 // fanoutOnce sends one fan-out to every device and measures it.
 func fanoutOnce(ctx context.Context, api *agent.APIClient, pid, n int) (fanoutRun, map[string]agent.SendResult, error) {
@@ -240,12 +252,13 @@ func bareConnect(ctx context.Context, brokerURL string, onMsg func(paho.PublishR
 
 func printFanout(w io.Writer, r *fanoutResult) {
 	fmt.Fprintf(w, "\n### Fan-out: one POST /v1/fanout to every device (agent %s, %d device fleets)\n\n", r.Bin, r.Fleets)
-	fmt.Fprintln(w, "| devices | run | request → all applied | stored (agent) | outbox commits | duplicate | agent CPU | CPU / device | bare paho, same devices | ratio |")
-	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	fmt.Fprintln(w, "| devices | run | request → all applied | stored (agent) | append commits | all outbox commits | commits / device | resent | duplicate | agent CPU | CPU / device | bare paho, same devices | ratio |")
+	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for _, row := range r.Rows {
 		for i, run := range row.Runs {
-			fmt.Fprintf(w, "| %d | %d | %.0f ms | %.0f ms | %d | %d | %.0f ms | %.1f µs | %.0f ms | %.2f× |\n", row.Devices, i+1,
-				msf(run.Wall), msf(run.Stored), run.Commits, run.Duplicate, msf(run.CPU), float64(run.CPU.Microseconds())/float64(row.Devices),
+			fmt.Fprintf(w, "| %d | %d | %.0f ms | %.0f ms | %d | %d | %.3f | %d | %d | %.0f ms | %.1f µs | %.0f ms | %.2f× |\n", row.Devices, i+1,
+				msf(run.Wall), msf(run.Stored), run.Commits, run.AllCommits, float64(run.AllCommits)/float64(row.Devices), run.Resent,
+				run.Duplicate, msf(run.CPU), float64(run.CPU.Microseconds())/float64(row.Devices),
 				msf(row.Bare), run.Wall.Seconds()/row.Bare.Seconds())
 		}
 	}

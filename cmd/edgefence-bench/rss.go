@@ -605,29 +605,46 @@ func (l *rssLoad) finish() (accepted, other int, lat []time.Duration) {
 // Prometheus text exposition.
 func scrapeGoMem(ctx context.Context, url string) (goMem, error) {
 	var g goMem
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return g, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return g, err
-	}
-	defer resp.Body.Close()
 	fields := map[string]*float64{"go_memstats_heap_inuse_bytes": &g.HeapInuse, "go_memstats_heap_alloc_bytes": &g.HeapAlloc,
 		"go_memstats_stack_inuse_bytes": &g.StackInuse, "go_memstats_sys_bytes": &g.Sys, "go_memstats_next_gc_bytes": &g.NextGC,
 		"go_goroutines": &g.Goroutines}
+	names := make([]string, 0, len(fields))
+	for n := range fields {
+		names = append(names, n)
+	}
+	v, err := scrapeMetrics(ctx, url, names...)
+	for n, p := range fields {
+		*p = v[n]
+	}
+	return g, err
+}
+
+// scrapeMetrics reads the unlabelled samples named names from a
+// Prometheus text endpoint.
+func scrapeMetrics(ctx context.Context, url string, names ...string) (map[string]float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	want := make(map[string]bool, len(names))
+	for _, n := range names {
+		want[n] = true
+	}
+	v := make(map[string]float64, len(names))
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
 		f := strings.Fields(sc.Text())
-		if len(f) == 2 {
-			if p, ok := fields[f[0]]; ok {
-				*p, _ = strconv.ParseFloat(f[1], 64)
-			}
+		if len(f) == 2 && want[f[0]] {
+			v[f[0]], _ = strconv.ParseFloat(f[1], 64)
 		}
 	}
-	return g, sc.Err()
+	return v, sc.Err()
 }
 
 // readProcMem reads the memory lines of /proc/PID/status.
