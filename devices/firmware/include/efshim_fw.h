@@ -39,9 +39,9 @@
  *
  * Resources: no heap, no globals; efs_fw is the caller's (376 bytes on
  * Cortex-M). Stack, measured on Cortex-M3/M4 (-Os, the port's frames
- * included): 1,656 bytes for efs_fw_process (the record's encoding and a
- * copy of the job on top of efs_process's frames), 1,556 for efs_fw_open,
- * 1,300 for efs_fw_boot. Reentrancy: as efshim.h, one efs_fw per device,
+ * included): 1,676 bytes for efs_fw_process (the record's encoding and a
+ * copy of the job on top of efs_process's frames), 1,636 for efs_fw_open,
+ * 1,308 for efs_fw_boot. Reentrancy: as efshim.h, one efs_fw per device,
  * calls serialised by the caller.
  */
 #ifndef EFSHIM_FW_H
