@@ -43,9 +43,10 @@
 #define EFS_MAX_MAP_PAIRS 256u
 
 /* A flash slot holds one mark record (and, once a reset was applied, the
- * reset counter): at most this many bytes. */
+ * reset counter): at most this many bytes, with the sector's superseded
+ * byte (its last). */
 #define EFS_MARK_RECORD_MAX (31u + EFS_MAX_HOLDER_LEN + EFS_MAX_ID_LEN)
-#define EFS_MARK_SLOT_MAX (19u + EFS_MARK_RECORD_MAX)
+#define EFS_MARK_SLOT_MAX (20u + EFS_MARK_RECORD_MAX)
 
 /* Verdicts, numbered as fence.Verdict. */
 typedef enum {
@@ -205,8 +206,12 @@ typedef struct {
 
 /* efs_open reads the mark from flash. A sector whose write was torn before
  * it committed counts as empty; if no sector holds a valid record but one
- * holds a damaged one, it returns EFS_E_CORRUPT and the context refuses
- * every command (fail closed) until the sectors are erased by the operator. */
+ * holds a damaged one, or the newest record is damaged (the valid one is
+ * marked superseded by a newer one), it returns EFS_E_CORRUPT and the
+ * context refuses every command (fail closed) until the sectors are erased
+ * by the operator. Both valid and the older not marked superseded yet (a
+ * cut fell just before it), it marks it; if that fails, EFS_E_STORAGE and
+ * the context refuses every command until it is opened again. */
 efs_err efs_open(efs_ctx *c, const efs_port *port);
 
 /* efs_read_mark_record reads the current mark record back from flash

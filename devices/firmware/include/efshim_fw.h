@@ -39,9 +39,9 @@
  *
  * Resources: no heap, no globals; efs_fw is the caller's (376 bytes on
  * Cortex-M). Stack, measured on Cortex-M3/M4 (-Os, the port's frames
- * included): 1,656 bytes for efs_fw_process (the record's encoding and a
- * copy of the job on top of efs_process's frames), 1,556 for efs_fw_open,
- * 1,300 for efs_fw_boot. Reentrancy: as efshim.h, one efs_fw per device,
+ * included): 1,676 bytes for efs_fw_process (the record's encoding and a
+ * copy of the job on top of efs_process's frames), 1,636 for efs_fw_open,
+ * 1,308 for efs_fw_boot. Reentrancy: as efshim.h, one efs_fw per device,
  * calls serialised by the caller.
  */
 #ifndef EFSHIM_FW_H
@@ -142,16 +142,19 @@ typedef struct {
 	uint8_t last;   /* efs_fw_err of the last step */
 } efs_fw;
 
-/* The record on flash (efs_fw_record.c): a slot's largest size. */
+/* The record on flash (efs_fw_record.c): a slot's largest size, with the
+ * sector's superseded byte (its last). */
 #define EFS_FW_RECORD_MAX (1u + 1u + EFS_MAX_HOLDER_LEN + 1u + EFS_MAX_ID_LEN + 1u + EFS_FW_MAX_JOB + 2u + 32u + \
 	48u + 1u + EFS_FW_MAX_REASON + 4u + 64u + 32u)
-#define EFS_FW_RECORD_SLOT_MAX (11u + EFS_FW_RECORD_MAX)
+#define EFS_FW_RECORD_SLOT_MAX (12u + EFS_FW_RECORD_MAX)
 
 /* efs_fw_open reads the job record and reconciles the fence's mark with
  * it (rolls the mark forward to a step whose mark write was cut). fence
  * must be open (efs_open). EFS_E_CORRUPT: a damaged record and no valid
- * one (every step refused); EFS_E_STORAGE: the roll forward failed. A
- * device with no record yet (first boot) opens; efs_fw_boot creates it. */
+ * one, or the newest record damaged (the valid one is marked superseded):
+ * every step refused; EFS_E_STORAGE: the roll forward failed, or marking
+ * the older record superseded (after a cut just before it) did. A device
+ * with no record yet (first boot) opens; efs_fw_boot creates it. */
 efs_err efs_fw_open(efs_fw *fw, const efs_fw_port *port, efs_ctx *fence);
 
 /* What efs_fw_boot started. */

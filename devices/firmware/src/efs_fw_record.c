@@ -17,9 +17,16 @@
  * active_image[32], trial_image[32], active_size, trial_size, security,
  * boots (u64 each).
  *
+ * The sector's last byte is the record's superseded byte, as the marks'
+ * (efs_mark.c): erased with the sector, programmed to 0 once a newer record
+ * is complete in the other sector.
+ *
  * A new record goes to the sector not holding the newest valid one: erase,
- * program bytes 1.., read them back, program the commit byte. A cut at any
- * byte leaves the newest complete record valid.
+ * program bytes 1.., read them back, program the commit byte, then mark the
+ * older record superseded. A cut at any byte leaves the newest complete
+ * record valid. One valid record and one damaged: the valid one is used if
+ * it is not superseded (the damaged one is the older, rotted, or its erase
+ * was cut), else the newest rotted and the load fails closed.
  */
 #include <string.h>
 
@@ -191,10 +198,31 @@ static uint32_t rd32(const uint8_t *p)
 	return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
 }
 
+/* superseded reads record sector s's superseded byte: 1 if a bit of it is
+ * cleared (or it cannot be read); 0 if erased, or if the record (end bytes,
+ * an older library's) leaves no room for it. */
+static int superseded(const efs_fw_port *port, unsigned s, size_t end)
+{
+	uint8_t v = 0xff;
+
+	if (end < port->record_sector_size &&
+		port->record_read(port->user, s, port->record_sector_size - 1, &v, 1) != 0) {
+		v = 0;
+	}
+	return v != 0xff;
+}
+
+/* supersede marks record sector s superseded (its last byte). */
+static int supersede(const efs_fw_port *port, unsigned s)
+{
+	return efs_supersede(port->record_read, port->record_program, port->user, s, port->record_sector_size - 1);
+}
+
 /* read_slot reads record sector s into b and classifies it; a valid one
- * is decoded into j, bo and tag, its generation into *gen. */
+ * is decoded into j, bo and tag, its generation into *gen, whether it is
+ * superseded into *sup. */
 static int read_slot(const efs_fw_port *port, unsigned s, uint8_t b[EFS_FW_RECORD_SLOT_MAX], efs_fw_job *j,
-	efs_fw_boot_state *bo, efs_mark_record *tag, uint32_t *gen)
+	efs_fw_boot_state *bo, efs_mark_record *tag, uint32_t *gen, int *sup)
 {
 	size_t len;
 	rbuf r;
@@ -215,6 +243,7 @@ static int read_slot(const efs_fw_port *port, unsigned s, uint8_t b[EFS_FW_RECOR
 	r.i = 0;
 	r.bad = 0;
 	*gen = rd32(b + 1);
+	*sup = superseded(port, s, 11 + len);
 	return *gen != 0 && decode(&r, j, bo, tag) ? VALID : DAMAGED;
 }
 
@@ -225,29 +254,36 @@ efs_err efs_fw_load(efs_fw *fw, efs_mark_record *tag)
 	efs_fw_boot_state bo;
 	efs_mark_record t;
 	uint32_t gen = 0;
-	int damaged = 0;
+	int kind[2], sup[2] = { 0, 0 };
+	unsigned old;
 
 	fw->cur = -1;
 	fw->gen = 0;
 	for (unsigned s = 0; s < 2; s++) {
-		switch (read_slot(fw->port, s, b, &j, &bo, &t, &gen)) {
-		case VALID:
-			if (fw->cur < 0 || gen > fw->gen) {
-				fw->job = j;
-				fw->boot = bo;
-				*tag = t;
-				fw->gen = gen;
-				fw->cur = (int8_t)s;
-			}
-			break;
-		case DAMAGED:
-			damaged = 1;
-			break;
-		default:
-			break;
+		kind[s] = read_slot(fw->port, s, b, &j, &bo, &t, &gen, &sup[s]);
+		if (kind[s] == VALID && (fw->cur < 0 || gen > fw->gen)) {
+			fw->job = j;
+			fw->boot = bo;
+			*tag = t;
+			fw->gen = gen;
+			fw->cur = (int8_t)s;
 		}
 	}
-	return fw->cur < 0 && damaged ? EFS_E_CORRUPT : EFS_OK;
+	old = fw->cur == 0 ? 1u : 0u;
+	if (fw->cur < 0) {
+		return kind[0] == DAMAGED || kind[1] == DAMAGED ? EFS_E_CORRUPT : EFS_OK;
+	}
+	if (kind[old] == DAMAGED && sup[fw->cur]) {
+		memset(&fw->job, 0, sizeof fw->job); /* the newest record rotted: fail closed */
+		memset(&fw->boot, 0, sizeof fw->boot);
+		fw->cur = -1;
+		fw->gen = 0;
+		return EFS_E_CORRUPT;
+	}
+	if (kind[old] == VALID && !sup[old] && supersede(fw->port, old) != 0) {
+		return EFS_E_STORAGE; /* a cut fell before the older one was marked: mark it now, or refuse */
+	}
+	return EFS_OK;
 }
 
 efs_err efs_fw_save(efs_fw *fw, const efs_fw_job *job, const efs_fw_boot_state *boot, efs_bytes holder,
@@ -258,10 +294,11 @@ efs_err efs_fw_save(efs_fw *fw, const efs_fw_job *job, const efs_fw_boot_state *
 	wbuf w = { b + 7, 0, EFS_FW_RECORD_MAX, 0 };
 	unsigned s = fw->cur == 0 ? 1u : 0u;
 	size_t total;
+	int old;
 
 	encode(&w, job, boot, holder, id);
 	total = 11 + w.n;
-	if (w.bad || fw->gen == UINT32_MAX || port->record_sector_size < total) {
+	if (w.bad || fw->gen == UINT32_MAX || port->record_sector_size <= total) { /* and the superseded byte */
 		return EFS_E_STORAGE;
 	}
 	b[0] = 0xff;
@@ -292,7 +329,12 @@ efs_err efs_fw_save(efs_fw *fw, const efs_fw_job *job, const efs_fw_boot_state *
 		fw->boot = *boot;
 	}
 	fw->gen++;
+	old = fw->cur;
 	fw->cur = (int8_t)s;
+	if (old >= 0 && supersede(port, (unsigned)old) != 0) {
+		fw->broken = 1; /* the record moved (fw follows it), the step is refused: reopen */
+		return EFS_E_STORAGE;
+	}
 	return EFS_OK;
 }
 

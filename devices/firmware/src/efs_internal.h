@@ -46,6 +46,14 @@ int efs_valid_name(const uint8_t *p, size_t n, size_t max);
 efs_err efs_store_reset(efs_ctx *c, efs_mark m, efs_bytes holder, efs_bytes id, uint64_t counter);
 #define efs_store(c, m, holder, id) efs_store_reset((c), (m), (holder), (id), (c)->reset_counter)
 
+/* efs_supersede marks the slot in sector s superseded, through a port's
+ * read and program: the byte at at programmed to 0 unless a bit of it is
+ * cleared already (a byte is never programmed twice between erases), read
+ * back; 0 if it is set (efs_mark.c; the job record's sectors use it too). */
+typedef int (*efs_read_fn)(void *user, unsigned sector, uint32_t off, uint8_t *buf, size_t n);
+typedef int (*efs_program_fn)(void *user, unsigned sector, uint32_t off, const uint8_t *buf, size_t n);
+int efs_supersede(efs_read_fn rd, efs_program_fn pg, void *user, unsigned s, uint32_t at);
+
 /* efs_sig_digest hashes a COSE_Sign1's Sig_structure (efs_cose.c). */
 efs_err efs_sig_digest(const efs_port *port, const efs_signed *s, uint8_t digest[32]);
 

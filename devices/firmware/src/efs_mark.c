@@ -21,18 +21,30 @@
  *	7+L     8     reset counter, big-endian, not 0
  *	15+L    4     CRC-32C of bytes 1 to 15+L
  *
+ * The sector's last byte, outside every slot and its CRC, is the slot's
+ * superseded byte: erased with the sector, programmed to 0 once a newer
+ * slot is complete in the other sector (any bit of it cleared: set).
+ *
  * A new mark goes to the sector that does not hold the newest valid slot:
- * erase it, program bytes 1.., read them back, program the commit byte.
- * The newest complete slot is never touched, so a power cut at any byte of
- * the write (or of the erase) leaves it valid. A slot whose commit byte is
- * still erased is a write that never finished: empty. A slot with the commit
- * byte (or any of its bits) set that fails its checksum is damaged.
+ * erase it, program bytes 1.., read them back, program the commit byte, read
+ * it back, then program the older slot's superseded byte, read it back; only
+ * then is the mark stored. The newest complete slot is never erased, so a
+ * power cut at any byte of the write (or of the erase) leaves it valid. A
+ * slot whose commit byte is still erased is a write that never finished:
+ * empty. A slot with the commit byte (or any of its bits) set that fails its
+ * checksum is damaged: the older one rotted, or its erase or rewrite was cut
+ * (the mark it held is behind the newest anyway) if the valid slot is not
+ * superseded; the newest one rotted if it is (efs_open fails closed, as
+ * devices/shim on a corrupt record: the older mark is below one a command
+ * was applied at). Slots of an older library have the byte erased: both
+ * valid, efs_open marks the older one.
  */
 #include <string.h>
 
 #include "efs_internal.h"
 
 #define EFS_SLOT_COMMIT 0x5a
+#define EFS_SLOT_SUPERSEDED 0x00
 
 uint32_t efs_crc32c(const uint8_t *b, size_t n)
 {
@@ -151,6 +163,7 @@ typedef struct {
 	uint32_t gen;
 	size_t at, len;
 	uint64_t counter;
+	int sup; /* its superseded byte has a bit cleared */
 } slot_info;
 
 /* read_slot reads sector s into b and classifies it; for a valid slot it
@@ -158,6 +171,7 @@ typedef struct {
 static int read_slot(const efs_port *port, unsigned s, uint8_t b[EFS_MARK_SLOT_MAX], slot_info *si)
 {
 	size_t h, i, extra;
+	uint8_t sup = 0xff;
 
 	if (port->flash_read(port->user, s, 0, b, 7) != 0) {
 		return SLOT_DAMAGED;
@@ -176,38 +190,69 @@ static int read_slot(const efs_port *port, unsigned s, uint8_t b[EFS_MARK_SLOT_M
 	}
 	si->counter = extra ? rbe(b + si->at + si->len, 8) : 0;
 	si->gen = (uint32_t)rbe(b + 1, 4);
+	/* A slot of an older library that fills its sector has no superseded
+	 * byte: not superseded. An unreadable one counts as set. */
+	if (si->at + si->len + extra + 4 < port->sector_size &&
+		port->flash_read(port->user, s, port->sector_size - 1, &sup, 1) != 0) {
+		sup = 0;
+	}
+	si->sup = sup != 0xff;
 	return si->gen == 0 || (extra && si->counter == 0) ? SLOT_DAMAGED : SLOT_VALID;
+}
+
+int efs_supersede(efs_read_fn rd, efs_program_fn pg, void *user, unsigned s, uint32_t at)
+{
+	uint8_t v, z = EFS_SLOT_SUPERSEDED;
+
+	for (int k = 0; k < 2; k++) { /* read; program if erased, read back */
+		if (rd(user, s, at, &v, 1) != 0) {
+			return -1;
+		}
+		if (v != 0xff) {
+			return 0;
+		}
+		if (k == 0 && pg(user, s, at, &z, 1) != 0) {
+			return -1;
+		}
+	}
+	return -1;
+}
+
+/* supersede marks the slot in sector s superseded (its last byte). */
+static int supersede(const efs_port *port, unsigned s)
+{
+	return efs_supersede(port->flash_read, port->flash_program, port->user, s, port->sector_size - 1);
 }
 
 efs_err efs_open(efs_ctx *c, const efs_port *port)
 {
 	uint8_t b[EFS_MARK_SLOT_MAX];
 	slot_info si;
-	int damaged = 0;
+	int kind[2], sup[2];
+	unsigned old;
 
 	memset(c, 0, sizeof *c);
 	c->port = port;
 	c->cur = -1;
 	for (unsigned s = 0; s < 2; s++) {
-		switch (read_slot(port, s, b, &si)) {
-		case SLOT_VALID:
-			if (c->cur < 0 || si.gen > c->gen) {
-				c->mark = si.mark;
-				c->gen = si.gen;
-				c->cur = (int8_t)s;
-				c->reset_counter = si.counter;
-			}
-			break;
-		case SLOT_DAMAGED:
-			damaged = 1;
-			break;
-		default:
-			break;
+		kind[s] = read_slot(port, s, b, &si);
+		sup[s] = kind[s] == SLOT_VALID && si.sup;
+		if (kind[s] == SLOT_VALID && (c->cur < 0 || si.gen > c->gen)) {
+			c->mark = si.mark;
+			c->gen = si.gen;
+			c->cur = (int8_t)s;
+			c->reset_counter = si.counter;
 		}
 	}
-	if (c->cur < 0 && damaged) {
-		c->corrupt = 1;
+	old = c->cur == 0 ? 1u : 0u;
+	if ((c->cur < 0 && (kind[0] == SLOT_DAMAGED || kind[1] == SLOT_DAMAGED)) ||
+		(c->cur >= 0 && kind[old] == SLOT_DAMAGED && sup[c->cur])) {
+		c->corrupt = 1; /* no valid slot, or the newest one rotted: fail closed */
 		return EFS_E_CORRUPT;
+	}
+	if (c->cur >= 0 && kind[old] == SLOT_VALID && !sup[old] && supersede(port, old) != 0) {
+		c->corrupt = 1; /* a cut fell before the older slot was marked: mark it now, or refuse */
+		return EFS_E_STORAGE;
 	}
 	return EFS_OK;
 }
@@ -232,8 +277,10 @@ efs_err efs_read_mark_record(const efs_ctx *c, efs_mark_record *r)
 
 /* efs_store_reset writes the mark m (set by the command id, from holder)
  * and the reset counter counter (0: none, format 1) as the newest slot,
- * reads it back, then commits it: one write, one commit byte. On success c
- * holds both. efs_store (efs_internal.h) keeps the counter held. */
+ * reads it back, then commits it: one write, one commit byte; then marks
+ * the older slot superseded. On success c holds both; also on
+ * EFS_E_STORAGE from that last step (the new slot is the newest on flash).
+ * efs_store (efs_internal.h) keeps the counter held. */
 efs_err efs_store_reset(efs_ctx *c, efs_mark m, efs_bytes holder, efs_bytes id, uint64_t counter)
 {
 	const efs_port *port = c->port;
@@ -241,9 +288,10 @@ efs_err efs_store_reset(efs_ctx *c, efs_mark m, efs_bytes holder, efs_bytes id, 
 	unsigned s = c->cur == 0 ? 1u : 0u;
 	size_t at = counter != 0 ? 7 : 6, extra = counter != 0 ? 8 : 0, len, end;
 	uint8_t commit = EFS_SLOT_COMMIT;
+	int old;
 
 	if (c->gen == UINT32_MAX || encode(m, holder, id, b + at, sizeof b - at - extra - 4, &len) != EFS_OK ||
-		port->sector_size < at + len + extra + 4) {
+		port->sector_size < at + len + extra + 5) { /* the slot and its superseded byte */
 		return EFS_E_STORAGE; /* 2^32 writes: beyond any flash's endurance */
 	}
 	end = at + len + extra + 4;
@@ -268,9 +316,13 @@ efs_err efs_store_reset(efs_ctx *c, efs_mark m, efs_bytes holder, efs_bytes id, 
 		back[0] != commit) {
 		return EFS_E_STORAGE;
 	}
+	/* The new slot is complete: the context follows it. A failure to
+	 * mark the older one superseded refuses the command all the same
+	 * (a power cut there leaves the new mark, not applied). */
+	old = c->cur;
 	c->mark = m;
 	c->gen++;
 	c->cur = (int8_t)s;
 	c->reset_counter = counter;
-	return EFS_OK;
+	return old >= 0 && supersede(port, (unsigned)old) != 0 ? EFS_E_STORAGE : EFS_OK;
 }

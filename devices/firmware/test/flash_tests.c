@@ -173,10 +173,128 @@ static void test_damage(void)
 		"flash off: verdict %d", d.r.verdict);
 }
 
+/* slot_end is the length of the slot in sector s (format 1 or 2). */
+static size_t slot_end(const flash *f, unsigned s)
+{
+	const uint8_t *m = f->mem[s];
+
+	return m[5] == 0 ? 7u + m[6] + 8u + 4u : 6u + m[5] + 4u;
+}
+
+/* rot_rig writes 5/1 (and 5/2 if newest is 0), then 6/1: the newest slot
+ * in sector newest, the older one (token 5) in the other. */
+static void rot_rig(rig *d, unsigned newest)
+{
+	rig_start(d, newest == 0 ? 2 : 1);
+	send(&d->c, 6, 1, &d->r);
+	CHECK(d->r.apply && d->c.cur == (int8_t)newest && d->f.mem[!newest][SECTOR - 1] == 0x00 &&
+		d->f.mem[newest][SECTOR - 1] == 0xff, "rot rig: newest in %d, superseded bytes %02x %02x", d->c.cur,
+		d->f.mem[0][SECTOR - 1], d->f.mem[1][SECTOR - 1]);
+}
+
+/* rot_closed checks a device whose newest slot rotted: it opens refusing
+ * every command, the deposed holder's next one (token 5) first. */
+static void rot_closed(rig *d, const char *what, unsigned at, unsigned bit)
+{
+	CHECK(power_on(&d->f, &d->c, &d->port) == EFS_E_CORRUPT, "%s (byte %u bit %02x): open %d, mark %llu/%llu", what,
+		at, bit, d->c.corrupt, (unsigned long long)d->c.mark.token, (unsigned long long)d->c.mark.seq);
+	CHECK(send(&d->c, 5, 3, &d->r) == EFS_INVALID && d->r.err == EFS_E_CORRUPT && !d->r.apply,
+		"%s (byte %u bit %02x): the deposed holder's command %d", what, at, bit, d->r.verdict);
+	CHECK(send(&d->c, 7, 1, &d->r) == EFS_INVALID && !d->r.apply, "%s: a newer command %d", what, d->r.verdict);
+}
+
+/* test_rot: bits flipped after complete writes (rot, not a cut), every
+ * bit of every byte of a slot but its commit byte, the newest slot in
+ * either sector. The newest damaged: fail closed (its older neighbour is
+ * below the mark a command was applied at, and would take the deposed
+ * holder's next command); the older one: the newest is used; both: fail
+ * closed. */
+static void test_rot(void)
+{
+	for (unsigned newest = 0; newest < 2; newest++) {
+		rig d;
+		size_t len;
+
+		rot_rig(&d, newest);
+		len = slot_end(&d.f, newest);
+		for (unsigned at = 1; at < len; at++) {
+			for (unsigned bit = 1; bit < 0x100; bit <<= 1) {
+				rot_rig(&d, newest);
+				d.f.mem[newest][at] ^= (uint8_t)bit;
+				rot_closed(&d, "newest rotted", at, bit);
+				rot_rig(&d, newest);
+				d.f.mem[!newest][at] ^= (uint8_t)bit;
+				CHECK(power_on(&d.f, &d.c, &d.port) == EFS_OK && d.c.mark.token == 6 && d.c.mark.seq == 1,
+					"older rotted (byte %u bit %02x): mark %llu/%llu", at, bit,
+					(unsigned long long)d.c.mark.token, (unsigned long long)d.c.mark.seq);
+				CHECK(send(&d.c, 5, 3, &d.r) == EFS_STALE && send(&d.c, 6, 2, &d.r) == EFS_ACCEPTED &&
+					power_on(&d.f, &d.c, &d.port) == EFS_OK && d.c.mark.seq == 2 && d.f.violations == 0,
+					"older rotted (byte %u bit %02x): the device goes on", at, bit);
+				rot_rig(&d, newest);
+				d.f.mem[0][at] ^= (uint8_t)bit;
+				d.f.mem[1][at] ^= (uint8_t)bit;
+				rot_closed(&d, "both rotted", at, bit);
+			}
+		}
+		/* The newest slot's superseded byte rotted: still the newest. */
+		rot_rig(&d, newest);
+		d.f.mem[newest][SECTOR - 1] = 0xef;
+		CHECK(power_on(&d.f, &d.c, &d.port) == EFS_OK && d.c.mark.token == 6 && d.c.cur == (int8_t)newest,
+			"the newest's superseded byte rotted");
+	}
+}
+
+/* test_supersede_at_open: a slot left unmarked (a cut at its superseded
+ * byte, or the flash of a library before it) is marked at the next open;
+ * from then on a rotted newest fails closed. */
+static void test_supersede_at_open(void)
+{
+	static const uint8_t bits[] = { 0xff, 0x0f, 0x00 };
+	rig d;
+
+	for (size_t b = 0; b < sizeof bits; b++) {
+		rig_start(&d, 1); /* 5/1 in sector 0 */
+		d.f.programmed = 0;
+		d.f.program_budget = (long)slot_end(&d.f, 0); /* bytes 1.., the commit byte: then the superseded byte */
+		d.f.torn_bits = bits[b];
+		send(&d.c, 6, 1, &d.r);
+		CHECK(!d.r.apply && d.r.err == EFS_E_STORAGE && d.f.mem[1][0] != 0xff, "cut at the superseded byte: %d",
+			d.r.verdict);
+		CHECK(power_on(&d.f, &d.c, &d.port) == EFS_OK && d.c.mark.token == 6 && d.f.mem[0][SECTOR - 1] != 0xff &&
+			d.f.violations == 0, "cut at the superseded byte (%02x): reopen, mark %llu, byte %02x", bits[b],
+			(unsigned long long)d.c.mark.token, d.f.mem[0][SECTOR - 1]);
+		d.f.mem[1][20] ^= 0x04;
+		rot_closed(&d, "cut at the superseded byte, then the newest rotted", 20, 0x04);
+	}
+	/* An older library's flash: no superseded byte set. Opened while
+	 * both are valid, the older one is marked. */
+	rot_rig(&d, 1);
+	d.f.mem[0][SECTOR - 1] = 0xff;
+	CHECK(power_on(&d.f, &d.c, &d.port) == EFS_OK && d.f.mem[0][SECTOR - 1] == 0x00 && d.c.mark.token == 6,
+		"an older library's flash: the older slot marked at open");
+	d.f.mem[1][30] ^= 0x10;
+	rot_closed(&d, "an older library's flash, marked, then the newest rotted", 30, 0x10);
+	/* Its newest already damaged at that first open: nothing tells the
+	 * older slot from the newest (the old rule: the valid one is used). */
+	rot_rig(&d, 1);
+	d.f.mem[0][SECTOR - 1] = 0xff;
+	d.f.mem[1][30] ^= 0x10;
+	CHECK(power_on(&d.f, &d.c, &d.port) == EFS_OK && d.c.mark.token == 5, "an older library's flash, rotted");
+	/* Marking fails at open (the flash refuses the program): refused. */
+	rot_rig(&d, 1);
+	d.f.mem[0][SECTOR - 1] = 0xff;
+	d.f.programmed = 0;
+	d.f.program_budget = 0;
+	CHECK(efs_open(&d.c, &d.port) == EFS_E_STORAGE && send(&d.c, 6, 2, &d.r) == EFS_INVALID && !d.r.apply,
+		"marking fails at open: %d", d.r.verdict);
+}
+
 static void test_flash(void)
 {
 	test_tears();
 	test_torn_erase();
 	test_alternation();
 	test_damage();
+	test_rot();
+	test_supersede_at_open();
 }

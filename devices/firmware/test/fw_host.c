@@ -242,6 +242,7 @@ static efs_verdict send(dev *d, const cmd *c, uint64_t token, uint64_t seq)
 
 #include "fw_script.c"
 #include "fw_tears.c"
+#include "fw_rot.c"
 #include "fw_vectors.c"
 
 int main(void)
@@ -251,6 +252,7 @@ int main(void)
 	test_refusals();
 	test_boots();
 	test_tears();
+	test_record_rot();
 	test_vectors();
 	printf("%d checks, %d failures\n", checks, failures);
 	return failures ? 1 : 0;

@@ -156,8 +156,11 @@ static void test_reset_formats(void)
 	CHECK(d.c.cur == 1 && d.f.mem[1][5] == 0 && d.c.reset_counter == 3, "format 2 after a reset: %u, counter %llu",
 		d.f.mem[1][5], (unsigned long long)d.c.reset_counter);
 	d.f.mem[1][7 + d.f.mem[1][6] + 7] ^= 0x01; /* the counter's last byte */
+	CHECK(power_on(&d.f, &d.c, &d.port) == EFS_E_CORRUPT && d.c.corrupt,
+		"a damaged counter: the slot is not read, and the older one is superseded: fail closed");
+	d.f.mem[0][SECTOR - 1] = 0xff; /* an older library's flash: the old rule, the valid slot */
 	CHECK(power_on(&d.f, &d.c, &d.port) == EFS_OK && d.c.cur == 0 && d.c.reset_counter == 0,
-		"a damaged counter: the slot is not read");
+		"a damaged counter on an older library's flash: the valid slot");
 }
 #endif
 
