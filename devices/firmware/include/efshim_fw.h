@@ -50,7 +50,7 @@
 #include "efshim.h"
 
 #define EFS_FW_MAX_JOB 64u        /* fwjob.MaxJobLen */
-#define EFS_FW_MAX_REASON 96u     /* a job's reason, bytes (fwjob clips at 200) */
+#define EFS_FW_MAX_REASON 200u    /* a job's reason, bytes (fwjob.MaxReasonLen) */
 #define EFS_FW_MAX_CHUNK (EFS_MAX_BODY_SIZE - 2048u) /* fwjob.MaxChunk */
 #define EFS_FW_MAX_MANIFEST 1024u /* auth.MaxManifestSize */
 #define EFS_FW_MAX_NAME 64u       /* auth.MaxManifestName */
