@@ -60,11 +60,13 @@ typedef struct {
 	int corrupt;   /* the stored mark is unreadable: efs_process refuses everything */
 	efsdev_journal journal;
 	efsdev_signer signer; /* --device-keys: signs acks and state reports */
+	efsdev_fw_dev *fw;    /* --firmware: the firmware job (efsdev_fw.c), else NULL */
 } device;
 
 typedef struct {
 	const char *broker, *prefix, *dir, *log, *client_id, *user, *pass_file, *devices, *history, *history_source;
 	const char *trust_root, *trust_root_kid, *certs, *revocations, *device_keys;
+	const char *firmware, *fw_window, *fw_tries, *fw_security, *fw_max_image;
 } options;
 
 static device devs[MAX_DEVICES];
@@ -77,6 +79,11 @@ static efsdev_trust trust;     /* --trust-root: commands must be signed */
 static int trusted;
 static uint64_t report_counter; /* state reports: the start time in ns, +1 per report (as devsim) */
 static unsigned long trust_counts[3]; /* statements applied, held; updates refused */
+
+static int fw_mode;                   /* --firmware: one device, its firmware job */
+static efsdev_fw_opts fw_opts;
+static volatile int reboot_requested; /* a command asked for a reboot: exit 3 once its publishes are out */
+static int inflight;                  /* QoS 1 publishes not yet acknowledged */
 
 static const char content_ack[] = "application/edgefence-ack+cbor";
 static const char content_state[] = "application/edgefence-state+cbor";
@@ -327,7 +334,8 @@ static void record_decision(const device *d, const efs_result *r, int accepting)
 		r->decoded ? &e->kind : NULL, verdict_name(r->verdict), r->reason);
 }
 
-static void publish(struct mosquitto *m, const char *topic, const void *p, size_t n, const mosquitto_property *in)
+static void publish(struct mosquitto *m, const char *topic, const void *p, size_t n, const mosquitto_property *in,
+	int retain)
 {
 	mosquitto_property *props = NULL;
 	void *corr = NULL;
@@ -337,8 +345,10 @@ static void publish(struct mosquitto *m, const char *topic, const void *p, size_
 	if (in != NULL && mosquitto_property_read_binary(in, MQTT_PROP_CORRELATION_DATA, &corr, &clen, false) != NULL) {
 		mosquitto_property_add_binary(&props, MQTT_PROP_CORRELATION_DATA, corr, clen);
 	}
-	rc = mosquitto_publish_v5(m, NULL, topic, (int)n, p, 1, false, props);
-	if (rc != MOSQ_ERR_SUCCESS) {
+	rc = mosquitto_publish_v5(m, NULL, topic, (int)n, p, 1, retain != 0, props);
+	if (rc == MOSQ_ERR_SUCCESS) {
+		inflight++;
+	} else {
 		logf_("WARN", "msg=\"not published\" topic=%s err=\"%s\"", topic, mosquitto_strerror(rc));
 	}
 	mosquitto_property_free_all(&props);
@@ -385,8 +395,9 @@ static size_t sign(device *d, const char *ctype, uint8_t *buf, size_t n)
  * or with a key an auth.StateReport under mark m, signed. */
 static size_t state_report(device *d, efs_mark m, uint8_t *out, size_t cap)
 {
-	uint8_t st[512];
-	size_t sn = efsdev_state_cbor(&d->journal.rec.state, st, sizeof st);
+	uint8_t st[2048];
+	size_t sn = d->fw != NULL ? efsdev_fw_report(d->fw, &d->journal.rec.state, st, sizeof st)
+				  : efsdev_state_cbor(&d->journal.rec.state, st, sizeof st);
 
 	if (sn == 0 || !d->signer.ready) {
 		memcpy(out, st, sn <= cap ? sn : 0);
@@ -422,6 +433,38 @@ static void take_update(const device *d, const uint8_t *msg, size_t n)
 		c.held, trust.ncerts, (unsigned long long)trust.rev_version);
 }
 
+/* fw_after is a firmware device's part after the ack: its stale refusals
+ * in the log (as devsim's), the retained state report, and the reboot a
+ * step asked for (exit 3 once the ack and the report are out). */
+static void fw_after(struct mosquitto *m, device *d, const efs_result *r)
+{
+	uint8_t st[EFSDEV_MAX_SIGNED_ACK];
+	size_t sn;
+
+	if (r->verdict == EFS_STALE) {
+		logf_("WARN", "msg=\"stale command refused\" device=%s kind=%.*s token=%llu seq=%llu holder=%.*s id=%.*s ", d->id,
+			(int)r->env.kind.n, (const char *)r->env.kind.p, (unsigned long long)r->env.token,
+			(unsigned long long)r->env.seq, (int)r->env.holder.n, (const char *)r->env.holder.p, (int)r->env.id.n,
+			(const char *)r->env.id.p);
+	}
+	if ((sn = state_report(d, d->mark, st, sizeof st)) > 0) {
+		publish(m, d->state, st, sn, NULL, 1);
+	}
+	if (efs_fw_reboot_pending(&d->fw->fw)) {
+		reboot_requested = 1;
+		logf_("INFO", "msg=\"reboot requested\" device=%s fw_state=%s", d->id,
+			efs_fw_state_name((efs_fw_state)d->fw->fw.job.state));
+	}
+}
+
+static void on_publish(struct mosquitto *m, void *obj, int mid)
+{
+	(void)m;
+	(void)obj;
+	(void)mid;
+	inflight--;
+}
+
 static void handle(struct mosquitto *m, device *d, const struct mosquitto_message *msg, const mosquitto_property *props)
 {
 	efs_result r;
@@ -435,6 +478,10 @@ static void handle(struct mosquitto *m, device *d, const struct mosquitto_messag
 	efsdev_journal_rec *j = &d->journal.rec;
 	int accepting;
 
+	if (reboot_requested) {
+		logf_("WARN", "msg=\"command while rebooting: dropped (the agent resends it)\" device=%s", d->id);
+		return;
+	}
 	last_verify.valid = 0;
 	if (trusted && msg->payloadlen > 0 && ((const uint8_t *)msg->payload)[0] >= 0x81 &&
 	    ((const uint8_t *)msg->payload)[0] <= 0x88) {
@@ -444,7 +491,11 @@ static void handle(struct mosquitto *m, device *d, const struct mosquitto_messag
 	if (take(d, msg->payload, (size_t)msg->payloadlen, &accepting) != 0) {
 		return;
 	}
-	efs_process(&d->ctx, (const uint8_t *)d->id, strlen(d->id), msg->payload, (size_t)msg->payloadlen, &r);
+	if (d->fw != NULL) {
+		efs_fw_process(&d->fw->fw, (const uint8_t *)d->id, strlen(d->id), msg->payload, (size_t)msg->payloadlen, &r);
+	} else {
+		efs_process(&d->ctx, (const uint8_t *)d->id, strlen(d->id), msg->payload, (size_t)msg->payloadlen, &r);
+	}
 	last_verify.valid = 0;
 	if (r.verdict == EFS_ACCEPTED) {
 		d->mark = r.mark;
@@ -452,7 +503,7 @@ static void handle(struct mosquitto *m, device *d, const struct mosquitto_messag
 	if (r.apply) {
 		kill_after_mark();
 	}
-	if (r.apply && efsdev_parse(&r.env, &c, &reason) == 0) {
+	if (r.apply && (d->fw == NULL || d->fw->fw.other) && efsdev_parse(&r.env, &c, &reason) == 0) {
 		efsdev_apply(&j->state, &c, r.env.token, r.env.seq, r.env.id);
 		j->pending = 0;
 		if (efsdev_journal_write(&d->journal) != 0) { /* the pending command is on disk: a restart applies it */
@@ -474,10 +525,12 @@ static void handle(struct mosquitto *m, device *d, const struct mosquitto_messag
 			logf_("WARN", "msg=\"response topic refused; acking on the ack topic\" device=%s", d->id);
 		}
 	}
-	publish(m, topic, out, len, props);
+	publish(m, topic, out, len, props, 0);
 	free(rt);
-	if (r.apply && (sn = state_report(d, r.mark, st, sizeof st)) > 0) {
-		publish(m, d->state, st, sn, NULL);
+	if (d->fw != NULL) { /* devsim --firmware: a retained report after every command */
+		fw_after(m, d, &r);
+	} else if (r.apply && (sn = state_report(d, r.mark, st, sizeof st)) > 0) {
+		publish(m, d->state, st, sn, NULL, 0);
 	}
 }
 
@@ -527,6 +580,14 @@ static void on_subscribe(struct mosquitto *m, void *obj, int mid, int n, const i
 		return;
 	}
 	if (++granted == ndev && !ready_logged) {
+		uint8_t st[EFSDEV_MAX_SIGNED_ACK];
+		size_t sn;
+
+		for (int i = 0; fw_mode && i < ndev; i++) { /* the boot's outcome, retained */
+			if ((sn = state_report(&devs[i], devs[i].mark, st, sizeof st)) > 0) {
+				publish(m, devs[i].state, st, sn, NULL, 1);
+			}
+		}
 		ready_logged = 1;
 		logf_("INFO", "msg=ready devices=%d prefix=%s", ndev, prefix);
 	}
@@ -577,6 +638,22 @@ static int valid_id(const char *id)
 	return 1;
 }
 
+/* open_firmware opens the device's firmware job and boots it. */
+static int open_firmware(device *d, const char *dir)
+{
+	const char *why = "";
+
+	if ((d->fw = calloc(1, sizeof *d->fw)) == NULL ||
+	    efsdev_fw_open(d->fw, dir, d->id, &d->ctx, &fw_opts, trusted ? &trust : NULL, check, &why) != 0) {
+		logf_("ERROR", "msg=\"firmware: open and boot\" device=%s err=\"%s\" errno=\"%s\"", d->id, why, strerror(errno));
+		return -1;
+	}
+	logf_("INFO", "msg=\"firmware booted\" device=%s slot=%s fw_state=%s boots=%llu firmware=\"%s\" manifests=%d", d->id,
+		d->fw->fw.boot.running == 0 ? "a" : "b", efs_fw_state_name((efs_fw_state)d->fw->fw.job.state),
+		(unsigned long long)d->fw->fw.boot.boots, d->fw->version, trusted);
+	return 0;
+}
+
 static int open_device(device *d, const char *dir, const char *id, const char *keys)
 {
 	char path[PATH_MAX];
@@ -596,7 +673,7 @@ static int open_device(device *d, const char *dir, const char *id, const char *k
 		return -1;
 	}
 	efsdev_flash_port(&d->flash, &d->port);
-	d->port.check = check;
+	d->port.check = fw_mode ? NULL : check; /* firmware: the thermostat is port.other */
 	if (trusted) {
 		d->port.sha256 = sha256;
 		d->port.verify = verify;
@@ -619,6 +696,9 @@ static int open_device(device *d, const char *dir, const char *id, const char *k
 	if ((e = efs_open(&d->ctx, &d->port)) != EFS_OK) {
 		d->corrupt = 1;
 		logf_("ERROR", "msg=\"stored mark unreadable: refusing every command\" device=%s err=\"%s\"", id, efs_strerror(e));
+	}
+	if (fw_mode && open_firmware(d, dir) != 0) {
+		return -1;
 	}
 	if (recover(d) != 0) {
 		logf_("ERROR", "msg=\"state journal not written\" device=%s err=\"%s\"", id, strerror(errno));
@@ -655,8 +735,47 @@ static int usage(const char *msg)
 {
 	fprintf(stderr, "efsdev: %s\nusage: efsdev --mqtt URL --devices ID[,ID...] --dir DIR [--prefix P] [--log FILE] "
 		"[--client-id ID] [--mqtt-user U] [--mqtt-password-file F] [--history FILE [--history-source SRC]] "
-		"[--trust-root PUB --trust-root-kid KID [--certs F,F...] [--revocations F] [--device-keys DIR]]\n", msg);
+		"[--trust-root PUB --trust-root-kid KID [--certs F,F...] [--revocations F] [--device-keys DIR]] "
+		"[--firmware [--fw-window D] [--fw-tries N] [--fw-security N] [--fw-max-image BYTES]]\n", msg);
 	return 2;
+}
+
+/* fw_options reads the --fw-* flags (--firmware's, and only its). */
+static int fw_options(const options *o)
+{
+	char *end = NULL;
+	unsigned long long v;
+
+	fw_mode = o->firmware != NULL;
+	fw_opts.window_ms = 30000; /* fwjob.DefaultHealthWindow */
+	fw_opts.max_image = 256u << 20; /* fwjob.DefaultMaxImage */
+	if (!fw_mode) {
+		return o->fw_window != NULL || o->fw_tries != NULL || o->fw_security != NULL || o->fw_max_image != NULL ? -1 : 0;
+	}
+	if (o->fw_window != NULL && efsdev_fw_duration_ms(o->fw_window, &fw_opts.window_ms) != 0) {
+		return -1;
+	}
+	if (o->fw_tries != NULL) {
+		v = strtoull(o->fw_tries, &end, 10);
+		if (*end != '\0' || v < 1 || v > 255) {
+			return -1;
+		}
+		fw_opts.tries = (uint8_t)v;
+	}
+	if (o->fw_security != NULL) {
+		fw_opts.security = strtoull(o->fw_security, &end, 10);
+		if (*end != '\0') {
+			return -1;
+		}
+	}
+	if (o->fw_max_image != NULL) {
+		v = strtoull(o->fw_max_image, &end, 10);
+		if (*end != '\0' || v < 1 || v > UINT32_MAX) {
+			return -1;
+		}
+		fw_opts.max_image = (uint32_t)v;
+	}
+	return 0;
 }
 
 static int parse_args(int argc, char **argv, options *o)
@@ -669,13 +788,18 @@ static int parse_args(int argc, char **argv, options *o)
 		{"--log", &o->log}, {"--client-id", &o->client_id}, {"--mqtt-user", &o->user},
 		{"--mqtt-password-file", &o->pass_file}, {"--history", &o->history}, {"--history-source", &o->history_source},
 		{"--trust-root", &o->trust_root}, {"--trust-root-kid", &o->trust_root_kid}, {"--certs", &o->certs},
-		{"--revocations", &o->revocations}, {"--device-keys", &o->device_keys},
+		{"--revocations", &o->revocations}, {"--device-keys", &o->device_keys}, {"--fw-window", &o->fw_window},
+		{"--fw-tries", &o->fw_tries}, {"--fw-security", &o->fw_security}, {"--fw-max-image", &o->fw_max_image},
 	};
 	size_t k;
 	int i;
 
 	memset(o, 0, sizeof *o);
 	for (i = 1; i < argc; i += 2) {
+		if (strcmp(argv[i], "--firmware") == 0) { /* the one flag without a value */
+			o->firmware = argv[i--];
+			continue;
+		}
 		if (i + 1 >= argc) {
 			return usage("a flag without its value");
 		}
@@ -688,6 +812,10 @@ static int parse_args(int argc, char **argv, options *o)
 	}
 	if (o->broker == NULL || o->devices == NULL || o->dir == NULL) {
 		return usage("--mqtt, --devices and --dir are required");
+	}
+	if (fw_options(o) != 0) {
+		return usage("--fw-window (e.g. 30s, 500ms), --fw-tries (1..255), --fw-security, --fw-max-image (1..2^32-1) "
+			"go with --firmware");
 	}
 	if ((o->trust_root == NULL) != (o->trust_root_kid == NULL) ||
 	    (o->trust_root == NULL && (o->certs != NULL || o->revocations != NULL || o->device_keys != NULL))) {
@@ -790,6 +918,9 @@ static int open_all(options *o)
 		return usage("--devices: the list is too long");
 	}
 	snprintf(list, sizeof list, "%s", o->devices);
+	if (fw_mode && strchr(list, ',') != NULL) {
+		return usage("--firmware takes one device per process (edgefence-devsim --firmware --c-device supervises one each)");
+	}
 	for (tok = strtok_r(list, ",", &save); tok != NULL; tok = strtok_r(NULL, ",", &save)) {
 		if (ndev == MAX_DEVICES) {
 			logf_("ERROR", "msg=\"too many devices\" max=%d", MAX_DEVICES);
@@ -802,6 +933,9 @@ static int open_all(options *o)
 	}
 	if (ndev == 0) {
 		return usage("--devices lists no device");
+	}
+	if (fw_mode && ndev != 1) {
+		return usage("--firmware takes one device per process (edgefence-devsim --firmware --c-device supervises one each)");
 	}
 	return 0;
 }
@@ -835,6 +969,7 @@ static struct mosquitto *client(const options *o)
 	mosquitto_connect_v5_callback_set(m, on_connect);
 	mosquitto_subscribe_v5_callback_set(m, on_subscribe);
 	mosquitto_message_v5_callback_set(m, on_message);
+	mosquitto_publish_callback_set(m, on_publish);
 	return m;
 }
 
@@ -861,7 +996,7 @@ static void serve(struct mosquitto *m, const char *broker)
 		port = atoi(colon + 1);
 	}
 	mosquitto_property_add_int32(&props, MQTT_PROP_SESSION_EXPIRY_INTERVAL, SESSION_EXPIRY);
-	while (!stopping) {
+	while (!stopping && !(reboot_requested && inflight <= 0)) {
 		if (!connected) {
 			rc = mosquitto_connect_bind_v5(m, host, port, 30, NULL, props);
 			connected = rc == MOSQ_ERR_SUCCESS;
@@ -904,14 +1039,15 @@ int main(int argc, char **argv)
 	}
 	logf_("INFO", "msg=\"device fleet starting\" devices=%d broker=%s", ndev, o.broker);
 	serve(m, o.broker);
-	logf_("INFO", "msg=stopped accepted=%lu duplicate=%lu stale=%lu invalid=%lu trust_applied=%lu trust_held=%lu "
-		"trust_refused=%lu", counts[EFS_ACCEPTED], counts[EFS_DUPLICATE], counts[EFS_STALE], counts[EFS_INVALID],
+	logf_("INFO", "msg=stopped reboot=%d accepted=%lu duplicate=%lu stale=%lu invalid=%lu trust_applied=%lu trust_held=%lu "
+		"trust_refused=%lu", reboot_requested, counts[EFS_ACCEPTED], counts[EFS_DUPLICATE], counts[EFS_STALE], counts[EFS_INVALID],
 		trust_counts[0], trust_counts[1], trust_counts[2]);
 	for (i = 0; i < ndev; i++) {
 		efsdev_signer_free(&devs[i].signer);
+		free(devs[i].fw);
 	}
 	efsdev_trust_free(&trust);
 	mosquitto_destroy(m);
 	mosquitto_lib_cleanup();
-	return 0;
+	return reboot_requested ? 3 : 0; /* 3: a reboot (edgefence-devsim's exitReboot): the supervisor restarts it */
 }

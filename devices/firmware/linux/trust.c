@@ -981,3 +981,10 @@ size_t efsdev_state_report(const char *device, efs_mark m, uint64_t counter, con
 	memcpy(out + at, state, sn);
 	return at + sn;
 }
+
+int efsdev_root_verify(void *user, const uint8_t digest[32], const uint8_t sig[64])
+{
+	efsdev_trust *t = user;
+
+	return t == NULL ? -1 : es256_verify(&t->root_key, digest, sig);
+}
