@@ -98,8 +98,8 @@ type Figure1FirmwareConfig struct {
 	// firmware device is efsdev --firmware (the library's firmware job),
 	// one process supervised by edgefence-devsim --firmware --c-device.
 	CDeviceBin string
-	Dir       string // work dir: configs, data, logs, sockets, the image (required)
-	Etcd      string // etcd endpoint URL (required)
+	Dir        string // work dir: configs, data, logs, sockets, the image (required)
+	Etcd       string // etcd endpoint URL (required)
 	// Broker is the run's in-process broker (required): the run watches
 	// the device's commands, acks and reports in it, and lands the fault
 	// at an exact step (a hook; it stays inert once the run ends).

@@ -118,6 +118,10 @@ typedef struct efs_fw_port {
 	 * set, and the caller applies it then (durable before effect, as
 	 * efs_process). NULL: such commands are refused as an unknown kind. */
 	int (*other)(void *user, const struct efs_envelope *env, const char **reason);
+	/* Optional: called for an accepted step once its slot bytes and job
+	 * record are on flash, just before its mark is stored (a history can
+	 * record the accept before its commit, as devices/shim does). */
+	void (*accepting)(void *user, const efs_result *r);
 	uint8_t boot_tries;        /* trial boots fw.activate arms; 0: EFS_FW_DEFAULT_TRIES */
 	uint64_t factory_security; /* first boot: the security version of slot A's image */
 	uint32_t factory_size;     /* first boot: slot A's image size (its SHA-256 is the active image) */

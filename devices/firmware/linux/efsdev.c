@@ -66,7 +66,7 @@ typedef struct {
 typedef struct {
 	const char *broker, *prefix, *dir, *log, *client_id, *user, *pass_file, *devices, *history, *history_source;
 	const char *trust_root, *trust_root_kid, *certs, *revocations, *device_keys;
-	const char *firmware, *fw_window, *fw_tries, *fw_security, *fw_max_image;
+	const char *firmware, *fw_window, *fw_tries, *fw_security, *fw_max_image, *fw_status;
 } options;
 
 static device devs[MAX_DEVICES];
@@ -201,9 +201,9 @@ static void json_field(char *out, size_t cap, size_t *at, const char *key, const
  * --history, in one write(2): op "verdict" with the verdict, or "opened"
  * with the durable mark. */
 static void history_event(const device *d, const char *op, const efs_bytes *id, uint64_t token, uint64_t seq,
-	const efs_bytes *kind, const char *verdict, const char *reason)
+	const efs_bytes *kind, const char *verdict, const char *reason, const efs_envelope *env)
 {
-	char line[2048];
+	char line[2048], job[EFS_FW_MAX_JOB + 1] = "", image[65] = "";
 	size_t at;
 
 	if (hist_fd < 0) {
@@ -219,6 +219,11 @@ static void history_event(const device *d, const char *op, const efs_bytes *id, 
 	json_field(line, sizeof line, &at, "kind", kind ? kind->p : NULL, kind ? kind->n : 0, 1);
 	json_field(line, sizeof line, &at, "verdict", verdict, verdict ? strlen(verdict) : 0, 1);
 	json_field(line, sizeof line, &at, "reason", reason, reason ? strlen(reason) : 0, 1);
+	if (env != NULL && d->fw != NULL) { /* fwjob.NoteHistory: a firmware step's job and image */
+		efsdev_fw_note(env, job, image);
+		json_field(line, sizeof line, &at, "job", job, strlen(job), 1);
+		json_field(line, sizeof line, &at, "image", image, strlen(image), 1);
+	}
 	line[at++] = '}';
 	line[at++] = '\n';
 	if (write(hist_fd, line, at) != (ssize_t)at) {
@@ -313,7 +318,7 @@ static int take(device *d, const uint8_t *msg, size_t n, int *accepting)
 		return -1;
 	}
 	*accepting = 1;
-	history_event(d, "verdict", &env.id, env.token, env.seq, &env.kind, "accepted", NULL);
+	history_event(d, "verdict", &env.id, env.token, env.seq, &env.kind, "accepted", NULL, &env);
 	return 0;
 }
 
@@ -328,10 +333,10 @@ static void record_decision(const device *d, const efs_result *r, int accepting)
 		return;
 	}
 	if (accepting) {
-		history_event(d, "opened", NULL, d->mark.token, d->mark.seq, NULL, NULL, "the mark's write failed");
+		history_event(d, "opened", NULL, d->mark.token, d->mark.seq, NULL, NULL, "the mark's write failed", NULL);
 	}
 	history_event(d, "verdict", r->decoded ? &e->id : NULL, r->decoded ? e->token : 0, r->decoded ? e->seq : 0,
-		r->decoded ? &e->kind : NULL, verdict_name(r->verdict), r->reason);
+		r->decoded ? &e->kind : NULL, verdict_name(r->verdict), r->reason, r->decoded ? e : NULL);
 }
 
 static void publish(struct mosquitto *m, const char *topic, const void *p, size_t n, const mosquitto_property *in,
@@ -492,7 +497,9 @@ static void handle(struct mosquitto *m, device *d, const struct mosquitto_messag
 		return;
 	}
 	if (d->fw != NULL) {
+		d->fw->accepted = 0;
 		efs_fw_process(&d->fw->fw, (const uint8_t *)d->id, strlen(d->id), msg->payload, (size_t)msg->payloadlen, &r);
+		accepting = accepting || d->fw->accepted; /* its accept is in the history already */
 	} else {
 		efs_process(&d->ctx, (const uint8_t *)d->id, strlen(d->id), msg->payload, (size_t)msg->payloadlen, &r);
 	}
@@ -638,12 +645,26 @@ static int valid_id(const char *id)
 	return 1;
 }
 
+/* fw_accepting records a firmware step's accept in the history before
+ * its mark is stored, as devices/shim does (take does it for the
+ * thermostat's commands). */
+static void fw_accepting(void *user, const efs_result *r)
+{
+	const device *d = user;
+
+	history_event(d, "verdict", &r->env.id, r->env.token, r->env.seq, &r->env.kind, "accepted", NULL, &r->env);
+}
+
 /* open_firmware opens the device's firmware job and boots it. */
 static int open_firmware(device *d, const char *dir)
 {
 	const char *why = "";
 
-	if ((d->fw = calloc(1, sizeof *d->fw)) == NULL ||
+	if ((d->fw = calloc(1, sizeof *d->fw)) != NULL) {
+		d->fw->on_accept = fw_accepting;
+		d->fw->accept_user = d;
+	}
+	if (d->fw == NULL ||
 	    efsdev_fw_open(d->fw, dir, d->id, &d->ctx, &fw_opts, trusted ? &trust : NULL, check, &why) != 0) {
 		logf_("ERROR", "msg=\"firmware: open and boot\" device=%s err=\"%s\" errno=\"%s\"", d->id, why, strerror(errno));
 		return -1;
@@ -704,7 +725,7 @@ static int open_device(device *d, const char *dir, const char *id, const char *k
 		logf_("ERROR", "msg=\"state journal not written\" device=%s err=\"%s\"", id, strerror(errno));
 		return -1;
 	}
-	history_event(d, "opened", NULL, d->mark.token, d->mark.seq, NULL, NULL, NULL);
+	history_event(d, "opened", NULL, d->mark.token, d->mark.seq, NULL, NULL, NULL, NULL);
 	logf_("INFO", "msg=\"device open\" device=%s token=%llu seq=%llu applied=%llu", id, (unsigned long long)d->mark.token,
 		(unsigned long long)d->mark.seq, (unsigned long long)d->journal.rec.state.applied);
 	return 0;
@@ -796,8 +817,9 @@ static int parse_args(int argc, char **argv, options *o)
 
 	memset(o, 0, sizeof *o);
 	for (i = 1; i < argc; i += 2) {
-		if (strcmp(argv[i], "--firmware") == 0) { /* the one flag without a value */
-			o->firmware = argv[i--];
+		if (strcmp(argv[i], "--firmware") == 0 || strcmp(argv[i], "--fw-status") == 0) { /* flags without a value */
+			*(strcmp(argv[i], "--firmware") == 0 ? &o->firmware : &o->fw_status) = argv[i];
+			i--;
 			continue;
 		}
 		if (i + 1 >= argc) {
@@ -809,6 +831,11 @@ static int parse_args(int argc, char **argv, options *o)
 			return usage("unknown flag");
 		}
 		*flags[k].to = argv[i + 1];
+	}
+	if (o->fw_status != NULL) {
+		o->firmware = o->fw_status; /* read the firmware state on flash and exit: no broker */
+		return o->devices == NULL || o->dir == NULL || strchr(o->devices, ',') != NULL || fw_options(o) != 0
+			? usage("--fw-status reads one device: --dir DIR --devices ID") : 0;
 	}
 	if (o->broker == NULL || o->devices == NULL || o->dir == NULL) {
 		return usage("--mqtt, --devices and --dir are required");
@@ -1019,6 +1046,26 @@ static void serve(struct mosquitto *m, const char *broker)
 	}
 }
 
+/* fw_status is --fw-status: the firmware state of a stopped device. */
+static int fw_status(const options *o)
+{
+	char path[PATH_MAX];
+	device *d = &devs[0];
+	efsdev_fw_dev *f = calloc(1, sizeof *f);
+	int rc = 1;
+
+	snprintf(path, sizeof path, "%s/%s.flash", o->dir, o->devices);
+	if (f != NULL && valid_id(o->devices) && efsdev_flash_open(&d->flash, path) == 0) {
+		efsdev_flash_port(&d->flash, &d->port);
+		(void)efs_open(&d->ctx, &d->port);
+		rc = efsdev_fw_status(f, o->dir, o->devices, &d->ctx, &fw_opts);
+	} else {
+		fprintf(stderr, "efsdev: --fw-status: %s: cannot open\n", path);
+	}
+	free(f);
+	return rc;
+}
+
 int main(int argc, char **argv)
 {
 	options o;
@@ -1026,7 +1073,13 @@ int main(int argc, char **argv)
 	struct sigaction sa;
 	int rc, i;
 
-	if ((rc = parse_args(argc, argv, &o)) != 0 || (rc = open_all(&o)) != 0) {
+	if ((rc = parse_args(argc, argv, &o)) != 0) {
+		return rc;
+	}
+	if (o.fw_status != NULL) {
+		return fw_status(&o);
+	}
+	if ((rc = open_all(&o)) != 0) {
 		return rc;
 	}
 	memset(&sa, 0, sizeof sa);

@@ -186,6 +186,12 @@ typedef struct {
 	efs_fw_port port;
 	efs_fw fw;
 	char version[65]; /* the running image's EDGEFENCE-VERSION */
+	/* on_accept (set before efsdev_fw_open, with accept_user) is called
+	 * for an accepted step before its mark is stored; accepted says one
+	 * was (the caller clears it). */
+	void (*on_accept)(void *user, const efs_result *r);
+	void *accept_user;
+	int accepted;
 } efsdev_fw_dev;
 
 /* efsdev_fw_open opens the job on fence (open), boots (the boot loader's
@@ -198,5 +204,12 @@ int efsdev_fw_open(efsdev_fw_dev *f, const char *dir, const char *id, efs_ctx *f
  * (fwjob.Status.Report) and "firmware" (the version marker, if any). */
 size_t efsdev_fw_report(const efsdev_fw_dev *f, const efsdev_state *s, uint8_t *out, size_t cap);
 int efsdev_fw_duration_ms(const char *s, uint32_t *ms);
+/* efsdev_fw_status prints the firmware state on flash (fwjob.Status's
+ * fields, images in hex) as one JSON line without booting: for a checker
+ * reading a stopped device (efsdev --fw-status). 0, or 1 if unreadable. */
+int efsdev_fw_status(efsdev_fw_dev *f, const char *dir, const char *id, efs_ctx *fence, const efsdev_fw_opts *o);
+/* efsdev_fw_note is fwjob.NoteHistory: a firmware step's job and, for
+ * fw.begin, its image in hex ("" when absent), for its history event. */
+void efsdev_fw_note(const efs_envelope *env, char job[EFS_FW_MAX_JOB + 1], char image[65]);
 
 #endif

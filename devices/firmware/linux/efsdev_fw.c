@@ -219,22 +219,24 @@ static int root_verify(void *user, const uint8_t digest[32], const uint8_t sig[6
 	return efsdev_root_verify(f->root_user, digest, sig);
 }
 
-int efsdev_fw_open(efsdev_fw_dev *f, const char *dir, const char *id, efs_ctx *fence, const efsdev_fw_opts *o,
-	efsdev_trust *trust, int (*other)(void *, const struct efs_envelope *, const char **), const char **why)
+static void accepting(void *user, const efs_result *r)
+{
+	efsdev_fw_dev *f = user;
+
+	f->accepted = 1;
+	if (f->on_accept != NULL) {
+		f->on_accept(f->accept_user, r);
+	}
+}
+
+/* open_ports opens the job record's file and fills the port: slots,
+ * record, the factory image (slot a, made empty on the first boot). */
+static int open_ports(efsdev_fw_dev *f, const char *id, const efsdev_fw_opts *o, const char **why)
 {
 	char path[PATH_MAX];
 	efs_port rec;
-	efs_fw_boot_info b;
-	efs_err e;
 
-	memset(f, 0, sizeof *f);
-	f->slot_fd[0] = f->slot_fd[1] = -1;
-	if (strlen(dir) >= sizeof f->dir) {
-		*why = "directory name too long";
-		return -1;
-	}
-	snprintf(f->dir, sizeof f->dir, "%s", dir);
-	snprintf(path, sizeof path, "%s/%s.fwrec", dir, id);
+	snprintf(path, sizeof path, "%s/%s.fwrec", f->dir, id);
 	if (efsdev_flash_open(&f->rec, path) != 0) {
 		*why = "job record file";
 		return -1;
@@ -254,16 +256,41 @@ int efsdev_fw_open(efsdev_fw_dev *f, const char *dir, const char *id, efs_ctx *f
 	f->port.record_program = rec_program;
 	f->port.boot_tries = o->tries;
 	f->port.factory_security = o->security;
+	f->port.accepting = accepting;
+	if (factory(f, &f->port.factory_size) != 0) {
+		*why = "slot a";
+		return -1;
+	}
+	return 0;
+}
+
+int efsdev_fw_open(efsdev_fw_dev *f, const char *dir, const char *id, efs_ctx *fence, const efsdev_fw_opts *o,
+	efsdev_trust *trust, int (*other)(void *, const struct efs_envelope *, const char **), const char **why)
+{
+	char health_buf[65];
+	efs_fw_boot_info b;
+	efs_err e;
+	void (*on_accept)(void *, const efs_result *) = f->on_accept;
+	void *accept_user = f->accept_user;
+
+	memset(f, 0, sizeof *f);
+	f->on_accept = on_accept;
+	f->accept_user = accept_user;
+	f->slot_fd[0] = f->slot_fd[1] = -1;
+	if (strlen(dir) >= sizeof f->dir) {
+		*why = "directory name too long";
+		return -1;
+	}
+	snprintf(f->dir, sizeof f->dir, "%s", dir);
+	if (open_ports(f, id, o, why) != 0) {
+		return -1;
+	}
 	f->port.other = other;
 	if (trust != NULL) {
 		f->port.root_kid = (const uint8_t *)trust->root_kid;
 		f->port.root_kid_len = strlen(trust->root_kid);
 		f->port.root_verify = root_verify;
 		f->root_user = trust;
-	}
-	if (factory(f, &f->port.factory_size) != 0) {
-		*why = "slot a";
-		return -1;
 	}
 	if ((e = efs_fw_open(&f->fw, &f->port, fence)) != EFS_OK) {
 		*why = efs_strerror(e);
@@ -277,7 +304,7 @@ int efsdev_fw_open(efsdev_fw_dev *f, const char *dir, const char *id, efs_ctx *f
 		*why = efs_strerror(e);
 		return -1;
 	}
-	if (!b.trial && markers(f, &b, path, 65) != 0) {
+	if (!b.trial && markers(f, &b, health_buf, sizeof health_buf) != 0) {
 		f->version[0] = '\0';
 	}
 	return 0;
@@ -382,5 +409,123 @@ int efsdev_fw_duration_ms(const char *s, uint32_t *ms)
 	} else {
 		return -1;
 	}
+	return 0;
+}
+
+/* note_head reads a CBOR head at *i of b (n bytes): its major type and
+ * argument; -1 past the end or for what a step's body never holds. */
+static int note_head(const uint8_t *b, size_t n, size_t *i, unsigned *major, uint64_t *arg)
+{
+	unsigned ai, w;
+
+	if (*i >= n) {
+		return -1;
+	}
+	*major = b[*i] >> 5;
+	ai = b[(*i)++] & 31u;
+	w = ai < 24 ? 0 : ai == 24 ? 1 : ai == 25 ? 2 : ai == 26 ? 4 : ai == 27 ? 8 : 99;
+	if (w == 99 || n - *i < w) {
+		return -1;
+	}
+	*arg = w == 0 ? ai : 0;
+	while (w-- > 0) {
+		*arg = *arg << 8 | b[(*i)++];
+	}
+	return *major > 5 || ((*major == 2 || *major == 3) && *arg > n - *i) ? -1 : 0;
+}
+
+void efsdev_fw_note(const efs_envelope *env, char job[EFS_FW_MAX_JOB + 1], char image[65])
+{
+	static const char hex[] = "0123456789abcdef";
+	const uint8_t *b = env->body.p;
+	size_t n = env->body.n, i = 0, kn = 0;
+	unsigned major;
+	uint64_t pairs, arg;
+	const uint8_t *key = NULL;
+
+	job[0] = image[0] = '\0';
+	if (env->kind.n < 3 || memcmp(env->kind.p, "fw.", 3) != 0 || note_head(b, n, &i, &major, &pairs) != 0 || major != 5) {
+		return;
+	}
+	for (uint64_t k = 0; k < 2 * pairs; k++) {
+		if (note_head(b, n, &i, &major, &arg) != 0 || major == 4 || major == 5) {
+			return; /* a body fwjob would refuse: no note */
+		}
+		if (k % 2 == 0) {
+			key = b + i;
+			kn = major == 3 ? (size_t)arg : 0;
+		} else if (kn == 3 && memcmp(key, "job", 3) == 0 && major == 3 && arg <= EFS_FW_MAX_JOB) {
+			memcpy(job, b + i, (size_t)arg);
+			job[arg] = '\0';
+		} else if (kn == 5 && memcmp(key, "image", 5) == 0 && major == 2 && arg == 32 &&
+			env->kind.n == 8 && memcmp(env->kind.p, "fw.begin", 8) == 0) {
+			for (size_t h = 0; h < 32; h++) {
+				image[2 * h] = hex[b[i + h] >> 4];
+				image[2 * h + 1] = hex[b[i + h] & 15];
+			}
+			image[64] = '\0';
+		}
+		i += major == 2 || major == 3 ? (size_t)arg : 0;
+	}
+}
+
+static void hex_field(char *out, size_t cap, size_t *at, const char *key, const uint8_t *b, size_t n)
+{
+	static const char hex[] = "0123456789abcdef";
+
+	*at += (size_t)snprintf(out + *at, cap - *at, ",\"%s\":\"", key);
+	for (size_t i = 0; i < n && *at + 3 < cap; i++) {
+		out[(*at)++] = hex[b[i] >> 4];
+		out[(*at)++] = hex[b[i] & 15];
+	}
+	*at += (size_t)snprintf(out + *at, cap - *at, "\"");
+}
+
+static int zero32(const uint8_t *b)
+{
+	for (int i = 0; i < 32; i++) {
+		if (b[i] != 0) {
+			return 0;
+		}
+	}
+	return 1;
+}
+
+int efsdev_fw_status(efsdev_fw_dev *f, const char *dir, const char *id, efs_ctx *fence, const efsdev_fw_opts *o)
+{
+	static const char *const slots[] = { "a", "b" };
+	char out[2048];
+	size_t at = 0;
+	const char *why = "";
+	const efs_fw_job *j = &f->fw.job;
+	const efs_fw_boot_state *b = &f->fw.boot;
+	efs_err e = EFS_OK;
+
+	memset(f, 0, sizeof *f);
+	f->slot_fd[0] = f->slot_fd[1] = -1;
+	snprintf(f->dir, sizeof f->dir, "%s", dir);
+	if (strlen(dir) >= sizeof f->dir || open_ports(f, id, o, &why) != 0 ||
+		(e = efs_fw_open(&f->fw, &f->port, fence)) != EFS_OK) {
+		fprintf(stderr, "efsdev: --fw-status: %s %s\n", why, efs_strerror(e));
+		return 1;
+	}
+	if (f->fw.cur < 0) {
+		fprintf(stderr, "efsdev: --fw-status: the device never booted\n");
+		return 1;
+	}
+	at += (size_t)snprintf(out, sizeof out, "{\"Job\":");
+	efsdev_json_string(out, sizeof out, &at, (const char *)j->id, j->id_len);
+	at += (size_t)snprintf(out + at, sizeof out - at, ",\"State\":\"%s\",\"Bytes\":%llu,\"Size\":%llu,\"Version\":%llu,"
+		"\"Token\":%llu,\"Seq\":%llu,\"Slot\":\"%s\",\"Active\":\"%s\",\"Trial\":\"%s\",\"Tries\":%u,\"Security\":%llu,"
+		"\"Boots\":%llu,\"Reason\":", efs_fw_state_name((efs_fw_state)j->state), (unsigned long long)j->bytes,
+		(unsigned long long)j->size, (unsigned long long)j->version, (unsigned long long)j->token,
+		(unsigned long long)j->seq, b->running <= 1 ? slots[b->running] : "", b->active <= 1 ? slots[b->active] : "",
+		b->trial <= 1 ? slots[b->trial] : "", (unsigned)b->tries, (unsigned long long)b->security,
+		(unsigned long long)b->boots);
+	efsdev_json_string(out, sizeof out, &at, j->reason, j->reason_len);
+	hex_field(out, sizeof out, &at, "Image", j->image, zero32(j->image) ? 0 : 32);
+	hex_field(out, sizeof out, &at, "ActiveImage", b->active_image, 32);
+	hex_field(out, sizeof out, &at, "TrialImage", b->trial_image, b->trial <= 1 ? 32 : 0);
+	printf("%.*s}\n", (int)at, out);
 	return 0;
 }

@@ -391,6 +391,9 @@ static int hook_step(void *user, efs_result *r)
 			e = EFS_FW_E_STORAGE;
 		} else {
 			x->wrote = 1;
+			if (fw->port->accepting != NULL) {
+				fw->port->accepting(fw->port->user, r);
+			}
 		}
 	}
 	fw->last = (uint8_t)e;

@@ -1,0 +1,170 @@
+package sandbox
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/edgefence/edgefence/devices/fwjob"
+	"github.com/edgefence/edgefence/devices/sim"
+	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/transport/mqtt"
+)
+
+// fwCommander sends firmware steps to one efsdev --firmware device.
+type fwCommander struct {
+	k   *Commander
+	dev string
+	tok fence.Token
+	seq uint64
+}
+
+// publish sends step kind with body under (tok, seq) and returns its id.
+func (c *fwCommander) publish(t *testing.T, seq uint64, kind string, body any) string {
+	t.Helper()
+	b, err := fence.EncodeBody(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := CommandID(c.dev, c.tok, seq)
+	raw, err := fence.MarshalEnvelope(&fence.Envelope{V: fence.Version, Device: c.dev, Token: c.tok, Seq: seq, ID: id,
+		Kind: kind, Body: b, Holder: "gw-test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if err := c.k.Client.Publish(ctx, mqtt.Message{Topic: c.k.Topics.Cmd(c.dev), Payload: raw,
+		ResponseTopic: c.k.Topics.Ack(c.dev), CorrelationData: []byte(id)}); err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// send sends the next step and waits for its ack, resending every 2 s (as
+// the agent's outbox does: a command a kill caught is not redelivered).
+func (c *fwCommander) send(t *testing.T, kind string, body any) fence.Ack {
+	t.Helper()
+	c.seq++
+	return c.resend(t, c.seq, kind, body)
+}
+
+func (c *fwCommander) resend(t *testing.T, seq uint64, kind string, body any) fence.Ack {
+	t.Helper()
+	id := c.publish(t, seq, kind, body)
+	deadline := time.After(60 * time.Second)
+	tick := time.NewTicker(2 * time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case a := <-c.k.acks:
+			if a.ID == id {
+				return a
+			}
+		case <-tick.C:
+			c.publish(t, seq, kind, body)
+		case <-deadline:
+			t.Fatalf("no ack for %s %s", kind, id)
+		}
+	}
+}
+
+func cFirmwareStatus(t *testing.T, bin, dir, dev string) fwjob.Status {
+	t.Helper()
+	st, err := CDeviceFirmwareStatus(bin, dir, dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// TestCDeviceFirmwareKill9MidDownload: the C device (efsdev --firmware,
+// the library's job on files) is SIGKILLed three times mid-download, a
+// chunk in flight each time; after each restart its firmware state on
+// flash counts every chunk acked accepted (at most the one in flight
+// more), and the download resumes from the device's bytes: the in-flight
+// chunk resent is accepted or a duplicate, never applied twice; the
+// image verifies at the last chunk (downloaded), installs, and the slot
+// file holds exactly the image.
+func TestCDeviceFirmwareKill9MidDownload(t *testing.T) {
+	bin := CDeviceForTest(t)
+	dir := t.TempDir()
+	b := startBroker(t, BrokerConfig{})
+	c := &fwCommander{k: NewCommander(t, b.URL(), mqtt.Topics{}), dev: "fw-k", tok: 7}
+	data := filepath.Join(dir, "data")
+	start := func(round int) *Proc {
+		p, logPath := startDeviceProc(t, dir, round, nil, bin, "--firmware", "--mqtt", b.URL(), "--devices", c.dev,
+			"--dir", data, "--client-id", "efsdev-fw-kill9")
+		t.Cleanup(func() { checkSanitizerClean(t, logPath) })
+		return p
+	}
+	img, err := sim.FirmwareImage(96<<10, sim.VersionMarker+"2.0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(img)
+	const chunk = 4096
+	p := start(0)
+	if a := c.send(t, fwjob.KindBegin, fwjob.BeginBody{Job: "j1", Image: sum[:], Size: uint64(len(img)), Version: 1,
+		Chunk: chunk}); a.Verdict != fence.Accepted {
+		t.Fatalf("fw.begin: %+v", a)
+	}
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 17))
+	off, acked := 0, 0
+	chunkAt := func(o int) fwjob.ChunkBody {
+		return fwjob.ChunkBody{Job: "j1", Off: uint64(o), Data: img[o:min(o+chunk, len(img))]}
+	}
+	for round := 1; round <= 3; round++ {
+		for range 2 + rng.IntN(5) {
+			if a := c.send(t, fwjob.KindChunk, chunkAt(off)); a.Verdict != fence.Accepted {
+				t.Fatalf("chunk at %d: %+v", off, a)
+			}
+			off += chunk
+			acked = off
+		}
+		c.seq++
+		inflight := c.seq
+		c.publish(t, inflight, fwjob.KindChunk, chunkAt(off)) // left in flight
+		time.Sleep(time.Duration(rng.IntN(4000)) * time.Microsecond)
+		if err := p.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		st := cFirmwareStatus(t, bin, data, c.dev)
+		if st.State != fwjob.Downloading || (st.Bytes != uint64(acked) && st.Bytes != uint64(acked+chunk)) {
+			t.Fatalf("kill %d: the device holds %s at %d bytes; %d acked accepted, one chunk in flight", round, st.State,
+				st.Bytes, acked)
+		}
+		t.Logf("kill %d: %d bytes acked, %d on flash", round, acked, st.Bytes)
+		p = start(round)
+		if a := c.resend(t, inflight, fwjob.KindChunk, chunkAt(off)); a.Verdict != fence.Accepted && a.Verdict != fence.Duplicate {
+			t.Fatalf("in-flight chunk at %d after the restart: %+v", off, a)
+		}
+		off += chunk
+		acked = off
+	}
+	for ; off < len(img); off += chunk {
+		if a := c.send(t, fwjob.KindChunk, chunkAt(off)); a.Verdict != fence.Accepted {
+			t.Fatalf("chunk at %d: %+v", off, a)
+		}
+	}
+	if a := c.send(t, fwjob.KindInstall, fwjob.JobBody{Job: "j1"}); a.Verdict != fence.Accepted {
+		t.Fatalf("fw.install: %+v", a)
+	}
+	if err := p.Stop(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	st := cFirmwareStatus(t, bin, data, c.dev)
+	slot, err := os.ReadFile(fwjob.SlotPath(data, "b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.State != fwjob.Installed || st.Bytes != uint64(len(img)) || sha256.Sum256(slot) != sum {
+		t.Fatalf("after the download: %s at %d bytes, slot b %d bytes (%s)", st.State, st.Bytes, len(slot),
+			fmt.Sprintf("%x", sha256.Sum256(slot)))
+	}
+}
