@@ -25,7 +25,7 @@ type fwCommander struct {
 }
 
 // publish sends step kind with body under (tok, seq) and returns its id.
-func (c *fwCommander) publish(t *testing.T, seq uint64, kind string, body any) string {
+func (c *fwCommander) publish(t testing.TB, seq uint64, kind string, body any) string {
 	t.Helper()
 	b, err := fence.EncodeBody(body)
 	if err != nil {
@@ -48,13 +48,13 @@ func (c *fwCommander) publish(t *testing.T, seq uint64, kind string, body any) s
 
 // send sends the next step and waits for its ack, resending every 2 s (as
 // the agent's outbox does: a command a kill caught is not redelivered).
-func (c *fwCommander) send(t *testing.T, kind string, body any) fence.Ack {
+func (c *fwCommander) send(t testing.TB, kind string, body any) fence.Ack {
 	t.Helper()
 	c.seq++
 	return c.resend(t, c.seq, kind, body)
 }
 
-func (c *fwCommander) resend(t *testing.T, seq uint64, kind string, body any) fence.Ack {
+func (c *fwCommander) resend(t testing.TB, seq uint64, kind string, body any) fence.Ack {
 	t.Helper()
 	id := c.publish(t, seq, kind, body)
 	deadline := time.After(60 * time.Second)
@@ -166,5 +166,67 @@ func TestCDeviceFirmwareKill9MidDownload(t *testing.T) {
 	if st.State != fwjob.Installed || st.Bytes != uint64(len(img)) || sha256.Sum256(slot) != sum {
 		t.Fatalf("after the download: %s at %d bytes, slot b %d bytes (%s)", st.State, st.Bytes, len(slot),
 			fmt.Sprintf("%x", sha256.Sum256(slot)))
+	}
+}
+
+// BenchmarkFirmwareJobThroughDevice is one firmware job at a time through
+// the broker, one step in flight (fw.begin, 64 chunks of 4 KiB, fw.install,
+// fw.cancel so that the next job may begin), for the Go device
+// (edgefence-devsim --firmware-device: fwjob on bbolt) and the C device
+// (efsdev --firmware: the library's job on files), in the same run. The C
+// device is the test build (ASan/UBSan) unless $EFSDEV_BIN names another.
+func BenchmarkFirmwareJobThroughDevice(b *testing.B) {
+	img, err := sim.FirmwareImage(256<<10, sim.VersionMarker+"2.0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	sum := sha256.Sum256(img)
+	for _, kind := range benchDevices(b) {
+		b.Run(kind.name, func(b *testing.B) {
+			br := startBroker(b, BrokerConfig{})
+			c := &fwCommander{k: NewCommander(b, br.URL(), mqtt.Topics{}), dev: "fw-b", tok: 1}
+			dir := b.TempDir()
+			args := []string{"--mqtt", br.URL(), "--firmware-device", c.dev, "--dir", dir}
+			if kind.name == "efsdev" {
+				args = []string{"--mqtt", br.URL(), "--firmware", "--devices", c.dev, "--dir", filepath.Join(dir, c.dev)}
+			}
+			p, err := StartProc(kind.name, filepath.Join(dir, "dev.log"), nil, kind.bin, args...)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer p.Stop(10 * time.Second)
+			ctx, cancel := context.WithTimeout(b.Context(), 30*time.Second)
+			defer cancel()
+			if err := p.WaitLine(ctx, "ready"); err != nil {
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			for i := range b.N {
+				job := fmt.Sprintf("j%d", i)
+				steps := []struct {
+					kind string
+					body any
+				}{{fwjob.KindBegin, fwjob.BeginBody{Job: job, Image: sum[:], Size: uint64(len(img)), Version: 1, Chunk: 4096}}}
+				for off := 0; off < len(img); off += 4096 {
+					steps = append(steps, struct {
+						kind string
+						body any
+					}{fwjob.KindChunk, fwjob.ChunkBody{Job: job, Off: uint64(off), Data: img[off : off+4096]}})
+				}
+				for _, k := range []string{fwjob.KindInstall, fwjob.KindCancel} {
+					steps = append(steps, struct {
+						kind string
+						body any
+					}{k, fwjob.JobBody{Job: job}})
+				}
+				for _, s := range steps {
+					if a := c.send(b, s.kind, s.body); a.Verdict != fence.Accepted {
+						b.Fatalf("%s: %+v", s.kind, a)
+					}
+				}
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N), "ms/job")
+		})
 	}
 }

@@ -203,7 +203,7 @@ static void json_field(char *out, size_t cap, size_t *at, const char *key, const
 static void history_event(const device *d, const char *op, const efs_bytes *id, uint64_t token, uint64_t seq,
 	const efs_bytes *kind, const char *verdict, const char *reason, const efs_envelope *env)
 {
-	char line[2048], job[EFS_FW_MAX_JOB + 1] = "", image[65] = "";
+	char line[2048];
 	size_t at;
 
 	if (hist_fd < 0) {
@@ -220,6 +220,8 @@ static void history_event(const device *d, const char *op, const efs_bytes *id, 
 	json_field(line, sizeof line, &at, "verdict", verdict, verdict ? strlen(verdict) : 0, 1);
 	json_field(line, sizeof line, &at, "reason", reason, reason ? strlen(reason) : 0, 1);
 	if (env != NULL && d->fw != NULL) { /* fwjob.NoteHistory: a firmware step's job and image */
+		char job[EFS_FW_MAX_JOB + 1], image[65];
+
 		efsdev_fw_note(env, job, image);
 		json_field(line, sizeof line, &at, "job", job, strlen(job), 1);
 		json_field(line, sizeof line, &at, "image", image, strlen(image), 1);
@@ -588,9 +590,9 @@ static void on_subscribe(struct mosquitto *m, void *obj, int mid, int n, const i
 	}
 	if (++granted == ndev && !ready_logged) {
 		uint8_t st[EFSDEV_MAX_SIGNED_ACK];
-		size_t sn;
 
 		for (int i = 0; fw_mode && i < ndev; i++) { /* the boot's outcome, retained */
+			size_t sn;
 			if ((sn = state_report(&devs[i], devs[i].mark, st, sizeof st)) > 0) {
 				publish(m, devs[i].state, st, sn, NULL, 1);
 			}

@@ -35,12 +35,11 @@
 
 static int slot_fd(efsdev_fw_dev *f, unsigned slot)
 {
-	char path[PATH_MAX];
-
 	if (slot > 1) {
 		return -1;
 	}
 	if (f->slot_fd[slot] < 0) {
+		char path[PATH_MAX];
 		snprintf(path, sizeof path, "%s/slot-%c", f->dir, slot == 0 ? 'a' : 'b');
 		f->slot_fd[slot] = open(path, O_RDWR | O_CREAT, 0600);
 	}
@@ -158,7 +157,7 @@ static int markers(efsdev_fw_dev *f, const efs_fw_boot_info *b, char *health, si
 /* health is a trial boot's health check: the image's marker decides. */
 static efs_err health(efsdev_fw_dev *f, const efs_fw_boot_info *b, uint32_t window_ms)
 {
-	char h[65], why[128];
+	char h[65];
 
 	if (markers(f, b, h, sizeof h) != 0) {
 		return efs_fw_health(&f->fw, 0, "the running image is unreadable");
@@ -171,6 +170,7 @@ static efs_err health(efsdev_fw_dev *f, const efs_fw_boot_info *b, uint32_t wind
 		raise(SIGKILL); /* a power loss: the try efs_fw_boot spent stays spent */
 	}
 	if (strcmp(h, "hang") == 0) {
+		char why[128];
 		struct timespec ts = { (time_t)(window_ms / 1000), (long)(window_ms % 1000) * 1000000L };
 		while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
 		}
