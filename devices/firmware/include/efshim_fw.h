@@ -37,11 +37,11 @@
  * that forbids a second program needs a port that skips bytes already
  * equal). A cut erase of a begin is redone by the resend.
  *
- * Resources: no heap, no globals; efs_fw is the caller's (376 bytes on
+ * Resources: no heap, no globals; efs_fw is the caller's (480 bytes on
  * Cortex-M). Stack, measured on Cortex-M3/M4 (-Os, the port's frames
- * included): 1,656 bytes for efs_fw_process (the record's encoding and a
- * copy of the job on top of efs_process's frames), 1,556 for efs_fw_open,
- * 1,300 for efs_fw_boot. Reentrancy: as efshim.h, one efs_fw per device,
+ * included): 1,724 bytes for efs_fw_process (the record's encoding and a
+ * copy of the job on top of efs_process's frames), 1,764 for efs_fw_open,
+ * 1,620 for efs_fw_boot. Reentrancy: as efshim.h, one efs_fw per device,
  * calls serialised by the caller.
  */
 #ifndef EFSHIM_FW_H
