@@ -3,25 +3,29 @@ package sandbox
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/edgefence/edgefence/devices/fwjob"
 	"github.com/edgefence/edgefence/devices/sim"
 	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/fence/auth"
 	"github.com/edgefence/edgefence/transport/mqtt"
 )
 
 // fwCommander sends firmware steps to one efsdev --firmware device.
 type fwCommander struct {
-	k   *Commander
-	dev string
-	tok fence.Token
-	seq uint64
+	k    *Commander
+	dev  string
+	tok  fence.Token
+	seq  uint64
+	sign *auth.Signer // signs the commands if set
 }
 
 // publish sends step kind with body under (tok, seq) and returns its id.
@@ -32,8 +36,12 @@ func (c *fwCommander) publish(t testing.TB, seq uint64, kind string, body any) s
 		t.Fatal(err)
 	}
 	id := CommandID(c.dev, c.tok, seq)
-	raw, err := fence.MarshalEnvelope(&fence.Envelope{V: fence.Version, Device: c.dev, Token: c.tok, Seq: seq, ID: id,
-		Kind: kind, Body: b, Holder: "gw-test"})
+	env := &fence.Envelope{V: fence.Version, Device: c.dev, Token: c.tok, Seq: seq, ID: id, Kind: kind, Body: b,
+		Holder: "gw-test"}
+	raw, err := fence.MarshalEnvelope(env)
+	if err == nil && c.sign != nil {
+		raw, err = c.sign.Sign(env)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,5 +236,84 @@ func BenchmarkFirmwareJobThroughDevice(b *testing.B) {
 			b.StopTimer()
 			b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N), "ms/job")
 		})
+	}
+}
+
+// TestCDeviceFirmwareManifests: efsdev --firmware given the operator's
+// root (--trust-root) installs only images the operator signed: the C
+// library checks fw.begin's manifest (port.root_verify on the root's key).
+// A begin without one, one signed by the gateway's key under the root's
+// kid, and one naming another version are refused invalid with fwjob's
+// words; the root's manifest of the image is accepted and the job goes on.
+func TestCDeviceFirmwareManifests(t *testing.T) {
+	bin := CDeviceForTest(t)
+	dir := t.TempDir()
+	kit, err := NewTrustKit(filepath.Join(dir, "trust"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw, err := kit.Gateway("gw-t", "fw-m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := auth.ReadKey(gw.KeyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := startBroker(t, BrokerConfig{})
+	c := &fwCommander{k: NewCommander(t, b.URL(), mqtt.Topics{}), dev: "fw-m", tok: 3}
+	if c.sign, err = auth.NewSigner([]byte(gw.KeyID), key); err != nil {
+		t.Fatal(err)
+	}
+	_, logPath := startDeviceProc(t, dir, 0, nil, bin, append([]string{"--firmware", "--mqtt", b.URL(), "--devices", c.dev,
+		"--dir", filepath.Join(dir, "data")}, kit.DevsimArgs("")...)...)
+	t.Cleanup(func() { checkSanitizerClean(t, logPath) })
+	img, err := sim.FirmwareImage(8<<10, sim.VersionMarker+"3.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(img)
+	m := auth.Manifest{Image: sum[:], Size: uint64(len(img)), Version: 1, Name: "thermostat"}
+	valid, err := kit.Manifest(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fake, err := auth.NewRoot([]byte(kit.RootKID), key) // the gateway's key, the root's kid
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged, err := fake.Manifest(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Version = 2
+	other, err := kit.Manifest(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	begin := func(man []byte) fwjob.BeginBody {
+		return fwjob.BeginBody{Job: "j1", Image: sum[:], Size: uint64(len(img)), Version: 1, Chunk: 4096, Manifest: man}
+	}
+	for _, r := range []struct {
+		name string
+		man  []byte
+		want string
+	}{{"none", nil, "manifest: none: this device installs only images the operator signed"},
+		{"the gateway's key under the root's kid", forged, "auth: bad signature: manifest"},
+		{"another version's", other, "manifest: signed for image " + hex.EncodeToString(sum[:])[:40]}} {
+		if a := c.send(t, fwjob.KindBegin, begin(r.man)); a.Verdict != fence.Invalid || !strings.Contains(a.Reason, r.want) {
+			t.Fatalf("fw.begin with %s manifest: %v %q, want invalid %q", r.name, a.Verdict, a.Reason, r.want)
+		}
+	}
+	if a := c.send(t, fwjob.KindBegin, begin(valid)); a.Verdict != fence.Accepted {
+		t.Fatalf("fw.begin with the root's manifest: %+v", a)
+	}
+	for off := 0; off < len(img); off += 4096 {
+		if a := c.send(t, fwjob.KindChunk, fwjob.ChunkBody{Job: "j1", Off: uint64(off), Data: img[off : off+4096]}); a.Verdict != fence.Accepted {
+			t.Fatalf("chunk at %d: %+v", off, a)
+		}
+	}
+	if a := c.send(t, fwjob.KindInstall, fwjob.JobBody{Job: "j1"}); a.Verdict != fence.Accepted {
+		t.Fatalf("fw.install: %+v", a)
 	}
 }
