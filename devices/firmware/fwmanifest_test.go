@@ -7,6 +7,8 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"math/big"
+	"strings"
 
 	"github.com/fxamacker/cbor/v2"
 	"go.etcd.io/bbolt"
@@ -165,3 +167,63 @@ func (fwApp) Check(env *fence.Envelope) error {
 func (fwApp) Apply(*fence.Envelope) error { return errors.New("app: transactions only") }
 
 func (fwApp) ApplyTx(*bbolt.Tx, *fence.Envelope) error { return nil }
+
+// rootVerified lists the Sig_structure digests and signatures of the
+// scenarios' manifests whose signature the root verifies (ecdsa.Verify, as go-cose's ES256):
+// the port's root_verify in a build without ES256 (the Cortex-M runner)
+// looks the pair up here, so the manifests' scenarios run there too and
+// the manifest path's stack is measured. The host runner verifies with
+// mbedTLS.
+func rootVerified(scs []fwScenario) [][96]byte {
+	var out [][96]byte
+	seen := map[[96]byte]bool{}
+	for _, sc := range scs {
+		for _, a := range sc.actions {
+			b, ok := a.body.(fwjob.BeginBody)
+			if !ok || len(b.Manifest) == 0 {
+				continue
+			}
+			var parts []cbor.RawMessage
+			if len(b.Manifest) < 2 || cbor.Unmarshal(b.Manifest[1:], &parts) != nil || len(parts) != 4 {
+				continue // untagged, or not an array of 4
+			}
+			var prot, payload, sig []byte
+			if cbor.Unmarshal(parts[0], &prot) != nil || cbor.Unmarshal(parts[2], &payload) != nil ||
+				cbor.Unmarshal(parts[3], &sig) != nil || len(sig) != 64 {
+				continue
+			}
+			d := sha256.Sum256(cat(hd(4, 4), tstr("Signature1"), bstrOf(prot), hd(2, 0), bstrOf(payload)))
+			r, s := new(big.Int).SetBytes(sig[:32]), new(big.Int).SetBytes(sig[32:])
+			var ds [96]byte
+			copy(ds[:32], d[:])
+			copy(ds[32:], sig)
+			if ecdsa.Verify(&fwRoot.PublicKey, d[:], r, s) && !seen[ds] {
+				seen[ds] = true
+				out = append(out, ds)
+			}
+		}
+	}
+	return out
+}
+
+// rootVerifiedTable writes rootVerified's digests as a C table.
+func (w *hdr) rootVerifiedTable(scs []fwScenario) {
+	var rows []string
+	for _, d := range rootVerified(scs) {
+		rows = append(rows, fmt.Sprintf("\t{{%s}, {%s}},\n", cHex(d[:32]), cHex(d[32:])))
+	}
+	fmt.Fprintf(&w.tables, "/* The Sig_structure digests and signatures of the manifests the root verifies\n"+
+		" * (for a root_verify without ES256: the Cortex-M runner). */\n")
+	w.table("efs_fwvdigest", "efs_fwv_root_verified", rows)
+}
+
+func cHex(d []byte) string {
+	var b strings.Builder
+	for i, c := range d {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "0x%02x", c)
+	}
+	return b.String()
+}

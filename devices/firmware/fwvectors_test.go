@@ -333,6 +333,10 @@ typedef struct {
 } efs_fwvstep;
 
 typedef struct {
+	uint8_t d[32], sig[64]; /* a Sig_structure's digest, a signature the root made over it */
+} efs_fwvdigest;
+
+typedef struct {
 	const char *name;
 	const efs_fwvstep *steps;
 	size_t n;
@@ -345,7 +349,8 @@ func generateFwVectors(dir string) ([]byte, error) {
 	var w hdr
 	fmt.Fprintf(&w.blobs, fwPreamble, fwDevice, fwFactory, fwSecurity, fwMaxImage, fwRootKid, cbytes(fwRootPoint()))
 	var rows []string
-	for i, sc := range fwScenarios() {
+	scs := fwScenarios()
+	for i, sc := range scs {
 		d := filepath.Join(dir, fmt.Sprint(i))
 		if err := os.Mkdir(d, 0o700); err != nil {
 			return nil, err
@@ -357,5 +362,6 @@ func generateFwVectors(dir string) ([]byte, error) {
 		rows = append(rows, row)
 	}
 	w.table("efs_fwvscenario", "efs_fwvscenarios", rows)
+	w.rootVerifiedTable(scs)
 	return []byte(w.blobs.String() + w.tables.String() + "#endif\n"), nil
 }
