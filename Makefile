@@ -32,7 +32,7 @@ build: ## test/demo build (failpoints compiled in) of the agent, the device simu
 	@mkdir -p $(BIN)
 	$(GO) build -tags $(UNSAFETAGS) -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/ $(addprefix ./cmd/,$(CMDS))
 
-deps: ## install what the tests need (Mosquitto and mosquitto_pub for interop and forgery tests, Debian's etcd 3.4 and etcdctl for the recovery tests, systemd-analyze to verify the unit, qemu-user-static for the arm smoke test, python3-pymodbus, socat and mbpoll for the Modbus tests, gcc, cppcheck and libmbedtls-dev for the C firmware shim, gcc-arm-none-eabi, newlib and qemu-system-arm for it on Cortex-M, clang and libFuzzer for its fuzzer, libmosquitto-dev for the C device)
+deps: ## install what the tests need (Mosquitto and mosquitto_pub for interop and forgery tests, Debian's etcd 3.4 and etcdctl for the recovery tests, systemd-analyze to verify the unit, qemu-user-static for the arm smoke test, python3-pymodbus, socat and mbpoll for the Modbus tests, gcc, cppcheck and libmbedtls-dev for the C firmware shim, gcc-arm-none-eabi, newlib and qemu-system-arm for it on Cortex-M and mbedTLS 2.28.3's source for its signed vectors there (fetched once into ~/.cache/edgefence), clang and libFuzzer for its fuzzer, libmosquitto-dev for the C device)
 	@if ! command -v mosquitto >/dev/null && [ ! -x /usr/sbin/mosquitto ] || ! command -v mosquitto_pub >/dev/null; then \
 		if command -v apt-get >/dev/null; then \
 			echo "installing mosquitto and mosquitto-clients (apt-get; mosquitto_pub is the forgery tests' forger)"; \
@@ -99,6 +99,18 @@ deps: ## install what the tests need (Mosquitto and mosquitto_pub for interop an
 		fi; \
 	fi
 
+	@if ! command -v curl >/dev/null; then \
+		if command -v apt-get >/dev/null; then \
+			echo "installing curl (apt-get) to fetch mbedTLS's source for the Cortex-M signed vectors"; \
+			SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+			$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq curl ca-certificates >/dev/null; \
+		fi; \
+	fi
+	@# mbedTLS's source (Debian ships it only as a source package): the Cortex-M
+	@# runner's crypto port for the signed vectors. Once, into the user's cache,
+	@# checked by its pinned SHA-256; a no-op when it is there.
+	@sh devices/firmware/mcu/mbedtls.sh fetch
+
 	@if [ ! -f /usr/include/mosquitto.h ]; then \
 		if command -v apt-get >/dev/null; then \
 			echo "installing libmosquitto-dev (apt-get) for the C device (devices/firmware/linux: efsdev, run by the Figure 1 and kill -9 tests)"; \
@@ -136,7 +148,7 @@ bench: ## Go benchmarks of every package (figures go to docs/BENCHMARKS.md)
 bench-e2e: ## end-to-end figures: command round trip (mochi, Mosquitto), 1,000 locks, agent RSS by fleet size, cold start and SIGTERM
 	$(GO) run ./cmd/edgefence-bench all
 
-bench-mcu-verify: ## the ES256 verify a microcontroller fence point pays: mbedTLS on QEMU Cortex-M3/M4, instructions counted (needs gcc-arm-none-eabi, qemu-system-arm, libmbedtls-dev, mbedTLS source)
+bench-mcu-verify: ## the ES256 verify a microcontroller fence point pays: mbedTLS on QEMU Cortex-M3/M4, instructions counted (needs gcc-arm-none-eabi, qemu-system-arm, libmbedtls-dev, mbedTLS source: make deps)
 	sh devices/firmware/bench/ecdsa/run.sh
 
 demo: build ## replay the article's Figure 1 on real etcd, MQTT and devices (thermostats, then a PLC on an RS-485 line), and narrate it
@@ -194,8 +206,8 @@ fuzz: ## run every package's fuzz targets, and the C firmware shim's libFuzzer t
 		for t in $$($(GO) test -tags $(UNSAFETAGS) -list 'Fuzz.*' $$p | grep ^Fuzz); do \
 			echo "$$p $$t"; \
 			$(GO) test -tags $(UNSAFETAGS) -run='^$$' -fuzz="^$$t$$" -fuzztime=$${FUZZTIME:-30s} $$p || exit 1; done; done
-	@echo "./devices/firmware fuzz/fuzz_process.c and fuzz/fuzz_fw.c (libFuzzer)"
-	EFS_FUZZTIME=$${FUZZTIME:-30s} $(GO) test -count=1 -v -run '^TestCFuzz(Process|FirmwareJob)$$' -timeout 0 ./devices/firmware/
+	@echo "./devices/firmware fuzz/fuzz_process.c, fuzz/fuzz_fw.c and fuzz/fuzz_trust.c (libFuzzer)"
+	EFS_FUZZTIME=$${FUZZTIME:-30s} $(GO) test -count=1 -v -run '^TestCFuzz(Process|FirmwareJob|Trust)$$' -timeout 0 ./devices/firmware/
 
 clean: ## remove build output
 	rm -rf $(BIN) $(DIST)

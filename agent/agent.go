@@ -144,6 +144,7 @@ type Agent struct {
 	trust    *trustPush   // nil: no trust updates (trustpush.go)
 	devauth  *deviceAuth  // who speaks for a device: acks and state reports (deviceauth.go)
 	jobs     *jobs.Runner // nil: no firmware jobs (fwjobs.go)
+	fanout   fanoutStats  // fanout.go's counters
 }
 
 // New returns an agent for cfg (which must pass Validate; New fills in its

@@ -28,6 +28,7 @@ import (
 //	     written (±Inf, integers beyond 64 bits): refused before a seq is used;
 //	     413 over maxRequestBody
 //	     {…, "no_wait": true}             → 202 SendResult{queued} once stored in the outbox
+//	POST /v1/fanout {devices|glob|selector, kind, body, no_wait} → NDJSON (fanoutapi.go)
 //	GET  /v1/fence                        → []fence.Record
 //	GET  /v1/fence/{device}               → fence.Record
 //	GET  /v1/outbox?device=&state=&limit= → OutboxList (state pending|terminal|all, default all; limit 0 = all)
@@ -89,6 +90,10 @@ type apiHost interface {
 	Send(ctx context.Context, dev, kind string, body []byte) (*fence.Ack, error)
 	Enqueue(ctx context.Context, dev, kind string, body []byte) (*fence.Envelope, error)
 	Status() Status
+	// The fan-out (fanout.go, fanoutapi.go).
+	CheckCommand(kind string, body []byte) error
+	SelectDevices(sel Selection) ([]string, error)
+	FanOut(ctx context.Context, devs []string, kind string, body []byte, wait bool, report func(SendResult)) FanoutSummary
 }
 
 // outboxReader is the read side of offline.Outbox the local API serves.
@@ -185,6 +190,7 @@ func (s *apiServer) handler() http.Handler {
 		writeJSON(w, http.StatusOK, s.host.Status())
 	})
 	mux.HandleFunc("POST /v1/send", s.handleSend)
+	mux.HandleFunc("POST /v1/fanout", s.handleFanout)
 	mux.HandleFunc("GET /v1/fence", func(w http.ResponseWriter, r *http.Request) {
 		if s.table == nil {
 			writeJSON(w, http.StatusNotFound, apiError{noFenceTable})
@@ -278,13 +284,7 @@ func (s *apiServer) handleOutboxGet(w http.ResponseWriter, r *http.Request) {
 
 func (s *apiServer) handleSend(w http.ResponseWriter, r *http.Request) {
 	var req SendRequest
-	if code, err := decodeRequest(w, r, &req); err != nil {
-		why := refusedMalformed
-		if code == http.StatusRequestEntityTooLarge {
-			why = refusedTooLarge
-		}
-		s.refused(r, why, err)
-		writeJSON(w, code, SendResult{Device: req.Device, Error: err.Error()})
+	if !s.decode(w, r, &req, func(err error) any { return SendResult{Device: req.Device, Error: err.Error()} }) {
 		return
 	}
 	// The body is converted, and refused if CBOR cannot carry it as
@@ -347,17 +347,35 @@ func decodeRequest(w http.ResponseWriter, r *http.Request, v any) (int, error) {
 	return http.StatusOK, nil
 }
 
+// decode is decodeRequest for a handler: a request it cannot decode is
+// counted, logged and answered with answer(err); it reports whether the
+// handler goes on.
+func (s *apiServer) decode(w http.ResponseWriter, r *http.Request, v any, answer func(error) any) bool {
+	code, err := decodeRequest(w, r, v)
+	if err == nil {
+		return true
+	}
+	why := refusedMalformed
+	if code == http.StatusRequestEntityTooLarge {
+		why = refusedTooLarge
+	}
+	s.refused(r, why, err)
+	writeJSON(w, code, answer(err))
+	return false
+}
+
 var errTrailingData = errors.New("data after the JSON object")
 
 // Why the local API refused a request as bad input: the reason label of
 // edgefence_api_requests_refused_total, indexes of apiServer.refusedN.
-var apiRefusals = [...]string{"too_large", "malformed", "bad_body", "unknown_device"}
+var apiRefusals = [...]string{"too_large", "malformed", "bad_body", "unknown_device", "bad_selection"}
 
 const (
 	refusedTooLarge = iota
 	refusedMalformed
 	refusedBody
 	refusedUnknownDevice
+	refusedSelection
 )
 
 // refused counts and logs a request refused as bad input; the caller

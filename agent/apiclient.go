@@ -180,11 +180,7 @@ func (c *APIClient) do(ctx context.Context, method, path string, in, out any) er
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		if op, ok := errors.AsType[*net.OpError](err); ok && op.Op == "dial" {
-			// Nobody listens there: say so, not "Post http://edgefence/...".
-			return fmt.Errorf("%w: %w", ErrUnreachable, op)
-		}
-		return fmt.Errorf("agent api at %s: %w", c.Socket, err)
+		return c.dialErr(err)
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, maxResponseBody+1))
@@ -206,6 +202,15 @@ func (c *APIClient) do(ctx context.Context, method, path string, in, out any) er
 		return fmt.Errorf("agent api: %s: %w", resp.Status, err)
 	}
 	return nil
+}
+
+// dialErr is the error of a request that got no answer.
+func (c *APIClient) dialErr(err error) error {
+	if op, ok := errors.AsType[*net.OpError](err); ok && op.Op == "dial" {
+		// Nobody listens there: say so, not "Post http://edgefence/...".
+		return fmt.Errorf("%w: %w", ErrUnreachable, op)
+	}
+	return fmt.Errorf("agent api at %s: %w", c.Socket, err)
 }
 
 // ErrNotFound means the agent API answered 404.

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"log/slog"
 	"os"
@@ -414,4 +415,86 @@ type benchNopSender struct{}
 
 func (benchNopSender) Send(context.Context, *fence.Envelope) (*fence.Ack, error) {
 	return nil, fmt.Errorf("not part of this benchmark")
+}
+
+// BenchmarkFanOut: one fan-out (Agent.FanOut, waiting for every verdict)
+// to all of -fanout.devices devices behind 4 fleets, in this process: its
+// CPU profile (-cpuprofile) shows where a fan-out's time goes, the agent's
+// share beside the broker's and the devices'. cmd/edgefence-bench fanout
+// measures the real binary with the bare paho baseline.
+//
+//	go test -run '^$' -bench FanOut -benchtime 5x -cpuprofile /tmp/fan.prof ./agent/
+func BenchmarkFanOut(b *testing.B) {
+	w := newBenchWorld(b, "mochi", *benchFanoutDevices, 4)
+	ctx := context.Background()
+	b.ResetTimer()
+	for b.Loop() {
+		sum := w.agent.FanOut(ctx, w.devices, sim.KindPing, nil, true, func(SendResult) {})
+		if n := sum.ByOutcome["accepted"] + sum.ByOutcome["duplicate"]; n != len(w.devices) {
+			b.Fatalf("%d of %d applied: %v", n, len(w.devices), sum.ByOutcome)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N*len(w.devices)), "µs/device")
+}
+
+var benchFanoutDevices = flag.Int("fanout.devices", 1000, "BenchmarkFanOut: devices")
+
+// awaySender is a link to devices that never answer: a worker's Send
+// waits until its context ends. With it the outbox sees the appends
+// alone (no verdict is recorded).
+type awaySender struct{}
+
+func (awaySender) Send(ctx context.Context, _ *fence.Envelope) (*fence.Ack, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// BenchmarkFanOutIssue: storing one command for each of
+// -fanout.devices devices (no wait), the fan-out's way (a chunk's entries
+// in one AppendAll) beside 64 concurrent Enqueues sharing commits through
+// the outbox's group committer. commits/op counts the outbox's write
+// transactions (each one fsync).
+func BenchmarkFanOutIssue(b *testing.B) {
+	n := *benchFanoutDevices
+	var devs []string
+	for i := range n {
+		devs = append(devs, fmt.Sprintf("dev-%05d", i))
+	}
+	a := startBenchAgent(b, devs, awaySender{}, "mqtt://127.0.0.1:1", nil)
+	waitHeld(b, a, n)
+	var commits atomic.Int64
+	a.outbox.ObserveCommits(func(time.Duration) { commits.Add(1) }) // replaces the lease-tail meter: a benchmark only
+	ctx := context.Background()
+	for _, v := range []struct {
+		name  string
+		issue func()
+	}{
+		{"fanout-chunks", func() {
+			if sum := a.FanOut(ctx, devs, sim.KindPing, nil, false, func(SendResult) {}); sum.ByOutcome["queued"] != n {
+				b.Fatalf("%v", sum.ByOutcome)
+			}
+		}},
+		{"groupcommit-64", func() {
+			var wg sync.WaitGroup
+			for w := range 64 {
+				wg.Go(func() {
+					for i := w; i < n; i += 64 {
+						if _, err := a.Enqueue(ctx, devs[i], sim.KindPing, nil); err != nil {
+							b.Error(err)
+						}
+					}
+				})
+			}
+			wg.Wait()
+		}},
+	} {
+		b.Run(v.name, func(b *testing.B) {
+			commits.Store(0)
+			for b.Loop() {
+				v.issue()
+			}
+			b.ReportMetric(float64(commits.Load())/float64(b.N), "commits/op")
+			b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N*n), "µs/device")
+		})
+	}
 }

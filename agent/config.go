@@ -227,6 +227,10 @@ type DeviceConfig struct {
 	// a bus of modbus.buses, its unit id there and its device profile.
 	// Only on its home gateway.
 	Modbus *DeviceModbusConfig `yaml:"modbus,omitempty"`
+	// Labels are free key: value pairs a fan-out selects devices by
+	// (`edgefence send --selector site=a`; labels.go): keys 1–63 of
+	// [a-z0-9._-], values 1–63 of [A-Za-z0-9._-].
+	Labels map[string]string `yaml:"labels,omitempty"`
 }
 
 // SerialConfig is a device's serial line (see transport/serial.PortConfig).

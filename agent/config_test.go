@@ -250,6 +250,7 @@ modbus:
 		"auth.key_file": true, "auth.key_id": true, // no key: plain envelopes
 		"auth.certificate": true, "auth.revocations": true, "auth.trust_root": true, "auth.trust_root_kid": true, // none: no trust to check against
 		"devices[].home": true, "devices[].serial": true, "devices[].mqtt_topic": true, "devices[].reissue_kinds": true,
+		"devices[].labels": true,                          // none
 		"devices[].modbus": true, "modbus.profiles": true, // none
 		"modbus.buses[].rtu": true, "modbus.buses[].tcp": true, // one of them
 	}

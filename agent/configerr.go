@@ -87,6 +87,10 @@ func walkNode(n *yaml.Node, t reflect.Type, key string, lines keyLines, errs *[]
 			lines[child] = k.Line
 			aliased = append(aliased, walkNode(v, f.Type, child, lines, errs)...)
 		}
+	case t.Kind() == reflect.Map && n.Kind == yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			lines[key+"."+n.Content[i].Value] = n.Content[i].Line
+		}
 	case t.Kind() == reflect.Slice && n.Kind == yaml.SequenceNode:
 		for i, item := range n.Content {
 			child := key + "[" + strconv.Itoa(i) + "]"

@@ -303,7 +303,9 @@ func TestExampleConfigDocumentsEveryKey(t *testing.T) {
 					k = prefix + "." + k
 				}
 				have[k] = true
-				walk(n.Content[i+1], k)
+				if k != "devices[].labels" { // its keys are the operator's own
+					walk(n.Content[i+1], k)
+				}
 			}
 		case yaml.SequenceNode:
 			for _, c := range n.Content {

@@ -250,6 +250,7 @@ var deviceRules = []deviceRule{
 			bad(v.key+".auth", "required at its home gateway: the fence table verifies against the operator's root: set auth.trust_root and auth.trust_root_kid, or say auth: off")
 		}
 	}},
+	{"labels", checkLabels},
 	{"reissue_kinds", func(v deviceCheck, bad badFunc) {
 		for j, k := range v.d.ReissueKinds {
 			if k == "" || len(k) > fence.MaxKindLen {

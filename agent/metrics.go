@@ -144,6 +144,8 @@ type scrapeView struct {
 	unconverged int
 	authOff     int // devices with auth: off
 	apiRefused  [len(apiRefusals)]uint64
+	fanReq      uint64
+	fanDevs     [len(fanoutOutcomes)]uint64
 	jobs        jobs.RunnerStats // zero while the runner is off
 }
 
@@ -358,7 +360,16 @@ var agentSeries = []series{
 	deviceAuthCounter("state_reports_unauthenticated_total", "State reports of auth: required devices dropped before the twin (unsigned, forged, replayed …), by reason.",
 		func(v *scrapeView) map[string]uint64 { return v.s.DeviceAuth.StatesRefused }),
 
-	{name: "api_requests_refused_total", help: "Local API requests refused as bad input (too_large, malformed, bad_body, unknown_device).",
+	{name: "fanout_requests_total", help: "Fan-out requests (POST /v1/fanout) that selected devices and were carried out.", typ: prometheus.CounterValue,
+		collect: func(v *scrapeView, emit func(float64, ...string)) { emit(float64(v.fanReq)) }},
+	{name: "fanout_devices_total", help: "Devices of fan-out requests, by outcome: a verdict, queued (no verdict yet) or refused (by the agent).",
+		typ: prometheus.CounterValue, labels: []string{"outcome"},
+		collect: func(v *scrapeView, emit func(float64, ...string)) {
+			for i, o := range fanoutOutcomes {
+				emit(float64(v.fanDevs[i]), o)
+			}
+		}},
+	{name: "api_requests_refused_total", help: "Local API requests refused as bad input (too_large, malformed, bad_body, unknown_device, bad_selection).",
 		typ: prometheus.CounterValue, labels: []string{"reason"},
 		collect: func(v *scrapeView, emit func(float64, ...string)) {
 			for i, why := range apiRefusals {
@@ -408,6 +419,7 @@ func (c *agentCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	v.apiRefused = c.a.api.refusedCounts()
+	v.fanReq, v.fanDevs = c.a.fanout.counts()
 	if v.s.Jobs != nil {
 		v.jobs = *v.s.Jobs
 	}

@@ -25,6 +25,7 @@ type benchFlags struct {
 	rss      rssFlags
 	rtu      rtuFlags
 	fw       fwFlags
+	fan      fanFlags
 	lcSizes  string // lifecycle
 	devices  int    // locks, replay, failover, twins
 	runs     int    // locks, replay, failover, twins, lifecycle
@@ -55,6 +56,16 @@ type failoverFlags struct {
 	probes       int
 	interval     time.Duration
 	devsim       string
+}
+
+type fanFlags struct {
+	sizes  string
+	fleets int
+}
+
+func (f *fanFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.sizes, "fanout-sizes", "1000,10000", "fanout: device counts, comma-separated")
+	fs.IntVar(&f.fleets, "fanout-fleets", 4, "fanout: sim.Fleets (an MQTT client + bbolt file each) the devices are split over")
 }
 
 type rtuFlags struct {
@@ -90,10 +101,11 @@ func newFlagSet(stderr io.Writer) (*flag.FlagSet, *benchFlags) {
 	f.rss.register(fs)
 	f.rtu.register(fs)
 	f.fw.register(fs)
+	f.fan.register(fs)
 	fs.StringVar(&f.lcSizes, "lc-sizes", "10,1000", "lifecycle: device counts, comma-separated")
 	fs.IntVar(&f.devices, "devices", 0, "locks: devices (default 1000); replay: devices (default 10); failover: devices (default 4); twins: devices on the agent, all changing at once in the throughput runs (default 1000); fwrollout: firmware devices, all targets of the job (default 1000)")
-	fs.IntVar(&f.runs, "runs", 0, "locks, replay, fwrollout: repetitions (default 5, 3, 3); failover: trials per lease_ttl and fault (default 3); twins: latency rounds per size (default 30)")
-	fs.StringVar(&f.agentBin, "agent-bin", "", "rss, failover, lifecycle, fwrollout: the edgefence binary (default: go build it from the module in the working directory)")
+	fs.IntVar(&f.runs, "runs", 0, "locks, replay, fwrollout, fanout: repetitions (default 5, 3, 3, 3: fan-outs per size, the first warms up); failover: trials per lease_ttl and fault (default 3); twins: latency rounds per size (default 30)")
+	fs.StringVar(&f.agentBin, "agent-bin", "", "rss, failover, lifecycle, fwrollout, fanout: the edgefence binary (default: go build it from the module in the working directory)")
 	fs.BoolVar(&f.keep, "keep", false, "keep the temp dir (logs, configs, data)")
 	fs.BoolVar(&f.sign, "sign", false, "roundtrip, replay, rss: run signed (I7): commands signed by the agent and verified by the devices, acks and state reports signed by the devices and verified by the agent")
 	fs.StringVar(&f.cpuprof, "cpuprofile", "", "write a CPU profile of this process (etcd, mochi, devices and the in-process agent) to FILE")
@@ -152,7 +164,7 @@ func (f *rtuFlags) register(fs *flag.FlagSet) {
 }
 
 // benchNames are the subcommands.
-var benchNames = []string{"roundtrip", "locks", "rss", "all", "replay", "failover", "twins", "lifecycle", "modbus-rtu", "fwrollout"}
+var benchNames = []string{"roundtrip", "locks", "rss", "all", "replay", "failover", "twins", "lifecycle", "modbus-rtu", "fwrollout", "fanout"}
 
 // parseArgs parses args, the flags before or after the one benchmark
 // name, and returns that name. With ok false the command is to exit with
@@ -201,6 +213,7 @@ type benches struct {
 	twins     twinsConfig
 	rtu       modbusRTUConfig
 	fw        fwRolloutConfig
+	fan       fanoutConfig
 	keep      bool
 	cpuprof   string
 }
@@ -249,6 +262,7 @@ func (f *benchFlags) benches(what string, set map[string]bool) (*benches, error)
 			TPRuns: f.twins.runs, Fleets: f.twins.fleets},
 		rtu:     modbusRTUConfig{Bauds: l.bauds, N: f.rtu.n},
 		fw:      fw,
+		fan:     fanoutConfig{Sizes: l.fanSizes, Runs: f.runs, Fleets: max(f.fan.fleets, 1), AgentBin: f.agentBin},
 		keep:    f.keep,
 		cpuprof: f.cpuprof,
 	}, nil
@@ -258,7 +272,7 @@ func (f *benchFlags) benches(what string, set map[string]bool) (*benches, error)
 type flagLists struct {
 	brokers                           []string
 	sizes, fleets, lcSizes, twinSizes []int
-	bauds                             []int
+	bauds, fanSizes                   []int
 }
 
 func (f *benchFlags) lists() (flagLists, error) {
@@ -274,7 +288,7 @@ func (f *benchFlags) lists() (flagLists, error) {
 	for _, x := range []struct {
 		name, val string
 		list      *[]int
-	}{{"sizes", f.rss.sizes, &l.sizes}, {"fleets", f.rt.fleets, &l.fleets}, {"lc-sizes", f.lcSizes, &l.lcSizes}, {"twin-sizes", f.twins.sizes, &l.twinSizes}, {"bauds", f.rtu.bauds, &l.bauds}} {
+	}{{"sizes", f.rss.sizes, &l.sizes}, {"fleets", f.rt.fleets, &l.fleets}, {"lc-sizes", f.lcSizes, &l.lcSizes}, {"twin-sizes", f.twins.sizes, &l.twinSizes}, {"bauds", f.rtu.bauds, &l.bauds}, {"fanout-sizes", f.fan.sizes, &l.fanSizes}} {
 		var err error
 		if *x.list, err = intList(x.val); err != nil {
 			return l, fmt.Errorf("--%s: %w", x.name, err)
@@ -293,7 +307,7 @@ func (f *benchFlags) defaults(what string, set map[string]bool) {
 		}
 	}
 	if !set["runs"] {
-		f.runs = map[string]int{"replay": 3, "failover": 3, "fwrollout": 3, "twins": 30, "lifecycle": 10}[what]
+		f.runs = map[string]int{"replay": 3, "failover": 3, "fwrollout": 3, "twins": 30, "lifecycle": 10, "fanout": 3}[what]
 		if f.runs == 0 {
 			f.runs = 5
 		}

@@ -22,6 +22,9 @@
 //	fwrollout  one firmware job over 1,000 devices (one devsim --firmware
 //	           --in-process) through one `edgefence run`, 50 at a time: time
 //	           to done, the agent's RSS and CPU, etcd requests
+//	fanout     one POST /v1/fanout to 1,000 and 10,000 devices through one
+//	           `edgefence run`: time to all accepted, outbox commits, agent
+//	           CPU per device, beside bare paho to the same devices
 //
 // roundtrip, locks, replay and twins run the agent in process, built by
 // agent/daemon as `edgefence run` builds it (outbox included). Run from the
@@ -55,7 +58,7 @@ func main() {
 	os.Exit(code)
 }
 
-const usage = `usage: edgefence-bench [flags] roundtrip|locks|rss|all|replay|failover|twins|lifecycle|modbus-rtu|fwrollout [flags]
+const usage = `usage: edgefence-bench [flags] roundtrip|locks|rss|all|replay|failover|twins|lifecycle|modbus-rtu|fwrollout|fanout [flags]
 
 Measures edgefence's performance figures on real components and prints
 Markdown tables (progress goes to stderr). Flags:
@@ -188,6 +191,10 @@ func (b *benches) dispatch(ctx context.Context, e *benchEnv) {
 		res, err := runFWRollout(ctx, e.etcd, b.fw)
 		show(e, res, err, res != nil && len(res.Runs) > 0, printFWRollout)
 	}
+	if b.what == "fanout" {
+		res, err := runFanout(ctx, e.etcd, b.fan)
+		show(e, res, err, res != nil && len(res.Rows) > 0, printFanout)
+	}
 	if b.what == "modbus-rtu" {
 		res, err := runModbusRTU(ctx, b.rtu)
 		show(e, res, err, len(res) > 0, printModbusRTU)
@@ -205,6 +212,7 @@ func (b *benches) setDir(dir string, log io.Writer) {
 	b.twins.Dir, b.twins.Log = dir, log
 	b.rtu.Dir, b.rtu.Log = dir, log
 	b.fw.Dir, b.fw.Log = dir, log
+	b.fan.Dir, b.fan.Log = dir, log
 }
 
 // show prints a benchmark's result res with print if ok (it holds

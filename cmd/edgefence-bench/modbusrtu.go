@@ -83,12 +83,12 @@ func modbusRTUAt(ctx context.Context, cfg modbusRTUConfig, baud int) (_ []sandbo
 func printModbusRTU(w io.Writer, rates []sandbox.LineRate) {
 	fmt.Fprintln(w, "### Modbus RTU at the line rate: the bus master and the Go slave on a paced RS-485 line")
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "| baud | bits/char | transaction | bytes req+rsp | n | errors | tx/s | limit tx/s | ratio | ms/tx | limit ms/tx |")
-	fmt.Fprintln(w, "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+	fmt.Fprintln(w, "| baud | bits/char | transaction | bytes req+rsp | n | errors | tx/s | limit tx/s | ratio | ms/tx | limit ms/tx | CPU µs/tx |")
+	fmt.Fprintln(w, "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for _, r := range rates {
-		fmt.Fprintf(w, "| %d | %d | %s | %d+%d | %d | %d | %.1f | %.1f | %.2f | %.2f | %.2f |\n", r.Baud, r.BitsPerChar, r.Op,
+		fmt.Fprintf(w, "| %d | %d | %s | %d+%d | %d | %d | %.1f | %.1f | %.2f | %.2f | %.2f | %d |\n", r.Baud, r.BitsPerChar, r.Op,
 			r.ReqBytes, r.RspBytes, r.N, r.Errors, r.TxPerSec(), r.LimitTxPerSec(), r.Ratio(),
-			float64(r.PerTx().Microseconds())/1000, float64(r.Limit.Microseconds())/1000)
+			float64(r.PerTx().Microseconds())/1000, float64(r.Limit.Microseconds())/1000, r.CPUPerTx().Microseconds())
 	}
 	fmt.Fprintln(w)
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -168,16 +169,7 @@ func measureAgentRSS(ctx context.Context, etcd *sandbox.Etcd, cli *clientv3.Clie
 		return row, err
 	}
 	defer closeFleet()
-	mport, err := sandbox.FreePort()
-	if err != nil {
-		return row, err
-	}
-	ac.metrics = fmt.Sprintf("127.0.0.1:%d", mport)
-	cpath := filepath.Join(dir, "edgefence.yaml")
-	if err := ac.write(cpath); err != nil {
-		return row, err
-	}
-	p, err := startRSSProc(cfg.AgentBin, cpath, cfg.Env, filepath.Join(dir, "agent.log"))
+	p, err := ac.start(cfg.AgentBin, cfg.Env)
 	if err != nil {
 		return row, err
 	}
@@ -235,6 +227,7 @@ type rssAgentConfig struct {
 	sock, metrics, etcdPrefix string
 	devs                      []string
 	auth                      *agent.AuthConfig // --sign: the gateway's key, certificate and trust root
+	cmdTimeout                time.Duration     // command.timeout; 0: 10s
 }
 
 // sign, with sign, makes the chain for c's agent and devices (--sign):
@@ -270,11 +263,11 @@ api:
 metrics:
   listen: %s
 command:
-  timeout: 10s
+  timeout: %s
 log:
   level: warn
   format: text
-`, c.n, filepath.Join(c.dir, "state"), c.etcd, c.etcdPrefix, c.broker, c.prefix, c.n, c.sock, c.metrics)
+`, c.n, filepath.Join(c.dir, "state"), c.etcd, c.etcdPrefix, c.broker, c.prefix, c.n, c.sock, c.metrics, cmp.Or(c.cmdTimeout, 10*time.Second))
 	if a := c.auth; a != nil {
 		fmt.Fprintf(&conf, "auth:\n  key_file: %q\n  key_id: %q\n  certificate: %q\n  trust_root: %q\n  trust_root_kid: %q\n",
 			a.KeyFile, a.KeyID, a.Certificate, a.TrustRoot, a.TrustRootKID)
@@ -284,6 +277,21 @@ log:
 		fmt.Fprintf(&conf, "  - id: %s\n", d)
 	}
 	return os.WriteFile(path, []byte(conf.String()), 0o600)
+}
+
+// start writes the config (edgefence.yaml in c.dir, metrics on a free
+// port) and runs bin with env added on it, its output in agent.log.
+func (c *rssAgentConfig) start(bin string, env []string) (*rssProc, error) {
+	mport, err := sandbox.FreePort()
+	if err != nil {
+		return nil, err
+	}
+	c.metrics = fmt.Sprintf("127.0.0.1:%d", mport)
+	cpath := filepath.Join(c.dir, "edgefence.yaml")
+	if err := c.write(cpath); err != nil {
+		return nil, err
+	}
+	return startRSSProc(bin, cpath, env, filepath.Join(c.dir, "agent.log"))
 }
 
 // rssProc is the rss benchmark's agent subprocess.

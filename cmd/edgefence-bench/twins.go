@@ -11,7 +11,6 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -513,7 +512,7 @@ func (w *twinsWorld) throughput(ctx context.Context, r int) (twinTPRun, error) {
 	}
 	run.BarePuts = time.Since(b0)
 	c0, st0 := w.counter.snapshot(), w.a.TwinStats()
-	cpu0 := cpuTime()
+	cpu0 := sandbox.ProcessCPU()
 	t0 := time.Now()
 	for k := range w.cfg.Changes {
 		sp := w.nextSP()
@@ -532,7 +531,7 @@ func (w *twinsWorld) throughput(ctx context.Context, r int) (twinTPRun, error) {
 		return run, err
 	}
 	run.Converged = time.Since(t0)
-	run.CPU = cpuTime() - cpu0
+	run.CPU = sandbox.ProcessCPU() - cpu0
 	quiesce(ctx, w.a.Agent, w.counter)
 	st1 := w.a.TwinStats()
 	run.Reqs = w.counter.snapshot().sub(c0)
@@ -540,15 +539,6 @@ func (w *twinsWorld) throughput(ctx context.Context, r int) (twinTPRun, error) {
 	fmt.Fprintf(w.cfg.Log, "twins: throughput run %d: %d devices × %d changes: puts done %s ms, all converged %s ms (%.0f devices/s), %.2f etcd req/device\n",
 		r+1, run.Devices, run.Changes, ms(run.Puts), ms(run.Converged), float64(run.Devices)/run.Converged.Seconds(), float64(run.Reqs.kv())/float64(run.Devices))
 	return run, nil
-}
-
-// cpuTime is this process's CPU time so far (user + system).
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // barePuts puts one key per device under prefix, conc at a time.

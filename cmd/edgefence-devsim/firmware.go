@@ -152,8 +152,8 @@ func runFirmware(ctx context.Context, log *slog.Logger, fs *flag.FlagSet, f devs
 		return usage("--client-id names one client: --firmware's devices derive theirs from their directories")
 	case *f.fw.inProcess && !*f.fw.supervise:
 		return usage("--in-process runs the devices of --firmware in this process: it needs --firmware")
-	case *f.fw.cDevice != "" && (!*f.fw.supervise || *f.fw.inProcess || *f.resetRoot != ""):
-		return usage("--c-device runs the devices of --firmware as efsdev processes: it needs --firmware, and takes no --in-process or --reset-root")
+	case *f.fw.cDevice != "" && (!*f.fw.supervise || *f.fw.inProcess):
+		return usage("--c-device runs the devices of --firmware as efsdev processes: it needs --firmware, and takes no --in-process")
 	case *f.fw.device != "" && (*f.devices != "" || *f.count != 0):
 		return usage("--firmware-device runs one device: no --devices or --count")
 	}

@@ -250,11 +250,14 @@ func efsdevArgs(f devsimFlags, id string) []string {
 	if *f.histPath != "" {
 		a = append(a, "--history", *f.histPath, "--history-source", *f.histSrc+":"+id)
 	}
-	if *f.trustRoot != "" {
+	switch {
+	case *f.trustRoot != "":
 		a = append(a, "--trust-root", *f.trustRoot, "--trust-root-kid", *f.trustRootKid)
 		opt("--certs", *f.certs)
 		opt("--revocations", *f.revocations)
 		opt("--device-keys", *f.deviceKeys)
+	case *f.resetRoot != "":
+		a = append(a, "--reset-root", *f.resetRoot, "--trust-root-kid", *f.trustRootKid)
 	}
 	return a
 }

@@ -377,7 +377,7 @@ func newLogger(c agent.LogConfig, w *os.File) *slog.Logger {
 	format := c.Format
 	if format == "auto" {
 		format = "json"
-		if fi, err := w.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
+		if isTerminal(w) {
 			format = "text"
 		}
 	}

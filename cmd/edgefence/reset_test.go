@@ -214,19 +214,59 @@ func TestFenceResetBrickedDevice(t *testing.T) {
 	if err := sandbox.BuildCommands(t.Context(), bin, false, "edgefence-devsim"); err != nil {
 		t.Fatal(err)
 	}
+	resetBricked(t, resetDevice{
+		args: func(url, dir, pub string) []string {
+			return []string{filepath.Join(bin, "edgefence-devsim"), "--mqtt", url, "--devices", "dev-1,dev-2", "--dir", dir,
+				"--client-id", "devsim", "--reset-root", pub, "--trust-root-kid", "operator"}
+		},
+		onDisk: func(t *testing.T, dir, dev string) (fence.Mark, uint64) {
+			s, err := shim.Open(filepath.Join(dir, sim.DBFile), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			m, merr := s.Mark(dev)
+			last, lerr := s.LastReset(dev)
+			if merr != nil || lerr != nil || !auth.ValidResetID(last.ID) {
+				t.Fatalf("after kill -9: mark %v (%v), last reset %+v (%v)", m, merr, last, lerr)
+			}
+			return m, last.Counter
+		},
+	})
+}
+
+// resetDevice is the real device process resetBricked runs: its command
+// line (broker, directory, the operator's public key) and what it has on
+// disk for a device once killed (the mark, the last reset's counter).
+type resetDevice struct {
+	args   func(url, dir, pub string) []string
+	onDisk func(t *testing.T, dir, dev string) (fence.Mark, uint64)
+	// logCheck, if set, checks each run's log once it ended.
+	logCheck func(t *testing.T, log string)
+}
+
+// resetBricked is the scenario of TestFenceResetBrickedDevice and
+// TestFenceResetCDevice on the device d.
+func resetBricked(t *testing.T, d resetDevice) {
 	keyDir := t.TempDir()
 	rootKey, _ := operatorKey(t, keyDir)
-	e := newEnv(t, "fleet-unused") // etcd and a broker; the agent's devices are the devsim's
+	e := newEnv(t, "fleet-unused") // etcd and a broker; the agent's devices are the real device's
 	e.devices = []string{"dev-1", "dev-2"}
-	devDir := filepath.Join(e.dir, "devsim")
-	startDevsim := func(name string) *sandbox.Proc {
-		p, err := sandbox.StartProc(name, filepath.Join(e.dir, name+".log"), nil, filepath.Join(bin, "edgefence-devsim"),
-			"--mqtt", e.world.Broker.URL(), "--devices", "dev-1,dev-2", "--dir", devDir, "--client-id", "devsim",
-			"--reset-root", filepath.Join(keyDir, "operator.pub"), "--trust-root-kid", "operator")
+	devDir := filepath.Join(e.dir, "device")
+	startDevice := func(name string) *sandbox.Proc {
+		args := d.args(e.world.Broker.URL(), devDir, filepath.Join(keyDir, "operator.pub"))
+		log := filepath.Join(e.dir, name+".log")
+		p, err := sandbox.StartProc(name, log, nil, args[0], args[1:]...)
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { _ = p.Kill() })
+		t.Cleanup(func() {
+			_ = p.Kill()
+			<-p.Done()
+			if d.logCheck != nil {
+				d.logCheck(t, log)
+			}
+		})
 		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 		defer cancel()
 		if err := p.WaitLine(ctx, "ready"); err != nil {
@@ -234,7 +274,7 @@ func TestFenceResetBrickedDevice(t *testing.T) {
 		}
 		return p
 	}
-	devsim := startDevsim("devsim")
+	device := startDevice("device")
 	cfg, sock := e.config("gw-1", 5*time.Second)
 	gw := e.startAgent("gw-1", cfg)
 	tok := e.waitHolding(gw, sock).Devices[0].Token
@@ -285,41 +325,34 @@ func TestFenceResetBrickedDevice(t *testing.T) {
 	if r := deliverReset(t, file, cfg); r.code != 0 || !strings.Contains(r.stdout, "accepted") {
 		t.Fatalf("reset\n%s", r)
 	}
-	if err := devsim.Kill(); err != nil {
+	if err := device.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	<-devsim.Done()
-	s, err := shim.Open(filepath.Join(devDir, sim.DBFile), nil)
-	if err != nil {
-		t.Fatal(err)
+	<-device.Done()
+	m, counter := d.onDisk(t, devDir, "dev-1")
+	if want := (fence.Mark{Token: rev, Seq: math.MaxUint64}); m != want || counter == 0 {
+		t.Fatalf("after kill -9: mark %v, reset counter %d; want %v and a counter", m, counter, want)
 	}
-	m, merr := s.Mark("dev-1")
-	last, lerr := s.LastReset("dev-1")
-	s.Close()
-	want := fence.Mark{Token: rev, Seq: math.MaxUint64}
-	if merr != nil || lerr != nil || m != want || last.Counter == 0 || !auth.ValidResetID(last.ID) {
-		t.Fatalf("after kill -9: mark %v (%v), last reset %+v (%v); want %v", m, merr, last, lerr, want)
-	}
-	startDevsim("devsim-restarted")
+	startDevice("device-restarted")
 
 	// The agent learned the new mark from the ack: it holds the device
 	// again under a token above it, and the device accepts.
-	d := waitStatus(t, sock, "dev-1", "held above the reset", func(d agent.DeviceStatus, c agent.Counters) bool {
+	held := waitStatus(t, sock, "dev-1", "held above the reset", func(d agent.DeviceStatus, c agent.Counters) bool {
 		return d.State == agent.StateHolding && d.Token > rev && c.Resets == 1
 	})
-	if d.Token <= tok {
-		t.Fatalf("token %d, want one above the first %d", d.Token, tok)
+	if held.Token <= tok {
+		t.Fatalf("token %d, want one above the first %d", held.Token, tok)
 	}
 	if r, res := e.set(sock, "dev-1", 23); r.code != 0 || res.Verdict != "accepted" {
 		t.Fatalf("the holder after the reset\n%s", r)
 	}
-	after := fence.Mark{Token: d.Token}
+	after := fence.Mark{Token: held.Token}
 
 	// Refused, the mark unchanged: the replay, another device's reset on
 	// this device's topic, a gateway's key.
 	r := deliverReset(t, file, cfg)
 	if r.code != 1 || !strings.Contains(r.stdout, "refused (invalid)") || !strings.Contains(r.stdout, "replay") {
-		t.Fatalf("replay after the devsim's restart\n%s", r)
+		t.Fatalf("replay after the device's restart\n%s", r)
 	}
 	other, err := os.ReadFile(signReset(t, keyDir, "dev-2", 1, rootKey, "operator"))
 	if err != nil {
@@ -329,7 +362,7 @@ func TestFenceResetBrickedDevice(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a := request(other, peek.ID); a.Verdict != fence.Invalid || !strings.Contains(a.Reason, auth.ErrResetDevice.Error()) || a.MaxToken != after.Token {
+	if a := request(other, peek.ID); a.Verdict != fence.Invalid || !strings.Contains(a.Reason, "reset for another device") || a.MaxToken != after.Token {
 		t.Fatalf("dev-2's reset on dev-1's topic: %+v", a)
 	}
 	gwKey := filepath.Join(keyDir, "gw-a")

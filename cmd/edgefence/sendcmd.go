@@ -13,6 +13,7 @@ import (
 )
 
 const sendUsage = `usage: edgefence send [flags] DEVICE KIND [JSON-BODY]
+       edgefence send [flags] --devices LIST|GLOB | --selector SEL KIND [JSON-BODY]
 
 Issue one command via the running agent and print the device's verdict, one
 line: VERDICT DEVICE token T seq S id ID, then what the device said. With
@@ -43,28 +44,26 @@ func cmdSend(args []string, stdout, stderr io.Writer) error {
 	sock := socketFlags(fs)
 	timeout := fs.Duration("timeout", 30*time.Second, "give up after this long")
 	noWait := fs.Bool("no-wait", false, "return once the command is stored in the agent's outbox (exit 4), without waiting for the device's verdict")
-	asJSON := fs.Bool("json", false, "print the agent's answer as JSON")
+	asJSON := fs.Bool("json", false, "print the agent's answer as JSON (a fan-out: its NDJSON lines)")
+	fan := registerFanoutFlags(fs)
 	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), sendUsage+"\n\n")
+		fmt.Fprint(fs.Output(), sendUsage+"\n"+fanoutUsage+"\n\n")
 		fs.PrintDefaults()
 	}
 	if err := parseFlags(fs, args, -1); err != nil {
 		return err
 	}
-	if fs.NArg() < 2 || fs.NArg() > 3 {
+	first := 1 // the KIND argument's index
+	if fan.set() {
+		first = 0
+	}
+	if fs.NArg() < first+1 || fs.NArg() > first+2 || *fan.devices != "" && *fan.selector != "" {
 		fs.Usage()
 		return exitError{exitUsage}
 	}
-	var body json.RawMessage
-	if fs.NArg() == 3 {
-		body = json.RawMessage(fs.Arg(2))
-		if !json.Valid(body) {
-			return fmt.Errorf("body is not valid JSON: %s", fs.Arg(2))
-		}
-		// What the agent would refuse, refused here: it uses up no seq.
-		if _, err := agent.JSONToBody(body); err != nil {
-			return err
-		}
+	body, err := sendBody(fs.Args()[first+1:])
+	if err != nil {
+		return err
 	}
 	path, err := sock()
 	if err != nil {
@@ -73,6 +72,10 @@ func cmdSend(args []string, stdout, stderr io.Writer) error {
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
 	api := agent.NewAPIClient(path)
+	if fan.set() {
+		req := agent.FanoutRequest{Selection: fan.selection(), Kind: fs.Arg(0), Body: body, NoWait: *noWait}
+		return runFanout(ctx, api, req, *asJSON, stdout, stderr)
+	}
 	send := api.Send
 	if *noWait {
 		send = api.Enqueue
@@ -112,6 +115,24 @@ func cmdSend(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stderr, "edgefence:", err)
 	}
 	return exitError{exitFailure}
+}
+
+// sendBody checks send's JSON-BODY argument (args: none or it) as the
+// agent would, so that what it would refuse is refused here: it uses up
+// no seq.
+func sendBody(args []string) (json.RawMessage, error) {
+	if len(args) == 0 {
+		return nil, nil
+	}
+	arg := args[0]
+	body := json.RawMessage(arg)
+	if !json.Valid(body) {
+		return nil, fmt.Errorf("body is not valid JSON: %s", arg)
+	}
+	if _, err := agent.JSONToBody(body); err != nil {
+		return nil, err
+	}
+	return body, nil
 }
 
 // printSendResult prints send's answer for people: one line with the

@@ -40,21 +40,9 @@ func TestSendVerdictsAndBodies(t *testing.T) {
 	// under the agent's own token, as the agent's own resend after a lost
 	// ack would have: the agent's next commands, seq 3 and 4, are
 	// duplicates — already applied, not applied again.
-	other, err := mqtt.NewCommander(t.Context(), mqtt.Config{Brokers: []string{e.world.Broker.URL()}, ClientID: "gw-1-resend",
-		CleanStart: true, SessionExpiry: -1}, e.fleet.Topics(), []string{"dev-1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		other.Close(ctx)
-	})
+	other := e.commander("gw-1-resend", "dev-1")
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	if err := other.Client().AwaitSubscribed(ctx); err != nil {
-		t.Fatal(err)
-	}
 	applyFirst := func(seq uint64, setpoint float64) {
 		t.Helper()
 		body, err := fence.EncodeBody(map[string]any{"setpoint": setpoint})
@@ -133,4 +121,27 @@ func TestSendVerdictsAndBodies(t *testing.T) {
 			t.Errorf("send's help still describes --json as the only format\n%s", r)
 		}
 	})
+}
+
+// commander returns an MQTT commander of devs, besides the agents (a
+// resend, another holder), subscribed, closed when the test ends.
+func (e *env) commander(clientID string, devs ...string) *mqtt.Commander {
+	t := e.t
+	t.Helper()
+	c, err := mqtt.NewCommander(t.Context(), mqtt.Config{Brokers: []string{e.world.Broker.URL()}, ClientID: clientID,
+		CleanStart: true, SessionExpiry: -1}, e.fleet.Topics(), devs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		c.Close(ctx)
+	})
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if err := c.Client().AwaitSubscribed(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return c
 }

@@ -32,6 +32,23 @@ func TestCFuzzProcess(t *testing.T) {
 	runCFuzzer(t, bin, fuzzRuns)
 }
 
+// trustFuzzRuns bounds TestCFuzzTrust in `make test`: the seeds (about
+// 600, each valid update's signatures verified) and mutations, ~5 s.
+const trustFuzzRuns = 20000
+
+// TestCFuzzTrust builds the libFuzzer target fuzz/fuzz_trust.c (efsdev's
+// trust.c: trust updates against the vectors' root, certificates,
+// revocation lists, statements; its invariants checked inside it), seeded
+// from testdata/trust_vectors.h (Go-made statements), and runs it as
+// TestCFuzzProcess does (EFS_FUZZTIME: `make fuzz`).
+func TestCFuzzTrust(t *testing.T) {
+	var err error
+	if _, err = os.Stat("/usr/include/mbedtls/ecdsa.h"); err != nil {
+		err = fmt.Errorf("no mbedTLS headers (libmbedtls-dev)")
+	}
+	runCFuzzer(t, buildCFuzzer(t, "fuzz/fuzz_trust.c", err, "-lmbedcrypto"), trustFuzzRuns)
+}
+
 // buildCFuzzer builds the libFuzzer target src with the library (clang,
 // -fsanitize=fuzzer,address,undefined, then libs) into a temporary
 // directory of its own and returns its path. Without clang and libFuzzer,

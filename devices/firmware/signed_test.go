@@ -36,7 +36,8 @@ var vkeys = func() []vkey {
 		}
 		return vkey{kid, k, known, devs}
 	}
-	return []vkey{mk("gw-a", 0x0a, true), mk("gw-b", 0x0b, true, "dev-b"), mk("gw-x", 0x0c, false)}
+	return []vkey{mk("gw-a", 0x0a, true), mk("gw-b", 0x0b, true, "dev-b"), mk("gw-x", 0x0c, false),
+		mk("operator", 0x0d, false)} // the operator's root: signs resets, never commands
 }()
 
 func findKey(kid string) *vkey {
@@ -214,17 +215,25 @@ func signedCorpus(dev string) []decodeCase {
 		b[bit/8] ^= 1 << (bit % 8)
 		cs = append(cs, decodeCase{fmt.Sprintf("bit %d flipped", bit), b})
 	}
-	for n := 0; n < len(good); n += 3 {
+	cs = append(cs, damaged(good, 3, 7, 60)...)
+	return sortedCases(cs)
+}
+
+// damaged is good truncated every step bytes, then count copies of it with
+// one byte set at random (seeded with seed: the same cases every time).
+func damaged(good []byte, step int, seed uint64, count int) []decodeCase {
+	var cs []decodeCase
+	for n := 0; n < len(good); n += step {
 		cs = append(cs, decodeCase{fmt.Sprintf("truncated to %d", n), good[:n]})
 	}
-	r := rand.New(rand.NewPCG(16, 7))
-	for i := 0; i < 60; i++ {
+	r := rand.New(rand.NewPCG(16, seed))
+	for i := 0; i < count; i++ {
 		b := bytes.Clone(good)
 		p := r.IntN(len(b))
 		b[p] = byte(r.IntN(256))
 		cs = append(cs, decodeCase{fmt.Sprintf("byte %d set to %02x", p, b[p]), b})
 	}
-	return sortedCases(cs)
+	return cs
 }
 
 // sortedCases orders cases by name (the corpus is built from maps).

@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/edgefence/edgefence/internal/hrtimer"
 	"github.com/edgefence/edgefence/transport/modbus"
 )
 
@@ -62,7 +63,11 @@ func (s *Slave) ServeRTU(ctx context.Context, port Port) error {
 	stop := context.AfterFunc(ctx, func() { _ = port.SetReadDeadline(time.Unix(1, 0)) })
 	defer port.SetReadDeadline(time.Time{})
 	defer stop()
-	r := &rtuServer{s: s, port: port, log: s.logger(), t35: t.T35, silence: max(t.T35, MinSilence)}
+	r := &rtuServer{s: s, port: port, log: s.logger(), t35: t.T35, silence: max(t.T35, MinSilence), hr: hrtimer.New()}
+	defer r.hr.Close()
+	if r.hr.Err != nil {
+		r.log.Warn("modbus slave: turnarounds timed by Go's timers, up to 1 ms late", "err", r.hr.Err)
+	}
 	return r.run(ctx)
 }
 
@@ -97,9 +102,11 @@ type rtuServer struct {
 	port         Port
 	log          *slog.Logger
 	t35, silence time.Duration
+	hr           *hrtimer.Timer // times the turnaround: t3.5 to the byte
 
-	pending []byte // bytes heard, not yet a whole frame
-	resync  bool   // a bad frame was dropped: looking for the next good one
+	pending []byte    // bytes heard, not yet a whole frame
+	heard   time.Time // when the last read returned: the end of a frame it completes
+	resync  bool      // a bad frame was dropped: looking for the next good one
 }
 
 func (r *rtuServer) run(ctx context.Context) error {
@@ -116,12 +123,13 @@ func (r *rtuServer) run(ctx context.Context) error {
 			return nil
 		}
 		n, err := r.port.Read(buf)
+		r.heard = time.Now()
 		if ctx.Err() != nil {
 			return nil
 		}
 		if n > 0 {
 			r.pending = append(r.pending, buf[:n]...)
-			r.frames()
+			r.frames(ctx)
 		}
 		switch {
 		case errors.Is(err, os.ErrDeadlineExceeded) && r.pendingInput():
@@ -158,7 +166,7 @@ func (r *rtuServer) pendingInput() bool {
 // for the next whole frame with a good CRC at any offset (an unfinished
 // one at an early offset, perhaps a bogus length, must not hold back a
 // good one behind it), and keeps at most a frame's worth meanwhile.
-func (r *rtuServer) frames() {
+func (r *rtuServer) frames(ctx context.Context) {
 	b := r.pending
 	for len(b) > 0 {
 		if r.resync {
@@ -178,7 +186,7 @@ func (r *rtuServer) frames() {
 		if frame == nil {
 			break
 		}
-		r.serve(frame)
+		r.serve(ctx, frame)
 		b = rest
 	}
 	r.pending = r.pending[:copy(r.pending, b)]
@@ -238,8 +246,8 @@ func rtuRequestSize(b []byte) int {
 	}
 }
 
-// serve answers one frame with a good CRC.
-func (r *rtuServer) serve(frame []byte) {
+// serve answers one frame with a good CRC, t3.5 after it was heard.
+func (r *rtuServer) serve(ctx context.Context, frame []byte) {
 	unit, pdu := frame[0], frame[1:len(frame)-2]
 	d := r.s.Units[unit]
 	switch {
@@ -259,7 +267,9 @@ func (r *rtuServer) serve(frame []byte) {
 		r.log.Error("modbus slave: answer not encodable", "unit", unit, "err", err)
 		return
 	}
-	time.Sleep(r.t35)
+	if err := r.hr.Until(ctx, r.heard.Add(r.t35)); err != nil {
+		return // ctx ended: ServeRTU returns
+	}
 	if _, err := r.port.Write(out); err != nil {
 		r.log.Debug("modbus slave: answer not written", "unit", unit, "err", err)
 	}

@@ -2,12 +2,14 @@ package legacy
 
 import (
 	"bytes"
+	"context"
 	"io"
 	"log/slog"
 	"slices"
 	"testing"
 	"time"
 
+	"github.com/edgefence/edgefence/internal/hrtimer"
 	"github.com/edgefence/edgefence/transport/modbus"
 )
 
@@ -27,10 +29,11 @@ func (recPort) SetReadDeadline(time.Time) error { return nil }
 // and the server, for its leftovers and counters.
 func feed(chunks ...[]byte) ([][]byte, *rtuServer) {
 	var out [][]byte
-	r := &rtuServer{s: &Slave{Units: Units{1: NewRegisters("u1", 8, nil)}}, port: recPort{&out}, log: slog.New(slog.DiscardHandler)}
+	r := &rtuServer{s: &Slave{Units: Units{1: NewRegisters("u1", 8, nil)}}, port: recPort{&out}, log: slog.New(slog.DiscardHandler), hr: hrtimer.New()}
+	defer r.hr.Close()
 	for _, c := range chunks {
 		r.pending = append(r.pending, c...)
-		r.frames()
+		r.frames(context.Background())
 	}
 	return out, r
 }

@@ -327,6 +327,10 @@ func TestCDeviceTrustFlags(t *testing.T) {
 	}{
 		{"root without kid", []string{"--trust-root", r.kit.RootPub()}, "go together"},
 		{"device keys without root", []string{"--device-keys", devKeys}, "need them"},
+		{"reset root without kid", []string{"--reset-root", r.kit.RootPub()}, "go together"},
+		{"device keys with only a reset root", []string{"--reset-root", r.kit.RootPub(), "--trust-root-kid", "operator",
+			"--device-keys", devKeys}, "need them"},
+		{"reset root not a key", []string{"--reset-root", bogus, "--trust-root-kid", "operator"}, "--reset-root"},
 		{"root not a key", []string{"--trust-root", bogus, "--trust-root-kid", "operator"}, "--trust-root"},
 		{"certificate not the root's", []string{"--trust-root", r.gw.KeyFile[:len(r.gw.KeyFile)-4] + ".pub", "--trust-root-kid", "operator",
 			"--certs", r.gw.Certificate}, "--certs"},
@@ -374,4 +378,62 @@ func BenchmarkSignedRoundTrip(b *testing.B) {
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "commands/s")
 		})
 	}
+}
+
+// TestCDeviceSignedReset: efsdev signed (--trust-root, --device-keys) takes
+// the operator's reset through the library (efs_handle) with the root of
+// its trust: the ack is signed by the device's key, passes auth.VerifyAck
+// and is bound to the reset (its id, token and seq); the mark goes down to
+// the reset's and the next command above it is accepted; the same reset
+// replayed, before and after a kill -9, is refused (its counter is on
+// flash), and so is a reset signed by the gateway's key.
+func TestCDeviceSignedReset(t *testing.T) {
+	r := newSignedRig(t)
+	p, logPath := r.start(t, 0)
+	cert, err := os.ReadFile(r.gw.Certificate)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.update(t, cert)
+	wantVerdict(t, "before the reset", r.send(t, r.sign, envelope(t, 9, 1, 22)), fence.Accepted, "", fence.Mark{Token: 9, Seq: 1})
+	r.awaitState(t)
+	reset := auth.Reset{Device: signedDev, Token: 3, Seq: 1, Counter: 1, ID: auth.NewResetID()}
+	raw, err := r.kit.root.Reset(reset)
+	if err != nil {
+		t.Fatal(err)
+	}
+	asEnv := &fence.Envelope{Device: signedDev, ID: reset.ID, Token: reset.Token, Seq: reset.Seq}
+	deliver := func(what string, v fence.Verdict, reason string, m fence.Mark) {
+		t.Helper()
+		r.publish(t, raw)
+		wantVerdict(t, what, r.awaitAck(t, asEnv), v, reason, m)
+	}
+	deliver("the reset", fence.Accepted, "fence reset to 3/1", fence.Mark{Token: 3, Seq: 1})
+	deliver("replayed", fence.Invalid, "replay", fence.Mark{Token: 3, Seq: 1})
+	wantVerdict(t, "above the reset", r.send(t, r.sign, envelope(t, 4, 1, 23)), fence.Accepted, "", fence.Mark{Token: 4, Seq: 1})
+	r.awaitState(t)
+	if err := p.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	checkSanitizerClean(t, logPath)
+	p, logPath = r.start(t, 1)
+	deliver("replayed after a kill -9", fence.Invalid, "replay", fence.Mark{Token: 4, Seq: 1})
+	gk, err := auth.ReadKey(r.gw.KeyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	notRoot, err := auth.NewRoot([]byte(r.gw.KeyID), gk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reset.Counter, reset.ID = 2, auth.NewResetID()
+	if raw, err = notRoot.Reset(reset); err != nil {
+		t.Fatal(err)
+	}
+	asEnv.ID = reset.ID
+	deliver("signed by the gateway's key", fence.Invalid, "not the operator root", fence.Mark{Token: 4, Seq: 1})
+	if err := p.Stop(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	checkSanitizerClean(t, logPath)
 }

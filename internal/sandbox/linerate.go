@@ -22,6 +22,28 @@ type LineRate struct {
 	Elapsed            time.Duration
 	// Limit is the least time a transaction takes on this line (RTULimit).
 	Limit time.Duration
+	// CPU is this process's CPU time (user + system) over the measured
+	// transactions: the bus, the line simulator and the slave when they
+	// run in it, and whatever else the process runs meanwhile.
+	CPU time.Duration
+}
+
+// CPUPerTx is the process's mean CPU time a transaction.
+func (r LineRate) CPUPerTx() time.Duration {
+	if r.N == 0 {
+		return 0
+	}
+	return r.CPU / time.Duration(r.N)
+}
+
+// ProcessCPU is this process's CPU time so far (user + system); 0 if the
+// system cannot tell.
+func ProcessCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // PerTx is the mean time of a transaction.
@@ -82,7 +104,7 @@ func (l *RS485) MeasureLineRate(ctx context.Context, bus *modbus.Bus, unit byte,
 			return r, fmt.Errorf("sandbox: line rate warm-up: %w", err)
 		}
 	}
-	start := time.Now()
+	start, cpu := time.Now(), ProcessCPU()
 	for range n {
 		if _, err := bus.Transact(ctx, unit, q); err != nil {
 			if r.Errors++; ctx.Err() != nil || r.Errors > n/10 {
@@ -91,7 +113,7 @@ func (l *RS485) MeasureLineRate(ctx context.Context, bus *modbus.Bus, unit byte,
 		}
 		r.N++
 	}
-	r.Elapsed = time.Since(start)
+	r.Elapsed, r.CPU = time.Since(start), ProcessCPU()-cpu
 	return r, nil
 }
 

@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -12,6 +13,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/edgefence/edgefence/internal/hrtimer"
 )
 
 // RS485Config configures an RS485 line. Baud, Drops and Dir are required;
@@ -86,8 +89,11 @@ func (s RS485Stats) Corrupted() uint64 { return s.Flipped + s.Collided }
 // one character time (1 start + data + parity + stop bits, at Baud), so a
 // frame of n bytes reaches the other ends n character times after it was
 // written, and each byte arrives at the end of its character, never
-// earlier (in batches of about a millisecond, Go's timer granularity). An
-// end does not hear itself. Two ends transmitting in the same character
+// earlier: the last byte of a burst on time (an hrtimer.Timer paces the
+// line, to some 0.1 ms on a quiet machine), the bytes before it in batches
+// of about RS485Batch, as a UART's FIFO or a USB adapter hands them over
+// (waking for every byte would cost each reader a wake-up a character).
+// An end does not hear itself. Two ends transmitting in the same character
 // slot collide: every listener gets a byte differing from each one sent.
 // Frames are bursts separated by at least 3.5 character times of silence,
 // or by a change of transmitter.
@@ -110,7 +116,8 @@ type RS485 struct {
 	mask byte          // the data bits
 
 	kick      chan struct{} // an end queued bytes
-	stop      chan struct{}
+	stop      context.CancelFunc
+	hr        *hrtimer.Timer // the line goroutine's: the ends of slots
 	wg        sync.WaitGroup
 	closeOnce sync.Once
 
@@ -155,6 +162,10 @@ type rsFrame struct {
 
 const collided = -1
 
+// RS485Batch is how far apart the line delivers the bytes of a burst
+// before its last, which comes at the end of its character.
+const RS485Batch = 500 * time.Microsecond
+
 // NewRS485 opens the line's ptys, links their paths in cfg.Dir and runs the
 // line until Close. A bad config gives an error wrapping ErrLineConfig.
 func NewRS485(cfg RS485Config) (*RS485, error) {
@@ -179,7 +190,8 @@ func NewRS485(cfg RS485Config) (*RS485, error) {
 		t35:    char * 7 / 2,
 		mask:   byte(1<<cfg.DataBits - 1),
 		kick:   make(chan struct{}, 1),
-		stop:   make(chan struct{}),
+		stop:   func() {},
+		hr:     hrtimer.New(),
 		out:    make([][]byte, 1+cfg.Drops),
 		outF:   make([]*os.File, 1+cfg.Drops),
 		rng:    rand.New(rand.NewPCG(seed, ^seed)),
@@ -201,8 +213,10 @@ func NewRS485(cfg RS485Config) (*RS485, error) {
 		l.wg.Add(1)
 		go l.read(i, e.f)
 	}
+	ctx, stop := context.WithCancel(context.Background())
+	l.stop = stop
 	l.wg.Add(1)
-	go l.run()
+	go l.run(ctx)
 	return l, nil
 }
 
@@ -403,32 +417,41 @@ func (l *RS485) queue(i int, f *os.File, b []byte) {
 }
 
 // run is the line: it puts queued bytes on it one character slot at a
-// time and delivers each at the end of its slot.
-func (l *RS485) run() {
+// time and delivers each at the end of its slot or later: the bytes of a
+// burst in batches RS485Batch apart, its last at the end of its slot. Bytes
+// queued during a wait are placed in their slots by the time they were
+// written, when the line wakes.
+func (l *RS485) run(ctx context.Context) {
 	defer l.wg.Done()
-	timer := time.NewTimer(time.Hour)
-	defer timer.Stop()
 	for {
-		next := l.step(time.Now())
+		next, last := l.step(time.Now())
 		l.deliver()
-		var wake <-chan time.Time
-		if !next.IsZero() {
-			timer.Reset(time.Until(next))
-			wake = timer.C
+		if next.IsZero() {
+			select {
+			case <-ctx.Done():
+				return
+			case <-l.kick:
+			}
+			continue
 		}
-		select {
-		case <-l.stop:
-			return
-		case <-l.kick:
-		case <-wake:
+		wake := time.Now().Add(RS485Batch)
+		if wake.Before(next) {
+			wake = next
+		}
+		if last.Before(wake) {
+			wake = last
+		}
+		if l.hr.Until(ctx, wake) != nil {
+			return // Close
 		}
 	}
 }
 
 // step runs every character slot that ended by now, collecting what each
-// end hears in l.out, and returns when the next slot ends (zero if no end
+// end hears in l.out, and returns when the next slot ends and when the
+// burst queued now would end, its characters back to back (zeros if no end
 // has anything to send).
-func (l *RS485) step(now time.Time) time.Time {
+func (l *RS485) step(now time.Time) (next, last time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for i, e := range l.ends {
@@ -438,15 +461,32 @@ func (l *RS485) step(now time.Time) time.Time {
 	for {
 		start, ok := l.nextSlot()
 		if !ok {
-			return time.Time{}
+			return time.Time{}, time.Time{}
 		}
 		end := start.Add(l.char)
 		if end.After(now) {
-			return end
+			return end, start.Add(time.Duration(l.queuedBy(start)) * l.char)
 		}
 		l.slot(start)
 		l.lineFree = end
 	}
+}
+
+// queuedBy is the most bytes an end has queued whose first was written by
+// start: the length of the burst that starts then.
+func (l *RS485) queuedBy(start time.Time) int {
+	most := 0
+	for _, e := range l.ends {
+		if len(e.q) == 0 || e.q[0].at.After(start) {
+			continue
+		}
+		n := 0
+		for _, c := range e.q {
+			n += len(c.b)
+		}
+		most = max(most, n)
+	}
+	return most
 }
 
 // nextSlot returns when the next character can start: when the line is
@@ -646,11 +686,12 @@ func (l *RS485) Close() error {
 			}
 		}
 		l.mu.Unlock()
-		close(l.stop)
+		l.stop()
 		for _, f := range masters {
 			f.Close() // its reader returns
 		}
 		l.wg.Wait()
+		l.hr.Close()
 		for _, f := range slaves {
 			f.Close()
 		}

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/edgefence/edgefence/internal/hrtimer"
 	"github.com/edgefence/edgefence/transport/serial"
 )
 
@@ -21,8 +22,11 @@ import (
 // request and the function code that comes back (an exception is 5 bytes),
 // never by timing. Silence is kept before each request: no byte for t3.5
 // (TimingFor the baud rate), which also drains the rest of a bad frame.
+// The silence is waited on an hrtimer.Timer: Go's timers wake up to a
+// millisecond late, as long as t3.5 itself above 19,200 baud.
 type rtuLine struct {
 	conn    *serial.Conn
+	hr      *hrtimer.Timer // the bus goroutine's
 	timing  RTUTiming
 	timeout time.Duration
 	log     *slog.Logger
@@ -63,8 +67,11 @@ func openRTU(port serial.PortConfig, timeout time.Duration, log *slog.Logger, st
 	if conn == nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, openErr)
 	}
-	l := &rtuLine{conn: conn, timing: timing, timeout: timeout, log: log, st: st,
+	l := &rtuLine{conn: conn, hr: hrtimer.New(), timing: timing, timeout: timeout, log: log, st: st,
 		rx: make(chan chunk, 64), stop: make(chan struct{}), drainQuiet: drainQuiet}
+	if l.hr.Err != nil {
+		log.Warn("modbus RTU: silences timed by Go's timers, up to 1 ms late", "err", l.hr.Err)
+	}
 	l.wg.Add(1)
 	go l.read()
 	return l, openErr
@@ -99,7 +106,7 @@ func (l *rtuLine) close() error {
 	close(l.stop)
 	err := l.conn.Close()
 	l.wg.Wait()
-	return err
+	return errors.Join(err, l.hr.Close())
 }
 
 func (l *rtuLine) transact(ctx context.Context, unit byte, q *Request, pdu []byte) ([]byte, time.Duration, error) {
@@ -133,7 +140,9 @@ func (l *rtuLine) transact(ctx context.Context, unit byte, q *Request, pdu []byt
 // quiet waits until the line has been silent for t3.5 (drainQuiet after
 // a bad answer), dropping whatever arrives meanwhile (the rest of a bad
 // frame, a late answer). It reports whether it had to wait, and fails if
-// ctx ends or the line is not quiet within the timeout.
+// ctx ends or the line is not quiet within the timeout. Bytes arriving
+// during a wait carry their arrival time: after it the silence is counted
+// again from the last of them.
 func (l *rtuLine) quiet(ctx context.Context) (bool, error) {
 	silence := l.timing.T35
 	if l.dirty {
@@ -142,11 +151,13 @@ func (l *rtuLine) quiet(ctx context.Context) (bool, error) {
 	limit := time.Now().Add(l.timeout + silence)
 	waited, dropped := false, 0
 	for {
-		select {
-		case c := <-l.rx:
-			l.last, dropped, waited = c.at, dropped+len(c.b), true
-			continue
-		default:
+		for heard := true; heard; {
+			select {
+			case c := <-l.rx:
+				l.last, dropped, waited = c.at, dropped+len(c.b), true
+			default:
+				heard = false
+			}
 		}
 		wait := time.Until(l.last.Add(silence))
 		if wait <= 0 {
@@ -160,16 +171,9 @@ func (l *rtuLine) quiet(ctx context.Context) (bool, error) {
 			return waited, fmt.Errorf("line not quiet for %v within %v (%d bytes dropped)", silence, l.timeout, dropped)
 		}
 		waited = true
-		t := time.NewTimer(wait)
-		select {
-		case c := <-l.rx:
-			l.last, dropped = c.at, dropped+len(c.b)
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return waited, ctx.Err()
+		if err := l.hr.Wait(ctx, wait); err != nil {
+			return waited, err
 		}
-		t.Stop()
 	}
 }
 

@@ -42,9 +42,10 @@
 #define EFS_MAX_ARRAY_ELEMS 1024u
 #define EFS_MAX_MAP_PAIRS 256u
 
-/* A flash slot holds one mark record: at most this many bytes. */
+/* A flash slot holds one mark record (and, once a reset was applied, the
+ * reset counter): at most this many bytes. */
 #define EFS_MARK_RECORD_MAX (31u + EFS_MAX_HOLDER_LEN + EFS_MAX_ID_LEN)
-#define EFS_MARK_SLOT_MAX (10u + EFS_MARK_RECORD_MAX)
+#define EFS_MARK_SLOT_MAX (19u + EFS_MARK_RECORD_MAX)
 
 /* Verdicts, numbered as fence.Verdict. */
 typedef enum {
@@ -94,7 +95,11 @@ typedef enum {
 	EFS_E_NOT_AUTHORISED, /* signed by a key not authorised for this device */
 	EFS_E_BAD_SIGNATURE, /* the signature does not verify */
 	EFS_E_BUFFER,        /* output buffer too small */
-	EFS_E_ACK            /* an ack field out of range */
+	EFS_E_ACK,           /* an ack field out of range */
+	EFS_E_RESET,         /* a reset statement that is not the one fence/auth writes */
+	EFS_E_NO_ROOT,       /* a reset, but the port has no operator root to check it */
+	EFS_E_RESET_DEVICE,  /* a reset naming another device than the addressed one */
+	EFS_E_RESET_REPLAY   /* a reset whose counter is not above the last applied one's */
 } efs_err;
 
 const char *efs_strerror(efs_err e);
@@ -195,6 +200,7 @@ typedef struct {
 	uint32_t gen;    /* generation of the newest valid slot; 0: none */
 	int8_t cur;      /* sector holding it, -1: none */
 	uint8_t corrupt; /* no valid record but a damaged one: refuse everything */
+	uint64_t reset_counter; /* the last operator reset's counter; 0: none */
 } efs_ctx;
 
 /* efs_open reads the mark from flash. A sector whose write was torn before
@@ -214,6 +220,7 @@ typedef struct {
 	efs_err err;          /* why, for EFS_INVALID */
 	int apply;            /* 1: the mark is on flash; make the command take effect now */
 	int decoded;          /* env is valid (also for some Invalid verdicts) */
+	int reset;            /* the message was an operator's reset (below), not a command: nothing to apply */
 	efs_envelope env;
 	efs_mark mark;        /* the mark after the decision (the ack's) */
 	efs_bytes device;     /* the ack's device: the addressed one if valid, else empty */
@@ -231,5 +238,47 @@ void efs_process(efs_ctx *c, const uint8_t *device, size_t device_len, const uin
 
 /* efs_result_ack fills the ack for r (what devices/shim sends). */
 void efs_result_ack(const efs_result *r, efs_ack *a);
+
+/* The operator's authorised fence reset (fence/auth's reset statement): a
+ * COSE_Sign1 by the operator's root key (ES256, protected alg, kid and
+ * content type EFS_RESET_CONTENT), payload the map {1: device, 2: token,
+ * 3: seq, 4: counter, 5: "reset:..." id, 6: issued}. efs_handle answers
+ * one (efs_is_reset) in place of a command: checked with port.sha256 and
+ * port.verify_root, the device and the counter (above the last reset's),
+ * then the reset's mark and counter are written in one flash record
+ * before it returns Accepted (r.reset set, r.apply 0, the ack
+ * devices/shim's: id, token and seq the reset's, reason "fence reset to
+ * T/S"). A refusal is Invalid with the mark unchanged. The mark may go
+ * down: that is the point (a forgery raised it).
+ *
+ * efs_handle is devices/shim's Process: a reset (efs_is_reset) answered
+ * as above, anything else efs_process'd. efs_process alone refuses a reset
+ * as a command (Invalid), and a firmware that calls only efs_process does
+ * not link the reset's code (about 2 KiB on Cortex-M3). */
+#define EFS_RESET_CONTENT "application/edgefence-reset+cbor"
+#define EFS_MAX_RESET_SIZE 1024u
+
+typedef struct {
+	efs_bytes device;
+	uint64_t token, seq, counter;
+	efs_bytes id; /* "reset:" and up to 58 of [A-Za-z0-9._-] */
+	int64_t issued;
+} efs_reset;
+
+void efs_handle(efs_ctx *c, const uint8_t *device, size_t device_len, const uint8_t *buf, size_t n, efs_result *r);
+
+/* efs_is_reset reports whether raw is a reset statement (its protected
+ * content type is EFS_RESET_CONTENT), as auth.IsReset. */
+int efs_is_reset(const uint8_t *raw, size_t n);
+
+/* efs_decode_reset is auth.PeekReset: the structure and the payload,
+ * without the signature or the fields' rules. Never act on it. */
+efs_err efs_decode_reset(const uint8_t *raw, size_t n, efs_signed *s, efs_reset *rs);
+
+/* efs_verify_reset is auth's VerifyReset: efs_decode_reset, the root's
+ * signature (port.verify_root), the fields (Reset.Validate) and the
+ * device. */
+efs_err efs_verify_reset(const efs_port *port, const uint8_t *raw, size_t n, const uint8_t *device, size_t device_len,
+	efs_reset *rs);
 
 #endif

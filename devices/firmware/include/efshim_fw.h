@@ -39,8 +39,8 @@
  *
  * Resources: no heap, no globals; efs_fw is the caller's (480 bytes on
  * Cortex-M). Stack, measured on Cortex-M3/M4 (-Os, the port's frames
- * included): 1,724 bytes for efs_fw_process (the record's encoding and a
- * copy of the job on top of efs_process's frames), 1,764 for efs_fw_open,
+ * included): 1,732 bytes for efs_fw_process (the record's encoding and a
+ * copy of the job on top of efs_process's frames), 1,772 for efs_fw_open,
  * 1,620 for efs_fw_boot. Reentrancy: as efshim.h, one efs_fw per device,
  * calls serialised by the caller.
  */

@@ -9,6 +9,7 @@
  *          --mqtt-password-file F)] [--history FILE [--history-source SRC]]
  *          [--trust-root PUB --trust-root-kid KID [--certs F,F...]
  *           [--revocations F] [--device-keys DIR]]
+ *          [--reset-root PUB --trust-root-kid KID]
  *
  * Topics, QoS and payloads are devsim's (devices/sim.Fleet): commands at
  * QoS 1 on <prefix>/dev/<id>/cmd (MQTT v5, a persistent session), acks
@@ -28,6 +29,12 @@
  * revocation lists (kept in <dir>/trust.cbor, no ack). With --device-keys
  * (<id>.key, <id>.cert: edgefence keys enrol) acks and state reports are
  * signed by the device's key (fence/auth's VerifyAck and VerifyState).
+ *
+ * The operator's resets (edgefence fence reset) are checked against the
+ * root of --trust-root, or of --reset-root while commands stay plain (as
+ * devsim's flags); the library writes the mark and the reset counter in one
+ * flash record before the ack says accepted. Without either every reset is
+ * refused.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -65,7 +72,7 @@ typedef struct {
 
 typedef struct {
 	const char *broker, *prefix, *dir, *log, *client_id, *user, *pass_file, *devices, *history, *history_source;
-	const char *trust_root, *trust_root_kid, *certs, *revocations, *device_keys;
+	const char *trust_root, *trust_root_kid, *certs, *revocations, *device_keys, *reset_root;
 	const char *firmware, *fw_window, *fw_tries, *fw_security, *fw_max_image, *fw_status;
 } options;
 
@@ -77,6 +84,7 @@ static unsigned long counts[5];
 static volatile sig_atomic_t stopping;
 static efsdev_trust trust;     /* --trust-root: commands must be signed */
 static int trusted;
+static efsdev_trust reset_trust; /* --reset-root: resets, commands plain */
 static uint64_t report_counter; /* state reports: the start time in ns, +1 per report (as devsim) */
 static unsigned long trust_counts[3]; /* statements applied, held; updates refused */
 
@@ -119,6 +127,14 @@ static int sha256(void *user, const efs_bytes *parts, size_t n, uint8_t digest[3
 {
 	(void)user;
 	return efsdev_sha256(NULL, parts, n, digest);
+}
+
+/* verify_root checks a reset's signature with --reset-root's key, else
+ * --trust-root's. */
+static int verify_root(void *user, const uint8_t *kid, size_t kid_len, const uint8_t digest[32], const uint8_t sig[64])
+{
+	(void)user;
+	return efsdev_verify_root(reset_trust.root_loaded ? &reset_trust : &trust, kid, kid_len, digest, sig);
 }
 
 /* The verdict of the last signature checked, kept from take's verify to
@@ -498,12 +514,12 @@ static void handle(struct mosquitto *m, device *d, const struct mosquitto_messag
 	if (take(d, msg->payload, (size_t)msg->payloadlen, &accepting) != 0) {
 		return;
 	}
-	if (d->fw != NULL) {
+	if (d->fw != NULL) { /* resets are refused as commands: the job record's tag would roll the mark forward past one */
 		d->fw->accepted = 0;
 		efs_fw_process(&d->fw->fw, (const uint8_t *)d->id, strlen(d->id), msg->payload, (size_t)msg->payloadlen, &r);
 		accepting = accepting || d->fw->accepted; /* its accept is in the history already */
 	} else {
-		efs_process(&d->ctx, (const uint8_t *)d->id, strlen(d->id), msg->payload, (size_t)msg->payloadlen, &r);
+		efs_handle(&d->ctx, (const uint8_t *)d->id, strlen(d->id), msg->payload, (size_t)msg->payloadlen, &r);
 	}
 	last_verify.valid = 0;
 	if (r.verdict == EFS_ACCEPTED) {
@@ -520,7 +536,14 @@ static void handle(struct mosquitto *m, device *d, const struct mosquitto_messag
 		}
 	}
 	counts[r.verdict <= 4 ? r.verdict : 0]++;
-	record_decision(d, &r, accepting);
+	if (r.reset) { /* as devices/shim: logged, not a command's history event */
+		logf_("WARN", "msg=\"%s\" device=%s mark=%llu/%llu counter=%llu reason=\"%s\"",
+			r.verdict == EFS_ACCEPTED ? "fence reset by the operator" : "reset refused", d->id,
+			(unsigned long long)r.mark.token, (unsigned long long)r.mark.seq,
+			(unsigned long long)d->ctx.reset_counter, r.reason);
+	} else {
+		record_decision(d, &r, accepting);
+	}
 	log_verdict(d, &r);
 	efs_result_ack(&r, &ack);
 	if (efs_encode_ack(&ack, out, sizeof out, &len) != EFS_OK || (len = sign(d, content_ack, out, len)) == 0) {
@@ -657,6 +680,13 @@ static void fw_accepting(void *user, const efs_result *r)
 	history_event(d, "verdict", &r->env.id, r->env.token, r->env.seq, &r->env.kind, "accepted", NULL, &r->env);
 }
 
+/* fw_root is the root that signs image manifests, as devsim's: the trust's
+ * (--trust-root), else --reset-root's; NULL: manifests are only bounded. */
+static efsdev_trust *fw_root(void)
+{
+	return trusted ? &trust : reset_trust.root_loaded ? &reset_trust : NULL;
+}
+
 /* open_firmware opens the device's firmware job and boots it. */
 static int open_firmware(device *d, const char *dir)
 {
@@ -667,13 +697,13 @@ static int open_firmware(device *d, const char *dir)
 		d->fw->accept_user = d;
 	}
 	if (d->fw == NULL ||
-	    efsdev_fw_open(d->fw, dir, d->id, &d->ctx, &fw_opts, trusted ? &trust : NULL, check, &why) != 0) {
+	    efsdev_fw_open(d->fw, dir, d->id, &d->ctx, &fw_opts, fw_root(), check, &why) != 0) {
 		logf_("ERROR", "msg=\"firmware: open and boot\" device=%s err=\"%s\" errno=\"%s\"", d->id, why, strerror(errno));
 		return -1;
 	}
 	logf_("INFO", "msg=\"firmware booted\" device=%s slot=%s fw_state=%s boots=%llu firmware=\"%s\" manifests=%d", d->id,
 		d->fw->fw.boot.running == 0 ? "a" : "b", efs_fw_state_name((efs_fw_state)d->fw->fw.job.state),
-		(unsigned long long)d->fw->fw.boot.boots, d->fw->version, trusted);
+		(unsigned long long)d->fw->fw.boot.boots, d->fw->version, fw_root() != NULL);
 	return 0;
 }
 
@@ -700,6 +730,10 @@ static int open_device(device *d, const char *dir, const char *id, const char *k
 	if (trusted) {
 		d->port.sha256 = sha256;
 		d->port.verify = verify;
+	}
+	if (trusted || reset_trust.root_loaded) {
+		d->port.sha256 = sha256;
+		d->port.verify_root = verify_root;
 	}
 	snprintf(path, sizeof path, "%s/%s.state", dir, id);
 	if (efsdev_journal_open(&d->journal, path) != 0) {
@@ -759,6 +793,7 @@ static int usage(const char *msg)
 	fprintf(stderr, "efsdev: %s\nusage: efsdev --mqtt URL --devices ID[,ID...] --dir DIR [--prefix P] [--log FILE] "
 		"[--client-id ID] [--mqtt-user U] [--mqtt-password-file F] [--history FILE [--history-source SRC]] "
 		"[--trust-root PUB --trust-root-kid KID [--certs F,F...] [--revocations F] [--device-keys DIR]] "
+		"[--reset-root PUB --trust-root-kid KID] "
 		"[--firmware [--fw-window D] [--fw-tries N] [--fw-security N] [--fw-max-image BYTES]]\n", msg);
 	return 2;
 }
@@ -811,8 +846,9 @@ static int parse_args(int argc, char **argv, options *o)
 		{"--log", &o->log}, {"--client-id", &o->client_id}, {"--mqtt-user", &o->user},
 		{"--mqtt-password-file", &o->pass_file}, {"--history", &o->history}, {"--history-source", &o->history_source},
 		{"--trust-root", &o->trust_root}, {"--trust-root-kid", &o->trust_root_kid}, {"--certs", &o->certs},
-		{"--revocations", &o->revocations}, {"--device-keys", &o->device_keys}, {"--fw-window", &o->fw_window},
-		{"--fw-tries", &o->fw_tries}, {"--fw-security", &o->fw_security}, {"--fw-max-image", &o->fw_max_image},
+		{"--revocations", &o->revocations}, {"--device-keys", &o->device_keys}, {"--reset-root", &o->reset_root},
+		{"--fw-window", &o->fw_window}, {"--fw-tries", &o->fw_tries}, {"--fw-security", &o->fw_security},
+		{"--fw-max-image", &o->fw_max_image},
 	};
 	size_t k;
 	int i;
@@ -846,9 +882,9 @@ static int parse_args(int argc, char **argv, options *o)
 		return usage("--fw-window (e.g. 30s, 500ms), --fw-tries (1..255), --fw-security, --fw-max-image (1..2^32-1) "
 			"go with --firmware");
 	}
-	if ((o->trust_root == NULL) != (o->trust_root_kid == NULL) ||
+	if ((o->trust_root == NULL && o->reset_root == NULL) != (o->trust_root_kid == NULL) ||
 	    (o->trust_root == NULL && (o->certs != NULL || o->revocations != NULL || o->device_keys != NULL))) {
-		return usage("--trust-root and --trust-root-kid go together; --certs, --revocations and --device-keys need them");
+		return usage("--trust-root (or --reset-root) and --trust-root-kid go together; --certs, --revocations and --device-keys need them (--trust-root)");
 	}
 	return 0;
 }
@@ -942,6 +978,13 @@ static int open_all(options *o)
 	}
 	if (o->trust_root != NULL && open_trust(o) != 0) {
 		return 1;
+	}
+	if (o->reset_root != NULL) {
+		if (efsdev_trust_init(&reset_trust, o->reset_root, o->trust_root_kid, "") != 0) {
+			logf_("ERROR", "msg=\"--reset-root: want a P-256 public key (PKIX PEM) and a kid of 1 to 64 bytes\" path=%s", o->reset_root);
+			return 1;
+		}
+		logf_("INFO", "msg=\"resets: the operator root's\" root=%s", o->trust_root_kid);
 	}
 	if (strlen(o->devices) >= sizeof list) {
 		return usage("--devices: the list is too long");

@@ -125,6 +125,9 @@ typedef struct {
 /* efsdev_trust_init reads the root's public key (PKIX PEM); store is the
  * file the statements learned are kept in ("": none). */
 int efsdev_trust_init(efsdev_trust *t, const char *root_pub, const char *root_kid, const char *store);
+/* efsdev_trust_init_point is efsdev_trust_init with the root's point
+ * (0x04 || X || Y). */
+int efsdev_trust_init_point(efsdev_trust *t, const uint8_t root[65], const char *root_kid, const char *store);
 void efsdev_trust_free(efsdev_trust *t);
 /* efsdev_trust_file takes the statement in path (sequence 0), or every
  * statement of a store file (sequence 1), as trust updates not persisted. */
@@ -138,6 +141,8 @@ int efsdev_trust_update(efsdev_trust *t, const uint8_t *raw, size_t n, int persi
 int efsdev_sha256(void *user, const efs_bytes *parts, size_t n, uint8_t digest[32]);
 int efsdev_verify(void *user, const uint8_t *kid, size_t kid_len, const uint8_t *device, size_t device_len,
 	const uint8_t digest[32], const uint8_t sig[64]);
+/* efsdev_verify_root is port.verify_root with the trust's root (resets). */
+int efsdev_verify_root(void *user, const uint8_t *kid, size_t kid_len, const uint8_t digest[32], const uint8_t sig[64]);
 
 typedef struct {
 	int ready;
@@ -158,11 +163,6 @@ size_t efsdev_sign(efsdev_signer *s, const char *ctype, const uint8_t *payload, 
  * state} as fence/auth does (deterministic CBOR); its length, 0 if cap is short. */
 size_t efsdev_state_report(const char *device, efs_mark m, uint64_t counter, const uint8_t *state, size_t sn, uint8_t *out,
 	size_t cap);
-
-/* efsdev_root_verify is ES256 with the operator's root (user: the
- * efsdev_trust), 0 if sig verifies over digest: the firmware job's
- * port.root_verify, for image manifests. */
-int efsdev_root_verify(void *user, const uint8_t digest[32], const uint8_t sig[64]);
 
 /* Firmware mode (efsdev_fw.c, --firmware): the library's firmware job on
  * files in the device's directory: slot-a, slot-b, <id>.fwrec. */

@@ -216,7 +216,7 @@ static int rec_program(void *user, unsigned s, uint32_t off, const uint8_t *buf,
 static int root_verify(void *user, const uint8_t digest[32], const uint8_t sig[64])
 {
 	efsdev_fw_dev *f = user;
-	return efsdev_root_verify(f->root_user, digest, sig);
+	return efsdev_verify_root(f->root_user, f->port.root_kid, f->port.root_kid_len, digest, sig) == EFS_PORT_OK ? 0 : 1;
 }
 
 static void accepting(void *user, const efs_result *r)

@@ -112,37 +112,37 @@ static int integer(rd *r, int64_t *v)
 	return 0;
 }
 
-/* skip steps over one item (no tags, definite lengths, any nesting). */
-static int skip(rd *r)
+/* uinteger reads an unsigned integer (major 0), any width. */
+static int uinteger(rd *r, uint64_t *v)
 {
-	uint64_t todo = 1;
+	unsigned m;
 
-	while (todo > 0) {
-		unsigned m;
-		uint64_t a;
-		todo--;
-		if (head(r, &m, &a) != 0) {
+	return head(r, &m, v) == 0 && m == 0 ? 0 : -1;
+}
+
+/* The library's own checks (efs_cbor.c), the same rules as Go's. */
+int efs_utf8_valid(const uint8_t *p, size_t n);
+int efs_valid_device_id(const uint8_t *p, size_t n);
+
+/* strings checks an array of text (3: UTF-8) or byte (2) strings, at least
+ * one; its length in *count, the first one's in *first. */
+static int strings_of(rd *r, unsigned major, uint64_t *count, const uint8_t **first, size_t *first_n)
+{
+	unsigned m;
+	uint64_t k;
+
+	if (head(r, &m, count) != 0 || m != 4 || *count > 4096) {
+		return -1;
+	}
+	for (k = 0; k < *count; k++) {
+		const uint8_t *p;
+		size_t pn;
+		if (str(r, major, &p, &pn) != 0 || (major == 3 && !efs_utf8_valid(p, pn))) {
 			return -1;
 		}
-		switch (m) {
-		case 2:
-		case 3:
-			if (a > r->n - r->i) {
-				return -1;
-			}
-			r->i += (size_t)a;
-			break;
-		case 4:
-		case 5:
-			if (a > r->n || todo + a * (m == 5 ? 2 : 1) < todo) {
-				return -1;
-			}
-			todo += a * (m == 5 ? 2 : 1);
-			break;
-		case 6:
-			return -1;
-		default:
-			break;
+		if (k == 0) {
+			*first = p;
+			*first_n = pn;
 		}
 	}
 	return 0;
@@ -189,16 +189,18 @@ static int parse_protected(sign1 *s)
 static int parse_sign1(const uint8_t *raw, size_t n, sign1 *s)
 {
 	rd r = {raw, n, 0};
+	unsigned m;
+	uint64_t a;
 
 	memset(s, 0, sizeof *s);
 	if (n < 3 || raw[0] != 0xd2 || raw[1] != 0x84) {
 		return -1;
 	}
 	r.i = 2;
-	if (str(&r, 2, &s->prot, &s->prot_n) != 0 || r.i >= n || raw[r.i++] != 0xa0 ||
+	if (str(&r, 2, &s->prot, &s->prot_n) != 0 || head(&r, &m, &a) != 0 || m != 5 || a != 0 ||
 	    str(&r, 2, &s->payload, &s->payload_n) != 0 || str(&r, 2, &s->sig, &s->sig_n) != 0 || r.i != n ||
 	    s->sig_n != 64) {
-		return -1;
+		return -1; /* the unprotected header empty, in any head width (as go-cose) */
 	}
 	return parse_protected(s);
 }
@@ -347,6 +349,8 @@ static int parse_cert(const uint8_t *p, size_t n, efsdev_cert *c)
 	rd r = {p, n, 0};
 	unsigned m;
 	uint64_t pairs, k, seen = 0;
+	const uint8_t *dev = NULL;
+	size_t dev_n = 0;
 
 	memset(c, 0, sizeof *c);
 	if (head(&r, &m, &pairs) != 0 || m != 5 || pairs > 7) {
@@ -373,12 +377,13 @@ static int parse_cert(const uint8_t *p, size_t n, efsdev_cert *c)
 			break;
 		case 3:
 			c->devices_off = r.i;
-			if (head(&r, &m, &c->ndevices) != 0 || m != 4 || c->ndevices == 0) {
-				return -1;
+			if (strings_of(&r, 3, &c->ndevices, &dev, &dev_n) != 0 || c->ndevices == 0) {
+				return -1; /* []string: text only */
 			}
-			r.i = c->devices_off;
-			if (skip(&r) != 0) {
-				return -1;
+			break;
+		case 6:
+			if (uinteger(&r, &c->serial) != 0) {
+				return -1; /* uint64 */
 			}
 			break;
 		default:
@@ -389,14 +394,18 @@ static int parse_cert(const uint8_t *p, size_t n, efsdev_cert *c)
 				c->not_before = v;
 			} else if (label == 5) {
 				c->not_after = v;
-			} else if (label == 6) {
-				c->serial = (uint64_t)v;
 			} else {
 				c->role = v;
 			}
 		}
 	}
 	if ((seen & 0x7e) != 0x7e || c->not_after <= c->not_before || r.i != n) {
+		return -1;
+	}
+	/* Role.check: a gateway's (0), or a device's (1) naming exactly one
+	 * device, by its id */
+	if (c->role != 0 && (c->role != 1 || c->ndevices != 1 || (dev_n > 0 && dev[dev_n - 1] == '*') ||
+		!efs_valid_device_id(dev, dev_n))) {
 		return -1;
 	}
 	return 0;
@@ -408,8 +417,11 @@ static int parse_revocations(const uint8_t *p, size_t n, uint64_t *version, size
 {
 	rd r = {p, n, 0};
 	unsigned m;
-	uint64_t pairs, k;
+	uint64_t pairs, k, count;
 	int64_t v;
+	const uint8_t *first;
+	size_t first_n;
+	unsigned seen = 0;
 
 	*kids_off = 0;
 	*version = 0;
@@ -418,17 +430,20 @@ static int parse_revocations(const uint8_t *p, size_t n, uint64_t *version, size
 	}
 	for (k = 0; k < pairs; k++) {
 		int64_t label;
-		if (integer(&r, &label) != 0) {
-			return -1;
+		if (integer(&r, &label) != 0 || label < 1 || label > 3 || (seen & (1u << label))) {
+			return -1; /* an unknown field, or one twice */
 		}
-		if (label == 1 && integer(&r, &v) == 0) {
-			*version = (uint64_t)v;
+		seen |= 1u << label;
+		if (label == 1) {
+			if (uinteger(&r, version) != 0) {
+				return -1; /* uint64 */
+			}
 		} else if (label == 2) {
 			*kids_off = r.i;
-			if (skip(&r) != 0) {
-				return -1;
+			if (strings_of(&r, 2, &count, &first, &first_n) != 0) {
+				return -1; /* [][]byte: byte strings only */
 			}
-		} else if (label != 3 || integer(&r, &v) != 0) {
+		} else if (integer(&r, &v) != 0) { /* 3: issued */
 			return -1;
 		}
 	}
@@ -605,13 +620,16 @@ int efsdev_trust_update(efsdev_trust *t, const uint8_t *raw, size_t n, int persi
 	int lists[EFSDEV_MAX_UPDATE], changed = 0;
 
 	memset(out, 0, sizeof *out);
-	if (n > EFSDEV_MAX_UPDATE_SIZE || head(&r, &m, &count) != 0 || m != 4 || count < 1 || count > EFSDEV_MAX_UPDATE) {
-		*why = "malformed trust update";
+	if (n > EFSDEV_MAX_UPDATE_SIZE || n == 0 || raw[0] < 0x81 || raw[0] > 0x88 || head(&r, &m, &count) != 0) {
+		*why = "malformed trust update"; /* auth.IsUpdate: the array's head in one byte */
 		return -1;
 	}
 	for (k = 0; k < count; k++) {
-		if (str(&r, 2, &st[k], &sn[k]) != 0 || sn[k] == 0) {
-			*why = "malformed trust update statement";
+		size_t at = r.i;
+		uint8_t h[5];
+		if (str(&r, 2, &st[k], &sn[k]) != 0 || sn[k] == 0 || sn[k] > EFSDEV_MAX_STATEMENT ||
+		    (size_t)(st[k] - raw) - at != bstr_head(h, sn[k], 2)) {
+			*why = "malformed trust update statement"; /* auth.ParseUpdate: shortest length heads */
 			return -1;
 		}
 	}
@@ -710,21 +728,30 @@ static int point_of(mbedtls_pk_context *pk, uint8_t q[65])
 int efsdev_trust_init(efsdev_trust *t, const char *root_pub, const char *root_kid, const char *store)
 {
 	mbedtls_pk_context pk;
+	uint8_t q[65];
 	int rc;
 
+	memset(t, 0, sizeof *t);
+	mbedtls_pk_init(&pk);
+	rc = mbedtls_pk_parse_public_keyfile(&pk, root_pub) == 0 ? point_of(&pk, q) : -1;
+	mbedtls_pk_free(&pk);
+	return rc == 0 ? efsdev_trust_init_point(t, q, root_kid, store) : -1;
+}
+
+int efsdev_trust_init_point(efsdev_trust *t, const uint8_t root[65], const char *root_kid, const char *store)
+{
 	memset(t, 0, sizeof *t);
 	if (strlen(root_kid) < 1 || strlen(root_kid) > EFS_MAX_KEY_ID || strlen(store) >= sizeof t->path) {
 		return -1;
 	}
 	snprintf(t->root_kid, sizeof t->root_kid, "%s", root_kid);
 	snprintf(t->path, sizeof t->path, "%s", store);
-	mbedtls_pk_init(&pk);
-	rc = mbedtls_pk_parse_public_keyfile(&pk, root_pub) == 0 ? point_of(&pk, t->root) : -1;
-	mbedtls_pk_free(&pk);
-	if (rc == 0 && (rc = load_point(&t->root_key, t->root)) == 0) {
-		t->root_loaded = 1;
+	memcpy(t->root, root, 65);
+	if (load_point(&t->root_key, t->root) != 0) {
+		return -1;
 	}
-	return rc;
+	t->root_loaded = 1;
+	return 0;
 }
 
 void efsdev_trust_free(efsdev_trust *t)
@@ -811,6 +838,16 @@ int efsdev_verify(void *user, const uint8_t *kid, size_t kid_len, const uint8_t 
 		return es256_verify(&c->pub, digest, sig) == 0 ? EFS_PORT_OK : EFS_PORT_BAD_SIGNATURE;
 	}
 	return EFS_PORT_UNKNOWN_KEY;
+}
+
+int efsdev_verify_root(void *user, const uint8_t *kid, size_t kid_len, const uint8_t digest[32], const uint8_t sig[64])
+{
+	efsdev_trust *t = user;
+
+	if (!t->root_loaded || !bytes_eq(kid, kid_len, t->root_kid, strlen(t->root_kid))) {
+		return EFS_PORT_UNKNOWN_KEY; /* not the operator root */
+	}
+	return es256_verify(&t->root_key, digest, sig) == 0 ? EFS_PORT_OK : EFS_PORT_BAD_SIGNATURE;
 }
 
 /* The blinding generator of the device key's deterministic signatures. */
@@ -980,11 +1017,4 @@ size_t efsdev_state_report(const char *device, efs_mark m, uint64_t counter, con
 	out[at++] = 0x05;
 	memcpy(out + at, state, sn);
 	return at + sn;
-}
-
-int efsdev_root_verify(void *user, const uint8_t digest[32], const uint8_t sig[64])
-{
-	efsdev_trust *t = user;
-
-	return t == NULL ? -1 : es256_verify(&t->root_key, digest, sig);
 }

@@ -6,7 +6,12 @@
  * (EFS_SIZE_LIB=1) and without it (0: the same board, port, buffers and
  * state, the library's calls left out). The difference is what the library
  * costs in flash and in static RAM. EFS_SIZE_SIGNED adds a crypto port
- * (stubs, in both images: the crypto itself is mbedTLS's, measured apart).
+ * (stubs, in both images: the crypto itself is mbedTLS's, measured apart);
+ * with EFS_SIZE_MBEDTLS too, the port's crypto is real: test/port_mbedtls.c's
+ * SHA-256 and ES256 verify on mbedTLS built for the target
+ * (mcu/mbedtls_config.h), its heap a static buffer of EFS_SIZE_CRYPTO_HEAP
+ * bytes, one provisioned key: against the stubs' image, what the crypto
+ * costs.
  * EFS_SIZE_FW is a device that takes firmware jobs (efshim_fw.h): boot
  * through the boot loader's decision, every command a firmware step; its
  * image slots and job record on the same stand-in flash.
@@ -51,7 +56,37 @@ static int flash_program(void *u, unsigned s, uint32_t off, const uint8_t *b, si
 	return 0;
 }
 
-#ifdef EFS_SIZE_SIGNED
+#if defined(EFS_SIZE_SIGNED) && defined(EFS_SIZE_MBEDTLS)
+#include "mbedtls/memory_buffer_alloc.h"
+#define EFS_PORT_CRYPTO_ONLY
+#include "../test/port_mbedtls.c"
+
+#ifndef EFS_SIZE_CRYPTO_HEAP
+#define EFS_SIZE_CRYPTO_HEAP 6144
+#endif
+static unsigned char crypto_heap[EFS_SIZE_CRYPTO_HEAP] __attribute__((aligned(8)));
+
+/* The key store: one gateway key, provisioned in flash with its kid. */
+static const uint8_t gw_kid[] = "gateway-1";
+static const uint8_t gw_point[65] = { 0x04 };
+
+static int sha256(void *u, const struct efs_bytes *parts, size_t n, uint8_t digest[32])
+{
+	return port_sha256(u, parts, n, digest);
+}
+
+static int verify(void *u, const uint8_t *kid, size_t kid_len, const uint8_t *dev, size_t dev_len,
+	const uint8_t digest[32], const uint8_t sig[64])
+{
+	(void)u;
+	(void)dev;
+	(void)dev_len;
+	if (kid_len != sizeof gw_kid - 1 || memcmp(kid, gw_kid, kid_len) != 0) {
+		return EFS_PORT_UNKNOWN_KEY;
+	}
+	return es256_verify(gw_point, sizeof gw_point, digest, sig) == 0 ? EFS_PORT_OK : EFS_PORT_BAD_SIGNATURE;
+}
+#elif defined(EFS_SIZE_SIGNED)
 static int sha256(void *u, const struct efs_bytes *parts, size_t n, uint8_t digest[32])
 {
 	(void)u;
@@ -154,6 +189,9 @@ static size_t receive(void)
 int main(void);
 int main(void)
 {
+#if defined(EFS_SIZE_SIGNED) && defined(EFS_SIZE_MBEDTLS)
+	mbedtls_memory_buffer_alloc_init(crypto_heap, sizeof crypto_heap);
+#endif
 #if EFS_SIZE_LIB
 	efs_ack ack;
 	size_t len;

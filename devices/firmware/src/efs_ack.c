@@ -166,6 +166,10 @@ const char *efs_strerror(efs_err e)
 		"bad signature",
 		"buffer too small",
 		"invalid ack",
+		"malformed reset statement",
+		"no operator root provisioned for resets",
+		"reset for another device",
+		"reset counter not above the last reset's (replay)",
 	};
 	if ((unsigned)e < sizeof names / sizeof names[0]) {
 		return names[e];

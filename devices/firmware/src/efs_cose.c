@@ -119,19 +119,14 @@ size_t efs_bstr_head(uint8_t *p, size_t len)
 	return 1 + w;
 }
 
-efs_err efs_verify_signed(const efs_port *port, const uint8_t *raw, size_t n, efs_signed *s, efs_envelope *env)
+/* efs_sig_digest hashes s's Sig_structure with port.sha256, in place:
+ * five slices, no copy of the payload. */
+efs_err efs_sig_digest(const efs_port *port, const efs_signed *s, uint8_t digest[32])
 {
 	static const uint8_t context[] = { 0x84, 0x6a, 'S', 'i', 'g', 'n', 'a', 't', 'u', 'r', 'e', '1' };
-	uint8_t phead[9], mid[10], digest[32];
+	uint8_t phead[9], mid[10];
 	efs_bytes parts[5];
-	efs_err e = efs_decode_signed(raw, n, s, env);
 
-	if (e != EFS_OK) {
-		return e;
-	}
-	if (port->sha256 == NULL || port->verify == NULL) {
-		return EFS_E_UNKNOWN_KEY;
-	}
 	mid[0] = 0x40; /* external_aad: empty */
 	parts[0].p = context;
 	parts[0].n = sizeof context;
@@ -141,11 +136,25 @@ efs_err efs_verify_signed(const efs_port *port, const uint8_t *raw, size_t n, ef
 	parts[3].p = mid;
 	parts[3].n = 1 + efs_bstr_head(mid + 1, s->payload.n);
 	parts[4] = s->payload;
-	if (port->sha256(port->user, parts, 5, digest) != 0) {
+	if (port->sha256(port->user, parts, 5, digest) != 0 || s->signature.n != 64) {
 		return EFS_E_BAD_SIGNATURE;
 	}
-	if (s->signature.n != 64) {
-		return EFS_E_BAD_SIGNATURE;
+	return EFS_OK;
+}
+
+efs_err efs_verify_signed(const efs_port *port, const uint8_t *raw, size_t n, efs_signed *s, efs_envelope *env)
+{
+	uint8_t digest[32];
+	efs_err e = efs_decode_signed(raw, n, s, env);
+
+	if (e != EFS_OK) {
+		return e;
+	}
+	if (port->sha256 == NULL || port->verify == NULL) {
+		return EFS_E_UNKNOWN_KEY;
+	}
+	if ((e = efs_sig_digest(port, s, digest)) != EFS_OK) {
+		return e;
 	}
 	switch (port->verify(port->user, s->kid.p, s->kid.n, env->device.p, env->device.n, digest, s->signature.p)) {
 	case EFS_PORT_OK:

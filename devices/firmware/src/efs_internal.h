@@ -44,8 +44,14 @@ int efs_valid_name(const uint8_t *p, size_t n, size_t max);
  * (at most 9 bytes) and returns its length (efs_cose.c). */
 size_t efs_bstr_head(uint8_t *p, size_t len);
 
-/* efs_store writes a mark as the newest flash slot (efs_mark.c). */
-efs_err efs_store(efs_ctx *c, efs_mark m, efs_bytes holder, efs_bytes id);
+/* efs_store writes a mark as the newest flash slot (efs_mark.c), with the
+ * context's reset counter; efs_store_reset with a new one (an operator's
+ * reset: both in one slot). */
+efs_err efs_store_reset(efs_ctx *c, efs_mark m, efs_bytes holder, efs_bytes id, uint64_t counter);
+#define efs_store(c, m, holder, id) efs_store_reset((c), (m), (holder), (id), (c)->reset_counter)
+
+/* efs_sig_digest hashes a COSE_Sign1's Sig_structure (efs_cose.c). */
+efs_err efs_sig_digest(const efs_port *port, const efs_signed *s, uint8_t digest[32]);
 
 /* Reasons: efs_text_add appends s, efs_text_u64 a number in decimal, to
  * buf (cap bytes) at *at, NUL-terminated (efs_process.c). */

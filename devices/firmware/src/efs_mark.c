@@ -9,6 +9,18 @@
  *	6       L     fence.MarkRecord encoding
  *	6+L     4     CRC-32C of bytes 1 to 6+L
  *
+ * Once an operator's reset was applied the slot also holds its counter
+ * (format 2; format 1 is still read, and written while there was no
+ * reset, so a device that never had one keeps its bytes):
+ *
+ *	0       1     commit byte
+ *	1       4     generation
+ *	5       1     0 (format 2: a format 1 slot has L >= 31 here)
+ *	6       1     record length L
+ *	7       L     fence.MarkRecord encoding
+ *	7+L     8     reset counter, big-endian, not 0
+ *	15+L    4     CRC-32C of bytes 1 to 15+L
+ *
  * A new mark goes to the sector that does not hold the newest valid slot:
  * erase it, program bytes 1.., read them back, program the commit byte.
  * The newest complete slot is never touched, so a power cut at any byte of
@@ -133,47 +145,57 @@ efs_err efs_mark_record_decode(const uint8_t *b, size_t n, efs_mark_record *r)
 
 enum { SLOT_EMPTY, SLOT_VALID, SLOT_DAMAGED };
 
-/* read_slot reads sector s into b and classifies it; for a valid slot it
- * sets *m, *gen and *len (the record's, at b + 6). */
-static int read_slot(const efs_port *port, unsigned s, uint8_t b[EFS_MARK_SLOT_MAX], efs_mark *m, uint32_t *gen,
-	size_t *len)
-{
-	size_t h, i;
+/* A valid slot's contents: the record at b + at, len bytes. */
+typedef struct {
+	efs_mark mark;
+	uint32_t gen;
+	size_t at, len;
+	uint64_t counter;
+} slot_info;
 
-	if (port->flash_read(port->user, s, 0, b, 6) != 0) {
+/* read_slot reads sector s into b and classifies it; for a valid slot it
+ * fills *si. */
+static int read_slot(const efs_port *port, unsigned s, uint8_t b[EFS_MARK_SLOT_MAX], slot_info *si)
+{
+	size_t h, i, extra;
+
+	if (port->flash_read(port->user, s, 0, b, 7) != 0) {
 		return SLOT_DAMAGED;
 	}
 	if (b[0] == 0xff) {
 		return SLOT_EMPTY; /* never committed */
 	}
-	*len = b[5];
-	if (*len < 31 || *len > EFS_MARK_RECORD_MAX ||
-		port->flash_read(port->user, s, 6, b + 6, *len + 4) != 0 ||
-		efs_crc32c(b + 1, 5 + *len) != (uint32_t)rbe(b + 6 + *len, 4) || parse(b + 6, *len, m, &h, &i) != EFS_OK) {
+	si->at = b[5] == 0 ? 7 : 6; /* format 2, or 1 */
+	extra = b[5] == 0 ? 8 : 0;
+	si->len = b[si->at - 1];
+	if (si->len < 31 || si->len > EFS_MARK_RECORD_MAX ||
+		port->flash_read(port->user, s, 7, b + 7, si->at + si->len + extra + 4 - 7) != 0 ||
+		efs_crc32c(b + 1, si->at - 1 + si->len + extra) != (uint32_t)rbe(b + si->at + si->len + extra, 4) ||
+		parse(b + si->at, si->len, &si->mark, &h, &i) != EFS_OK) {
 		return SLOT_DAMAGED;
 	}
-	*gen = (uint32_t)rbe(b + 1, 4);
-	return *gen == 0 ? SLOT_DAMAGED : SLOT_VALID;
+	si->counter = extra ? rbe(b + si->at + si->len, 8) : 0;
+	si->gen = (uint32_t)rbe(b + 1, 4);
+	return si->gen == 0 || (extra && si->counter == 0) ? SLOT_DAMAGED : SLOT_VALID;
 }
 
 efs_err efs_open(efs_ctx *c, const efs_port *port)
 {
 	uint8_t b[EFS_MARK_SLOT_MAX];
-	efs_mark m;
-	uint32_t gen;
-	size_t len;
+	slot_info si;
 	int damaged = 0;
 
 	memset(c, 0, sizeof *c);
 	c->port = port;
 	c->cur = -1;
 	for (unsigned s = 0; s < 2; s++) {
-		switch (read_slot(port, s, b, &m, &gen, &len)) {
+		switch (read_slot(port, s, b, &si)) {
 		case SLOT_VALID:
-			if (c->cur < 0 || gen > c->gen) {
-				c->mark = m;
-				c->gen = gen;
+			if (c->cur < 0 || si.gen > c->gen) {
+				c->mark = si.mark;
+				c->gen = si.gen;
 				c->cur = (int8_t)s;
+				c->reset_counter = si.counter;
 			}
 			break;
 		case SLOT_DAMAGED:
@@ -193,9 +215,7 @@ efs_err efs_open(efs_ctx *c, const efs_port *port)
 efs_err efs_read_mark_record(const efs_ctx *c, efs_mark_record *r)
 {
 	uint8_t b[EFS_MARK_SLOT_MAX];
-	efs_mark m;
-	uint32_t gen;
-	size_t len;
+	slot_info si;
 
 	memset(r, 0, sizeof *r);
 	if (c->corrupt) {
@@ -204,35 +224,42 @@ efs_err efs_read_mark_record(const efs_ctx *c, efs_mark_record *r)
 	if (c->cur < 0) {
 		return EFS_OK;
 	}
-	if (read_slot(c->port, (unsigned)c->cur, b, &m, &gen, &len) != SLOT_VALID) {
+	if (read_slot(c->port, (unsigned)c->cur, b, &si) != SLOT_VALID) {
 		return EFS_E_CORRUPT;
 	}
-	return efs_mark_record_decode(b + 6, len, r);
+	return efs_mark_record_decode(b + si.at, si.len, r);
 }
 
-/* efs_store writes the mark m (set by the command id, from holder) as the
- * newest slot, reads it back, then commits it; on success c holds it. */
-efs_err efs_store(efs_ctx *c, efs_mark m, efs_bytes holder, efs_bytes id)
+/* efs_store_reset writes the mark m (set by the command id, from holder)
+ * and the reset counter counter (0: none, format 1) as the newest slot,
+ * reads it back, then commits it: one write, one commit byte. On success c
+ * holds both. efs_store (efs_internal.h) keeps the counter held. */
+efs_err efs_store_reset(efs_ctx *c, efs_mark m, efs_bytes holder, efs_bytes id, uint64_t counter)
 {
 	const efs_port *port = c->port;
 	uint8_t b[EFS_MARK_SLOT_MAX], back[32];
 	unsigned s = c->cur == 0 ? 1u : 0u;
-	size_t len;
+	size_t at = counter != 0 ? 7 : 6, extra = counter != 0 ? 8 : 0, len, end;
 	uint8_t commit = EFS_SLOT_COMMIT;
 
-	if (c->gen == UINT32_MAX || encode(m, holder, id, b + 6, sizeof b - 10, &len) != EFS_OK ||
-		port->sector_size < 10 + len) {
+	if (c->gen == UINT32_MAX || encode(m, holder, id, b + at, sizeof b - at - extra - 4, &len) != EFS_OK ||
+		port->sector_size < at + len + extra + 4) {
 		return EFS_E_STORAGE; /* 2^32 writes: beyond any flash's endurance */
 	}
+	end = at + len + extra + 4;
 	b[0] = 0xff;
 	be(b + 1, c->gen + 1, 4);
-	b[5] = (uint8_t)len;
-	be(b + 6 + len, efs_crc32c(b + 1, 5 + len), 4);
-	if (port->flash_erase(port->user, s) != 0 || port->flash_program(port->user, s, 1, b + 1, 9 + len) != 0) {
+	b[5] = (uint8_t)(counter != 0 ? 0 : len);
+	if (counter != 0) { /* format 2 */
+		b[6] = (uint8_t)len;
+		be(b + at + len, counter, 8);
+	}
+	be(b + end - 4, efs_crc32c(b + 1, end - 5), 4);
+	if (port->flash_erase(port->user, s) != 0 || port->flash_program(port->user, s, 1, b + 1, end - 1) != 0) {
 		return EFS_E_STORAGE;
 	}
-	for (size_t off = 1; off < 10 + len; off += sizeof back) { /* read back */
-		size_t k = 10 + len - off < sizeof back ? 10 + len - off : sizeof back;
+	for (size_t off = 1; off < end; off += sizeof back) { /* read back */
+		size_t k = end - off < sizeof back ? end - off : sizeof back;
 		if (port->flash_read(port->user, s, (uint32_t)off, back, k) != 0 || !efs_bytes_equal(b + off, k, back, k)) {
 			return EFS_E_STORAGE;
 		}
@@ -244,5 +271,6 @@ efs_err efs_store(efs_ctx *c, efs_mark m, efs_bytes holder, efs_bytes id)
 	c->mark = m;
 	c->gen++;
 	c->cur = (int8_t)s;
+	c->reset_counter = counter;
 	return EFS_OK;
 }

@@ -5,7 +5,9 @@
 #ifndef EFS_TEST_CHECK_H
 #define EFS_TEST_CHECK_H
 
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static int failures;
@@ -21,6 +23,28 @@ static int checks;
 			printf("\n");                      \
 		}                                          \
 	} while (0)
+
+/* make_blob returns a heap copy of a generated vector's blob (pre, fill_n
+ * bytes of fill, post) of exactly its size, so that a read past it is
+ * caught; its size in *n. Freed by the caller. */
+static inline uint8_t *make_blob(const uint8_t *pre, size_t pre_n, uint8_t fill, size_t fill_n, const uint8_t *post,
+	size_t post_n, size_t *n)
+{
+	uint8_t *p;
+
+	*n = pre_n + fill_n + post_n;
+	if ((p = malloc(*n ? *n : 1)) == NULL) {
+		abort();
+	}
+	if (pre_n) {
+		memcpy(p, pre, pre_n);
+	}
+	memset(p + pre_n, fill, fill_n);
+	if (post_n) {
+		memcpy(p + pre_n + fill_n, post, post_n);
+	}
+	return p;
+}
 
 /* put_head writes a CBOR head (shortest form) to p; its length. */
 static inline size_t put_head(uint8_t *p, unsigned major, uint64_t v)

@@ -1,7 +1,11 @@
 /*
- * The host port's crypto on Debian's mbedTLS (libmbedtls-dev, 2.28): SHA-256
- * and ES256 verify against the vectors' keys (efs_vkeys). Included by
- * host.c; what a device's port does with its own key store.
+ * The port's crypto on mbedTLS 2.28: SHA-256 over the library's slices and
+ * ES256 verify of r || s against a SEC1 public key, then the key store of
+ * the vectors' keys (efs_vkeys). Included by host.c: on the host against
+ * Debian's libmbedcrypto (libmbedtls-dev), on Cortex-M (mcu/runner.c)
+ * against mbedTLS built for the target (mcu/mbedtls_config.h); what a
+ * device's port does with its own key store. mcu/size.c includes the crypto
+ * alone (EFS_PORT_CRYPTO_ONLY) for its size.
  */
 #include "mbedtls/sha256.h"
 
@@ -25,16 +29,12 @@ static int port_sha256(void *user, const struct efs_bytes *parts, size_t n, uint
 	return ret;
 }
 
-static int es256_verify(const efs_vblob *point, const uint8_t digest[32], const uint8_t sig[64])
+static int es256_verify(const uint8_t *pt, size_t pn, const uint8_t digest[32], const uint8_t sig[64])
 {
-	size_t pn;
-	uint8_t *pt = blob(point, &pn);
-	int ret = es256_verify_point(pt, pn, digest, sig);
-
-	free(pt);
-	return ret;
+	return es256_verify_point(pt, pn, digest, sig);
 }
 
+#ifndef EFS_PORT_CRYPTO_ONLY
 static int port_verify(void *user, const uint8_t *kid, size_t kid_len, const uint8_t *device, size_t device_len,
 	const uint8_t digest[32], const uint8_t sig[64])
 {
@@ -47,7 +47,33 @@ static int port_verify(void *user, const uint8_t *kid, size_t kid_len, const uin
 		if (k->device != NULL && (strlen(k->device) != device_len || memcmp(k->device, device, device_len) != 0)) {
 			return EFS_PORT_NOT_AUTHORISED;
 		}
-		return es256_verify(&k->point, digest, sig) == 0 ? EFS_PORT_OK : EFS_PORT_BAD_SIGNATURE;
+		size_t pn;
+		uint8_t *pt = blob(&k->point, &pn);
+		int ret = es256_verify(pt, pn, digest, sig);
+
+		free(pt);
+		return ret == 0 ? EFS_PORT_OK : EFS_PORT_BAD_SIGNATURE;
 	}
 	return EFS_PORT_UNKNOWN_KEY;
 }
+
+/* port_verify_root checks a reset's signature with the vectors' operator
+ * root (efs_vroots). */
+static int port_verify_root(void *user, const uint8_t *kid, size_t kid_len, const uint8_t digest[32],
+	const uint8_t sig[64])
+{
+	const efs_vroot *k = &efs_vroots[0];
+	size_t pn;
+	uint8_t *pt;
+	int ret;
+
+	(void)user;
+	if (strlen(k->kid) != kid_len || memcmp(k->kid, kid, kid_len) != 0) {
+		return EFS_PORT_UNKNOWN_KEY;
+	}
+	pt = blob(&k->point, &pn);
+	ret = es256_verify(pt, pn, digest, sig);
+	free(pt);
+	return ret == 0 ? EFS_PORT_OK : EFS_PORT_BAD_SIGNATURE;
+}
+#endif

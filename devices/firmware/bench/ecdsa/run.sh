@@ -5,18 +5,15 @@
 # and mps2-an386 with -icount shift=0 (instructions counted exactly), and
 # on the host against Debian's libmbedcrypto. Needs gcc-arm-none-eabi,
 # libnewlib-arm-none-eabi, qemu-system-arm, libmbedtls-dev, and the mbedTLS
-# source: MBEDTLS_SRC=dir, or `apt-get source mbedtls` is run in a temporary
-# directory (needs a deb-src line for bookworm main).
+# source: MBEDTLS_SRC=dir, or ../../mcu/mbedtls.sh's (Debian's orig tarball,
+# fetched once into the user's cache by `make deps`, or here).
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 if [ -z "${MBEDTLS_SRC:-}" ]; then
-	(cd "$out" && apt-get source --download-only mbedtls >/dev/null 2>&1 && tar xzf mbedtls_*.orig.tar.gz) || {
-		echo "no mbedTLS source: set MBEDTLS_SRC or add a deb-src line and retry" >&2
-		exit 1
-	}
-	MBEDTLS_SRC=$(echo "$out"/Mbed-TLS-mbedtls-*)
+	sh "$here/../../mcu/mbedtls.sh" fetch
+	MBEDTLS_SRC=$(sh "$here/../../mcu/mbedtls.sh" path)
 fi
 cd "$here"
 gcc -O2 -Wall -Wextra -Werror -o "$out/host" verify.c host.c -lmbedcrypto

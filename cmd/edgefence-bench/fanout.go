@@ -1,0 +1,255 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/eclipse/paho.golang/autopaho"
+	"github.com/eclipse/paho.golang/paho"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/edgefence/edgefence/agent"
+	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/internal/sandbox"
+	"github.com/edgefence/edgefence/transport/mqtt"
+)
+
+// The fan-out benchmark (issue 17): one `edgefence run` subprocess holds n
+// devices (sim fleets that fsync each command, in this process); one
+// POST /v1/fanout commands them all. Measured: request → every device's
+// verdict at the client, the agent's "stored" time and outbox commits,
+// the agent's CPU (user + sys from /proc) during the request. The
+// baseline, in the same run, to the same devices: a bare paho client
+// publishing one envelope per device (QoS 1, 64 publishers) and waiting
+// for every ack — the devices' fsync included, no agent, no outbox.
+
+// fanoutCmdTimeout is the agent's command timeout in the fan-out
+// benchmark: how long the fan-out waits for the last verdict.
+const fanoutCmdTimeout = 120 * time.Second
+
+// fanoutConfig configures the fan-out benchmark.
+type fanoutConfig struct {
+	Sizes    []int // device counts
+	Runs     int   // fan-outs per size (the first warms up)
+	Fleets   int   // sim fleets (MQTT clients, bbolt files) serving the devices
+	AgentBin string
+	Dir      string
+	Log      io.Writer
+}
+
+type fanoutRun struct {
+	Wall      time.Duration // request → summary, at the client
+	Stored    time.Duration // the agent's IssuedMs
+	Commits   uint64
+	CPU       time.Duration // agent user+sys during the request
+	Accepted  int
+	Duplicate int // applied, answered duplicate (a resend's ack came first)
+}
+
+type fanoutRow struct {
+	Devices int
+	Held    time.Duration
+	Runs    []fanoutRun
+	Bare    time.Duration // bare paho: first publish → last ack
+	BareOK  int
+}
+
+type fanoutResult struct {
+	Bin    string
+	Fleets int
+	Rows   []fanoutRow
+}
+
+func runFanout(ctx context.Context, etcd *sandbox.Etcd, cfg fanoutConfig) (*fanoutResult, error) {
+	res := &fanoutResult{Bin: cfg.AgentBin, Fleets: cfg.Fleets}
+	if res.Bin == "" {
+		var err error
+		if res.Bin, err = buildBinary(ctx, cfg.Dir, "edgefence", cfg.Log); err != nil {
+			return nil, err
+		}
+	}
+	br, cli, done, err := startMochiAndClient(ctx, etcd, cfg.Dir)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	for _, n := range cfg.Sizes {
+		fmt.Fprintf(cfg.Log, "fanout: %d devices\n", n)
+		row, err := fanoutSize(ctx, etcd, cli, br, n, res.Bin, cfg)
+		if err != nil {
+			return res, fmt.Errorf("fanout with %d devices: %w", n, err)
+		}
+		res.Rows = append(res.Rows, row)
+	}
+	return res, nil
+}
+
+// fanoutSize runs one size: the agent, cfg.Runs fan-outs, the baseline.
+func fanoutSize(ctx context.Context, etcd *sandbox.Etcd, cli *clientv3.Client, br *broker, n int, bin string, cfg fanoutConfig) (fanoutRow, error) {
+	row := fanoutRow{Devices: n}
+	dir := filepath.Join(cfg.Dir, fmt.Sprintf("fanout-%d", n))
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return row, err
+	}
+	devs := deviceIDs("fan-", n)
+	prefix := fmt.Sprintf("fan%d", n)
+	ac := rssAgentConfig{n: n, dir: dir, etcd: etcd.Endpoint(), broker: br.url, prefix: prefix, devs: devs,
+		sock: filepath.Join(dir, "agent.sock"), etcdPrefix: fmt.Sprintf("/bench/fanout-%d-%d", n, time.Now().UnixNano()),
+		cmdTimeout: fanoutCmdTimeout}
+	fleets, err := startFleets(ctx, dir, br.url, prefix, "bench-fan-fleet-"+prefix, devs, cfg.Fleets, fleetAuth{})
+	defer closeFleets(fleets)
+	if err != nil {
+		return row, err
+	}
+	p, err := ac.start(bin, nil)
+	if err != nil {
+		return row, err
+	}
+	defer p.stop()
+	if row.Held, err = p.awaitHeld(ctx, cli, ac.etcdPrefix, n, time.Now().Add(300*time.Second)); err != nil {
+		return row, err
+	}
+	api := agent.NewAPIClient(ac.sock)
+	var last map[string]agent.SendResult
+	for i := range cfg.Runs {
+		r, results, err := fanoutOnce(ctx, api, p.pid, n)
+		if err != nil {
+			return row, err
+		}
+		fmt.Fprintf(cfg.Log, "fanout: %d devices, run %d: %v, %d accepted, %d duplicate, %d commits, CPU %v\n", n, i+1, r.Wall.Round(time.Millisecond), r.Accepted, r.Duplicate, r.Commits, r.CPU)
+		row.Runs = append(row.Runs, r)
+		last = results
+	}
+	row.Bare, row.BareOK, err = bareFanout(ctx, br.url, fleets[0].Topics(), devs, last)
+	fmt.Fprintf(cfg.Log, "fanout: %d devices, bare paho: %v, %d accepted\n", n, row.Bare.Round(time.Millisecond), row.BareOK)
+	return row, err
+}
+
+// fanoutOnce sends one fan-out to every device and measures it.
+func fanoutOnce(ctx context.Context, api *agent.APIClient, pid, n int) (fanoutRun, map[string]agent.SendResult, error) {
+	var r fanoutRun
+	results := make(map[string]agent.SendResult, n)
+	cpu0, t0 := readProcCPU(pid), time.Now()
+	sum, err := api.FanOut(ctx, agent.FanoutRequest{Selection: agent.Selection{Glob: "fan-*"}, Kind: "ping"}, func(ev agent.FanoutEvent) {
+		if ev.Result != nil {
+			results[ev.Result.Device] = *ev.Result
+		}
+	})
+	r.Wall, r.CPU = time.Since(t0), readProcCPU(pid)-cpu0
+	if err != nil {
+		return r, nil, err
+	}
+	r.Stored, r.Commits = time.Duration(sum.IssuedMs*float64(time.Millisecond)), sum.Commits
+	r.Accepted, r.Duplicate = sum.ByOutcome["accepted"], sum.ByOutcome["duplicate"]
+	if r.Accepted+r.Duplicate != n { // duplicate: applied once, the ack of a resend came first
+		return r, nil, fmt.Errorf("%d of %d applied: %v", r.Accepted+r.Duplicate, n, sum.ByOutcome)
+	}
+	return r, results, nil
+}
+
+// bareFanout is the baseline: one autopaho client publishes an envelope
+// to each device (the next seq under the token the agent used, so the
+// device accepts and fsyncs it) from 64 goroutines at QoS 1 and waits for
+// every accepted ack; envelopes are encoded before the clock starts.
+func bareFanout(ctx context.Context, brokerURL string, topics mqtt.Topics, devs []string, last map[string]agent.SendResult) (time.Duration, int, error) {
+	envs := make([][]byte, len(devs))
+	for i, d := range devs {
+		r := last[d]
+		raw, err := fence.MarshalEnvelope(&fence.Envelope{V: fence.Version, Device: d, Token: fence.Token(r.Token), Seq: r.Seq + 1,
+			ID: fmt.Sprintf("bare-%d", i), Kind: "ping", IssuedAt: time.Now().UnixMilli(), Holder: "bench-bare"})
+		if err != nil {
+			return 0, 0, err
+		}
+		envs[i] = raw
+	}
+	var accepted atomic.Int64
+	all := make(chan struct{})
+	cm, err := bareConnect(ctx, brokerURL, func(pr paho.PublishReceived) (bool, error) {
+		if a, err := fence.UnmarshalAck(pr.Packet.Payload); err == nil && a.Verdict == fence.Accepted {
+			if accepted.Add(1) == int64(len(devs)) {
+				close(all)
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		return 0, 0, err
+	}
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = cm.Disconnect(dctx)
+	}()
+	if _, err := cm.Subscribe(ctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: topics.AllAck(), QoS: 1}}}); err != nil {
+		return 0, 0, err
+	}
+	const publishers = 64
+	start := time.Now()
+	var wg sync.WaitGroup
+	var pubErr atomic.Value
+	for w := range publishers {
+		wg.Go(func() {
+			for i := w; i < len(devs); i += publishers {
+				if _, err := cm.Publish(ctx, &paho.Publish{QoS: 1, Topic: topics.Cmd(devs[i]), Payload: envs[i]}); err != nil {
+					pubErr.CompareAndSwap(nil, err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err, _ := pubErr.Load().(error); err != nil {
+		return 0, int(accepted.Load()), err
+	}
+	select {
+	case <-all:
+		return time.Since(start), len(devs), nil
+	case <-time.After(120 * time.Second):
+		return 0, int(accepted.Load()), errors.New("bare paho: not every device acked within 120 s")
+	case <-ctx.Done():
+		return 0, int(accepted.Load()), ctx.Err()
+	}
+}
+
+// bareConnect connects one autopaho client with onMsg as its handler.
+func bareConnect(ctx context.Context, brokerURL string, onMsg func(paho.PublishReceived) (bool, error)) (*autopaho.ConnectionManager, error) {
+	u, err := url.Parse(brokerURL)
+	if err != nil {
+		return nil, err
+	}
+	cm, err := autopaho.NewConnection(ctx, autopaho.ClientConfig{
+		ServerUrls: []*url.URL{u}, KeepAlive: 30, CleanStartOnInitialConnection: true, ConnectTimeout: 5 * time.Second,
+		ClientConfig: paho.ClientConfig{ClientID: fmt.Sprintf("bench-fan-bare-%d", time.Now().UnixNano()),
+			OnPublishReceived: []func(paho.PublishReceived) (bool, error){onMsg}},
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := awaitCtx(ctx, 10*time.Second, cm.AwaitConnection); err != nil {
+		return nil, err
+	}
+	return cm, nil
+}
+
+func printFanout(w io.Writer, r *fanoutResult) {
+	fmt.Fprintf(w, "\n### Fan-out: one POST /v1/fanout to every device (agent %s, %d device fleets)\n\n", r.Bin, r.Fleets)
+	fmt.Fprintln(w, "| devices | run | request → all applied | stored (agent) | outbox commits | duplicate | agent CPU | CPU / device | bare paho, same devices | ratio |")
+	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	for _, row := range r.Rows {
+		for i, run := range row.Runs {
+			fmt.Fprintf(w, "| %d | %d | %.0f ms | %.0f ms | %d | %d | %.0f ms | %.1f µs | %.0f ms | %.2f× |\n", row.Devices, i+1,
+				msf(run.Wall), msf(run.Stored), run.Commits, run.Duplicate, msf(run.CPU), float64(run.CPU.Microseconds())/float64(row.Devices),
+				msf(row.Bare), run.Wall.Seconds()/row.Bare.Seconds())
+		}
+	}
+	fmt.Fprintln(w, "\nTargets (issue 17): 10,000 devices ≤ 2 s and ≤ 1.5× the bare paho figure; agent CPU ≤ 50 µs a device.")
+}
+
+func msf(d time.Duration) float64 { return d.Seconds() * 1000 }
