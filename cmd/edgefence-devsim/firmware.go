@@ -33,6 +33,7 @@ type firmwareFlags struct {
 	security     *uint64
 	restartDelay *time.Duration
 	inProcess    *bool
+	cDevice      *string
 }
 
 func newFirmwareFlags(fs *flag.FlagSet) firmwareFlags {
@@ -44,6 +45,8 @@ func newFirmwareFlags(fs *flag.FlagSet) firmwareFlags {
 		security:  fs.Uint64("fw-security", 0, "firmware devices: the factory image's security version (first boot)"),
 		restartDelay: fs.Duration("restart-delay", time.Second,
 			"with --firmware: wait this long before restarting a device that died (not one that rebooted)"),
+		cDevice: fs.String("c-device", "",
+			"with --firmware: run each device as this C device (efsdev, make efsdev: the library's firmware job) instead of a child of this binary"),
 		inProcess: fs.Bool("in-process", false,
 			"with --firmware: run every device in this one process (a reboot closes and boots it again in place): for scale benchmarks; the proofs use a process per device"),
 	}
@@ -149,6 +152,8 @@ func runFirmware(ctx context.Context, log *slog.Logger, fs *flag.FlagSet, f devs
 		return usage("--client-id names one client: --firmware's devices derive theirs from their directories")
 	case *f.fw.inProcess && !*f.fw.supervise:
 		return usage("--in-process runs the devices of --firmware in this process: it needs --firmware")
+	case *f.fw.cDevice != "" && (!*f.fw.supervise || *f.fw.inProcess):
+		return usage("--c-device runs the devices of --firmware as efsdev processes: it needs --firmware, and takes no --in-process")
 	case *f.fw.device != "" && (*f.devices != "" || *f.count != 0):
 		return usage("--firmware-device runs one device: no --devices or --count")
 	}

@@ -210,7 +210,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		return runSerial(ctx, log, *f.port, id, *f.regs, *f.logPath, stdout)
 	}
-	if *f.fw.supervise || *f.fw.device != "" || *f.fw.inProcess {
+	if *f.fw.supervise || *f.fw.device != "" || *f.fw.inProcess || *f.fw.cDevice != "" {
 		return runFirmware(ctx, log, fs, f, usage)
 	}
 	ids, err := deviceIDs(*f.devices, *f.count, *f.idPrefix)

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"flag"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -323,6 +324,24 @@ func TestDevsimSecondInstanceOnSameDir(t *testing.T) {
 	d.stop(t, syscall.SIGTERM)
 }
 
+// TestEfsdevArgs: --c-device's children get efsdev's flags: the device's
+// own directory, the broker, credentials, trust and history of the
+// supervisor, the --fw-* settings.
+func TestEfsdevArgs(t *testing.T) {
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	f := newDevsimFlags(fs)
+	if err := fs.Parse([]string{"--firmware", "--mqtt", "mqtt://h:1", "--dir", "/d", "--devices", "a", "--fw-window", "2s",
+		"--mqtt-user", "u", "--history", "/h", "--trust-root", "/r.pub", "--certs", "/c1"}); err != nil {
+		t.Fatal(err)
+	}
+	got := strings.Join(efsdevArgs(f, "fw-1"), " ")
+	want := "--firmware --mqtt mqtt://h:1 --prefix edgefence/v1 --devices fw-1 --dir /d/fw-1 --fw-window 2000ms --fw-tries 3 " +
+		"--fw-security 0 --mqtt-user u --history /h --history-source devsim:fw-1 --trust-root /r.pub --trust-root-kid operator --certs /c1"
+	if got != want {
+		t.Fatalf("efsdev args\n got %s\nwant %s", got, want)
+	}
+}
+
 func TestUsage(t *testing.T) {
 	t.Setenv(envMQTTPassword, "")
 	for _, tt := range []struct {
@@ -356,6 +375,9 @@ func TestUsage(t *testing.T) {
 		{[]string{"--firmware", "--mqtt", "mqtt://h", "--dir", "x", "--devices", "a", "--restart-delay", "-1s"}, 2, "--restart-delay must not be negative"},
 		{[]string{"--firmware-device", "bad/id", "--mqtt", "mqtt://h", "--dir", t.TempDir()}, 1, "device id"},
 		{[]string{"--in-process", "--mqtt", "mqtt://h", "--dir", "x", "--devices", "a"}, 2, "--in-process runs the devices of --firmware"},
+		{[]string{"--c-device", "efsdev", "--mqtt", "mqtt://h", "--dir", "x", "--devices", "a"}, 2, "--c-device runs the devices of --firmware"},
+		{[]string{"--firmware", "--c-device", "efsdev", "--in-process", "--mqtt", "mqtt://h", "--dir", "x", "--devices", "a"}, 2,
+			"--c-device runs the devices of --firmware"},
 		{[]string{"--firmware-device", "a", "--in-process", "--mqtt", "mqtt://h", "--dir", "x"}, 2, "it needs --firmware"},
 		{[]string{"--firmware", "--in-process", "--mqtt", "mqtt://h", "--dir", "x", "--devices", "a", "--client-id", "c"}, 2, "--client-id names one client"},
 		{[]string{"--firmware", "--in-process", "--mqtt", "mqtt://h", "--dir", t.TempDir(), "--devices", "a,bad/id"}, 1, "device id"},

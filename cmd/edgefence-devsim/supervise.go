@@ -38,11 +38,14 @@ const stopTimeout = 10 * time.Second
 
 // supervisor runs one child process per firmware device and restarts it.
 type supervisor struct {
-	exe   string
-	dir   string
-	args  []string // the flags every child gets, before --firmware-device
-	delay time.Duration
-	log   *slog.Logger
+	exe  string
+	dir  string
+	args []string // the flags every child gets, before --firmware-device
+	// argsFor, if set, is a child's whole command line instead (the C
+	// device, --c-device: efsdevArgs).
+	argsFor func(id string) []string
+	delay   time.Duration
+	log     *slog.Logger
 
 	mu      sync.Mutex
 	waiting map[string]bool // devices not yet ready once
@@ -51,7 +54,7 @@ type supervisor struct {
 
 // supervisorOnly are the flags a child does not get.
 var supervisorOnly = map[string]bool{"firmware": true, "devices": true, "count": true, "id-prefix": true,
-	"restart-delay": true, "firmware-device": true}
+	"restart-delay": true, "firmware-device": true, "c-device": true}
 
 // runSupervisor runs the firmware devices ids as child processes of this
 // binary until ctx ends: each is started with --firmware-device and the
@@ -70,6 +73,9 @@ func runSupervisor(ctx context.Context, log *slog.Logger, fs *flag.FlagSet, f de
 			s.args = append(s.args, "--"+fl.Name+"="+fl.Value.String())
 		}
 	})
+	if *f.fw.cDevice != "" {
+		s.exe, s.argsFor = *f.fw.cDevice, func(id string) []string { return efsdevArgs(f, id) }
+	}
 	for _, id := range ids {
 		s.waiting[id] = true
 	}
@@ -128,7 +134,11 @@ func (s *supervisor) runOnce(ctx context.Context, id string, run int) (int, erro
 		return 0, fmt.Errorf("device %s: %w", id, err)
 	}
 	defer logf.Close()
-	cmd := exec.Command(s.exe, append(append([]string(nil), s.args...), "--firmware-device="+id)...)
+	args := append(append([]string(nil), s.args...), "--firmware-device="+id)
+	if s.argsFor != nil {
+		args = s.argsFor(id)
+	}
+	cmd := exec.Command(s.exe, args...)
 	// Pdeathsig: the child dies with the supervisor, however it dies;
 	// Setpgid: a terminal's ^C reaches the supervisor only, which stops
 	// the children in order.
@@ -220,4 +230,34 @@ func writePID(dir string, pid int) error {
 		return err
 	}
 	return os.Rename(tmp, filepath.Join(dir, PIDFile))
+}
+
+// efsdevArgs is the command line of the C device (efsdev --firmware,
+// devices/firmware/linux) for device id, from the supervisor's flags: the
+// same broker, prefix, credentials, trust and history as a devsim child,
+// its state in <dir>/<id>.
+func efsdevArgs(f devsimFlags, id string) []string {
+	a := []string{"--firmware", "--mqtt", *f.broker, "--prefix", *f.prefix, "--devices", id, "--dir", filepath.Join(*f.dir, id),
+		"--fw-window", fmt.Sprintf("%dms", f.fw.window.Milliseconds()), "--fw-tries", strconv.Itoa(*f.fw.tries),
+		"--fw-security", strconv.FormatUint(*f.fw.security, 10)}
+	opt := func(flag, v string) {
+		if v != "" {
+			a = append(a, flag, v)
+		}
+	}
+	opt("--mqtt-user", *f.mqttUser)
+	opt("--mqtt-password-file", *f.mqttPassFile)
+	if *f.histPath != "" {
+		a = append(a, "--history", *f.histPath, "--history-source", *f.histSrc+":"+id)
+	}
+	switch {
+	case *f.trustRoot != "":
+		a = append(a, "--trust-root", *f.trustRoot, "--trust-root-kid", *f.trustRootKid)
+		opt("--certs", *f.certs)
+		opt("--revocations", *f.revocations)
+		opt("--device-keys", *f.deviceKeys)
+	case *f.resetRoot != "":
+		a = append(a, "--reset-root", *f.resetRoot, "--trust-root-kid", *f.trustRootKid)
+	}
+	return a
 }

@@ -91,21 +91,26 @@ func (c *cose) bytes() []byte {
 		r := &efsReader{b: c.payload}
 		payload = r.bstrContent()
 		tbs := cat(hd(4, 4), tstr("Signature1"), bstrOf(c.protected), hd(2, 0), bstrOf(payload))
-		digest := sha256.Sum256(tbs)
-		der, err := findKey(c.signer).priv.Sign(nil, digest[:], crypto.SHA256)
-		if err != nil {
-			panic(err)
-		}
-		var rs struct{ R, S *big.Int }
-		if _, err := asn1.Unmarshal(der, &rs); err != nil {
-			panic(err)
-		}
-		raw := make([]byte, 64)
-		rs.R.FillBytes(raw[:32])
-		rs.S.FillBytes(raw[32:])
-		sig = bstrOf(raw)
+		sig = bstrOf(es256(findKey(c.signer).priv, tbs))
 	}
 	return cat(c.prefix, c.pbstr(c.protected), c.unprotected, c.payload, sig, c.tail)
+}
+
+// es256 is the deterministic (RFC 6979) ES256 signature r || s of tbs.
+func es256(priv *ecdsa.PrivateKey, tbs []byte) []byte {
+	digest := sha256.Sum256(tbs)
+	der, err := priv.Sign(nil, digest[:], crypto.SHA256)
+	if err != nil {
+		panic(err)
+	}
+	var rs struct{ R, S *big.Int }
+	if _, err := asn1.Unmarshal(der, &rs); err != nil {
+		panic(err)
+	}
+	raw := make([]byte, 64)
+	rs.R.FillBytes(raw[:32])
+	rs.S.FillBytes(raw[32:])
+	return raw
 }
 
 // efsReader reads a byte string's content (any head width), for signing

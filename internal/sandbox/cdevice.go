@@ -2,6 +2,8 @@ package sandbox
 
 import (
 	"context"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -11,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/edgefence/edgefence/devices/fwjob"
 )
 
 // ErrNoCToolchain means the C device (efsdev) cannot be built here: no C
@@ -128,4 +132,31 @@ func CDeviceForTest(t testing.TB) string {
 		t.Fatal(c.err)
 	}
 	return c.bin
+}
+
+// CDeviceFirmwareStatus reads the firmware state of a stopped C device
+// (efsdev --firmware) from its files in dir: efsdev --fw-status, which
+// prints fwjob.Status's fields (the images in hex) without booting.
+func CDeviceFirmwareStatus(bin, dir, dev string) (fwjob.Status, error) {
+	out, err := exec.Command(bin, "--fw-status", "--dir", dir, "--devices", dev).Output()
+	if err != nil {
+		return fwjob.Status{}, fmt.Errorf("device %s: efsdev --fw-status: %w", dev, err)
+	}
+	var w struct {
+		fwjob.Status
+		Image, ActiveImage, TrialImage string
+	}
+	if err := json.Unmarshal(out, &w); err != nil {
+		return fwjob.Status{}, fmt.Errorf("device %s: efsdev --fw-status: %w", dev, err)
+	}
+	st := w.Status
+	for _, h := range []struct {
+		s string
+		b *[]byte
+	}{{w.Image, &st.Image}, {w.ActiveImage, &st.ActiveImage}, {w.TrialImage, &st.TrialImage}} {
+		if *h.b, err = hex.DecodeString(h.s); err != nil {
+			return st, fmt.Errorf("device %s: efsdev --fw-status: %w", dev, err)
+		}
+	}
+	return st, nil
 }

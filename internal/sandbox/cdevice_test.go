@@ -467,3 +467,28 @@ func TestCDeviceDamagedFlashFailsClosed(t *testing.T) {
 		}
 	}
 }
+
+// TestFigure1FirmwareCDevice: the firmware failover proofs with the C
+// device (efsdev --firmware: the library's job, its slots and record in
+// files, a reboot a real exit with code 3 restarted by edgefence-devsim's
+// supervisor): the holder frozen mid-download (its held chunk and a late
+// fw.activate refused stale by the C code), killed mid-download (B
+// resumes from the device's durable bytes) and killed during the reboot.
+func TestFigure1FirmwareCDevice(t *testing.T) {
+	bin := CDeviceForTest(t)
+	for _, fault := range []FirmwareFault{FaultFreezeMidDownload, FaultKillMidDownload, FaultKillDuringReboot} {
+		t.Run(string(fault), func(t *testing.T) {
+			var dir string
+			res := runFigure1Firmware(t, fault, func(c *Figure1FirmwareConfig) {
+				c.CDeviceBin, dir = bin, c.Dir
+				if fault == FaultKillDuringReboot {
+					c.ImageSize = 256 << 10
+				}
+			})
+			if fault.frozen() && len(res.Late) < 2 {
+				t.Fatalf("late steps %+v; want A's chunk and its activate", res.Late)
+			}
+			checkSanitizerClean(t, filepath.Join(dir, "devices", res.Device, "devsim.log"))
+		})
+	}
+}

@@ -94,8 +94,12 @@ func (k FirmwareFault) lateKind() string {
 type Figure1FirmwareConfig struct {
 	AgentBin  string // the edgefence binary (with failpoints: -tags edgefence_unsafe)
 	DevsimBin string // the edgefence-devsim binary
-	Dir       string // work dir: configs, data, logs, sockets, the image (required)
-	Etcd      string // etcd endpoint URL (required)
+	// CDeviceBin, if set, is the C device (efsdev, BuildCDevice): the
+	// firmware device is efsdev --firmware (the library's firmware job),
+	// one process supervised by edgefence-devsim --firmware --c-device.
+	CDeviceBin string
+	Dir        string // work dir: configs, data, logs, sockets, the image (required)
+	Etcd       string // etcd endpoint URL (required)
 	// Broker is the run's in-process broker (required): the run watches
 	// the device's commands, acks and reports in it, and lands the fault
 	// at an exact step (a hook; it stays inert once the run ends).
@@ -240,7 +244,11 @@ func (f *figure1fw) startAll(ctx context.Context, res *Figure1FirmwareResult) er
 		return err
 	}
 	r, _ := f.tap.lastReport()
-	f.say("firmware device %s is up (edgefence-devsim --firmware: A/B slots, running slot %s, a fence point of its own)", f.c.Device, r.Slot)
+	what := "edgefence-devsim --firmware"
+	if f.c.CDeviceBin != "" {
+		what = "efsdev --firmware, the C library's job, under edgefence-devsim's supervisor"
+	}
+	f.say("firmware device %s is up (%s: A/B slots, running slot %s, a fence point of its own)", f.c.Device, what, r.Slot)
 	var err error
 	if f.a, f.sockA, err = f.startAgent(ctx, "gw-a", f.cfg.AgentAFailpoints); err != nil {
 		return err
@@ -250,7 +258,7 @@ func (f *figure1fw) startAll(ctx context.Context, res *Figure1FirmwareResult) er
 		return err
 	}
 	res.TokenA = toks[f.c.Device]
-	what := "killed"
+	what = "killed"
 	if f.c.Fault.frozen() {
 		what = "frozen, and never notices it lost the lease (failpoint ignore-session-loss)"
 	}
@@ -270,6 +278,9 @@ func (f *figure1fw) startAll(ctx context.Context, res *Figure1FirmwareResult) er
 func (f *figure1fw) startFirmwareDevice(ctx context.Context) error {
 	args := []string{"--firmware", "--mqtt", f.cfg.MQTT, "--prefix", f.cfg.MQTTPrefix, "--devices", f.c.Device,
 		"--dir", f.path("devices"), "--restart-delay", "100ms"}
+	if f.c.CDeviceBin != "" {
+		args = append(args, "--c-device", f.c.CDeviceBin)
+	}
 	user, env, err := f.login("devsim")
 	if err != nil {
 		return err

@@ -18,7 +18,7 @@ import (
 
 // runFigure1Firmware runs the scenario with fault on a fresh etcd and
 // in-process broker, and checks its outcome.
-func runFigure1Firmware(t *testing.T, fault FirmwareFault) *Figure1FirmwareResult {
+func runFigure1Firmware(t *testing.T, fault FirmwareFault, opts ...func(*Figure1FirmwareConfig)) *Figure1FirmwareResult {
 	t.Helper()
 	agentBin, devsimBin := binaries(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
@@ -30,6 +30,9 @@ func runFigure1Firmware(t *testing.T, fault FirmwareFault) *Figure1FirmwareResul
 		Fault: fault, Narrate: &narration}
 	if fault != FaultFreezeMidDownload && fault != FaultKillMidDownload {
 		cfg.ImageSize = 256 << 10 // the fault comes after the download: no need to make it last
+	}
+	for _, o := range opts {
+		o(&cfg)
 	}
 	res, err := RunFigure1Firmware(ctx, cfg)
 	t.Logf("timeline:\n%s", narration.String())

@@ -6,7 +6,7 @@
  * text keys, as devices/fwjob's BeginBody, ChunkBody and JobBody:
  *
  *	fw.begin    {job, image (SHA-256, 32 bytes), size, version, chunk,
- *	             manifest (optional: handed to the port's manifest hook)}
+ *	             manifest (the operator's, required with port.root_verify)}
  *	fw.chunk    {job, off, data}   off must be the bytes received
  *	fw.install  {job}              verify the slot -> installed
  *	fw.activate {job}              arm a trial boot of the new slot -> rebooting
@@ -37,11 +37,11 @@
  * that forbids a second program needs a port that skips bytes already
  * equal). A cut erase of a begin is redone by the resend.
  *
- * Resources: no heap, no globals; efs_fw is the caller's (376 bytes on
+ * Resources: no heap, no globals; efs_fw is the caller's (480 bytes on
  * Cortex-M). Stack, measured on Cortex-M3/M4 (-Os, the port's frames
- * included): 1,676 bytes for efs_fw_process (the record's encoding and a
- * copy of the job on top of efs_process's frames), 1,636 for efs_fw_open,
- * 1,308 for efs_fw_boot. Reentrancy: as efshim.h, one efs_fw per device,
+ * included): 1,732 bytes for efs_fw_process (the record's encoding and a
+ * copy of the job on top of efs_process's frames), 1,772 for efs_fw_open,
+ * 1,620 for efs_fw_boot. Reentrancy: as efshim.h, one efs_fw per device,
  * calls serialised by the caller.
  */
 #ifndef EFSHIM_FW_H
@@ -50,9 +50,10 @@
 #include "efshim.h"
 
 #define EFS_FW_MAX_JOB 64u        /* fwjob.MaxJobLen */
-#define EFS_FW_MAX_REASON 96u     /* a job's reason, bytes (fwjob clips at 200) */
+#define EFS_FW_MAX_REASON 200u    /* a job's reason, bytes (fwjob.MaxReasonLen) */
 #define EFS_FW_MAX_CHUNK (EFS_MAX_BODY_SIZE - 2048u) /* fwjob.MaxChunk */
 #define EFS_FW_MAX_MANIFEST 1024u /* auth.MaxManifestSize */
+#define EFS_FW_MAX_NAME 64u       /* auth.MaxManifestName */
 #define EFS_FW_DEFAULT_TRIES 3u   /* fwjob.DefaultBootTries */
 #define EFS_FW_NO_SLOT 0xffu
 
@@ -77,7 +78,7 @@ typedef enum {
 	EFS_FW_E_STATE,    /* fwjob.ErrState: illegal in the job's state */
 	EFS_FW_E_BUSY,     /* fwjob.ErrBusy: another job in progress */
 	EFS_FW_E_ROLLBACK, /* fwjob.ErrRollback: image version below the running one */
-	EFS_FW_E_MANIFEST, /* fwjob.ErrManifest: the port's manifest hook refused */
+	EFS_FW_E_MANIFEST, /* fwjob.ErrManifest: the manifest is missing, not the root's, or of another image */
 	EFS_FW_E_OFFSET,   /* fwjob.ErrOffset: a chunk not at the bytes received */
 	EFS_FW_E_STORAGE   /* fwjob.ErrStorage: slot or record flash failed, or the record is damaged */
 } efs_fw_err;
@@ -96,13 +97,31 @@ typedef struct efs_fw_port {
 	int (*record_read)(void *user, unsigned sector, uint32_t off, uint8_t *buf, size_t n);
 	int (*record_erase)(void *user, unsigned sector);
 	int (*record_program)(void *user, unsigned sector, uint32_t off, const uint8_t *buf, size_t n);
-	/* Optional: the operator's image manifest (fwjob Config.Manifests).
-	 * Called for every fw.begin with its manifest (empty if none) and the
-	 * image, size and version it names; nonzero refuses the begin Invalid
-	 * (EFS_FW_E_MANIFEST, *reason the text). NULL: manifests are only
-	 * bounded, as fwjob without Config.Manifests. */
-	int (*manifest)(void *user, efs_bytes manifest, const uint8_t image[32], uint64_t size, uint64_t version,
-		const char **reason);
+	/* Optional: the operator's root, for image manifests (fwjob
+	 * Config.Manifests). With root_verify set every fw.begin must carry
+	 * the image's manifest signed by the root (auth.Root.Manifest),
+	 * naming the begin's image, size and version; else it is refused
+	 * Invalid (EFS_FW_E_MANIFEST) with fwjob's words. The library decodes
+	 * the manifest, checks its structure, the root's kid (root_kid) and
+	 * its fields, and hashes the Sig_structure; root_verify checks the
+	 * ES256 signature sig (r || s) over digest with the root's public key:
+	 * 0 if it verifies. NULL: manifests are only bounded, as fwjob without
+	 * Config.Manifests. */
+	const uint8_t *root_kid;
+	size_t root_kid_len;
+	int (*root_verify)(void *user, const uint8_t digest[32], const uint8_t sig[64]);
+	/* Optional: the device's application beside its firmware (fwjob
+	 * Config.Other). A command whose kind does not start "fw." goes to
+	 * other: its check of kind and body, no side effects, before the admit
+	 * rule (nonzero refuses it Invalid, *reason the text); accepted, the
+	 * mark is on flash when efs_fw_process returns r.apply with fw->other
+	 * set, and the caller applies it then (durable before effect, as
+	 * efs_process). NULL: such commands are refused as an unknown kind. */
+	int (*other)(void *user, const struct efs_envelope *env, const char **reason);
+	/* Optional: called for an accepted step once its slot bytes and job
+	 * record are on flash, just before its mark is stored (a history can
+	 * record the accept before its commit, as devices/shim does). */
+	void (*accepting)(void *user, const efs_result *r);
 	uint8_t boot_tries;        /* trial boots fw.activate arms; 0: EFS_FW_DEFAULT_TRIES */
 	uint64_t factory_security; /* first boot: the security version of slot A's image */
 	uint32_t factory_size;     /* first boot: slot A's image size (its SHA-256 is the active image) */
@@ -140,6 +159,7 @@ typedef struct {
 	int8_t cur;     /* its sector, -1 none (never booted) */
 	uint8_t broken; /* a step's record is ahead of its mark in this session: reopen */
 	uint8_t last;   /* efs_fw_err of the last step */
+	uint8_t other;  /* the last command was the application's (port.other) */
 } efs_fw;
 
 /* The record on flash (efs_fw_record.c): a slot's largest size, with the

@@ -67,11 +67,13 @@ typedef struct {
 	int corrupt;   /* the stored mark is unreadable: efs_process refuses everything */
 	efsdev_journal journal;
 	efsdev_signer signer; /* --device-keys: signs acks and state reports */
+	efsdev_fw_dev *fw;    /* --firmware: the firmware job (efsdev_fw.c), else NULL */
 } device;
 
 typedef struct {
 	const char *broker, *prefix, *dir, *log, *client_id, *user, *pass_file, *devices, *history, *history_source;
 	const char *trust_root, *trust_root_kid, *certs, *revocations, *device_keys, *reset_root;
+	const char *firmware, *fw_window, *fw_tries, *fw_security, *fw_max_image, *fw_status;
 } options;
 
 static device devs[MAX_DEVICES];
@@ -85,6 +87,11 @@ static int trusted;
 static efsdev_trust reset_trust; /* --reset-root: resets, commands plain */
 static uint64_t report_counter; /* state reports: the start time in ns, +1 per report (as devsim) */
 static unsigned long trust_counts[3]; /* statements applied, held; updates refused */
+
+static int fw_mode;                   /* --firmware: one device, its firmware job */
+static efsdev_fw_opts fw_opts;
+static volatile int reboot_requested; /* a command asked for a reboot: exit 3 once its publishes are out */
+static int inflight;                  /* QoS 1 publishes not yet acknowledged */
 
 static const char content_ack[] = "application/edgefence-ack+cbor";
 static const char content_state[] = "application/edgefence-state+cbor";
@@ -210,7 +217,7 @@ static void json_field(char *out, size_t cap, size_t *at, const char *key, const
  * --history, in one write(2): op "verdict" with the verdict, or "opened"
  * with the durable mark. */
 static void history_event(const device *d, const char *op, const efs_bytes *id, uint64_t token, uint64_t seq,
-	const efs_bytes *kind, const char *verdict, const char *reason)
+	const efs_bytes *kind, const char *verdict, const char *reason, const efs_envelope *env)
 {
 	char line[2048];
 	size_t at;
@@ -228,6 +235,13 @@ static void history_event(const device *d, const char *op, const efs_bytes *id, 
 	json_field(line, sizeof line, &at, "kind", kind ? kind->p : NULL, kind ? kind->n : 0, 1);
 	json_field(line, sizeof line, &at, "verdict", verdict, verdict ? strlen(verdict) : 0, 1);
 	json_field(line, sizeof line, &at, "reason", reason, reason ? strlen(reason) : 0, 1);
+	if (env != NULL && d->fw != NULL) { /* fwjob.NoteHistory: a firmware step's job and image */
+		char job[EFS_FW_MAX_JOB + 1], image[65];
+
+		efsdev_fw_note(env, job, image);
+		json_field(line, sizeof line, &at, "job", job, strlen(job), 1);
+		json_field(line, sizeof line, &at, "image", image, strlen(image), 1);
+	}
 	line[at++] = '}';
 	line[at++] = '\n';
 	if (write(hist_fd, line, at) != (ssize_t)at) {
@@ -322,7 +336,7 @@ static int take(device *d, const uint8_t *msg, size_t n, int *accepting)
 		return -1;
 	}
 	*accepting = 1;
-	history_event(d, "verdict", &env.id, env.token, env.seq, &env.kind, "accepted", NULL);
+	history_event(d, "verdict", &env.id, env.token, env.seq, &env.kind, "accepted", NULL, &env);
 	return 0;
 }
 
@@ -337,13 +351,14 @@ static void record_decision(const device *d, const efs_result *r, int accepting)
 		return;
 	}
 	if (accepting) {
-		history_event(d, "opened", NULL, d->mark.token, d->mark.seq, NULL, NULL, "the mark's write failed");
+		history_event(d, "opened", NULL, d->mark.token, d->mark.seq, NULL, NULL, "the mark's write failed", NULL);
 	}
 	history_event(d, "verdict", r->decoded ? &e->id : NULL, r->decoded ? e->token : 0, r->decoded ? e->seq : 0,
-		r->decoded ? &e->kind : NULL, verdict_name(r->verdict), r->reason);
+		r->decoded ? &e->kind : NULL, verdict_name(r->verdict), r->reason, r->decoded ? e : NULL);
 }
 
-static void publish(struct mosquitto *m, const char *topic, const void *p, size_t n, const mosquitto_property *in)
+static void publish(struct mosquitto *m, const char *topic, const void *p, size_t n, const mosquitto_property *in,
+	int retain)
 {
 	mosquitto_property *props = NULL;
 	void *corr = NULL;
@@ -353,8 +368,10 @@ static void publish(struct mosquitto *m, const char *topic, const void *p, size_
 	if (in != NULL && mosquitto_property_read_binary(in, MQTT_PROP_CORRELATION_DATA, &corr, &clen, false) != NULL) {
 		mosquitto_property_add_binary(&props, MQTT_PROP_CORRELATION_DATA, corr, clen);
 	}
-	rc = mosquitto_publish_v5(m, NULL, topic, (int)n, p, 1, false, props);
-	if (rc != MOSQ_ERR_SUCCESS) {
+	rc = mosquitto_publish_v5(m, NULL, topic, (int)n, p, 1, retain != 0, props);
+	if (rc == MOSQ_ERR_SUCCESS) {
+		inflight++;
+	} else {
 		logf_("WARN", "msg=\"not published\" topic=%s err=\"%s\"", topic, mosquitto_strerror(rc));
 	}
 	mosquitto_property_free_all(&props);
@@ -401,8 +418,9 @@ static size_t sign(device *d, const char *ctype, uint8_t *buf, size_t n)
  * or with a key an auth.StateReport under mark m, signed. */
 static size_t state_report(device *d, efs_mark m, uint8_t *out, size_t cap)
 {
-	uint8_t st[512];
-	size_t sn = efsdev_state_cbor(&d->journal.rec.state, st, sizeof st);
+	uint8_t st[2048];
+	size_t sn = d->fw != NULL ? efsdev_fw_report(d->fw, &d->journal.rec.state, st, sizeof st)
+				  : efsdev_state_cbor(&d->journal.rec.state, st, sizeof st);
 
 	if (sn == 0 || !d->signer.ready) {
 		memcpy(out, st, sn <= cap ? sn : 0);
@@ -438,6 +456,38 @@ static void take_update(const device *d, const uint8_t *msg, size_t n)
 		c.held, trust.ncerts, (unsigned long long)trust.rev_version);
 }
 
+/* fw_after is a firmware device's part after the ack: its stale refusals
+ * in the log (as devsim's), the retained state report, and the reboot a
+ * step asked for (exit 3 once the ack and the report are out). */
+static void fw_after(struct mosquitto *m, device *d, const efs_result *r)
+{
+	uint8_t st[EFSDEV_MAX_SIGNED_ACK];
+	size_t sn;
+
+	if (r->verdict == EFS_STALE) {
+		logf_("WARN", "msg=\"stale command refused\" device=%s kind=%.*s token=%llu seq=%llu holder=%.*s id=%.*s ", d->id,
+			(int)r->env.kind.n, (const char *)r->env.kind.p, (unsigned long long)r->env.token,
+			(unsigned long long)r->env.seq, (int)r->env.holder.n, (const char *)r->env.holder.p, (int)r->env.id.n,
+			(const char *)r->env.id.p);
+	}
+	if ((sn = state_report(d, d->mark, st, sizeof st)) > 0) {
+		publish(m, d->state, st, sn, NULL, 1);
+	}
+	if (efs_fw_reboot_pending(&d->fw->fw)) {
+		reboot_requested = 1;
+		logf_("INFO", "msg=\"reboot requested\" device=%s fw_state=%s", d->id,
+			efs_fw_state_name((efs_fw_state)d->fw->fw.job.state));
+	}
+}
+
+static void on_publish(struct mosquitto *m, void *obj, int mid)
+{
+	(void)m;
+	(void)obj;
+	(void)mid;
+	inflight--;
+}
+
 static void handle(struct mosquitto *m, device *d, const struct mosquitto_message *msg, const mosquitto_property *props)
 {
 	efs_result r;
@@ -451,6 +501,10 @@ static void handle(struct mosquitto *m, device *d, const struct mosquitto_messag
 	efsdev_journal_rec *j = &d->journal.rec;
 	int accepting;
 
+	if (reboot_requested) {
+		logf_("WARN", "msg=\"command while rebooting: dropped (the agent resends it)\" device=%s", d->id);
+		return;
+	}
 	last_verify.valid = 0;
 	if (trusted && msg->payloadlen > 0 && ((const uint8_t *)msg->payload)[0] >= 0x81 &&
 	    ((const uint8_t *)msg->payload)[0] <= 0x88) {
@@ -460,7 +514,13 @@ static void handle(struct mosquitto *m, device *d, const struct mosquitto_messag
 	if (take(d, msg->payload, (size_t)msg->payloadlen, &accepting) != 0) {
 		return;
 	}
-	efs_handle(&d->ctx, (const uint8_t *)d->id, strlen(d->id), msg->payload, (size_t)msg->payloadlen, &r);
+	if (d->fw != NULL) { /* resets are refused as commands: the job record's tag would roll the mark forward past one */
+		d->fw->accepted = 0;
+		efs_fw_process(&d->fw->fw, (const uint8_t *)d->id, strlen(d->id), msg->payload, (size_t)msg->payloadlen, &r);
+		accepting = accepting || d->fw->accepted; /* its accept is in the history already */
+	} else {
+		efs_handle(&d->ctx, (const uint8_t *)d->id, strlen(d->id), msg->payload, (size_t)msg->payloadlen, &r);
+	}
 	last_verify.valid = 0;
 	if (r.verdict == EFS_ACCEPTED) {
 		d->mark = r.mark;
@@ -468,7 +528,7 @@ static void handle(struct mosquitto *m, device *d, const struct mosquitto_messag
 	if (r.apply) {
 		kill_after_mark();
 	}
-	if (r.apply && efsdev_parse(&r.env, &c, &reason) == 0) {
+	if (r.apply && (d->fw == NULL || d->fw->fw.other) && efsdev_parse(&r.env, &c, &reason) == 0) {
 		efsdev_apply(&j->state, &c, r.env.token, r.env.seq, r.env.id);
 		j->pending = 0;
 		if (efsdev_journal_write(&d->journal) != 0) { /* the pending command is on disk: a restart applies it */
@@ -497,10 +557,12 @@ static void handle(struct mosquitto *m, device *d, const struct mosquitto_messag
 			logf_("WARN", "msg=\"response topic refused; acking on the ack topic\" device=%s", d->id);
 		}
 	}
-	publish(m, topic, out, len, props);
+	publish(m, topic, out, len, props, 0);
 	free(rt);
-	if (r.apply && (sn = state_report(d, r.mark, st, sizeof st)) > 0) {
-		publish(m, d->state, st, sn, NULL);
+	if (d->fw != NULL) { /* devsim --firmware: a retained report after every command */
+		fw_after(m, d, &r);
+	} else if (r.apply && (sn = state_report(d, r.mark, st, sizeof st)) > 0) {
+		publish(m, d->state, st, sn, NULL, 0);
 	}
 }
 
@@ -550,6 +612,14 @@ static void on_subscribe(struct mosquitto *m, void *obj, int mid, int n, const i
 		return;
 	}
 	if (++granted == ndev && !ready_logged) {
+		uint8_t st[EFSDEV_MAX_SIGNED_ACK];
+
+		for (int i = 0; fw_mode && i < ndev; i++) { /* the boot's outcome, retained */
+			size_t sn;
+			if ((sn = state_report(&devs[i], devs[i].mark, st, sizeof st)) > 0) {
+				publish(m, devs[i].state, st, sn, NULL, 1);
+			}
+		}
 		ready_logged = 1;
 		logf_("INFO", "msg=ready devices=%d prefix=%s", ndev, prefix);
 	}
@@ -600,6 +670,43 @@ static int valid_id(const char *id)
 	return 1;
 }
 
+/* fw_accepting records a firmware step's accept in the history before
+ * its mark is stored, as devices/shim does (take does it for the
+ * thermostat's commands). */
+static void fw_accepting(void *user, const efs_result *r)
+{
+	const device *d = user;
+
+	history_event(d, "verdict", &r->env.id, r->env.token, r->env.seq, &r->env.kind, "accepted", NULL, &r->env);
+}
+
+/* fw_root is the root that signs image manifests, as devsim's: the trust's
+ * (--trust-root), else --reset-root's; NULL: manifests are only bounded. */
+static efsdev_trust *fw_root(void)
+{
+	return trusted ? &trust : reset_trust.root_loaded ? &reset_trust : NULL;
+}
+
+/* open_firmware opens the device's firmware job and boots it. */
+static int open_firmware(device *d, const char *dir)
+{
+	const char *why = "";
+
+	if ((d->fw = calloc(1, sizeof *d->fw)) != NULL) {
+		d->fw->on_accept = fw_accepting;
+		d->fw->accept_user = d;
+	}
+	if (d->fw == NULL ||
+	    efsdev_fw_open(d->fw, dir, d->id, &d->ctx, &fw_opts, fw_root(), check, &why) != 0) {
+		logf_("ERROR", "msg=\"firmware: open and boot\" device=%s err=\"%s\" errno=\"%s\"", d->id, why, strerror(errno));
+		return -1;
+	}
+	logf_("INFO", "msg=\"firmware booted\" device=%s slot=%s fw_state=%s boots=%llu firmware=\"%s\" manifests=%d", d->id,
+		d->fw->fw.boot.running == 0 ? "a" : "b", efs_fw_state_name((efs_fw_state)d->fw->fw.job.state),
+		(unsigned long long)d->fw->fw.boot.boots, d->fw->version, fw_root() != NULL);
+	return 0;
+}
+
 static int open_device(device *d, const char *dir, const char *id, const char *keys)
 {
 	char path[PATH_MAX];
@@ -619,7 +726,7 @@ static int open_device(device *d, const char *dir, const char *id, const char *k
 		return -1;
 	}
 	efsdev_flash_port(&d->flash, &d->port);
-	d->port.check = check;
+	d->port.check = fw_mode ? NULL : check; /* firmware: the thermostat is port.other */
 	if (trusted) {
 		d->port.sha256 = sha256;
 		d->port.verify = verify;
@@ -647,11 +754,14 @@ static int open_device(device *d, const char *dir, const char *id, const char *k
 		d->corrupt = 1;
 		logf_("ERROR", "msg=\"stored mark unreadable: refusing every command\" device=%s err=\"%s\"", id, efs_strerror(e));
 	}
+	if (fw_mode && open_firmware(d, dir) != 0) {
+		return -1;
+	}
 	if (recover(d) != 0) {
 		logf_("ERROR", "msg=\"state journal not written\" device=%s err=\"%s\"", id, strerror(errno));
 		return -1;
 	}
-	history_event(d, "opened", NULL, d->mark.token, d->mark.seq, NULL, NULL, NULL);
+	history_event(d, "opened", NULL, d->mark.token, d->mark.seq, NULL, NULL, NULL, NULL);
 	logf_("INFO", "msg=\"device open\" device=%s token=%llu seq=%llu applied=%llu", id, (unsigned long long)d->mark.token,
 		(unsigned long long)d->mark.seq, (unsigned long long)d->journal.rec.state.applied);
 	return 0;
@@ -683,8 +793,47 @@ static int usage(const char *msg)
 	fprintf(stderr, "efsdev: %s\nusage: efsdev --mqtt URL --devices ID[,ID...] --dir DIR [--prefix P] [--log FILE] "
 		"[--client-id ID] [--mqtt-user U] [--mqtt-password-file F] [--history FILE [--history-source SRC]] "
 		"[--trust-root PUB --trust-root-kid KID [--certs F,F...] [--revocations F] [--device-keys DIR]] "
-		"[--reset-root PUB --trust-root-kid KID]\n", msg);
+		"[--reset-root PUB --trust-root-kid KID] "
+		"[--firmware [--fw-window D] [--fw-tries N] [--fw-security N] [--fw-max-image BYTES]]\n", msg);
 	return 2;
+}
+
+/* fw_options reads the --fw-* flags (--firmware's, and only its). */
+static int fw_options(const options *o)
+{
+	char *end = NULL;
+	unsigned long long v;
+
+	fw_mode = o->firmware != NULL;
+	fw_opts.window_ms = 30000; /* fwjob.DefaultHealthWindow */
+	fw_opts.max_image = 256u << 20; /* fwjob.DefaultMaxImage */
+	if (!fw_mode) {
+		return o->fw_window != NULL || o->fw_tries != NULL || o->fw_security != NULL || o->fw_max_image != NULL ? -1 : 0;
+	}
+	if (o->fw_window != NULL && efsdev_fw_duration_ms(o->fw_window, &fw_opts.window_ms) != 0) {
+		return -1;
+	}
+	if (o->fw_tries != NULL) {
+		v = strtoull(o->fw_tries, &end, 10);
+		if (*end != '\0' || v < 1 || v > 255) {
+			return -1;
+		}
+		fw_opts.tries = (uint8_t)v;
+	}
+	if (o->fw_security != NULL) {
+		fw_opts.security = strtoull(o->fw_security, &end, 10);
+		if (*end != '\0') {
+			return -1;
+		}
+	}
+	if (o->fw_max_image != NULL) {
+		v = strtoull(o->fw_max_image, &end, 10);
+		if (*end != '\0' || v < 1 || v > UINT32_MAX) {
+			return -1;
+		}
+		fw_opts.max_image = (uint32_t)v;
+	}
+	return 0;
 }
 
 static int parse_args(int argc, char **argv, options *o)
@@ -698,12 +847,19 @@ static int parse_args(int argc, char **argv, options *o)
 		{"--mqtt-password-file", &o->pass_file}, {"--history", &o->history}, {"--history-source", &o->history_source},
 		{"--trust-root", &o->trust_root}, {"--trust-root-kid", &o->trust_root_kid}, {"--certs", &o->certs},
 		{"--revocations", &o->revocations}, {"--device-keys", &o->device_keys}, {"--reset-root", &o->reset_root},
+		{"--fw-window", &o->fw_window}, {"--fw-tries", &o->fw_tries}, {"--fw-security", &o->fw_security},
+		{"--fw-max-image", &o->fw_max_image},
 	};
 	size_t k;
 	int i;
 
 	memset(o, 0, sizeof *o);
 	for (i = 1; i < argc; i += 2) {
+		if (strcmp(argv[i], "--firmware") == 0 || strcmp(argv[i], "--fw-status") == 0) { /* flags without a value */
+			*(strcmp(argv[i], "--firmware") == 0 ? &o->firmware : &o->fw_status) = argv[i];
+			i--;
+			continue;
+		}
 		if (i + 1 >= argc) {
 			return usage("a flag without its value");
 		}
@@ -714,8 +870,17 @@ static int parse_args(int argc, char **argv, options *o)
 		}
 		*flags[k].to = argv[i + 1];
 	}
+	if (o->fw_status != NULL) {
+		o->firmware = o->fw_status; /* read the firmware state on flash and exit: no broker */
+		return o->devices == NULL || o->dir == NULL || strchr(o->devices, ',') != NULL || fw_options(o) != 0
+			? usage("--fw-status reads one device: --dir DIR --devices ID") : 0;
+	}
 	if (o->broker == NULL || o->devices == NULL || o->dir == NULL) {
 		return usage("--mqtt, --devices and --dir are required");
+	}
+	if (fw_options(o) != 0) {
+		return usage("--fw-window (e.g. 30s, 500ms), --fw-tries (1..255), --fw-security, --fw-max-image (1..2^32-1) "
+			"go with --firmware");
 	}
 	if ((o->trust_root == NULL && o->reset_root == NULL) != (o->trust_root_kid == NULL) ||
 	    (o->trust_root == NULL && (o->certs != NULL || o->revocations != NULL || o->device_keys != NULL))) {
@@ -825,6 +990,9 @@ static int open_all(options *o)
 		return usage("--devices: the list is too long");
 	}
 	snprintf(list, sizeof list, "%s", o->devices);
+	if (fw_mode && strchr(list, ',') != NULL) {
+		return usage("--firmware takes one device per process (edgefence-devsim --firmware --c-device supervises one each)");
+	}
 	for (tok = strtok_r(list, ",", &save); tok != NULL; tok = strtok_r(NULL, ",", &save)) {
 		if (ndev == MAX_DEVICES) {
 			logf_("ERROR", "msg=\"too many devices\" max=%d", MAX_DEVICES);
@@ -837,6 +1005,9 @@ static int open_all(options *o)
 	}
 	if (ndev == 0) {
 		return usage("--devices lists no device");
+	}
+	if (fw_mode && ndev != 1) {
+		return usage("--firmware takes one device per process (edgefence-devsim --firmware --c-device supervises one each)");
 	}
 	return 0;
 }
@@ -870,6 +1041,7 @@ static struct mosquitto *client(const options *o)
 	mosquitto_connect_v5_callback_set(m, on_connect);
 	mosquitto_subscribe_v5_callback_set(m, on_subscribe);
 	mosquitto_message_v5_callback_set(m, on_message);
+	mosquitto_publish_callback_set(m, on_publish);
 	return m;
 }
 
@@ -896,7 +1068,7 @@ static void serve(struct mosquitto *m, const char *broker)
 		port = atoi(colon + 1);
 	}
 	mosquitto_property_add_int32(&props, MQTT_PROP_SESSION_EXPIRY_INTERVAL, SESSION_EXPIRY);
-	while (!stopping) {
+	while (!stopping && !(reboot_requested && inflight <= 0)) {
 		if (!connected) {
 			rc = mosquitto_connect_bind_v5(m, host, port, 30, NULL, props);
 			connected = rc == MOSQ_ERR_SUCCESS;
@@ -919,6 +1091,26 @@ static void serve(struct mosquitto *m, const char *broker)
 	}
 }
 
+/* fw_status is --fw-status: the firmware state of a stopped device. */
+static int fw_status(const options *o)
+{
+	char path[PATH_MAX];
+	device *d = &devs[0];
+	efsdev_fw_dev *f = calloc(1, sizeof *f);
+	int rc = 1;
+
+	snprintf(path, sizeof path, "%s/%s.flash", o->dir, o->devices);
+	if (f != NULL && valid_id(o->devices) && efsdev_flash_open(&d->flash, path) == 0) {
+		efsdev_flash_port(&d->flash, &d->port);
+		(void)efs_open(&d->ctx, &d->port);
+		rc = efsdev_fw_status(f, o->dir, o->devices, &d->ctx, &fw_opts);
+	} else {
+		fprintf(stderr, "efsdev: --fw-status: %s: cannot open\n", path);
+	}
+	free(f);
+	return rc;
+}
+
 int main(int argc, char **argv)
 {
 	options o;
@@ -926,7 +1118,13 @@ int main(int argc, char **argv)
 	struct sigaction sa;
 	int rc, i;
 
-	if ((rc = parse_args(argc, argv, &o)) != 0 || (rc = open_all(&o)) != 0) {
+	if ((rc = parse_args(argc, argv, &o)) != 0) {
+		return rc;
+	}
+	if (o.fw_status != NULL) {
+		return fw_status(&o);
+	}
+	if ((rc = open_all(&o)) != 0) {
 		return rc;
 	}
 	memset(&sa, 0, sizeof sa);
@@ -939,14 +1137,15 @@ int main(int argc, char **argv)
 	}
 	logf_("INFO", "msg=\"device fleet starting\" devices=%d broker=%s", ndev, o.broker);
 	serve(m, o.broker);
-	logf_("INFO", "msg=stopped accepted=%lu duplicate=%lu stale=%lu invalid=%lu trust_applied=%lu trust_held=%lu "
-		"trust_refused=%lu", counts[EFS_ACCEPTED], counts[EFS_DUPLICATE], counts[EFS_STALE], counts[EFS_INVALID],
+	logf_("INFO", "msg=stopped reboot=%d accepted=%lu duplicate=%lu stale=%lu invalid=%lu trust_applied=%lu trust_held=%lu "
+		"trust_refused=%lu", reboot_requested, counts[EFS_ACCEPTED], counts[EFS_DUPLICATE], counts[EFS_STALE], counts[EFS_INVALID],
 		trust_counts[0], trust_counts[1], trust_counts[2]);
 	for (i = 0; i < ndev; i++) {
 		efsdev_signer_free(&devs[i].signer);
+		free(devs[i].fw);
 	}
 	efsdev_trust_free(&trust);
 	mosquitto_destroy(m);
 	mosquitto_lib_cleanup();
-	return 0;
+	return reboot_requested ? 3 : 0; /* 3: a reboot (edgefence-devsim's exitReboot): the supervisor restarts it */
 }

@@ -164,4 +164,52 @@ size_t efsdev_sign(efsdev_signer *s, const char *ctype, const uint8_t *payload, 
 size_t efsdev_state_report(const char *device, efs_mark m, uint64_t counter, const uint8_t *state, size_t sn, uint8_t *out,
 	size_t cap);
 
+/* Firmware mode (efsdev_fw.c, --firmware): the library's firmware job on
+ * files in the device's directory: slot-a, slot-b, <id>.fwrec. */
+#include "efshim_fw.h"
+
+typedef struct {
+	uint32_t window_ms; /* a trial boot's health window (--fw-window) */
+	uint8_t tries;      /* trial boots fw.activate arms (--fw-tries; 0: the default) */
+	uint64_t security;  /* the factory image's security version (--fw-security) */
+	uint32_t max_image; /* bytes (--fw-max-image) */
+} efsdev_fw_opts;
+
+typedef struct {
+	char dir[3072]; /* the device's directory (shorter than PATH_MAX: its files' names fit) */
+	int slot_fd[2];
+	efsdev_flash rec; /* the job record's two sectors */
+	int (*rec_read)(void *, unsigned, uint32_t, uint8_t *, size_t);
+	int (*rec_erase)(void *, unsigned);
+	int (*rec_program)(void *, unsigned, uint32_t, const uint8_t *, size_t);
+	efsdev_trust *root_user;
+	efs_fw_port port;
+	efs_fw fw;
+	char version[65]; /* the running image's EDGEFENCE-VERSION */
+	/* on_accept (set before efsdev_fw_open, with accept_user) is called
+	 * for an accepted step before its mark is stored; accepted says one
+	 * was (the caller clears it). */
+	void (*on_accept)(void *user, const efs_result *r);
+	void *accept_user;
+	int accepted;
+} efsdev_fw_dev;
+
+/* efsdev_fw_open opens the job on fence (open), boots (the boot loader's
+ * decision, a trial's health from its markers) and returns 0, or -1 with
+ * *why. trust, if not NULL, holds the root that signs manifests; other is
+ * the thermostat's check (Config.Other). */
+int efsdev_fw_open(efsdev_fw_dev *f, const char *dir, const char *id, efs_ctx *fence, const efsdev_fw_opts *o,
+	efsdev_trust *trust, int (*other)(void *, const struct efs_envelope *, const char **), const char **why);
+/* efsdev_fw_report encodes sim.FirmwareState: the thermostat's state, "fw"
+ * (fwjob.Status.Report) and "firmware" (the version marker, if any). */
+size_t efsdev_fw_report(const efsdev_fw_dev *f, const efsdev_state *s, uint8_t *out, size_t cap);
+int efsdev_fw_duration_ms(const char *s, uint32_t *ms);
+/* efsdev_fw_status prints the firmware state on flash (fwjob.Status's
+ * fields, images in hex) as one JSON line without booting: for a checker
+ * reading a stopped device (efsdev --fw-status). 0, or 1 if unreadable. */
+int efsdev_fw_status(efsdev_fw_dev *f, const char *dir, const char *id, efs_ctx *fence, const efsdev_fw_opts *o);
+/* efsdev_fw_note is fwjob.NoteHistory: a firmware step's job and, for
+ * fw.begin, its image in hex ("" when absent), for its history event. */
+void efsdev_fw_note(const efs_envelope *env, char job[EFS_FW_MAX_JOB + 1], char image[65]);
+
 #endif

@@ -108,8 +108,7 @@ efs_err efs_decode_signed(const uint8_t *raw, size_t n, efs_signed *s, efs_envel
 	return efs_decode_envelope(s->payload.p, s->payload.n, env);
 }
 
-/* bstr_head writes a byte string's head in shortest form. */
-static size_t bstr_head(uint8_t *p, size_t len)
+size_t efs_bstr_head(uint8_t *p, size_t len)
 {
 	size_t w = len < 24 ? 0 : len <= 0xff ? 1 : len <= 0xffff ? 2 : len <= 0xffffffffu ? 4 : 8;
 
@@ -132,10 +131,10 @@ efs_err efs_sig_digest(const efs_port *port, const efs_signed *s, uint8_t digest
 	parts[0].p = context;
 	parts[0].n = sizeof context;
 	parts[1].p = phead;
-	parts[1].n = bstr_head(phead, s->protected_hdr.n);
+	parts[1].n = efs_bstr_head(phead, s->protected_hdr.n);
 	parts[2] = s->protected_hdr;
 	parts[3].p = mid;
-	parts[3].n = 1 + bstr_head(mid + 1, s->payload.n);
+	parts[3].n = 1 + efs_bstr_head(mid + 1, s->payload.n);
 	parts[4] = s->payload;
 	if (port->sha256(port->user, parts, 5, digest) != 0 || s->signature.n != 64) {
 		return EFS_E_BAD_SIGNATURE;

@@ -57,6 +57,7 @@ typedef struct {
 	efs_fw_job job;
 	efs_fw_boot_state boot;
 	int wrote; /* the record moved */
+	int other; /* the application's command (port.other) */
 } step_ctx;
 
 static efs_fw_err illegal(step_ctx *x)
@@ -351,6 +352,10 @@ static int hook_check(void *user, efs_result *r)
 	x->t.cap = sizeof r->reason;
 	x->t.at = 0;
 	efs_fw_add(&x->t, "check: "); /* devices/shim's prefix of a Check refusal */
+	if (efs_fw_is_other(x->fw->port, &r->env)) {
+		x->other = 1;
+		return efs_fw_other_check(x->fw->port, &r->env, &x->t);
+	}
 	x->fw->last = (uint8_t)efs_fw_parse(x->fw->port, &r->env, &x->s, &x->t);
 	return x->fw->last != EFS_FW_OK;
 }
@@ -371,6 +376,9 @@ static int hook_step(void *user, efs_result *r)
 		fw->last = EFS_FW_E_STORAGE;
 		return 1;
 	}
+	if (x->other) {
+		return 0; /* the caller applies it once the mark is stored */
+	}
 	x->job = fw->job;
 	x->boot = fw->boot;
 	if ((e = transition(x)) == EFS_FW_OK) {
@@ -383,6 +391,9 @@ static int hook_step(void *user, efs_result *r)
 			e = EFS_FW_E_STORAGE;
 		} else {
 			x->wrote = 1;
+			if (fw->port->accepting != NULL) {
+				fw->port->accepting(fw->port->user, r);
+			}
 		}
 	}
 	fw->last = (uint8_t)e;
@@ -449,6 +460,7 @@ void efs_fw_process(efs_fw *fw, const uint8_t *device, size_t device_len, const 
 	h.user = &x;
 	fw->last = EFS_FW_OK;
 	efs_process_hooked(fw->fence, device, device_len, buf, n, r, &h);
+	fw->other = (uint8_t)x.other;
 	if (x.wrote && !r->apply) {
 		fw->broken = 1; /* the record moved, the mark did not: efs_fw_open rolls it forward */
 		return;

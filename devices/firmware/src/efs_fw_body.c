@@ -96,18 +96,24 @@ typedef struct {
 	unsigned seen;
 } body_fields;
 
+int efs_fw_value_head(efs_rd *r, efs_head *h)
+{
+	if (efs_read_head(r, h) != EFS_OK) {
+		return -1;
+	}
+	return h->major == 7 && (h->ai == 22 || h->ai == 23) ? 0 : 1;
+}
+
 /* value reads field f's value: text (job), bytes (image, manifest, data) or
  * an unsigned integer; null and undefined leave it missing. */
 static int value(efs_rd *r, int f, body_fields *bf)
 {
 	efs_head h;
 	size_t at = r->i;
+	int v = efs_fw_value_head(r, &h);
 
-	if (efs_read_head(r, &h) != EFS_OK) {
-		return -1;
-	}
-	if (h.major == 7 && (h.ai == 22 || h.ai == 23)) {
-		return 0;
+	if (v <= 0) {
+		return v;
 	}
 	if (f == F_JOB ? h.major != 3 : (f == F_IMAGE || f == F_MANIFEST || f == F_DATA) ? h.major != 2 : h.major != 0) {
 		r->i = at;
@@ -251,24 +257,6 @@ static efs_fw_err bounds(const efs_fw_port *port, const body_fields *bf, efs_fw_
 	return EFS_FW_OK;
 }
 
-/* manifest asks the port's hook about a begin's manifest. */
-static efs_fw_err manifest(const efs_fw_port *port, const efs_fw_step *s, efs_fw_text *t)
-{
-	const char *why = NULL;
-
-	if (port->manifest == NULL ||
-		port->manifest(port->user, s->manifest, s->image.p, s->size, s->version, &why) == 0) {
-		return EFS_FW_OK;
-	}
-	t->at = 7; /* after "check: " */
-	t->buf[t->at] = '\0';
-	efs_fw_add(t, "fwjob: image manifest refused: fw.begin of job ");
-	efs_fw_add_bytes(t, s->job);
-	efs_fw_add(t, ": manifest: ");
-	efs_fw_add(t, why != NULL ? why : "refused");
-	return EFS_FW_E_MANIFEST;
-}
-
 efs_fw_err efs_fw_parse(const efs_fw_port *port, const efs_envelope *env, efs_fw_step *s, efs_fw_text *t)
 {
 	body_fields bf = { { { NULL, 0 } }, { 0 }, 0, 0 };
@@ -314,5 +302,5 @@ efs_fw_err efs_fw_parse(const efs_fw_port *port, const efs_envelope *env, efs_fw
 	if ((e = bounds(port, &bf, s, t)) != EFS_FW_OK || s->kind != FW_BEGIN) {
 		return e;
 	}
-	return manifest(port, s, t);
+	return efs_fw_manifest(port, s, t);
 }

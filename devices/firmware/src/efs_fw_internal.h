@@ -31,9 +31,24 @@ void efs_fw_add_u64(efs_fw_text *t, uint64_t v);
 /* efs_fw_short adds fwjob's short(h): the first 8 bytes in hex and "…". */
 void efs_fw_add_short(efs_fw_text *t, const uint8_t h[32]);
 
+/* efs_fw_value_head reads a field's head: -1 if it does not decode, 0 for
+ * null or undefined (a missing field), 1 for a value. */
+int efs_fw_value_head(efs_rd *r, efs_head *h);
+
 /* efs_fw_parse decodes and checks a step on its own (fwjob's parseStep and
- * the manifest hook); on refusal it writes the reason to t. */
+ * efs_fw_manifest); on refusal it writes the reason to t. */
 efs_fw_err efs_fw_parse(const efs_fw_port *port, const efs_envelope *env, efs_fw_step *s, efs_fw_text *t);
+
+/* efs_fw_manifest checks a begin's manifest against the port's root
+ * (efs_fw_manifest.c; fwjob's checkManifest); on refusal it writes the
+ * reason to t after "check: ". */
+efs_fw_err efs_fw_manifest(const efs_fw_port *port, const efs_fw_step *s, efs_fw_text *t);
+
+/* efs_fw_is_other: env is the application's (port.other set, the kind
+ * not fw.*); efs_fw_other_check asks port.other, nonzero refuses with its
+ * reason added to t (efs_fw_other.c). */
+int efs_fw_is_other(const efs_fw_port *port, const efs_envelope *env);
+int efs_fw_other_check(const efs_fw_port *port, const efs_envelope *env, efs_fw_text *t);
 
 /* efs_fw_load reads the newest valid record into fw (efs_fw_record.c):
  * EFS_OK (fw->cur < 0 if none), or EFS_E_CORRUPT. */

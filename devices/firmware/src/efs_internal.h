@@ -40,6 +40,10 @@ int efs_bytes_equal(const uint8_t *a, size_t an, const uint8_t *b, size_t bn);
 int efs_valid_device_id(const uint8_t *p, size_t n);
 int efs_valid_name(const uint8_t *p, size_t n, size_t max);
 
+/* efs_bstr_head writes a byte string's head for len in shortest form
+ * (at most 9 bytes) and returns its length (efs_cose.c). */
+size_t efs_bstr_head(uint8_t *p, size_t len);
+
 /* efs_store writes a mark as the newest flash slot (efs_mark.c), with the
  * context's reset counter; efs_store_reset with a new one (an operator's
  * reset: both in one slot). */

@@ -39,3 +39,30 @@ func TestKillDeviceRoundCDevice(t *testing.T) {
 	}
 	t.Logf("%d accepts recorded by the C device's fence points; %d device logs clean", accepted, len(logs))
 }
+
+// TestFirmwareRoundCDevice runs the firmware-failover round with the C
+// device (efsdev --firmware under edgefence-devsim's supervisor, one per
+// device): holders stopped and killed mid-job, devices killed (power
+// loss) and restarted; the history its fence points wrote (a step's accept
+// before its mark, with its job) passes I1, I4 and FW1, every device
+// activated the job once and every execution succeeded. No sanitizer
+// report in the devices' logs.
+func TestFirmwareRoundCDevice(t *testing.T) {
+	bin := sandbox.CDeviceForTest(t)
+	dir := t.TempDir()
+	res := runRound(t, Config{CDeviceBin: bin, Dir: dir}, FaultFirmware)
+	checkFirmwareRound(t, res)
+	logs, _ := filepath.Glob(filepath.Join(dir, "devices", "*", "devsim.log"))
+	if len(logs) == 0 {
+		t.Fatal("no device logs")
+	}
+	for _, l := range logs {
+		b, err := os.ReadFile(l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := sandbox.SanitizerReport(b); r != "" {
+			t.Fatalf("%s: %s", l, r)
+		}
+	}
+}

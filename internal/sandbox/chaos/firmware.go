@@ -39,7 +39,8 @@ const (
 )
 
 // runFirmware is the firmware scenario (FaultFirmware) after startInfra:
-// firmware devices (edgefence-devsim --firmware, a process per device),
+// firmware devices (edgefence-devsim --firmware, a process per device;
+// with Config.CDeviceBin each an efsdev --firmware),
 // the two agents, one job over every device created with `edgefence job
 // create`; faults (SIGSTOP of the holder past its lease, kill -9 of the
 // holder agent, kill -9 of a device process) while it runs; then every
@@ -100,10 +101,14 @@ func (r *round) startFirmwareDevices(ctx context.Context) error {
 		r.shimDevs = append(r.shimDevs, fmt.Sprintf("d%d", i+1))
 	}
 	delay := r.jitter(100*time.Millisecond, time.Second)
-	p, err := sandbox.StartProc("devsim-fw", r.path("devsim-fw.log"), r.mqttEnv("devsim"), filepath.Join(r.cfg.Bin, "edgefence-devsim"),
-		"--firmware", "--mqtt", r.mqttURL, "--devices", strings.Join(r.shimDevs, ","), "--dir", r.path("devices"),
+	args := []string{"--firmware", "--mqtt", r.mqttURL, "--devices", strings.Join(r.shimDevs, ","), "--dir", r.path("devices"),
 		"--mqtt-user", "devsim", "--history", r.path(fwHistory), "--history-source", "fw",
-		"--fw-window", "20s", "--restart-delay", delay.String())
+		"--fw-window", "20s", "--restart-delay", delay.String()}
+	if r.cfg.CDeviceBin != "" { // the C device: efsdev --firmware, one per device, under the same supervisor
+		args = append(args, "--c-device", r.cfg.CDeviceBin)
+	}
+	p, err := sandbox.StartProc("devsim-fw", r.path("devsim-fw.log"), r.mqttEnv("devsim"), filepath.Join(r.cfg.Bin, "edgefence-devsim"),
+		args...)
 	if err != nil {
 		return err
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/edgefence/edgefence/agent/jobs"
 	"github.com/edgefence/edgefence/devices/fwjob"
 	"github.com/edgefence/edgefence/fence/history"
+	"github.com/edgefence/edgefence/internal/sandbox"
 )
 
 // The firmware scenario's end-state checks, as Violation.Invariant (the
@@ -34,6 +35,9 @@ const (
 // its active slot's bytes.
 func (r *round) deviceState(dev string) (fwjob.Status, []byte, error) {
 	dir := r.path("devices/" + dev)
+	if r.cfg.CDeviceBin != "" {
+		return cDeviceState(r.cfg.CDeviceBin, dir, dev)
+	}
 	db, err := bbolt.Open(fwjob.DBPath(dir), 0o600, &bbolt.Options{ReadOnly: true, Timeout: 5 * time.Second})
 	if err != nil {
 		return fwjob.Status{}, nil, fmt.Errorf("device %s: %w", dev, err)
@@ -46,16 +50,34 @@ func (r *round) deviceState(dev string) (fwjob.Status, []byte, error) {
 	}); err != nil {
 		return st, nil, fmt.Errorf("device %s: %w", dev, err)
 	}
+	sum, err := slotSum(dir, dev, st)
+	return st, sum, err
+}
+
+// slotSum is the SHA-256 of the bytes of st's active slot in dir.
+func slotSum(dir, dev string, st fwjob.Status) ([]byte, error) {
 	f, err := os.Open(fwjob.SlotPath(dir, st.Active))
 	if err != nil {
-		return st, nil, fmt.Errorf("device %s: %w", dev, err)
+		return nil, fmt.Errorf("device %s: %w", dev, err)
 	}
 	defer f.Close()
 	h := sha256.New()
 	if _, err := io.Copy(h, f); err != nil {
-		return st, nil, fmt.Errorf("device %s: slot %s: %w", dev, st.Active, err)
+		return nil, fmt.Errorf("device %s: slot %s: %w", dev, st.Active, err)
 	}
-	return st, h.Sum(nil), nil
+	return h.Sum(nil), nil
+}
+
+// cDeviceState reads the C device's firmware state from its flash files
+// (efsdev --fw-status, the device stopped) and the SHA-256 of its active
+// slot's bytes.
+func cDeviceState(bin, dir, dev string) (fwjob.Status, []byte, error) {
+	st, err := sandbox.CDeviceFirmwareStatus(bin, dir, dev)
+	if err != nil {
+		return st, nil, err
+	}
+	sum, err := slotSum(dir, dev, st)
+	return st, sum, err
 }
 
 // statusText is a device's firmware state for a message: its fw report
