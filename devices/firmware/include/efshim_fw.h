@@ -40,8 +40,8 @@
  * Resources: no heap, no globals; efs_fw is the caller's (480 bytes on
  * Cortex-M). Stack, measured on Cortex-M3/M4 (-Os, the port's frames
  * included): 1,732 bytes for efs_fw_process (the record's encoding and a
- * copy of the job on top of efs_process's frames), 1,772 for efs_fw_open,
- * 1,620 for efs_fw_boot. Reentrancy: as efshim.h, one efs_fw per device,
+ * copy of the job on top of efs_process's frames), 1,844 for efs_fw_open,
+ * 1,628 for efs_fw_boot. Reentrancy: as efshim.h, one efs_fw per device,
  * calls serialised by the caller.
  */
 #ifndef EFSHIM_FW_H
