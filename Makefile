@@ -15,7 +15,9 @@ GOTAGS := grpcnotrace
 # --unsafe-no-fence): test and demo builds only. `build` (bin/, what demo and
 # chaos run) and `test` use it; `cross` and `package` (what ships) do not, and
 # cmd/edgefence's TestShippedBinaryHasNoFailpoints checks they carry none.
-UNSAFETAGS := $(GOTAGS),edgefence_unsafe
+# edgefence_pprof compiles Go's profiler in (metrics.pprof; about 0.3 MB, over the
+# shipped arm64 binary's 16 MB budget): test, demo and profiling builds only.
+UNSAFETAGS := $(GOTAGS),edgefence_unsafe,edgefence_pprof
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 CMDS := edgefence edgefence-devsim edgefence-sandbox edgefence-chaos
 # The agent and the device simulator are what ships to gateways and devices;

@@ -154,7 +154,9 @@ type MetricsConfig struct {
 	// Pprof also serves Go's profiler under /debug/pprof/ on the same
 	// listener (CPU profiles of the running agent, e.g. edgefence-bench
 	// rss --agent-cpuprofile). Default false: it exposes internals and
-	// costs CPU while a profile runs.
+	// costs CPU while a profile runs. Only in a build with -tags
+	// edgefence_pprof (a config error otherwise): the shipped agent has
+	// no profiler.
 	Pprof bool `yaml:"pprof"`
 }
 

@@ -112,6 +112,12 @@ var configRules = []configRule{
 		}
 		return ""
 	}),
+	scalar("metrics.pprof", func(c *Config) string {
+		if c.Metrics.Pprof && !pprofBuild {
+			return "this build has no profiler: build the agent with -tags edgefence_pprof (a profiling build) or set it false"
+		}
+		return ""
+	}),
 	notNegative("command.timeout", "must be positive", func(c *Config) time.Duration { return c.Command.Timeout }),
 	notNegative("outbox.max_per_device", "must not be negative", func(c *Config) int { return c.Outbox.MaxPerDevice }),
 	notNegative("outbox.max_bytes_per_device", "must not be negative", func(c *Config) int64 { return c.Outbox.MaxBytesPerDevice }),

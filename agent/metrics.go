@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"net/http/pprof"
 	"runtime"
 	"runtime/debug"
 	"slices"
@@ -72,10 +71,7 @@ func (a *Agent) MetricsHandler(version string, extra ...prometheus.Collector) ht
 		fmt.Fprintln(w, "ready")
 	})
 	if a.cfg.Metrics.Pprof {
-		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
-		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
-		mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
-		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+		servePprof(mux)
 	}
 	return mux
 }

@@ -319,9 +319,13 @@ func fmtErr(err error) string {
 	return err.Error()
 }
 
-// TestPprofOnlyWhenSwitchedOn: /debug/pprof/ is served with metrics.pprof
-// and not without it (the default).
+// TestPprofOnlyWhenSwitchedOn: a profiling build (-tags edgefence_pprof,
+// as make test builds) serves /debug/pprof/ with metrics.pprof and not
+// without it (the default).
 func TestPprofOnlyWhenSwitchedOn(t *testing.T) {
+	if !pprofBuild {
+		t.Skip("a shipped build has no profiler: TestUnsafePprofRefused")
+	}
 	for _, on := range []bool{false, true} {
 		cfg := &Config{Gateway: "gw-p", Etcd: EtcdConfig{Endpoints: testEtcd.Endpoints(), Prefix: "/t/" + t.Name(), LeaseTTL: 2 * time.Second},
 			MQTT: MQTTConfig{Brokers: []string{"mqtt://127.0.0.1:1"}}, Metrics: MetricsConfig{Pprof: on}, Devices: devCfgs("d1")}
@@ -345,5 +349,26 @@ func TestPprofOnlyWhenSwitchedOn(t *testing.T) {
 			}
 		}
 		srv.Close()
+	}
+}
+
+// TestUnsafePprofRefused: a shipped build (no -tags edgefence_pprof; make
+// test runs it in its shipped-build pass, with the Unsafe switches) refuses
+// metrics.pprof as a config error naming the key, and serves no profiler.
+func TestUnsafePprofRefused(t *testing.T) {
+	if pprofBuild {
+		t.Skip("a profiling build honours it")
+	}
+	cfg := Config{Gateway: "gw-p", Etcd: EtcdConfig{Endpoints: []string{"http://127.0.0.1:1"}},
+		MQTT: MQTTConfig{Brokers: []string{"mqtt://127.0.0.1:1"}}, Metrics: MetricsConfig{Pprof: true}, Devices: devCfgs("d1")}
+	err := cfg.Validate()
+	var ce *ConfigError
+	if !errors.As(err, &ce) || ce.Key != "metrics.pprof" || !errors.Is(err, ErrConfig) {
+		t.Fatalf("Validate with metrics.pprof in a shipped build: %v, want a config error naming metrics.pprof", err)
+	}
+	mux := http.NewServeMux()
+	servePprof(mux)
+	if _, pattern := mux.Handler(httptest.NewRequest("GET", "/debug/pprof/", nil)); pattern != "" {
+		t.Errorf("a shipped build serves %q", pattern)
 	}
 }

@@ -138,11 +138,13 @@ func deviceIDs(prefix string, n int) []string {
 }
 
 // buildBinary builds ./cmd/<name> of the module in the working directory
-// into dir, as the gateway binaries ship (static, no cgo).
-func buildBinary(ctx context.Context, dir, name string, log io.Writer) (string, error) {
+// into dir, as the gateway binaries ship (static, no cgo), with the build
+// tags extra added (edgefence_pprof: a profiling build).
+func buildBinary(ctx context.Context, dir, name string, log io.Writer, extra ...string) (string, error) {
 	out := filepath.Join(dir, name)
-	fmt.Fprintf(log, "CGO_ENABLED=0 go build -tags grpcnotrace -trimpath -ldflags='-s -w' ./cmd/%s\n", name)
-	cmd := exec.CommandContext(ctx, "go", "build", "-tags", "grpcnotrace", "-trimpath", "-ldflags=-s -w", "-o", out, "github.com/edgefence/edgefence/cmd/"+name)
+	tags := strings.Join(append([]string{"grpcnotrace"}, extra...), ",")
+	fmt.Fprintf(log, "CGO_ENABLED=0 go build -tags %s -trimpath -ldflags='-s -w' ./cmd/%s\n", tags, name)
+	cmd := exec.CommandContext(ctx, "go", "build", "-tags", tags, "-trimpath", "-ldflags=-s -w", "-o", out, "github.com/edgefence/edgefence/cmd/"+name)
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Run(); err != nil {

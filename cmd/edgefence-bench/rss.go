@@ -118,9 +118,14 @@ func runRSS(ctx context.Context, etcd *sandbox.Etcd, cfg rssConfig) (*rssResult,
 	res := &rssResult{Bin: cfg.AgentBin, Built: "given with --agent-bin", Duration: cfg.Duration, Period: cfg.Period, MinRate: cfg.MinRate}
 	if res.Bin == "" {
 		// As the gateway binaries ship (make cross): static, no cgo.
-		res.Built = "CGO_ENABLED=0 go build -tags grpcnotrace -trimpath -ldflags='-s -w' ./cmd/edgefence"
+		// --agent-cpuprofile: a profiling build (metrics.pprof needs it).
+		var extra []string
+		if cfg.ProfDir != "" {
+			extra = append(extra, "edgefence_pprof")
+		}
+		res.Built = "CGO_ENABLED=0 go build -tags " + strings.Join(append([]string{"grpcnotrace"}, extra...), ",") + " -trimpath -ldflags='-s -w' ./cmd/edgefence"
 		var err error
-		if res.Bin, err = buildBinary(ctx, cfg.Dir, "edgefence", cfg.Log); err != nil {
+		if res.Bin, err = buildBinary(ctx, cfg.Dir, "edgefence", cfg.Log, extra...); err != nil {
 			return nil, err
 		}
 	}
