@@ -29,7 +29,7 @@
 #ifdef EFS_FW_CRYPTO
 #include "mbedtls/memory_buffer_alloc.h"
 
-static unsigned char crypto_heap[6144] __attribute__((aligned(8))); /* mcu/runner.c's */
+static unsigned char crypto_heap[6400] __attribute__((aligned(8))); /* mcu/runner.c's */
 #endif
 
 enum { P_HANDLE, P_PROCESS, P_OPEN, P_BOOT, P_N };
