@@ -38,11 +38,12 @@
  * that forbids a second program needs a port that skips bytes already
  * equal). A cut erase of a begin is redone by the resend.
  *
- * Resources: no heap, no globals; efs_fw is the caller's (480 bytes on
+ * Resources: no heap, no globals; efs_fw is the caller's (488 bytes on
  * Cortex-M). Stack, measured on Cortex-M3/M4 (-Os, the port's frames
- * included): 1,732 bytes for efs_fw_process (the record's encoding and a
- * copy of the job on top of efs_process's frames), 1,844 for efs_fw_open,
- * 1,628 for efs_fw_boot. Reentrancy: as efshim.h, one efs_fw per device,
+ * included): 1,740 bytes for efs_fw_process (the record's encoding and a
+ * copy of the job on top of efs_process's frames), 1,860 for efs_fw_open,
+ * 1,636 for efs_fw_boot; 2,400 for efs_fw_handle with a reset's or a
+ * manifest's ES256 verify on mbedTLS. Reentrancy: as efshim.h, one efs_fw per device,
  * calls serialised by the caller.
  */
 #ifndef EFSHIM_FW_H
