@@ -20,11 +20,27 @@ import (
 // the restart the replayed reset, another device's and a gateway key's are
 // refused, the mark unchanged.
 func TestFenceResetCDevice(t *testing.T) {
-	bin := sandbox.CDeviceForTest(t)
-	resetBricked(t, resetDevice{
+	resetBricked(t, cResetDevice(sandbox.CDeviceForTest(t), "--devices", "dev-1,dev-2"))
+}
+
+// TestFenceResetCFirmwareDevice is the same scenario on the C device's
+// firmware mode (efsdev --firmware: efs_fw_handle, the thermostat beside
+// the firmware job, one device per process): before, efs_fw_process refused
+// the reset as a command and the device stayed bricked. The job record's
+// tag and the reset counter it carries are proven by the firmware vectors
+// and power cuts (devices/firmware: TestFirmwareJobHost).
+func TestFenceResetCFirmwareDevice(t *testing.T) {
+	resetBricked(t, cResetDevice(sandbox.CDeviceForTest(t), "--firmware", "--devices", "dev-1"))
+}
+
+// cResetDevice is efsdev (bin, with flags) given the operator's root for
+// resets, its mark read from its flash file's bytes, its logs checked for
+// sanitizer reports.
+func cResetDevice(bin string, flags ...string) resetDevice {
+	return resetDevice{
 		args: func(url, dir, pub string) []string {
-			return []string{bin, "--mqtt", url, "--devices", "dev-1,dev-2", "--dir", dir, "--client-id", "efsdev",
-				"--reset-root", pub, "--trust-root-kid", "operator"}
+			return append(append([]string{bin}, flags...), "--mqtt", url, "--dir", dir, "--client-id", "efsdev",
+				"--reset-root", pub, "--trust-root-kid", "operator")
 		},
 		onDisk: func(t *testing.T, dir, dev string) (fence.Mark, uint64) {
 			b, err := os.ReadFile(filepath.Join(dir, dev+".flash"))
@@ -43,7 +59,7 @@ func TestFenceResetCDevice(t *testing.T) {
 				t.Errorf("%s: sanitizer report:\n%s", filepath.Base(log), b)
 			}
 		},
-	})
+	}
 }
 
 // newestFlashSlot reads the library's two flash slots (src/efs_mark.c:

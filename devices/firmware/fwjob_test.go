@@ -25,14 +25,14 @@ func TestFirmwareJobHost(t *testing.T) {
 	args := []string{"-std=c99", "-Wall", "-Wextra", "-Werror", "-pedantic", "-g", "-O1",
 		"-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-Iinclude", "-o", bin, "test/fw_host.c"}
 	args = append(args, librarySources(t)...)
-	if hasMbedTLS(t) { // the signed manifests' scenarios: root_verify on mbedTLS
+	if hasMbedTLS(t) { // the root's signatures (manifests, resets): ES256 on mbedTLS
 		args = append(args, "-DEFS_FW_CRYPTO", "-lmbedcrypto")
 	}
 	run(t, 2*time.Minute, compiler, args...)
 	out := strings.TrimSpace(run(t, 5*time.Minute, bin))
 	for _, line := range strings.Split(out, "\n") {
 		if strings.HasPrefix(line, "power cuts:") || strings.HasPrefix(line, "firmware vectors:") ||
-			strings.Contains(line, " checks, ") {
+			strings.HasPrefix(line, "reset on the firmware") || strings.Contains(line, " checks, ") {
 			t.Log(line)
 		}
 	}
@@ -46,15 +46,23 @@ const mcuFwStride = 3
 // Cortex-M3 and Cortex-M4 (mcu/fw_runner.c: test/fw_host.c on the board,
 // -Os) and runs it on QEMU: the Go scenarios, the refusals and boots, and
 // the power cuts at every third byte; with the measured peak stack of
-// efs_fw_process, efs_fw_open and efs_fw_boot (mcu/board.h's probe).
+// efs_fw_handle, efs_fw_process, efs_fw_open and efs_fw_boot (mcu/board.h's
+// probe); with mbedTLS's source the root's signatures are verified on the
+// target.
 func TestMCUFirmwareJob(t *testing.T) {
 	gcc, _, qemu := mcuTools(t, true)
+	src := mbedtlsSource(t)
 	for _, b := range mcuBoards {
 		t.Run(b.cpu, func(t *testing.T) {
 			elf := filepath.Join(t.TempDir(), b.cpu+".elf")
 			args := append(mcuFlags(b.cpu), "-g", "--specs=nosys.specs", fmt.Sprintf("-DEFS_FW_TEAR_STRIDE=%d", mcuFwStride),
-				"-Wl,--wrap=efs_fw_process,--wrap=efs_fw_open,--wrap=efs_fw_boot", "-o", elf, "mcu/startup.c", "mcu/fw_runner.c")
+				"-Wl,--wrap=efs_fw_handle,--wrap=efs_fw_process,--wrap=efs_fw_open,--wrap=efs_fw_boot", "-o", elf,
+				"mcu/startup.c", "mcu/fw_runner.c")
+			if src != "" { // the root's signatures verified on the target (ES256 on mbedTLS)
+				args = append(append(args, "-DEFS_FW_CRYPTO"), mbedtlsArgs(src)...)
+			}
 			run(t, 3*time.Minute, gcc, append(args, librarySources(t)...)...)
+			start := time.Now()
 			out := run(t, 5*time.Minute, qemu, "-M", b.machine, "-nographic", "-monitor", "none",
 				"-semihosting-config", "enable=on,target=native", "-kernel", elf)
 			m := mcuSummary.FindStringSubmatch(out)
@@ -62,10 +70,10 @@ func TestMCUFirmwareJob(t *testing.T) {
 				t.Fatalf("firmware job runner on QEMU: no clean summary\n%s", out)
 			}
 			stacks := mcuStack.FindAllStringSubmatch(out, -1)
-			if len(stacks) != 3 {
-				t.Fatalf("firmware job runner on QEMU: %d stack figures, want 3\n%s", len(stacks), out)
+			if len(stacks) != 4 {
+				t.Fatalf("firmware job runner on QEMU: %d stack figures, want 4\n%s", len(stacks), out)
 			}
-			t.Logf("%s checks, 0 failures", m[1])
+			t.Logf("%s checks, 0 failures in %v on QEMU", m[1], time.Since(start).Round(100*time.Millisecond))
 			for _, s := range stacks {
 				if s[2] == "0" {
 					t.Errorf("stack probe %q: no calls", s[3])
@@ -73,7 +81,8 @@ func TestMCUFirmwareJob(t *testing.T) {
 				t.Logf("peak stack %s B over %s calls: %s", s[1], s[2], s[3])
 			}
 			for _, line := range strings.Split(out, "\n") {
-				if strings.HasPrefix(line, "power cuts:") || strings.HasPrefix(line, "sizeof efs_fw") {
+				if strings.HasPrefix(line, "power cuts:") || strings.HasPrefix(line, "sizeof efs_fw") ||
+					strings.HasPrefix(line, "firmware vectors:") || strings.HasPrefix(line, "reset on the firmware") {
 					t.Log(line)
 				}
 			}

@@ -150,6 +150,54 @@ func fwManifestScenarios(img []byte) []fwScenario {
 	return []fwScenario{
 		{name: "signed manifests: the forgeries refused, the valid one installed", actions: s.acts, manifests: true},
 		{name: "the application beside the firmware (Config.Other)", actions: o.acts, other: true},
+		{name: "the operator's resets: mid-job, a reboot, after commit, replayed", actions: fwResetActions(img, valid.bytes()),
+			manifests: true},
+	}
+}
+
+// fwReset is an operator's reset of the vectors' device signed by signer
+// under the root's kid (auth.Root.Reset's bytes: a COSE_Sign1 whose
+// payload is resetPayload's).
+func fwReset(signer *ecdsa.PrivateKey, dev string, t, seq, counter uint64) []byte {
+	return mfst{prot: cat(hd(5, 3), u(1), neg(6), u(3), tstr(auth.ContentReset), u(4), bstr(fwRootKid)),
+		payload: resetPayload(dev, t, seq, counter, fmt.Sprintf("reset:fw%d", counter)), signer: signer}.bytes()
+}
+
+// fwResetActions: the holder at token 7 begins a job and sends its first
+// chunk; the operator resets the mark down to 2/1 (counter 1); after a
+// reboot (the job record's tag, 7/2, is not rolled forward over the reset)
+// a holder at token 3 — stale before the reset — finishes the job to
+// commit; the reset replayed, one signed by a gateway's key and one for
+// another device are refused; a reset up to 50/1 (counter 2) after the
+// commit, a reboot, and token 7's step is stale.
+func fwResetActions(img, man []byte) []fwAction {
+	sum := sha256.Sum256(img)
+	at := func(t fence.Token, seq uint64, kind string, body any) fwAction {
+		return fwAction{token: t, seq: seq, kind: kind, body: body}
+	}
+	chunk := func(t fence.Token, seq uint64, off int) fwAction {
+		return at(t, seq, fwjob.KindChunk, fwjob.ChunkBody{Job: "j1", Off: uint64(off), Data: img[off:min(off+512, len(img))]})
+	}
+	raw := func(b []byte) fwAction { return fwAction{raw: b} }
+	down := fwReset(fwRoot, fwDevice, 2, 1, 1)
+	return []fwAction{
+		at(7, 1, fwjob.KindBegin, fwjob.BeginBody{Job: "j1", Image: sum[:], Size: uint64(len(img)), Version: 3, Chunk: 512,
+			Manifest: man}),
+		chunk(7, 2, 0),
+		raw(down),
+		{boot: true, healthy: true},
+		chunk(3, 1, 512),
+		at(3, 2, fwjob.KindInstall, fwjob.JobBody{Job: "j1"}),
+		at(3, 3, fwjob.KindActivate, fwjob.JobBody{Job: "j1"}),
+		{boot: true, healthy: true},
+		at(3, 4, fwjob.KindCommit, fwjob.JobBody{Job: "j1"}),
+		raw(down),
+		raw(fwReset(findKey("gw-a").priv, fwDevice, 1, 1, 5)),
+		raw(fwReset(fwRoot, "fw-2", 1, 1, 5)),
+		raw(fwReset(fwRoot, fwDevice, 50, 1, 2)),
+		{boot: true, healthy: true},
+		at(7, 3, fwjob.KindCommit, fwjob.JobBody{Job: "j1"}),
+		at(50, 2, fwjob.KindCancel, fwjob.JobBody{Job: "j1"}),
 	}
 }
 
@@ -169,7 +217,7 @@ func (fwApp) Apply(*fence.Envelope) error { return errors.New("app: transactions
 func (fwApp) ApplyTx(*bbolt.Tx, *fence.Envelope) error { return nil }
 
 // rootVerified lists the Sig_structure digests and signatures of the
-// scenarios' manifests whose signature the root verifies (ecdsa.Verify, as go-cose's ES256):
+// scenarios' manifests and resets whose signature the root verifies (ecdsa.Verify, as go-cose's ES256):
 // the port's root_verify in a build without ES256 (the Cortex-M runner)
 // looks the pair up here, so the manifests' scenarios run there too and
 // the manifest path's stack is measured. The host runner verifies with
@@ -179,12 +227,15 @@ func rootVerified(scs []fwScenario) [][96]byte {
 	seen := map[[96]byte]bool{}
 	for _, sc := range scs {
 		for _, a := range sc.actions {
-			b, ok := a.body.(fwjob.BeginBody)
-			if !ok || len(b.Manifest) == 0 {
+			msg := a.raw // a reset
+			if b, ok := a.body.(fwjob.BeginBody); ok {
+				msg = b.Manifest
+			}
+			if len(msg) == 0 {
 				continue
 			}
 			var parts []cbor.RawMessage
-			if len(b.Manifest) < 2 || cbor.Unmarshal(b.Manifest[1:], &parts) != nil || len(parts) != 4 {
+			if len(msg) < 2 || cbor.Unmarshal(msg[1:], &parts) != nil || len(parts) != 4 {
 				continue // untagged, or not an array of 4
 			}
 			var prot, payload, sig []byte

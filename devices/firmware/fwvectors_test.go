@@ -46,6 +46,7 @@ type fwAction struct {
 	seq     uint64
 	kind    string
 	body    any
+	raw     []byte // sent as it is (an operator's reset), in place of an envelope
 }
 
 type fwScenario struct {
@@ -179,17 +180,20 @@ func (r *fwDeviceRig) start() (fwjob.BootInfo, error) {
 	if err != nil {
 		return info, err
 	}
-	if r.s, err = shim.Open(fwjob.DBPath(r.dir), nil); err != nil {
-		return info, err
-	}
+	var opts *shim.Options
 	cfg := fwjob.Config{Dir: r.dir, Device: fwDevice, MaxImage: fwMaxImage}
 	if r.sc.other {
 		cfg.Other = fwApp{}
 	}
-	if r.sc.manifests {
-		if cfg.Manifests, err = fwRootKey(); err != nil {
+	if r.sc.manifests { // the root: the manifests' and the resets' (C: one root hook)
+		rk, err := fwRootKey()
+		if err != nil {
 			return info, err
 		}
+		cfg.Manifests, opts = rk, &shim.Options{Root: rk}
+	}
+	if r.s, err = shim.Open(fwjob.DBPath(r.dir), opts); err != nil {
+		return info, err
 	}
 	r.d, err = fwjob.New(cfg)
 	return info, err
@@ -259,6 +263,10 @@ func (w *hdr) fwRun(dir string, sc fwScenario) (string, error) {
 			if info.Trial {
 				trial = 1
 			}
+		} else if a.raw != nil {
+			in = a.raw
+			o := r.d.Handle(r.s, in)
+			ack, st = o.Ack, o.Status
 		} else {
 			var err error
 			if in, err = fwEnvelope(a); err != nil {

@@ -116,6 +116,9 @@ func trustCorpus() []decodeCase {
 		cat(hd(5, 3), u(1), u(2), u(1), u(3), u(2), hd(4, 0))).bytes()))
 	add("revocation list: no key ids", trustUpdate(statement("operator", auth.ContentRevocations,
 		cat(hd(5, 2), u(1), u(2), u(2), hd(4, 0))).bytes()))
+	for _, c := range trustNulls() {
+		add(c.name, c.in)
+	}
 	add("certificate: serial 2^64-1", trustUpdate(statement("operator", auth.ContentCertificate,
 		bytes.Replace(certPayload(hd, "gw-a", "dev-a"), cat(u(6), u(1)), cat(u(6), hd(0, 1<<64-1)), 1)).bytes()))
 	add("signed by gw-a", trustUpdate(statement("gw-a", auth.ContentCertificate, certPayload(hd, "gw-b", "dev-b")).bytes()))
@@ -232,4 +235,41 @@ func TestTrustConformance(t *testing.T) {
 	run(t, 2*time.Minute, compiler, append(args, "-lmbedcrypto")...)
 	out := run(t, 2*time.Minute, bin)
 	t.Log(strings.TrimSpace(out[strings.LastIndexByte(strings.TrimSpace(out), '\n')+1:]))
+}
+
+// trustNulls: every field of a certificate and of a revocation list null,
+// and undefined for one, as auth's decoder reads them (a field left
+// empty): what Go then takes or refuses, C must too.
+func trustNulls() []decodeCase {
+	pt, err := findKey("gw-a").priv.PublicKey.Bytes()
+	if err != nil {
+		panic(err)
+	}
+	null := []byte{0xf6}
+	cert := [][]byte{bstr("gw-a"), cat(hd(5, 4), u(1), u(2), neg(0), u(1), neg(1), bstrOf(pt[1:33]), neg(2), bstrOf(pt[33:])),
+		cat(hd(4, 1), tstr("dev-a")), hd(0, 1700000000), hd(0, 4000000000), u(1), u(0)}
+	list := [][]byte{u(2), cat(hd(4, 1), bstr("gw-x")), hd(0, 1700000000)}
+	build := func(fields [][]byte, at int, v []byte) []byte {
+		b := hd(5, uint64(len(fields)))
+		for i, f := range fields {
+			if i == at {
+				f = v
+			}
+			b = cat(b, u(uint64(i+1)), f)
+		}
+		return b
+	}
+	var cs []decodeCase
+	for i := range cert {
+		p := build(cert, i, null)
+		cs = append(cs, decodeCase{fmt.Sprintf("certificate: field %d null", i+1),
+			trustUpdate(statement("operator", auth.ContentCertificate, p).bytes())})
+	}
+	cs = append(cs, decodeCase{"certificate: field 7 undefined", trustUpdate(statement("operator",
+		auth.ContentCertificate, build(cert, 6, []byte{0xf7})).bytes())})
+	for i := range list {
+		cs = append(cs, decodeCase{fmt.Sprintf("revocation list: field %d null", i+1),
+			trustUpdate(statement("operator", auth.ContentRevocations, build(list, i, null)).bytes())})
+	}
+	return cs
 }

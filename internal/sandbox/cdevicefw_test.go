@@ -241,7 +241,8 @@ func BenchmarkFirmwareJobThroughDevice(b *testing.B) {
 
 // TestCDeviceFirmwareManifests: efsdev --firmware given the operator's
 // root (--trust-root) installs only images the operator signed: the C
-// library checks fw.begin's manifest (port.root_verify on the root's key).
+// library checks fw.begin's manifest (port.root_kid; its signature through
+// the fence port's verify_root, the root's key).
 // A begin without one, one signed by the gateway's key under the root's
 // kid, and one naming another version are refused invalid with fwjob's
 // words; the root's manifest of the image is accepted and the job goes on.

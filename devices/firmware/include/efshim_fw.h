@@ -6,7 +6,7 @@
  * text keys, as devices/fwjob's BeginBody, ChunkBody and JobBody:
  *
  *	fw.begin    {job, image (SHA-256, 32 bytes), size, version, chunk,
- *	             manifest (the operator's, required with port.root_verify)}
+ *	             manifest (the operator's, required with port.root_kid)}
  *	fw.chunk    {job, off, data}   off must be the bytes received
  *	fw.install  {job}              verify the slot -> installed
  *	fw.activate {job}              arm a trial boot of the new slot -> rebooting
@@ -28,8 +28,9 @@
  * the slot bytes (fw.begin erases the inactive slot; fw.chunk programs its
  * data), then the job record, then the mark (efs_ctx). In Go the record
  * and the mark commit in one bbolt transaction; here efs_fw_open
- * reconciles: a record whose tag is above the mark is a step whose mark
- * write was cut, and the mark is rolled forward to it (the step happened:
+ * reconciles: a record whose tag is above the mark, under the same reset
+ * counter, is a step whose mark write was cut, and the mark is rolled
+ * forward to it (the step happened:
  * a redelivery is then a Duplicate, never applied twice). A record cut
  * before its commit byte leaves the previous one, and the mark with it: the
  * step did not happen, and its resend programs the same bytes again (NOR:
@@ -37,11 +38,12 @@
  * that forbids a second program needs a port that skips bytes already
  * equal). A cut erase of a begin is redone by the resend.
  *
- * Resources: no heap, no globals; efs_fw is the caller's (480 bytes on
+ * Resources: no heap, no globals; efs_fw is the caller's (488 bytes on
  * Cortex-M). Stack, measured on Cortex-M3/M4 (-Os, the port's frames
- * included): 1,732 bytes for efs_fw_process (the record's encoding and a
- * copy of the job on top of efs_process's frames), 1,844 for efs_fw_open,
- * 1,628 for efs_fw_boot. Reentrancy: as efshim.h, one efs_fw per device,
+ * included): 1,740 bytes for efs_fw_process (the record's encoding and a
+ * copy of the job on top of efs_process's frames), 1,860 for efs_fw_open,
+ * 1,636 for efs_fw_boot; 2,400 for efs_fw_handle with a reset's or a
+ * manifest's ES256 verify on mbedTLS. Reentrancy: as efshim.h, one efs_fw per device,
  * calls serialised by the caller.
  */
 #ifndef EFSHIM_FW_H
@@ -98,18 +100,17 @@ typedef struct efs_fw_port {
 	int (*record_erase)(void *user, unsigned sector);
 	int (*record_program)(void *user, unsigned sector, uint32_t off, const uint8_t *buf, size_t n);
 	/* Optional: the operator's root, for image manifests (fwjob
-	 * Config.Manifests). With root_verify set every fw.begin must carry
-	 * the image's manifest signed by the root (auth.Root.Manifest),
-	 * naming the begin's image, size and version; else it is refused
-	 * Invalid (EFS_FW_E_MANIFEST) with fwjob's words. The library decodes
-	 * the manifest, checks its structure, the root's kid (root_kid) and
-	 * its fields, and hashes the Sig_structure; root_verify checks the
-	 * ES256 signature sig (r || s) over digest with the root's public key:
-	 * 0 if it verifies. NULL: manifests are only bounded, as fwjob without
-	 * Config.Manifests. */
+	 * Config.Manifests). With root_kid set (the root's kid, 1 to 64
+	 * bytes) every fw.begin must carry the image's manifest signed by the
+	 * root (auth.Root.Manifest), naming the begin's image, size and
+	 * version; else it is refused Invalid (EFS_FW_E_MANIFEST) with fwjob's
+	 * words. The library decodes the manifest, checks its structure, the
+	 * kid against root_kid and its fields, and hashes the Sig_structure;
+	 * the signature goes to the one root hook, the fence port's
+	 * verify_root (efshim_port.h: the resets' too). NULL: manifests are
+	 * only bounded, as fwjob without Config.Manifests. */
 	const uint8_t *root_kid;
 	size_t root_kid_len;
-	int (*root_verify)(void *user, const uint8_t digest[32], const uint8_t sig[64]);
 	/* Optional: the device's application beside its firmware (fwjob
 	 * Config.Other). A command whose kind does not start "fw." goes to
 	 * other: its check of kind and body, no side effects, before the admit
@@ -137,6 +138,7 @@ typedef struct {
 	uint8_t image[32];
 	uint64_t size, chunk, version, bytes;
 	uint64_t token, seq; /* of the last step */
+	uint64_t counter;    /* the fence's reset counter when that step's mark was stored */
 	uint8_t reason_len;
 	char reason[EFS_FW_MAX_REASON];
 } efs_fw_job;
@@ -164,7 +166,7 @@ typedef struct {
 
 /* The record on flash (efs_fw_record.c): a slot's largest size, with the
  * sector's superseded byte (its last). */
-#define EFS_FW_RECORD_MAX (1u + 1u + EFS_MAX_HOLDER_LEN + 1u + EFS_MAX_ID_LEN + 1u + EFS_FW_MAX_JOB + 2u + 32u + \
+#define EFS_FW_RECORD_MAX (1u + 1u + EFS_MAX_HOLDER_LEN + 1u + EFS_MAX_ID_LEN + 8u + 1u + EFS_FW_MAX_JOB + 2u + 32u + \
 	48u + 1u + EFS_FW_MAX_REASON + 4u + 64u + 32u)
 #define EFS_FW_RECORD_SLOT_MAX (12u + EFS_FW_RECORD_MAX)
 
@@ -206,6 +208,17 @@ efs_err efs_fw_health(efs_fw *fw, int healthy, const char *reason);
  * accepted fw.install is verified at once (installed or failed). A
  * refused step is Invalid with fwjob's reason; fw->last is its class. */
 void efs_fw_process(efs_fw *fw, const uint8_t *device, size_t device_len, const uint8_t *buf, size_t n,
+	efs_result *r);
+
+/* efs_fw_handle is efs_handle for a firmware device (devices/shim's
+ * Process in front of fwjob): the operator's reset (efs_is_reset) is
+ * answered by the fence point (efshim.h: its mark and counter in one flash
+ * slot, r.reset set, nothing to apply; the job record is left as it is),
+ * anything else is efs_fw_process'd. The record's tag carries the reset
+ * counter of its step, so efs_fw_open never rolls the mark forward over a
+ * reset. A reset is refused (Invalid, EFS_E_STORAGE) while the record is
+ * ahead of the mark in this session or damaged. */
+void efs_fw_handle(efs_fw *fw, const uint8_t *device, size_t device_len, const uint8_t *buf, size_t n,
 	efs_result *r);
 
 /* efs_fw_reboot_pending: the boot loader would now boot another slot than

@@ -49,12 +49,15 @@ typedef struct efs_port {
 	int (*sha256)(void *user, const struct efs_bytes *parts, size_t n, uint8_t digest[32]);
 	int (*verify)(void *user, const uint8_t *kid, size_t kid_len, const uint8_t *device, size_t device_len,
 		const uint8_t digest[32], const uint8_t sig[64]);
-	/* The operator's resets (efshim.h: efs_reset): verify_root checks sig
-	 * over digest with the operator's root key, if kid is the root's:
-	 * EFS_PORT_OK, EFS_PORT_UNKNOWN_KEY (kid is not the root's) or
-	 * EFS_PORT_BAD_SIGNATURE. Needs sha256 too (verify may be NULL: a
-	 * device of plain commands takes resets). NULL: every reset is
-	 * refused (EFS_E_NO_ROOT). */
+	/* The operator's root: the one hook for what the root signs, the
+	 * resets (efshim.h: efs_reset) and, on a firmware job's device, the
+	 * image manifests (efshim_fw.h: efs_fw_port.root_kid). verify_root
+	 * checks sig (r || s, ES256) over digest with the operator's root key,
+	 * if kid is the root's: EFS_PORT_OK, EFS_PORT_UNKNOWN_KEY (kid is not
+	 * the root's) or EFS_PORT_BAD_SIGNATURE. Resets need sha256 too
+	 * (verify may be NULL: a device of plain commands takes resets;
+	 * manifests are hashed by the library). NULL: every reset is refused
+	 * (EFS_E_NO_ROOT), and so is every manifest. */
 	int (*verify_root)(void *user, const uint8_t *kid, size_t kid_len, const uint8_t digest[32],
 		const uint8_t sig[64]);
 } efs_port;

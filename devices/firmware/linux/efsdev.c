@@ -514,9 +514,9 @@ static void handle(struct mosquitto *m, device *d, const struct mosquitto_messag
 	if (take(d, msg->payload, (size_t)msg->payloadlen, &accepting) != 0) {
 		return;
 	}
-	if (d->fw != NULL) { /* resets are refused as commands: the job record's tag would roll the mark forward past one */
+	if (d->fw != NULL) { /* a reset, or a step or the thermostat's command */
 		d->fw->accepted = 0;
-		efs_fw_process(&d->fw->fw, (const uint8_t *)d->id, strlen(d->id), msg->payload, (size_t)msg->payloadlen, &r);
+		efs_fw_handle(&d->fw->fw, (const uint8_t *)d->id, strlen(d->id), msg->payload, (size_t)msg->payloadlen, &r);
 		accepting = accepting || d->fw->accepted; /* its accept is in the history already */
 	} else {
 		efs_handle(&d->ctx, (const uint8_t *)d->id, strlen(d->id), msg->payload, (size_t)msg->payloadlen, &r);

@@ -182,7 +182,6 @@ typedef struct {
 	int (*rec_read)(void *, unsigned, uint32_t, uint8_t *, size_t);
 	int (*rec_erase)(void *, unsigned);
 	int (*rec_program)(void *, unsigned, uint32_t, const uint8_t *, size_t);
-	efsdev_trust *root_user;
 	efs_fw_port port;
 	efs_fw fw;
 	char version[65]; /* the running image's EDGEFENCE-VERSION */
@@ -196,7 +195,9 @@ typedef struct {
 
 /* efsdev_fw_open opens the job on fence (open), boots (the boot loader's
  * decision, a trial's health from its markers) and returns 0, or -1 with
- * *why. trust, if not NULL, holds the root that signs manifests; other is
+ * *why. trust, if not NULL, holds the root that signs manifests (its kid
+ * is port.root_kid; the signatures go to fence's port.verify_root, which
+ * must check that root); other is
  * the thermostat's check (Config.Other). */
 int efsdev_fw_open(efsdev_fw_dev *f, const char *dir, const char *id, efs_ctx *fence, const efsdev_fw_opts *o,
 	efsdev_trust *trust, int (*other)(void *, const struct efs_envelope *, const char **), const char **why);

@@ -15,8 +15,10 @@
  * is the image's own (devices/sim's markers: EDGEFENCE-HEALTH=fail fails,
  * =crash kills the process (a power cut: the try is spent), =hang answers
  * nothing within the window); EDGEFENCE-VERSION= is the "firmware" the
- * device reports. With the operator's root (--trust-root) every fw.begin
- * must carry the root's manifest of its image (port.root_verify).
+ * device reports. With the operator's root (--trust-root or --reset-root)
+ * every fw.begin must carry the root's manifest of its image (port.root_kid;
+ * the signature through the fence port's verify_root, the resets' hook),
+ * and the operator's resets are taken (efs_fw_handle).
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -213,12 +215,6 @@ static int rec_program(void *user, unsigned s, uint32_t off, const uint8_t *buf,
 	return f->rec_program(&f->rec, s, off, buf, n);
 }
 
-static int root_verify(void *user, const uint8_t digest[32], const uint8_t sig[64])
-{
-	efsdev_fw_dev *f = user;
-	return efsdev_verify_root(f->root_user, f->port.root_kid, f->port.root_kid_len, digest, sig) == EFS_PORT_OK ? 0 : 1;
-}
-
 static void accepting(void *user, const efs_result *r)
 {
 	efsdev_fw_dev *f = user;
@@ -289,8 +285,6 @@ int efsdev_fw_open(efsdev_fw_dev *f, const char *dir, const char *id, efs_ctx *f
 	if (trust != NULL) {
 		f->port.root_kid = (const uint8_t *)trust->root_kid;
 		f->port.root_kid_len = strlen(trust->root_kid);
-		f->port.root_verify = root_verify;
-		f->root_user = trust;
 	}
 	if ((e = efs_fw_open(&f->fw, &f->port, fence)) != EFS_OK) {
 		*why = efs_strerror(e);

@@ -120,6 +120,18 @@ static int uinteger(rd *r, uint64_t *v)
 	return head(r, &m, v) == 0 && m == 0 ? 0 : -1;
 }
 
+/* null_field steps over a field's null or undefined: Go's decoder leaves
+ * the field empty (its zero value), as if it were absent but for the
+ * field's once-only rule; 1 if it did. */
+static int null_field(rd *r)
+{
+	if (r->i < r->n && (r->b[r->i] == 0xf6 || r->b[r->i] == 0xf7)) {
+		r->i++;
+		return 1;
+	}
+	return 0;
+}
+
 /* The library's own checks (efs_cbor.c), the same rules as Go's. */
 int efs_utf8_valid(const uint8_t *p, size_t n);
 int efs_valid_device_id(const uint8_t *p, size_t n);
@@ -363,6 +375,9 @@ static int parse_cert(const uint8_t *p, size_t n, efsdev_cert *c)
 			return -1;
 		}
 		seen |= 1u << label;
+		if (null_field(&r)) {
+			continue; /* empty: kid, key and devices are then refused below, as Go's Validate */
+		}
 		switch (label) {
 		case 1:
 			if (str(&r, 2, &kid, &c->kid_len) != 0 || c->kid_len < 1 || c->kid_len > EFS_MAX_KEY_ID) {
@@ -399,7 +414,8 @@ static int parse_cert(const uint8_t *p, size_t n, efsdev_cert *c)
 			}
 		}
 	}
-	if ((seen & 0x7e) != 0x7e || c->not_after <= c->not_before || r.i != n) {
+	if ((seen & 0x7e) != 0x7e || c->not_after <= c->not_before || r.i != n || c->kid_len == 0 || c->q[0] != 0x04 ||
+		c->ndevices == 0) {
 		return -1;
 	}
 	/* Role.check: a gateway's (0), or a device's (1) naming exactly one
@@ -434,6 +450,9 @@ static int parse_revocations(const uint8_t *p, size_t n, uint64_t *version, size
 			return -1; /* an unknown field, or one twice */
 		}
 		seen |= 1u << label;
+		if (null_field(&r)) {
+			continue; /* empty: version 0, no key ids, issued 0, as Go's decoder */
+		}
 		if (label == 1) {
 			if (uinteger(&r, version) != 0) {
 				return -1; /* uint64 */

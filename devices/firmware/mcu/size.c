@@ -62,7 +62,7 @@ static int flash_program(void *u, unsigned s, uint32_t off, const uint8_t *b, si
 #include "../test/port_mbedtls.c"
 
 #ifndef EFS_SIZE_CRYPTO_HEAP
-#define EFS_SIZE_CRYPTO_HEAP 6144
+#define EFS_SIZE_CRYPTO_HEAP 6400
 #endif
 static unsigned char crypto_heap[EFS_SIZE_CRYPTO_HEAP] __attribute__((aligned(8)));
 

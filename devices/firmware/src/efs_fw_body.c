@@ -257,7 +257,8 @@ static efs_fw_err bounds(const efs_fw_port *port, const body_fields *bf, efs_fw_
 	return EFS_FW_OK;
 }
 
-efs_fw_err efs_fw_parse(const efs_fw_port *port, const efs_envelope *env, efs_fw_step *s, efs_fw_text *t)
+efs_fw_err efs_fw_parse(const efs_fw_port *port, const efs_port *root, const efs_envelope *env, efs_fw_step *s,
+	efs_fw_text *t)
 {
 	body_fields bf = { { { NULL, 0 } }, { 0 }, 0, 0 };
 	efs_fw_err e;
@@ -302,5 +303,5 @@ efs_fw_err efs_fw_parse(const efs_fw_port *port, const efs_envelope *env, efs_fw
 	if ((e = bounds(port, &bf, s, t)) != EFS_FW_OK || s->kind != FW_BEGIN) {
 		return e;
 	}
-	return efs_fw_manifest(port, s, t);
+	return efs_fw_manifest(port, root, s, t);
 }

@@ -37,12 +37,14 @@ int efs_fw_value_head(efs_rd *r, efs_head *h);
 
 /* efs_fw_parse decodes and checks a step on its own (fwjob's parseStep and
  * efs_fw_manifest); on refusal it writes the reason to t. */
-efs_fw_err efs_fw_parse(const efs_fw_port *port, const efs_envelope *env, efs_fw_step *s, efs_fw_text *t);
+efs_fw_err efs_fw_parse(const efs_fw_port *port, const efs_port *root, const efs_envelope *env, efs_fw_step *s,
+	efs_fw_text *t);
 
-/* efs_fw_manifest checks a begin's manifest against the port's root
- * (efs_fw_manifest.c; fwjob's checkManifest); on refusal it writes the
+/* efs_fw_manifest checks a begin's manifest against the operator's root
+ * (port.root_kid; the signature through the fence port's verify_root:
+ * efs_fw_manifest.c; fwjob's checkManifest); on refusal it writes the
  * reason to t after "check: ". */
-efs_fw_err efs_fw_manifest(const efs_fw_port *port, const efs_fw_step *s, efs_fw_text *t);
+efs_fw_err efs_fw_manifest(const efs_fw_port *port, const efs_port *root, const efs_fw_step *s, efs_fw_text *t);
 
 /* efs_fw_is_other: env is the application's (port.other set, the kind
  * not fw.*); efs_fw_other_check asks port.other, nonzero refuses with its

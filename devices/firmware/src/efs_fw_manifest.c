@@ -11,7 +11,9 @@
  * and a 64-byte signature r || s over the Sig_structure ["Signature1",
  * protected, h'', payload]. The library decodes and checks everything but the
  * signature, hashes the Sig_structure with its own SHA-256 (no copy), and
- * hands the digest to the port's root_verify. The checks run in fence/auth's
+ * hands the digest to the root hook the resets use too (the fence port's
+ * verify_root, with the manifest's kid, after the library compared it with
+ * the firmware port's root_kid). The checks run in fence/auth's
  * order and refuse with its sentinels' words (auth's malformed details are
  * C's own), so the same manifest gets the same verdict, class and reason up
  * to the sentinel in C and Go (testdata/fw_vectors.h).
@@ -195,8 +197,9 @@ static int payload(manifest *m)
 	return r.i == r.n ? M_OK : malformed(m, "manifest payload: bytes after the map");
 }
 
-/* verify hashes the Sig_structure in place and asks the port's root key. */
-static int verify(const efs_fw_port *port, const manifest *m)
+/* verify hashes the Sig_structure in place and asks the fence port's
+ * root hook (verify_root, the resets' too). */
+static int verify(const efs_port *root, const manifest *m)
 {
 	static const uint8_t context[] = { 0x84, 0x6a, 'S', 'i', 'g', 'n', 'a', 't', 'u', 'r', 'e', '1' };
 	uint8_t head[9], digest[32];
@@ -214,7 +217,14 @@ static int verify(const efs_fw_port *port, const manifest *m)
 	efs_sha256_update(&h, head, efs_bstr_head(head, m->payload.n));
 	efs_sha256_update(&h, m->payload.p, m->payload.n);
 	efs_sha256_final(&h, digest);
-	return port->root_verify(port->user, digest, m->sig.p) == 0 ? M_OK : M_BAD_SIGNATURE;
+	switch (root->verify_root(root->user, m->kid.p, m->kid.n, digest, m->sig.p)) {
+	case EFS_PORT_OK:
+		return M_OK;
+	case EFS_PORT_UNKNOWN_KEY: /* the fence port's root is not root_kid's: refused all the same */
+		return M_UNKNOWN_KEY;
+	default:
+		return M_BAD_SIGNATURE;
+	}
 }
 
 /* valid is auth's Manifest.Validate. */
@@ -302,12 +312,12 @@ static void mismatch(const manifest *m, const efs_fw_step *s, efs_fw_text *t)
 	add_named(t, s->image.p, s->size, s->version);
 }
 
-efs_fw_err efs_fw_manifest(const efs_fw_port *port, const efs_fw_step *s, efs_fw_text *t)
+efs_fw_err efs_fw_manifest(const efs_fw_port *port, const efs_port *root, const efs_fw_step *s, efs_fw_text *t)
 {
 	manifest m;
 	int e;
 
-	if (port->root_verify == NULL) {
+	if (port->root_kid_len == 0) {
 		return EFS_FW_OK; /* only bounded, as fwjob without Config.Manifests */
 	}
 	memset(&m, 0, sizeof m);
@@ -324,7 +334,9 @@ efs_fw_err efs_fw_manifest(const efs_fw_port *port, const efs_fw_step *s, efs_fw
 		!efs_bytes_equal(m.kid.p, m.kid.n, port->root_kid, port->root_kid_len)) {
 		e = M_UNKNOWN_KEY;
 	}
-	if (e == M_OK && (e = verify(port, &m)) == M_OK) {
+	if (e == M_OK && root->verify_root == NULL) {
+		e = M_BAD_SIGNATURE; /* root_kid without the fence port's root hook: nothing verifies */
+	} else if (e == M_OK && (e = verify(root, &m)) == M_OK) {
 		e = valid(&m);
 	}
 	if (e != M_OK) {

@@ -9,9 +9,12 @@
  *	7       L     payload (below)
  *	7+L     4     CRC-32C of bytes 1 to 7+L
  *
- * Payload, version 1, big-endian numbers: 1; the holder (length byte,
- * bytes) and command id (length byte, bytes) of the step that wrote it, for
- * the mark's roll forward; the job: id (length byte, bytes), state, slot,
+ * Payload, big-endian numbers: the version (1, or 2 once an operator's
+ * reset was applied); the holder (length byte, bytes) and command id
+ * (length byte, bytes) of the step that wrote it, for the mark's roll
+ * forward; version 2 only: the fence's reset counter (u64, not 0) when that
+ * step's mark was stored (efs_fw_open rolls the mark forward only within
+ * the same counter: a reset since leaves the tag behind); the job: id (length byte, bytes), state, slot,
  * image[32], size, chunk, version, bytes, token, seq (u64 each), reason
  * (length byte, bytes); the boot state: active, running, trial, tries,
  * active_image[32], trial_image[32], active_size, trial_size, security,
@@ -121,9 +124,12 @@ static uint8_t get_str(rbuf *r, void *dst, size_t max)
 
 static void encode(wbuf *w, const efs_fw_job *j, const efs_fw_boot_state *b, efs_bytes holder, efs_bytes id)
 {
-	put_u(w, 1, 1);
+	put_u(w, j->counter != 0 ? 2 : 1, 1); /* version 1 while there was no reset: the same bytes as before */
 	put_str(w, holder.p, holder.n);
 	put_str(w, id.p, id.n);
+	if (j->counter != 0) {
+		put_u(w, j->counter, 8);
+	}
 	put_str(w, j->id, j->id_len);
 	put_u(w, j->state, 1);
 	put_u(w, j->slot, 1);
@@ -157,14 +163,19 @@ static int valid(const efs_fw_job *j, const efs_fw_boot_state *b)
 
 static int decode(rbuf *r, efs_fw_job *j, efs_fw_boot_state *b, efs_mark_record *tag)
 {
+	uint64_t version;
+
 	memset(j, 0, sizeof *j);
 	memset(b, 0, sizeof *b);
 	memset(tag, 0, sizeof *tag);
-	if (get_u(r, 1) != 1) {
+	if ((version = get_u(r, 1)) != 1 && version != 2) {
 		return 0;
 	}
 	tag->holder_len = get_str(r, tag->holder, EFS_MAX_HOLDER_LEN);
 	tag->id_len = get_str(r, tag->id, EFS_MAX_ID_LEN);
+	if (version == 2 && (j->counter = get_u(r, 8)) == 0) {
+		return 0;
+	}
 	j->id_len = get_str(r, j->id, EFS_FW_MAX_JOB);
 	j->state = (uint8_t)get_u(r, 1);
 	j->slot = (uint8_t)get_u(r, 1);

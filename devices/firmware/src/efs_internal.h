@@ -58,6 +58,13 @@ typedef int (*efs_read_fn)(void *user, unsigned sector, uint32_t off, uint8_t *b
 typedef int (*efs_program_fn)(void *user, unsigned sector, uint32_t off, const uint8_t *buf, size_t n);
 int efs_supersede(efs_read_fn rd, efs_program_fn pg, void *user, unsigned s, uint32_t at);
 
+/* efs_reset_process is devices/shim's reset (efs_reset.c): verified, the
+ * counter above the last one's, then the reset's mark and counter in one
+ * flash slot. blocked, if not EFS_OK, refuses a verified reset with it
+ * (the mark unchanged): the caller cannot take one now (efs_fw_handle). */
+void efs_reset_process(efs_ctx *c, const uint8_t *device, size_t device_len, const uint8_t *buf, size_t n,
+	efs_result *r, efs_err blocked);
+
 /* efs_sig_digest hashes a COSE_Sign1's Sig_structure (efs_cose.c). */
 efs_err efs_sig_digest(const efs_port *port, const efs_signed *s, uint8_t digest[32]);
 

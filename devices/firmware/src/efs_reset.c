@@ -264,10 +264,8 @@ static void refuse(efs_result *r, efs_err e, const efs_reset *claimed)
 	}
 }
 
-/* process_reset is devices/shim's reset: verified, the counter above the
- * last one's, then the reset's mark and counter in one flash slot. */
-static void process_reset(efs_ctx *c, const uint8_t *device, size_t device_len, const uint8_t *buf, size_t n,
-	efs_result *r)
+void efs_reset_process(efs_ctx *c, const uint8_t *device, size_t device_len, const uint8_t *buf, size_t n,
+	efs_result *r, efs_err blocked)
 {
 	efs_reset rs, claim;
 	efs_signed s;
@@ -290,8 +288,8 @@ static void process_reset(efs_ctx *c, const uint8_t *device, size_t device_len, 
 		refuse(r, e, &claim);
 		return;
 	}
-	if (c->corrupt) {
-		refuse(r, EFS_E_CORRUPT, &rs);
+	if (c->corrupt || blocked != EFS_OK) {
+		refuse(r, c->corrupt ? EFS_E_CORRUPT : blocked, &rs);
 		return;
 	}
 	if (rs.counter <= c->reset_counter) {
@@ -318,7 +316,7 @@ static void process_reset(efs_ctx *c, const uint8_t *device, size_t device_len, 
 void efs_handle(efs_ctx *c, const uint8_t *device, size_t device_len, const uint8_t *buf, size_t n, efs_result *r)
 {
 	if (efs_is_reset(buf, n)) { /* the operator's reset, not a command */
-		process_reset(c, device, device_len, buf, n, r);
+		efs_reset_process(c, device, device_len, buf, n, r, EFS_OK);
 		return;
 	}
 	efs_process(c, device, device_len, buf, n, r);

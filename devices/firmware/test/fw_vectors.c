@@ -11,30 +11,46 @@
 static int fw_body_wording; /* ErrCommand reasons worded differently (not failures) */
 static int fw_manifest_wording; /* manifests refused malformed: the same up to auth's sentinel, C's own details */
 
+/* The vectors' root: the one root hook (the fence port's verify_root),
+ * for the manifests and the resets. */
+static int root_kid_ok(const uint8_t *kid, size_t kid_len)
+{
+	return kid_len == strlen(EFS_FWV_ROOT_KID) && memcmp(kid, EFS_FWV_ROOT_KID, kid_len) == 0;
+}
+
 #ifdef EFS_FW_CRYPTO
-/* The host port's root_verify: ES256 with the vectors' root (mbedTLS). */
+/* ES256 with the vectors' root (mbedTLS: Debian's on the host, built for
+ * the target on Cortex-M). */
 #include "es256_mbedtls.c"
 
-static int root_verify(void *user, const uint8_t digest[32], const uint8_t sig[64])
+static int root_verify(void *user, const uint8_t *kid, size_t kid_len, const uint8_t digest[32], const uint8_t sig[64])
 {
 	(void)user;
-	return es256_verify_point(EFS_FWV_ROOT_POINT, 65, digest, sig);
+	if (!root_kid_ok(kid, kid_len)) {
+		return EFS_PORT_UNKNOWN_KEY;
+	}
+	return es256_verify_point(EFS_FWV_ROOT_POINT, 65, digest, sig) == 0 ? EFS_PORT_OK : EFS_PORT_BAD_SIGNATURE;
 }
 #else
-/* Without ES256 (the Cortex-M runner): the digests and signatures Go
- * verified with the root (efs_fwv_root_verified); the library's part (the
- * decoding, the checks, the Sig_structure's hash) runs as on the host. */
-static int root_verify(void *user, const uint8_t digest[32], const uint8_t sig[64])
+/* Without ES256: the digests and signatures Go verified with the root
+ * (efs_fwv_root_verified); the library's part (the decoding, the checks,
+ * the Sig_structure's hash) runs as with it. */
+static int root_verify(void *user, const uint8_t *kid, size_t kid_len, const uint8_t digest[32], const uint8_t sig[64])
 {
 	(void)user;
+	if (!root_kid_ok(kid, kid_len)) {
+		return EFS_PORT_UNKNOWN_KEY;
+	}
 	for (size_t i = 0; i < EFS_FWV_ROOT_VERIFIED_N; i++) {
 		if (memcmp(efs_fwv_root_verified[i].d, digest, 32) == 0 && memcmp(efs_fwv_root_verified[i].sig, sig, 64) == 0) {
-			return 0;
+			return EFS_PORT_OK;
 		}
 	}
-	return 1;
+	return EFS_PORT_BAD_SIGNATURE;
 }
 #endif
+
+static int fw_resets; /* reset steps (efs_fw_handle: the fence point's reset) */
 
 /* app_check is the vectors' application beside the firmware (the Go
  * generator's fwApp): kind app.set, nothing else. */
@@ -95,7 +111,17 @@ static void vector_command(dev *d, const efs_fwvscenario *sc, size_t k, const ef
 		abort();
 	}
 	memcpy(in, v->in, v->in_n);
-	efs_fw_process(&d->fw, (const uint8_t *)EFS_FWV_DEVICE, strlen(EFS_FWV_DEVICE), in, v->in_n, &d->r);
+	efs_fw_handle(&d->fw, (const uint8_t *)EFS_FWV_DEVICE, strlen(EFS_FWV_DEVICE), in, v->in_n, &d->r);
+	if (d->r.reset) { /* the operator's: nothing to apply; the reason of a refusal is each side's own */
+		fw_resets++;
+		CHECK((int)d->r.verdict == v->verdict && d->r.mark.token == v->mark_token && d->r.mark.seq == v->mark_seq &&
+			!d->r.apply && d->fw.last == EFS_FW_OK && (v->verdict != EFS_ACCEPTED || strcmp(d->r.reason, v->reason) == 0),
+			"%s, step %lu: reset: verdict %d mark %llu/%llu (%s); Go %d %llu/%llu (%s)", sc->name, (unsigned long)k,
+			d->r.verdict, (unsigned long long)d->r.mark.token, (unsigned long long)d->r.mark.seq, d->r.reason,
+			v->verdict, (unsigned long long)v->mark_token, (unsigned long long)v->mark_seq, v->reason);
+		free(in);
+		return;
+	}
 	CHECK((int)d->r.verdict == v->verdict && d->r.mark.token == v->mark_token && d->r.mark.seq == v->mark_seq &&
 		d->r.apply == (v->verdict == EFS_ACCEPTED), "%s, step %lu: verdict %d mark %llu/%llu (%s); Go %d %llu/%llu (%s)",
 		sc->name, (unsigned long)k, d->r.verdict, (unsigned long long)d->r.mark.token, (unsigned long long)d->r.mark.seq,
@@ -141,7 +167,8 @@ static void test_vectors(void)
 		if (sc->manifests) {
 			d.fport.root_kid = (const uint8_t *)EFS_FWV_ROOT_KID;
 			d.fport.root_kid_len = strlen(EFS_FWV_ROOT_KID);
-			d.fport.root_verify = root_verify;
+			d.port.sha256 = lib_sha256;
+			d.port.verify_root = root_verify;
 		}
 		if (sc->other) {
 			d.fport.other = app_check;
@@ -163,9 +190,10 @@ static void test_vectors(void)
 #else
 	const char *verify = "the digests Go verified";
 #endif
-	printf("firmware vectors: %lu scenarios, %lu steps (manifests' signatures: %s); %d body refusals "
-	       "worded by Go's CBOR decoder (class compared), %d malformed manifests (compared to auth's sentinel)\n",
-		(unsigned long)EFS_FWVSCENARIOS_N, (unsigned long)steps, verify, fw_body_wording, fw_manifest_wording);
+	printf("firmware vectors: %lu scenarios, %lu steps, %d of them resets (the root's signatures: %s); %d body "
+	       "refusals worded by Go's CBOR decoder (class compared), %d malformed manifests (compared to auth's sentinel)\n",
+		(unsigned long)EFS_FWVSCENARIOS_N, (unsigned long)steps, fw_resets, verify, fw_body_wording,
+		fw_manifest_wording);
 	factory = NULL;
 	factory_n = FACTORY_SIZE;
 	factory_security = 2;
