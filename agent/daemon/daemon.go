@@ -181,7 +181,7 @@ func (d *Daemon) openLocal() error {
 			return err
 		}
 	}
-	if cfg.Twins.Enabled || cfg.Jobs.On() {
+	if cfg.Twins.Enabled {
 		// Desired states for a start without etcd, reported writes etcd
 		// could not take yet.
 		if d.twins, err = shadow.OpenCache(cfg.StateDir, nil); err != nil {
@@ -252,9 +252,15 @@ func (d *Daemon) newAgent() error {
 			opts.FenceTable = d.table
 		}
 	}
-	if cfg.Twins.Enabled || cfg.Jobs.On() {
+	if cfg.Twins.Enabled {
 		// The twin reconciler: desired states in etcd become fenced
 		// twin.set commands; reported writes are fenced by the lock (I5).
+		// Only with twins on: the firmware job runner needs the devices'
+		// state reports (subscribed below), not their reported twin —
+		// it keeps each device's last "fw" report in memory, a new holder
+		// gets it from the broker's retained report, and its durable
+		// record is the execution in etcd. With jobs on and twins off, a
+		// state report costs no etcd request.
 		opts.Twins = shadow.NewStore(d.cli, shadow.StoreConfig{Prefix: cfg.Etcd.Prefix, Writer: cfg.Gateway})
 		opts.TwinCache = d.twins
 	}
