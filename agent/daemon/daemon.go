@@ -87,6 +87,7 @@ type Daemon struct {
 	images      *images.Cache // the firmware image cache; nil with jobs off
 	ag          *agent.Agent
 	sd          *notifier
+	listens     bool // a notification can reach systemd (notifyListens)
 	brokerUp    chan struct{}
 
 	ran       atomic.Bool
@@ -107,6 +108,7 @@ func New(ctx context.Context, cfg *agent.Config, o Options) (_ *Daemon, err erro
 	if d.log == nil {
 		d.log = slog.New(slog.DiscardHandler)
 	}
+	d.listens = notifyListens(o)
 	if d.o.Notify == nil {
 		d.o.Notify = systemdNotify
 	}
@@ -290,7 +292,7 @@ func (d *Daemon) newAgent() error {
 	wd := watchdogInterval(log)
 	d.sd = &notifier{send: d.o.Notify, log: log.With("component", "systemd"),
 		campaigning: ag.Campaigning(), brokerUp: d.brokerUp,
-		status: ag.Summary, watchdog: wd,
+		status: ag.Summary, noStatus: !d.listens, watchdog: wd,
 		// A live Run loop beats every second, and at most
 		// etcd.dial_timeout apart while it opens a session.
 		healthy: func() error { return ag.Healthy(max(wd, cfg.Etcd.DialTimeout+2*time.Second)) },
