@@ -405,12 +405,13 @@ func (s *apiServer) writeSendError(w http.ResponseWriter, r *http.Request, res S
 	writeJSON(w, code, res)
 }
 
+// writeJSON answers v as compact JSON, one line. Clients decode it (the
+// CLI prints its own output); a person reading the socket with curl can
+// pipe it through jq. Indenting cost every command (issue 17).
 func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	_ = enc.Encode(v)
+	_ = json.NewEncoder(w).Encode(v)
 }
 
 type apiError struct {

@@ -55,6 +55,11 @@ func TestAPISendRefusesBadInput(t *testing.T) {
 	if err != nil || res.Verdict != "accepted" || res.Seq != 1 {
 		t.Fatalf("good send after the refusals: %+v, %v; want accepted with seq 1 (refusals use no seq)", res, err)
 	}
+	// Answers are compact JSON, one line (the CLI decodes them and prints
+	// its own; indenting cost every command, issue 17).
+	if code, body := rawDo(t, c.Socket, http.MethodPost, "/v1/send", strings.NewReader(good)); code != http.StatusOK || strings.Count(body, "\n") != 1 || !strings.HasSuffix(body, "}\n") {
+		t.Errorf("good send: %d %q; want 200 and one line of JSON", code, body)
+	}
 	// An unknown device is bad input too.
 	if _, err := c.Send(context.Background(), "dev-z", "set", nil); !strings.Contains(fmt.Sprint(err), "unknown device") {
 		t.Fatalf("unknown device: %v", err)

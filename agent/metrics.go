@@ -333,8 +333,13 @@ var agentSeries = []series{
 	twinCounter("twin_device_reports_total", "Device state reports written to reported.", func(v *scrapeView) uint64 { return v.s.Twins.Reports }),
 	twinGauge("twin_watching", "1 while the twin reconciler watches desired states.", func(v *scrapeView) float64 { return b2f(v.s.Twins.Watching) }),
 	twinGauge("twin_devices_unconverged", "Devices the agent holds whose twin delta was above 0 at the reconciler's last look.", func(v *scrapeView) float64 { return float64(v.unconverged) }),
-	// State reports are read only with twins on.
-	twinCounter("state_reports_malformed_total", "Device state reports (MQTT state topic) that did not decode and were dropped.", func(v *scrapeView) uint64 { return v.n.StateMalformed }),
+	// State reports are read only with twins or jobs on.
+	{name: "state_reports_malformed_total", help: "Device state reports (MQTT state topic) that did not decode and were dropped.", typ: prometheus.CounterValue,
+		collect: func(v *scrapeView, emit func(float64, ...string)) {
+			if v.s.Twins != nil || v.s.Jobs != nil {
+				emit(float64(v.n.StateMalformed))
+			}
+		}},
 
 	{name: "jobs_executions_ended_total", help: "Firmware job executions this gateway ended, by status (0s while the runner is off).",
 		typ: prometheus.CounterValue, labels: []string{"status"},

@@ -7,7 +7,7 @@ import (
 	"github.com/edgefence/edgefence/shadow"
 )
 
-// Device state reports arrive on the MQTT state topic (twins on). One that
+// Device state reports arrive on the MQTT state topic (twins or jobs on). One that
 // does not decode is dropped, counted (state_reports_malformed,
 // edgefence_state_reports_malformed_total) and logged at WARN — at most one
 // line per device per malformedLogEvery, the next line saying how many were

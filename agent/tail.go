@@ -17,8 +17,8 @@ import (
 // What eats into that, measured on the running agent:
 //
 //   - stall: how late the agent's own goroutines run (a hiccup meter: a
-//     timer every hiccupEvery records how late it wakes; GC pauses, CPU
-//     starvation, a frozen process, swap);
+//     timer every hiccupInterval(lease_ttl) records how late it wakes; GC
+//     pauses, CPU starvation, a frozen process, swap);
 //   - keep-alive round trip: a LeaseTimeToLive on the session's lease every
 //     TTL/3, the keep-alive's cadence (the session's own keep-alive stream
 //     is internal to the etcd client; TimeToLive goes to the same leader
@@ -32,13 +32,27 @@ import (
 // less that tail, and the agent warns (log, status, metric) while the tail
 // is above a third of the TTL — one keep-alive interval.
 
+// The hiccup meter's interval is a fortieth of lease_ttl, between
+// hiccupMin and hiccupMax: 250 ms at the default 10 s, 100 ms at 4 s and
+// below. A stall reads as at least stall − interval (the timer may have
+// been set just before it began), so what the meter can miss of a stall
+// is at most 7.5 % of the warning's threshold, lease_ttl/3 (more only
+// below 4 s, where the interval stays 100 ms: 15 % at 2 s, as before).
+// Each wake costs the process far more than the sample (the runtime
+// wakes threads for it): going from 10 wakes a second to 4 took the
+// agent's idle CPU at 1,000 devices from 0.32–0.40 to 0.20–0.22 % of a
+// core (BENCHMARKS, "Idle and steady CPU, second pass").
 const (
-	hiccupEvery = 100 * time.Millisecond
-	tailSlot    = time.Minute // the window moves by one slot at a time
-	tailSlots   = 5           // window = tailSlots × tailSlot
-	tailWindow  = tailSlots * tailSlot
-	tailCheck   = time.Second // how often the warning is evaluated
+	hiccupMin  = 100 * time.Millisecond
+	hiccupMax  = 250 * time.Millisecond
+	tailSlot   = time.Minute // the window moves by one slot at a time
+	tailSlots  = 5           // window = tailSlots × tailSlot
+	tailWindow = tailSlots * tailSlot
+	tailCheck  = time.Second // how often the warning is evaluated
 )
+
+// hiccupInterval is the hiccup meter's interval for a lease TTL.
+func hiccupInterval(ttl time.Duration) time.Duration { return min(max(ttl/40, hiccupMin), hiccupMax) }
 
 // tailBuckets are the histograms' bounds, in seconds, for all three.
 var tailBuckets = [...]float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}
@@ -140,7 +154,7 @@ type tails struct {
 func newTails() *tails {
 	return &tails{
 		stall: newTailSeries("scheduling_stall_seconds",
-			"How late the agent's hiccup meter woke (a timer every 100ms): scheduling stalls, GC pauses, a frozen process."),
+			"How late the agent's hiccup meter woke (a timer every lease_ttl/40, 100-250ms): scheduling stalls, GC pauses, a frozen process."),
 		keepAlive: newTailSeries("etcd_keepalive_rtt_seconds",
 			"Round trip of a LeaseTimeToLive on the session's lease, sent every lease_ttl/3 (the keep-alive's cadence)."),
 		fsync: newTailSeries("state_fsync_seconds",
@@ -222,11 +236,11 @@ func (l *leases) startTails(ctx context.Context) (stop func()) {
 	return func() { cancel(); wg.Wait() }
 }
 
-// hiccups runs the hiccup meter (agent/hiccup) at hiccupEvery and
+// hiccups runs the hiccup meter (agent/hiccup) at hiccupInterval and
 // evaluates the warning every tailCheck on the same goroutine.
 func (l *leases) hiccups(ctx context.Context) {
 	var nextCheck time.Time
-	hiccup.Run(ctx, hiccupEvery, func(late time.Duration, now time.Time) {
+	hiccup.Run(ctx, hiccupInterval(l.etcd.LeaseTTL), func(late time.Duration, now time.Time) {
 		l.tails.stall.observe(late, now)
 		if now.After(nextCheck) {
 			l.checkTail(now)

@@ -201,3 +201,25 @@ func TestTailFigures(t *testing.T) {
 		t.Errorf("figures %+v", f)
 	}
 }
+
+// TestHiccupInterval: a fortieth of lease_ttl between 100 and 250 ms, so
+// that what the meter can miss of a stall (up to one interval) stays at
+// most 7.5 % of the warning's threshold, lease_ttl/3, from 4 s up, and the
+// interval is never shorter than the 100 ms it was.
+func TestHiccupInterval(t *testing.T) {
+	for _, tc := range []struct{ ttl, want time.Duration }{
+		{MinLeaseTTL, 100 * time.Millisecond},
+		{4 * time.Second, 100 * time.Millisecond},
+		{6 * time.Second, 150 * time.Millisecond},
+		{DefaultLeaseTTL, 250 * time.Millisecond},
+		{time.Minute, 250 * time.Millisecond},
+	} {
+		got := hiccupInterval(tc.ttl)
+		if got != tc.want {
+			t.Errorf("lease_ttl %v: interval %v, want %v", tc.ttl, got, tc.want)
+		}
+		if tc.ttl >= 4*time.Second && float64(got) > 0.075*float64(tc.ttl/3)+1 {
+			t.Errorf("lease_ttl %v: interval %v is above 7.5 %% of lease_ttl/3", tc.ttl, got)
+		}
+	}
+}

@@ -87,6 +87,7 @@ type Daemon struct {
 	images      *images.Cache // the firmware image cache; nil with jobs off
 	ag          *agent.Agent
 	sd          *notifier
+	listens     bool // a notification can reach systemd (notifyListens)
 	brokerUp    chan struct{}
 
 	ran       atomic.Bool
@@ -107,6 +108,7 @@ func New(ctx context.Context, cfg *agent.Config, o Options) (_ *Daemon, err erro
 	if d.log == nil {
 		d.log = slog.New(slog.DiscardHandler)
 	}
+	d.listens = notifyListens(o)
 	if d.o.Notify == nil {
 		d.o.Notify = systemdNotify
 	}
@@ -181,7 +183,7 @@ func (d *Daemon) openLocal() error {
 			return err
 		}
 	}
-	if cfg.Twins.Enabled || cfg.Jobs.On() {
+	if cfg.Twins.Enabled {
 		// Desired states for a start without etcd, reported writes etcd
 		// could not take yet.
 		if d.twins, err = shadow.OpenCache(cfg.StateDir, nil); err != nil {
@@ -252,9 +254,15 @@ func (d *Daemon) newAgent() error {
 			opts.FenceTable = d.table
 		}
 	}
-	if cfg.Twins.Enabled || cfg.Jobs.On() {
+	if cfg.Twins.Enabled {
 		// The twin reconciler: desired states in etcd become fenced
 		// twin.set commands; reported writes are fenced by the lock (I5).
+		// Only with twins on: the firmware job runner needs the devices'
+		// state reports (subscribed below), not their reported twin —
+		// it keeps each device's last "fw" report in memory, a new holder
+		// gets it from the broker's retained report, and its durable
+		// record is the execution in etcd. With jobs on and twins off, a
+		// state report costs no etcd request.
 		opts.Twins = shadow.NewStore(d.cli, shadow.StoreConfig{Prefix: cfg.Etcd.Prefix, Writer: cfg.Gateway})
 		opts.TwinCache = d.twins
 	}
@@ -284,7 +292,7 @@ func (d *Daemon) newAgent() error {
 	wd := watchdogInterval(log)
 	d.sd = &notifier{send: d.o.Notify, log: log.With("component", "systemd"),
 		campaigning: ag.Campaigning(), brokerUp: d.brokerUp,
-		status: ag.Summary, watchdog: wd,
+		status: ag.Summary, noStatus: !d.listens, watchdog: wd,
 		// A live Run loop beats every second, and at most
 		// etcd.dial_timeout apart while it opens a session.
 		healthy: func() error { return ag.Healthy(max(wd, cfg.Etcd.DialTimeout+2*time.Second)) },

@@ -4,15 +4,21 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/edgefence/edgefence/agent"
 	"github.com/edgefence/edgefence/agent/images"
 	"github.com/edgefence/edgefence/agent/jobs"
 	"github.com/edgefence/edgefence/devices/sim"
+	"github.com/edgefence/edgefence/shadow"
 )
 
 // TestDaemonRunsFirmwareJob: the daemon's wiring of firmware jobs (jobs
@@ -75,6 +81,26 @@ func TestDaemonRunsFirmwareJob(t *testing.T) {
 	st, ok := d.Agent().JobStats()
 	if !ok || st.Ended[jobs.Succeeded] != 1 || st.ImageBytes != ref.Size {
 		t.Errorf("job stats %+v", st)
+	}
+	// Twins are off (the default): the device's state reports (one per
+	// command, every chunk's included) drove the job from memory and
+	// never became a reported write in etcd (issue 17: a fenced etcd Txn
+	// per report when jobs turned the twin store on).
+	if tw := d.Agent().Status().Twins; tw != nil {
+		t.Errorf("twins off, jobs on: the twin reconciler runs: %+v", *tw)
+	}
+	key := shadow.NewStore(w.cli, shadow.StoreConfig{Prefix: agent.DefaultEtcdPrefix}).ReportedKey("fw-1")
+	if resp, err := w.cli.Get(t.Context(), key, clientv3.WithCountOnly()); err != nil {
+		t.Error(err)
+	} else if resp.Count != 0 {
+		t.Errorf("twins off: the device's state reports were written to %s in etcd", key)
+	}
+	// The reports are still read (for the runner): their malformed count
+	// is still served.
+	rec := httptest.NewRecorder()
+	d.Agent().MetricsHandler("test").ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	if m := rec.Body.String(); !strings.Contains(m, "\nedgefence_state_reports_malformed_total 0\n") {
+		t.Errorf("jobs on, twins off: /metrics lacks edgefence_state_reports_malformed_total")
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -24,7 +25,9 @@ import (
 //     (nor fail it through TimeoutStartSec). The STATUS line then says what
 //     was not up yet.
 //   - STATUS= with devices held and link states, checked every second and
-//     sent when it changes (and at least every statusRefresh).
+//     sent when it changes (and at least every statusRefresh) — only when
+//     someone listens: without NOTIFY_SOCKET nothing reads it, and the
+//     summary walks every device's lock, so it is not checked after READY.
 //   - WATCHDOG=1 every half WATCHDOG_USEC, only while the agent's Run loop
 //     is healthy (agent.Healthy): a stuck loop stops the pings and systemd
 //     restarts the service (Restart=on-failure).
@@ -40,6 +43,11 @@ const (
 // sdNotify sends one notification; it is systemd.SdNotify unless
 // Options.Notify replaces it.
 type sdNotify func(state string) error
+
+// notifyListens reports whether a notification can reach anyone: given
+// Options.Notify, or with NOTIFY_SOCKET in the environment (systemd.SdNotify
+// is a no-op without it).
+func notifyListens(o Options) bool { return o.Notify != nil || os.Getenv("NOTIFY_SOCKET") != "" }
 
 func systemdNotify(state string) error {
 	_, err := systemd.SdNotify(false, state)
@@ -71,6 +79,9 @@ type notifier struct {
 	healthy  func() error  // nil: healthy
 	watchdog time.Duration // ping interval (half WATCHDOG_USEC); 0: no watchdog
 	every    time.Duration // status check interval; statusEvery if 0
+	// noStatus: nobody reads STATUS= (no NOTIFY_SOCKET); status is called
+	// once, for READY, and not checked after it.
+	noStatus bool
 
 	stopped atomic.Bool
 	once    sync.Once
@@ -110,6 +121,7 @@ func (n *notifier) run(ctx context.Context) {
 	unhealthy := new(bool)
 	check := time.NewTicker(every)
 	defer check.Stop()
+	checkC := check.C
 	deadline := time.NewTimer(bound)
 	defer deadline.Stop()
 	campaigning, brokerUp := n.campaigning, n.brokerUp
@@ -129,7 +141,7 @@ func (n *notifier) run(ctx context.Context) {
 			brokerUp = nil
 		case <-deadline.C:
 			expired = true
-		case <-check.C:
+		case <-checkC:
 		}
 		if !ready {
 			var missing []string
@@ -150,6 +162,10 @@ func (n *notifier) run(ctx context.Context) {
 				n.log.Warn("ready without every link: the outbox accepts commands offline", "after", bound, "missing", missing)
 			}
 			n.notify("READY=1\nSTATUS=" + st)
+			if n.noStatus {
+				check.Stop()
+				checkC = nil // the watchdog pings and ctx remain
+			}
 			continue
 		}
 		if n.stopped.Load() {

@@ -169,11 +169,54 @@ func TestNotifyWithoutSocket(t *testing.T) {
 	if err := systemdNotify("READY=1"); err != nil {
 		t.Fatal(err)
 	}
+	if notifyListens(Options{}) {
+		t.Error("no NOTIFY_SOCKET, no Options.Notify: a listener assumed")
+	}
+	if !notifyListens(Options{Notify: func(string) error { return nil }}) {
+		t.Error("Options.Notify given: no listener assumed")
+	}
 	if d := watchdogInterval(discardLog()); d != 0 {
 		t.Fatalf("watchdog interval %v without WATCHDOG_USEC", d)
+	}
+	t.Setenv("NOTIFY_SOCKET", "/run/systemd/notify")
+	if !notifyListens(Options{}) {
+		t.Error("NOTIFY_SOCKET set: no listener assumed")
 	}
 	t.Setenv("WATCHDOG_USEC", "30000000")
 	if d := watchdogInterval(discardLog()); d != 15*time.Second {
 		t.Fatalf("watchdog interval %v for WatchdogSec=30s, want 15s", d)
+	}
+}
+
+// Without a listener (no NOTIFY_SOCKET) the status summary — a walk of
+// every device's lock — is taken once, for READY, and not checked every
+// second after it (issue 17: idle CPU); the watchdog pings go on. The
+// control, with a listener, checks it every interval.
+func TestNotifierNoStatusWithoutListener(t *testing.T) {
+	run := func(noStatus bool) (calls *atomic.Int64, rec *recorder) {
+		calls, rec = new(atomic.Int64), newRecorder()
+		runNotifier(t, &notifier{send: rec.send, log: discardLog(), campaigning: closed(), brokerUp: closed(),
+			every: time.Millisecond, watchdog: time.Millisecond, noStatus: noStatus,
+			status: func() string { calls.Add(1); return "up" }, healthy: func() error { return nil }})
+		rec.waitMsg(t, "READY=1\nSTATUS=up")
+		return calls, rec
+	}
+	control, _ := run(false)
+	start := time.Now()
+	for deadline := start.Add(10 * time.Second); control.Load() < 5; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("control: status taken %d times in 10 s", control.Load())
+		}
+	}
+	took := time.Since(start)
+	calls, rec := run(true)
+	// Pings prove the loop runs; then wait at least as long as the
+	// control needed for its checks (a slow machine waits longer).
+	for range 5 {
+		rec.waitMsg(t, "WATCHDOG=1")
+	}
+	time.Sleep(2*took + 20*time.Millisecond)
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("no listener: status taken %d times, want once (for READY)", n)
 	}
 }
