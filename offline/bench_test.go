@@ -8,13 +8,13 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"go.etcd.io/bbolt"
 
 	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/internal/cputime"
 	"github.com/edgefence/edgefence/offline"
 )
 
@@ -141,7 +141,7 @@ func BenchmarkDurable(b *testing.B) {
 	b.Run("append+resolve/outbox", func(b *testing.B) {
 		ob := open(b, dbPath(b), unbounded)
 		i := 0
-		cpu0 := processCPU(b)
+		cpu0 := cputime.Process()
 		for b.Loop() {
 			e := entry(fmt.Sprintf("dev-%d", i%16), fmt.Sprintf("c-%d", i), 1, uint64(i+1))
 			if err := ob.Append(ctx, e); err != nil {
@@ -161,7 +161,7 @@ func BenchmarkDurable(b *testing.B) {
 		b.Run("append+resolve/"+v.name, func(b *testing.B) {
 			db := rawDBWith(b, v.opts)
 			i := 0
-			cpu0 := processCPU(b)
+			cpu0 := cputime.Process()
 			for b.Loop() {
 				rawPut(b, db, i)
 				rawPut(b, db, i) // the resolve rewrites the record
@@ -179,7 +179,7 @@ func BenchmarkDurable(b *testing.B) {
 func reportCommands(b *testing.B, cpu0 time.Duration) {
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "commands/s")
 	b.ReportMetric(float64(2*b.N)/b.Elapsed().Seconds(), "commits/s")
-	b.ReportMetric(float64(processCPU(b)-cpu0)/float64(time.Microsecond)/float64(b.N), "cpu-µs/cmd")
+	b.ReportMetric(float64(cputime.Process()-cpu0)/float64(time.Microsecond)/float64(b.N), "cpu-µs/cmd")
 }
 
 func rawDB(b *testing.B) *bbolt.DB { return rawDBWith(b, bbolt.Options{}) }
@@ -450,15 +450,6 @@ func BenchmarkNextChunk(b *testing.B) {
 			b.Fatal(ok, err)
 		}
 	}
-}
-
-// processCPU is this process's user+system CPU time so far.
-func processCPU(b *testing.B) time.Duration {
-	var r syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &r); err != nil {
-		b.Fatal(err)
-	}
-	return time.Duration(r.Utime.Nano() + r.Stime.Nano())
 }
 
 // BenchmarkConcurrentAppend: N goroutines (1, 8, 64) each appending one

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/edgefence/edgefence/agent/hiccup"
+	"github.com/edgefence/edgefence/internal/cputime"
 )
 
 // TestWakesAndStops: the meter wakes every interval, reports lateness
@@ -127,13 +128,7 @@ func child() {
 //
 //	go test ./agent/hiccup -run '^$' -bench IdleCPU -benchtime 10x
 func BenchmarkIdleCPU(b *testing.B) {
-	cpu := func() time.Duration {
-		var ru syscall.Rusage
-		if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-			b.Fatal(err)
-		}
-		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-	}
+	cpu := cputime.Process
 	for _, interval := range []time.Duration{100 * time.Millisecond, 250 * time.Millisecond} {
 		b.Run(interval.String(), func(b *testing.B) {
 			var with, without time.Duration

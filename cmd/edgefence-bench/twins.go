@@ -19,6 +19,7 @@ import (
 	"github.com/edgefence/edgefence/agent"
 	"github.com/edgefence/edgefence/agent/daemon"
 	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/internal/cputime"
 	"github.com/edgefence/edgefence/internal/sandbox"
 	"github.com/edgefence/edgefence/shadow"
 	"github.com/edgefence/edgefence/transport/mqtt"
@@ -512,7 +513,7 @@ func (w *twinsWorld) throughput(ctx context.Context, r int) (twinTPRun, error) {
 	}
 	run.BarePuts = time.Since(b0)
 	c0, st0 := w.counter.snapshot(), w.a.TwinStats()
-	cpu0 := sandbox.ProcessCPU()
+	cpu0 := cputime.Process()
 	t0 := time.Now()
 	for k := range w.cfg.Changes {
 		sp := w.nextSP()
@@ -531,7 +532,7 @@ func (w *twinsWorld) throughput(ctx context.Context, r int) (twinTPRun, error) {
 		return run, err
 	}
 	run.Converged = time.Since(t0)
-	run.CPU = sandbox.ProcessCPU() - cpu0
+	run.CPU = cputime.Process() - cpu0
 	quiesce(ctx, w.a.Agent, w.counter)
 	st1 := w.a.TwinStats()
 	run.Reqs = w.counter.snapshot().sub(c0)

@@ -2,9 +2,10 @@ package hrtimer
 
 import (
 	"slices"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/edgefence/edgefence/internal/cputime"
 )
 
 // BenchmarkWait: how late a wait returns, and the process's CPU a wait
@@ -33,8 +34,7 @@ func BenchmarkWait(b *testing.B) {
 					b.Skipf("no timerfd: %v", tm.Err)
 				}
 				late := make([]time.Duration, 0, b.N)
-				var ru [2]syscall.Rusage
-				_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru[0])
+				cpu0 := cputime.Process()
 				b.ResetTimer()
 				for range b.N {
 					start := time.Now()
@@ -42,8 +42,7 @@ func BenchmarkWait(b *testing.B) {
 					late = append(late, time.Since(start)-d)
 				}
 				b.StopTimer()
-				_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru[1])
-				used := time.Duration(ru[1].Utime.Nano() + ru[1].Stime.Nano() - ru[0].Utime.Nano() - ru[0].Stime.Nano())
+				used := cputime.Process() - cpu0
 				slices.Sort(late)
 				b.ReportMetric(float64(late[len(late)/2].Microseconds()), "late-p50-µs")
 				b.ReportMetric(float64(late[len(late)*99/100].Microseconds()), "late-p99-µs")

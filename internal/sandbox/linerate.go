@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/edgefence/edgefence/devices/legacy"
+	"github.com/edgefence/edgefence/internal/cputime"
 	"github.com/edgefence/edgefence/transport/modbus"
 )
 
@@ -34,16 +35,6 @@ func (r LineRate) CPUPerTx() time.Duration {
 		return 0
 	}
 	return r.CPU / time.Duration(r.N)
-}
-
-// ProcessCPU is this process's CPU time so far (user + system); 0 if the
-// system cannot tell.
-func ProcessCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // PerTx is the mean time of a transaction.
@@ -104,7 +95,7 @@ func (l *RS485) MeasureLineRate(ctx context.Context, bus *modbus.Bus, unit byte,
 			return r, fmt.Errorf("sandbox: line rate warm-up: %w", err)
 		}
 	}
-	start, cpu := time.Now(), ProcessCPU()
+	start, cpu := time.Now(), cputime.Process()
 	for range n {
 		if _, err := bus.Transact(ctx, unit, q); err != nil {
 			if r.Errors++; ctx.Err() != nil || r.Errors > n/10 {
@@ -113,7 +104,7 @@ func (l *RS485) MeasureLineRate(ctx context.Context, bus *modbus.Bus, unit byte,
 		}
 		r.N++
 	}
-	r.Elapsed, r.CPU = time.Since(start), ProcessCPU()-cpu
+	r.Elapsed, r.CPU = time.Since(start), cputime.Process()-cpu
 	return r, nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/edgefence/edgefence/devices/legacy"
+	"github.com/edgefence/edgefence/internal/cputime"
 	"github.com/edgefence/edgefence/internal/modbustest"
 	"github.com/edgefence/edgefence/internal/sandbox"
 	"github.com/edgefence/edgefence/transport/modbus"
@@ -121,9 +122,9 @@ func BenchmarkBusRTUCPU(b *testing.B) {
 			serveGo(b, l, legacy.NewRegisters("u1", 16, nil))
 			cmd := exec.CommandContext(b.Context(), os.Args[0], "-test.run=^TestBusCPUChild$", "-test.count=1")
 			cmd.Env = append(os.Environ(), cpuChildPort+"="+l.Master, cpuChildBaud+"="+strconv.Itoa(baud), cpuChildN+"="+strconv.Itoa(b.N))
-			rig := sandbox.ProcessCPU()
+			rig := cputime.Process()
 			out, err := cmd.Output()
-			rig = sandbox.ProcessCPU() - rig
+			rig = cputime.Process() - rig
 			if err != nil {
 				b.Fatalf("bus process: %v\n%s", err, out)
 			}
@@ -172,7 +173,7 @@ func TestBusCPUChild(t *testing.T) {
 		}
 	}
 	errs := 0
-	start, cpu := time.Now(), sandbox.ProcessCPU()
+	start, cpu := time.Now(), cputime.Process()
 	for i := range n {
 		if _, err := bus.Transact(ctx, 1, q); err != nil {
 			t.Logf("transaction %d: %v", i, err)
@@ -181,6 +182,6 @@ func TestBusCPUChild(t *testing.T) {
 			}
 		}
 	}
-	elapsed, cpu := time.Since(start), sandbox.ProcessCPU()-cpu
+	elapsed, cpu := time.Since(start), cputime.Process()-cpu
 	fmt.Printf("buscpu %d %d %d %d\n", n, errs, elapsed.Nanoseconds(), cpu.Nanoseconds())
 }
