@@ -25,6 +25,10 @@
 //	fanout     one POST /v1/fanout to 1,000 and 10,000 devices through one
 //	           `edgefence run`: time to all accepted, outbox commits, agent
 //	           CPU per device, beside bare paho to the same devices
+//	etcdcost   what one agent's devices cost etcd, on the embedded 3.7 and
+//	           Debian's 3.4: revisions, requests, watchers and db bytes per
+//	           held and per waiting lock, per takeover; keep-alives and
+//	           requests per second while idle
 //
 // roundtrip, locks, replay and twins run the agent in process, built by
 // agent/daemon as `edgefence run` builds it (outbox included). Run from the
@@ -58,7 +62,7 @@ func main() {
 	os.Exit(code)
 }
 
-const usage = `usage: edgefence-bench [flags] roundtrip|locks|rss|all|replay|failover|twins|lifecycle|modbus-rtu|fwrollout|fanout [flags]
+const usage = `usage: edgefence-bench [flags] roundtrip|locks|rss|all|replay|failover|twins|lifecycle|modbus-rtu|fwrollout|fanout|etcdcost [flags]
 
 Measures edgefence's performance figures on real components and prints
 Markdown tables (progress goes to stderr). Flags:
@@ -195,6 +199,10 @@ func (b *benches) dispatch(ctx context.Context, e *benchEnv) {
 		res, err := runFanout(ctx, e.etcd, b.fan)
 		show(e, res, err, res != nil && len(res.Rows) > 0, printFanout)
 	}
+	if b.what == "etcdcost" {
+		res, err := runEtcdCost(ctx, e.etcd, b.cost)
+		show(e, res, err, len(res) > 0, printEtcdCost)
+	}
 	if b.what == "modbus-rtu" {
 		res, err := runModbusRTU(ctx, b.rtu)
 		show(e, res, err, len(res) > 0, printModbusRTU)
@@ -213,6 +221,7 @@ func (b *benches) setDir(dir string, log io.Writer) {
 	b.rtu.Dir, b.rtu.Log = dir, log
 	b.fw.Dir, b.fw.Log = dir, log
 	b.fan.Dir, b.fan.Log = dir, log
+	b.cost.Dir, b.cost.Log = dir, log
 }
 
 // show prints a benchmark's result res with print if ok (it holds
