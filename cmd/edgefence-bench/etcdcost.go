@@ -80,6 +80,8 @@ type etcdPhase struct {
 	DBSize   int64              // db file, likewise
 	DBUsed   int64
 	Proposal float64 // raft proposals committed
+	RSS      float64 // the etcd process's resident memory at the end (embedded: this whole process)
+	Heap     float64 // its Go heap in use at the end
 }
 
 // etcdCostResult is one etcd's run.
@@ -114,6 +116,7 @@ func diffSnap(name string, per int, a, b etcdSnap) etcdPhase {
 	g := func(n string) float64 { return b.sum(n) - a.sum(n) }
 	p.Watchers, p.Streams, p.Keys = g("etcd_debugging_mvcc_watcher_total"), g("etcd_debugging_mvcc_watch_stream_total"), g("etcd_debugging_mvcc_keys_total")
 	p.Proposal = g("etcd_server_proposals_committed_total")
+	p.RSS, p.Heap = b.sum("process_resident_memory_bytes"), b.sum("go_memstats_heap_inuse_bytes")
 	return p
 }
 
@@ -463,8 +466,8 @@ func printEtcdCost(w io.Writer, results []*etcdCostResult) {
 		fmt.Fprintf(w, "### etcd cost of one agent's devices: etcd %s, %d devices, lease TTL %v\n\n", r.Version, r.N, r.LeaseTTL)
 		fmt.Fprintln(w, "Per device (phases of acquisition, waiting, takeover) or per second (idle windows); requests are gRPC unary calls, or messages received on the LeaseKeepAlive and Watch streams.")
 		fmt.Fprintln(w)
-		fmt.Fprintln(w, "| phase | per | duration s | revisions | requests (by method) | watchers Δ | watch streams Δ | keys Δ | db size Δ B | db in use Δ B | raft proposals |")
-		fmt.Fprintln(w, "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|")
+		fmt.Fprintln(w, "| phase | per | duration s | revisions | requests (by method) | watchers Δ | watch streams Δ | keys Δ | db size Δ B | db in use Δ B | raft proposals | at the end: RSS / Go heap in use MiB |")
+		fmt.Fprintln(w, "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
 		for _, p := range r.Phases {
 			div, per := float64(p.Per), "device"
 			if p.Per == 0 {
@@ -478,9 +481,9 @@ func printEtcdCost(w io.Writer, results []*etcdCostResult) {
 					total += v
 				}
 			}
-			fmt.Fprintf(w, "| %s | %s | %.2f | %.3g | %.3g: %s | %.3g | %.3g | %.3g | %.0f | %.0f | %.3g |\n", p.Name, per, p.Dur.Seconds(),
+			fmt.Fprintf(w, "| %s | %s | %.2f | %.4g | %.4g: %s | %.3g | %.3g | %.3g | %.0f | %.0f | %.4g | %.1f / %.1f |\n", p.Name, per, p.Dur.Seconds(),
 				float64(p.Revs)/div, total/div, strings.Join(reqs, ", "), p.Watchers/div, p.Streams, p.Keys/div,
-				float64(p.DBSize)/div, float64(p.DBUsed)/div, p.Proposal/div)
+				float64(p.DBSize)/div, float64(p.DBUsed)/div, p.Proposal/div, p.RSS/(1<<20), p.Heap/(1<<20))
 		}
 		fmt.Fprintln(w)
 		n := float64(r.N)
