@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -15,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/expfmt"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/edgefence/edgefence/agent"
 	"github.com/edgefence/edgefence/agent/daemon"
@@ -95,6 +97,9 @@ type etcdCostResult struct {
 	Held, HeldWaiting int64
 	Base              int64 // the same before any agent
 	Takeover          time.Duration
+	// The same with bare concurrency.Mutex on two clients: B's Locks
+	// all waiting, then A's session revoked → every Lock of B returned.
+	BareWait, BareTakeover time.Duration
 }
 
 // requestMethods are the gRPC methods counted (the measuring client's
@@ -298,6 +303,7 @@ func etcdCostOn(ctx context.Context, embedded *sandbox.Etcd, e *etcdUnderTest, c
 		func() error { return c.compacted(ctx, &c.res.HeldWaiting) },
 		func() error { return c.idle(ctx, "idle: A holding, B waiting") },
 		func() error { return c.takeover(ctx, a, b, "A stops (lease revoked), B takes over") },
+		func() error { return c.bareTakeover(ctx) },
 	}
 	for _, s := range steps {
 		if err := s(); err != nil {
@@ -346,19 +352,8 @@ func (r *agentRig) await(ctx context.Context, c *costRun, name string) error {
 	if err := r.start(ctx); err != nil {
 		return err
 	}
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		s, err := c.e.snap(ctx)
-		if err != nil {
-			return err
-		}
-		if s.sum("etcd_debugging_mvcc_watcher_total") >= want {
-			break
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s: %v of %v watchers after 60s", name, s.sum("etcd_debugging_mvcc_watcher_total"), want)
-		}
-		time.Sleep(100 * time.Millisecond)
+	if err := c.waitWatchers(ctx, want, name); err != nil {
+		return err
 	}
 	return c.phase(ctx, name, c.cfg.N)
 }
@@ -378,6 +373,119 @@ func (c *costRun) takeover(ctx context.Context, a, b *agentRig, name string) err
 	}
 	c.res.Takeover = time.Since(t0)
 	return c.phase(ctx, name, c.cfg.N)
+}
+
+// bareTakeover is takeover without the agent: client A takes N
+// concurrency.Mutex (16 at a time) on one session, client B's N Locks wait
+// on them (one goroutine each, as many watchers), A's session is revoked,
+// and the phase ends when every Lock of B has returned.
+func (c *costRun) bareTakeover(ctx context.Context) error {
+	n := c.cfg.N
+	fmt.Fprintf(c.cfg.Log, "etcdcost: %s: bare concurrency.Mutex, %d held by A, then waited for and taken over by B\n", c.e.impl, n)
+	clis := make([]*clientv3.Client, 2)
+	sess := make([]*concurrency.Session, 2)
+	for i := range clis {
+		cli, err := clientv3.New(clientv3.Config{Endpoints: c.e.endpoints, DialTimeout: 5 * time.Second})
+		if err != nil {
+			return err
+		}
+		defer cli.Close()
+		if sess[i], err = concurrency.NewSession(cli, concurrency.WithTTL(int(c.cfg.LeaseTTL.Seconds()))); err != nil {
+			return err
+		}
+		defer sess[i].Close()
+		clis[i] = cli
+	}
+	keys := bareKeys(fmt.Sprintf("/bench/etcdcost-bare-%d", time.Now().UnixNano()), n)
+	if err := bareLockAll(ctx, sess[0], keys, 16, nil); err != nil {
+		return err
+	}
+	if err := c.mark(ctx); err != nil {
+		return err
+	}
+	t0 := time.Now()
+	want := c.last.sum("etcd_debugging_mvcc_watcher_total") + float64(n)
+	done := make(chan error, n)
+	for _, k := range keys {
+		go func() { done <- concurrency.NewMutex(sess[1], k).Lock(ctx) }()
+	}
+	if err := c.waitWatchers(ctx, want, "bare: B waits"); err != nil {
+		return err
+	}
+	c.res.BareWait = time.Since(t0)
+	if err := c.phase(ctx, "bare Mutex: B waits on A's keys", n); err != nil {
+		return err
+	}
+	t0 = time.Now()
+	if _, err := clis[0].Revoke(ctx, sess[0].Lease()); err != nil {
+		return err
+	}
+	for range n {
+		if err := <-done; err != nil {
+			return err
+		}
+	}
+	c.res.BareTakeover = time.Since(t0)
+	return c.phase(ctx, "bare Mutex: A's lease revoked, B takes over", n)
+}
+
+// bareLockAll takes the mutexes keys on sess, workers at a time, calling
+// after (if not nil) with each once it is held.
+func bareLockAll(ctx context.Context, sess *concurrency.Session, keys []string, workers int, after func(*concurrency.Mutex) error) error {
+	next := make(chan string, len(keys))
+	for _, k := range keys {
+		next <- k
+	}
+	close(next)
+	errs := make(chan error, workers)
+	for range workers {
+		go func() {
+			for k := range next {
+				m := concurrency.NewMutex(sess, k)
+				err := m.Lock(ctx)
+				if err == nil && after != nil {
+					err = after(m)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	var err error
+	for range workers {
+		err = errors.Join(err, <-errs)
+	}
+	return err
+}
+
+// bareKeys returns n lock prefixes under pfx.
+func bareKeys(pfx string, n int) []string {
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("%s/devices/dev-%04d/lock", pfx, i)
+	}
+	return keys
+}
+
+// waitWatchers waits until etcd has want watchers.
+func (c *costRun) waitWatchers(ctx context.Context, want float64, what string) error {
+	deadline := time.Now().Add(120 * time.Second)
+	for {
+		s, err := c.e.snap(ctx)
+		if err != nil {
+			return err
+		}
+		if s.sum("etcd_debugging_mvcc_watcher_total") >= want {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s: %v of %v watchers after 120s", what, s.sum("etcd_debugging_mvcc_watcher_total"), want)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 func waitClosed(ctx context.Context, ch <-chan struct{}, limit time.Duration) error {
@@ -489,6 +597,7 @@ func printEtcdCost(w io.Writer, results []*etcdCostResult) {
 		n := float64(r.N)
 		fmt.Fprintf(w, "- compacted and defragmented, db in use: %d B before any agent; %d B with A holding %d (**%.0f B per held lock key**); %d B with B waiting on each too (**%.0f B per waiting key**)\n",
 			r.Base, r.Held, r.N, float64(r.Held-r.Base)/n, r.HeldWaiting, float64(r.HeldWaiting-r.Held)/n)
-		fmt.Fprintf(w, "- takeover: A's clean stop → B holds all %d: %s ms\n\n", r.N, ms(r.Takeover))
+		fmt.Fprintf(w, "- takeover: A's clean stop → B holds all %d: %s ms; bare concurrency.Mutex: %d Locks waiting after %s ms, all returned %s ms after A's revoke\n\n",
+			r.N, ms(r.Takeover), r.N, ms(r.BareWait), ms(r.BareTakeover))
 	}
 }
