@@ -34,6 +34,10 @@ const (
 	// bareDatasync writes the 16-byte mark at offset 0 of a file of its own
 	// (pwrite) and fdatasyncs it: the cheapest durable write there is.
 	bareDatasync
+	// bareBoltBoth is bareBolt at the responder, and the same commit at the
+	// requester before it publishes: the shape of the agent's path, whose
+	// outbox commits the command before it sends it.
+	bareBoltBoth
 )
 
 // bareMarks is the bucket of the bare responders' bbolt files.
@@ -42,6 +46,7 @@ var bareMarks = []byte("marks")
 // bareStore is one responder's durable state: a bbolt file and a raw file,
 // both written only on that responder's paho delivery goroutine.
 type bareStore struct {
+	mu  sync.Mutex // the requester's store is written by every worker
 	db  *bbolt.DB
 	f   *os.File
 	seq uint64
@@ -80,11 +85,13 @@ func openBareStore(dir string, r int) (*bareStore, error) {
 
 // write makes the next mark durable for worker as how says.
 func (s *bareStore) write(how bareWrite, worker string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.seq++
 	binary.BigEndian.PutUint64(s.buf[:8], 1<<10)
 	binary.BigEndian.PutUint64(s.buf[8:], s.seq)
 	switch how {
-	case bareBolt:
+	case bareBolt, bareBoltBoth:
 		return s.db.Update(func(tx *bbolt.Tx) error {
 			return tx.Bucket(bareMarks).Put([]byte(worker), s.buf[:])
 		})
@@ -117,6 +124,7 @@ type bareEcho struct {
 	req      *autopaho.ConnectionManager
 	rsp      []*autopaho.ConnectionManager
 	stores   []*bareStore    // per responder
+	reqStore *bareStore      // the requester's, for bareBoltBoth
 	write    atomic.Int32    // a bareWrite
 	hop      chan time.Time  // 1-hop receptions
 	replies  []chan struct{} // per worker
@@ -169,6 +177,9 @@ func newBareEcho(ctx context.Context, brokerURL, name, dir string, workers, resp
 		}
 		return cm, nil
 	}
+	if b.reqStore, err = openBareStore(filepath.Join(dir, "req"), 0); err != nil {
+		return nil, err
+	}
 	for r := range max(responders, 1) {
 		st, err := openBareStore(dir, r)
 		if err != nil {
@@ -220,6 +231,9 @@ func (b *bareEcho) close() {
 	b.cancel()
 	for _, s := range b.stores {
 		s.close()
+	}
+	if b.reqStore != nil {
+		b.reqStore.close()
 	}
 }
 
@@ -285,6 +299,11 @@ func (b *bareEcho) echo(ctx context.Context, i int) (time.Duration, error) {
 	is := strconv.Itoa(i)
 	topic := fmt.Sprintf("%s%d/%d", bareReq, i%len(b.rsp), i)
 	start := time.Now()
+	if bareWrite(b.write.Load()) == bareBoltBoth {
+		if err := b.reqStore.write(bareBolt, is); err != nil {
+			return 0, fmt.Errorf("bare requester's write: %w", err)
+		}
+	}
 	if _, err := b.req.Publish(ctx, &paho.Publish{QoS: 1, Topic: topic, Payload: b.env,
 		Properties: &paho.PublishProperties{CorrelationData: corrData, ResponseTopic: bareRep + is}}); err != nil {
 		return 0, err

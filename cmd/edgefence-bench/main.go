@@ -351,6 +351,10 @@ func printRTRatios(w io.Writer, r *rtResult) {
 		if sync, ok := r.row(pathEchoSync, 1); ok {
 			fmt.Fprintf(w, "; against the responder's pwrite + fdatasync (p99 %s µs): %.2f×", us(sync.S.P99), ratio(acc, sync))
 		}
+		if both, ok := r.row(pathEchoBoth, 1); ok {
+			fmt.Fprintf(w, "; against requester and responder each committing in bbolt, the agent's shape (p99 %s µs): %.2f× (p50 %.2f×)",
+				us(both.S.P99), ratio(acc, both), float64(acc.S.P50)/float64(both.S.P50))
+		}
 		fmt.Fprintln(w)
 	}
 	one, okOne := r.row(pathOneHop, 1)

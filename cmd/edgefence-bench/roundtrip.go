@@ -45,6 +45,7 @@ const (
 	pathEcho      = "paho request→reply (2 hops)"
 	pathEchoBolt  = "paho request→reply, responder fsyncs: bbolt commit of a mark"
 	pathEchoSync  = "paho request→reply, responder fsyncs: pwrite + fdatasync"
+	pathEchoBoth  = "paho request→reply, requester and responder each commit a mark in bbolt"
 	pathAccepted  = "agent.Send → shim → ack, accepted (fsync)"
 	pathDuplicate = "agent.Send → shim → ack, duplicate (no write)"
 	pathHostAcc   = "device side alone: sim.Host.Handle, accepted (fsync)"
@@ -221,6 +222,7 @@ func (w *rtWorld) ops() []namedOp {
 		{path: pathEcho, f: w.bare.echo, write: bareNoWrite},
 		{path: pathEchoBolt, f: w.bare.echo, write: bareBolt},
 		{path: pathEchoSync, f: w.bare.echo, write: bareDatasync},
+		{path: pathEchoBoth, f: w.bare.echo, write: bareBoltBoth},
 		{path: pathAccepted, f: send(fence.Accepted)},
 		{path: pathDuplicate, f: send(fence.Duplicate), dup: true},
 		{path: pathHostAcc, f: w.host.accepted},
@@ -245,7 +247,7 @@ func (w *rtWorld) run(ctx context.Context, res *rtResult, seq bool) error {
 	if cfg.Conc > 1 && cfg.ConcN > 0 {
 		fmt.Fprintf(cfg.Log, "roundtrip: %s: concurrent, %d workers, %d fleet(s), %d per path\n", w.broker.name, cfg.Conc, nf, cfg.ConcN)
 		for _, o := range ops {
-			if o.path == pathOneHop || o.path == pathEchoSync || o.path == pathHostAcc || o.path == pathHostDup {
+			if o.path == pathOneHop || o.path == pathEchoSync || o.path == pathEchoBoth || o.path == pathHostAcc || o.path == pathHostDup {
 				continue // sequential only
 			}
 			w.prepare(o)
