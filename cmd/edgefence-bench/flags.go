@@ -35,6 +35,12 @@ type benchFlags struct {
 	keep     bool
 	cpuprof  string
 	sign     bool // roundtrip, replay, rss
+	cost     costFlags
+}
+
+type costFlags struct {
+	etcd string
+	idle time.Duration
 }
 
 type rtFlags struct {
@@ -106,8 +112,10 @@ func newFlagSet(stderr io.Writer) (*flag.FlagSet, *benchFlags) {
 	f.rtu.register(fs)
 	f.fw.register(fs)
 	f.fan.register(fs)
+	fs.StringVar(&f.cost.etcd, "etcd", "both", "etcdcost: embedded (3.7, in process), debian (/usr/bin/etcd, 3.4) or both")
+	fs.DurationVar(&f.cost.idle, "cost-idle", 20*time.Second, "etcdcost: each idle window (keep-alives, requests per second)")
 	fs.StringVar(&f.lcSizes, "lc-sizes", "10,1000", "lifecycle: device counts, comma-separated")
-	fs.IntVar(&f.devices, "devices", 0, "locks: devices (default 1000); replay: devices (default 10); failover: devices (default 4); twins: devices on the agent, all changing at once in the throughput runs (default 1000); fwrollout: firmware devices, all targets of the job (default 1000)")
+	fs.IntVar(&f.devices, "devices", 0, "locks: devices (default 1000); replay: devices (default 10); failover: devices (default 4); twins: devices on the agent, all changing at once in the throughput runs (default 1000); fwrollout: firmware devices, all targets of the job (default 1000); etcdcost: devices per agent (default 1000)")
 	fs.IntVar(&f.runs, "runs", 0, "locks, replay, fwrollout, fanout: repetitions (default 5, 3, 3, 3: fan-outs per size, the first warms up); failover: trials per lease_ttl and fault (default 3); twins: latency rounds per size (default 30)")
 	fs.StringVar(&f.agentBin, "agent-bin", "", "rss, failover, lifecycle, fwrollout, fanout: the edgefence binary (default: go build it from the module in the working directory)")
 	fs.BoolVar(&f.keep, "keep", false, "keep the temp dir (logs, configs, data)")
@@ -181,7 +189,7 @@ func (f *rtuFlags) register(fs *flag.FlagSet) {
 }
 
 // benchNames are the subcommands.
-var benchNames = []string{"roundtrip", "locks", "rss", "all", "replay", "failover", "twins", "lifecycle", "modbus-rtu", "fwrollout", "fanout"}
+var benchNames = []string{"roundtrip", "locks", "rss", "all", "replay", "failover", "twins", "lifecycle", "modbus-rtu", "fwrollout", "fanout", "etcdcost"}
 
 // parseArgs parses args, the flags before or after the one benchmark
 // name, and returns that name. With ok false the command is to exit with
@@ -231,6 +239,7 @@ type benches struct {
 	rtu       modbusRTUConfig
 	fw        fwRolloutConfig
 	fan       fanoutConfig
+	cost      etcdCostConfig
 	keep      bool
 	cpuprof   string
 }
@@ -284,6 +293,7 @@ func (f *benchFlags) benches(what string, set map[string]bool) (*benches, error)
 		rtu:     modbusRTUConfig{Bauds: l.bauds, N: f.rtu.n},
 		fw:      fw,
 		fan:     fanoutConfig{Sizes: l.fanSizes, Runs: f.runs, Fleets: max(f.fan.fleets, 1), AgentBin: f.agentBin},
+		cost:    etcdCostConfig{N: f.devices, Impls: l.etcds, Idle: f.cost.idle, LeaseTTL: 10 * time.Second},
 		keep:    f.keep,
 		cpuprof: f.cpuprof,
 	}, nil
@@ -291,26 +301,35 @@ func (f *benchFlags) benches(what string, set map[string]bool) (*benches, error)
 
 // flagLists are the list flags, parsed.
 type flagLists struct {
-	brokers                           []string
+	brokers, etcds                    []string
 	sizes, fleets, lcSizes, twinSizes []int
 	bauds, fanSizes                   []int
 }
 
+// oneOrBoth reads the flag name's value v: x, y or "both".
+func oneOrBoth(name, v, x, y string) ([]string, error) {
+	switch v {
+	case "both":
+		return []string{x, y}, nil
+	case x, y:
+		return []string{v}, nil
+	}
+	return nil, fmt.Errorf("--%s %q: want %s, %s or both", name, v, x, y)
+}
+
 func (f *benchFlags) lists() (flagLists, error) {
 	var l flagLists
-	switch f.rt.broker {
-	case "both":
-		l.brokers = []string{brokerMochi, brokerMosquitto}
-	case brokerMochi, brokerMosquitto:
-		l.brokers = []string{f.rt.broker}
-	default:
-		return l, fmt.Errorf("--broker %q: want mochi, mosquitto or both", f.rt.broker)
+	var err error
+	if l.brokers, err = oneOrBoth("broker", f.rt.broker, brokerMochi, brokerMosquitto); err != nil {
+		return l, err
+	}
+	if l.etcds, err = oneOrBoth("etcd", f.cost.etcd, etcdEmbedded, etcdDebian); err != nil {
+		return l, err
 	}
 	for _, x := range []struct {
 		name, val string
 		list      *[]int
 	}{{"sizes", f.rss.sizes, &l.sizes}, {"fleets", f.rt.fleets, &l.fleets}, {"lc-sizes", f.lcSizes, &l.lcSizes}, {"twin-sizes", f.twins.sizes, &l.twinSizes}, {"bauds", f.rtu.bauds, &l.bauds}, {"fanout-sizes", f.fan.sizes, &l.fanSizes}} {
-		var err error
 		if *x.list, err = intList(x.val); err != nil {
 			return l, fmt.Errorf("--%s: %w", x.name, err)
 		}
