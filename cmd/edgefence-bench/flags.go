@@ -164,7 +164,7 @@ func (f *rssFlags) register(fs *flag.FlagSet) {
 	fs.Float64Var(&f.minRate, "rss-min-rate", 5, "rss: ...but at least this many commands/s over all devices")
 	fs.IntVar(&f.workers, "rss-workers", 8, "rss: API clients sending the load concurrently")
 	fs.DurationVar(&f.idle, "rss-idle", 20*time.Second, "rss: measure the agent's CPU this long with all devices held and no commands, before the load (0: not)")
-	fs.StringVar(&f.agentProf, "agent-cpuprofile", "", "rss: the agent is built for profiling (-tags edgefence_pprof; an --agent-bin must be too), serves pprof (metrics.pprof) and a CPU profile of each size's load window (at most 25 s) is written to DIR/agent-cpu-N.pprof, of its idle window to agent-idle-N.pprof, and its allocations since start to agent-allocs-N.pprof")
+	fs.StringVar(&f.agentProf, "agent-cpuprofile", "", "rss, fanout: the agent is built for profiling (-tags edgefence_pprof; an --agent-bin must be too) and serves pprof (metrics.pprof). rss: a CPU profile of each size's load window (at most 25 s) is written to DIR/agent-cpu-N.pprof, of its idle window to agent-idle-N.pprof, and its allocations since start to agent-allocs-N.pprof; fanout: of each size's last fan-out (the first run's time + 2 s, at most 25 s) to DIR/agent-fanout-N.pprof")
 	fs.StringVar(&f.agentEnv, "agent-env", "", "rss: extra environment for the agent, comma-separated (e.g. GOGC=50,GODEBUG=gctrace=1; see --keep for its log)")
 }
 
@@ -283,7 +283,7 @@ func (f *benchFlags) benches(what string, set map[string]bool) (*benches, error)
 			TPRuns: f.twins.runs, Fleets: f.twins.fleets},
 		rtu:     modbusRTUConfig{Bauds: l.bauds, N: f.rtu.n},
 		fw:      fw,
-		fan:     fanoutConfig{Sizes: l.fanSizes, Runs: f.runs, Fleets: max(f.fan.fleets, 1), AgentBin: f.agentBin},
+		fan:     fanoutConfig{Sizes: l.fanSizes, Runs: f.runs, Fleets: max(f.fan.fleets, 1), AgentBin: f.agentBin, ProfDir: pdir},
 		keep:    f.keep,
 		cpuprof: f.cpuprof,
 	}, nil
