@@ -39,7 +39,8 @@ const fanoutCmdTimeout = 120 * time.Second
 type fanoutConfig struct {
 	Sizes    []int // device counts
 	Runs     int   // fan-outs per size (the first warms up)
-	Fleets   int   // sim fleets (MQTT clients, bbolt files) serving the devices
+	Fleets   int   // sim fleets (bbolt files) serving the devices
+	Lanes    int   // MQTT clients per fleet (sim.FleetConfig.Lanes)
 	AgentBin string
 	ProfDir  string // non-empty: a profiling agent; a CPU profile of each size's last fan-out goes here
 	Dir      string
@@ -66,13 +67,13 @@ type fanoutRow struct {
 }
 
 type fanoutResult struct {
-	Bin    string
-	Fleets int
-	Rows   []fanoutRow
+	Bin           string
+	Fleets, Lanes int
+	Rows          []fanoutRow
 }
 
 func runFanout(ctx context.Context, etcd *sandbox.Etcd, cfg fanoutConfig) (*fanoutResult, error) {
-	res := &fanoutResult{Bin: cfg.AgentBin, Fleets: cfg.Fleets}
+	res := &fanoutResult{Bin: cfg.AgentBin, Fleets: cfg.Fleets, Lanes: cfg.Lanes}
 	if res.Bin == "" {
 		var extra []string // --agent-cpuprofile: a profiling build (metrics.pprof needs it)
 		if cfg.ProfDir != "" {
@@ -111,7 +112,7 @@ func fanoutSize(ctx context.Context, etcd *sandbox.Etcd, cli *clientv3.Client, b
 	ac := rssAgentConfig{n: n, dir: dir, etcd: etcd.Endpoint(), broker: br.url, prefix: prefix, devs: devs,
 		sock: filepath.Join(dir, "agent.sock"), etcdPrefix: fmt.Sprintf("/bench/fanout-%d-%d", n, time.Now().UnixNano()),
 		cmdTimeout: fanoutCmdTimeout, pprof: cfg.ProfDir != ""}
-	fleets, err := startFleets(ctx, dir, br.url, prefix, "bench-fan-fleet-"+prefix, devs, cfg.Fleets, fleetAuth{})
+	fleets, err := startFleetsLanes(ctx, dir, br.url, prefix, "bench-fan-fleet-"+prefix, devs, cfg.Fleets, cfg.Lanes, fleetAuth{})
 	defer closeFleets(fleets)
 	if err != nil {
 		return row, err
@@ -285,7 +286,7 @@ func bareConnect(ctx context.Context, brokerURL string, onMsg func(paho.PublishR
 }
 
 func printFanout(w io.Writer, r *fanoutResult) {
-	fmt.Fprintf(w, "\n### Fan-out: one POST /v1/fanout to every device (agent %s, %d device fleets)\n\n", r.Bin, r.Fleets)
+	fmt.Fprintf(w, "\n### Fan-out: one POST /v1/fanout to every device (agent %s, %d device fleets of %d lanes)\n\n", r.Bin, r.Fleets, r.Lanes)
 	fmt.Fprintln(w, "| devices | run | request → all applied | stored (agent) | append commits | all outbox commits | commits / device | resent | duplicate | agent CPU | CPU / device | bare paho, same devices | ratio |")
 	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for _, row := range r.Rows {

@@ -63,11 +63,13 @@ type failoverFlags struct {
 type fanFlags struct {
 	sizes  string
 	fleets int
+	lanes  int
 }
 
 func (f *fanFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.sizes, "fanout-sizes", "1000,10000", "fanout: device counts, comma-separated")
 	fs.IntVar(&f.fleets, "fanout-fleets", 4, "fanout: sim.Fleets (an MQTT client + bbolt file each) the devices are split over")
+	fs.IntVar(&f.lanes, "fanout-lanes", 1, "fanout: MQTT clients per fleet (sim.FleetConfig.Lanes); above 1 the commands that reach a fleet's lanes together are decided in one bbolt commit, each acked after it")
 }
 
 type rtuFlags struct {
@@ -283,7 +285,7 @@ func (f *benchFlags) benches(what string, set map[string]bool) (*benches, error)
 			TPRuns: f.twins.runs, Fleets: f.twins.fleets},
 		rtu:     modbusRTUConfig{Bauds: l.bauds, N: f.rtu.n},
 		fw:      fw,
-		fan:     fanoutConfig{Sizes: l.fanSizes, Runs: f.runs, Fleets: max(f.fan.fleets, 1), AgentBin: f.agentBin, ProfDir: pdir},
+		fan:     fanoutConfig{Sizes: l.fanSizes, Runs: f.runs, Fleets: max(f.fan.fleets, 1), Lanes: max(f.fan.lanes, 1), AgentBin: f.agentBin, ProfDir: pdir},
 		keep:    f.keep,
 		cpuprof: f.cpuprof,
 	}, nil
