@@ -69,11 +69,13 @@ type failoverFlags struct {
 type fanFlags struct {
 	sizes  string
 	fleets int
+	lanes  int
 }
 
 func (f *fanFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.sizes, "fanout-sizes", "1000,10000", "fanout: device counts, comma-separated")
 	fs.IntVar(&f.fleets, "fanout-fleets", 4, "fanout: sim.Fleets (an MQTT client + bbolt file each) the devices are split over")
+	fs.IntVar(&f.lanes, "fanout-lanes", 1, "fanout: MQTT clients per fleet (sim.FleetConfig.Lanes); above 1 the commands that reach a fleet's lanes together are decided in one bbolt commit, each acked after it")
 }
 
 type rtuFlags struct {
@@ -172,7 +174,7 @@ func (f *rssFlags) register(fs *flag.FlagSet) {
 	fs.Float64Var(&f.minRate, "rss-min-rate", 5, "rss: ...but at least this many commands/s over all devices")
 	fs.IntVar(&f.workers, "rss-workers", 8, "rss: API clients sending the load concurrently")
 	fs.DurationVar(&f.idle, "rss-idle", 20*time.Second, "rss: measure the agent's CPU this long with all devices held and no commands, before the load (0: not)")
-	fs.StringVar(&f.agentProf, "agent-cpuprofile", "", "rss: the agent is built for profiling (-tags edgefence_pprof; an --agent-bin must be too), serves pprof (metrics.pprof) and a CPU profile of each size's load window (at most 25 s) is written to DIR/agent-cpu-N.pprof, of its idle window to agent-idle-N.pprof, and its allocations since start to agent-allocs-N.pprof")
+	fs.StringVar(&f.agentProf, "agent-cpuprofile", "", "rss, fanout: the agent is built for profiling (-tags edgefence_pprof; an --agent-bin must be too) and serves pprof (metrics.pprof). rss: a CPU profile of each size's load window (at most 25 s) is written to DIR/agent-cpu-N.pprof, of its idle window to agent-idle-N.pprof, and its allocations since start to agent-allocs-N.pprof; fanout: of each size's last fan-out (the first run's time + 2 s, at most 25 s) to DIR/agent-fanout-N.pprof")
 	fs.StringVar(&f.agentEnv, "agent-env", "", "rss: extra environment for the agent, comma-separated (e.g. GOGC=50,GODEBUG=gctrace=1; see --keep for its log)")
 }
 
@@ -292,7 +294,7 @@ func (f *benchFlags) benches(what string, set map[string]bool) (*benches, error)
 			TPRuns: f.twins.runs, Fleets: f.twins.fleets},
 		rtu:     modbusRTUConfig{Bauds: l.bauds, N: f.rtu.n},
 		fw:      fw,
-		fan:     fanoutConfig{Sizes: l.fanSizes, Runs: f.runs, Fleets: max(f.fan.fleets, 1), AgentBin: f.agentBin},
+		fan:     fanoutConfig{Sizes: l.fanSizes, Runs: f.runs, Fleets: max(f.fan.fleets, 1), Lanes: max(f.fan.lanes, 1), AgentBin: f.agentBin, ProfDir: pdir},
 		cost:    etcdCostConfig{N: f.devices, Impls: l.etcds, Idle: f.cost.idle, LeaseTTL: 10 * time.Second},
 		keep:    f.keep,
 		cpuprof: f.cpuprof,
