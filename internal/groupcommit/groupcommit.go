@@ -64,10 +64,10 @@ type Committer struct {
 
 type group struct {
 	calls  []Call
-	riders []rider // taken when the group closed; their calls run first
-	errs  []error       // set before done is closed
-	prev  *group        // the group committed before this one; nil once it has
-	done  chan struct{} // closed when the commit returned
+	riders []rider       // taken when the group closed; their calls run first
+	errs   []error       // set before done is closed
+	prev   *group        // the group committed before this one; nil once it has
+	done   chan struct{} // closed when the commit returned
 }
 
 // New returns a Committer whose transactions run through update (e.g.
