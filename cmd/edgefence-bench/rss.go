@@ -234,7 +234,7 @@ func measureAgentRSS(ctx context.Context, etcd *sandbox.Etcd, cli *clientv3.Clie
 	// The load until the end: one command per device per Period (at least
 	// MinRate/s), round robin over the devices, sent through the agent's
 	// API socket by Workers clients as the tick comes.
-	commits0 := outboxCommits(ctx, ac.metrics)
+	commits := outboxCommitsSince(ctx, ac.metrics)
 	load := startRSSLoad(agent.NewAPIClient(ac.sock), cfg.Workers, cfg.Log)
 	row.LoadFor = time.Until(end)
 	row.Sent = load.run(ctx, end, devs, row.Rate)
@@ -249,11 +249,7 @@ func measureAgentRSS(ctx context.Context, etcd *sandbox.Etcd, cli *clientv3.Clie
 	row.Peak, row.PeakAt = peak.stop()
 	var lat []time.Duration
 	row.Accepted, row.Other, lat = load.finish()
-	if c1 := outboxCommits(ctx, ac.metrics); commits0 >= 0 && c1 >= 0 {
-		row.Commits = c1 - commits0
-	} else {
-		row.Commits = -1
-	}
+	row.Commits = commits()
 	s := summarize(lat)
 	row.SendP50, row.SendP99 = s.P50, s.P99
 	row.afterLoad(ctx, prof, ac.metrics, cfg.Log)
@@ -621,15 +617,24 @@ func (l *rssLoad) finish() (accepted, other int, lat []time.Duration) {
 	return l.accepted, l.other, l.lat
 }
 
-// outboxCommits is the agent's outbox commits so far (each one's fsync
-// time is observed: edgefence_state_fsync_seconds_count), -1 if the
-// metrics cannot be read.
-func outboxCommits(ctx context.Context, metrics string) float64 {
-	v, err := scrapeMetrics(ctx, "http://"+metrics+"/metrics", "edgefence_state_fsync_seconds_count")
-	if err != nil {
+// outboxCommitsSince returns a function that tells the agent's outbox
+// commits since this call (each one's fsync time is observed:
+// edgefence_state_fsync_seconds_count), -1 if the metrics cannot be read.
+func outboxCommitsSince(ctx context.Context, metrics string) func() float64 {
+	read := func() float64 {
+		v, err := scrapeMetrics(ctx, "http://"+metrics+"/metrics", "edgefence_state_fsync_seconds_count")
+		if err != nil {
+			return -1
+		}
+		return v["edgefence_state_fsync_seconds_count"]
+	}
+	c0 := read()
+	return func() float64 {
+		if c1 := read(); c0 >= 0 && c1 >= 0 {
+			return c1 - c0
+		}
 		return -1
 	}
-	return v["edgefence_state_fsync_seconds_count"]
 }
 
 // scrapeGoMem reads the go_memstats and go_goroutines lines of a
