@@ -18,8 +18,8 @@ const DefaultVerdictDelay = 100 * time.Millisecond
 // outbox (Next, List, Get, Summary, Stats, the pending counts), and its
 // record rides on the next commit made for any reason (an Append, another
 // resolve, SetHeld) or, at the latest, on the one the outbox makes itself
-// Options.VerdictDelay after the first verdict left waiting; Close commits
-// the ones still waiting. Until then the file holds the entry pending: a
+// Options.VerdictDelay after the first verdict left waiting (since the
+// last time none was); Close commits the ones still waiting. Until then the file holds the entry pending: a
 // kill -9 leaves it pending, to be resent after a restart (the fence point
 // answers a duplicate) and ended then, once. A commit that fails puts it
 // back: pending again in every view.
@@ -89,6 +89,12 @@ func (ob *Outbox) ResolveLater(acks []*fence.Ack, done func(errs []error)) {
 			}
 		}
 		ob.cmu.Unlock()
+		if len(ob.later) == 0 && ob.armed {
+			// Nothing waits: the next verdict gets a full delay to find
+			// a commit to ride on.
+			ob.timer.Stop()
+			ob.armed = false
+		}
 		ob.lmu.Unlock()
 		done(errs)
 	})
@@ -136,7 +142,9 @@ func (ob *Outbox) deferVerdicts(acks []*fence.Ack, ops []resolveOp, now time.Tim
 	ob.cmu.Unlock()
 	if !ob.armed {
 		ob.armed = true
-		ob.timer = time.AfterFunc(ob.opts.VerdictDelay, ob.commitLater)
+		ob.gen++
+		gen := ob.gen
+		ob.timer = time.AfterFunc(ob.opts.VerdictDelay, func() { ob.commitLater(gen) })
 	}
 	return calls
 }
@@ -161,9 +169,14 @@ func pendingLater(tx *bbolt.Tx, op *resolveOp, now time.Time) (*later, error) {
 	return &later{dev: env.Device, size: int64(len(r.env)), ack: op.ack, resolved: now}, nil
 }
 
-// commitLater is the flush timer: it commits the verdicts still waiting.
-func (ob *Outbox) commitLater() {
+// commitLater is the flush timer of generation gen: it commits the
+// verdicts still waiting.
+func (ob *Outbox) commitLater(gen uint64) {
 	ob.lmu.Lock()
+	if gen != ob.gen {
+		ob.lmu.Unlock()
+		return // stopped too late: a newer timer is armed, or none is needed
+	}
 	ob.armed = false
 	ob.lmu.Unlock()
 	ob.mu.RLock()

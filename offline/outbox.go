@@ -186,6 +186,7 @@ type Outbox struct {
 	later map[string]*later // command id → its deferred verdict
 	armed bool              // timer will commit them
 	timer *time.Timer
+	gen   uint64 // the armed timer's generation
 }
 
 // ObserveCommits makes the outbox call fn after each write transaction it

@@ -166,7 +166,7 @@ func (f *rssFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.workers, "rss-workers", 8, "rss: API clients sending the load concurrently")
 	fs.DurationVar(&f.idle, "rss-idle", 20*time.Second, "rss: measure the agent's CPU this long with all devices held and no commands, before the load (0: not)")
 	fs.StringVar(&f.agentProf, "agent-cpuprofile", "", "rss: the agent is built for profiling (-tags edgefence_pprof; an --agent-bin must be too), serves pprof (metrics.pprof) and a CPU profile of each size's load window (at most 25 s) is written to DIR/agent-cpu-N.pprof, of its idle window to agent-idle-N.pprof, and its allocations since start to agent-allocs-N.pprof")
-	fs.StringVar(&f.verdict, "rss-verdict-delay", "", "rss: the agent's outbox.verdict_delay (e.g. 0: strict, a commit per verdict; empty: the agent's default)")
+	fs.StringVar(&f.verdict, "rss-verdict-delay", "", "rss: the agent's outbox.verdict_delay (e.g. 0s: strict, a commit per verdict; empty: the agent's default)")
 	fs.StringVar(&f.agentEnv, "agent-env", "", "rss: extra environment for the agent, comma-separated (e.g. GOGC=50,GODEBUG=gctrace=1; see --keep for its log)")
 }
 
