@@ -31,7 +31,7 @@ import (
 //     (device.recording): the device has decided them, so their end is
 //     the device's verdict, not expired.
 
-// With outbox.verdict_delay (the default; 0 is the strict mode above), a
+// With outbox.verdict_delay (the default; 0s is the strict mode above), a
 // device's verdict is settled at once instead: the waiter gets its ack
 // and the outbox ends the entry in its views (offline's ResolveLater),
 // and the record rides on the outbox's next commit — the next command's
