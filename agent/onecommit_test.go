@@ -2,6 +2,9 @@ package agent
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
+	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -95,5 +98,54 @@ func BenchmarkSendSequential(b *testing.B) {
 			b.ReportMetric(float64(commits.Load())/float64(b.N), "commits/op")
 			b.ReportMetric(float64((cputime.Process()-cpu0).Microseconds())/float64(b.N), "cpu-µs/op")
 		})
+	}
+}
+
+// TestDeferredVerdictKeptFromExpiryUntilDurable: with verdict_delay a
+// verdict's entry stays in the device's recording set (never expired
+// locally) until its record has been committed, and stays there, counted
+// as an outbox error, if the record fails (here: the outbox is closed),
+// so that it is resent, not expired.
+func TestDeferredVerdictKeptFromExpiryUntilDurable(t *testing.T) {
+	ob := openOutbox(t, filepath.Join(t.TempDir(), offline.File), &offline.Options{VerdictDelay: time.Hour})
+	d := &device{id: "d1", sem: make(chan struct{}, 1)}
+	q := &delivery{outbox: ob, log: slog.New(slog.DiscardHandler), devices: map[string]*device{"d1": d},
+		waiters: map[string]chan *fence.Ack{}, now: time.Now, later: true}
+	var es []*offline.Entry
+	for i := range 2 {
+		e := &offline.Entry{Envelope: fence.Envelope{V: fence.Version, Device: "d1", Token: 5, Seq: uint64(i + 1),
+			ID: fmt.Sprintf("c%d", i), Kind: "set"}}
+		if err := ob.Append(context.Background(), e); err != nil {
+			t.Fatal(err)
+		}
+		es = append(es, e)
+	}
+	ack := func(e *offline.Entry) *fence.Ack {
+		a := fence.NewAck(&e.Envelope, fence.Accepted, fence.Mark{Token: 5, Seq: e.Envelope.Seq}, "")
+		return &a
+	}
+	recording := func(id string) bool {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		_, ok := d.recording[id]
+		return ok
+	}
+	q.resolveLater(d, es[0], ack(es[0]))
+	if !recording("c0") {
+		t.Fatal("c0 not kept from expiry while its record waits")
+	}
+	ob.Flush()
+	if recording("c0") {
+		t.Error("c0 still in the recording set once durable")
+	}
+	if err := ob.Close(); err != nil {
+		t.Fatal(err)
+	}
+	q.resolveLater(d, es[1], ack(es[1])) // refused: the outbox is closed
+	if !recording("c1") {
+		t.Error("c1: answered, not recorded, and no longer kept from expiry")
+	}
+	if n := q.stats.outboxErr.Load(); n != 1 {
+		t.Errorf("outbox errors %d, want 1", n)
 	}
 }
