@@ -2,8 +2,6 @@ package agent
 
 import (
 	"context"
-	"fmt"
-	"log/slog"
 	"path/filepath"
 	"sync/atomic"
 	"testing"
@@ -108,22 +106,8 @@ func BenchmarkSendSequential(b *testing.B) {
 // so that it is resent, not expired.
 func TestDeferredVerdictKeptFromExpiryUntilDurable(t *testing.T) {
 	ob := openOutbox(t, filepath.Join(t.TempDir(), offline.File), &offline.Options{VerdictDelay: time.Hour})
-	d := &device{id: "d1", sem: make(chan struct{}, 1)}
-	q := &delivery{outbox: ob, log: slog.New(slog.DiscardHandler), devices: map[string]*device{"d1": d},
-		waiters: map[string]chan *fence.Ack{}, now: time.Now, later: true}
-	var es []*offline.Entry
-	for i := range 2 {
-		e := &offline.Entry{Envelope: fence.Envelope{V: fence.Version, Device: "d1", Token: 5, Seq: uint64(i + 1),
-			ID: fmt.Sprintf("c%d", i), Kind: "set"}}
-		if err := ob.Append(context.Background(), e); err != nil {
-			t.Fatal(err)
-		}
-		es = append(es, e)
-	}
-	ack := func(e *offline.Entry) *fence.Ack {
-		a := fence.NewAck(&e.Envelope, fence.Accepted, fence.Mark{Token: 5, Seq: e.Envelope.Seq}, "")
-		return &a
-	}
+	q, d, es := verdictRig(t, ob, 2)
+	q.later = true
 	recording := func(id string) bool {
 		d.mu.Lock()
 		defer d.mu.Unlock()
