@@ -69,7 +69,7 @@ func benchBrokers() []string {
 	return bs
 }
 
-func startBenchBroker(b *testing.B, name string) string {
+func startBenchBroker(b testing.TB, name string) string {
 	b.Helper()
 	switch name {
 	case "mochi":
@@ -93,8 +93,8 @@ func startBenchBroker(b *testing.B, name string) string {
 
 // newBenchWorld starts a broker, nDev devices split round-robin over nFleets
 // sim.Fleets, and an agent holding all of them; each device has accepted
-// one command.
-func newBenchWorld(b *testing.B, broker string, nDev, nFleets int) *benchWorld {
+// one command. tweak, if given, adjusts the agent's config.
+func newBenchWorld(b testing.TB, broker string, nDev, nFleets int, tweak ...func(*Config)) *benchWorld {
 	b.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -138,7 +138,7 @@ func newBenchWorld(b *testing.B, broker string, nDev, nFleets int) *benchWorld {
 		b.Fatal(err)
 	}
 	w.sender = &benchDupSender{next: cmdr}
-	w.agent = startBenchAgent(b, w.devices, w.sender, w.url, nil)
+	w.agent = startBenchAgent(b, w.devices, w.sender, w.url, nil, tweak...)
 	waitHeld(b, w.agent, len(w.devices))
 	for _, d := range w.devices {
 		if ack, err := w.agent.Send(ctx, d, sim.KindPing, nil); err != nil || ack.Verdict != fence.Accepted {
@@ -150,8 +150,8 @@ func newBenchWorld(b *testing.B, broker string, nDev, nFleets int) *benchWorld {
 
 // startBenchAgent runs an agent for devs under a fresh prefix until the
 // benchmark ends; the returned stop is idempotent.
-func startBenchAgent(b *testing.B, devs []string, s Sender, brokerURL string, log *slog.Logger) *Agent {
-	a, _, stop := newBenchAgent(b, devs, s, brokerURL, Options{Logger: log})
+func startBenchAgent(b testing.TB, devs []string, s Sender, brokerURL string, log *slog.Logger, tweak ...func(*Config)) *Agent {
+	a, _, stop := newBenchAgent(b, devs, s, brokerURL, Options{Logger: log}, tweak...)
 	b.Cleanup(stop)
 	return a
 }
@@ -160,7 +160,7 @@ var benchPrefixes atomic.Uint64
 
 // newBenchAgent starts an agent and returns it, when its Run started, and a
 // function that stops it.
-func newBenchAgent(b *testing.B, devs []string, s Sender, brokerURL string, o Options) (*Agent, time.Time, func()) {
+func newBenchAgent(b testing.TB, devs []string, s Sender, brokerURL string, o Options, tweak ...func(*Config)) (*Agent, time.Time, func()) {
 	b.Helper()
 	cfg := &Config{Gateway: "bench-gw",
 		Etcd:    EtcdConfig{Endpoints: testEtcd.Endpoints(), Prefix: fmt.Sprintf("/bench/%d", benchPrefixes.Add(1)), LeaseTTL: 10 * time.Second},
@@ -168,6 +168,9 @@ func newBenchAgent(b *testing.B, devs []string, s Sender, brokerURL string, o Op
 		Command: CommandConfig{Timeout: 10 * time.Second}}
 	for _, d := range devs {
 		cfg.Devices = append(cfg.Devices, DeviceConfig{ID: d})
+	}
+	for _, f := range tweak {
+		f(cfg)
 	}
 	cli, err := testEtcd.Client()
 	if err != nil {
@@ -188,7 +191,7 @@ func newBenchAgent(b *testing.B, devs []string, s Sender, brokerURL string, o Op
 	return a, started, func() { once.Do(func() { cancel(); <-done; cli.Close() }) }
 }
 
-func waitHeld(b *testing.B, a *Agent, n int) {
+func waitHeld(b testing.TB, a *Agent, n int) {
 	b.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for a.leases.stats.acquired.Load() < uint64(n) {

@@ -175,6 +175,12 @@ type OutboxConfig struct {
 	MaxTotalBytes     int64         `yaml:"max_total_bytes"`      // pending envelope bytes in all, default 256 MiB
 	TTL               time.Duration `yaml:"ttl"`                  // a command not delivered by then ends as expired, default 1h
 	Retention         time.Duration `yaml:"retention"`            // terminal entries are kept this long, default 24h
+	// VerdictDelay is how long a device's verdict may wait for the
+	// outbox's next commit to ride on (default 100ms): the waiter gets
+	// its ack once the verdict is settled, and a command costs one commit,
+	// not two. 0 is strict: the waiter gets its ack only once the verdict
+	// is durable (a commit of its own).
+	VerdictDelay *time.Duration `yaml:"verdict_delay"`
 }
 
 // TwinsConfig switches the twin reconciler on (Options.Twins): desired
@@ -286,6 +292,9 @@ func (c *Config) ApplyDefaults() {
 	orDefault(&o.MaxTotalBytes, offline.DefaultMaxTotalBytes)
 	orDefault(&o.TTL, offline.DefaultTTL)
 	orDefault(&o.Retention, offline.DefaultRetention)
+	if o.VerdictDelay == nil {
+		o.VerdictDelay = new(offline.DefaultVerdictDelay)
+	}
 	orDefault(&c.Log.Level, DefaultLogLevel)
 	orDefault(&c.Log.Format, DefaultLogFormat)
 	c.Jobs.applyDefaults(c.StateDir)

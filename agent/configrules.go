@@ -125,6 +125,12 @@ var configRules = []configRule{
 	notNegative("outbox.max_total_bytes", "must not be negative", func(c *Config) int64 { return c.Outbox.MaxTotalBytes }),
 	notNegative("outbox.ttl", "must not be negative", func(c *Config) time.Duration { return c.Outbox.TTL }),
 	notNegative("outbox.retention", "must not be negative", func(c *Config) time.Duration { return c.Outbox.Retention }),
+	notNegative("outbox.verdict_delay", "must not be negative (0 is strict)", func(c *Config) time.Duration {
+		if c.Outbox.VerdictDelay == nil {
+			return 0
+		}
+		return *c.Outbox.VerdictDelay
+	}),
 	notNegative("jobs.cache_max_bytes", "must not be negative", func(c *Config) int64 { return c.Jobs.CacheMaxBytes }),
 	notNegative("jobs.fetch_timeout", "must not be negative", func(c *Config) time.Duration { return c.Jobs.FetchTimeout }),
 	scalar("jobs.window", func(c *Config) string {

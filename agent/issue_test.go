@@ -200,7 +200,8 @@ func (h *holdFirst) Send(ctx context.Context, env *fence.Envelope) (*fence.Ack, 
 // TestDeliveryRecordsVerdictWhileSendingNext: the outbox's record of a
 // verdict (its fsync) is off the device's path: while the commit of the
 // first command's verdict is held, the device's worker already delivers
-// the second. Its waiter still gets the ack only once it is recorded.
+// the second. Its waiter still gets the ack only once it is recorded: in
+// strict mode (outbox.verdict_delay 0), today's ordering.
 func TestDeliveryRecordsVerdictWhileSendingNext(t *testing.T) {
 	ob, err := offline.Open(filepath.Join(t.TempDir(), offline.File), nil)
 	if err != nil {
@@ -211,7 +212,7 @@ func TestDeliveryRecordsVerdictWhileSendingNext(t *testing.T) {
 	s := &holdFirst{Sender: fp, held: make(chan struct{}), release: make(chan struct{})}
 	cfg := &Config{Gateway: "gw", Etcd: EtcdConfig{Endpoints: testEtcd.Endpoints(), Prefix: "/t/" + t.Name(), LeaseTTL: 2 * time.Second},
 		MQTT: MQTTConfig{Brokers: []string{"mqtt://127.0.0.1:1"}}, Command: CommandConfig{Timeout: 5 * time.Second},
-		Devices: []DeviceConfig{{ID: "d1"}}}
+		Outbox: OutboxConfig{VerdictDelay: new(time.Duration(0))}, Devices: []DeviceConfig{{ID: "d1"}}}
 	histPath := filepath.Join(t.TempDir(), "history.jsonl")
 	hist, err := history.Create(histPath, "gw")
 	if err != nil {

@@ -54,6 +54,7 @@ type delivery struct {
 	log     *slog.Logger
 	now     func() time.Time
 	timeout time.Duration      // command.timeout: how long Send waits for an ack
+	later   bool               // outbox.verdict_delay > 0: device verdicts ride on the next commit (verdicts.go)
 	gateway string             // the envelopes' Holder
 	devices map[string]*device // the agent's; read-only
 	leases  deposer
@@ -261,7 +262,8 @@ func (q *delivery) next(w *worker) (e *offline.Entry, attempted bool, err error)
 		return nil, false, nil
 	}
 	d.mu.Lock()
-	attempted = d.inflight == e.Envelope.ID
+	_, answered := d.recording[e.Envelope.ID] // answered once; its record failed
+	attempted = d.inflight == e.Envelope.ID || answered
 	d.inflight = e.Envelope.ID
 	d.handed = max(d.handed, e.Pos)
 	d.mu.Unlock()
@@ -344,9 +346,15 @@ func (q *delivery) settle(w *worker, e *offline.Entry, ack *fence.Ack, local boo
 	}
 	// After a record that failed, this one is made at once: the next
 	// entry is then the failed one again. A stale verdict or the agent's
-	// own is recorded at once, after the verdicts before it.
-	async := !local && ack.Verdict != fence.Stale && q.queueVerdict(w, e, ack)
-	if !async {
+	// own is recorded at once, after the verdicts before it. With
+	// outbox.verdict_delay, a device's other verdicts are settled now and
+	// recorded with the outbox's next commit (resolveLater).
+	later := q.later && !local && ack.Verdict != fence.Stale
+	async := !later && !local && ack.Verdict != fence.Stale && q.queueVerdict(w, e, ack)
+	switch {
+	case later:
+		q.resolveLater(d, e, ack)
+	case !async:
 		q.flush(w)
 		if err := q.resolve(ack); err != nil && !q.resolveFailed(d, ack, err) {
 			return false
@@ -356,7 +364,7 @@ func (q *delivery) settle(w *worker, e *offline.Entry, ack *fence.Ack, local boo
 	if d.inflight == env.ID {
 		d.inflight = ""
 	}
-	if !async {
+	if !async && !later {
 		delete(d.recording, env.ID) // recorded now, if a failed batch had kept it
 	}
 	d.lastAck = ack
@@ -374,8 +382,10 @@ func (q *delivery) settle(w *worker, e *offline.Entry, ack *fence.Ack, local boo
 	if !local {
 		q.countVerdict(d, ack.Verdict)
 	}
-	if !async {
+	if !async && !later {
 		q.record(history.OpTerminal, env, ack.Verdict.String(), ack.Reason)
+	}
+	if !async {
 		q.notify(env.ID, ack)
 	}
 	q.logVerdict(d, env, ack, local)
@@ -547,6 +557,7 @@ func (q *delivery) run(ctx context.Context) {
 	q.runCtx = nil
 	q.mu.Unlock()
 	q.workers.Wait()
+	q.outbox.Flush() // the verdicts still waiting: durable, and in the history, before Run returns
 }
 
 func (q *delivery) compact() {

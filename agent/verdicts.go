@@ -31,6 +31,24 @@ import (
 //     (device.recording): the device has decided them, so their end is
 //     the device's verdict, not expired.
 
+// With outbox.verdict_delay (the default; 0s is the strict mode above), a
+// device's verdict is settled at once instead: the waiter gets its ack
+// and the outbox ends the entry in its views (offline's ResolveLater),
+// and the record rides on the outbox's next commit — the next command's
+// append, usually — or the outbox's own, verdict_delay later:
+//
+//   - one commit per command, not two: the append's, fsynced before the
+//     first send, carries the verdict of the command before;
+//   - the history gets the terminal event once the record is durable
+//     (recorded), so that it stays the outbox's record: a kill -9 before
+//     leaves the entry pending, resent after the restart and answered
+//     duplicate by the device (which applied it once), ended then, once;
+//     the waiter was told accepted (docs/ARCHITECTURE.md, Known limits);
+//   - until then the entry is in the recording set (never expired
+//     locally), and the outbox never hands it out again (NextAfter skips
+//     it); a record that fails puts it back pending, in the recording
+//     set still, and kicks its worker, which resends it (a duplicate).
+
 // verdictBatch is the most verdicts of one device recorded in one commit.
 const verdictBatch = 8
 
@@ -158,4 +176,33 @@ func (q *delivery) flush(w *worker) bool {
 	}
 	q.startRecord(w)
 	return q.awaitRecord(w)
+}
+
+// resolveLater settles ack, e's verdict, and hands its record to the
+// outbox to ride on its next commit (outbox.verdict_delay).
+func (q *delivery) resolveLater(d *device, e *offline.Entry, ack *fence.Ack) {
+	d.mu.Lock()
+	if d.recording == nil {
+		d.recording = make(map[string]struct{})
+	}
+	d.recording[ack.ID] = struct{}{}
+	d.mu.Unlock()
+	env := e.Envelope
+	env.Body = nil // for the history; a firmware chunk's data is not kept waiting
+	q.outbox.ResolveLater([]*fence.Ack{ack}, func(errs []error) { q.recorded(d, &env, ack, errs[0]) })
+}
+
+// recorded is the outcome of resolveLater's record, on the goroutine of
+// the commit that carried it (or at once if the outbox refused it).
+func (q *delivery) recorded(d *device, env *fence.Envelope, ack *fence.Ack, err error) {
+	if err != nil && !q.resolveFailed(d, ack, err) {
+		q.kick(d) // pending again: resent, answered duplicate; in the recording set until then
+		return
+	}
+	d.mu.Lock()
+	delete(d.recording, ack.ID)
+	d.mu.Unlock()
+	if err == nil {
+		q.record(history.OpTerminal, env, ack.Verdict.String(), ack.Reason)
+	}
 }

@@ -72,23 +72,8 @@ func TestVerdictsRecordedInBatches(t *testing.T) {
 // expiry never ends a command the device has decided as expired.
 func TestFailedVerdictRecordKeepsEntriesFromExpiry(t *testing.T) {
 	ob := openOutbox(t, filepath.Join(t.TempDir(), offline.File), nil)
-	d := &device{id: "d1", sem: make(chan struct{}, 1)}
-	q := &delivery{outbox: ob, log: slog.New(slog.DiscardHandler), devices: map[string]*device{"d1": d},
-		waiters: map[string]chan *fence.Ack{}, now: time.Now}
+	q, d, es := verdictRig(t, ob, 3)
 	w := &worker{d: d}
-	var es []*offline.Entry
-	for i := range 3 {
-		e := &offline.Entry{Envelope: fence.Envelope{V: fence.Version, Device: "d1", Token: 5, Seq: uint64(i + 1),
-			ID: fmt.Sprintf("c%d", i), Kind: "set"}}
-		if err := ob.Append(context.Background(), e); err != nil {
-			t.Fatal(err)
-		}
-		es = append(es, e)
-	}
-	ack := func(e *offline.Entry) *fence.Ack {
-		a := fence.NewAck(&e.Envelope, fence.Accepted, fence.Mark{Token: 5, Seq: e.Envelope.Seq}, "")
-		return &a
-	}
 	for _, e := range es[:2] {
 		if !q.queueVerdict(w, e, ack(e)) {
 			t.Fatal("queued verdict refused")
@@ -114,6 +99,31 @@ func TestFailedVerdictRecordKeepsEntriesFromExpiry(t *testing.T) {
 	if len(w.unrecorded) != 0 || w.recording != nil {
 		t.Errorf("worker still holds verdicts: %d unrecorded, recording %v", len(w.unrecorded), w.recording != nil)
 	}
+}
+
+// verdictRig is a delivery for one device d1 over ob, without a Sender,
+// and n entries appended for it (c0, c1, …; token 5).
+func verdictRig(t *testing.T, ob *offline.Outbox, n int) (*delivery, *device, []*offline.Entry) {
+	t.Helper()
+	d := &device{id: "d1", sem: make(chan struct{}, 1)}
+	q := &delivery{outbox: ob, log: slog.New(slog.DiscardHandler), devices: map[string]*device{"d1": d},
+		waiters: map[string]chan *fence.Ack{}, now: time.Now}
+	var es []*offline.Entry
+	for i := range n {
+		e := &offline.Entry{Envelope: fence.Envelope{V: fence.Version, Device: "d1", Token: 5, Seq: uint64(i + 1),
+			ID: fmt.Sprintf("c%d", i), Kind: "set"}}
+		if err := ob.Append(context.Background(), e); err != nil {
+			t.Fatal(err)
+		}
+		es = append(es, e)
+	}
+	return q, d, es
+}
+
+// ack is the device's acceptance of e.
+func ack(e *offline.Entry) *fence.Ack {
+	a := fence.NewAck(&e.Envelope, fence.Accepted, fence.Mark{Token: 5, Seq: e.Envelope.Seq}, "")
+	return &a
 }
 
 // holdGate holds every Send until release is closed, then hands it to

@@ -29,6 +29,16 @@ func (ob *Outbox) ExpireEntries(keep func(device, id string) bool) ([]Expired, e
 	}
 	ob.mu.Lock()
 	defer ob.mu.Unlock()
+	// An entry whose verdict waits for its commit (ResolveLater) has
+	// ended: never expired. No commit runs while mu is held, so later
+	// does not change meanwhile.
+	ob.lmu.RLock()
+	defer ob.lmu.RUnlock()
+	if user := keep; len(ob.later) > 0 {
+		keep = func(device, id string) bool {
+			return ob.later[id] != nil || (user != nil && user(device, id))
+		}
+	}
 	now := ob.opts.Now().UnixMilli()
 	type done struct {
 		e    Expired

@@ -55,6 +55,8 @@ func (r *Record) Reason() string {
 	return r.Ack.Reason
 }
 
+// toRecord reads a record as an operator sees it; ob.lmu is read-locked
+// (view).
 func (ob *Outbox) toRecord(id []byte, v []byte, now time.Time) (Record, error) {
 	r, err := parseRecord(v)
 	if err != nil {
@@ -82,6 +84,7 @@ func (ob *Outbox) toRecord(id []byte, v []byte, now time.Time) (Record, error) {
 			return Record{}, corruptf("ack of %s: %v", id, err)
 		}
 	}
+	ob.overlay(&rec) // ended, its record waiting for a commit
 	return rec, nil
 }
 
@@ -270,6 +273,9 @@ func (ob *Outbox) Stats() (Stats, error) {
 		if entries == nil {
 			return nil // read-only and never initialized: empty
 		}
+		for _, l := range ob.later { // pending in the file, ended
+			s.Terminal[l.ack.Verdict]++
+		}
 		return entries.ForEach(func(_, v []byte) error {
 			r, err := parseRecord(v)
 			switch {
@@ -334,7 +340,12 @@ func (ob *Outbox) Summary(device string) (Summary, error) {
 			ds := DeviceSummary{Device: d, Pending: u.n, Bytes: u.bytes}
 			if queue != nil {
 				prefix := queuePrefix(d)
-				if k, id := queue.Cursor().Seek(prefix); k != nil && hasPrefix(k, prefix) {
+				c := queue.Cursor()
+				k, id := c.Seek(prefix)
+				for k != nil && ob.waitingVerdict(id) != nil { // ended
+					k, id = c.Next()
+				}
+				if k != nil && hasPrefix(k, prefix) {
 					if r, err := getRecord(tx, id); err == nil {
 						ds.Oldest = time.UnixMilli(r.created)
 						ds.OldestAge = now.Sub(ds.Oldest)

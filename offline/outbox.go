@@ -69,6 +69,11 @@ type Options struct {
 	// without one.
 	Logger *slog.Logger
 
+	// VerdictDelay is how long a verdict handed to ResolveLater waits at
+	// most for a commit to ride on before the outbox commits it itself
+	// (default DefaultVerdictDelay).
+	VerdictDelay time.Duration
+
 	// ReadOnly opens an existing file for inspection (edgefence outbox
 	// list|show): Next, Get, List, Summary, Stats and Held work, every
 	// write (Append, Resolve, ExpireDue, Compact, SetHeld) returns an
@@ -108,6 +113,9 @@ func (o *Options) withDefaults() Options {
 	}
 	if r.Retention <= 0 {
 		r.Retention = DefaultRetention
+	}
+	if r.VerdictDelay <= 0 {
+		r.VerdictDelay = DefaultVerdictDelay
 	}
 	return r
 }
@@ -168,6 +176,17 @@ type Outbox struct {
 
 	commits atomic.Pointer[func(time.Duration)] // ObserveCommits
 	group   *groupcommit.Committer              // Resolve's and SetHeld's group commit
+
+	// lmu guards the verdicts waiting for their commit (ResolveLater,
+	// later.go): written when one is deferred and when its commit
+	// returns, read-held by the views across their read transaction, so
+	// that a view sees each entry either in later or in the file as
+	// terminal. Order: mu → lmu → cmu.
+	lmu   sync.RWMutex
+	later map[string]*later // command id → its deferred verdict
+	armed bool              // timer will commit them
+	timer *time.Timer
+	gen   uint64 // the armed timer's generation
 }
 
 // ObserveCommits makes the outbox call fn after each write transaction it
@@ -256,6 +275,14 @@ func (ob *Outbox) Close() error {
 		return nil
 	}
 	ob.closed = true
+	// The verdicts still waiting (ResolveLater): a clean shutdown leaves
+	// none of them pending. No group is in progress (each holds mu.RLock).
+	ob.group.CommitRiders()
+	ob.lmu.Lock()
+	if ob.timer != nil {
+		ob.timer.Stop()
+	}
+	ob.lmu.Unlock()
 	return ob.db.Close()
 }
 
@@ -494,7 +521,8 @@ func (ob *Outbox) Next(device string) (e *Entry, ok bool, err error) {
 // NextAfter is Next of the entries behind the one at queue position pos
 // (Entry.Pos): the oldest pending entry of device with a greater Pos. A
 // delivery worker uses it to send the next command while the verdict of
-// the one at pos is still being recorded (Resolve).
+// the one at pos is still being recorded (Resolve). Entries whose verdict
+// waits for its commit (ResolveLater) have ended: they are skipped.
 func (ob *Outbox) NextAfter(device string, pos uint64) (e *Entry, ok bool, err error) {
 	err = ob.view(func(tx *bbolt.Tx) error {
 		queue := tx.Bucket(queueBucket)
@@ -504,6 +532,9 @@ func (ob *Outbox) NextAfter(device string, pos uint64) (e *Entry, ok bool, err e
 		prefix := queuePrefix(device)
 		c := queue.Cursor()
 		k, id := c.Seek(queueKey(device, pos+1))
+		for k != nil && ob.waitingVerdict(id) != nil { // ended; its record waits for a commit
+			k, id = c.Next()
+		}
 		if k == nil || len(k) != len(prefix)+8 || string(k[:len(prefix)]) != string(prefix) {
 			return nil
 		}
@@ -563,12 +594,17 @@ func (ob *Outbox) ResolveAll(acks []*fence.Ack) []error {
 	ops := make([]resolveOp, len(acks))
 	calls := make([]groupcommit.Call, 0, len(acks))
 	now := ob.opts.Now().UnixMilli()
+	ob.lmu.RLock()
 	for i, a := range acks {
 		op := &ops[i]
-		if op.err = op.prepare(a); op.err == nil {
+		if op.err = op.prepare(a); op.err == nil && ob.waitingVerdict([]byte(op.id)) != nil {
+			op.err = fmt.Errorf("%w (not yet recorded)", ErrResolved)
+		}
+		if op.err == nil {
 			calls = append(calls, op.call(now))
 		}
 	}
+	ob.lmu.RUnlock()
 	// A read lock keeps Close out; the commit is shared with concurrent
 	// Append, Resolve and SetHeld calls (group commit).
 	ob.mu.RLock()
@@ -742,13 +778,17 @@ func (ob *Outbox) Compact() (n int, err error) {
 	return n, nil
 }
 
-// view runs fn in a read transaction.
+// view runs fn in a read transaction, with the deferred verdicts
+// (ob.later) read-locked: fn sees each of them either waiting or, once
+// committed, in the file.
 func (ob *Outbox) view(fn func(tx *bbolt.Tx) error) error {
 	ob.mu.RLock()
 	defer ob.mu.RUnlock()
 	if ob.closed {
 		return ErrClosed
 	}
+	ob.lmu.RLock()
+	defer ob.lmu.RUnlock()
 	return ob.db.View(fn)
 }
 

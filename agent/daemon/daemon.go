@@ -173,7 +173,7 @@ func (d *Daemon) openLocal() error {
 	if d.outbox, err = offline.Open(filepath.Join(cfg.StateDir, offline.File), &offline.Options{
 		MaxPerDevice: cfg.Outbox.MaxPerDevice, MaxBytesPerDevice: cfg.Outbox.MaxBytesPerDevice,
 		MaxTotal: cfg.Outbox.MaxTotal, MaxTotalBytes: cfg.Outbox.MaxTotalBytes,
-		TTL: cfg.Outbox.TTL, Retention: cfg.Outbox.Retention,
+		TTL: cfg.Outbox.TTL, Retention: cfg.Outbox.Retention, VerdictDelay: verdictDelay(cfg.Outbox.VerdictDelay),
 		Logger: log.With("component", "outbox"),
 	}); err != nil {
 		return err
@@ -443,4 +443,13 @@ func gatewaySigner(a agent.AuthConfig) (*auth.Signer, error) {
 		return nil, fmt.Errorf("auth.key_id: %w", err)
 	}
 	return s, nil
+}
+
+// verdictDelay is outbox.verdict_delay for offline.Options (0, strict,
+// leaves the outbox's default: the agent then waits for every record).
+func verdictDelay(d *time.Duration) time.Duration {
+	if d == nil {
+		return 0
+	}
+	return *d
 }

@@ -97,6 +97,7 @@ type rssFlags struct {
 	agentEnv    string
 	idle        time.Duration
 	agentProf   string
+	verdict     string
 }
 
 // newFlagSet returns edgefence-bench's flag set, parsing into the
@@ -175,6 +176,7 @@ func (f *rssFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.workers, "rss-workers", 8, "rss: API clients sending the load concurrently")
 	fs.DurationVar(&f.idle, "rss-idle", 20*time.Second, "rss: measure the agent's CPU this long with all devices held and no commands, before the load (0: not)")
 	fs.StringVar(&f.agentProf, "agent-cpuprofile", "", "rss, fanout: the agent is built for profiling (-tags edgefence_pprof; an --agent-bin must be too) and serves pprof (metrics.pprof). rss: a CPU profile of each size's load window (at most 25 s) is written to DIR/agent-cpu-N.pprof, of its idle window to agent-idle-N.pprof, and its allocations since start to agent-allocs-N.pprof; fanout: of each size's last fan-out (the first run's time + 2 s, at most 25 s) to DIR/agent-fanout-N.pprof")
+	fs.StringVar(&f.verdict, "rss-verdict-delay", "", "rss: the agent's outbox.verdict_delay (e.g. 0s: strict, a commit per verdict; empty: the agent's default)")
 	fs.StringVar(&f.agentEnv, "agent-env", "", "rss: extra environment for the agent, comma-separated (e.g. GOGC=50,GODEBUG=gctrace=1; see --keep for its log)")
 }
 
@@ -285,7 +287,8 @@ func (f *benchFlags) benches(what string, set map[string]bool) (*benches, error)
 			ConcN: f.rt.concN, Fleets: l.fleets, Sign: f.sign},
 		locks: locksConfig{N: f.devices, Runs: f.runs},
 		rss: rssConfig{Sizes: l.sizes, AgentBin: f.agentBin, Duration: f.rss.dur, Period: f.rss.period, MinRate: f.rss.minRate,
-			Workers: f.rss.workers, Env: splitNonEmpty(f.rss.agentEnv), Sign: f.sign, Idle: f.rss.idle, ProfDir: pdir},
+			Workers: f.rss.workers, Env: splitNonEmpty(f.rss.agentEnv), Sign: f.sign, Idle: f.rss.idle, ProfDir: pdir,
+			VerdictDelay: f.rss.verdict},
 		replay: replayConfig{Devices: f.devices, Backlog: f.replay.backlog, Runs: f.runs, Timeout: f.replay.cmdTO, Sign: f.sign},
 		failover: failoverConfig{Devices: f.devices, TTLs: ttls, Trials: f.runs, Faults: faults,
 			Interval: f.failover.interval, Probes: f.failover.probes, AgentBin: f.agentBin, DevsimBin: f.failover.devsim},

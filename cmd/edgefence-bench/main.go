@@ -433,12 +433,16 @@ func printRSS(w io.Writer, r *rssResult) {
 func printRSSCPU(w io.Writer, r *rssResult) {
 	fmt.Fprintln(w, "Agent CPU (user+sys from /proc/PID/stat, 10 ms ticks): idle with all held and no commands; under the load, per accepted command, gross and net of the idle rate over as long.")
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "| devices | idle window s | idle CPU % core | load s | load CPU s | accepted | µs / command gross | µs / command net of idle | target ≤ 150 µs | profile |")
-	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
+	fmt.Fprintln(w, "| devices | idle window s | idle CPU % core | load s | load CPU s | accepted | outbox commits / command | µs / command gross | µs / command net of idle | target ≤ 150 µs | profile |")
+	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
 	for _, x := range r.Rows {
 		g, n := x.perCommand()
-		fmt.Fprintf(w, "| %d | %.1f | %.2f | %.1f | %.2f | %d | %.0f | %.0f | **%s** | %s |\n", x.Devices, x.IdleFor.Seconds(), x.IdleCPU,
-			x.LoadFor.Seconds(), x.LoadCPU.Seconds(), x.Accepted, float64(g)/1e3, float64(n)/1e3, metOrNot(g <= 150*time.Microsecond), x.Profile)
+		commits := "?"
+		if x.Commits >= 0 && x.Accepted > 0 {
+			commits = fmt.Sprintf("%.2f", x.Commits/float64(x.Accepted))
+		}
+		fmt.Fprintf(w, "| %d | %.1f | %.2f | %.1f | %.2f | %d | %s | %.0f | %.0f | **%s** | %s |\n", x.Devices, x.IdleFor.Seconds(), x.IdleCPU,
+			x.LoadFor.Seconds(), x.LoadCPU.Seconds(), x.Accepted, commits, float64(g)/1e3, float64(n)/1e3, metOrNot(g <= 150*time.Microsecond), x.Profile)
 	}
 	fmt.Fprintln(w)
 }

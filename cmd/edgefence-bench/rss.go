@@ -38,8 +38,11 @@ type rssConfig struct {
 	Sign     bool          // signed commands and acks (invariant I7; --sign)
 	Idle     time.Duration // measure the agent's CPU this long with all held and no commands, before the load
 	ProfDir  string        // non-empty: the agent serves pprof; a CPU profile of its load window goes here
-	Dir      string
-	Log      io.Writer
+	// VerdictDelay is the agent's outbox.verdict_delay, as written in its
+	// config; empty: the default.
+	VerdictDelay string
+	Dir          string
+	Log          io.Writer
 }
 
 // procMem is a sample of /proc/PID/status, in KiB.
@@ -67,6 +70,7 @@ type rssRow struct {
 	IdleFor       time.Duration // the idle window (all held, no commands)
 	IdleCPU       float64       // the agent's CPU in it, % of one core
 	Profile       string        // the agent's CPU profile of the load window, if taken
+	Commits       float64       // the outbox's commits during the load (edgefence_state_fsync_seconds_count); -1: not read
 }
 
 // perCommand is the agent's CPU per accepted command during the load, and
@@ -183,7 +187,8 @@ func measureAgentRSS(ctx context.Context, etcd *sandbox.Etcd, cli *clientv3.Clie
 	// The devices answer the commands; they run here, not in the agent:
 	// one sim.Fleet (one MQTT client, one bbolt file) for all of them.
 	ac := rssAgentConfig{n: n, dir: dir, etcd: etcd.Endpoint(), broker: br.url, prefix: prefix, devs: devs,
-		sock: filepath.Join(dir, "agent.sock"), etcdPrefix: fmt.Sprintf("/bench/rss-%d-%d", n, time.Now().UnixNano()), pprof: cfg.ProfDir != ""}
+		sock: filepath.Join(dir, "agent.sock"), etcdPrefix: fmt.Sprintf("/bench/rss-%d-%d", n, time.Now().UnixNano()), pprof: cfg.ProfDir != "",
+		verdictDelay: cfg.VerdictDelay}
 	fa, err := ac.sign(ctx, cfg.Sign, etcd)
 	if err != nil {
 		return row, err
@@ -229,6 +234,7 @@ func measureAgentRSS(ctx context.Context, etcd *sandbox.Etcd, cli *clientv3.Clie
 	// The load until the end: one command per device per Period (at least
 	// MinRate/s), round robin over the devices, sent through the agent's
 	// API socket by Workers clients as the tick comes.
+	commits := outboxCommitsSince(ctx, ac.metrics)
 	load := startRSSLoad(agent.NewAPIClient(ac.sock), cfg.Workers, cfg.Log)
 	row.LoadFor = time.Until(end)
 	row.Sent = load.run(ctx, end, devs, row.Rate)
@@ -243,6 +249,7 @@ func measureAgentRSS(ctx context.Context, etcd *sandbox.Etcd, cli *clientv3.Clie
 	row.Peak, row.PeakAt = peak.stop()
 	var lat []time.Duration
 	row.Accepted, row.Other, lat = load.finish()
+	row.Commits = commits()
 	s := summarize(lat)
 	row.SendP50, row.SendP99 = s.P50, s.P99
 	row.afterLoad(ctx, prof, ac.metrics, cfg.Log)
@@ -354,6 +361,7 @@ type rssAgentConfig struct {
 	sock, metrics, etcdPrefix string
 	devs                      []string
 	pprof                     bool              // metrics.pprof: serve /debug/pprof/
+	verdictDelay              string            // outbox.verdict_delay; empty: the default
 	auth                      *agent.AuthConfig // --sign: the gateway's key, certificate and trust root
 	cmdTimeout                time.Duration     // command.timeout; 0: 10s
 }
@@ -397,6 +405,9 @@ log:
   level: warn
   format: text
 `, c.n, filepath.Join(c.dir, "state"), c.etcd, c.etcdPrefix, c.broker, c.prefix, c.n, c.sock, c.metrics, c.pprof, cmp.Or(c.cmdTimeout, 10*time.Second))
+	if c.verdictDelay != "" {
+		fmt.Fprintf(&conf, "outbox:\n  verdict_delay: %s\n", c.verdictDelay)
+	}
 	if a := c.auth; a != nil {
 		fmt.Fprintf(&conf, "auth:\n  key_file: %q\n  key_id: %q\n  certificate: %q\n  trust_root: %q\n  trust_root_kid: %q\n",
 			a.KeyFile, a.KeyID, a.Certificate, a.TrustRoot, a.TrustRootKID)
@@ -604,6 +615,26 @@ func (l *rssLoad) finish() (accepted, other int, lat []time.Duration) {
 	close(l.answers)
 	<-l.collected
 	return l.accepted, l.other, l.lat
+}
+
+// outboxCommitsSince returns a function that tells the agent's outbox
+// commits since this call (each one's fsync time is observed:
+// edgefence_state_fsync_seconds_count), -1 if the metrics cannot be read.
+func outboxCommitsSince(ctx context.Context, metrics string) func() float64 {
+	read := func() float64 {
+		v, err := scrapeMetrics(ctx, "http://"+metrics+"/metrics", "edgefence_state_fsync_seconds_count")
+		if err != nil {
+			return -1
+		}
+		return v["edgefence_state_fsync_seconds_count"]
+	}
+	c0 := read()
+	return func() float64 {
+		if c1 := read(); c0 >= 0 && c1 >= 0 {
+			return c1 - c0
+		}
+		return -1
+	}
 }
 
 // scrapeGoMem reads the go_memstats and go_goroutines lines of a

@@ -16,6 +16,14 @@
 // DB.Batch waits on a timer for company; docs/BENCHMARKS.md §24 measures
 // both: this approach wins at one writer, the common case on a gateway,
 // and at 8 and 64.
+//
+// Riders (Ride) are calls whose caller does not wait: they are parked
+// without a leader and taken, ahead of its own calls, into the next group
+// that closes — any caller's — or into the one CommitRiders leads; a
+// callback gets their errors. The outbox parks a delivered command's
+// verdict this way, so that it costs no fsync of its own: it rides on the
+// next command's append (docs/BENCHMARKS.md, "One outbox commit per
+// command").
 package groupcommit
 
 import (
@@ -27,6 +35,13 @@ import (
 
 // Call does one caller's writes in tx.
 type Call func(tx *bbolt.Tx) error
+
+// rider is one Ride: calls parked until a group takes them, and the
+// callback that gets their errors.
+type rider struct {
+	calls []Call
+	done  func(errs []error)
+}
 
 // DefaultMaxGroup caps the calls committed in one transaction.
 const DefaultMaxGroup = 256
@@ -41,16 +56,18 @@ type Committer struct {
 	update func(func(*bbolt.Tx) error) error
 	max    int
 
-	mu   sync.Mutex
-	open *group // accepting calls; nil when none is
-	last *group // the group committed last or being committed
+	mu     sync.Mutex
+	open   *group  // accepting calls; nil when none is
+	last   *group  // the group committed last or being committed
+	riders []rider // parked (Ride), for the next group to close
 }
 
 type group struct {
-	calls []Call
-	errs  []error       // set before done is closed
-	prev  *group        // the group committed before this one; nil once it has
-	done  chan struct{} // closed when the commit returned
+	calls  []Call
+	riders []rider       // taken when the group closed; their calls run first
+	errs   []error       // set before done is closed
+	prev   *group        // the group committed before this one; nil once it has
+	done   chan struct{} // closed when the commit returned
 }
 
 // New returns a Committer whose transactions run through update (e.g.
@@ -102,14 +119,67 @@ func (c *Committer) CommitMany(calls []Call) []error {
 	if c.open == g {
 		c.open = nil
 	}
-	all := g.calls // no more appends: the group is closed
+	g.riders, c.riders = c.riders, nil
+	var all []Call // no more appends: the group is closed
+	for _, r := range g.riders {
+		all = append(all, r.calls...)
+	}
+	off := len(all)
+	all = append(all, g.calls...)
 	c.mu.Unlock()
-	errs := CommitAll(c.update, all)
+	var errs []error
+	if len(all) > 0 { // a flush (CommitRiders) of nothing commits nothing
+		errs = CommitAll(c.update, all)
+	}
+	riders, own := g.riders, errs[off:]
+	for _, r := range riders { // before the group's callers go on: a flush returns after its riders' callbacks
+		n := len(r.calls)
+		r.done(errs[:n:n])
+		errs = errs[n:]
+	}
 	c.mu.Lock()
-	g.calls, g.errs = nil, errs // c.last must not keep the calls alive
+	g.calls, g.riders, g.errs = nil, nil, own // c.last must not keep the calls alive
 	c.mu.Unlock()
 	close(g.done)
-	return errs[i : i+len(calls)]
+	return own[i : i+len(calls)]
+}
+
+// Ride parks calls, in order, to be committed with the next group that
+// closes (a Commit or CommitMany of any caller, or CommitRiders), and
+// returns at once. done gets each call's error, as CommitMany returns
+// them, once that group's transaction has committed (fsynced) or failed;
+// it runs on the goroutine of the group's leader before the group's
+// callers are released (and before the next group commits): it must be
+// quick and must not call the Committer. Until some caller commits, nothing does: the caller that
+// parks calls arranges for CommitRiders to run at the latest when it
+// wants them durable.
+func (c *Committer) Ride(calls []Call, done func(errs []error)) {
+	if len(calls) == 0 {
+		done(nil)
+		return
+	}
+	c.mu.Lock()
+	c.riders = append(c.riders, rider{calls: calls, done: done})
+	c.mu.Unlock()
+}
+
+// CommitRiders commits the parked calls now, as a group that others may
+// join (or with the group forming now, if there is one), and returns once
+// their done callbacks have run. With nothing parked it returns at once.
+func (c *Committer) CommitRiders() {
+	c.mu.Lock()
+	none := len(c.riders) == 0 && c.open == nil
+	c.mu.Unlock()
+	if !none {
+		c.CommitMany(nil)
+	}
+}
+
+// Riding reports how many Ride batches are parked.
+func (c *Committer) Riding() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.riders)
 }
 
 // gather lets the callers just woken by the previous commit (or arriving

@@ -199,3 +199,105 @@ func BenchmarkCommit(b *testing.B) {
 		}
 	}
 }
+
+// Riders cost no commit of their own: parked calls ride on the next
+// caller's group (one commit for both), and their callback runs before
+// that caller returns; without Ride the same writes take two commits.
+func TestRidersJoinTheNextGroup(t *testing.T) {
+	db, commits, update := openDB(t)
+	c := New(update, 0)
+	var got []error
+	c.Ride([]Call{put("r1"), put("r2")}, func(errs []error) { got = errs })
+	if n := commits.Load(); n != 0 {
+		t.Fatalf("Ride committed %d times, want 0", n)
+	}
+	if c.Riding() != 1 {
+		t.Fatalf("riding %d, want 1", c.Riding())
+	}
+	if err := c.Commit(put("own")); err != nil {
+		t.Fatal(err)
+	}
+	if n := commits.Load(); n != 1 {
+		t.Errorf("%d commits, want 1 (the riders with the caller's)", n)
+	}
+	if len(got) != 2 || got[0] != nil || got[1] != nil {
+		t.Fatalf("riders' errs %v, want two nil (callback before Commit returned)", got)
+	}
+	_ = db.View(func(tx *bbolt.Tx) error {
+		for _, k := range []string{"r1", "r2", "own"} {
+			if tx.Bucket(bucket).Get([]byte(k)) == nil {
+				t.Errorf("%s not committed", k)
+			}
+		}
+		return nil
+	})
+	c.CommitRiders() // nothing parked: no commit
+	if n := commits.Load(); n != 1 {
+		t.Errorf("CommitRiders of nothing committed: %d commits", n)
+	}
+}
+
+// CommitRiders commits parked calls by themselves; a bad rider fails only
+// itself (the group is rerun call by call), and each rider gets its own
+// errors.
+func TestCommitRidersAndBadRider(t *testing.T) {
+	_, commits, update := openDB(t)
+	c := New(update, 0)
+	var a, b []error
+	c.Ride([]Call{put("a")}, func(errs []error) { a = errs })
+	c.Ride([]Call{func(*bbolt.Tx) error { return errBad }, put("b")}, func(errs []error) { b = errs })
+	c.CommitRiders()
+	if len(a) != 1 || a[0] != nil {
+		t.Errorf("a: %v", a)
+	}
+	if len(b) != 2 || !errors.Is(b[0], errBad) || b[1] != nil {
+		t.Errorf("b: %v", b)
+	}
+	if n := commits.Load(); n != 2 { // the failed group rolled back, then a and b alone
+		t.Errorf("%d commits, want 2", n)
+	}
+	if c.Riding() != 0 {
+		t.Errorf("still riding %d", c.Riding())
+	}
+}
+
+// Concurrent riders and committers: every rider's callback runs exactly
+// once, every write is committed.
+func TestRidersConcurrent(t *testing.T) {
+	db, _, update := openDB(t)
+	c := New(update, 0)
+	const n = 64
+	var wg sync.WaitGroup
+	var called [n]atomic.Int32
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if i%2 == 0 {
+				c.Ride([]Call{put(fmt.Sprint("r", i))}, func(errs []error) {
+					if errs[0] != nil {
+						t.Error(errs[0])
+					}
+					called[i].Add(1)
+				})
+				return
+			}
+			if err := c.Commit(put(fmt.Sprint("c", i))); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	c.CommitRiders()
+	for i := 0; i < n; i += 2 {
+		if v := called[i].Load(); v != 1 {
+			t.Errorf("rider %d: callback ran %d times", i, v)
+		}
+	}
+	_ = db.View(func(tx *bbolt.Tx) error {
+		if k := tx.Bucket(bucket).Stats().KeyN; k != n {
+			t.Errorf("%d keys, want %d", k, n)
+		}
+		return nil
+	})
+}
