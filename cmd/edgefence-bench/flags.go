@@ -28,6 +28,7 @@ type benchFlags struct {
 	rtu      rtuFlags
 	fw       fwFlags
 	fan      fanFlags
+	cluster  clusterFlags
 	lcSizes  string // lifecycle
 	devices  int    // locks, replay, failover, twins
 	runs     int    // locks, replay, failover, twins, lifecycle
@@ -63,6 +64,21 @@ type failoverFlags struct {
 type fanFlags struct {
 	sizes  string
 	fleets int
+}
+
+type clusterFlags struct {
+	agents, spare, nodes, devsims int
+	ttl, leaderKill, steady       time.Duration
+}
+
+func (f *clusterFlags) register(fs *flag.FlagSet) {
+	fs.IntVar(&f.agents, "agents", 10, "cluster: `edgefence run` processes")
+	fs.IntVar(&f.spare, "spare-agents", 0, "cluster: of them, agents with no home devices (backups only); 0: each device's backup is another home agent")
+	fs.IntVar(&f.nodes, "etcd-nodes", 3, "cluster: etcd members (Debian's etcd, separate processes)")
+	fs.IntVar(&f.devsims, "devsims", 4, "cluster: edgefence-devsim processes per home agent (one MQTT client and bbolt file each; commands handled one at a time per process)")
+	fs.DurationVar(&f.ttl, "ttl", 10*time.Second, "cluster: the agents' lease_ttl (whole seconds, at least 2s)")
+	fs.DurationVar(&f.leaderKill, "leader-kill", 5*time.Second, "cluster: with 3+ etcd nodes, a last takeover with the etcd leader killed (SIGKILL) this long after the agent (0: none)")
+	fs.DurationVar(&f.steady, "steady", 10*time.Second, "cluster: measure etcd's requests and the CPU at rest this long")
 }
 
 func (f *fanFlags) register(fs *flag.FlagSet) {
@@ -106,6 +122,7 @@ func newFlagSet(stderr io.Writer) (*flag.FlagSet, *benchFlags) {
 	f.rtu.register(fs)
 	f.fw.register(fs)
 	f.fan.register(fs)
+	f.cluster.register(fs)
 	fs.StringVar(&f.lcSizes, "lc-sizes", "10,1000", "lifecycle: device counts, comma-separated")
 	fs.IntVar(&f.devices, "devices", 0, "locks: devices (default 1000); replay: devices (default 10); failover: devices (default 4); twins: devices on the agent, all changing at once in the throughput runs (default 1000); fwrollout: firmware devices, all targets of the job (default 1000)")
 	fs.IntVar(&f.runs, "runs", 0, "locks, replay, fwrollout, fanout: repetitions (default 5, 3, 3, 3: fan-outs per size, the first warms up); failover: trials per lease_ttl and fault (default 3); twins: latency rounds per size (default 30)")
@@ -181,7 +198,7 @@ func (f *rtuFlags) register(fs *flag.FlagSet) {
 }
 
 // benchNames are the subcommands.
-var benchNames = []string{"roundtrip", "locks", "rss", "all", "replay", "failover", "twins", "lifecycle", "modbus-rtu", "fwrollout", "fanout"}
+var benchNames = []string{"roundtrip", "locks", "rss", "all", "replay", "failover", "twins", "lifecycle", "modbus-rtu", "fwrollout", "fanout", "cluster"}
 
 // parseArgs parses args, the flags before or after the one benchmark
 // name, and returns that name. With ok false the command is to exit with
@@ -231,6 +248,7 @@ type benches struct {
 	rtu       modbusRTUConfig
 	fw        fwRolloutConfig
 	fan       fanoutConfig
+	cluster   clusterConfig
 	keep      bool
 	cpuprof   string
 }
@@ -259,6 +277,10 @@ func (f *benchFlags) benches(what string, set map[string]bool) (*benches, error)
 	if err != nil {
 		return nil, err
 	}
+	cl, err := f.cluster.config(f)
+	if err != nil {
+		return nil, err
+	}
 	pdir, err := profDir(f.rss.agentProf)
 	if err != nil {
 		return nil, err
@@ -284,6 +306,7 @@ func (f *benchFlags) benches(what string, set map[string]bool) (*benches, error)
 		rtu:     modbusRTUConfig{Bauds: l.bauds, N: f.rtu.n},
 		fw:      fw,
 		fan:     fanoutConfig{Sizes: l.fanSizes, Runs: f.runs, Fleets: max(f.fan.fleets, 1), AgentBin: f.agentBin},
+		cluster: cl,
 		keep:    f.keep,
 		cpuprof: f.cpuprof,
 	}, nil
@@ -322,13 +345,13 @@ func (f *benchFlags) lists() (flagLists, error) {
 // the benchmark what.
 func (f *benchFlags) defaults(what string, set map[string]bool) {
 	if !set["devices"] {
-		f.devices = map[string]int{"replay": 10, "failover": 4}[what]
+		f.devices = map[string]int{"replay": 10, "failover": 4, "cluster": 100_000}[what]
 		if f.devices == 0 {
 			f.devices = 1000
 		}
 	}
 	if !set["runs"] {
-		f.runs = map[string]int{"replay": 3, "failover": 3, "fwrollout": 3, "twins": 30, "lifecycle": 10, "fanout": 3}[what]
+		f.runs = map[string]int{"replay": 3, "failover": 3, "fwrollout": 3, "twins": 30, "lifecycle": 10, "fanout": 3, "cluster": 1}[what]
 		if f.runs == 0 {
 			f.runs = 5
 		}
@@ -350,6 +373,23 @@ func (f *benchFlags) checkBounds(what string, twinSizes []int) error {
 		return errors.New("--cmd-timeout, --interval, --rss-duration, --rss-period, --rss-min-rate and --rss-workers must be positive")
 	}
 	return nil
+}
+
+// config checks the cluster flags and returns its configuration.
+func (f *clusterFlags) config(b *benchFlags) (clusterConfig, error) {
+	c := clusterConfig{Agents: f.agents, Spare: f.spare, Devices: b.devices, EtcdNodes: f.nodes, TTL: f.ttl, Devsims: f.devsims,
+		Trials: b.runs, LeaderKill: f.leaderKill, Steady: f.steady, AgentBin: b.agentBin, DevsimBin: b.failover.devsim}
+	switch {
+	case f.agents < 2 || f.spare < 0 || f.spare >= f.agents:
+		return c, errors.New("--agents must be at least 2, and --spare-agents from 0 to --agents − 1")
+	case f.nodes < 1 || f.devsims < 1:
+		return c, errors.New("--etcd-nodes and --devsims must be at least 1")
+	case f.ttl < agent.MinLeaseTTL || f.ttl%time.Second != 0:
+		return c, fmt.Errorf("--ttl %v: want whole seconds, at least %v", f.ttl, agent.MinLeaseTTL)
+	case f.leaderKill < 0 || f.steady <= 0:
+		return c, errors.New("--leader-kill must not be negative and --steady must be positive")
+	}
+	return c, nil
 }
 
 // config checks the fwrollout flags and returns its configuration.

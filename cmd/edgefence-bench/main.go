@@ -25,6 +25,12 @@
 //	fanout     one POST /v1/fanout to 1,000 and 10,000 devices through one
 //	           `edgefence run`: time to all accepted, outbox commits, agent
 //	           CPU per device, beside bare paho to the same devices
+//	cluster    many `edgefence run` on an etcd cluster of separate
+//	           processes, devices on devsim processes, each device on a
+//	           home and a backup agent: time to all held, etcd requests,
+//	           DB size and memory at rest; the agent holding the most
+//	           killed: time to all held again and all accepted a command,
+//	           once more with the etcd leader killed during the takeover
 //
 // roundtrip, locks, replay and twins run the agent in process, built by
 // agent/daemon as `edgefence run` builds it (outbox included). Run from the
@@ -58,7 +64,7 @@ func main() {
 	os.Exit(code)
 }
 
-const usage = `usage: edgefence-bench [flags] roundtrip|locks|rss|all|replay|failover|twins|lifecycle|modbus-rtu|fwrollout|fanout [flags]
+const usage = `usage: edgefence-bench [flags] roundtrip|locks|rss|all|replay|failover|twins|lifecycle|modbus-rtu|fwrollout|fanout|cluster [flags]
 
 Measures edgefence's performance figures on real components and prints
 Markdown tables (progress goes to stderr). Flags:
@@ -195,6 +201,10 @@ func (b *benches) dispatch(ctx context.Context, e *benchEnv) {
 		res, err := runFanout(ctx, e.etcd, b.fan)
 		show(e, res, err, res != nil && len(res.Rows) > 0, printFanout)
 	}
+	if b.what == "cluster" {
+		res, err := runCluster(ctx, b.cluster)
+		show(e, res, err, res != nil && res.Held > 0, printCluster)
+	}
 	if b.what == "modbus-rtu" {
 		res, err := runModbusRTU(ctx, b.rtu)
 		show(e, res, err, len(res) > 0, printModbusRTU)
@@ -213,6 +223,7 @@ func (b *benches) setDir(dir string, log io.Writer) {
 	b.rtu.Dir, b.rtu.Log = dir, log
 	b.fw.Dir, b.fw.Log = dir, log
 	b.fan.Dir, b.fan.Log = dir, log
+	b.cluster.Dir, b.cluster.Log = dir, log
 }
 
 // show prints a benchmark's result res with print if ok (it holds

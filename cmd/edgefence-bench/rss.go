@@ -319,26 +319,37 @@ func startAgentProfile(ctx context.Context, base, path string, window time.Durat
 
 func (p *agentProfile) wait() error { return <-p.done }
 
-// fetchTo GETs url into the file path.
-func fetchTo(ctx context.Context, url, path string) error {
+// httpGet GETs url; an answer other than 200 is an error. The caller
+// closes the body.
+func httpGet(ctx context.Context, url string) (io.ReadCloser, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return fmt.Errorf("%s: %s: %s", url, resp.Status, strings.TrimSpace(string(b)))
+		resp.Body.Close()
+		return nil, fmt.Errorf("%s: %s: %s", url, resp.Status, strings.TrimSpace(string(b)))
 	}
+	return resp.Body, nil
+}
+
+// fetchTo GETs url into the file path.
+func fetchTo(ctx context.Context, url, path string) error {
+	body, err := httpGet(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer body.Close()
 	f, err := os.Create(path)
 	if err != nil {
 		return err
 	}
-	if _, err := io.Copy(f, resp.Body); err != nil {
+	if _, err := io.Copy(f, body); err != nil {
 		f.Close()
 		return err
 	}
@@ -627,21 +638,17 @@ func scrapeGoMem(ctx context.Context, url string) (goMem, error) {
 // scrapeMetrics reads the unlabelled samples named names from a
 // Prometheus text endpoint.
 func scrapeMetrics(ctx context.Context, url string, names ...string) (map[string]float64, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	body, err := httpGet(ctx, url)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
+	defer body.Close()
 	want := make(map[string]bool, len(names))
 	for _, n := range names {
 		want[n] = true
 	}
 	v := make(map[string]float64, len(names))
-	sc := bufio.NewScanner(resp.Body)
+	sc := bufio.NewScanner(body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
 		f := strings.Fields(sc.Text())

@@ -154,6 +154,11 @@ func (c *EtcdProcCluster) Endpoints() []string {
 	return out
 }
 
+// Version returns what `etcd --version` says the members' version is.
+func (c *EtcdProcCluster) Version() (string, error) {
+	return (&EtcdProc{bin: c.bin}).Version()
+}
+
 // Members returns the number of members.
 func (c *EtcdProcCluster) Members() int { return len(c.members) }
 
