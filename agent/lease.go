@@ -301,7 +301,7 @@ type sessionRun struct {
 // key the next run under a re-attached lease campaigns with again.
 func (l *leases) mutexSession(ctx context.Context, sess *concurrency.Session) *concurrency.Session {
 	view := clientv3.NewCtxClient(ctx)
-	view.KV, view.Watcher, view.Lease = l.cli.KV, l.cli.Watcher, l.cli.Lease
+	view.KV, view.Watcher, view.Lease = boundedReads(l.cli.KV, campaignSlots), l.cli.Watcher, l.cli.Lease
 	ms, err := concurrency.NewSession(view, concurrency.WithLease(sess.Lease()), concurrency.WithContext(ctx))
 	if err != nil {
 		l.log.Warn("mutex session: using the session itself", "err", err)

@@ -247,14 +247,16 @@ func (e *clusterEnv) acquire(ctx context.Context, res *clusterResult) error {
 	}
 	res.RevHeld = rev1 - rev0
 	for i := range e.plan.homes {
-		since, n, err := e.agents[i].heldSince(ctx, nil)
+		ts, err := e.agents[i].holdingSince(ctx, nil)
 		if err != nil {
 			return err
 		}
-		if n != len(e.plan.home[i]) {
-			return fmt.Errorf("%s holds %d of its %d home devices", e.agents[i].name, n, len(e.plan.home[i]))
+		if len(ts) != len(e.plan.home[i]) {
+			return fmt.Errorf("%s holds %d of its %d home devices", e.agents[i].name, len(ts), len(e.plan.home[i]))
 		}
-		res.Held = max(res.Held, since.Sub(t0))
+		for _, t := range ts {
+			res.Held = max(res.Held, t.Sub(t0))
+		}
 	}
 	fmt.Fprintf(e.cfg.Log, "cluster: all %d held: %s ms (agents' status), %s ms (etcd); %d revisions\n", e.cfg.Devices, ms(res.Held), ms(res.HeldEtcd), res.RevHeld)
 	return nil

@@ -141,21 +141,18 @@ func (a *clusterAgent) waitSession(ctx context.Context, limit time.Duration) err
 	}
 }
 
-// heldSince returns how many of the devices in set (all if nil) the agent
-// holds, and the latest time one of them became held.
-func (a *clusterAgent) heldSince(ctx context.Context, set map[string]bool) (last time.Time, n int, err error) {
+// holdingSince returns when each device in set (all if nil) the agent
+// holds became held.
+func (a *clusterAgent) holdingSince(ctx context.Context, set map[string]bool) ([]time.Time, error) {
 	st, err := a.api.Status(ctx)
 	if err != nil {
-		return last, 0, fmt.Errorf("%s status: %w", a.name, err)
+		return nil, fmt.Errorf("%s status: %w", a.name, err)
 	}
+	var out []time.Time
 	for _, d := range st.Devices {
-		if d.State != agent.StateHolding || (set != nil && !set[d.ID]) {
-			continue
-		}
-		n++
-		if d.Since.After(last) {
-			last = d.Since
+		if d.State == agent.StateHolding && (set == nil || set[d.ID]) {
+			out = append(out, d.Since)
 		}
 	}
-	return last, n, nil
+	return out, nil
 }

@@ -19,19 +19,20 @@ import (
 type clusterTrial struct {
 	N          int
 	Victim     string
-	Devices    int            // the devices it held: taken over
-	Takers     map[string]int // gateway → devices it took
-	Leader     bool           // the etcd leader was killed too
-	LeaderAt   time.Duration  // ... this long after the agent
-	LeaderWas  int            // its index
-	HeldEtcd   time.Duration  // the last lock key written by its new holder (etcd watch, at this process)
-	HeldAgent  time.Duration  // the last device held in its new agent (status: holding since)
-	First      time.Duration  // the first device that accepted a command from its new holder
-	Accepted   time.Duration  // the last one
-	Refused    int            // per-device refusals of the fan-outs (held in etcd, not yet in the agent)
-	Fanouts    int            // fan-out requests sent
-	Other      map[string]int // outcomes other than accepted and refused
-	Revisions  int64          // etcd revisions from the kill to the last accepted
+	Devices    int              // the devices it held: taken over
+	Takers     map[string]int   // gateway → devices it took
+	Leader     bool             // the etcd leader was killed too
+	LeaderAt   time.Duration    // ... this long after the agent
+	LeaderWas  int              // its index
+	HeldEtcd   time.Duration    // the last lock key written by its new holder (etcd watch, at this process)
+	HeldAgent  time.Duration    // the last device held in its new agent (status: holding since)
+	HeldQ      [3]time.Duration // 10th, 50th and 90th percentiles of the same
+	First      time.Duration    // the first device that accepted a command from its new holder
+	Accepted   time.Duration    // the last one
+	Refused    int              // per-device refusals of the fan-outs (held in etcd, not yet in the agent)
+	Fanouts    int              // fan-out requests sent
+	Other      map[string]int   // outcomes other than accepted and refused
+	Revisions  int64            // etcd revisions from the kill to the last accepted
 	KilledPid  int
 	TargetHeld time.Duration // TTL + 2 s
 	TargetAcc  time.Duration // TTL + 4 s
@@ -120,22 +121,27 @@ func (e *clusterEnv) trialFigures(ctx context.Context, tr *clusterTrial, col *ta
 	if rev, err := e.revision(ctx); err == nil {
 		tr.Revisions = rev - rev0
 	}
-	held := 0
+	var since []time.Duration
 	for _, a := range e.agents {
 		if a.exited() {
 			continue
 		}
-		last, k, err := a.heldSince(ctx, set)
+		ts, err := a.holdingSince(ctx, set)
 		if err != nil {
 			return err
 		}
-		held += k
-		if k > 0 {
-			tr.HeldAgent = max(tr.HeldAgent, last.Sub(t0))
+		for _, t := range ts {
+			since = append(since, t.Sub(t0))
 		}
 	}
-	fmt.Fprintf(e.cfg.Log, "cluster: takeover %d: %d devices: held %s ms (etcd) %s ms (agents), accepted first %s ms, all %s ms; %d refusals, %d fan-outs, other %v, %d revisions\n",
-		tr.N, tr.Devices, ms(tr.HeldEtcd), ms(tr.HeldAgent), ms(tr.First), ms(tr.Accepted), tr.Refused, tr.Fanouts, tr.Other, tr.Revisions)
+	held := len(since)
+	if held > 0 {
+		slices.Sort(since)
+		tr.HeldAgent = since[held-1]
+		tr.HeldQ = [3]time.Duration{since[held/10], since[held/2], since[held*9/10]}
+	}
+	fmt.Fprintf(e.cfg.Log, "cluster: takeover %d: %d devices: held %s ms (etcd) %s ms (agents; p10/p50/p90 %s/%s/%s ms), accepted first %s ms, all %s ms; %d refusals, %d fan-outs, other %v, %d revisions\n",
+		tr.N, tr.Devices, ms(tr.HeldEtcd), ms(tr.HeldAgent), ms(tr.HeldQ[0]), ms(tr.HeldQ[1]), ms(tr.HeldQ[2]), ms(tr.First), ms(tr.Accepted), tr.Refused, tr.Fanouts, tr.Other, tr.Revisions)
 	if accepted != len(set) || held != len(set) {
 		return fmt.Errorf("of %d devices, %d accepted a command and %d are held after the takeover", len(set), accepted, held)
 	}
@@ -332,8 +338,11 @@ func sendTaken(ctx context.Context, api *agent.APIClient, in chan string, col *t
 				return
 			}
 			switch o := r.Outcome(); o {
-			case "accepted":
+			case "accepted", "duplicate": // duplicate: applied once, a resend's ack came first
 				col.acceptedAt(r.Device, time.Now())
+				if o == "duplicate" {
+					col.count(o)
+				}
 			case "refused", "expired", "unknown", "queued":
 				retry = append(retry, r.Device)
 				col.count(o)

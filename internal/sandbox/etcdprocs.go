@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -61,6 +62,9 @@ func StartEtcdProcCluster(ctx context.Context, cfg EtcdProcClusterConfig) (*Etcd
 	if err != nil {
 		return nil, err
 	}
+	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("sandbox: etcd cluster: %w", err)
+	}
 	c := &EtcdProcCluster{cfg: cfg, bin: bin}
 	var initial []string
 	for i := range cfg.Members {
@@ -98,6 +102,9 @@ func (c *EtcdProcCluster) memberArgs(m *etcdMember, initial string) []string {
 		"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
 		"--initial-cluster", initial, "--initial-cluster-token", "edgefence-sandbox-cluster",
 		"--initial-cluster-state", "new", "--logger", "zap", "--log-level", "warn",
+		// Its warnings (slow applies, slow fsyncs) to a file beside the
+		// data dir as well: the figures of a benchmark need them.
+		"--log-outputs", "stderr," + filepath.Join(c.cfg.Dir, m.name+".log"),
 	}
 	if c.cfg.Fast {
 		args = append(args, "--heartbeat-interval", "10", "--election-timeout", "100")
