@@ -43,6 +43,7 @@ type leases struct {
 	devices        map[string]*device // the agent's; read-only
 	order          []string
 	lossRule
+	wakes chan struct{} // wakeSlots: the token writes of the campaigns whose wait ended (turn.go)
 
 	mu        sync.Mutex
 	lease     clientv3.LeaseID // current session's lease, 0 if none
@@ -301,7 +302,7 @@ type sessionRun struct {
 // key the next run under a re-attached lease campaigns with again.
 func (l *leases) mutexSession(ctx context.Context, sess *concurrency.Session) *concurrency.Session {
 	view := clientv3.NewCtxClient(ctx)
-	view.KV, view.Watcher, view.Lease = boundedReads(l.cli.KV, campaignSlots), l.cli.Watcher, l.cli.Lease
+	view.KV, view.Watcher, view.Lease = l.cli.KV, l.cli.Watcher, l.cli.Lease
 	ms, err := concurrency.NewSession(view, concurrency.WithLease(sess.Lease()), concurrency.WithContext(ctx))
 	if err != nil {
 		l.log.Warn("mutex session: using the session itself", "err", err)
