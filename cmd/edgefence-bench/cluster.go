@@ -226,7 +226,12 @@ func (e *clusterEnv) acquire(ctx context.Context, res *clusterResult) error {
 	fmt.Fprintf(e.cfg.Log, "cluster: %d home agents started, %d devices each\n", e.plan.homes, len(e.plan.home[0]))
 	deadline := t0.Add(max(300*time.Second, time.Duration(e.cfg.Devices)*10*time.Millisecond))
 	for {
-		owners, err := e.owners(ctx, "")
+		// Counted first (cheap), then read (100,000 keys are megabytes).
+		n, err := e.lockKeys(ctx)
+		var owners map[string]string
+		if err == nil && n >= e.cfg.Devices {
+			owners, err = e.owners(ctx, "")
+		}
 		if err == nil && len(owners) == e.cfg.Devices {
 			res.HeldEtcd = time.Since(t0)
 			break
@@ -237,7 +242,7 @@ func (e *clusterEnv) acquire(ctx context.Context, res *clusterResult) error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("not all %d devices held after %v: %d (%v)", e.cfg.Devices, time.Since(t0), len(owners), err)
 		}
-		if !sleepCtx(ctx, 500*time.Millisecond) {
+		if !sleepCtx(ctx, time.Second) {
 			return ctx.Err()
 		}
 	}
@@ -333,10 +338,15 @@ func (e *clusterEnv) revision(ctx context.Context) (int64, error) {
 	return r.Header.Revision, nil
 }
 
-// lockKeys counts the lock keys under the agents' prefix (holders' and
-// waiters').
+// lockKeys counts the keys under the agents' devices prefix: their lock
+// keys (holders' and waiters'), the only keys there with twins off and no
+// firmware job.
 func (e *clusterEnv) lockKeys(ctx context.Context) (int, error) {
-	return countLockKeys(ctx, e.cli, e.prefix)
+	r, err := e.cli.Get(ctx, e.prefix+"/devices/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		return 0, err
+	}
+	return int(r.Count), nil
 }
 
 // owners returns device → holder (the gateway written into its lock key
