@@ -141,12 +141,22 @@ func (a *clusterAgent) waitSession(ctx context.Context, limit time.Duration) err
 	}
 }
 
-// holdingSince returns when each device in set (all if nil) the agent
-// holds became held.
-func (a *clusterAgent) holdingSince(ctx context.Context, set map[string]bool) ([]time.Time, error) {
+// sessions returns how many etcd sessions the agent opened since its
+// start (0 if its status does not answer).
+func (a *clusterAgent) sessions(ctx context.Context) uint64 {
 	st, err := a.api.Status(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("%s status: %w", a.name, err)
+		return 0
+	}
+	return st.Etcd.Sessions
+}
+
+// holdingSince returns when each device in set (all if nil) the agent
+// holds became held, and how many etcd sessions it opened so far.
+func (a *clusterAgent) holdingSince(ctx context.Context, set map[string]bool) ([]time.Time, uint64, error) {
+	st, err := a.api.Status(ctx)
+	if err != nil {
+		return nil, 0, fmt.Errorf("%s status: %w", a.name, err)
 	}
 	var out []time.Time
 	for _, d := range st.Devices {
@@ -154,5 +164,5 @@ func (a *clusterAgent) holdingSince(ctx context.Context, set map[string]bool) ([
 			out = append(out, d.Since)
 		}
 	}
-	return out, nil
+	return out, st.Etcd.Sessions, nil
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -36,6 +35,8 @@ type clusterTrial struct {
 	KilledPid  int
 	TargetHeld time.Duration // TTL + 2 s
 	TargetAcc  time.Duration // TTL + 4 s
+	Sessions   uint64        // etcd sessions the other agents opened during the takeover: each one lost all it held
+	Err        string        // what went wrong, if something did
 }
 
 // takeover runs trial n: every agent running and queued, the agent holding
@@ -72,6 +73,12 @@ func (e *clusterEnv) takeover(ctx context.Context, n int, leader bool) (clusterT
 	if err != nil {
 		return tr, err
 	}
+	sess0 := map[string]uint64{}
+	for i, a := range e.agents {
+		if i != victim {
+			sess0[a.name] = a.sessions(ctx)
+		}
+	}
 	tctx, cancel := context.WithTimeout(ctx, e.cfg.TTL+e.cfg.LeaderKill+120*time.Second)
 	defer cancel()
 	col := newTakeCollector(set)
@@ -96,11 +103,11 @@ func (e *clusterEnv) takeover(ctx context.Context, n int, leader bool) (clusterT
 	senders.wait()
 	<-watched
 	tr.LeaderAt = <-leaderAt
-	return tr, e.trialFigures(ctx, &tr, col, set, t0, rev0)
+	return tr, e.trialFigures(ctx, &tr, col, set, t0, rev0, sess0)
 }
 
 // trialFigures fills tr from the collector, the agents' status and etcd.
-func (e *clusterEnv) trialFigures(ctx context.Context, tr *clusterTrial, col *takeCollector, set map[string]bool, t0 time.Time, rev0 int64) error {
+func (e *clusterEnv) trialFigures(ctx context.Context, tr *clusterTrial, col *takeCollector, set map[string]bool, t0 time.Time, rev0 int64, sess0 map[string]uint64) error {
 	col.mu.Lock()
 	tr.Refused, tr.Fanouts = col.refused, col.fanouts
 	maps.Copy(tr.Other, col.other)
@@ -126,9 +133,12 @@ func (e *clusterEnv) trialFigures(ctx context.Context, tr *clusterTrial, col *ta
 		if a.exited() {
 			continue
 		}
-		ts, err := a.holdingSince(ctx, set)
+		ts, n, err := a.holdingSince(ctx, set)
 		if err != nil {
 			return err
+		}
+		if before, ok := sess0[a.name]; ok && n > before {
+			tr.Sessions += n - before
 		}
 		for _, t := range ts {
 			since = append(since, t.Sub(t0))
@@ -140,8 +150,8 @@ func (e *clusterEnv) trialFigures(ctx context.Context, tr *clusterTrial, col *ta
 		tr.HeldAgent = since[held-1]
 		tr.HeldQ = [3]time.Duration{since[held/10], since[held/2], since[held*9/10]}
 	}
-	fmt.Fprintf(e.cfg.Log, "cluster: takeover %d: %d devices: held %s ms (etcd) %s ms (agents; p10/p50/p90 %s/%s/%s ms), accepted first %s ms, all %s ms; %d refusals, %d fan-outs, other %v, %d revisions\n",
-		tr.N, tr.Devices, ms(tr.HeldEtcd), ms(tr.HeldAgent), ms(tr.HeldQ[0]), ms(tr.HeldQ[1]), ms(tr.HeldQ[2]), ms(tr.First), ms(tr.Accepted), tr.Refused, tr.Fanouts, tr.Other, tr.Revisions)
+	fmt.Fprintf(e.cfg.Log, "cluster: takeover %d: %d devices: held %s ms (etcd) %s ms (agents; p10/p50/p90 %s/%s/%s ms), accepted first %s ms, all %s ms; %d refusals, %d fan-outs, other %v, %d revisions, %d sessions lost by the others\n",
+		tr.N, tr.Devices, ms(tr.HeldEtcd), ms(tr.HeldAgent), ms(tr.HeldQ[0]), ms(tr.HeldQ[1]), ms(tr.HeldQ[2]), ms(tr.First), ms(tr.Accepted), tr.Refused, tr.Fanouts, tr.Other, tr.Revisions, tr.Sessions)
 	if accepted != len(set) || held != len(set) {
 		return fmt.Errorf("of %d devices, %d accepted a command and %d are held after the takeover", len(set), accepted, held)
 	}
@@ -254,15 +264,26 @@ func newTakeCollector(set map[string]bool) *takeCollector {
 		other: map[string]int{}, all: make(chan struct{})}
 }
 
-// heldAt records dev held by gw at t; false if it was already.
+// heldAt records dev held by gw at t (the first time only) and whether
+// gw is a new taker of dev: the first, or another after the first lost it.
 func (c *takeCollector) heldAt(dev, gw string, t time.Time) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if _, ok := c.held[dev]; ok {
+	if _, ok := c.held[dev]; !ok {
+		c.held[dev] = t
+	}
+	if c.taker[dev] == gw {
 		return false
 	}
-	c.held[dev], c.taker[dev] = t, gw
+	c.taker[dev] = gw
 	return true
+}
+
+// takenBy reports whether gw is dev's latest taker.
+func (c *takeCollector) takenBy(dev, gw string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.taker[dev] == gw
 }
 
 func (c *takeCollector) acceptedAt(dev string, t time.Time) {
@@ -285,7 +306,10 @@ type takeSenders struct {
 
 func (s *takeSenders) hand(gw, dev string) {
 	if ch, ok := s.by[gw]; ok {
-		ch <- dev
+		select {
+		case ch <- dev:
+		default: // more hand-overs than 4 a device: the takers keep losing it
+		}
 	}
 }
 
@@ -298,19 +322,21 @@ func (e *clusterEnv) startSenders(ctx context.Context, victim int, col *takeColl
 		if i == victim {
 			continue
 		}
-		ch := make(chan string, col.want)
+		ch := make(chan string, 4*col.want) // a device may be handed again (its taker lost it)
 		s.by[a.name] = ch
-		s.wg.Go(func() { sendTaken(ctx, a.api, ch, col) })
+		s.wg.Go(func() { sendTaken(ctx, a.name, a.api, ch, col) })
 	}
 	return s
 }
 
-// sendTaken sends the devices handed on in to their new holder, api: one
-// fan-out with every device handed meanwhile; a device the agent refuses
-// (it does not hold it yet: the lock key is written before its token is
-// recorded) goes in the next.
-func sendTaken(ctx context.Context, api *agent.APIClient, in chan string, col *takeCollector) {
+// sendTaken sends the devices handed on in to their new holder gw, api:
+// one fan-out with every device handed meanwhile; a device the agent
+// refuses (it does not hold it yet: the lock key is written before its
+// token is recorded) goes in the next, unless another agent took it since.
+// Fan-outs in which nothing was accepted back off (20 ms, doubling to 1 s).
+func sendTaken(ctx context.Context, gw string, api *agent.APIClient, in chan string, col *takeCollector) {
 	var pending []string
+	idle := 20 * time.Millisecond
 	for ctx.Err() == nil {
 		if len(pending) == 0 {
 			select {
@@ -332,6 +358,7 @@ func sendTaken(ctx context.Context, api *agent.APIClient, in chan string, col *t
 		batch := pending
 		pending = nil
 		var retry []string
+		accepted := 0
 		_, err := api.FanOut(ctx, agent.FanoutRequest{Selection: agent.Selection{Devices: batch}, Kind: "ping"}, func(ev agent.FanoutEvent) {
 			r := ev.Result
 			if r == nil {
@@ -339,12 +366,15 @@ func sendTaken(ctx context.Context, api *agent.APIClient, in chan string, col *t
 			}
 			switch o := r.Outcome(); o {
 			case "accepted", "duplicate": // duplicate: applied once, a resend's ack came first
+				accepted++
 				col.acceptedAt(r.Device, time.Now())
 				if o == "duplicate" {
 					col.count(o)
 				}
 			case "refused", "expired", "unknown", "queued":
-				retry = append(retry, r.Device)
+				if col.takenBy(r.Device, gw) {
+					retry = append(retry, r.Device)
+				}
 				col.count(o)
 			default:
 				col.count(o)
@@ -353,11 +383,19 @@ func sendTaken(ctx context.Context, api *agent.APIClient, in chan string, col *t
 		col.count("fanout")
 		if err != nil {
 			retry = batch // the request failed as a whole: try them all again
-			col.count("error: " + firstWords(err.Error()))
+			col.count("fan-out failed")
 		}
 		pending = retry
-		if len(retry) > 0 && !sleepCtx(ctx, 20*time.Millisecond) {
-			return
+		if accepted > 0 {
+			idle = 20 * time.Millisecond
+		}
+		if len(retry) > 0 {
+			if !sleepCtx(ctx, idle) {
+				return
+			}
+			if accepted == 0 {
+				idle = min(2*idle, time.Second)
+			}
 		}
 	}
 }
@@ -373,12 +411,6 @@ func (c *takeCollector) count(outcome string) {
 	default:
 		c.other[outcome]++
 	}
-}
-
-// firstWords shortens an error to its first few words, to count it.
-func firstWords(s string) string {
-	f := strings.Fields(s)
-	return strings.Join(f[:min(len(f), 6)], " ")
 }
 
 // sortedKeys returns m's keys in order.
