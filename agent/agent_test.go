@@ -25,13 +25,24 @@ type fencePoint struct {
 	mu      sync.Mutex
 	marks   map[string]fence.Mark
 	applied map[string][]fence.Envelope
+	gates   map[string]chan struct{} // a device's commands wait until its gate closes (or their ack deadline)
 }
 
 func newFencePoint() *fencePoint {
 	return &fencePoint{marks: map[string]fence.Mark{}, applied: map[string][]fence.Envelope{}}
 }
 
-func (f *fencePoint) Send(_ context.Context, env *fence.Envelope) (*fence.Ack, error) {
+func (f *fencePoint) Send(ctx context.Context, env *fence.Envelope) (*fence.Ack, error) {
+	f.mu.Lock()
+	gate := f.gates[env.Device]
+	f.mu.Unlock()
+	if gate != nil {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	v, m := fence.Admit(f.marks[env.Device], env.Token, env.Seq)

@@ -8,6 +8,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/offline"
 )
 
 // device is the agent's view of one configured device, shared by the
@@ -42,6 +43,8 @@ type device struct {
 	inflight           string              // id of the entry the worker may have sent: never expired locally
 	recording          map[string]struct{} // ids of the entries whose verdicts the worker is recording: never expired locally
 	lastAck            *fence.Ack          // the verdict of the command that ended last
+	fresh              *offline.Entry      // stored as the device's only pending entry, not yet handed to its worker (hint.go)
+	handed             uint64              // the highest queue position next has handed the worker (hint.go)
 
 	// The fence points' news, written by both.
 	deposedAt fence.Token // highest token of ours refused as stale (delivery) or superseded by another session (leases)

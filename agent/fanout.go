@@ -167,7 +167,12 @@ func (q *delivery) fanIssue(ctx context.Context, devs []string, kind string, bod
 		}
 		q.mu.Unlock()
 	}
-	errs, commits := q.fanAppend(ctx, items)
+	only := make([]bool, len(items)) // the device's queue is empty: its entry may be hinted (hint.go)
+	for i, it := range items {
+		n, _ := q.outbox.Pending(it.d.id)
+		only[i] = n == 0
+	}
+	es, errs, commits := q.fanAppend(ctx, items)
 	envs := make([]*fence.Envelope, 0, len(items))
 	for i, it := range items {
 		if errs[i] != nil {
@@ -178,6 +183,7 @@ func (q *delivery) fanIssue(ctx context.Context, devs []string, kind string, bod
 			}
 			out(SendResult{Device: it.d.id, Error: fmt.Sprintf("send to %s: %v", it.d.id, errs[i])})
 		} else {
+			q.hintFresh(it.d, es[i], only[i])
 			q.stats.queued.Add(1)
 			q.record(history.OpCreated, it.env, "", "")
 			envs = append(envs, it.env)
@@ -195,9 +201,9 @@ func (q *delivery) fanIssue(ctx context.Context, devs []string, kind string, bod
 // fanAppend appends the items' entries in one commit. If that fails with
 // ErrFull (a device's queue or the outbox is at its limit: AppendAll is
 // all or none), each entry is appended alone, so that only the devices
-// that do not fit are refused. It returns each item's error and the
-// commits made.
-func (q *delivery) fanAppend(ctx context.Context, items []fanItem) ([]error, uint64) {
+// that do not fit are refused. It returns the entries (as stored, where
+// their error is nil), each item's error and the commits made.
+func (q *delivery) fanAppend(ctx context.Context, items []fanItem) ([]*offline.Entry, []error, uint64) {
 	es := make([]*offline.Entry, len(items))
 	for i, it := range items {
 		es[i] = &offline.Entry{Envelope: *it.env}
@@ -208,12 +214,12 @@ func (q *delivery) fanAppend(ctx context.Context, items []fanItem) ([]error, uin
 		for i := range errs {
 			errs[i] = err
 		}
-		return errs, 1
+		return es, errs, 1
 	}
 	for i, e := range es {
 		errs[i] = q.outbox.Append(ctx, e)
 	}
-	return errs, uint64(len(es))
+	return es, errs, uint64(len(es))
 }
 
 // unwait drops the waiter of command id.

@@ -233,3 +233,65 @@ func TestFanOutFullQueueRefusesOnlyThatDevice(t *testing.T) {
 		}
 	}
 }
+
+// TestFanOutWorkersTakeFreshEntries: a device whose queue was empty gets
+// its fan-out entry handed to its worker (hint.go), not read back from
+// the outbox; a device with two commands still queued has its worker read
+// the queue as before, and gets all three in order, each applied once
+// (a hint there would skip the second: answered duplicate, never
+// applied). Without the hint no entry is taken unread.
+func TestFanOutWorkersTakeFreshEntries(t *testing.T) {
+	const n = 8
+	r := newFanoutRig(t, n)
+	busy := r.devs[3]
+	gate := make(chan struct{})
+	r.fp.mu.Lock()
+	r.fp.gates = map[string]chan struct{}{busy: gate}
+	r.fp.mu.Unlock()
+	ps, err := r.a.IssueAll(t.Context(), busy, "ping", [][]byte{nil, nil}) // two queued: the fan-out's comes third
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range ps {
+		defer p.Close()
+	}
+	q := r.a.delivery
+	before := q.stats.hinted.Load()
+	done := make(chan struct{})
+	got := map[string]SendResult{}
+	var sum *FanoutSummary
+	go func() { // the fan-out waits for busy's verdict: the test opens the gate meanwhile
+		defer close(done)
+		sum, err = r.c.FanOut(t.Context(), FanoutRequest{Selection: Selection{Glob: "dev-*"}, Kind: "set", Body: []byte(`{"setpoint":21}`)},
+			func(ev FanoutEvent) {
+				if ev.Result != nil {
+					got[ev.Result.Device] = *ev.Result
+				}
+			})
+	}()
+	waitFor(t, "the others accepted", func() bool { return q.stats.hinted.Load()-before == n-1 && q.stats.accepted.Load() >= n-1 })
+	close(gate)
+	<-done
+	if err != nil || sum.ByOutcome["accepted"] != n {
+		t.Fatalf("summary %+v, %v; want %d accepted", sum, err, n)
+	}
+	if h := q.stats.hinted.Load() - before; h != n-1 {
+		t.Errorf("%d entries taken unread, want %d (every device but %s)", h, n-1, busy)
+	}
+	for i, p := range ps {
+		if ack, err := p.Wait(t.Context()); err != nil || ack.Verdict != fence.Accepted {
+			t.Fatalf("%s's command %d: %v, %v", busy, i+1, ack, err)
+		}
+	}
+	r.fp.mu.Lock()
+	defer r.fp.mu.Unlock()
+	for _, d := range r.devs {
+		applied, want := r.fp.applied[d], 1
+		if d == busy {
+			want = 3
+		}
+		if len(applied) != want || applied[len(applied)-1].ID != got[d].ID || got[d].Seq != uint64(want) {
+			t.Errorf("%s: applied %d (want %d), fan-out result %+v", d, len(applied), want, got[d])
+		}
+	}
+}

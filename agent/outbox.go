@@ -76,6 +76,7 @@ type deliveryCounters struct {
 	accepted, duplicate, stale, inv, unknown atomic.Uint64
 	queued, resent, expired, full            atomic.Uint64
 	reissued, outboxErr, superseded          atomic.Uint64
+	hinted                                   atomic.Uint64 // entries a worker took without a read (hint.go)
 }
 
 // deposer is what delivery tells the leases: a fence point refused the
@@ -248,13 +249,21 @@ func (q *delivery) next(w *worker) (e *offline.Entry, attempted bool, err error)
 	d := w.d
 	q.expireMu.RLock()
 	defer q.expireMu.RUnlock()
-	e, ok, err := q.outbox.NextAfter(d.id, w.settledThrough())
-	if err != nil || !ok || !q.mayDeliver(d, e) {
-		return nil, false, err
+	e = q.takeFresh(d) // hint.go: no read when the entry was just stored
+	if e == nil {
+		var ok bool
+		e, ok, err = q.outbox.NextAfter(d.id, w.settledThrough())
+		if err != nil || !ok {
+			return nil, false, err
+		}
+	}
+	if !q.mayDeliver(d, e) {
+		return nil, false, nil
 	}
 	d.mu.Lock()
 	attempted = d.inflight == e.Envelope.ID
 	d.inflight = e.Envelope.ID
+	d.handed = max(d.handed, e.Pos)
 	d.mu.Unlock()
 	return e, attempted, nil
 }
@@ -478,6 +487,9 @@ func (q *delivery) expire() {
 			d.verdicts[verdictIndex(fence.Expired)].Add(1)
 			d.mu.Lock()
 			d.lastAck = ack // the last verdict shown is the last command that ended
+			if d.fresh != nil && d.fresh.Envelope.ID == x.ID {
+				d.fresh = nil // ended: no longer the device's next (hint.go)
+			}
 			d.mu.Unlock()
 		}
 		q.notify(x.ID, ack)

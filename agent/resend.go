@@ -34,15 +34,26 @@ const maxAckGap = time.Second
 // errAckDeadline ends a Send whose ack deadline passed.
 var errAckDeadline = fmt.Errorf("no ack within the ack deadline: %w", context.DeadlineExceeded)
 
+// paceWindow is the busy time over which the acks' mean interval is
+// taken before it enters the link's pace: devices that answer in bursts
+// (a batch of commits, many acks at once, then a pause) are measured at
+// their rate, not at the last gap's.
+const paceWindow = 25 * time.Millisecond
+
 // linkPace is what the resend policy knows of the link: the commands in
 // flight (sent, no ack or error yet) and the recent interval between acks
-// while others were in flight (an exponentially weighted mean, 1/8).
+// while others were in flight: the mean over the last two windows of at
+// least paceWindow of busy time each (busy time ÷ acks).
 type linkPace struct {
 	inflight atomic.Int64
 
-	mu   sync.Mutex
-	last time.Time     // the last ack
-	per  time.Duration // 0: not measured yet (defaultAckPace)
+	mu       sync.Mutex
+	last     time.Time     // the last ack
+	per      time.Duration // 0: not measured yet (defaultAckPace)
+	window   time.Duration // busy time since the last window closed
+	acks     int64         // acks in it
+	prevTime time.Duration // the window before: its busy time
+	prevAcks int64         // and its acks
 }
 
 // ackInterval is the link's recent interval between acks.
@@ -61,11 +72,12 @@ func (p *linkPace) acked(now time.Time, busy bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if busy && !p.last.IsZero() {
-		gap := min(max(now.Sub(p.last), 0), maxAckGap)
-		if p.per <= 0 {
-			p.per = gap
-		} else {
-			p.per += (gap - p.per) / 8
+		p.window += min(max(now.Sub(p.last), 0), maxAckGap)
+		p.acks++
+		if p.window >= paceWindow {
+			p.per = (p.prevTime + p.window) / time.Duration(p.prevAcks+p.acks)
+			p.prevTime, p.prevAcks = p.window, p.acks
+			p.window, p.acks = 0, 0
 		}
 	}
 	p.last = now

@@ -41,7 +41,7 @@ func TestAckWait(t *testing.T) {
 
 // TestLinkPace: the interval between acks is measured only while other
 // commands were in flight (an idle link's gap does not count), bounded by
-// maxAckGap, and averaged.
+// maxAckGap, and averaged over the last two windows.
 func TestLinkPace(t *testing.T) {
 	var p linkPace
 	t0 := time.Unix(1000, 0)
@@ -61,8 +61,30 @@ func TestLinkPace(t *testing.T) {
 	}
 	now = now.Add(time.Minute) // busy, but one slow answer
 	p.acked(now, true)
-	if got, want := p.ackInterval(), 40*time.Millisecond+(maxAckGap-40*time.Millisecond)/8; got != want {
+	if got, want := p.ackInterval(), (40*time.Millisecond+maxAckGap)/2; got != want {
 		t.Fatalf("after a long gap %v, want %v (bounded by maxAckGap)", got, want)
+	}
+}
+
+// TestLinkPaceBursts: devices that answer in bursts (32 acks at once,
+// then 32 ms until the next 32: one a millisecond) are measured at one a
+// millisecond whenever the pace is read from the third burst on (the
+// first window closes early), also right after a burst, when
+// the last gaps were all zero (a mean of the last gaps alone would read
+// far less, and the commands sent behind a backlog then would be resent
+// too soon).
+func TestLinkPaceBursts(t *testing.T) {
+	var p linkPace
+	now := time.Unix(1000, 0)
+	p.acked(now, true)
+	for burst := range 40 {
+		now = now.Add(32 * time.Millisecond)
+		for range 32 {
+			p.acked(now, true)
+		}
+		if got := p.ackInterval(); burst > 1 && (got < 700*time.Microsecond || got > 1400*time.Microsecond) {
+			t.Fatalf("after burst %d: pace %v, want about 1ms", burst, got)
+		}
 	}
 }
 

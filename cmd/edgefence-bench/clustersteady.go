@@ -1,11 +1,9 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
-	"strconv"
 	"strings"
 	"time"
 )
@@ -145,30 +143,20 @@ func (e *clusterEnv) etcdMessages(ctx context.Context) (map[string]float64, erro
 // addMethodCounts adds the samples of metric in a Prometheus text
 // exposition at url to out, by their grpc_method label.
 func addMethodCounts(ctx context.Context, url, metric string, out map[string]float64) error {
-	body, err := httpGet(ctx, url)
+	all, err := fetchMetrics(ctx, url)
 	if err != nil {
 		return err
 	}
-	defer body.Close()
-	sc := bufio.NewScanner(body)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, metric+"{") {
+	for series, v := range all {
+		if !strings.HasPrefix(series, metric+"{") {
 			continue
 		}
-		_, rest, ok := strings.Cut(line, `grpc_method="`)
-		if !ok {
-			continue
-		}
-		method, _, _ := strings.Cut(rest, `"`)
-		f := strings.Fields(line)
-		v, err := strconv.ParseFloat(f[len(f)-1], 64)
-		if err == nil {
+		if _, rest, ok := strings.Cut(series, `grpc_method="`); ok {
+			method, _, _ := strings.Cut(rest, `"`)
 			out[method] += v
 		}
 	}
-	return sc.Err()
+	return nil
 }
 
 func printCluster(w io.Writer, r *clusterResult) {

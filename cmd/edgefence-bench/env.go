@@ -181,6 +181,13 @@ func startFleet(ctx context.Context, dir, url, prefix, clientID string, devs []s
 // and waits up to 10 s for each to be subscribed. It returns the fleets it
 // started, also with an error: close them with closeFleets.
 func startFleets(ctx context.Context, dir, url, prefix, clientID string, devs []string, nf int, fa fleetAuth) ([]*sim.Fleet, error) {
+	return startFleetsLanes(ctx, dir, url, prefix, clientID, devs, nf, 1, fa)
+}
+
+// startFleetsLanes is startFleets with lanes MQTT clients a fleet
+// (sim.FleetConfig.Lanes: the commands arriving on them together share a
+// commit).
+func startFleetsLanes(ctx context.Context, dir, url, prefix, clientID string, devs []string, nf, lanes int, fa fleetAuth) ([]*sim.Fleet, error) {
 	parts := make([][]string, nf)
 	for i, d := range devs {
 		parts[i%nf] = append(parts[i%nf], d)
@@ -189,7 +196,7 @@ func startFleets(ctx context.Context, dir, url, prefix, clientID string, devs []
 	for i, p := range parts {
 		f, err := sim.NewFleet(ctx, sim.FleetConfig{Devices: p, DataDir: filepath.Join(dir, fmt.Sprintf("fleet-%d", i)), Broker: url,
 			Prefix: prefix, ClientID: fmt.Sprintf("%s-%d", clientID, i), MQTT: mqtt.Config{CleanStart: true, SessionExpiry: -1},
-			Keys: fa.keys, Signers: fa.signers})
+			Keys: fa.keys, Signers: fa.signers, Lanes: lanes})
 		if err != nil {
 			return fleets, err
 		}

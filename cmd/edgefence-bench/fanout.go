@@ -39,8 +39,10 @@ const fanoutCmdTimeout = 120 * time.Second
 type fanoutConfig struct {
 	Sizes    []int // device counts
 	Runs     int   // fan-outs per size (the first warms up)
-	Fleets   int   // sim fleets (MQTT clients, bbolt files) serving the devices
+	Fleets   int   // sim fleets (bbolt files) serving the devices
+	Lanes    int   // MQTT clients per fleet (sim.FleetConfig.Lanes)
 	AgentBin string
+	ProfDir  string // non-empty: a profiling agent; a CPU profile of each size's last fan-out goes here
 	Dir      string
 	Log      io.Writer
 }
@@ -65,16 +67,20 @@ type fanoutRow struct {
 }
 
 type fanoutResult struct {
-	Bin    string
-	Fleets int
-	Rows   []fanoutRow
+	Bin           string
+	Fleets, Lanes int
+	Rows          []fanoutRow
 }
 
 func runFanout(ctx context.Context, etcd *sandbox.Etcd, cfg fanoutConfig) (*fanoutResult, error) {
-	res := &fanoutResult{Bin: cfg.AgentBin, Fleets: cfg.Fleets}
+	res := &fanoutResult{Bin: cfg.AgentBin, Fleets: cfg.Fleets, Lanes: cfg.Lanes}
 	if res.Bin == "" {
+		var extra []string // --agent-cpuprofile: a profiling build (metrics.pprof needs it)
+		if cfg.ProfDir != "" {
+			extra = append(extra, "edgefence_pprof")
+		}
 		var err error
-		if res.Bin, err = buildBinary(ctx, cfg.Dir, "edgefence", cfg.Log); err != nil {
+		if res.Bin, err = buildBinary(ctx, cfg.Dir, "edgefence", cfg.Log, extra...); err != nil {
 			return nil, err
 		}
 	}
@@ -105,8 +111,8 @@ func fanoutSize(ctx context.Context, etcd *sandbox.Etcd, cli *clientv3.Client, b
 	prefix := fmt.Sprintf("fan%d", n)
 	ac := rssAgentConfig{n: n, dir: dir, etcd: etcd.Endpoint(), broker: br.url, prefix: prefix, devs: devs,
 		sock: filepath.Join(dir, "agent.sock"), etcdPrefix: fmt.Sprintf("/bench/fanout-%d-%d", n, time.Now().UnixNano()),
-		cmdTimeout: fanoutCmdTimeout}
-	fleets, err := startFleets(ctx, dir, br.url, prefix, "bench-fan-fleet-"+prefix, devs, cfg.Fleets, fleetAuth{})
+		cmdTimeout: fanoutCmdTimeout, pprof: cfg.ProfDir != ""}
+	fleets, err := startFleetsLanes(ctx, dir, br.url, prefix, "bench-fan-fleet-"+prefix, devs, cfg.Fleets, cfg.Lanes, fleetAuth{})
 	defer closeFleets(fleets)
 	if err != nil {
 		return row, err
@@ -123,9 +129,15 @@ func fanoutSize(ctx context.Context, etcd *sandbox.Etcd, cli *clientv3.Client, b
 	var last map[string]agent.SendResult
 	for i := range cfg.Runs {
 		before, _ := scrapeMetrics(ctx, "http://"+ac.metrics+"/metrics", fanoutCounters...)
+		prof := fanoutProfile(ctx, cfg, ac.metrics, n, i, row.Runs)
 		r, results, err := fanoutOnce(ctx, api, p.pid, n)
 		if err != nil {
 			return row, err
+		}
+		if prof != nil {
+			if err := prof.wait(); err != nil {
+				fmt.Fprintln(cfg.Log, "fanout: agent CPU profile:", err)
+			}
 		}
 		if after, err := scrapeMetrics(ctx, "http://"+ac.metrics+"/metrics", fanoutCounters...); err == nil && before != nil {
 			r.AllCommits = uint64(after[fanoutCounters[0]] - before[fanoutCounters[0]])
@@ -139,6 +151,29 @@ func fanoutSize(ctx context.Context, etcd *sandbox.Etcd, cli *clientv3.Client, b
 	row.Bare, row.BareOK, err = bareFanout(ctx, br.url, fleets[0].Topics(), devs, last)
 	fmt.Fprintf(cfg.Log, "fanout: %d devices, bare paho: %v, %d accepted\n", n, row.Bare.Round(time.Millisecond), row.BareOK)
 	return row, err
+}
+
+// fanoutProfile starts a CPU profile of the agent (serving metrics) for
+// the last of cfg.Runs fan-outs, run i, if cfg.ProfDir is set and a run
+// before it gave the window: the first run's time, rounded up, plus a
+// second (at most 25 s: the metrics server's write timeout is 30 s). The
+// profile covers the request from its start; nil if there is none.
+func fanoutProfile(ctx context.Context, cfg fanoutConfig, metrics string, n, i int, done []fanoutRun) *agentProfile {
+	if cfg.ProfDir == "" || i != cfg.Runs-1 || len(done) == 0 {
+		return nil
+	}
+	secs := min(int(done[0].Wall.Seconds())+2, 25)
+	p := &agentProfile{path: filepath.Join(cfg.ProfDir, fmt.Sprintf("agent-fanout-%d.pprof", n)), done: make(chan error, 1)}
+	allocs := filepath.Join(cfg.ProfDir, fmt.Sprintf("agent-fanout-allocs-%d", n))
+	if err := fetchTo(ctx, "http://"+metrics+"/debug/pprof/allocs", allocs+"-before.pprof"); err != nil {
+		fmt.Fprintln(cfg.Log, "fanout: agent allocations:", err)
+	}
+	go func() {
+		err := fetchTo(ctx, fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", metrics, secs), p.path)
+		p.done <- errors.Join(err, fetchTo(ctx, "http://"+metrics+"/debug/pprof/allocs", allocs+"-after.pprof"))
+	}()
+	time.Sleep(50 * time.Millisecond) // let the profile start before the request
+	return p
 }
 
 // fanoutCounters are the agent's counters read around each fan-out: its
@@ -251,7 +286,7 @@ func bareConnect(ctx context.Context, brokerURL string, onMsg func(paho.PublishR
 }
 
 func printFanout(w io.Writer, r *fanoutResult) {
-	fmt.Fprintf(w, "\n### Fan-out: one POST /v1/fanout to every device (agent %s, %d device fleets)\n\n", r.Bin, r.Fleets)
+	fmt.Fprintf(w, "\n### Fan-out: one POST /v1/fanout to every device (agent %s, %d device fleets of %d lanes)\n\n", r.Bin, r.Fleets, r.Lanes)
 	fmt.Fprintln(w, "| devices | run | request → all applied | stored (agent) | append commits | all outbox commits | commits / device | resent | duplicate | agent CPU | CPU / device | bare paho, same devices | ratio |")
 	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for _, row := range r.Rows {

@@ -36,6 +36,12 @@ type benchFlags struct {
 	keep     bool
 	cpuprof  string
 	sign     bool // roundtrip, replay, rss
+	cost     costFlags
+}
+
+type costFlags struct {
+	etcd string
+	idle time.Duration
 }
 
 type rtFlags struct {
@@ -64,6 +70,7 @@ type failoverFlags struct {
 type fanFlags struct {
 	sizes  string
 	fleets int
+	lanes  int
 }
 
 type clusterFlags struct {
@@ -84,6 +91,7 @@ func (f *clusterFlags) register(fs *flag.FlagSet) {
 func (f *fanFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.sizes, "fanout-sizes", "1000,10000", "fanout: device counts, comma-separated")
 	fs.IntVar(&f.fleets, "fanout-fleets", 4, "fanout: sim.Fleets (an MQTT client + bbolt file each) the devices are split over")
+	fs.IntVar(&f.lanes, "fanout-lanes", 1, "fanout: MQTT clients per fleet (sim.FleetConfig.Lanes); above 1 the commands that reach a fleet's lanes together are decided in one bbolt commit, each acked after it")
 }
 
 type rtuFlags struct {
@@ -123,8 +131,10 @@ func newFlagSet(stderr io.Writer) (*flag.FlagSet, *benchFlags) {
 	f.fw.register(fs)
 	f.fan.register(fs)
 	f.cluster.register(fs)
+	fs.StringVar(&f.cost.etcd, "etcd", "both", "etcdcost: embedded (3.7, in process), debian (/usr/bin/etcd, 3.4) or both")
+	fs.DurationVar(&f.cost.idle, "cost-idle", 20*time.Second, "etcdcost: each idle window (keep-alives, requests per second)")
 	fs.StringVar(&f.lcSizes, "lc-sizes", "10,1000", "lifecycle: device counts, comma-separated")
-	fs.IntVar(&f.devices, "devices", 0, "locks: devices (default 1000); replay: devices (default 10); failover: devices (default 4); twins: devices on the agent, all changing at once in the throughput runs (default 1000); fwrollout: firmware devices, all targets of the job (default 1000)")
+	fs.IntVar(&f.devices, "devices", 0, "locks: devices (default 1000); replay: devices (default 10); failover: devices (default 4); twins: devices on the agent, all changing at once in the throughput runs (default 1000); fwrollout: firmware devices, all targets of the job (default 1000); etcdcost: devices per agent (default 1000)")
 	fs.IntVar(&f.runs, "runs", 0, "locks, replay, fwrollout, fanout: repetitions (default 5, 3, 3, 3: fan-outs per size, the first warms up); failover: trials per lease_ttl and fault (default 3); twins: latency rounds per size (default 30)")
 	fs.StringVar(&f.agentBin, "agent-bin", "", "rss, failover, lifecycle, fwrollout, fanout: the edgefence binary (default: go build it from the module in the working directory)")
 	fs.BoolVar(&f.keep, "keep", false, "keep the temp dir (logs, configs, data)")
@@ -181,7 +191,7 @@ func (f *rssFlags) register(fs *flag.FlagSet) {
 	fs.Float64Var(&f.minRate, "rss-min-rate", 5, "rss: ...but at least this many commands/s over all devices")
 	fs.IntVar(&f.workers, "rss-workers", 8, "rss: API clients sending the load concurrently")
 	fs.DurationVar(&f.idle, "rss-idle", 20*time.Second, "rss: measure the agent's CPU this long with all devices held and no commands, before the load (0: not)")
-	fs.StringVar(&f.agentProf, "agent-cpuprofile", "", "rss: the agent is built for profiling (-tags edgefence_pprof; an --agent-bin must be too), serves pprof (metrics.pprof) and a CPU profile of each size's load window (at most 25 s) is written to DIR/agent-cpu-N.pprof, of its idle window to agent-idle-N.pprof, and its allocations since start to agent-allocs-N.pprof")
+	fs.StringVar(&f.agentProf, "agent-cpuprofile", "", "rss, fanout: the agent is built for profiling (-tags edgefence_pprof; an --agent-bin must be too) and serves pprof (metrics.pprof). rss: a CPU profile of each size's load window (at most 25 s) is written to DIR/agent-cpu-N.pprof, of its idle window to agent-idle-N.pprof, and its allocations since start to agent-allocs-N.pprof; fanout: of each size's last fan-out (the first run's time + 2 s, at most 25 s) to DIR/agent-fanout-N.pprof")
 	fs.StringVar(&f.agentEnv, "agent-env", "", "rss: extra environment for the agent, comma-separated (e.g. GOGC=50,GODEBUG=gctrace=1; see --keep for its log)")
 }
 
@@ -198,7 +208,7 @@ func (f *rtuFlags) register(fs *flag.FlagSet) {
 }
 
 // benchNames are the subcommands.
-var benchNames = []string{"roundtrip", "locks", "rss", "all", "replay", "failover", "twins", "lifecycle", "modbus-rtu", "fwrollout", "fanout", "cluster"}
+var benchNames = []string{"roundtrip", "locks", "rss", "all", "replay", "failover", "twins", "lifecycle", "modbus-rtu", "fwrollout", "fanout", "etcdcost", "cluster"}
 
 // parseArgs parses args, the flags before or after the one benchmark
 // name, and returns that name. With ok false the command is to exit with
@@ -249,6 +259,7 @@ type benches struct {
 	fw        fwRolloutConfig
 	fan       fanoutConfig
 	cluster   clusterConfig
+	cost      etcdCostConfig
 	keep      bool
 	cpuprof   string
 }
@@ -305,7 +316,8 @@ func (f *benchFlags) benches(what string, set map[string]bool) (*benches, error)
 			TPRuns: f.twins.runs, Fleets: f.twins.fleets},
 		rtu:     modbusRTUConfig{Bauds: l.bauds, N: f.rtu.n},
 		fw:      fw,
-		fan:     fanoutConfig{Sizes: l.fanSizes, Runs: f.runs, Fleets: max(f.fan.fleets, 1), AgentBin: f.agentBin},
+		fan:     fanoutConfig{Sizes: l.fanSizes, Runs: f.runs, Fleets: max(f.fan.fleets, 1), Lanes: max(f.fan.lanes, 1), AgentBin: f.agentBin, ProfDir: pdir},
+		cost:    etcdCostConfig{N: f.devices, Impls: l.etcds, Idle: f.cost.idle, LeaseTTL: 10 * time.Second},
 		cluster: cl,
 		keep:    f.keep,
 		cpuprof: f.cpuprof,
@@ -314,26 +326,35 @@ func (f *benchFlags) benches(what string, set map[string]bool) (*benches, error)
 
 // flagLists are the list flags, parsed.
 type flagLists struct {
-	brokers                           []string
+	brokers, etcds                    []string
 	sizes, fleets, lcSizes, twinSizes []int
 	bauds, fanSizes                   []int
 }
 
+// oneOrBoth reads the flag name's value v: x, y or "both".
+func oneOrBoth(name, v, x, y string) ([]string, error) {
+	switch v {
+	case "both":
+		return []string{x, y}, nil
+	case x, y:
+		return []string{v}, nil
+	}
+	return nil, fmt.Errorf("--%s %q: want %s, %s or both", name, v, x, y)
+}
+
 func (f *benchFlags) lists() (flagLists, error) {
 	var l flagLists
-	switch f.rt.broker {
-	case "both":
-		l.brokers = []string{brokerMochi, brokerMosquitto}
-	case brokerMochi, brokerMosquitto:
-		l.brokers = []string{f.rt.broker}
-	default:
-		return l, fmt.Errorf("--broker %q: want mochi, mosquitto or both", f.rt.broker)
+	var err error
+	if l.brokers, err = oneOrBoth("broker", f.rt.broker, brokerMochi, brokerMosquitto); err != nil {
+		return l, err
+	}
+	if l.etcds, err = oneOrBoth("etcd", f.cost.etcd, etcdEmbedded, etcdDebian); err != nil {
+		return l, err
 	}
 	for _, x := range []struct {
 		name, val string
 		list      *[]int
 	}{{"sizes", f.rss.sizes, &l.sizes}, {"fleets", f.rt.fleets, &l.fleets}, {"lc-sizes", f.lcSizes, &l.lcSizes}, {"twin-sizes", f.twins.sizes, &l.twinSizes}, {"bauds", f.rtu.bauds, &l.bauds}, {"fanout-sizes", f.fan.sizes, &l.fanSizes}} {
-		var err error
 		if *x.list, err = intList(x.val); err != nil {
 			return l, fmt.Errorf("--%s: %w", x.name, err)
 		}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -132,41 +131,23 @@ func agentAcquire(ctx context.Context, etcd *sandbox.Etcd, brokerURL, dir string
 // (each device's concurrency.Mutex.Lock, then, if get, a Get of its key
 // as the agent does for the token), from session creation to the last lock,
 // then revokes the session.
-func bareAcquire(ctx context.Context, cli *clientv3.Client, n, workers int, get bool, prefix string) (time.Duration, error) {
+func bareAcquire(ctx context.Context, cli *clientv3.Client, n, workers int, withGet bool, prefix string) (time.Duration, error) {
 	start := time.Now()
 	sess, err := concurrency.NewSession(cli, concurrency.WithTTL(10))
 	if err != nil {
 		return 0, err
 	}
 	defer sess.Close()
-	next := make(chan int, n)
-	for i := range n {
-		next <- i
+	var get func(*concurrency.Mutex) error
+	if withGet {
+		get = func(m *concurrency.Mutex) error {
+			_, err := cli.Get(ctx, m.Key())
+			return err
+		}
 	}
-	close(next)
-	var wg sync.WaitGroup
-	var failed atomic.Value
-	for range min(workers, n) {
-		wg.Go(func() {
-			for i := range next {
-				m := concurrency.NewMutex(sess, fmt.Sprintf("%s/devices/dev-%04d/lock", prefix, i))
-				if err := m.Lock(ctx); err != nil {
-					failed.Store(err)
-					return
-				}
-				if get {
-					if _, err := cli.Get(ctx, m.Key()); err != nil {
-						failed.Store(err)
-						return
-					}
-				}
-			}
-		})
-	}
-	wg.Wait()
-	d := time.Since(start)
-	if err, ok := failed.Load().(error); ok {
+	err = bareLockAll(ctx, sess, bareKeys(prefix, n), workers, get)
+	if err != nil {
 		return 0, err
 	}
-	return d, nil
+	return time.Since(start), nil
 }

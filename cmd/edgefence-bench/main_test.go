@@ -35,6 +35,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"failover", "--faults", "kill,pause"}, 2, "--faults"},
 		{[]string{"replay", "failover"}, 2, "more than one"},
 		{[]string{"twins", "roundtrip"}, 2, "more than one"},
+		{[]string{"etcdcost", "--etcd", "zookeeper"}, 2, "--etcd"},
 		{[]string{"twins", "--changes", "0"}, 2, "at least 1"},
 		{[]string{"twins", "--twin-fleets", "0"}, 2, "at least 1"},
 		{[]string{"twins", "--twin-runs", "-1"}, 2, "--twin-runs"},
@@ -246,5 +247,31 @@ func TestClusterPlan(t *testing.T) {
 	}
 	if _, err := newClusterPlan(clusterConfig{Agents: 3, Devices: 100, Devsims: 3}); err == nil {
 		t.Fatal("100 devices over 9 devsims: no error")
+	}
+}
+
+func TestEtcdCostPhaseFromMetrics(t *testing.T) {
+	text := `# HELP grpc_server_handled_total x
+grpc_server_handled_total{grpc_code="OK",grpc_method="Txn",grpc_service="etcdserverpb.KV",grpc_type="unary"} 10
+grpc_server_handled_total{grpc_code="Unavailable",grpc_method="Txn",grpc_service="etcdserverpb.KV",grpc_type="unary"} 2
+grpc_server_handled_total{grpc_code="OK",grpc_method="Status",grpc_service="etcdserverpb.Maintenance",grpc_type="unary"} 7
+grpc_server_msg_received_total{grpc_method="LeaseKeepAlive",grpc_service="etcdserverpb.Lease",grpc_type="bidi_stream"} 3
+etcd_debugging_mvcc_watcher_total 4
+garbage
+`
+	a, err := parseMetrics(strings.NewReader(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := parseMetrics(strings.NewReader(strings.NewReplacer(" 10\n", " 30\n", " 3\n", " 9\n", "total 4", "total 8", " 7\n", " 99\n").Replace(text)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := diffSnap("x", 2, etcdSnap{Rev: 5, M: a}, etcdSnap{Rev: 9, M: b})
+	if p.Revs != 4 || p.Requests["Txn"] != 20 || p.Requests["LeaseKeepAlive"] != 6 || p.Watchers != 4 {
+		t.Errorf("phase %+v", p)
+	}
+	if _, ok := p.Requests["Status"]; ok {
+		t.Errorf("the measuring client's Status counted: %+v", p.Requests)
 	}
 }

@@ -5,16 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/url"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/eclipse/paho.golang/autopaho"
-	"github.com/eclipse/paho.golang/paho"
 
 	"github.com/edgefence/edgefence/agent"
 	"github.com/edgefence/edgefence/agent/daemon"
@@ -48,6 +43,9 @@ type rtConfig struct {
 const (
 	pathOneHop    = "paho publish→receive (1 hop)"
 	pathEcho      = "paho request→reply (2 hops)"
+	pathEchoBolt  = "paho request→reply, responder fsyncs: bbolt commit of a mark"
+	pathEchoSync  = "paho request→reply, responder fsyncs: pwrite + fdatasync"
+	pathEchoBoth  = "paho request→reply, requester and responder each commit a mark in bbolt"
 	pathAccepted  = "agent.Send → shim → ack, accepted (fsync)"
 	pathDuplicate = "agent.Send → shim → ack, duplicate (no write)"
 	pathHostAcc   = "device side alone: sim.Host.Handle, accepted (fsync)"
@@ -171,7 +169,7 @@ func newRTWorld(ctx context.Context, etcd *sandbox.Etcd, name, dir string, fleet
 	if err != nil {
 		return nil, err
 	}
-	if w.bare, err = newBareEcho(ctx, w.broker.url, name, len(w.devices), nf, env, ack); err != nil {
+	if w.bare, err = newBareEcho(ctx, w.broker.url, name, filepath.Join(dir, "bare"), len(w.devices), nf, env, ack); err != nil {
 		return nil, fmt.Errorf("bare paho: %w", err)
 	}
 	if w.host, err = newHostOnly(filepath.Join(dir, "host-only", sim.DBFile)); err != nil {
@@ -220,12 +218,15 @@ func (w *rtWorld) ops() []namedOp {
 		}
 	}
 	return []namedOp{
-		{pathOneHop, false, w.bare.oneHop},
-		{pathEcho, false, w.bare.echo},
-		{pathAccepted, false, send(fence.Accepted)},
-		{pathDuplicate, true, send(fence.Duplicate)},
-		{pathHostAcc, false, w.host.accepted},
-		{pathHostDup, false, w.host.duplicate},
+		{path: pathOneHop, f: w.bare.oneHop},
+		{path: pathEcho, f: w.bare.echo, write: bareNoWrite},
+		{path: pathEchoBolt, f: w.bare.echo, write: bareBolt},
+		{path: pathEchoSync, f: w.bare.echo, write: bareDatasync},
+		{path: pathEchoBoth, f: w.bare.echo, write: bareBoltBoth},
+		{path: pathAccepted, f: send(fence.Accepted)},
+		{path: pathDuplicate, f: send(fence.Duplicate), dup: true},
+		{path: pathHostAcc, f: w.host.accepted},
+		{path: pathHostDup, f: w.host.duplicate},
 	}
 }
 
@@ -246,10 +247,10 @@ func (w *rtWorld) run(ctx context.Context, res *rtResult, seq bool) error {
 	if cfg.Conc > 1 && cfg.ConcN > 0 {
 		fmt.Fprintf(cfg.Log, "roundtrip: %s: concurrent, %d workers, %d fleet(s), %d per path\n", w.broker.name, cfg.Conc, nf, cfg.ConcN)
 		for _, o := range ops {
-			if o.path == pathOneHop || o.path == pathHostAcc || o.path == pathHostDup {
+			if o.path == pathOneHop || o.path == pathEchoSync || o.path == pathEchoBoth || o.path == pathHostAcc || o.path == pathHostDup {
 				continue // sequential only
 			}
-			w.sender.dup.Store(o.dup)
+			w.prepare(o)
 			if _, _, err := runConcurrent(ctx, cfg.Conc, cfg.Conc*max(1, cfg.Warmup/10), o.f); err != nil {
 				return fmt.Errorf("%s warm-up: %w", o.path, err)
 			}
@@ -261,17 +262,26 @@ func (w *rtWorld) run(ctx context.Context, res *rtResult, seq bool) error {
 			res.Rows = append(res.Rows, rtRow{Path: o.path, Conc: cfg.Conc, Fleets: nf, S: s, Wall: wl, Rate: float64(s.N) / wl.Seconds()})
 		}
 	}
-	w.sender.dup.Store(false)
+	w.prepare(namedOp{})
 	st := w.ag.Status().Counters
 	fmt.Fprintf(cfg.Log, "roundtrip: %s: agent counters: sent %d accepted %d duplicate %d no-ack %d errors %d\n",
 		w.broker.name, st.Sent, st.Accepted, st.Duplicate, st.NoAck, st.SendErrors)
 	return nil
 }
 
-type namedOp = struct {
-	path string
-	dup  bool
-	f    op
+// namedOp is one path: its operation, and how the world is set for it
+// (the duplicate-making Sender, the bare responders' write).
+type namedOp struct {
+	path  string
+	f     op
+	dup   bool
+	write bareWrite
+}
+
+// prepare sets w for o's turn.
+func (w *rtWorld) prepare(o namedOp) {
+	w.sender.dup.Store(o.dup)
+	w.bare.write.Store(int32(o.write))
 }
 
 func (w *rtWorld) runSeq(ctx context.Context, res *rtResult, ops []namedOp) error {
@@ -283,7 +293,7 @@ func (w *rtWorld) runSeq(ctx context.Context, res *rtResult, ops []namedOp) erro
 	lat := make([][]time.Duration, len(ops))
 	wall := make([]time.Duration, len(ops))
 	for j, o := range ops {
-		w.sender.dup.Store(o.dup)
+		w.prepare(o)
 		for range cfg.Warmup {
 			if _, err := o.f(ctx, 0); err != nil {
 				return fmt.Errorf("%s warm-up: %w", o.path, err)
@@ -295,7 +305,7 @@ func (w *rtWorld) runSeq(ctx context.Context, res *rtResult, ops []namedOp) erro
 	for r := range rounds {
 		per := cfg.N/rounds + btoi(r < cfg.N%rounds)
 		for j, o := range ops {
-			w.sender.dup.Store(o.dup)
+			w.prepare(o)
 			t0 := time.Now()
 			for range per {
 				d, err := o.f(ctx, 0)
@@ -383,173 +393,6 @@ func awaitCtx(ctx context.Context, d time.Duration, f func(context.Context) erro
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	return f(ctx)
-}
-
-// bareEcho is the bare paho baseline: autopaho clients (no edgefence
-// code) on the same broker. The requester publishes at QoS 1 and waits for
-// the PUBACK; a responder's handler receives it (1 hop) and, for the
-// request→reply path, publishes the reply at QoS 1 from inside the handler,
-// as the device simulator publishes its ack; the requester's handler
-// receives the reply (2 hops). Worker i's requests go to responder i mod
-// len(rsp), as device i's commands go to fleet i mod fleets.
-type bareEcho struct {
-	env, ack []byte
-	req      *autopaho.ConnectionManager
-	rsp      []*autopaho.ConnectionManager
-	hop      chan time.Time  // 1-hop receptions
-	replies  []chan struct{} // per worker
-	cancel   context.CancelFunc
-}
-
-const (
-	bareOneTopic = "bare/one"
-	bareReq      = "bare/req/" // + responder + "/" + worker
-	bareRep      = "bare/rep/" // + worker
-)
-
-func newBareEcho(ctx context.Context, brokerURL, name string, workers, responders int, env, ack []byte) (b *bareEcho, err error) {
-	u, err := url.Parse(brokerURL)
-	if err != nil {
-		return nil, err
-	}
-	cctx, cancel := context.WithCancel(context.Background())
-	b = &bareEcho{env: env, ack: ack, hop: make(chan time.Time, 1), cancel: cancel}
-	defer func() {
-		if err != nil {
-			b.close()
-		}
-	}()
-	for range workers {
-		b.replies = append(b.replies, make(chan struct{}, 1))
-	}
-	connect := func(id string, onMsg func(paho.PublishReceived) (bool, error)) (*autopaho.ConnectionManager, error) {
-		cfg := autopaho.ClientConfig{
-			ServerUrls:                    []*url.URL{u},
-			KeepAlive:                     30,
-			CleanStartOnInitialConnection: true,
-			ConnectTimeout:                5 * time.Second,
-			ClientConfig: paho.ClientConfig{
-				ClientID:          id,
-				OnPublishReceived: []func(paho.PublishReceived) (bool, error){onMsg},
-			},
-		}
-		cm, err := autopaho.NewConnection(cctx, cfg)
-		if err != nil {
-			return nil, err
-		}
-		if err := awaitCtx(ctx, 10*time.Second, cm.AwaitConnection); err != nil {
-			return nil, err
-		}
-		return cm, nil
-	}
-	sub := func(cm *autopaho.ConnectionManager, filters ...string) error {
-		s := &paho.Subscribe{}
-		for _, f := range filters {
-			s.Subscriptions = append(s.Subscriptions, paho.SubscribeOptions{Topic: f, QoS: 1})
-		}
-		_, err := cm.Subscribe(ctx, s)
-		return err
-	}
-	for r := range max(responders, 1) {
-		var cm *autopaho.ConnectionManager
-		cm, err = connect(fmt.Sprintf("bench-bare-rsp-%s-%d", name, r), func(pr paho.PublishReceived) (bool, error) {
-			return b.onRequest(cm, pr)
-		})
-		if err != nil {
-			return nil, err
-		}
-		b.rsp = append(b.rsp, cm)
-		filters := []string{fmt.Sprintf("%s%d/+", bareReq, r)}
-		if r == 0 {
-			filters = append(filters, bareOneTopic)
-		}
-		if err = sub(cm, filters...); err != nil {
-			return nil, err
-		}
-	}
-	if b.req, err = connect("bench-bare-req-"+name, b.onReply); err != nil {
-		return nil, err
-	}
-	if err = sub(b.req, bareRep+"+"); err != nil {
-		return nil, err
-	}
-	return b, nil
-}
-
-func (b *bareEcho) close() {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	for _, cm := range append([]*autopaho.ConnectionManager{b.req}, b.rsp...) {
-		if cm != nil {
-			_ = cm.Disconnect(ctx)
-		}
-	}
-	b.cancel()
-}
-
-func (b *bareEcho) onRequest(cm *autopaho.ConnectionManager, pr paho.PublishReceived) (bool, error) {
-	p := pr.Packet
-	if p.Topic == bareOneTopic {
-		b.hop <- time.Now()
-		return true, nil
-	}
-	worker := p.Topic[strings.LastIndexByte(p.Topic, '/')+1:]
-	var corr []byte
-	if p.Properties != nil {
-		corr = p.Properties.CorrelationData
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	_, _ = cm.Publish(ctx, &paho.Publish{QoS: 1, Topic: bareRep + worker, Payload: b.ack,
-		Properties: &paho.PublishProperties{CorrelationData: corr}})
-	return true, nil
-}
-
-func (b *bareEcho) onReply(pr paho.PublishReceived) (bool, error) {
-	i, err := strconv.Atoi(strings.TrimPrefix(pr.Packet.Topic, bareRep))
-	if err == nil && i >= 0 && i < len(b.replies) {
-		select {
-		case b.replies[i] <- struct{}{}:
-		default:
-		}
-	}
-	return true, nil
-}
-
-var corrData = []byte(strings.Repeat("0123456789abcdef", 2))
-
-// oneHop is transport/mqtt's BenchmarkRoundTrip: from the start of Publish
-// to the subscriber's handler, each publish also waiting for its PUBACK.
-func (b *bareEcho) oneHop(ctx context.Context, _ int) (time.Duration, error) {
-	start := time.Now()
-	if _, err := b.req.Publish(ctx, &paho.Publish{QoS: 1, Topic: bareOneTopic, Payload: b.env,
-		Properties: &paho.PublishProperties{CorrelationData: corrData, ResponseTopic: bareRep + "0"}}); err != nil {
-		return 0, err
-	}
-	select {
-	case t := <-b.hop:
-		return t.Sub(start), nil
-	case <-time.After(10 * time.Second):
-		return 0, errors.New("no delivery within 10s")
-	}
-}
-
-// echo is request→reply: from the start of Publish until the requester has
-// the reply in hand (as agent.Send has the ack).
-func (b *bareEcho) echo(ctx context.Context, i int) (time.Duration, error) {
-	is := strconv.Itoa(i)
-	topic := fmt.Sprintf("%s%d/%d", bareReq, i%len(b.rsp), i)
-	start := time.Now()
-	if _, err := b.req.Publish(ctx, &paho.Publish{QoS: 1, Topic: topic, Payload: b.env,
-		Properties: &paho.PublishProperties{CorrelationData: corrData, ResponseTopic: bareRep + is}}); err != nil {
-		return 0, err
-	}
-	select {
-	case <-b.replies[i]:
-		return time.Since(start), nil
-	case <-time.After(10 * time.Second):
-		return 0, errors.New("no reply within 10s")
-	}
 }
 
 // hostOnly is the device side without the network: sim.Host.Handle (decode,

@@ -638,25 +638,17 @@ func scrapeGoMem(ctx context.Context, url string) (goMem, error) {
 // scrapeMetrics reads the unlabelled samples named names from a
 // Prometheus text endpoint.
 func scrapeMetrics(ctx context.Context, url string, names ...string) (map[string]float64, error) {
-	body, err := httpGet(ctx, url)
+	all, err := fetchMetrics(ctx, url)
 	if err != nil {
 		return nil, err
 	}
-	defer body.Close()
-	want := make(map[string]bool, len(names))
-	for _, n := range names {
-		want[n] = true
-	}
 	v := make(map[string]float64, len(names))
-	sc := bufio.NewScanner(body)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		if len(f) == 2 && want[f[0]] {
-			v[f[0]], _ = strconv.ParseFloat(f[1], 64)
+	for _, n := range names {
+		if x, ok := all[n]; ok {
+			v[n] = x
 		}
 	}
-	return v, sc.Err()
+	return v, nil
 }
 
 // readProcMem reads the memory lines of /proc/PID/status.

@@ -47,6 +47,11 @@ func (s *Shim) Handle(device string, raw []byte, d Device) fence.Ack {
 func (s *Shim) Process(device string, raw []byte, d Device) Result {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.processOne(device, raw, d)
+}
+
+// processOne is Process with s.mu held.
+func (s *Shim) processOne(device string, raw []byte, d Device) Result {
 	if s.ledger != nil && auth.IsUpdate(raw) {
 		return s.learn(device, raw) // trust.go: not a command, no ack
 	}

@@ -57,6 +57,14 @@ type FleetConfig struct {
 	// Logger receives log lines (the MQTT client's too); nil means none.
 	Logger *slog.Logger
 
+	// Lanes is how many MQTT clients the devices are spread over (0 or
+	// 1: one). With more, the commands that arrive on different lanes at
+	// the same time are decided together and their marks committed in one
+	// bbolt transaction (Host.HandleAll: one fsync), each acked only after
+	// that commit, as devices with flash of their own answer in parallel
+	// (lanes.go). Lane i > 0 connects as ClientID-i.
+	Lanes int
+
 	// MQTT overrides the client settings other than Brokers, ClientID and
 	// Logger; the zero value means the transport's defaults (a persistent
 	// session, so commands sent while the fleet is down wait at the broker;
@@ -75,7 +83,8 @@ type FleetConfig struct {
 // retry) is acknowledged again as Duplicate.
 type Fleet struct {
 	host    *Host
-	client  *mqtt.Client
+	clients []*mqtt.Client // one per lane (lanes.go)
+	batches *batchLoop     // nil with one lane
 	topics  mqtt.Topics
 	devices []string
 	member  map[string]bool
@@ -133,20 +142,24 @@ func NewFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 	}
 	mc.Logger = cfg.Logger
 	fctx, cancel := context.WithCancel(context.Background())
-	client, err := mqtt.Dial(fctx, mc)
+	clients, err := dialLanes(fctx, mc, cfg.Lanes)
 	if err != nil {
 		cancel()
 		host.Close()
 		return nil, fmt.Errorf("sim: fleet: %w", err)
 	}
 	topics := mqtt.Topics{Prefix: cfg.Prefix}
-	f := &Fleet{host: host, client: client, topics: topics,
+	f := &Fleet{host: host, clients: clients, topics: topics,
 		devices: append([]string(nil), cfg.Devices...), member: member, log: log, ctx: fctx, cancel: cancel, signers: cfg.Signers}
 	f.reports.Store(uint64(time.Now().UnixNano()))
-	for _, d := range f.devices {
-		f.client.Subscribe(f.topics.Cmd(d), func(m mqtt.Message) { f.handle(d, m) })
+	if len(clients) > 1 {
+		f.batches = startBatchLoop(host)
 	}
-	log.Info("device fleet starting", "devices", len(f.devices), "broker", cfg.Broker,
+	for i, d := range f.devices {
+		c := clients[i%len(clients)]
+		c.Subscribe(f.topics.Cmd(d), func(m mqtt.Message) { f.handle(c, d, m) })
+	}
+	log.Info("device fleet starting", "devices", len(f.devices), "lanes", len(clients), "broker", cfg.Broker,
 		"client_id", mc.ClientID, "db", filepath.Join(cfg.DataDir, DBFile), "kind", cmp.Or(cfg.Kind, DeviceThermostat))
 	return f, nil
 }
@@ -167,8 +180,10 @@ func defaultClientID(dir string) string {
 // AwaitReady waits until the broker connection is up and every command
 // topic is subscribed.
 func (f *Fleet) AwaitReady(ctx context.Context) error {
-	if err := f.client.AwaitSubscribed(ctx); err != nil {
-		return fmt.Errorf("sim: fleet: %w", err)
+	for _, c := range f.clients {
+		if err := c.AwaitSubscribed(ctx); err != nil {
+			return fmt.Errorf("sim: fleet: %w", err)
+		}
 	}
 	return nil
 }
@@ -181,8 +196,12 @@ func (f *Fleet) Close(ctx context.Context) error {
 		return nil
 	}
 	f.cancel()
-	cerr := f.client.Close(ctx)
-	return errors.Join(cerr, f.host.Close())
+	var errs []error
+	for _, c := range f.clients {
+		errs = append(errs, c.Close(ctx))
+	}
+	f.batches.stop() // after the clients: no handler is waiting for a batch
+	return errors.Join(append(errs, f.host.Close())...)
 }
 
 // Devices returns the fleet's device ids.
@@ -216,19 +235,23 @@ type FleetStats struct {
 	StateErrors       uint64
 	BadResponseTopics uint64 // response topics refused (acks went to the ack topic instead)
 	PacketsOversize   uint64 // MQTT packets over the client's MaxPacketSize, dropped unread (mqtt.Stats)
+	// Batches counts the transactions the lanes' commands were decided in
+	// (FleetConfig.Lanes > 1; 0 with one lane): commands ÷ Batches is
+	// how many shared a commit.
+	Batches uint64
 }
 
 // Stats returns a snapshot of the counters.
 func (f *Fleet) Stats() FleetStats {
 	return FleetStats{Stats: f.host.Stats(), AcksPublished: f.acks.Load(), AckErrors: f.ackErrors.Load(),
 		StatesPublished: f.states.Load(), StateErrors: f.stateErrors.Load(), BadResponseTopics: f.badResponseTopics.Load(),
-		PacketsOversize: f.client.Stats().PacketsOversize}
+		PacketsOversize: f.oversize(), Batches: f.batchCount()}
 }
 
 // handle runs on the MQTT client's delivery goroutine, one message at a
 // time; the command's PUBACK goes out when it returns.
-func (f *Fleet) handle(device string, m mqtt.Message) {
-	out := f.host.Handle(device, m.Payload) // committed (fsync) before we return
+func (f *Fleet) handle(c *mqtt.Client, device string, m mqtt.Message) {
+	out := f.decide(device, m.Payload) // committed (fsync) before we return
 	if out.Update != nil {
 		return // a trust update: taken in (or refused, logged and counted), nothing to ack
 	}
@@ -244,7 +267,7 @@ func (f *Fleet) handle(device string, m mqtt.Message) {
 	}
 	ctx, cancel := context.WithTimeout(f.ctx, publishTimeout)
 	defer cancel()
-	if err := f.client.Publish(ctx, mqtt.Message{Topic: topic, Payload: ack, CorrelationData: m.CorrelationData}); err != nil {
+	if err := c.Publish(ctx, mqtt.Message{Topic: topic, Payload: ack, CorrelationData: m.CorrelationData}); err != nil {
 		f.ackErrors.Add(1)
 		f.log.Warn("ack not published; a redelivery will be acked as duplicate", "device", device,
 			"id", out.Ack.ID, "verdict", out.Ack.Verdict.String(), "err", err)
@@ -256,7 +279,7 @@ func (f *Fleet) handle(device string, m mqtt.Message) {
 	}
 	st, err := f.encodeState(device, out.Ack.Mark(), *out.Record.State)
 	if err == nil {
-		err = f.client.Publish(ctx, mqtt.Message{Topic: f.topics.State(device), Payload: st})
+		err = c.Publish(ctx, mqtt.Message{Topic: f.topics.State(device), Payload: st})
 	}
 	if err != nil {
 		f.stateErrors.Add(1)

@@ -126,7 +126,37 @@ type Outcome struct {
 // envelope), applies it if admitted, and appends the verdict log line. A
 // trust update is taken in instead (Outcome.Update). It never panics.
 func (h *Host) Handle(device string, raw []byte) Outcome {
-	res := h.fp.Process(device, raw, Thermostat{})
+	return h.outcome(h.fp.Process(device, raw, Thermostat{}))
+}
+
+// batcher is a fence point that decides several commands with one commit
+// (*shim.Shim).
+type batcher interface {
+	ProcessBatch(reqs []shim.Request, d shim.Device) []shim.Result
+}
+
+// HandleAll is Handle of several commands, in order; with the thermostat's
+// fence point their accepts share one commit (shim.ProcessBatch), made
+// before it returns.
+func (h *Host) HandleAll(reqs []shim.Request) []Outcome {
+	var res []shim.Result
+	if b, ok := h.fp.(batcher); ok {
+		res = b.ProcessBatch(reqs, Thermostat{})
+	} else {
+		for _, r := range reqs {
+			res = append(res, h.fp.Process(r.Device, r.Raw, Thermostat{}))
+		}
+	}
+	outs := make([]Outcome, len(res))
+	for i, r := range res {
+		outs[i] = h.outcome(r)
+	}
+	return outs
+}
+
+// outcome completes a fence point's result: the state read, the verdict
+// log line written.
+func (h *Host) outcome(res shim.Result) Outcome {
 	if res.Update != nil {
 		return Outcome{Update: res.Update}
 	}
