@@ -201,7 +201,8 @@ func New(cfg *Config, cli *clientv3.Client, s Sender, o Options) (*Agent, error)
 // the lock keys that run held do not lock this one out.
 func (a *Agent) newLeases() (*leases, error) {
 	l := &leases{cli: a.cli, etcd: a.cfg.Etcd, gateway: a.cfg.Gateway, store: a.outbox, hooks: a, log: a.log, now: a.now,
-		devices: a.devices, order: a.order, lossRule: a.lossRule, tails: newTails(), campaigning: make(chan struct{})}
+		devices: a.devices, order: a.order, lossRule: a.lossRule, tails: newTails(), campaigning: make(chan struct{}),
+		wakes: make(chan struct{}, wakeSlots)}
 	if !a.outbox.ReadOnly() {
 		l.tails.fsyncOn = true
 		a.outbox.ObserveCommits(l.tails.observeFsync)

@@ -37,6 +37,7 @@ func (l *leases) campaign(ctx context.Context, sess *concurrency.Session, d *dev
 		}
 	}
 	defer release()
+	var turn *lockTurn // the lock won after a wait: its token is written
 	for {
 		err := m.TryLock(ctx)
 		if errors.Is(err, concurrency.ErrLocked) {
@@ -45,12 +46,9 @@ func (l *leases) campaign(ctx context.Context, sess *concurrency.Session, d *dev
 			// refuse it anyway once the holder reaches the device.
 			l.heldElsewhere(d)
 			l.noteHolder(ctx, d)
-			release()
-			if err = m.Lock(ctx); err == nil {
-				if !acquireSlot(ctx, slots) {
-					return
-				}
-				held = true
+			var t lockTurn
+			if t, err = l.waitTurn(ctx, l.lockPrefix(d.id), sess.Lease(), release); err == nil {
+				turn = &t
 			}
 		}
 		if err == nil {
@@ -71,30 +69,39 @@ func (l *leases) campaign(ctx context.Context, sess *concurrency.Session, d *dev
 			held = true
 		}
 	}
-	var token fence.Token
-	for {
-		t, err := l.readToken(ctx, m, sess.Lease())
-		if err == nil {
-			token = t
-			break
-		}
-		if ctx.Err() != nil || errors.Is(err, concurrency.ErrSessionExpired) {
-			return
-		}
-		l.log.Warn("read token", "device", d.id, "err", err)
-		if !backoff.Sleep(ctx, delay.Next()) {
-			return
-		}
+	token, key := fence.Token(0), m.Key()
+	if turn != nil {
+		token, key = fence.Token(turn.rev), turn.key
+	} else if token = l.tokenOf(ctx, d, m, sess.Lease(), &delay); token == 0 {
+		return
 	}
 	release()
-	ok, _, refused := l.install(ctx, d, token, m.Key(), sess.Lease())
+	ok, _, refused := l.install(ctx, d, token, key, sess.Lease())
 	if ok {
 		l.hooks.acquired(d) // deliver its queue, reconcile its twin under the new token
 		return
 	}
 	if refused {
 		// Not ours to command: let the lock move on, and try again later.
-		l.recampaign(d, token, m.Key(), sess.Lease(), false)
+		l.recampaign(d, token, key, sess.Lease(), false)
+	}
+}
+
+// tokenOf reads the token of the lock m holds (readToken), retrying; 0 if
+// ctx ended or the session did.
+func (l *leases) tokenOf(ctx context.Context, d *device, m *concurrency.Mutex, lease clientv3.LeaseID, delay *backoff.Backoff) fence.Token {
+	for {
+		t, err := l.readToken(ctx, m, lease)
+		if err == nil {
+			return t
+		}
+		if ctx.Err() != nil || errors.Is(err, concurrency.ErrSessionExpired) {
+			return 0
+		}
+		l.log.Warn("read token", "device", d.id, "err", err)
+		if !backoff.Sleep(ctx, delay.Next()) {
+			return 0
+		}
 	}
 }
 
@@ -289,6 +296,13 @@ func (l *leases) heldElsewhere(d *device) {
 // 1,000 devices are still acquired well within the lock target
 // (docs/BENCHMARKS.md §2 and §3).
 const campaignSlots = 16
+
+// wakeSlots bounds the token writes of the campaigns whose wait ended
+// (waitTurn), at once. When a holder's lease runs out, every device it
+// held wakes at once; the goroutines exist already (they waited), and
+// etcd commits many concurrent writes with one fsync, so the bound is
+// wider than campaignSlots: what it keeps small is etcd's queue.
+const wakeSlots = 64
 
 func acquireSlot(ctx context.Context, slots chan struct{}) bool {
 	select {

@@ -43,6 +43,7 @@ type leases struct {
 	devices        map[string]*device // the agent's; read-only
 	order          []string
 	lossRule
+	wakes chan struct{} // wakeSlots: the token writes of the campaigns whose wait ended (turn.go)
 
 	mu        sync.Mutex
 	lease     clientv3.LeaseID // current session's lease, 0 if none
@@ -292,13 +293,15 @@ type sessionRun struct {
 
 // mutexSession returns a session under sess's lease whose client is a
 // view of the agent's (same connection, same lease keep-alive) with its own
-// context, ctx: the campaigns' mutexes run on it. concurrency.Mutex.Lock
-// deletes its queued key after a cancelled wait on its client's context;
-// on the agent's client that context outlives the session run, and with
-// etcd away at shutdown the delete blocked the campaign, and so Run, until
-// the client was closed, after Run returns. Here it ends with the run; the
-// key goes with the lease (revoked at shutdown, or expired), or is the
-// key the next run under a re-attached lease campaigns with again.
+// context, ctx: the campaigns' mutexes run on it. concurrency.Mutex
+// deletes its key with its client's context (Lock after a cancelled wait,
+// TryLock when the lock is held elsewhere); on the agent's client that
+// context outlives the session run, and with etcd away at shutdown the
+// delete blocked the campaign, and so Run, until the client was closed,
+// after Run returns. Here it ends with the run; the key goes with the
+// lease (revoked at shutdown, or expired), or is the key the next run
+// under a re-attached lease campaigns with again. (A campaign's wait in
+// the queue is waitTurn's, turn.go, which deletes nothing.)
 func (l *leases) mutexSession(ctx context.Context, sess *concurrency.Session) *concurrency.Session {
 	view := clientv3.NewCtxClient(ctx)
 	view.KV, view.Watcher, view.Lease = l.cli.KV, l.cli.Watcher, l.cli.Lease

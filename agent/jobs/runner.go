@@ -129,6 +129,7 @@ type Runner struct {
 	waits   map[string]*places // by job: the workers waiting for a place in its rollout
 	seq     uint64             // numbers the reports, for "newer than"
 	wg      sync.WaitGroup
+	lister  jobLister // the workers' listings of the jobs, shared
 
 	stats runnerStats
 }

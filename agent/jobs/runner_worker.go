@@ -141,7 +141,7 @@ func (w *worker) round(ctx context.Context, h Holder) (time.Duration, error) {
 func (w *worker) pick(ctx context.Context, h Holder) (*Job, Execution, error) {
 	w.changed.Store(false)
 	st := w.r.store
-	jobs, err := st.Jobs(ctx)
+	jobs, err := w.r.lister.list(ctx, st.Jobs)
 	if err != nil {
 		return nil, Execution{}, fmt.Errorf("jobs: list: %w", err)
 	}

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -535,19 +534,12 @@ func gatherMetrics(g prometheus.Gatherer) (map[string]float64, error) {
 }
 
 func fetchMetrics(ctx context.Context, url string) (map[string]float64, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	body, err := httpGet(ctx, url)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET %s: %s", url, resp.Status)
-	}
-	return parseMetrics(resp.Body)
+	defer body.Close()
+	return parseMetrics(body)
 }
 
 // parseMetrics reads the Prometheus text format's samples: series → value.

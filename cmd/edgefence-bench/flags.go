@@ -28,6 +28,7 @@ type benchFlags struct {
 	rtu      rtuFlags
 	fw       fwFlags
 	fan      fanFlags
+	cluster  clusterFlags
 	lcSizes  string // lifecycle
 	devices  int    // locks, replay, failover, twins
 	runs     int    // locks, replay, failover, twins, lifecycle
@@ -70,6 +71,21 @@ type fanFlags struct {
 	sizes  string
 	fleets int
 	lanes  int
+}
+
+type clusterFlags struct {
+	agents, spare, nodes, devsims int
+	ttl, leaderKill, steady       time.Duration
+}
+
+func (f *clusterFlags) register(fs *flag.FlagSet) {
+	fs.IntVar(&f.agents, "agents", 10, "cluster: `edgefence run` processes")
+	fs.IntVar(&f.spare, "spare-agents", 0, "cluster: of them, agents with no home devices (backups only); 0: each device's backup is another home agent")
+	fs.IntVar(&f.nodes, "etcd-nodes", 3, "cluster: etcd members (Debian's etcd, separate processes)")
+	fs.IntVar(&f.devsims, "devsims", 4, "cluster: edgefence-devsim processes per home agent (one MQTT client and bbolt file each; commands handled one at a time per process)")
+	fs.DurationVar(&f.ttl, "ttl", 10*time.Second, "cluster: the agents' lease_ttl (whole seconds, at least 2s)")
+	fs.DurationVar(&f.leaderKill, "leader-kill", 5*time.Second, "cluster: with 3+ etcd nodes, a last takeover with the etcd leader killed (SIGKILL) this long after the agent (0: none)")
+	fs.DurationVar(&f.steady, "steady", 10*time.Second, "cluster: measure etcd's requests and the CPU at rest this long")
 }
 
 func (f *fanFlags) register(fs *flag.FlagSet) {
@@ -115,6 +131,7 @@ func newFlagSet(stderr io.Writer) (*flag.FlagSet, *benchFlags) {
 	f.rtu.register(fs)
 	f.fw.register(fs)
 	f.fan.register(fs)
+	f.cluster.register(fs)
 	fs.StringVar(&f.cost.etcd, "etcd", "both", "etcdcost: embedded (3.7, in process), debian (/usr/bin/etcd, 3.4) or both")
 	fs.DurationVar(&f.cost.idle, "cost-idle", 20*time.Second, "etcdcost: each idle window (keep-alives, requests per second)")
 	fs.StringVar(&f.lcSizes, "lc-sizes", "10,1000", "lifecycle: device counts, comma-separated")
@@ -193,7 +210,7 @@ func (f *rtuFlags) register(fs *flag.FlagSet) {
 }
 
 // benchNames are the subcommands.
-var benchNames = []string{"roundtrip", "locks", "rss", "all", "replay", "failover", "twins", "lifecycle", "modbus-rtu", "fwrollout", "fanout", "etcdcost"}
+var benchNames = []string{"roundtrip", "locks", "rss", "all", "replay", "failover", "twins", "lifecycle", "modbus-rtu", "fwrollout", "fanout", "etcdcost", "cluster"}
 
 // parseArgs parses args, the flags before or after the one benchmark
 // name, and returns that name. With ok false the command is to exit with
@@ -243,6 +260,7 @@ type benches struct {
 	rtu       modbusRTUConfig
 	fw        fwRolloutConfig
 	fan       fanoutConfig
+	cluster   clusterConfig
 	cost      etcdCostConfig
 	keep      bool
 	cpuprof   string
@@ -269,6 +287,10 @@ func (f *benchFlags) benches(what string, set map[string]bool) (*benches, error)
 		return nil, fmt.Errorf("--faults: %w", err)
 	}
 	fw, err := f.fw.config(f)
+	if err != nil {
+		return nil, err
+	}
+	cl, err := f.cluster.config(f)
 	if err != nil {
 		return nil, err
 	}
@@ -299,6 +321,7 @@ func (f *benchFlags) benches(what string, set map[string]bool) (*benches, error)
 		fw:      fw,
 		fan:     fanoutConfig{Sizes: l.fanSizes, Runs: f.runs, Fleets: max(f.fan.fleets, 1), Lanes: max(f.fan.lanes, 1), AgentBin: f.agentBin, ProfDir: pdir},
 		cost:    etcdCostConfig{N: f.devices, Impls: l.etcds, Idle: f.cost.idle, LeaseTTL: 10 * time.Second},
+		cluster: cl,
 		keep:    f.keep,
 		cpuprof: f.cpuprof,
 	}, nil
@@ -346,13 +369,13 @@ func (f *benchFlags) lists() (flagLists, error) {
 // the benchmark what.
 func (f *benchFlags) defaults(what string, set map[string]bool) {
 	if !set["devices"] {
-		f.devices = map[string]int{"replay": 10, "failover": 4}[what]
+		f.devices = map[string]int{"replay": 10, "failover": 4, "cluster": 100_000}[what]
 		if f.devices == 0 {
 			f.devices = 1000
 		}
 	}
 	if !set["runs"] {
-		f.runs = map[string]int{"replay": 3, "failover": 3, "fwrollout": 3, "twins": 30, "lifecycle": 10, "fanout": 3}[what]
+		f.runs = map[string]int{"replay": 3, "failover": 3, "fwrollout": 3, "twins": 30, "lifecycle": 10, "fanout": 3, "cluster": 1}[what]
 		if f.runs == 0 {
 			f.runs = 5
 		}
@@ -374,6 +397,23 @@ func (f *benchFlags) checkBounds(what string, twinSizes []int) error {
 		return errors.New("--cmd-timeout, --interval, --rss-duration, --rss-period, --rss-min-rate and --rss-workers must be positive")
 	}
 	return nil
+}
+
+// config checks the cluster flags and returns its configuration.
+func (f *clusterFlags) config(b *benchFlags) (clusterConfig, error) {
+	c := clusterConfig{Agents: f.agents, Spare: f.spare, Devices: b.devices, EtcdNodes: f.nodes, TTL: f.ttl, Devsims: f.devsims,
+		Trials: b.runs, LeaderKill: f.leaderKill, Steady: f.steady, AgentBin: b.agentBin, DevsimBin: b.failover.devsim}
+	switch {
+	case f.agents < 2 || f.spare < 0 || f.spare >= f.agents:
+		return c, errors.New("--agents must be at least 2, and --spare-agents from 0 to --agents − 1")
+	case f.nodes < 1 || f.devsims < 1:
+		return c, errors.New("--etcd-nodes and --devsims must be at least 1")
+	case f.ttl < agent.MinLeaseTTL || f.ttl%time.Second != 0:
+		return c, fmt.Errorf("--ttl %v: want whole seconds, at least %v", f.ttl, agent.MinLeaseTTL)
+	case f.leaderKill < 0 || f.steady <= 0:
+		return c, errors.New("--leader-kill must not be negative and --steady must be positive")
+	}
+	return c, nil
 }
 
 // config checks the fwrollout flags and returns its configuration.

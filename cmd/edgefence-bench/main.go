@@ -29,6 +29,12 @@
 //	           Debian's 3.4: revisions, requests, watchers and db bytes per
 //	           held and per waiting lock, per takeover; keep-alives and
 //	           requests per second while idle
+//	cluster    many `edgefence run` on an etcd cluster of separate
+//	           processes, devices on devsim processes, each device on a
+//	           home and a backup agent: time to all held, etcd requests,
+//	           DB size and memory at rest; the agent holding the most
+//	           killed: time to all held again and all accepted a command,
+//	           once more with the etcd leader killed during the takeover
 //
 // roundtrip, locks, replay and twins run the agent in process, built by
 // agent/daemon as `edgefence run` builds it (outbox included). Run from the
@@ -62,7 +68,7 @@ func main() {
 	os.Exit(code)
 }
 
-const usage = `usage: edgefence-bench [flags] roundtrip|locks|rss|all|replay|failover|twins|lifecycle|modbus-rtu|fwrollout|fanout|etcdcost [flags]
+const usage = `usage: edgefence-bench [flags] roundtrip|locks|rss|all|replay|failover|twins|lifecycle|modbus-rtu|fwrollout|fanout|etcdcost|cluster [flags]
 
 Measures edgefence's performance figures on real components and prints
 Markdown tables (progress goes to stderr). Flags:
@@ -203,6 +209,10 @@ func (b *benches) dispatch(ctx context.Context, e *benchEnv) {
 		res, err := runEtcdCost(ctx, e.etcd, b.cost)
 		show(e, res, err, len(res) > 0, printEtcdCost)
 	}
+	if b.what == "cluster" {
+		res, err := runCluster(ctx, b.cluster)
+		show(e, res, err, res != nil && res.Held > 0, printCluster)
+	}
 	if b.what == "modbus-rtu" {
 		res, err := runModbusRTU(ctx, b.rtu)
 		show(e, res, err, len(res) > 0, printModbusRTU)
@@ -221,6 +231,7 @@ func (b *benches) setDir(dir string, log io.Writer) {
 	b.rtu.Dir, b.rtu.Log = dir, log
 	b.fw.Dir, b.fw.Log = dir, log
 	b.fan.Dir, b.fan.Log = dir, log
+	b.cluster.Dir, b.cluster.Log = dir, log
 	b.cost.Dir, b.cost.Log = dir, log
 }
 

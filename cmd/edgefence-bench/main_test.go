@@ -50,6 +50,11 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"fwrollout", "--concurrent", "0"}, 2, "--concurrent"},
 		{[]string{"fwrollout", "--fw-timeout", "0s"}, 2, "--fw-timeout"},
 		{[]string{"fwrollout", "rss"}, 2, "more than one"},
+		{[]string{"cluster", "--agents", "1"}, 2, "--agents"},
+		{[]string{"cluster", "--spare-agents", "2", "--agents", "2"}, 2, "--spare-agents"},
+		{[]string{"cluster", "--etcd-nodes", "0"}, 2, "--etcd-nodes"},
+		{[]string{"cluster", "--ttl", "1500ms"}, 2, "--ttl"},
+		{[]string{"cluster", "--leader-kill", "-1s"}, 2, "--leader-kill"},
 		{[]string{"-h"}, 0, "usage"},
 	} {
 		var out, errb bytes.Buffer
@@ -196,6 +201,53 @@ func TestFWRolloutTiny(t *testing.T) {
 		}
 	}
 	t.Log(out.String())
+}
+
+// The cluster benchmark's placement: every device has one home and one
+// backup, never the same agent; a killed home's devices are spread over
+// the other agents (no spares) or go to the spares.
+func TestClusterPlan(t *testing.T) {
+	for _, tc := range []struct{ agents, spare, devices, devsims int }{{10, 0, 1000, 2}, {2, 1, 100, 4}, {2, 0, 100, 1}, {4, 2, 60, 3}} {
+		cfg := clusterConfig{Agents: tc.agents, Spare: tc.spare, Devices: tc.devices, Devsims: tc.devsims}
+		p, err := newClusterPlan(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		home, backup := map[string]int{}, map[string]int{}
+		for i := range tc.agents {
+			for _, d := range p.home[i] {
+				home[d] = i
+			}
+			for _, d := range p.backup[i] {
+				if _, dup := backup[d]; dup {
+					t.Fatalf("%+v: %s backed up twice", tc, d)
+				}
+				backup[d] = i
+			}
+		}
+		if len(home) != tc.devices || len(backup) != tc.devices {
+			t.Fatalf("%+v: %d homes, %d backups", tc, len(home), len(backup))
+		}
+		takers := map[int]int{}
+		for d, h := range home {
+			if backup[d] == h {
+				t.Fatalf("%+v: %s backed up by its home", tc, d)
+			}
+			if h == 0 {
+				takers[backup[d]]++
+			}
+		}
+		want := tc.agents - 1
+		if tc.spare > 0 {
+			want = tc.spare
+		}
+		if len(takers) != want {
+			t.Fatalf("%+v: agent 0's devices go to %v (want %d takers)", tc, takers, want)
+		}
+	}
+	if _, err := newClusterPlan(clusterConfig{Agents: 3, Devices: 100, Devsims: 3}); err == nil {
+		t.Fatal("100 devices over 9 devsims: no error")
+	}
 }
 
 func TestEtcdCostPhaseFromMetrics(t *testing.T) {

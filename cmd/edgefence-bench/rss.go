@@ -326,26 +326,37 @@ func startAgentProfile(ctx context.Context, base, path string, window time.Durat
 
 func (p *agentProfile) wait() error { return <-p.done }
 
-// fetchTo GETs url into the file path.
-func fetchTo(ctx context.Context, url, path string) error {
+// httpGet GETs url; an answer other than 200 is an error. The caller
+// closes the body.
+func httpGet(ctx context.Context, url string) (io.ReadCloser, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return fmt.Errorf("%s: %s: %s", url, resp.Status, strings.TrimSpace(string(b)))
+		resp.Body.Close()
+		return nil, fmt.Errorf("%s: %s: %s", url, resp.Status, strings.TrimSpace(string(b)))
 	}
+	return resp.Body, nil
+}
+
+// fetchTo GETs url into the file path.
+func fetchTo(ctx context.Context, url, path string) error {
+	body, err := httpGet(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer body.Close()
 	f, err := os.Create(path)
 	if err != nil {
 		return err
 	}
-	if _, err := io.Copy(f, resp.Body); err != nil {
+	if _, err := io.Copy(f, body); err != nil {
 		f.Close()
 		return err
 	}
