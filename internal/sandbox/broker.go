@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
@@ -16,6 +17,10 @@ import (
 // brokerCloseGrace is how long Stop lets mochi disconnect clients politely
 // (DISCONNECT 0x8B "server shutting down") before it closes their sockets.
 const brokerCloseGrace = 500 * time.Millisecond
+
+// brokerHandleWait bounds Stop's wait for mochi's handlers to start on the
+// connections accepted before its listener closed (awaitHandled).
+const brokerHandleWait = time.Second
 
 // BrokerConfig configures an in-process MQTT broker. The zero value listens
 // on a free 127.0.0.1 port and logs nothing.
@@ -208,6 +213,12 @@ func (b *Broker) stopLocked() {
 	// (a client reconnecting at once) is set up racing that close (the
 	// race detector caught it in TestBrokerCloseDropsClients).
 	_ = tl.Listener.Close()
+	// And let the connections accepted before that reach mochi's handler:
+	// its first act (ClientsWg.Add) must not race Close's ClientsWg.Wait
+	// (a panic, "WaitGroup is reused", in TestBrokerCloseDropsClients when
+	// Close came right after an Accept). The handler's next act is to read
+	// the CONNECT packet: a connection that was read from has been added.
+	tl.awaitHandled(brokerHandleWait)
 	// mochi's Close sends DISCONNECT to each client and waits for every
 	// connection handler, including ones still waiting for a CONNECT packet,
 	// which would wait forever; after a grace period close the sockets.
@@ -265,11 +276,33 @@ func (l *trackingListener) closeAll() {
 	}
 }
 
+// awaitHandled waits, at most d, until every open connection has been
+// read from (mochi's handler has started on it).
+func (l *trackingListener) awaitHandled(d time.Duration) {
+	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		l.mu.Lock()
+		all := true
+		for c := range l.conns {
+			all = all && c.read.Load()
+		}
+		l.mu.Unlock()
+		if all {
+			return
+		}
+	}
+}
+
 type trackedConn struct {
 	net.Conn
 	l    *trackingListener
+	read atomic.Bool // Read was called: mochi's handler runs
 	once sync.Once
 	err  error
+}
+
+func (c *trackedConn) Read(p []byte) (int, error) {
+	c.read.Store(true)
+	return c.Conn.Read(p)
 }
 
 func (c *trackedConn) Close() error {
