@@ -297,6 +297,7 @@ var agentSeries = []series{
 
 	{name: "outbox_pending_commands", help: "Commands pending in the outbox in all.", typ: prometheus.GaugeValue}, // Collect fills it (or says why not)
 	gauge("outbox_pending_bytes", "Envelope bytes pending in the outbox in all.", func(v *scrapeView) float64 { return float64(v.sum.Bytes) }),
+	gauge("outbox_verdicts_waiting", "Commands ended by their verdict whose record waits for the outbox's next commit (outbox.verdict_delay at most).", func(v *scrapeView) float64 { return float64(v.sum.Waiting) }),
 	gauge("outbox_oldest_pending_age_seconds", "Age of the oldest pending command (0 if none).", func(v *scrapeView) float64 { return max(v.sum.OldestAge, 0).Seconds() }),
 	counter("outbox_full_total", "Commands refused because an outbox limit was reached.", func(n *Counters) uint64 { return n.Full }),
 	counter("outbox_errors_total", "Outbox reads or writes that failed.", func(n *Counters) uint64 { return n.OutboxErr }),

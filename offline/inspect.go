@@ -313,6 +313,7 @@ type Summary struct {
 	Oldest    time.Time       `json:"oldest"`    // the oldest of the devices' Oldest; zero if none
 	OldestAge time.Duration   `json:"-"`         // Options.Now() - Oldest; in JSON, whole milliseconds
 	Refused   uint64          `json:"refused"`   // Appends refused with ErrFull since Open
+	Waiting   int             `json:"waiting"`   // ended by a verdict whose record waits for the next commit (ResolveLater); not in Pending
 	ReadOnly  bool            `json:"read_only"` // read from the file, not from the agent holding it
 }
 
@@ -326,6 +327,11 @@ func (ob *Outbox) Summary(device string) (Summary, error) {
 	err := ob.view(func(tx *bbolt.Tx) error {
 		ob.cmu.Lock()
 		s = Summary{Refused: ob.refused, ReadOnly: ob.opts.ReadOnly}
+		for _, l := range ob.later { // view holds lmu
+			if device == "" || l.dev == device {
+				s.Waiting++
+			}
+		}
 		counts := make(map[string]usage, len(ob.devs))
 		for d, u := range ob.devs {
 			if device == "" || d == device {

@@ -66,6 +66,12 @@ func TestResolveLaterRidesOnNextAppend(t *testing.T) {
 	if ob.Waiting() != 1 {
 		t.Errorf("waiting %d, want 1 (the last)", ob.Waiting())
 	}
+	if s, _ := ob.Summary(""); s.Waiting != 1 {
+		t.Errorf("Summary.Waiting %d, want 1 (the last)", s.Waiting)
+	}
+	if s, _ := ob.Summary("other"); s.Waiting != 0 {
+		t.Errorf("Summary(other).Waiting %d, want 0", s.Waiting)
+	}
 	if err := ob.Resolve("c9", ack(entry("dev", "c9", 3, 10), fence.Duplicate, "")); !errors.Is(err, offline.ErrResolved) {
 		t.Errorf("Resolve of a deferred entry: %v, want ErrResolved", err)
 	}
