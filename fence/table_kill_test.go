@@ -154,8 +154,8 @@ func tableHelper(path string) int {
 // again. After each kill: bbolt's consistency check is clean; every record
 // reads; every device's stored mark is at or beyond every command the child
 // acknowledged (durable before the ack), never below the mark seen after the
-// previous round (no regression), and at most one command beyond the last
-// acknowledged one (the one in flight); and every stored mark is an accept
+// previous round (no regression), and at most two commands beyond the last
+// acknowledged one (in flight: the owner's and the replayer's, below); and every stored mark is an accept
 // in the table's history (TableOptions.History records it before the
 // commit: a kill inside the commit's fsync, with the commit already in the
 // page cache, cannot lose it). At the end the whole history checks clean,
@@ -206,8 +206,14 @@ func TestTableKill9(t *testing.T) {
 			gk, gok := killIndex(got)
 			wk, wok := killIndex(want)
 			switch {
-			case gok && !wok && gk > 0, gok && wok && gk > wk+1:
-				t.Fatalf("round %d: %s stored %v, more than one command beyond acknowledged %v", round, dev, got, want)
+			// Two, not one: the owner may be stopped between its commit
+			// of command k and its ack line while the replayer, told
+			// duplicate for k, goes on to k+1 and is killed after its
+			// commit, before its own line. Neither can get further
+			// without a line (next advances after the print, and only
+			// the owner admits k). A run under make test's load did it.
+			case gok && !wok && gk > 1, gok && wok && gk > wk+2:
+				t.Fatalf("round %d: %s stored %v, more than two commands beyond acknowledged %v", round, dev, got, want)
 			case gok && (!wok || gk > wk):
 				inFlight++
 			}

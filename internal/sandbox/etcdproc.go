@@ -223,6 +223,13 @@ func (e *EtcdProc) waitReady(ctx context.Context, p *childProc) error {
 		return err
 	}
 	defer cli.Close()
+	return awaitRead(ctx, cli, p.done)
+}
+
+// awaitRead waits, within ctx, until cli answers a linearizable read
+// (etcd listens and has a leader). A close of exited (nil: never) ends the
+// wait: the process died.
+func awaitRead(ctx context.Context, cli *clientv3.Client, exited <-chan struct{}) error {
 	for {
 		rctx, rcancel := context.WithTimeout(ctx, time.Second)
 		_, err := cli.Get(rctx, "health")
@@ -231,7 +238,7 @@ func (e *EtcdProc) waitReady(ctx context.Context, p *childProc) error {
 			return nil
 		}
 		select {
-		case <-p.done:
+		case <-exited:
 			return errors.New("exited before ready")
 		case <-ctx.Done():
 			return fmt.Errorf("not ready: %w", err)

@@ -127,19 +127,7 @@ func (c *EtcdProcCluster) waitReady(ctx context.Context) error {
 		return err
 	}
 	defer cli.Close()
-	for {
-		rctx, rcancel := context.WithTimeout(ctx, time.Second)
-		_, err := cli.Get(rctx, "health")
-		rcancel()
-		if err == nil {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("not ready: %w", err)
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
+	return awaitRead(ctx, cli, nil)
 }
 
 func (c *EtcdProcCluster) tails() string {
