@@ -202,7 +202,7 @@ func New(cfg *Config, cli *clientv3.Client, s Sender, o Options) (*Agent, error)
 func (a *Agent) newLeases() (*leases, error) {
 	l := &leases{cli: a.cli, etcd: a.cfg.Etcd, gateway: a.cfg.Gateway, store: a.outbox, hooks: a, log: a.log, now: a.now,
 		devices: a.devices, order: a.order, lossRule: a.lossRule, tails: newTails(), campaigning: make(chan struct{}),
-		wakes: make(chan struct{}, wakeSlots)}
+		turns: newTurnWatch(a.cli, a.cfg.Etcd.Prefix+"/devices/", a.log)}
 	if !a.outbox.ReadOnly() {
 		l.tails.fsyncOn = true
 		a.outbox.ObserveCommits(l.tails.observeFsync)
@@ -255,8 +255,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	return nil
 }
 
-// LockPrefix is the etcd prefix of the device's lock: the concurrency.Mutex
-// keys live under it, one per campaigning session.
+// LockPrefix is the etcd prefix of the device's lock: its queue's keys
+// live under it, one per campaigning session (the keys of
+// concurrency.Mutex; turn.go).
 func (a *Agent) LockPrefix(dev string) string { return a.leases.lockPrefix(dev) }
 
 // Send issues one command to dev under the current token and returns the

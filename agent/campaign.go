@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 
@@ -14,10 +15,10 @@ import (
 	"github.com/edgefence/edgefence/internal/backoff"
 )
 
-// campaign acquires dev's lock under sess (waiting while another holder has
-// it), reads the token and installs a controller. It is called holding one
-// of slots and gives it back.
-func (l *leases) campaign(ctx context.Context, sess *concurrency.Session, d *device, m *concurrency.Mutex, slots chan struct{}) {
+// campaign acquires d's lock under sess (waiting while another holder has
+// it: its slot given back), then installs a controller under its token. It
+// is called holding one of slots and gives it back.
+func (l *leases) campaign(ctx context.Context, sess *concurrency.Session, d *device, slots chan struct{}) {
 	// Jittered: the gateways retrying one lock do not retry in step.
 	delay := backoff.Backoff{Min: 50 * time.Millisecond, Max: 2 * time.Second}
 	d.mu.Lock()
@@ -37,21 +38,10 @@ func (l *leases) campaign(ctx context.Context, sess *concurrency.Session, d *dev
 		}
 	}
 	defer release()
-	var turn *lockTurn // the lock won after a wait: its token is written
+	var t lockTurn
 	for {
-		err := m.TryLock(ctx)
-		if errors.Is(err, concurrency.ErrLocked) {
-			// Another agent holds the device: an autonomous controller
-			// from a lost session stops here (I6) — the fence would
-			// refuse it anyway once the holder reaches the device.
-			l.heldElsewhere(d)
-			l.noteHolder(ctx, d)
-			var t lockTurn
-			if t, err = l.waitTurn(ctx, l.lockPrefix(d.id), sess.Lease(), release); err == nil {
-				turn = &t
-			}
-		}
-		if err == nil {
+		var err error
+		if t, err = l.acquire(ctx, d, sess.Lease(), release); err == nil {
 			break
 		}
 		if ctx.Err() != nil || errors.Is(err, concurrency.ErrSessionExpired) {
@@ -69,40 +59,36 @@ func (l *leases) campaign(ctx context.Context, sess *concurrency.Session, d *dev
 			held = true
 		}
 	}
-	token, key := fence.Token(0), m.Key()
-	if turn != nil {
-		token, key = fence.Token(turn.rev), turn.key
-	} else if token = l.tokenOf(ctx, d, m, sess.Lease(), &delay); token == 0 {
-		return
-	}
 	release()
-	ok, _, refused := l.install(ctx, d, token, key, sess.Lease())
+	ok, _, refused := l.install(ctx, d, fence.Token(t.rev), t.key, sess.Lease())
 	if ok {
 		l.hooks.acquired(d) // deliver its queue, reconcile its twin under the new token
 		return
 	}
 	if refused {
 		// Not ours to command: let the lock move on, and try again later.
-		l.recampaign(d, token, key, sess.Lease(), false)
+		l.recampaign(d, fence.Token(t.rev), t.key, sess.Lease(), false)
 	}
 }
 
-// tokenOf reads the token of the lock m holds (readToken), retrying; 0 if
-// ctx ended or the session did.
-func (l *leases) tokenOf(ctx context.Context, d *device, m *concurrency.Mutex, lease clientv3.LeaseID, delay *backoff.Backoff) fence.Token {
-	for {
-		t, err := l.readToken(ctx, m, lease)
-		if err == nil {
-			return t
-		}
-		if ctx.Err() != nil || errors.Is(err, concurrency.ErrSessionExpired) {
-			return 0
-		}
-		l.log.Warn("read token", "device", d.id, "err", err)
-		if !backoff.Sleep(ctx, delay.Next()) {
-			return 0
-		}
+// acquire queues d's key under lease (or finds the one queued before:
+// a re-attached lease keeps its place) and takes the turn (turn.go). While
+// another key is first — another agent holds the device — it gives the
+// campaign's slot back (release) and waits.
+func (l *leases) acquire(ctx context.Context, d *device, lease clientv3.LeaseID, release func()) (lockTurn, error) {
+	pfx := l.lockPrefix(d.id)
+	t, first, rev, err := l.queueTurn(ctx, pfx, lease)
+	if err != nil {
+		return t, err
 	}
+	if string(first.Key) != t.key {
+		// An autonomous controller from a lost session stops here (I6)
+		// — the fence would refuse it anyway once the holder reaches
+		// the device.
+		l.heldElsewhere(d)
+		release()
+	}
+	return t, l.waitTurn(ctx, pfx, t, lease, first, rev, func(kv *mvccpb.KeyValue) { l.noteHolder(d, kv) })
 }
 
 // install makes token the device's controller and reports whether it did,
@@ -297,13 +283,6 @@ func (l *leases) heldElsewhere(d *device) {
 // (docs/BENCHMARKS.md §2 and §3).
 const campaignSlots = 16
 
-// wakeSlots bounds the token writes of the campaigns whose wait ended
-// (waitTurn), at once. When a holder's lease runs out, every device it
-// held wakes at once; the goroutines exist already (they waited), and
-// etcd commits many concurrent writes with one fsync, so the bound is
-// wider than campaignSlots: what it keeps small is etcd's queue.
-const wakeSlots = 64
-
 func acquireSlot(ctx context.Context, slots chan struct{}) bool {
 	select {
 	case slots <- struct{}{}:
@@ -311,28 +290,6 @@ func acquireSlot(ctx context.Context, slots chan struct{}) bool {
 	case <-ctx.Done():
 		return false
 	}
-}
-
-// readToken returns the CreateRevision of our own lock key: the fencing
-// token. Not Header().Revision — after a contended acquisition that is a later
-// revision than the key's. In the same transaction it writes the gateway id
-// as the key's value (a Put keeps the CreateRevision), so that waiting
-// gateways, and `etcdctl get`, can tell who holds the device.
-func (l *leases) readToken(ctx context.Context, m *concurrency.Mutex, lease clientv3.LeaseID) (fence.Token, error) {
-	resp, err := l.cli.Txn(ctx).If(m.IsOwner()).
-		Then(clientv3.OpPut(m.Key(), l.gateway, clientv3.WithLease(lease)), clientv3.OpGet(m.Key())).
-		Commit()
-	if err != nil {
-		return 0, fmt.Errorf("get %s: %w", m.Key(), err)
-	}
-	if !resp.Succeeded {
-		return 0, concurrency.ErrSessionExpired
-	}
-	kvs := resp.Responses[1].GetResponseRange().Kvs
-	if len(kvs) == 0 || clientv3.LeaseID(kvs[0].Lease) != lease {
-		return 0, concurrency.ErrSessionExpired
-	}
-	return fence.Token(kvs[0].CreateRevision), nil
 }
 
 // deposed stops ctl after a fence point refused its token: a newer holder

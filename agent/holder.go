@@ -1,16 +1,15 @@
 package agent
 
 import (
-	"context"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 
 	"github.com/edgefence/edgefence/fence"
 )
 
 // holderInfo is the owner of a device's lock while another session holds
-// it: the gateway id its key carries (holders stamp it, readToken), the
+// it: the gateway id its key carries (holders stamp it when they take the turn, takeTurn), the
 // key's CreateRevision (its token) and when this agent first saw it hold.
 type holderInfo struct {
 	gateway string // "" for a holder that stamps nothing, e.g. `etcdctl lock`
@@ -19,17 +18,9 @@ type holderInfo struct {
 	since   time.Time
 }
 
-// noteHolder reads who holds d's lock (the key with the lowest
-// CreateRevision under its prefix) for Status. It is best effort: an error
-// leaves the last reading.
-func (l *leases) noteHolder(ctx context.Context, d *device) {
-	ctx, cancel := context.WithTimeout(ctx, l.etcd.DialTimeout)
-	defer cancel()
-	resp, err := l.cli.Get(ctx, l.lockPrefix(d.id)+"/", clientv3.WithFirstCreate()...)
-	if err != nil || len(resp.Kvs) == 0 {
-		return
-	}
-	kv := resp.Kvs[0]
+// noteHolder records kv, the first key in d's lock queue (the lowest
+// CreateRevision) and not ours, as d's holder for Status.
+func (l *leases) noteHolder(d *device, kv *mvccpb.KeyValue) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.ctl != nil && !d.ctl.lost.Load() {

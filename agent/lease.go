@@ -43,7 +43,13 @@ type leases struct {
 	devices        map[string]*device // the agent's; read-only
 	order          []string
 	lossRule
-	wakes chan struct{} // wakeSlots: the token writes of the campaigns whose wait ended (turn.go)
+	turns *turnWatch // the one watch the lock queues' waits share (turnwatch.go)
+
+	// The turn writes waiting for a batch and the campaigns committing
+	// batches (takeTurn, turn.go).
+	turnMu      sync.Mutex
+	turnQueue   []*turnReq
+	turnLeaders int
 
 	mu        sync.Mutex
 	lease     clientv3.LeaseID // current session's lease, 0 if none
@@ -127,6 +133,12 @@ func (l *leases) runSessions(ctx context.Context) {
 	// Jittered, so that the gateways that lost etcd together do not come
 	// back to it in step.
 	delay := backoff.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		l.turns.run(ctx)
+	}()
+	defer func() { <-watched }()
 	for ctx.Err() == nil {
 		l.beat() // systemd.go: the watchdog's liveness probe
 		sess, err := l.openSession(ctx)
@@ -283,34 +295,11 @@ func (l *leases) sweepKeys(ctx context.Context, lease clientv3.LeaseID, keys [][
 // needs: after a fence point refused our token, the lock is released and
 // campaigned for again (recampaign).
 type sessionRun struct {
-	sess    *concurrency.Session
-	mutexes *concurrency.Session // the same lease, for the campaigns' mutexes (mutexSession)
-	ctx     context.Context      // the session's campaigns' context
-	slots   chan struct{}
-	wg      *sync.WaitGroup
-	ended   bool // guarded by leases.mu; set before wg.Wait, so no Add races it
-}
-
-// mutexSession returns a session under sess's lease whose client is a
-// view of the agent's (same connection, same lease keep-alive) with its own
-// context, ctx: the campaigns' mutexes run on it. concurrency.Mutex
-// deletes its key with its client's context (Lock after a cancelled wait,
-// TryLock when the lock is held elsewhere); on the agent's client that
-// context outlives the session run, and with etcd away at shutdown the
-// delete blocked the campaign, and so Run, until the client was closed,
-// after Run returns. Here it ends with the run; the key goes with the
-// lease (revoked at shutdown, or expired), or is the key the next run
-// under a re-attached lease campaigns with again. (A campaign's wait in
-// the queue is waitTurn's, turn.go, which deletes nothing.)
-func (l *leases) mutexSession(ctx context.Context, sess *concurrency.Session) *concurrency.Session {
-	view := clientv3.NewCtxClient(ctx)
-	view.KV, view.Watcher, view.Lease = l.cli.KV, l.cli.Watcher, l.cli.Lease
-	ms, err := concurrency.NewSession(view, concurrency.WithLease(sess.Lease()), concurrency.WithContext(ctx))
-	if err != nil {
-		l.log.Warn("mutex session: using the session itself", "err", err)
-		return sess
-	}
-	return ms
+	sess  *concurrency.Session
+	ctx   context.Context // the session's campaigns' context
+	slots chan struct{}
+	wg    *sync.WaitGroup
+	ended bool // guarded by leases.mu; set before wg.Wait, so no Add races it
 }
 
 // runSession campaigns for all devices under sess until the session ends or
@@ -319,7 +308,7 @@ func (l *leases) runSession(ctx context.Context, sess *concurrency.Session) {
 	sctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	slots := make(chan struct{}, campaignSlots)
-	run := &sessionRun{sess: sess, mutexes: l.mutexSession(sctx, sess), ctx: sctx, slots: slots, wg: &wg}
+	run := &sessionRun{sess: sess, ctx: sctx, slots: slots, wg: &wg}
 	l.mu.Lock()
 	l.run = run
 	l.mu.Unlock()
@@ -336,7 +325,7 @@ func (l *leases) runSession(ctx context.Context, sess *concurrency.Session) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				l.campaign(sctx, sess, l.devices[id], concurrency.NewMutex(run.mutexes, l.lockPrefix(id)), slots)
+				l.campaign(sctx, sess, l.devices[id], slots)
 			}()
 		}
 	}()

@@ -5,7 +5,6 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/edgefence/edgefence/fence"
 	"github.com/edgefence/edgefence/internal/backoff"
@@ -69,7 +68,7 @@ func (l *leases) recampaign(d *device, token fence.Token, key string, lease clie
 		if !backoff.Sleep(r.ctx, wait) || !acquireSlot(r.ctx, r.slots) {
 			return
 		}
-		l.campaign(r.ctx, r.sess, d, concurrency.NewMutex(r.mutexes, l.lockPrefix(d.id)), r.slots)
+		l.campaign(r.ctx, r.sess, d, r.slots)
 	}()
 }
 

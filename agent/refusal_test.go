@@ -266,8 +266,9 @@ func TestRestartSweepsUnconfiguredLocks(t *testing.T) {
 // which on the agent's own client outlived the run and, with etcd away,
 // blocked the campaign, and Run, until the client was closed (after Run
 // returns): the rare shutdown hang of a re-campaigning agent. The
-// campaigns' mutexes now run on a client view whose context ends with the
-// session run (mutexSession).
+// campaigns no longer use concurrency.Mutex (turn.go: a cancelled wait
+// deletes nothing and waits on the agent's one watch); the test stays for
+// the hang.
 func TestShutdownWaitingForLockWithEtcdAway(t *testing.T) {
 	e, err := sandbox.StartEtcd(context.Background(), sandbox.EtcdConfig{Dir: t.TempDir(), Fast: true})
 	if err != nil {

@@ -5,23 +5,29 @@ import (
 	"errors"
 	"fmt"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 )
 
-// A campaign that finds the device held waits for its turn in the lock's
-// queue here rather than in concurrency.Mutex.Lock. The queue is the
-// same — a key <lock prefix>/<lease hex> under the session's lease, the
-// turn of the key with the lowest CreateRevision, which is the token —
-// but the turn is taken in one write: a transaction that checks the key
-// is still ours and that no key under the prefix was created before it,
-// and then writes the gateway into it. Mutex.Lock, woken, read twice
-// (the keys before ours, then ours) and the campaign then wrote the
-// token's transaction: three requests a device. When a holder of 10,000
-// devices dies, its lease's expiry wakes 10,000 campaigns at once; on
-// etcd 3.4 a read waits behind the backend's commit, and the 20,000
-// reads set the pace (docs/BENCHMARKS.md, the cluster benchmark).
+// A device's lock is a queue of keys <lock prefix>/<lease hex>, one per
+// campaigning session, under the session's lease — the keys and order of
+// concurrency.Mutex, so agents of either kind share a lock — and the
+// turn belongs to the key with the lowest CreateRevision, which is the
+// token. A campaign queues its key (queueTurn: one write, which also
+// reads the first key, the holder) and takes the turn in one more write
+// (takeTurn): a transaction that checks the key is still ours and that no
+// key under the prefix was created before it, and then writes the gateway
+// into it. A campaign that finds another key first waits for that key's
+// delete on the agent's one watch (turnWatch) and tries again.
+//
+// The turn writes of concurrent campaigns share etcd transactions (one
+// nested transaction each; turnBatch): when a holder of 10,000 devices
+// dies, its lease's expiry deletes its keys in one revision and wakes
+// every campaign waiting on them at once, and one write each set the
+// takeover's pace (~700 devices/s on this machine, docs/BENCHMARKS.md §66).
 
 // lockTurn is a campaign's key in a device's lock queue.
 type lockTurn struct {
@@ -29,95 +35,172 @@ type lockTurn struct {
 	rev int64 // its CreateRevision: the token, once it is the first
 }
 
-// waitTurn queues a key for lease under pfx (or finds the one it queued
-// before), gives the campaign's slot back (release) and waits until the
-// keys before it are gone; then it takes the turn, holding a wake slot
-// for the write. It returns the key, its turn taken and the gateway
-// written into it; concurrency.ErrSessionExpired if the key is gone.
-func (l *leases) waitTurn(ctx context.Context, pfx string, lease clientv3.LeaseID, release func()) (lockTurn, error) {
-	t, first, rev, err := l.queueTurn(ctx, pfx, lease)
-	release()
-	for err == nil {
-		if first != t.key {
-			if err = waitDelete(ctx, l.cli, first, rev); err != nil {
-				break
+// turnBatch is the most turn writes in one etcd transaction. etcd's
+// --max-txn-ops (128 by default) bounds a transaction's operations, and a
+// nested transaction's at that bound less its parent's: 64 leaves 64 for
+// each device's (it uses 2).
+const turnBatch = 64
+
+// turnTxns is how many of those transactions are in flight at once.
+const turnTxns = 4
+
+// turnReq is one campaign's turn write, waiting for a batch (takeTurn).
+type turnReq struct {
+	pfx   string
+	t     lockTurn
+	lease clientv3.LeaseID
+	res   turnRes
+	done  chan struct{} // closed when res is set
+}
+
+// turnRes is a turn write's outcome (takeTurn).
+type turnRes struct {
+	ok    bool
+	first *mvccpb.KeyValue // the first key under the prefix after it
+	rev   int64            // the revision to watch first from
+	err   error
+}
+
+// waitTurn waits in t's queue under pfx — first is the first key, seen at
+// revision rev — until the keys before t are gone and it takes the turn:
+// the gateway is written into t's key. It tells note of every other key
+// it finds first (nil: nobody). It returns concurrency.ErrSessionExpired
+// if t's key is gone.
+func (l *leases) waitTurn(ctx context.Context, pfx string, t lockTurn, lease clientv3.LeaseID, first *mvccpb.KeyValue, rev int64, note func(*mvccpb.KeyValue)) error {
+	for {
+		if string(first.Key) != t.key {
+			if note != nil {
+				note(first)
+			}
+			if err := l.turns.wait(ctx, string(first.Key), rev); err != nil {
+				return err
 			}
 		}
-		if !acquireSlot(ctx, l.wakes) {
-			return t, ctx.Err()
+		r := l.takeTurn(ctx, pfx, t, lease)
+		if r.err != nil || r.ok {
+			return r.err
 		}
-		var ok bool
-		ok, first, rev, err = l.takeTurn(ctx, pfx, t, lease)
-		<-l.wakes
-		if ok {
-			return t, nil
-		}
+		first, rev = r.first, r.rev
 	}
-	return t, err
 }
 
 // queueTurn puts the key for lease under pfx unless it is there, and
 // returns it with the first key in the queue and the revision to watch
-// it from.
-func (l *leases) queueTurn(ctx context.Context, pfx string, lease clientv3.LeaseID) (t lockTurn, first string, rev int64, err error) {
+// it from; concurrency.ErrSessionExpired if the key is not under lease.
+func (l *leases) queueTurn(ctx context.Context, pfx string, lease clientv3.LeaseID) (t lockTurn, first *mvccpb.KeyValue, rev int64, err error) {
 	key := fmt.Sprintf("%s/%x", pfx, lease)
 	get, getFirst := clientv3.OpGet(key), clientv3.OpGet(pfx+"/", clientv3.WithFirstCreate()...)
 	resp, err := l.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
 		Then(clientv3.OpPut(key, "", clientv3.WithLease(lease)), get, getFirst).
 		Else(get, getFirst).Commit()
 	if err != nil {
-		return t, "", 0, fmt.Errorf("queue %s: %w", key, err)
+		return t, nil, 0, fmt.Errorf("queue %s: %w", key, err)
 	}
 	rs := resp.Responses[len(resp.Responses)-2:]
 	mine, firsts := rs[0].GetResponseRange().Kvs, rs[1].GetResponseRange().Kvs
 	if len(mine) == 0 || clientv3.LeaseID(mine[0].Lease) != lease || len(firsts) == 0 {
-		return t, "", 0, concurrency.ErrSessionExpired
+		return t, nil, 0, concurrency.ErrSessionExpired
 	}
-	return lockTurn{key: key, rev: mine[0].CreateRevision}, string(firsts[0].Key), resp.Header.Revision, nil
+	return lockTurn{key: key, rev: mine[0].CreateRevision}, firsts[0], resp.Header.Revision, nil
 }
 
 // takeTurn writes the gateway into t's key if it is still ours (its
 // revision, our lease) and no key under pfx was created before it: the
-// lock is ours. Else it returns the first key now and the revision to
-// watch it from; concurrency.ErrSessionExpired if our key is gone.
-func (l *leases) takeTurn(ctx context.Context, pfx string, t lockTurn, lease clientv3.LeaseID) (ok bool, first string, rev int64, err error) {
-	mine := clientv3.Compare(clientv3.CreateRevision(t.key), "=", t.rev)
-	none := clientv3.Compare(clientv3.CreateRevision(pfx+"/"), ">", t.rev-1).WithPrefix()
-	get := clientv3.OpGet(t.key)
-	resp, err := l.cli.Txn(ctx).If(mine, none).
-		Then(clientv3.OpPut(t.key, l.gateway, clientv3.WithLease(lease)), get).
-		Else(get, clientv3.OpGet(pfx+"/", clientv3.WithFirstCreate()...)).Commit()
-	if err != nil {
-		return false, "", 0, fmt.Errorf("take the turn of %s: %w", t.key, err)
+// lock is ours (ok). Else it returns the first key now and the revision
+// to watch it from; concurrency.ErrSessionExpired if our key is gone. The
+// write joins a batch (turnBatch) with the concurrent campaigns'.
+func (l *leases) takeTurn(ctx context.Context, pfx string, t lockTurn, lease clientv3.LeaseID) turnRes {
+	r := &turnReq{pfx: pfx, t: t, lease: lease, done: make(chan struct{})}
+	l.turnMu.Lock()
+	l.turnQueue = append(l.turnQueue, r)
+	lead := l.turnLeaders < turnTxns
+	if lead {
+		l.turnLeaders++
 	}
-	if resp.Succeeded {
-		kvs := resp.Responses[1].GetResponseRange().Kvs
-		if len(kvs) == 0 || clientv3.LeaseID(kvs[0].Lease) != lease {
-			return false, "", 0, concurrency.ErrSessionExpired
-		}
-		return true, t.key, resp.Header.Revision, nil
+	l.turnMu.Unlock()
+	if lead {
+		l.leadTurns(ctx, r)
 	}
-	kvs, firsts := resp.Responses[0].GetResponseRange().Kvs, resp.Responses[1].GetResponseRange().Kvs
-	if len(kvs) == 0 || kvs[0].CreateRevision != t.rev || len(firsts) == 0 {
-		return false, "", 0, concurrency.ErrSessionExpired
-	}
-	return false, string(firsts[0].Key), resp.Header.Revision, nil
+	<-r.done
+	return r.res
 }
 
-// waitDelete waits until key is deleted at or after revision rev.
-func waitDelete(ctx context.Context, w clientv3.Watcher, key string, rev int64) error {
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var wr clientv3.WatchResponse
-	for wr = range w.Watch(wctx, key, clientv3.WithRev(rev)) {
-		for _, ev := range wr.Events {
-			if ev.Type == mvccpb.DELETE {
-				return nil
-			}
+// leadTurns commits batches of queued turn writes; at most turnTxns
+// campaigns lead at once. A leader goes on while writes are queued, unless
+// its own is done and another leader is left to go on.
+func (l *leases) leadTurns(ctx context.Context, mine *turnReq) {
+	for {
+		l.turnMu.Lock()
+		n := min(len(l.turnQueue), turnBatch)
+		if n == 0 || (isDone(mine.done) && l.turnLeaders > 1) {
+			l.turnLeaders--
+			l.turnMu.Unlock()
+			return
 		}
+		batch := make([]*turnReq, n)
+		copy(batch, l.turnQueue)
+		l.turnQueue = l.turnQueue[n:]
+		if len(l.turnQueue) == 0 {
+			l.turnQueue = nil
+		}
+		l.turnMu.Unlock()
+		l.commitTurns(ctx, batch)
 	}
-	if err := errors.Join(wr.Err(), ctx.Err()); err != nil {
-		return err
+}
+
+func isDone(ch chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
 	}
-	return errors.New("watch ended waiting for the delete of " + key)
+}
+
+// commitTurns writes batch's turns in one transaction, each its own
+// nested transaction; a transaction too large for the etcd is split.
+func (l *leases) commitTurns(ctx context.Context, batch []*turnReq) {
+	ops := make([]clientv3.Op, len(batch))
+	for i, r := range batch {
+		mine := clientv3.Compare(clientv3.CreateRevision(r.t.key), "=", r.t.rev)
+		none := clientv3.Compare(clientv3.CreateRevision(r.pfx+"/"), ">", r.t.rev-1).WithPrefix()
+		get := clientv3.OpGet(r.t.key)
+		ops[i] = clientv3.OpTxn([]clientv3.Cmp{mine, none},
+			[]clientv3.Op{clientv3.OpPut(r.t.key, l.gateway, clientv3.WithLease(r.lease)), get},
+			[]clientv3.Op{get, clientv3.OpGet(r.pfx+"/", clientv3.WithFirstCreate()...)})
+	}
+	resp, err := l.cli.Txn(ctx).Then(ops...).Commit()
+	if errors.Is(err, rpctypes.ErrTooManyOps) && len(batch) > 1 {
+		l.commitTurns(ctx, batch[:len(batch)/2])
+		l.commitTurns(ctx, batch[len(batch)/2:])
+		return
+	}
+	for i, r := range batch {
+		if err != nil {
+			r.res = turnRes{err: fmt.Errorf("take the turn of %s: %w", r.t.key, err)}
+		} else {
+			r.res = turnResult(resp.Responses[i].GetResponseTxn(), resp.Header.Revision, r.lease, r.t)
+		}
+		close(r.done)
+	}
+}
+
+// turnResult reads one nested transaction's response (commitTurns).
+func turnResult(tr *pb.TxnResponse, rev int64, lease clientv3.LeaseID, t lockTurn) turnRes {
+	if tr == nil || len(tr.Responses) < 2 {
+		return turnRes{err: fmt.Errorf("take the turn of %s: malformed response", t.key)}
+	}
+	kvs := tr.Responses[0].GetResponseRange().GetKvs()
+	if tr.Succeeded {
+		kvs = tr.Responses[1].GetResponseRange().GetKvs()
+		if len(kvs) == 0 || clientv3.LeaseID(kvs[0].Lease) != lease {
+			return turnRes{err: concurrency.ErrSessionExpired}
+		}
+		return turnRes{ok: true, first: kvs[0], rev: rev}
+	}
+	firsts := tr.Responses[1].GetResponseRange().GetKvs()
+	if len(kvs) == 0 || kvs[0].CreateRevision != t.rev || len(firsts) == 0 {
+		return turnRes{err: concurrency.ErrSessionExpired}
+	}
+	return turnRes{first: firsts[0], rev: rev}
 }

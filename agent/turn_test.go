@@ -1,14 +1,41 @@
 package agent
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 )
+
+// turnLeases returns leases for gateway with only what the lock queue
+// needs, its turn watch over root running until the test ends.
+func turnLeases(t *testing.T, cli *clientv3.Client, gateway, root string) *leases {
+	l := &leases{cli: cli, gateway: gateway, turns: newTurnWatch(cli, root, slog.Default())}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		l.turns.run(ctx)
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	return l
+}
+
+func grantLease(t *testing.T, cli *clientv3.Client) clientv3.LeaseID {
+	t.Helper()
+	g, err := cli.Grant(t.Context(), 30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g.ID
+}
 
 // A campaign waiting in a device's lock queue takes its turn only once
 // every key created before its own is gone, and then in one write that
@@ -18,41 +45,31 @@ import (
 func TestWaitTurnTakesTheLockInOneWrite(t *testing.T) {
 	cli := etcdClient(t)
 	ctx := t.Context()
-	pfx := fmt.Sprintf("/turn-%d/devices/d1/lock", time.Now().UnixNano())
-	grant := func() clientv3.LeaseID {
-		g, err := cli.Grant(ctx, 30)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return g.ID
-	}
-	la, lb := grant(), grant()
-	a := &leases{cli: cli, gateway: "gw-a", wakes: make(chan struct{}, 1)}
-	b := &leases{cli: cli, gateway: "gw-b", wakes: make(chan struct{}, 1)}
+	root := fmt.Sprintf("/turn-%d/devices/", time.Now().UnixNano())
+	pfx := root + "d1/lock"
+	la, lb := grantLease(t, cli), grantLease(t, cli)
+	a, b := turnLeases(t, cli, "gw-a", root), turnLeases(t, cli, "gw-b", root)
 	ta, first, _, err := a.queueTurn(ctx, pfx, la)
-	if err != nil || first != ta.key {
-		t.Fatalf("a queued %+v, first %q, %v", ta, first, err)
+	if err != nil || string(first.Key) != ta.key {
+		t.Fatalf("a queued %+v, first %v, %v", ta, first, err)
 	}
-	tb, first, _, err := b.queueTurn(ctx, pfx, lb)
-	if err != nil || first != ta.key || tb.rev <= ta.rev {
-		t.Fatalf("b queued %+v behind %q, %v", tb, first, err)
+	tb, first, rev, err := b.queueTurn(ctx, pfx, lb)
+	if err != nil || string(first.Key) != ta.key || tb.rev <= ta.rev {
+		t.Fatalf("b queued %+v behind %v, %v", tb, first, err)
 	}
 	// b's turn while a's key exists: refused, a named.
-	ok, first, _, err := b.takeTurn(ctx, pfx, tb, lb)
-	if ok || err != nil || first != ta.key {
-		t.Fatalf("b took the turn ahead of a: %v %q %v", ok, first, err)
+	r := b.takeTurn(ctx, pfx, tb, lb)
+	if r.ok || r.err != nil || string(r.first.Key) != ta.key {
+		t.Fatalf("b took the turn ahead of a: %+v", r)
 	}
 	// Queued again, b finds its own key (same revision).
 	if again, _, _, err := b.queueTurn(ctx, pfx, lb); err != nil || again != tb {
 		t.Fatalf("b queued again: %+v, %v (want %+v)", again, err, tb)
 	}
 	got := make(chan error, 1)
+	var noted []string
 	go func() {
-		won, err := b.waitTurn(ctx, pfx, lb, func() {})
-		if err == nil && won != tb {
-			err = fmt.Errorf("won %+v, want %+v", won, tb)
-		}
-		got <- err
+		got <- b.waitTurn(ctx, pfx, tb, lb, first, rev, func(kv *mvccpb.KeyValue) { noted = append(noted, string(kv.Key)) })
 	}()
 	select {
 	case err := <-got:
@@ -65,15 +82,142 @@ func TestWaitTurnTakesTheLockInOneWrite(t *testing.T) {
 	if err := <-got; err != nil {
 		t.Fatal(err)
 	}
-	r, err := cli.Get(ctx, tb.key)
-	if err != nil || len(r.Kvs) != 1 || string(r.Kvs[0].Value) != "gw-b" || r.Kvs[0].CreateRevision != tb.rev {
-		t.Fatalf("b's key after its turn: %v %v", r, err)
+	if len(noted) != 1 || noted[0] != ta.key {
+		t.Fatalf("holders noted while b waited: %q, want [%s]", noted, ta.key)
+	}
+	g, err := cli.Get(ctx, tb.key)
+	if err != nil || len(g.Kvs) != 1 || string(g.Kvs[0].Value) != "gw-b" || g.Kvs[0].CreateRevision != tb.rev {
+		t.Fatalf("b's key after its turn: %v %v", g, err)
 	}
 	// b's lease gone: its turn is over.
 	if _, err := cli.Revoke(ctx, lb); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, _, err := b.takeTurn(ctx, pfx, tb, lb); !errors.Is(err, concurrency.ErrSessionExpired) {
-		t.Fatalf("turn of an expired key: %v", err)
+	if r := b.takeTurn(ctx, pfx, tb, lb); !errors.Is(r.err, concurrency.ErrSessionExpired) {
+		t.Fatalf("turn of an expired key: %+v", r)
+	}
+}
+
+// A wait registered after the watch has handled a newer delete reads the
+// key: a key deleted before the wait was there does not leave it waiting
+// for a delete that already passed; one still there is waited for.
+func TestTurnWatchWaitAfterTheDelete(t *testing.T) {
+	cli := etcdClient(t)
+	ctx := t.Context()
+	root := fmt.Sprintf("/turnwatch-%d/devices/", time.Now().UnixNano())
+	l := turnLeases(t, cli, "gw", root)
+	put := func(k string) int64 {
+		r, err := cli.Put(ctx, root+k, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Header.Revision
+	}
+	del := func(k string) {
+		if _, err := cli.Delete(ctx, root+k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	revGone, revStays := put("gone"), put("stays")
+	del("gone")
+	// The watch handles a later delete: everything up to it is seen.
+	put("other")
+	del("other")
+	deadline := time.Now().Add(time.Minute)
+	for {
+		l.turns.mu.Lock()
+		seen := l.turns.seen
+		l.turns.mu.Unlock()
+		if seen > revStays {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the watch did not see the delete")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := l.turns.wait(wctx, root+"gone", revGone); err != nil {
+		t.Fatalf("wait on a key deleted before the wait: %v", err)
+	}
+	woke := make(chan error, 1)
+	go func() { woke <- l.turns.wait(wctx, root+"stays", revStays) }()
+	select {
+	case err := <-woke:
+		t.Fatalf("wait on a key that exists ended: %v", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	del("stays")
+	if err := <-woke; err != nil {
+		t.Fatal(err)
+	}
+	if n := l.turns.waiting(); n != 0 {
+		t.Fatalf("%d waits left", n)
+	}
+}
+
+// The turns of devices woken together are written in shared transactions:
+// 300 devices, whose holder's lease is revoked, are taken over in fewer
+// etcd revisions than devices (one each before), every one of them by its
+// waiting campaign, each key written with the new holder.
+func TestTurnsOfWokenDevicesShareTransactions(t *testing.T) {
+	cli := etcdClient(t)
+	ctx := t.Context()
+	root := fmt.Sprintf("/turnbatch-%d/devices/", time.Now().UnixNano())
+	la, lb := grantLease(t, cli), grantLease(t, cli)
+	a, b := turnLeases(t, cli, "gw-a", root), turnLeases(t, cli, "gw-b", root)
+	const n = 300
+	turns := make([]lockTurn, n)
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := range n {
+		pfx := fmt.Sprintf("%sd%d/lock", root, i)
+		if _, _, _, err := a.queueTurn(ctx, pfx, la); err != nil {
+			t.Fatal(err)
+		}
+		tb, first, rev, err := b.queueTurn(ctx, pfx, lb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		turns[i] = tb
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs <- b.waitTurn(ctx, pfx, tb, lb, first, rev, nil)
+		}()
+	}
+	for b.turns.waiting() < n {
+		time.Sleep(10 * time.Millisecond)
+	}
+	rv, err := cli.Revoke(ctx, la)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	g, err := cli.Get(ctx, root, clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var taken int64
+	for _, kv := range g.Kvs {
+		if string(kv.Value) != "gw-b" {
+			t.Fatalf("%s: %q", kv.Key, kv.Value)
+		}
+		taken = max(taken, kv.ModRevision)
+	}
+	if len(g.Kvs) != n {
+		t.Fatalf("%d keys, want %d", len(g.Kvs), n)
+	}
+	used := taken - rv.Header.Revision
+	t.Logf("%d devices taken over in %d revisions", n, used)
+	if used >= n {
+		t.Fatalf("%d devices took %d revisions: the turns were not batched", n, used)
 	}
 }
