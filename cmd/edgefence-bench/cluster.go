@@ -35,6 +35,7 @@ type clusterConfig struct {
 	EtcdNodes  int
 	TTL        time.Duration // the agents' lease_ttl
 	Devsims    int           // devsim processes per home agent
+	Lanes      int           // MQTT clients per devsim process
 	Trials     int           // plain kill trials
 	LeaderKill time.Duration // >0 and 3+ nodes: one more trial, the etcd leader killed this long after the agent
 	Steady     time.Duration // the steady-state window (etcd requests, CPU)
@@ -185,7 +186,7 @@ func (e *clusterEnv) start(ctx context.Context) error {
 		p, err := sandbox.StartProc(fmt.Sprintf("devsim-%d", k), filepath.Join(dir, fmt.Sprintf("devsim-%d.log", k)), nil, e.cfg.DevsimBin,
 			"--mqtt", e.broker.url, "--prefix", clusterMQTTPrefix, "--count", fmt.Sprint(len(ids)), "--id-prefix", fmt.Sprintf("d%d-", k),
 			"--dir", filepath.Join(dir, fmt.Sprintf("devsim-%d", k)), "--log", filepath.Join(dir, fmt.Sprintf("verdicts-%d.jsonl", k)),
-			"--client-id", fmt.Sprintf("bench-cluster-devsim-%d", k))
+			"--client-id", fmt.Sprintf("bench-cluster-devsim-%d", k), "--lanes", fmt.Sprint(e.cfg.Lanes))
 		if err != nil {
 			return err
 		}
@@ -306,14 +307,20 @@ func (e *clusterEnv) queueBackups(ctx context.Context, res *clusterResult) error
 	return nil
 }
 
-// waitQueued waits until every device has two lock keys, every agent
-// running, and every device held by its home.
+// waitQueued waits until every device has two lock keys and is held in an
+// agent (status), every agent running.
 func (e *clusterEnv) waitQueued(ctx context.Context) error {
 	deadline := time.Now().Add(max(300*time.Second, time.Duration(e.cfg.Devices)*10*time.Millisecond))
 	for {
 		n, err := e.lockKeys(ctx)
 		if err == nil && n == 2*e.cfg.Devices {
-			return nil
+			// Every key is there; and every device held in an agent (a
+			// restarted agent's campaigns for the devices it re-attached
+			// are still writing until then).
+			var held int
+			if held, err = e.heldInAgents(ctx); err == nil && held == e.cfg.Devices {
+				return nil
+			}
 		}
 		if err := e.agentsAlive(); err != nil {
 			return err
@@ -325,6 +332,23 @@ func (e *clusterEnv) waitQueued(ctx context.Context) error {
 			return ctx.Err()
 		}
 	}
+}
+
+// heldInAgents returns how many devices the running agents hold (their
+// status).
+func (e *clusterEnv) heldInAgents(ctx context.Context) (int, error) {
+	n := 0
+	for _, a := range e.agents {
+		if a == nil || a.exited() {
+			continue
+		}
+		ts, _, err := a.holdingSince(ctx, nil)
+		if err != nil {
+			return n, err
+		}
+		n += len(ts)
+	}
+	return n, nil
 }
 
 func (e *clusterEnv) agentsAlive() error {

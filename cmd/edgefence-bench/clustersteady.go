@@ -162,8 +162,8 @@ func addMethodCounts(ctx context.Context, url, metric string, out map[string]flo
 func printCluster(w io.Writer, r *clusterResult) {
 	c := r.Cfg
 	fmt.Fprintf(w, "### Cluster: %d devices over %d agents on a %d-node etcd %s, lease_ttl %v (%s)\n\n", c.Devices, c.Agents, c.EtcdNodes, r.Version, c.TTL, r.Built)
-	fmt.Fprintf(w, "Separate processes: %d etcd members, %d `edgefence run`, %d `edgefence-devsim` (each device's mark fsynced before its ack); mochi in the bench process. Each device on two agents: home and backup (%d spare agents).\n\n",
-		c.EtcdNodes, c.Agents, (c.Agents-c.Spare)*c.Devsims, c.Spare)
+	fmt.Fprintf(w, "Separate processes: %d etcd members, %d `edgefence run`, %d `edgefence-devsim` of %d lanes each (each device's mark fsynced before its ack; commands reaching different lanes together share the fsync); mochi in the bench process. Each device on two agents: home and backup (%d spare agents).\n\n",
+		c.EtcdNodes, c.Agents, (c.Agents-c.Spare)*c.Devsims, c.Lanes, c.Spare)
 	fmt.Fprintf(w, "- all held: %s ms from the home agents' start (their status), %s ms (every lock key written, etcd); %d revisions = %.2f per lock\n",
 		ms(r.Held), ms(r.HeldEtcd), r.RevHeld, float64(r.RevHeld)/float64(c.Devices))
 	fmt.Fprintf(w, "- backups queued (home agents restarted with their backups, re-attaching their lease): %s ms\n", ms(r.Queued))

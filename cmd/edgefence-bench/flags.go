@@ -74,15 +74,16 @@ type fanFlags struct {
 }
 
 type clusterFlags struct {
-	agents, spare, nodes, devsims int
-	ttl, leaderKill, steady       time.Duration
+	agents, spare, nodes, devsims, lanes int
+	ttl, leaderKill, steady              time.Duration
 }
 
 func (f *clusterFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.agents, "agents", 10, "cluster: `edgefence run` processes")
 	fs.IntVar(&f.spare, "spare-agents", 0, "cluster: of them, agents with no home devices (backups only); 0: each device's backup is another home agent")
 	fs.IntVar(&f.nodes, "etcd-nodes", 3, "cluster: etcd members (Debian's etcd, separate processes)")
-	fs.IntVar(&f.devsims, "devsims", 4, "cluster: edgefence-devsim processes per home agent (one MQTT client and bbolt file each; commands handled one at a time per process)")
+	fs.IntVar(&f.devsims, "devsims", 4, "cluster: edgefence-devsim processes per home agent (one bbolt file each)")
+	fs.IntVar(&f.lanes, "devsim-lanes", 8, "cluster: MQTT clients per devsim process (edgefence-devsim --lanes): commands reaching different lanes together share one fsync, each acked after it; 1: one command at a time per process")
 	fs.DurationVar(&f.ttl, "ttl", 10*time.Second, "cluster: the agents' lease_ttl (whole seconds, at least 2s)")
 	fs.DurationVar(&f.leaderKill, "leader-kill", 5*time.Second, "cluster: with 3+ etcd nodes, a last takeover with the etcd leader killed (SIGKILL) this long after the agent (0: none)")
 	fs.DurationVar(&f.steady, "steady", 10*time.Second, "cluster: measure etcd's requests and the CPU at rest this long")
@@ -401,13 +402,13 @@ func (f *benchFlags) checkBounds(what string, twinSizes []int) error {
 
 // config checks the cluster flags and returns its configuration.
 func (f *clusterFlags) config(b *benchFlags) (clusterConfig, error) {
-	c := clusterConfig{Agents: f.agents, Spare: f.spare, Devices: b.devices, EtcdNodes: f.nodes, TTL: f.ttl, Devsims: f.devsims,
+	c := clusterConfig{Agents: f.agents, Spare: f.spare, Devices: b.devices, EtcdNodes: f.nodes, TTL: f.ttl, Devsims: f.devsims, Lanes: f.lanes,
 		Trials: b.runs, LeaderKill: f.leaderKill, Steady: f.steady, AgentBin: b.agentBin, DevsimBin: b.failover.devsim}
 	switch {
 	case f.agents < 2 || f.spare < 0 || f.spare >= f.agents:
 		return c, errors.New("--agents must be at least 2, and --spare-agents from 0 to --agents − 1")
-	case f.nodes < 1 || f.devsims < 1:
-		return c, errors.New("--etcd-nodes and --devsims must be at least 1")
+	case f.nodes < 1 || f.devsims < 1 || f.lanes < 1:
+		return c, errors.New("--etcd-nodes, --devsims and --devsim-lanes must be at least 1")
 	case f.ttl < agent.MinLeaseTTL || f.ttl%time.Second != 0:
 		return c, fmt.Errorf("--ttl %v: want whole seconds, at least %v", f.ttl, agent.MinLeaseTTL)
 	case f.leaderKill < 0 || f.steady <= 0:

@@ -72,7 +72,7 @@ type devsimFlags struct {
 	mqttUser, mqttPassFile                                    *string
 	trustRoot, trustRootKid, certs, revocations, deviceKeys   *string
 	resetRoot                                                 *string
-	count, regs                                               *int
+	count, regs, lanes                                        *int
 	noFence                                                   *bool
 	modbus                                                    modbusFlags
 	fw                                                        firmwareFlags
@@ -85,6 +85,7 @@ func newDevsimFlags(fs *flag.FlagSet) devsimFlags {
 		devices:      fs.String("devices", "", "comma-separated device ids (or use --count)"),
 		count:        fs.Int("count", 0, "number of devices <id-prefix>1..<id-prefix>N (instead of --devices)"),
 		idPrefix:     fs.String("id-prefix", "dev-", "device id prefix for --count"),
+		lanes:        fs.Int("lanes", 1, "MQTT clients the devices are spread over: commands arriving on different lanes together are decided together and their marks committed with one fsync, each acked after it (as devices with flash of their own answer in parallel)"),
 		dir:          fs.String("dir", "", "data directory for the marks and states (required)"),
 		logPath:      fs.String("log", "", "verdict log file, JSON lines, appended (default stdout)"),
 		clientID:     fs.String("client-id", "", "MQTT client id (default derived from the host name and --dir)"),
@@ -234,11 +235,16 @@ func mqttUsage(fs *flag.FlagSet, f devsimFlags, idsErr error) string {
 		return "--mqtt is required"
 	case *f.dir == "":
 		return "--dir is required"
+	case *f.lanes < 1 || *f.lanes > maxLanes:
+		return fmt.Sprintf("--lanes %d: want 1 to %d", *f.lanes, maxLanes)
 	case idsErr != nil:
 		return idsErr.Error()
 	}
 	return ""
 }
+
+// maxLanes bounds --lanes: each lane is an MQTT connection.
+const maxLanes = 256
 
 // envMQTTPassword is the agent's variable for the MQTT password
 // (agent.EnvMQTTPassword), read by devsim too.
@@ -295,7 +301,7 @@ func runFleet(ctx context.Context, log *slog.Logger, f devsimFlags, ids []string
 	}
 	fleet, err := sim.NewFleet(ctx, sim.FleetConfig{Devices: ids, DataDir: *f.dir, Broker: *f.broker, Prefix: *f.prefix,
 		ClientID: *f.clientID, VerdictLog: vlog, History: hist, Kind: deviceKind(*f.noFence), Logger: log, MQTT: creds, Keys: a.keys,
-		Root: a.root, Signers: a.signers})
+		Root: a.root, Signers: a.signers, Lanes: *f.lanes})
 	if err != nil {
 		log.Error("start", "err", err)
 		return 1
