@@ -312,14 +312,21 @@ func TestManyDevicesAcquiredConcurrently(t *testing.T) {
 	}
 	a := startAgent(t, "gw-a", prefix, devs, newFencePoint(), Options{})
 	waitFor(t, "a holds all", holdingAll(a, devs))
-	seen := map[fence.Token]bool{}
+	// Each device's token is its own key's CreateRevision (I2). Keys
+	// queued in one transaction share it (turn.go): fewer revisions than
+	// devices is what batching saves, and a token orders one device's
+	// holders only.
+	revs := map[fence.Token]bool{}
 	for _, d := range devs {
 		tok, _ := a.Holding(d)
-		if seen[tok] {
-			t.Fatalf("token %d used for two devices", tok)
+		key, _, _ := a.leases.holder(d)
+		r, err := a.cli.Get(context.Background(), key)
+		if err != nil || len(r.Kvs) != 1 || fence.Token(r.Kvs[0].CreateRevision) != tok || string(r.Kvs[0].Value) != "gw-a" {
+			t.Fatalf("%s: token %d, its key %s: %v %v", d, tok, key, r, err)
 		}
-		seen[tok] = true
+		revs[tok] = true
 	}
+	t.Logf("%d devices acquired under %d distinct revisions", len(devs), len(revs))
 	a.stop()
 	r, err := a.cli.Get(context.Background(), prefix+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
 	if err != nil || r.Count != 0 {

@@ -276,12 +276,14 @@ func (l *leases) heldElsewhere(d *device) {
 	}
 }
 
-// campaignSlots bounds how many campaigns talk to etcd at once. A thousand
-// devices campaigning at the same moment otherwise double the agent's peak
-// RSS (a goroutine, an in-flight RPC and its buffers each); with 16 slots
-// 1,000 devices are still acquired well within the lock target
-// (docs/BENCHMARKS.md §2 and §3).
-const campaignSlots = 16
+// campaignSlots bounds how many campaigns queue, take their turn and
+// install at once. A thousand devices campaigning at the same moment
+// otherwise double the agent's peak RSS (docs/BENCHMARKS.md §2 and §3:
+// each then had its own RPC in flight, and 16 slots were the bound). Their
+// writes now share transactions (turn.go), so a slot costs a goroutine and
+// a share of a batch, and as many slots as a batch holds (turnBatch) fill
+// one (docs/BENCHMARKS.md §72).
+const campaignSlots = turnBatch
 
 func acquireSlot(ctx context.Context, slots chan struct{}) bool {
 	select {

@@ -23,11 +23,15 @@ import (
 // into it. A campaign that finds another key first waits for that key's
 // delete on the agent's one watch (turnWatch) and tries again.
 //
-// The turn writes of concurrent campaigns share etcd transactions (one
-// nested transaction each; turnBatch): when a holder of 10,000 devices
-// dies, its lease's expiry deletes its keys in one revision and wakes
-// every campaign waiting on them at once, and one write each set the
-// takeover's pace (~700 devices/s on this machine, docs/BENCHMARKS.md §66).
+// The queue and turn writes of concurrent campaigns share etcd
+// transactions (one nested transaction each; turnBatch): when a holder of
+// 10,000 devices dies, its lease's expiry deletes its keys in one revision
+// and wakes every campaign waiting on them at once, and one write each set
+// the takeover's pace (~700 devices/s on this machine, docs/BENCHMARKS.md
+// §66). Keys queued in one transaction share a CreateRevision, so devices
+// may share a token value: a token orders one device's holders (I1, I2),
+// and a device's keys are never queued in one transaction together (one
+// campaign per device and session, one key per lease).
 
 // lockTurn is a campaign's key in a device's lock queue.
 type lockTurn struct {
@@ -35,17 +39,19 @@ type lockTurn struct {
 	rev int64 // its CreateRevision: the token, once it is the first
 }
 
-// turnBatch is the most turn writes in one etcd transaction. etcd's
-// --max-txn-ops (128 by default) bounds a transaction's operations, and a
-// nested transaction's at that bound less its parent's: 64 leaves 64 for
-// each device's (it uses 2).
+// turnBatch is the most queue and turn writes in one etcd transaction.
+// etcd's --max-txn-ops (128 by default) bounds a transaction's operations,
+// and a nested transaction's at that bound less its parent's: 64 leaves 64
+// for each device's (it uses 3 at most).
 const turnBatch = 64
 
 // turnTxns is how many of those transactions are in flight at once.
 const turnTxns = 4
 
-// turnReq is one campaign's turn write, waiting for a batch (takeTurn).
+// turnReq is one campaign's queue or turn write, waiting for a batch
+// (queueTurn, takeTurn).
 type turnReq struct {
+	queue bool // queueTurn's; else takeTurn's
 	pfx   string
 	t     lockTurn
 	lease clientv3.LeaseID
@@ -53,9 +59,10 @@ type turnReq struct {
 	done  chan struct{} // closed when res is set
 }
 
-// turnRes is a turn write's outcome (takeTurn).
+// turnRes is a queue or turn write's outcome.
 type turnRes struct {
-	ok    bool
+	t     lockTurn         // the key queued (queueTurn)
+	ok    bool             // the turn is taken (takeTurn)
 	first *mvccpb.KeyValue // the first key under the prefix after it
 	rev   int64            // the revision to watch first from
 	err   error
@@ -87,21 +94,10 @@ func (l *leases) waitTurn(ctx context.Context, pfx string, t lockTurn, lease cli
 // queueTurn puts the key for lease under pfx unless it is there, and
 // returns it with the first key in the queue and the revision to watch
 // it from; concurrency.ErrSessionExpired if the key is not under lease.
-func (l *leases) queueTurn(ctx context.Context, pfx string, lease clientv3.LeaseID) (t lockTurn, first *mvccpb.KeyValue, rev int64, err error) {
-	key := fmt.Sprintf("%s/%x", pfx, lease)
-	get, getFirst := clientv3.OpGet(key), clientv3.OpGet(pfx+"/", clientv3.WithFirstCreate()...)
-	resp, err := l.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-		Then(clientv3.OpPut(key, "", clientv3.WithLease(lease)), get, getFirst).
-		Else(get, getFirst).Commit()
-	if err != nil {
-		return t, nil, 0, fmt.Errorf("queue %s: %w", key, err)
-	}
-	rs := resp.Responses[len(resp.Responses)-2:]
-	mine, firsts := rs[0].GetResponseRange().Kvs, rs[1].GetResponseRange().Kvs
-	if len(mine) == 0 || clientv3.LeaseID(mine[0].Lease) != lease || len(firsts) == 0 {
-		return t, nil, 0, concurrency.ErrSessionExpired
-	}
-	return lockTurn{key: key, rev: mine[0].CreateRevision}, firsts[0], resp.Header.Revision, nil
+// The write joins a batch (turnBatch) with the concurrent campaigns'.
+func (l *leases) queueTurn(ctx context.Context, pfx string, lease clientv3.LeaseID) (lockTurn, *mvccpb.KeyValue, int64, error) {
+	r := l.batchTurn(ctx, &turnReq{queue: true, pfx: pfx, t: lockTurn{key: fmt.Sprintf("%s/%x", pfx, lease)}, lease: lease})
+	return r.t, r.first, r.rev, r.err
 }
 
 // takeTurn writes the gateway into t's key if it is still ours (its
@@ -110,7 +106,13 @@ func (l *leases) queueTurn(ctx context.Context, pfx string, lease clientv3.Lease
 // to watch it from; concurrency.ErrSessionExpired if our key is gone. The
 // write joins a batch (turnBatch) with the concurrent campaigns'.
 func (l *leases) takeTurn(ctx context.Context, pfx string, t lockTurn, lease clientv3.LeaseID) turnRes {
-	r := &turnReq{pfx: pfx, t: t, lease: lease, done: make(chan struct{})}
+	return l.batchTurn(ctx, &turnReq{pfx: pfx, t: t, lease: lease})
+}
+
+// batchTurn queues r for the next batch, leads batches if fewer than
+// turnTxns campaigns do, and returns r's outcome.
+func (l *leases) batchTurn(ctx context.Context, r *turnReq) turnRes {
+	r.done = make(chan struct{})
 	l.turnMu.Lock()
 	l.turnQueue = append(l.turnQueue, r)
 	lead := l.turnLeaders < turnTxns
@@ -157,17 +159,12 @@ func isDone(ch chan struct{}) bool {
 	}
 }
 
-// commitTurns writes batch's turns in one transaction, each its own
+// commitTurns writes batch's queue and turn writes in one transaction, each its own
 // nested transaction; a transaction too large for the etcd is split.
 func (l *leases) commitTurns(ctx context.Context, batch []*turnReq) {
 	ops := make([]clientv3.Op, len(batch))
 	for i, r := range batch {
-		mine := clientv3.Compare(clientv3.CreateRevision(r.t.key), "=", r.t.rev)
-		none := clientv3.Compare(clientv3.CreateRevision(r.pfx+"/"), ">", r.t.rev-1).WithPrefix()
-		get := clientv3.OpGet(r.t.key)
-		ops[i] = clientv3.OpTxn([]clientv3.Cmp{mine, none},
-			[]clientv3.Op{clientv3.OpPut(r.t.key, l.gateway, clientv3.WithLease(r.lease)), get},
-			[]clientv3.Op{get, clientv3.OpGet(r.pfx+"/", clientv3.WithFirstCreate()...)})
+		ops[i] = l.turnOp(r)
 	}
 	resp, err := l.cli.Txn(ctx).Then(ops...).Commit()
 	if errors.Is(err, rpctypes.ErrTooManyOps) && len(batch) > 1 {
@@ -176,13 +173,49 @@ func (l *leases) commitTurns(ctx context.Context, batch []*turnReq) {
 		return
 	}
 	for i, r := range batch {
-		if err != nil {
+		switch {
+		case err != nil && r.queue:
+			r.res = turnRes{err: fmt.Errorf("queue %s: %w", r.t.key, err)}
+		case err != nil:
 			r.res = turnRes{err: fmt.Errorf("take the turn of %s: %w", r.t.key, err)}
-		} else {
+		case r.queue:
+			r.res = queueResult(resp.Responses[i].GetResponseTxn(), resp.Header.Revision, r.lease, r.t.key)
+		default:
 			r.res = turnResult(resp.Responses[i].GetResponseTxn(), resp.Header.Revision, r.lease, r.t)
 		}
 		close(r.done)
 	}
+}
+
+// turnOp is r's nested transaction. Queue: put the key unless it exists,
+// then read it and the queue's first key. Turn: if the key still has its
+// CreateRevision and no key under the prefix is older, write the gateway
+// into it and read it; else read it and the first key.
+func (l *leases) turnOp(r *turnReq) clientv3.Op {
+	get, getFirst := clientv3.OpGet(r.t.key), clientv3.OpGet(r.pfx+"/", clientv3.WithFirstCreate()...)
+	if r.queue {
+		return clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(r.t.key), "=", 0)},
+			[]clientv3.Op{clientv3.OpPut(r.t.key, "", clientv3.WithLease(r.lease)), get, getFirst},
+			[]clientv3.Op{get, getFirst})
+	}
+	mine := clientv3.Compare(clientv3.CreateRevision(r.t.key), "=", r.t.rev)
+	none := clientv3.Compare(clientv3.CreateRevision(r.pfx+"/"), ">", r.t.rev-1).WithPrefix()
+	return clientv3.OpTxn([]clientv3.Cmp{mine, none},
+		[]clientv3.Op{clientv3.OpPut(r.t.key, l.gateway, clientv3.WithLease(r.lease)), get},
+		[]clientv3.Op{get, getFirst})
+}
+
+// queueResult reads a queue write's nested response (commitTurns).
+func queueResult(tr *pb.TxnResponse, rev int64, lease clientv3.LeaseID, key string) turnRes {
+	if tr == nil || len(tr.Responses) < 2 {
+		return turnRes{err: fmt.Errorf("queue %s: malformed response", key)}
+	}
+	rs := tr.Responses[len(tr.Responses)-2:]
+	mine, firsts := rs[0].GetResponseRange().GetKvs(), rs[1].GetResponseRange().GetKvs()
+	if len(mine) == 0 || clientv3.LeaseID(mine[0].Lease) != lease || len(firsts) == 0 {
+		return turnRes{err: concurrency.ErrSessionExpired}
+	}
+	return turnRes{t: lockTurn{key: key, rev: mine[0].CreateRevision}, first: firsts[0], rev: rev}
 }
 
 // turnResult reads one nested transaction's response (commitTurns).

@@ -157,10 +157,12 @@ func TestTurnWatchWaitAfterTheDelete(t *testing.T) {
 	}
 }
 
-// The turns of devices woken together are written in shared transactions:
-// 300 devices, whose holder's lease is revoked, are taken over in fewer
-// etcd revisions than devices (one each before), every one of them by its
-// waiting campaign, each key written with the new holder.
+// The queue writes of campaigns started together, and the turns of
+// devices woken together, are written in shared transactions: 300 devices
+// queued behind a holder get their keys in fewer etcd revisions than
+// devices, and once the holder's lease is revoked they are taken over in
+// fewer revisions than devices (one each before), every one of them by
+// its waiting campaign, each key written with the new holder.
 func TestTurnsOfWokenDevicesShareTransactions(t *testing.T) {
 	cli := etcdClient(t)
 	ctx := t.Context()
@@ -168,27 +170,38 @@ func TestTurnsOfWokenDevicesShareTransactions(t *testing.T) {
 	la, lb := grantLease(t, cli), grantLease(t, cli)
 	a, b := turnLeases(t, cli, "gw-a", root), turnLeases(t, cli, "gw-b", root)
 	const n = 300
-	turns := make([]lockTurn, n)
 	var wg sync.WaitGroup
 	errs := make(chan error, n)
+	queued := make(chan int64, n)
 	for i := range n {
 		pfx := fmt.Sprintf("%sd%d/lock", root, i)
 		if _, _, _, err := a.queueTurn(ctx, pfx, la); err != nil {
 			t.Fatal(err)
 		}
-		tb, first, rev, err := b.queueTurn(ctx, pfx, lb)
-		if err != nil {
-			t.Fatal(err)
-		}
-		turns[i] = tb
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+	}
+	for i := range n {
+		pfx := fmt.Sprintf("%sd%d/lock", root, i)
+		wg.Go(func() {
+			tb, first, rev, err := b.queueTurn(ctx, pfx, lb)
+			if err != nil {
+				errs <- err
+				return
+			}
+			queued <- tb.rev
 			errs <- b.waitTurn(ctx, pfx, tb, lb, first, rev, nil)
-		}()
+		})
 	}
 	for b.turns.waiting() < n {
 		time.Sleep(10 * time.Millisecond)
+	}
+	close(queued)
+	revs := map[int64]bool{}
+	for r := range queued {
+		revs[r] = true
+	}
+	t.Logf("%d devices queued in %d revisions", n, len(revs))
+	if len(revs) >= n {
+		t.Fatalf("%d devices queued in %d revisions: the queue writes were not batched", n, len(revs))
 	}
 	rv, err := cli.Revoke(ctx, la)
 	if err != nil {
