@@ -41,8 +41,12 @@ type clusterConfig struct {
 	Steady     time.Duration // the steady-state window (etcd requests, CPU)
 	AgentBin   string
 	DevsimBin  string
-	Dir        string
-	Log        io.Writer
+	// ProfDir: the agents serve pprof (a profiling build); before the
+	// first takeover each agent's heap and goroutines, and during it each
+	// taker's CPU, are written here (clusterProfiles).
+	ProfDir string
+	Dir     string
+	Log     io.Writer
 }
 
 // clusterPlan says which agent is home and which backup of each device,
@@ -118,6 +122,11 @@ func runCluster(ctx context.Context, cfg clusterConfig) (res *clusterResult, err
 	plan, err := newClusterPlan(cfg)
 	if err != nil {
 		return nil, err
+	}
+	if cfg.ProfDir != "" && cfg.AgentBin == "" {
+		if cfg.AgentBin, err = buildBinary(ctx, cfg.Dir, "edgefence", cfg.Log, "edgefence_pprof"); err != nil {
+			return nil, err
+		}
 	}
 	built, err := buildMissing(ctx, cfg.Dir, cfg.Log, benchBin{"edgefence", &cfg.AgentBin}, benchBin{"edgefence-devsim", &cfg.DevsimBin})
 	if err != nil {

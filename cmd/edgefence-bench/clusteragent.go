@@ -78,6 +78,7 @@ api:
   socket: %s
 metrics:
   listen: %s
+  pprof: %t
 command:
   timeout: 30s
 log:
@@ -85,7 +86,7 @@ log:
   format: text
 devices:
 `, a.name, filepath.Join(a.dir, "state"), strings.Join(e.etcd.Endpoints(), ", "), e.prefix, e.cfg.TTL, e.broker.url, clusterMQTTPrefix,
-		a.name, a.sock, a.metrics)
+		a.name, a.sock, a.metrics, e.cfg.ProfDir != "")
 	for _, d := range devs {
 		fmt.Fprintf(&b, "  - id: %s\n", d)
 	}

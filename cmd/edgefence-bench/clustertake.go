@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"path/filepath"
 	"slices"
 	"sync"
 	"time"
@@ -85,6 +86,7 @@ func (e *clusterEnv) takeover(ctx context.Context, n int, leader bool) (clusterT
 	senders := e.startSenders(tctx, victim, col)
 	watched := make(chan struct{})
 	go func() { defer close(watched); e.watchHolders(tctx, rev0, set, va.name, senders, col) }()
+	profiled := e.profileTakers(tctx, n, victim)
 	t0 := time.Now()
 	if err := va.kill(); err != nil {
 		return tr, err
@@ -102,6 +104,7 @@ func (e *clusterEnv) takeover(ctx context.Context, n int, leader bool) (clusterT
 	cancel()
 	senders.wait()
 	<-watched
+	profiled()
 	tr.LeaderAt = <-leaderAt
 	return tr, e.trialFigures(ctx, &tr, col, set, t0, rev0, sess0)
 }
@@ -416,4 +419,38 @@ func (c *takeCollector) count(outcome string) {
 // sortedKeys returns m's keys in order.
 func sortedKeys[V any](m map[string]V) []string {
 	return slices.Sorted(maps.Keys(m))
+}
+
+// profileTakers, with cfg.ProfDir and for the first takeover only, writes
+// every running agent's heap and goroutine profiles (before the kill) and
+// starts a CPU profile of each agent but the victim for TTL + 5 s; the
+// function it returns waits for those (or ctx's end).
+func (e *clusterEnv) profileTakers(ctx context.Context, n, victim int) (wait func()) {
+	if e.cfg.ProfDir == "" || n != 1 {
+		return func() {}
+	}
+	var wg sync.WaitGroup
+	for i, a := range e.agents {
+		if a.exited() {
+			continue
+		}
+		base := filepath.Join(e.cfg.ProfDir, "cluster-"+a.name)
+		for _, kind := range []string{"heap", "goroutine"} {
+			if err := fetchTo(ctx, "http://"+a.metrics+"/debug/pprof/"+kind, base+"-"+kind+".pprof"); err != nil {
+				fmt.Fprintf(e.cfg.Log, "cluster: %s profile of %s: %v\n", kind, a.name, err)
+			}
+		}
+		if i == victim {
+			continue
+		}
+		secs := int((e.cfg.TTL + 5*time.Second) / time.Second)
+		wg.Go(func() {
+			url := fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", a.metrics, secs)
+			if err := fetchTo(ctx, url, base+"-takeover-cpu.pprof"); err != nil {
+				fmt.Fprintf(e.cfg.Log, "cluster: CPU profile of %s: %v\n", a.name, err)
+			}
+		})
+	}
+	time.Sleep(50 * time.Millisecond) // let the profiles start before the kill
+	return wg.Wait
 }
