@@ -15,10 +15,12 @@ import (
 	"github.com/edgefence/edgefence/internal/backoff"
 )
 
-// campaign acquires d's lock under sess (waiting while another holder has
-// it: its slot given back), then installs a controller under its token. It
-// is called holding one of slots and gives it back.
-func (l *leases) campaign(ctx context.Context, sess *concurrency.Session, d *device, slots chan struct{}) {
+// campaign acquires d's lock in run's session — while another holder has
+// it, the campaign gives its slot back and parks (turn.go) — and installs a
+// controller under its token. It is called holding one of run's slots and
+// counted in run.wg.
+func (l *leases) campaign(run *sessionRun, d *device) {
+	ctx := run.ctx
 	// Jittered: the gateways retrying one lock do not retry in step.
 	delay := backoff.Backoff{Min: 50 * time.Millisecond, Max: 2 * time.Second}
 	d.mu.Lock()
@@ -28,23 +30,24 @@ func (l *leases) campaign(ctx context.Context, sess *concurrency.Session, d *dev
 		d.setStateLocked(StateCampaigning, d.reason.current(d), l.now())
 	}
 	d.mu.Unlock()
-	// The campaign starts holding one of the session's slots; it gives the
-	// slot back while it waits for a device another agent holds.
 	held := true
 	release := func() {
 		if held {
 			held = false
-			<-slots
+			<-run.slots
 		}
 	}
 	defer release()
-	var t lockTurn
 	for {
-		var err error
-		if t, err = l.acquire(ctx, d, sess.Lease(), release); err == nil {
-			break
-		}
-		if ctx.Err() != nil || errors.Is(err, concurrency.ErrSessionExpired) {
+		t, parked, err := l.acquire(run, d, release)
+		switch {
+		case parked:
+			return // resumeTurn goes on
+		case err == nil:
+			release()
+			l.installTurn(run, d, t)
+			return
+		case ctx.Err() != nil || errors.Is(err, concurrency.ErrSessionExpired):
 			return
 		}
 		wait := delay.Next()
@@ -53,33 +56,22 @@ func (l *leases) campaign(ctx context.Context, sess *concurrency.Session, d *dev
 			return
 		}
 		if !held {
-			if !acquireSlot(ctx, slots) {
+			if !acquireSlot(ctx, run.slots) {
 				return
 			}
 			held = true
 		}
 	}
-	release()
-	ok, _, refused := l.install(ctx, d, fence.Token(t.rev), t.key, sess.Lease())
-	if ok {
-		l.hooks.acquired(d) // deliver its queue, reconcile its twin under the new token
-		return
-	}
-	if refused {
-		// Not ours to command: let the lock move on, and try again later.
-		l.recampaign(d, fence.Token(t.rev), t.key, sess.Lease(), false)
-	}
 }
 
-// acquire queues d's key under lease (or finds the one queued before:
-// a re-attached lease keeps its place) and takes the turn (turn.go). While
-// another key is first — another agent holds the device — it gives the
-// campaign's slot back (release) and waits.
-func (l *leases) acquire(ctx context.Context, d *device, lease clientv3.LeaseID, release func()) (lockTurn, error) {
-	pfx := l.lockPrefix(d.id)
-	t, first, rev, err := l.queueTurn(ctx, pfx, lease)
+// acquire queues d's key under the session's lease (or finds the one
+// queued before: a re-attached lease keeps its place) and takes the turn
+// (turn.go), or parks: another agent holds the device, and the campaign's
+// slot is given back (release).
+func (l *leases) acquire(run *sessionRun, d *device, release func()) (t lockTurn, parked bool, err error) {
+	t, first, rev, err := l.queueTurn(run.ctx, l.lockPrefix(d.id), run.sess.Lease())
 	if err != nil {
-		return t, err
+		return t, false, err
 	}
 	if string(first.Key) != t.key {
 		// An autonomous controller from a lost session stops here (I6)
@@ -88,7 +80,65 @@ func (l *leases) acquire(ctx context.Context, d *device, lease clientv3.LeaseID,
 		l.heldElsewhere(d)
 		release()
 	}
-	return t, l.waitTurn(ctx, pfx, t, lease, first, rev, func(kv *mvccpb.KeyValue) { l.noteHolder(d, kv) })
+	_, parked, err = l.turnOrPark(run, d, t, first, rev)
+	return t, parked, err
+}
+
+// turnOrPark is tryTurn for d's key t in run's session. A parked campaign
+// is counted in run.wg until it resumes (resumeTurn) or run ends (unpark).
+func (l *leases) turnOrPark(run *sessionRun, d *device, t lockTurn, first *mvccpb.KeyValue, rev int64) (ok, parked bool, err error) {
+	p := &turnPark{pfx: l.lockPrefix(d.id), t: t, lease: run.sess.Lease(), owner: run,
+		note: func(kv *mvccpb.KeyValue) { l.noteHolder(d, kv) }, drop: run.wg.Done}
+	p.resume = func() {
+		defer run.wg.Done()
+		l.resumeTurn(run, d, t)
+	}
+	run.wg.Add(1)
+	ok, parked, err = l.tryTurn(run.ctx, p, first, rev)
+	if !parked {
+		run.wg.Done()
+	}
+	return ok, parked, err
+}
+
+// resumeTurn goes on with d's parked campaign once the key before its
+// own is gone: it takes the turn and installs, parks again, or — after
+// an error — campaigns anew.
+func (l *leases) resumeTurn(run *sessionRun, d *device, t lockTurn) {
+	ctx := run.ctx
+	if ctx.Err() != nil {
+		return
+	}
+	ok, parked, err := l.turnOrPark(run, d, t, nil, 0)
+	switch {
+	case parked:
+		return
+	case ok:
+		l.installTurn(run, d, t)
+		return
+	case ctx.Err() != nil || errors.Is(err, concurrency.ErrSessionExpired):
+		return
+	}
+	wait := (&backoff.Backoff{Min: 50 * time.Millisecond, Max: 2 * time.Second}).Next()
+	l.log.Warn("lock", "device", d.id, "err", err, "retry_in", wait)
+	if backoff.Sleep(ctx, wait) && acquireSlot(ctx, run.slots) {
+		l.campaign(run, d)
+	}
+}
+
+// installTurn installs a controller under t, d's lock taken, and starts
+// its work; a refused token lets the lock go and campaigns again later.
+func (l *leases) installTurn(run *sessionRun, d *device, t lockTurn) {
+	lease := run.sess.Lease()
+	ok, _, refused := l.install(run.ctx, d, fence.Token(t.rev), t.key, lease)
+	if ok {
+		l.hooks.acquired(d) // deliver its queue, reconcile its twin under the new token
+		return
+	}
+	if refused {
+		// Not ours to command: let the lock move on, and try again later.
+		l.recampaign(d, fence.Token(t.rev), t.key, lease, false)
+	}
 }
 
 // install makes token the device's controller and reports whether it did,

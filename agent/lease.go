@@ -325,7 +325,7 @@ func (l *leases) runSession(ctx context.Context, sess *concurrency.Session) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				l.campaign(sctx, sess, l.devices[id], slots)
+				l.campaign(run, l.devices[id])
 			}()
 		}
 	}()
@@ -356,6 +356,7 @@ wait:
 	l.run = nil
 	l.mu.Unlock()
 	cancel()
+	l.turns.unpark(run) // the campaigns parked in a lock queue (turn.go)
 	wg.Wait()
 
 	l.mu.Lock()

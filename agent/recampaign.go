@@ -68,7 +68,7 @@ func (l *leases) recampaign(d *device, token fence.Token, key string, lease clie
 		if !backoff.Sleep(r.ctx, wait) || !acquireSlot(r.ctx, r.slots) {
 			return
 		}
-		l.campaign(r.ctx, r.sess, d, r.slots)
+		l.campaign(r, d)
 	}()
 }
 

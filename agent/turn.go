@@ -68,26 +68,44 @@ type turnRes struct {
 	err   error
 }
 
-// waitTurn waits in t's queue under pfx — first is the first key, seen at
-// revision rev — until the keys before t are gone and it takes the turn:
-// the gateway is written into t's key. It tells note of every other key
-// it finds first (nil: nobody). It returns concurrency.ErrSessionExpired
-// if t's key is gone.
-func (l *leases) waitTurn(ctx context.Context, pfx string, t lockTurn, lease clientv3.LeaseID, first *mvccpb.KeyValue, rev int64, note func(*mvccpb.KeyValue)) error {
+// A turnPark is a campaign waiting in a lock queue without a goroutine of
+// its own: a waiting agent for 10,000 devices kept 10,000 goroutines, ~10
+// KB of stack each and scanned by every GC (docs/BENCHMARKS.md §72). The
+// agent's watch (turnWatch) runs resume in a new goroutine when the key
+// before it is deleted.
+type turnPark struct {
+	pfx   string
+	t     lockTurn
+	lease clientv3.LeaseID
+	owner any                    // whose parks are dropped together (turnWatch.unpark): the session run
+	note  func(*mvccpb.KeyValue) // told of every other key found first; nil: nobody
+	// resume runs in a new goroutine once the key before t is deleted
+	// (or on a spurious wake: a reconnect, a compaction); drop instead,
+	// if the park is dropped (unpark). Exactly one of them runs.
+	resume, drop func()
+}
+
+// tryTurn takes p's turn, or parks p on the first key (seen at revision
+// rev; nil: not known, the turn's transaction tells). ok: the turn is
+// taken, the gateway written into p's key; parked: p.resume (or p.drop)
+// will run. It returns concurrency.ErrSessionExpired if p's key is gone.
+func (l *leases) tryTurn(ctx context.Context, p *turnPark, first *mvccpb.KeyValue, rev int64) (ok, parked bool, err error) {
 	for {
-		if string(first.Key) != t.key {
-			if note != nil {
-				note(first)
+		if first == nil || string(first.Key) == p.t.key {
+			r := l.takeTurn(ctx, p.pfx, p.t, p.lease)
+			if r.err != nil || r.ok {
+				return r.ok, false, r.err
 			}
-			if err := l.turns.wait(ctx, string(first.Key), rev); err != nil {
-				return err
-			}
+			first, rev = r.first, r.rev
+			continue
 		}
-		r := l.takeTurn(ctx, pfx, t, lease)
-		if r.err != nil || r.ok {
-			return r.err
+		if p.note != nil {
+			p.note(first)
 		}
-		first, rev = r.first, r.rev
+		if parked, err := l.turns.park(ctx, string(first.Key), rev, p); parked || err != nil {
+			return false, parked, err
+		}
+		first = nil // that key is gone already
 	}
 }
 

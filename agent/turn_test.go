@@ -28,6 +28,40 @@ func turnLeases(t *testing.T, cli *clientv3.Client, gateway, root string) *lease
 	return l
 }
 
+// waitTurn takes t's turn under pfx, parked (tryTurn) until it can: a
+// campaign's path without the device and session around it.
+func waitTurn(ctx context.Context, l *leases, pfx string, t lockTurn, lease clientv3.LeaseID, first *mvccpb.KeyValue, rev int64, note func(*mvccpb.KeyValue)) error {
+	for {
+		woke := make(chan struct{}, 1)
+		p := &turnPark{pfx: pfx, t: t, lease: lease, note: note, resume: func() { woke <- struct{}{} }, drop: func() {}}
+		ok, _, err := l.tryTurn(ctx, p, first, rev)
+		if err != nil || ok {
+			return err
+		}
+		select {
+		case <-woke:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		first = nil
+	}
+}
+
+// parkOn parks on key (seen at rev) and returns the channel its resume
+// closes, or nil if the key was gone already.
+func parkOn(t *testing.T, w *turnWatch, key string, rev int64) chan struct{} {
+	t.Helper()
+	woke := make(chan struct{})
+	parked, err := w.park(t.Context(), key, rev, &turnPark{resume: func() { close(woke) }, drop: func() {}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !parked {
+		return nil
+	}
+	return woke
+}
+
 func grantLease(t *testing.T, cli *clientv3.Client) clientv3.LeaseID {
 	t.Helper()
 	g, err := cli.Grant(t.Context(), 30)
@@ -69,7 +103,7 @@ func TestWaitTurnTakesTheLockInOneWrite(t *testing.T) {
 	got := make(chan error, 1)
 	var noted []string
 	go func() {
-		got <- b.waitTurn(ctx, pfx, tb, lb, first, rev, func(kv *mvccpb.KeyValue) { noted = append(noted, string(kv.Key)) })
+		got <- waitTurn(ctx, b, pfx, tb, lb, first, rev, func(kv *mvccpb.KeyValue) { noted = append(noted, string(kv.Key)) })
 	}()
 	select {
 	case err := <-got:
@@ -98,8 +132,8 @@ func TestWaitTurnTakesTheLockInOneWrite(t *testing.T) {
 	}
 }
 
-// A wait registered after the watch has handled a newer delete reads the
-// key: a key deleted before the wait was there does not leave it waiting
+// A park registered after the watch has handled a newer delete reads the
+// key: a key deleted before the park was there does not leave it parked
 // for a delete that already passed; one still there is waited for.
 func TestTurnWatchWaitAfterTheDelete(t *testing.T) {
 	cli := etcdClient(t)
@@ -136,25 +170,52 @@ func TestTurnWatchWaitAfterTheDelete(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	wctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	if err := l.turns.wait(wctx, root+"gone", revGone); err != nil {
-		t.Fatalf("wait on a key deleted before the wait: %v", err)
+	if woke := parkOn(t, l.turns, root+"gone", revGone); woke != nil {
+		t.Fatal("parked on a key deleted before the park")
 	}
-	woke := make(chan error, 1)
-	go func() { woke <- l.turns.wait(wctx, root+"stays", revStays) }()
+	woke := parkOn(t, l.turns, root+"stays", revStays)
+	if woke == nil {
+		t.Fatal("not parked on a key that exists")
+	}
 	select {
-	case err := <-woke:
-		t.Fatalf("wait on a key that exists ended: %v", err)
+	case <-woke:
+		t.Fatal("resumed while the key exists")
 	case <-time.After(300 * time.Millisecond):
 	}
 	del("stays")
-	if err := <-woke; err != nil {
+	<-woke
+	if n := l.turns.parked(); n != 0 {
+		t.Fatalf("%d parks left", n)
+	}
+}
+
+// A park dropped with its owner (the session run ended) runs its drop,
+// not its resume, and is gone.
+func TestTurnWatchUnpark(t *testing.T) {
+	cli := etcdClient(t)
+	root := fmt.Sprintf("/turnunpark-%d/devices/", time.Now().UnixNano())
+	l := turnLeases(t, cli, "gw", root)
+	r, err := cli.Put(t.Context(), root+"k", "")
+	if err != nil {
 		t.Fatal(err)
 	}
-	if n := l.turns.waiting(); n != 0 {
-		t.Fatalf("%d waits left", n)
+	var resumed, dropped int
+	owner := new(int)
+	for range 3 {
+		p := &turnPark{owner: owner, resume: func() { resumed++ }, drop: func() { dropped++ }}
+		if parked, err := l.turns.park(t.Context(), root+"k", r.Header.Revision, p); !parked || err != nil {
+			t.Fatal(parked, err)
+		}
 	}
+	other := parkOn(t, l.turns, root+"k", r.Header.Revision)
+	l.turns.unpark(owner)
+	if dropped != 3 || resumed != 0 || l.turns.parked() != 1 {
+		t.Fatalf("after unpark: %d dropped, %d resumed, %d parked", dropped, resumed, l.turns.parked())
+	}
+	if _, err := cli.Delete(t.Context(), root+"k"); err != nil {
+		t.Fatal(err)
+	}
+	<-other
 }
 
 // The queue writes of campaigns started together, and the turns of
@@ -188,10 +249,10 @@ func TestTurnsOfWokenDevicesShareTransactions(t *testing.T) {
 				return
 			}
 			queued <- tb.rev
-			errs <- b.waitTurn(ctx, pfx, tb, lb, first, rev, nil)
+			errs <- waitTurn(ctx, b, pfx, tb, lb, first, rev, nil)
 		})
 	}
-	for b.turns.waiting() < n {
+	for b.turns.parked() < n {
 		time.Sleep(10 * time.Millisecond)
 	}
 	close(queued)

@@ -16,8 +16,8 @@ import (
 )
 
 // turnWatch is the agent's one etcd watch over the deletes under its
-// devices' prefix: a campaign waiting in a lock queue (waitTurn) waits here
-// for the key before its own to go. One watch per waiting device cost each
+// devices' prefix: a campaign waiting in a lock queue parks here
+// (turnPark, tryTurn) until the key before its own goes. One watch per waiting device cost each
 // a watcher stream in clientv3 and etcd (~18 KB of the agent's RSS), and
 // a round trip to create it (a stream's watches are created one at a
 // time): a backup agent for 10,000 devices took ~190 MiB and half a
@@ -38,13 +38,13 @@ type turnWatch struct {
 
 	mu sync.Mutex
 	// seen: every delete under pfx up to this revision was handled (its
-	// waits woken); 0 before the watch has its start revision.
+	// parks resumed); 0 before the watch has its start revision.
 	seen  int64
-	waits map[string][]chan struct{} // key → the waits on its delete
+	parks map[string][]*turnPark // key → the parks on its delete
 }
 
 func newTurnWatch(cli *clientv3.Client, pfx string, log *slog.Logger) *turnWatch {
-	return &turnWatch{cli: cli, pfx: pfx, log: log, waits: make(map[string][]chan struct{})}
+	return &turnWatch{cli: cli, pfx: pfx, log: log, parks: make(map[string][]*turnPark)}
 }
 
 // run watches until ctx ends, resuming after an error with a backoff.
@@ -98,90 +98,128 @@ func (w *turnWatch) watch(ctx context.Context) error {
 	return errors.Join(errors.New("watch closed"), wr.Err(), ctx.Err())
 }
 
-// start sets seen to rev, where the watch (re)starts from, and wakes every
-// wait: a delete before rev may not have been seen.
+// start sets seen to rev, where the watch (re)starts from, and resumes
+// every park: a delete before rev may not have been seen.
 func (w *turnWatch) start(rev int64) {
 	w.mu.Lock()
-	defer w.mu.Unlock()
 	w.seen = rev
-	for k, chs := range w.waits {
-		for _, ch := range chs {
-			close(ch)
-		}
-		delete(w.waits, k)
+	var woken []*turnPark
+	for k, ps := range w.parks {
+		woken = append(woken, ps...)
+		delete(w.parks, k)
 	}
+	w.mu.Unlock()
+	resume(woken)
 }
 
-// deleted wakes the waits on the keys of evs' deletes.
+// deleted resumes the parks on the keys of evs' deletes.
 func (w *turnWatch) deleted(evs []*clientv3.Event) {
+	var woken []*turnPark
 	w.mu.Lock()
-	defer w.mu.Unlock()
 	for _, ev := range evs {
 		if ev.Type != mvccpb.DELETE {
 			continue
 		}
 		k := string(ev.Kv.Key)
-		for _, ch := range w.waits[k] {
-			close(ch)
-		}
-		delete(w.waits, k)
+		woken = append(woken, w.parks[k]...)
+		delete(w.parks, k)
 		w.seen = max(w.seen, ev.Kv.ModRevision)
 	}
+	w.mu.Unlock()
+	resume(woken)
 }
 
-// wait returns once key, seen to exist at revision rev, is deleted, or ctx
-// ends (its error). A wake may be spurious (a reconnect, a compaction):
-// the caller checks its turn, which is what it does after any wake.
-func (w *turnWatch) wait(ctx context.Context, key string, rev int64) error {
-	ch := make(chan struct{})
+func resume(ps []*turnPark) {
+	for _, p := range ps {
+		go p.resume()
+	}
+}
+
+// park registers p to resume once key, seen to exist at revision rev, is
+// deleted, and reports whether it did: not if ctx has ended (its error),
+// nor if the key is gone already (nil). Once it returns parked, p.resume
+// or p.drop runs, exactly once.
+func (w *turnWatch) park(ctx context.Context, key string, rev int64, p *turnPark) (parked bool, err error) {
 	w.mu.Lock()
-	w.waits[key] = append(w.waits[key], ch)
+	w.parks[key] = append(w.parks[key], p)
 	read := w.seen == 0 || w.seen >= rev
 	w.mu.Unlock()
-	if read {
-		// The delete may have been handled before this wait was there.
-		// Registered first, so a delete after this read wakes it.
-		r, err := w.cli.Get(ctx, key, clientv3.WithKeysOnly())
-		if err != nil {
-			w.drop(key, ch)
-			return fmt.Errorf("read %s: %w", key, err)
+	// Registered first: an unpark of p's owner that ran before this
+	// registration came after ctx ended, and a delete after the read
+	// below resumes p.
+	if err := ctx.Err(); err != nil {
+		if w.take(key, p) {
+			return false, err
 		}
-		if len(r.Kvs) == 0 {
-			w.drop(key, ch)
-			return nil
+		return true, nil
+	}
+	if !read {
+		return true, nil
+	}
+	// The delete may have been handled before p was there.
+	r, err := w.cli.Get(ctx, key, clientv3.WithKeysOnly())
+	switch {
+	case err != nil:
+		if w.take(key, p) {
+			return false, fmt.Errorf("read %s: %w", key, err)
 		}
+	case len(r.Kvs) == 0:
+		return !w.take(key, p), nil
 	}
-	select {
-	case <-ch:
-		return nil
-	case <-ctx.Done():
-		w.drop(key, ch)
-		return ctx.Err()
-	}
+	return true, nil
 }
 
-// drop removes the wait ch on key, if it is still there.
-func (w *turnWatch) drop(key string, ch chan struct{}) {
+// take removes p's park on key and reports whether it was still there
+// (else a wake or an unpark has it).
+func (w *turnWatch) take(key string, p *turnPark) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	chs := w.waits[key]
-	if i := slices.Index(chs, ch); i >= 0 {
-		chs = slices.Delete(chs, i, i+1)
+	ps := w.parks[key]
+	i := slices.Index(ps, p)
+	if i < 0 {
+		return false
 	}
-	if len(chs) == 0 {
-		delete(w.waits, key)
+	if ps = slices.Delete(ps, i, i+1); len(ps) == 0 {
+		delete(w.parks, key)
 	} else {
-		w.waits[key] = chs
+		w.parks[key] = ps
+	}
+	return true
+}
+
+// unpark drops every park of owner (p.drop runs for each): its session
+// run has ended.
+func (w *turnWatch) unpark(owner any) {
+	var dropped []*turnPark
+	w.mu.Lock()
+	for k, ps := range w.parks {
+		kept := ps[:0]
+		for _, p := range ps {
+			if p.owner == owner {
+				dropped = append(dropped, p)
+			} else {
+				kept = append(kept, p)
+			}
+		}
+		if len(kept) == 0 {
+			delete(w.parks, k)
+		} else {
+			w.parks[k] = kept
+		}
+	}
+	w.mu.Unlock()
+	for _, p := range dropped {
+		p.drop()
 	}
 }
 
-// waiting returns how many waits are registered.
-func (w *turnWatch) waiting() int {
+// parked returns how many parks are registered.
+func (w *turnWatch) parked() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	n := 0
-	for _, chs := range w.waits {
-		n += len(chs)
+	for _, ps := range w.parks {
+		n += len(ps)
 	}
 	return n
 }
