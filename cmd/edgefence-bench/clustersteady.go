@@ -179,8 +179,8 @@ func printCluster(w io.Writer, r *clusterResult) {
 			i, map[bool]string{true: " (leader)"}[m.Leader], float64(m.DBSize)/(1<<20), float64(m.DBInUse)/(1<<20), perKey, float64(m.RSS)/1024, m.CPU)
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "| trial | killed | devices | etcd leader killed | held, etcd ms | held, agents ms (p10 / p50 / p90) | target held | first accepted ms | all accepted ms | target accepted | refusals / fan-outs | other | revisions (per device) | sessions lost by the others | takers |")
-	fmt.Fprintln(w, "|---:|---|---:|---|---:|---:|---|---:|---:|---|---:|---|---:|---:|---|")
+	fmt.Fprintln(w, "| trial | killed | devices | etcd leader killed | lease expired ms | held, etcd ms | held, agents ms (p10 / p50 / p90) | target held | first accepted ms | all accepted ms | target accepted | refusals / fan-outs | other | revisions (per device) | sessions lost by the others | takers |")
+	fmt.Fprintln(w, "|---:|---|---:|---|---:|---:|---:|---|---:|---:|---|---:|---|---:|---:|---|")
 	for _, t := range r.Trials {
 		lead := "no"
 		if t.Leader {
@@ -191,8 +191,8 @@ func printCluster(w io.Writer, r *clusterResult) {
 			takers = append(takers, fmt.Sprintf("%s %d", g, t.Takers[g]))
 		}
 		ok := t.Err == ""
-		fmt.Fprintf(w, "| %d | %s | %d | %s | %s | %s (%s / %s / %s) | ≤ %s: **%s** | %s | %s | ≤ %s: **%s** | %d / %d | %v | %d (%.2f) | %d | %s |\n", t.N, t.Victim, t.Devices, lead,
-			ms(t.HeldEtcd), ms(t.HeldAgent), ms(t.HeldQ[0]), ms(t.HeldQ[1]), ms(t.HeldQ[2]), ms(t.TargetHeld), metOrNot(ok && t.HeldAgent <= t.TargetHeld), ms(t.First), ms(t.Accepted), ms(t.TargetAcc),
+		fmt.Fprintf(w, "| %d | %s | %d | %s | %s | %s | %s (%s / %s / %s) | ≤ %s: **%s** | %s | %s | ≤ %s: **%s** | %d / %d | %v | %d (%.2f) | %d | %s |\n", t.N, t.Victim, t.Devices, lead,
+			ms(t.Expired), ms(t.HeldEtcd), ms(t.HeldAgent), ms(t.HeldQ[0]), ms(t.HeldQ[1]), ms(t.HeldQ[2]), ms(t.TargetHeld), metOrNot(ok && t.HeldAgent <= t.TargetHeld), ms(t.First), ms(t.Accepted), ms(t.TargetAcc),
 			metOrNot(ok && t.Accepted > 0 && t.Accepted <= t.TargetAcc), t.Refused, t.Fanouts, t.Other, t.Revisions, float64(t.Revisions)/float64(max(t.Devices, 1)), t.Sessions, strings.Join(takers, ", "))
 	}
 	fmt.Fprintln(w)

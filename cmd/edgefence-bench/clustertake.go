@@ -24,6 +24,7 @@ type clusterTrial struct {
 	Leader     bool             // the etcd leader was killed too
 	LeaderAt   time.Duration    // ... this long after the agent
 	LeaderWas  int              // its index
+	Expired    time.Duration    // the first of the victim's lock keys deleted: its lease's expiry (etcd watch, at this process)
 	HeldEtcd   time.Duration    // the last lock key written by its new holder (etcd watch, at this process)
 	HeldAgent  time.Duration    // the last device held in its new agent (status: holding since)
 	HeldQ      [3]time.Duration // 10th, 50th and 90th percentiles of the same
@@ -86,7 +87,7 @@ func (e *clusterEnv) takeover(ctx context.Context, n int, leader bool) (clusterT
 	senders := e.startSenders(tctx, victim, col)
 	watched := make(chan struct{})
 	go func() { defer close(watched); e.watchHolders(tctx, rev0, set, va.name, senders, col) }()
-	profiled := e.profileTakers(tctx, n, victim)
+	profiled := e.profileTakers(ctx, n, victim) // ctx: it outlasts the takeover
 	t0 := time.Now()
 	if err := va.kill(); err != nil {
 		return tr, err
@@ -113,6 +114,9 @@ func (e *clusterEnv) takeover(ctx context.Context, n int, leader bool) (clusterT
 func (e *clusterEnv) trialFigures(ctx context.Context, tr *clusterTrial, col *takeCollector, set map[string]bool, t0 time.Time, rev0 int64, sess0 map[string]uint64) error {
 	col.mu.Lock()
 	tr.Refused, tr.Fanouts = col.refused, col.fanouts
+	if !col.expired.IsZero() {
+		tr.Expired = col.expired.Sub(t0)
+	}
 	maps.Copy(tr.Other, col.other)
 	accepted := len(col.accepted)
 	for _, at := range col.accepted {
@@ -153,8 +157,8 @@ func (e *clusterEnv) trialFigures(ctx context.Context, tr *clusterTrial, col *ta
 		tr.HeldAgent = since[held-1]
 		tr.HeldQ = [3]time.Duration{since[held/10], since[held/2], since[held*9/10]}
 	}
-	fmt.Fprintf(e.cfg.Log, "cluster: takeover %d: %d devices: held %s ms (etcd) %s ms (agents; p10/p50/p90 %s/%s/%s ms), accepted first %s ms, all %s ms; %d refusals, %d fan-outs, other %v, %d revisions, %d sessions lost by the others\n",
-		tr.N, tr.Devices, ms(tr.HeldEtcd), ms(tr.HeldAgent), ms(tr.HeldQ[0]), ms(tr.HeldQ[1]), ms(tr.HeldQ[2]), ms(tr.First), ms(tr.Accepted), tr.Refused, tr.Fanouts, tr.Other, tr.Revisions, tr.Sessions)
+	fmt.Fprintf(e.cfg.Log, "cluster: takeover %d: %d devices: lease expired %s ms, held %s ms (etcd) %s ms (agents; p10/p50/p90 %s/%s/%s ms), accepted first %s ms, all %s ms; %d refusals, %d fan-outs, other %v, %d revisions, %d sessions lost by the others\n",
+		tr.N, tr.Devices, ms(tr.Expired), ms(tr.HeldEtcd), ms(tr.HeldAgent), ms(tr.HeldQ[0]), ms(tr.HeldQ[1]), ms(tr.HeldQ[2]), ms(tr.First), ms(tr.Accepted), tr.Refused, tr.Fanouts, tr.Other, tr.Revisions, tr.Sessions)
 	if accepted != len(set) || held != len(set) {
 		return fmt.Errorf("of %d devices, %d accepted a command and %d are held after the takeover", len(set), accepted, held)
 	}
@@ -233,6 +237,11 @@ func (e *clusterEnv) watchOnce(wch clientv3.WatchChan, last int64, set map[strin
 			last = max(last, ev.Kv.ModRevision)
 		}
 		for _, ev := range wr.Events {
+			if ev.Type == clientv3.EventTypeDelete {
+				if dev, ok := lockDevice(e.prefix, string(ev.Kv.Key)); ok && set[dev] {
+					col.expiredAt(now)
+				}
+			}
 			if ev.Type != clientv3.EventTypePut || len(ev.Kv.Value) == 0 {
 				continue
 			}
@@ -253,6 +262,7 @@ func (e *clusterEnv) watchOnce(wch clientv3.WatchChan, last int64, set map[strin
 type takeCollector struct {
 	want     int
 	mu       sync.Mutex
+	expired  time.Time            // the first delete of a taken device's lock key
 	held     map[string]time.Time // lock key written by the new holder
 	taker    map[string]string
 	accepted map[string]time.Time
@@ -265,6 +275,15 @@ type takeCollector struct {
 func newTakeCollector(set map[string]bool) *takeCollector {
 	return &takeCollector{want: len(set), held: map[string]time.Time{}, taker: map[string]string{}, accepted: map[string]time.Time{},
 		other: map[string]int{}, all: make(chan struct{})}
+}
+
+// expiredAt records t as the lease's expiry unless one was recorded.
+func (c *takeCollector) expiredAt(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.expired.IsZero() {
+		c.expired = t
+	}
 }
 
 // heldAt records dev held by gw at t (the first time only) and whether
