@@ -391,7 +391,7 @@ func (e *clusterEnv) lockKeys(ctx context.Context) (int, error) {
 }
 
 // owners returns device → holder (the gateway written into its lock key
-// by the holder: agent.leases.readToken) for every device whose lock is
+// by the holder when it takes its turn: agent/turn.go) for every device whose lock is
 // held, read in one range from etcd; only devices under sub (a device id
 // prefix) if not empty.
 func (e *clusterEnv) owners(ctx context.Context, sub string) (map[string]string, error) {

@@ -213,7 +213,7 @@ func (e *clusterEnv) killLeaderAfter(ctx context.Context, leader int, t0 time.Ti
 }
 
 // watchHolders hands each device of set whose lock key gets a new holder
-// (its value, the gateway, written by readToken) to that holder's sender,
+// (its value, the gateway, written when it takes its turn: agent/turn.go) to that holder's sender,
 // watching from rev0+1 until ctx ends (again from the last revision seen
 // if the watch ends early).
 func (e *clusterEnv) watchHolders(ctx context.Context, rev0 int64, set map[string]bool, victim string, senders *takeSenders, col *takeCollector) {
