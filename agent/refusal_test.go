@@ -244,12 +244,15 @@ func TestRestartSweepsUnconfiguredLocks(t *testing.T) {
 		t.Fatal(err)
 	}
 	fp := newFencePoint()
-	a1 := startOutboxAgent(t, "gw-a", prefix, devCfgs("d1", "gone"), &gate{fp: fp}, ob1)
+	// A TTL that outlives a1's stop and a2's start on a loaded machine
+	// (2 s did not, once, under make test): a2 must find the lease alive.
+	const ttl = 8 * time.Second
+	a1 := startOutboxAgentOn(t, testEtcd, ttl, "gw-a", prefix, devCfgs("d1", "gone"), &gate{fp: fp}, ob1)
 	waitFor(t, "a1 holds", holdingAll(a1, []string{"d1", "gone"}))
 	a1.cli.Close()
 	a1.stop()
 	ob1.Close()
-	a2 := startOutboxAgent(t, "gw-a", prefix, devCfgs("d1"), &gate{fp: fp}, openOutbox(t, path, nil))
+	a2 := startOutboxAgentOn(t, testEtcd, ttl, "gw-a", prefix, devCfgs("d1"), &gate{fp: fp}, openOutbox(t, path, nil))
 	waitFor(t, "a2 holds", holdingAll(a2, []string{"d1"}))
 	if a2.Status().Counters.Reattached != 1 {
 		t.Fatal("a2 did not re-attach")
