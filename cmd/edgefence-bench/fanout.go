@@ -42,7 +42,8 @@ type fanoutConfig struct {
 	Fleets   int   // sim fleets (bbolt files) serving the devices
 	Lanes    int   // MQTT clients per fleet (sim.FleetConfig.Lanes)
 	AgentBin string
-	ProfDir  string // non-empty: a profiling agent; a CPU profile of each size's last fan-out goes here
+	ProfDir  string   // non-empty: a profiling agent; a CPU profile of each size's last fan-out goes here
+	Env      []string // extra environment for the agent (--agent-env)
 	Dir      string
 	Log      io.Writer
 }
@@ -117,7 +118,7 @@ func fanoutSize(ctx context.Context, etcd *sandbox.Etcd, cli *clientv3.Client, b
 	if err != nil {
 		return row, err
 	}
-	p, err := ac.start(bin, nil)
+	p, err := ac.start(bin, cfg.Env)
 	if err != nil {
 		return row, err
 	}
