@@ -252,6 +252,15 @@ func (q *delivery) next(w *worker) (e *offline.Entry, attempted bool, err error)
 	defer q.expireMu.RUnlock()
 	e = q.takeFresh(d) // hint.go: no read when the entry was just stored
 	if e == nil {
+		// An empty queue needs no read (after a fan-out's verdict, the
+		// usual case): the outbox counts an entry as pending from its
+		// reservation, before its commit, until its terminal state is
+		// recorded or deferred (offline's ResolveLater, which NextAfter
+		// skips as well), an unreadable one included. An entry stored
+		// after this look kicks the worker again.
+		if n, _ := q.outbox.Pending(d.id); n == 0 {
+			return nil, false, nil
+		}
 		var ok bool
 		e, ok, err = q.outbox.NextAfter(d.id, w.settledThrough())
 		if err != nil || !ok {

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/edgefence/edgefence/fence"
@@ -248,7 +249,11 @@ func (q *delivery) countVerdict(d *device, v fence.Verdict) {
 // verdict itself, without sending the command.
 func (q *delivery) logVerdict(d *device, env *fence.Envelope, ack *fence.Ack, local bool) {
 	if ack.Verdict == fence.Accepted || ack.Verdict == fence.Duplicate {
-		q.log.Debug("command verdict", "device", d.id, "token", env.Token, "seq", env.Seq, "id", env.ID, "verdict", ack.Verdict)
+		// Asked first: the line's values would be boxed (allocated)
+		// for every command even with Debug off.
+		if q.log.Enabled(context.Background(), slog.LevelDebug) {
+			q.log.Debug("command verdict", "device", d.id, "token", env.Token, "seq", env.Seq, "id", env.ID, "verdict", ack.Verdict)
+		}
 		return
 	}
 	reason := ack.Reason

@@ -42,7 +42,8 @@ type fanoutConfig struct {
 	Fleets   int   // sim fleets (bbolt files) serving the devices
 	Lanes    int   // MQTT clients per fleet (sim.FleetConfig.Lanes)
 	AgentBin string
-	ProfDir  string // non-empty: a profiling agent; a CPU profile of each size's last fan-out goes here
+	ProfDir  string   // non-empty: a profiling agent; a CPU profile of each size's last fan-out goes here
+	Env      []string // extra environment for the agent (--agent-env)
 	Dir      string
 	Log      io.Writer
 }
@@ -55,7 +56,8 @@ type fanoutRun struct {
 	Resent     uint64        // commands sent again during the request (/metrics)
 	CPU        time.Duration // agent user+sys during the request
 	Accepted   int
-	Duplicate  int // applied, answered duplicate (a resend's ack came first)
+	Duplicate  int   // applied, answered duplicate (a resend's ack came first)
+	HWM        int64 // the agent's VmHWM after the request, KiB (its peak RSS so far)
 }
 
 type fanoutRow struct {
@@ -117,7 +119,7 @@ func fanoutSize(ctx context.Context, etcd *sandbox.Etcd, cli *clientv3.Client, b
 	if err != nil {
 		return row, err
 	}
-	p, err := ac.start(bin, nil)
+	p, err := ac.start(bin, cfg.Env)
 	if err != nil {
 		return row, err
 	}
@@ -143,8 +145,8 @@ func fanoutSize(ctx context.Context, etcd *sandbox.Etcd, cli *clientv3.Client, b
 			r.AllCommits = uint64(after[fanoutCounters[0]] - before[fanoutCounters[0]])
 			r.Resent = uint64(after[fanoutCounters[1]] - before[fanoutCounters[1]])
 		}
-		fmt.Fprintf(cfg.Log, "fanout: %d devices, run %d: %v, %d accepted, %d duplicate, %d resent, %d append commits, %d outbox commits, CPU %v\n",
-			n, i+1, r.Wall.Round(time.Millisecond), r.Accepted, r.Duplicate, r.Resent, r.Commits, r.AllCommits, r.CPU)
+		fmt.Fprintf(cfg.Log, "fanout: %d devices, run %d: %v, %d accepted, %d duplicate, %d resent, %d append commits, %d outbox commits, CPU %v, VmHWM %s MiB\n",
+			n, i+1, r.Wall.Round(time.Millisecond), r.Accepted, r.Duplicate, r.Resent, r.Commits, r.AllCommits, r.CPU, mib(r.HWM))
 		row.Runs = append(row.Runs, r)
 		last = results
 	}
@@ -191,6 +193,9 @@ func fanoutOnce(ctx context.Context, api *agent.APIClient, pid, n int) (fanoutRu
 		}
 	})
 	r.Wall, r.CPU = time.Since(t0), readProcCPU(pid)-cpu0
+	if m, merr := readProcMem(pid); merr == nil {
+		r.HWM = m.VmHWM
+	}
 	if err != nil {
 		return r, nil, err
 	}

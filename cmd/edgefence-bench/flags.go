@@ -195,7 +195,7 @@ func (f *rssFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.idle, "rss-idle", 20*time.Second, "rss: measure the agent's CPU this long with all devices held and no commands, before the load (0: not)")
 	fs.StringVar(&f.agentProf, "agent-cpuprofile", "", "rss, fanout, cluster: the agent is built for profiling (-tags edgefence_pprof; an --agent-bin must be too) and serves pprof (metrics.pprof). rss: a CPU profile of each size's load window (at most 25 s) is written to DIR/agent-cpu-N.pprof, of its idle window to agent-idle-N.pprof, and its allocations since start to agent-allocs-N.pprof; fanout: of each size's last fan-out (the first run's time + 2 s, at most 25 s) to DIR/agent-fanout-N.pprof; cluster: before the first takeover every agent's heap and goroutines to DIR/cluster-<gw>-heap.pprof and -goroutine.pprof, and during it (TTL + 5 s) each taker's CPU to DIR/cluster-<gw>-takeover-cpu.pprof")
 	fs.StringVar(&f.verdict, "rss-verdict-delay", "", "rss: the agent's outbox.verdict_delay (e.g. 0s: strict, a commit per verdict; empty: the agent's default)")
-	fs.StringVar(&f.agentEnv, "agent-env", "", "rss: extra environment for the agent, comma-separated (e.g. GOGC=50,GODEBUG=gctrace=1; see --keep for its log)")
+	fs.StringVar(&f.agentEnv, "agent-env", "", "rss, fanout: extra environment for the agent, comma-separated (e.g. GOGC=50,GODEBUG=gctrace=1; see --keep for its log)")
 }
 
 func (f *fwFlags) register(fs *flag.FlagSet) {
@@ -321,7 +321,7 @@ func (f *benchFlags) benches(what string, set map[string]bool) (*benches, error)
 			TPRuns: f.twins.runs, Fleets: f.twins.fleets},
 		rtu:     modbusRTUConfig{Bauds: l.bauds, N: f.rtu.n},
 		fw:      fw,
-		fan:     fanoutConfig{Sizes: l.fanSizes, Runs: f.runs, Fleets: max(f.fan.fleets, 1), Lanes: max(f.fan.lanes, 1), AgentBin: f.agentBin, ProfDir: pdir},
+		fan:     fanoutConfig{Sizes: l.fanSizes, Runs: f.runs, Fleets: max(f.fan.fleets, 1), Lanes: max(f.fan.lanes, 1), AgentBin: f.agentBin, ProfDir: pdir, Env: splitNonEmpty(f.rss.agentEnv)},
 		cost:    etcdCostConfig{N: f.devices, Impls: l.etcds, Idle: f.cost.idle, LeaseTTL: 10 * time.Second},
 		cluster: cl,
 		keep:    f.keep,

@@ -1,6 +1,7 @@
 package mqtt
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -169,10 +170,17 @@ func (c *Client) attemptConnection(ctx context.Context, _ autopaho.ClientConfig,
 	return conn, nil
 }
 
-// packetGuard returns the guard of a connection that reads from r and
-// writes through w.
+// readBuffer is the size of a connection's read buffer. The guard reads
+// each packet's fixed header a byte at a time (packetsize.go): unbuffered,
+// a packet cost three or four read system calls (its type, one or two
+// bytes of length, its body); buffered, the packets that arrived together
+// (a fan-out's acks and PUBACKs) share one.
+const readBuffer = 4 << 10
+
+// packetGuard returns the guard of a connection that reads from r
+// (through a buffer of readBuffer bytes) and writes through w.
 func (c *Client) packetGuard(r io.Reader, w lockedWriter) packetGuard {
-	return packetGuard{r: r, w: w, limit: c.cfg.MaxPacketSize, onOversize: c.packetTooLarge}
+	return packetGuard{r: bufio.NewReaderSize(r, readBuffer), w: w, limit: c.cfg.MaxPacketSize, onOversize: c.packetTooLarge}
 }
 
 // readerFunc is an io.Reader made of a Read function.

@@ -158,13 +158,73 @@ func TestPacketGuardPassesWithinLimit(t *testing.T) {
 		for {
 			n, err := g.Read(buf)
 			out = append(out, buf[:n]...)
-			if err != nil {
+			if err != nil && (n == 0 || !errors.Is(err, io.EOF)) { // io.EOF with bytes: a body's end
 				break
 			}
 		}
 		if !bytes.Equal(out, stream) || w.Len() != 0 || len(*seen) != 0 {
 			t.Errorf("chunk %d: passed %d of %d bytes, wrote %d, reported %v", chunk, len(out), len(stream), w.Len(), *seen)
 		}
+	}
+}
+
+// TestPacketGuardEndsBodies: the read that ends a packet's body says so
+// (io.EOF with its last bytes), and paho reads packet after packet through
+// the guard intact, the first byte of each after the io.EOF of the one
+// before; a bytes.Buffer grown to the body takes no second growth.
+func TestPacketGuardEndsBodies(t *testing.T) {
+	var stream []byte
+	sizes := []int{0, 1, 100, 300, 5000}
+	for _, n := range sizes {
+		stream = append(stream, publishHeader("t", 1, uint16(n+1), n)...)
+		stream = append(stream, bytes.Repeat([]byte{byte(n)}, n)...)
+	}
+	stream = append(stream, 0x40, 2, 0x12, 0x34) // PUBACK
+	g, _, _ := newGuard(bytes.NewReader(stream), 1<<20)
+	for _, n := range sizes {
+		cp, err := pahopackets.ReadPacket(g)
+		if err != nil {
+			t.Fatalf("PUBLISH of %d bytes: %v", n, err)
+		}
+		p, ok := cp.Content.(*pahopackets.Publish)
+		if !ok || p.PacketID != uint16(n+1) || !bytes.Equal(p.Payload, bytes.Repeat([]byte{byte(n)}, n)) {
+			t.Fatalf("PUBLISH of %d bytes read as %+v", n, cp.Content)
+		}
+	}
+	if cp, err := pahopackets.ReadPacket(g); err != nil || cp.Type != pahopackets.PUBACK || cp.Content.(*pahopackets.Puback).PacketID != 0x1234 {
+		t.Fatalf("PUBACK read as %v, %v", cp, err)
+	}
+	if _, err := pahopackets.ReadPacket(g); !errors.Is(err, io.EOF) {
+		t.Errorf("after the last packet: %v, want EOF", err)
+	}
+
+	// A 106-byte body read as paho reads it, through the guard and through
+	// a reader that does not tell the end: one growth of the Buffer fewer.
+	one := append(publishHeader("t", 1, 7, 100), make([]byte, 100)...)
+	r := bytes.NewReader(one)
+	g, _, _ = newGuard(r, 1<<20)
+	body := func(src io.Reader) {
+		var b bytes.Buffer
+		b.Grow(106)
+		if _, err := io.CopyN(&b, src, 106); err != nil || b.Len() != 106 {
+			t.Fatalf("body: %d bytes, %v", b.Len(), err)
+		}
+	}
+	hdr := make([]byte, 2) // type, Remaining Length
+	guarded := testing.AllocsPerRun(100, func() {
+		r.Reset(one)
+		g.pend, g.body = nil, 0
+		if _, err := io.ReadFull(g, hdr); err != nil {
+			t.Fatal(err)
+		}
+		body(g)
+	})
+	plain := testing.AllocsPerRun(100, func() {
+		r.Reset(one[2:])
+		body(r)
+	})
+	if guarded >= plain {
+		t.Errorf("a 106-byte body read into a bytes.Buffer: %v allocations through the guard, %v without it; want fewer", guarded, plain)
 	}
 }
 
