@@ -76,13 +76,16 @@ var forgeryCases = []forgeryCase{
 		return "f-replay", r.topics.Cmd("f-replay"), r.captured("f-replay", 0)
 	}},
 	{"envelope re-targeted to another device", fence.Invalid, true, func(r *forgeryRig) (string, string, []byte) {
-		// From the device with the higher token to the other: without
-		// the signature the victim would take it.
+		// The last envelope of the device with the higher token to the
+		// other: without the signature the victim would take it. Devices
+		// queued in one etcd transaction share a token value
+		// (agent/turn.go); f-rt1 is commanded once more than the others,
+		// so that its last envelope is above f-rt2's mark by its seq then.
 		src, dst := "f-rt1", "f-rt2"
 		if r.mark(src).Token < r.mark(dst).Token {
 			src, dst = dst, src
 		}
-		return dst, r.topics.Cmd(dst), r.retarget(r.captured(src, 1), dst)
+		return dst, r.topics.Cmd(dst), r.retarget(r.lastCaptured(src), dst)
 	}},
 	{"revoked gateway's envelope", fence.Invalid, true, func(r *forgeryRig) (string, string, []byte) {
 		return "f-rev", r.topics.Cmd("f-rev"), r.encode(r.revoked, r.env("f-rev", ForgedToken, 1))
@@ -90,7 +93,7 @@ var forgeryCases = []forgeryCase{
 }
 
 // forgeryDevices are the devices of the table, each commanded twice by the
-// holder before the forgeries.
+// holder before the forgeries (f-rt1 three times).
 var forgeryDevices = []string{"f-t63", "f-max", "f-seq", "f-replay", "f-rt1", "f-rt2", "f-rev", "f-ack", "f-state"}
 
 // forgeryRig is one run's world as the forger sees it.
@@ -207,7 +210,11 @@ func forgeryRun(t *testing.T, agentBin, devsimBin, pub string, signed bool) {
 
 	holder, send := awaitHolder(t, ctx, agentBin, gw, ac.Socket, forgeryDevices)
 	for _, dev := range forgeryDevices {
-		for _, sp := range []float64{20, 21} {
+		sps := []float64{20, 21}
+		if dev == "f-rt1" {
+			sps = append(sps, 20.5)
+		}
+		for _, sp := range sps {
 			if res := send(dev, sp); res.Verdict != fence.Accepted.String() {
 				t.Fatalf("%s: the holder's command: %+v", dev, res)
 			}
@@ -545,6 +552,14 @@ func (r *forgeryRig) captured(dev string, i int) []byte {
 		r.t.Fatalf("%s: %d commands captured, want %d", dev, len(r.wire[dev]), i+1)
 	}
 	return r.wire[dev][i]
+}
+
+// lastCaptured is the last command payload seen on dev's topic.
+func (r *forgeryRig) lastCaptured(dev string) []byte {
+	r.mu.Lock()
+	n := len(r.wire[dev])
+	r.mu.Unlock()
+	return r.captured(dev, max(n-1, 0))
 }
 
 // retarget rewrites the device of a captured envelope to dev, keeping its
