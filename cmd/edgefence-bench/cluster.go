@@ -36,6 +36,7 @@ type clusterConfig struct {
 	TTL        time.Duration // the agents' lease_ttl
 	Devsims    int           // devsim processes per home agent
 	Lanes      int           // MQTT clients per devsim process
+	EtcdArgs   []string      // more flags for every etcd member
 	Trials     int           // plain kill trials
 	LeaderKill time.Duration // >0 and 3+ nodes: one more trial, the etcd leader killed this long after the agent
 	Steady     time.Duration // the steady-state window (etcd requests, CPU)
@@ -181,7 +182,7 @@ func (e *clusterEnv) start(ctx context.Context) error {
 	}
 	var err error
 	fmt.Fprintf(e.cfg.Log, "cluster: etcd, %d members (separate processes)\n", e.cfg.EtcdNodes)
-	if e.etcd, err = sandbox.StartEtcdProcCluster(ctx, sandbox.EtcdProcClusterConfig{Dir: filepath.Join(dir, "etcd"), Members: e.cfg.EtcdNodes}); err != nil {
+	if e.etcd, err = sandbox.StartEtcdProcCluster(ctx, sandbox.EtcdProcClusterConfig{Dir: filepath.Join(dir, "etcd"), Members: e.cfg.EtcdNodes, Args: e.cfg.EtcdArgs}); err != nil {
 		return err
 	}
 	if e.cli, err = e.etcd.Client(); err != nil {

@@ -161,7 +161,11 @@ func addMethodCounts(ctx context.Context, url, metric string, out map[string]flo
 
 func printCluster(w io.Writer, r *clusterResult) {
 	c := r.Cfg
-	fmt.Fprintf(w, "### Cluster: %d devices over %d agents on a %d-node etcd %s, lease_ttl %v (%s)\n\n", c.Devices, c.Agents, c.EtcdNodes, r.Version, c.TTL, r.Built)
+	etcdArgs := ""
+	if len(c.EtcdArgs) > 0 {
+		etcdArgs = " `" + strings.Join(c.EtcdArgs, " ") + "`"
+	}
+	fmt.Fprintf(w, "### Cluster: %d devices over %d agents on a %d-node etcd %s%s, lease_ttl %v (%s)\n\n", c.Devices, c.Agents, c.EtcdNodes, r.Version, etcdArgs, c.TTL, r.Built)
 	fmt.Fprintf(w, "Separate processes: %d etcd members, %d `edgefence run`, %d `edgefence-devsim` of %d lanes each (each device's mark fsynced before its ack; commands reaching different lanes together share the fsync); mochi in the bench process. Each device on two agents: home and backup (%d spare agents).\n\n",
 		c.EtcdNodes, c.Agents, (c.Agents-c.Spare)*c.Devsims, c.Lanes, c.Spare)
 	fmt.Fprintf(w, "- all held: %s ms from the home agents' start (their status), %s ms (every lock key written, etcd); %d revisions = %.2f per lock\n",

@@ -76,6 +76,7 @@ type fanFlags struct {
 type clusterFlags struct {
 	agents, spare, nodes, devsims, lanes int
 	ttl, leaderKill, steady              time.Duration
+	etcdArgs                             string
 }
 
 func (f *clusterFlags) register(fs *flag.FlagSet) {
@@ -87,6 +88,7 @@ func (f *clusterFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.ttl, "ttl", 10*time.Second, "cluster: the agents' lease_ttl (whole seconds, at least 2s)")
 	fs.DurationVar(&f.leaderKill, "leader-kill", 5*time.Second, "cluster: with 3+ etcd nodes, a last takeover with the etcd leader killed (SIGKILL) this long after the agent (0: none)")
 	fs.DurationVar(&f.steady, "steady", 10*time.Second, "cluster: measure etcd's requests and the CPU at rest this long")
+	fs.StringVar(&f.etcdArgs, "etcd-args", "", "cluster: more flags for every etcd member, space-separated (e.g. --snapshot-count=10000)")
 }
 
 func (f *fanFlags) register(fs *flag.FlagSet) {
@@ -403,7 +405,7 @@ func (f *benchFlags) checkBounds(what string, twinSizes []int) error {
 
 // config checks the cluster flags and returns its configuration.
 func (f *clusterFlags) config(b *benchFlags) (clusterConfig, error) {
-	c := clusterConfig{Agents: f.agents, Spare: f.spare, Devices: b.devices, EtcdNodes: f.nodes, TTL: f.ttl, Devsims: f.devsims, Lanes: f.lanes,
+	c := clusterConfig{Agents: f.agents, Spare: f.spare, Devices: b.devices, EtcdNodes: f.nodes, TTL: f.ttl, Devsims: f.devsims, Lanes: f.lanes, EtcdArgs: strings.Fields(f.etcdArgs),
 		Trials: b.runs, LeaderKill: f.leaderKill, Steady: f.steady, AgentBin: b.agentBin, DevsimBin: b.failover.devsim}
 	switch {
 	case f.agents < 2 || f.spare < 0 || f.spare >= f.agents:

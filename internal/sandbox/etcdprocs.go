@@ -28,6 +28,8 @@ type EtcdProcClusterConfig struct {
 	// Fast: heartbeat 10 ms, election 100 ms; else etcd's defaults
 	// (100 ms, 1 s), as a deployment runs.
 	Fast bool
+	// Args are more flags for every member (e.g. --snapshot-count=10000).
+	Args []string
 }
 
 // EtcdProcCluster is an etcd cluster of Members separate processes — the
@@ -109,7 +111,7 @@ func (c *EtcdProcCluster) memberArgs(m *etcdMember, initial string) []string {
 	if c.cfg.Fast {
 		args = append(args, "--heartbeat-interval", "10", "--election-timeout", "100")
 	}
-	return args
+	return append(args, c.cfg.Args...)
 }
 
 // waitReady waits until every member listens and the cluster answers a
