@@ -288,8 +288,9 @@ func (c *Client) notifyLocked() {
 // sizes a channel of that many pointers per connection; without the
 // property (the spec's default, 65,535) that is 512 KiB, a quarter of an
 // idle agent's live heap (docs/BENCHMARKS.md, "Agent RSS at 10 devices").
-// 8,192 is what mochi allowed us anyway (its MaximumInflight caps a
-// client's Receive Maximum); Mosquitto sends at most 20 (max_inflight_messages).
+// 8,192 is what mochi kept in flight for us anyway (its MaximumInflight:
+// without the property it dropped what came beyond; with it, it holds it
+// back until we ack); Mosquitto sends at most 20 (max_inflight_messages).
 const receiveMaximum = 8192
 
 // connectPacket is autopaho's ConnectPacketBuilder: it adds the Maximum
