@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"runtime/debug"
 	"strings"
 
@@ -65,6 +66,12 @@ exit status is 1. Secrets may come from the environment: %s,
 		// next to nothing at its allocation rate.
 		// GOGC in the environment (e.g. a unit drop-in) wins.
 		debug.SetGCPercent(gcPercent)
+	}
+	if !cfg.Metrics.Pprof {
+		// Nothing can read a heap profile without /debug/pprof/: do not
+		// sample allocations for one (each sample is a stack walk, and
+		// its record stays on the heap).
+		runtime.MemProfileRate = 0
 	}
 	ctx, stop := signalContext()
 	defer stop()

@@ -8,15 +8,20 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/edgefence/edgefence/transport/modbus"
 )
 
+// The name patterns are compiled on first use: their bounded repetitions
+// make ~75 KB of programs, which an agent without Modbus profiles would
+// otherwise keep on its heap from start to exit (docs/BENCHMARKS.md, "Agent
+// RSS at 10 devices").
 var (
-	modelRE = regexp.MustCompile(`^[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}$`)
-	fieldRE = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_]{0,63}$`)
-	kindRE  = regexp.MustCompile(`^[A-Za-z0-9._:/-]{1,64}$`)
+	modelRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}$`) })
+	fieldRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_]{0,63}$`) })
+	kindRE  = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9._:/-]{1,64}$`) })
 )
 
 // build validates raw and returns the profile; problems go to d.errs.
@@ -32,7 +37,7 @@ func (d *decoder) build(raw *rawProfile) *Profile {
 	switch {
 	case raw.Model == "":
 		d.bad(d.line("model"), "model", "required: the name devices give as modbus.profile")
-	case !modelRE.MatchString(raw.Model):
+	case !modelRE().MatchString(raw.Model):
 		d.bad(d.line("model"), "model", "%q: want 1 to 64 of [A-Za-z0-9._-], not starting with '.'", raw.Model)
 	}
 	if raw.PollInterval != nil {
@@ -83,7 +88,7 @@ func (d *decoder) field(r *rawField, key string, poll time.Duration) *Field {
 	n := len(d.errs)
 	bad := func(k, format string, args ...any) { d.bad(d.line(key+"."+k), key+"."+k, format, args...) }
 	f := &Field{Name: r.Name, Unit: r.Unit, Writable: r.Writable, Verify: r.Verify, Idempotent: true, Scale: 1, PollInterval: poll, decimals: -1}
-	if !fieldRE.MatchString(r.Name) {
+	if !fieldRE().MatchString(r.Name) {
 		bad("name", "%q: want a twin field name: a letter, then letters, digits or '_', at most 64", r.Name)
 	}
 	f.Table = tableNames[r.Table]
@@ -249,7 +254,7 @@ func (d *decoder) command(r *rawCommand, key string, p *Profile) *Command {
 	bad := func(k, format string, args ...any) { d.bad(d.line(key+"."+k), key+"."+k, format, args...) }
 	c := &Command{Kind: r.Kind, Field: r.Field}
 	switch {
-	case !kindRE.MatchString(r.Kind):
+	case !kindRE().MatchString(r.Kind):
 		bad("kind", "%q: want 1 to 64 of [A-Za-z0-9._:/-]", r.Kind)
 	case slices.Contains(reservedKinds, r.Kind):
 		bad("kind", "%q is reserved (%s)", r.Kind, strings.Join(reservedKinds, ", "))
