@@ -9,12 +9,8 @@ LDFLAGS := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 # grpcnotrace keeps golang.org/x/net/trace (and with it html/template, whose
 # reflection turns off the linker's dead-code removal of methods) out of the
 # binaries: 17.2 MB -> 14.1 MB stripped on arm64. grpc tracing is off by default
-# anyway. nethttpomithttp2 leaves net/http's bundled HTTP/2 out (0.5 MB on amd64,
-# 0.5 MiB of the agent's RSS: docs/BENCHMARKS.md, "Agent RSS at 10 devices"):
-# the agent's HTTP is HTTP/1.1 (the API on a unix socket, /metrics, firmware
-# image downloads); gRPC has its own HTTP/2 (golang.org/x/net/http2).
-# cmd/edgefence's TestDependencies reads this line.
-GOTAGS := grpcnotrace,nethttpomithttp2
+# anyway. cmd/edgefence's TestDependencies reads this line.
+GOTAGS := grpcnotrace
 # edgefence_unsafe compiles the failpoints in (EDGEFENCE_FAILPOINTS, devsim's
 # --unsafe-no-fence): test and demo builds only. `build` (bin/, what demo and
 # chaos run) and `test` use it; `cross` and `package` (what ships) do not, and

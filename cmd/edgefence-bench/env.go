@@ -137,21 +137,12 @@ func deviceIDs(prefix string, n int) []string {
 	return ids
 }
 
-// shipTags are the build tags the gateway binaries ship with (the
-// Makefile's GOTAGS).
-const shipTags = "grpcnotrace,nethttpomithttp2"
-
-// buildTags are shipTags with extra added (edgefence_pprof: a profiling build).
-func buildTags(extra ...string) string {
-	return strings.Join(append([]string{shipTags}, extra...), ",")
-}
-
 // buildBinary builds ./cmd/<name> of the module in the working directory
 // into dir, as the gateway binaries ship (static, no cgo), with the build
 // tags extra added (edgefence_pprof: a profiling build).
 func buildBinary(ctx context.Context, dir, name string, log io.Writer, extra ...string) (string, error) {
 	out := filepath.Join(dir, name)
-	tags := buildTags(extra...)
+	tags := strings.Join(append([]string{"grpcnotrace"}, extra...), ",")
 	fmt.Fprintf(log, "CGO_ENABLED=0 go build -tags %s -trimpath -ldflags='-s -w' ./cmd/%s\n", tags, name)
 	cmd := exec.CommandContext(ctx, "go", "build", "-tags", tags, "-trimpath", "-ldflags=-s -w", "-o", out, "github.com/edgefence/edgefence/cmd/"+name)
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
@@ -252,7 +243,7 @@ func buildMissing(ctx context.Context, dir string, log io.Writer, bins ...benchB
 	if len(built) == 0 {
 		return "", nil
 	}
-	return "CGO_ENABLED=0 go build -tags " + shipTags + " -trimpath -ldflags='-s -w' " + strings.Join(built, " "), nil
+	return "CGO_ENABLED=0 go build -tags grpcnotrace -trimpath -ldflags='-s -w' " + strings.Join(built, " "), nil
 }
 
 // startMochiAndClient starts mochi in process and an etcd client; done
