@@ -199,6 +199,19 @@ func TestTurnWatchUnpark(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The watch's first start resumes every park there before it (a
+	// delete may have passed): park only once it watches.
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
+		l.turns.mu.Lock()
+		seen := l.turns.seen
+		l.turns.mu.Unlock()
+		if seen > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the watch did not start")
+		}
+	}
 	var resumed, dropped int
 	owner := new(int)
 	for range 3 {
@@ -216,6 +229,30 @@ func TestTurnWatchUnpark(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-other
+}
+
+// A watch that (re)starts — the first time, after a reconnect that found
+// the history compacted — may have missed deletes: every park is resumed
+// (each takes its turn or parks again), and the watch goes on from the
+// revision given.
+func TestTurnWatchStartResumesEveryPark(t *testing.T) {
+	w := newTurnWatch(nil, "/unused/", slog.Default())
+	w.seen = 1 // as if watching: no park reads its key
+	woke := make(chan string, 3)
+	for _, k := range []string{"a", "a", "b"} {
+		p := &turnPark{resume: func() { woke <- k }, drop: func() { t.Error("dropped") }}
+		if parked, err := w.park(t.Context(), k, 10, p); !parked || err != nil {
+			t.Fatal(parked, err)
+		}
+	}
+	w.start(41)
+	got := map[string]int{}
+	for range 3 {
+		got[<-woke]++
+	}
+	if got["a"] != 2 || got["b"] != 1 || w.parked() != 0 || w.seen != 41 {
+		t.Fatalf("resumed %v, %d parks left, seen %d", got, w.parked(), w.seen)
+	}
 }
 
 // The queue writes of campaigns started together, and the turns of
