@@ -63,7 +63,9 @@ type delivery struct {
 	mu      sync.Mutex
 	waiters map[string]chan *fence.Ack // command id → its Send, waiting
 	runCtx  context.Context            // set while run runs; nil: no new workers
-	workers sync.WaitGroup
+	workers sync.WaitGroup             // the workers' goroutines and their parked sends
+	post    poster                     // the sender, if it can post (post.go); nil: Send
+	parked  map[*sendOp]struct{}       // the parked sends (post.go)
 
 	expireMu sync.RWMutex // expiry (W) vs a worker picking its next entry (R)
 
@@ -169,17 +171,47 @@ func (q *delivery) superseded(d *device, e *offline.Entry) bool {
 // ends).
 func (q *delivery) deliver(ctx context.Context, d *device) {
 	// Jittered: the workers that failed together resend spread out.
-	w := &worker{d: d, delay: backoff.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}}
+	q.work(ctx, &worker{d: d, delay: backoff.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}}, more)
+}
+
+// stepped is what a worker's step leaves it to do.
+type stepped uint8
+
+const (
+	idle   stepped = iota // nothing to deliver now, or ctx ended
+	more                  // go on with the next entry
+	parked                // a command is at the device; its outcome resumes the worker (post.go)
+)
+
+// goOn is more if ok, else idle.
+func goOn(ok bool) stepped {
+	if ok {
+		return more
+	}
+	return idle
+}
+
+// work runs w from s: it steps through its device's entries until none is
+// left to deliver now, or until a step parks it (then the goroutine that
+// resumes it runs work again, and this one must not touch w).
+func (q *delivery) work(ctx context.Context, w *worker, s stepped) {
+	d := w.d
 	for {
-		for ctx.Err() == nil && q.step(ctx, w) {
+		for s == more && ctx.Err() == nil {
+			s = q.step(ctx, w)
+		}
+		if s == parked {
+			return
 		}
 		if !q.flush(w) && backoff.Sleep(ctx, w.delay.Next()) {
-			continue // its entry is pending again: resend it
+			s = more // its entry is pending again: resend it
+			continue
 		}
 		d.mu.Lock()
 		if d.kicked && ctx.Err() == nil {
 			d.kicked = false
 			d.mu.Unlock()
+			s = more
 			continue
 		}
 		d.delivering = false
@@ -205,10 +237,11 @@ type worker struct {
 }
 
 // step acts on the worker's device's next pending entry: it expires it,
-// ends it as superseded, or sends it once and settles its verdict. It
-// returns false when the worker is done for now (nothing to deliver, the
-// device's policy holds the queue back, or ctx ended).
-func (q *delivery) step(ctx context.Context, w *worker) bool {
+// ends it as superseded, or sends it once and settles its verdict (or
+// parks the worker until it comes: post.go). It returns idle when the
+// worker is done for now (nothing to deliver, the device's policy holds
+// the queue back, or ctx ended).
+func (q *delivery) step(ctx context.Context, w *worker) stepped {
 	d := w.d
 	e, attempted, err := q.next(w)
 	if err != nil {
@@ -216,10 +249,10 @@ func (q *delivery) step(ctx context.Context, w *worker) bool {
 		// until an operator repairs it; try again later.
 		q.stats.outboxErr.Add(1)
 		q.log.Error("outbox: cannot read the next command; device queue held", "device", d.id, "err", err)
-		return backoff.Sleep(ctx, w.delay.Next())
+		return goOn(backoff.Sleep(ctx, w.delay.Next()))
 	}
 	if e == nil {
-		return false
+		return idle
 	}
 	if !attempted && !q.now().Before(e.Deadline) {
 		// Never sent and past its TTL: expire it, not send it.
@@ -227,7 +260,7 @@ func (q *delivery) step(ctx context.Context, w *worker) bool {
 		d.inflight = ""
 		d.mu.Unlock()
 		q.expire()
-		return true
+		return more
 	}
 	if !attempted && q.superseded(d, e) {
 		// Never sent, and another session holds the lock now: a strict
@@ -237,7 +270,7 @@ func (q *delivery) step(ctx context.Context, w *worker) bool {
 			Verdict: fence.Stale, Reason: "superseded: another session holds the lock; never sent"}
 		q.stats.superseded.Add(1)
 		d.superseded.Add(1)
-		return q.settle(w, e, ack, true) || backoff.Sleep(ctx, w.delay.Next())
+		return goOn(q.settle(w, e, ack, true) || backoff.Sleep(ctx, w.delay.Next()))
 	}
 	return q.attempt(ctx, w, e, attempted)
 }
@@ -279,11 +312,10 @@ func (q *delivery) next(w *worker) (e *offline.Entry, attempted bool, err error)
 	return e, attempted, nil
 }
 
-// attempt sends e once and settles its verdict; without a verdict it
-// waits for the link or a backoff before the worker resends. It returns
-// false when ctx ended.
-func (q *delivery) attempt(ctx context.Context, w *worker, e *offline.Entry, attempted bool) bool {
-	d := w.d
+// attempt sends e once and settles its verdict (sent): through a poster
+// it parks the worker until the verdict comes (post.go), else it waits
+// for it. It returns idle when ctx ended.
+func (q *delivery) attempt(ctx context.Context, w *worker, e *offline.Entry, attempted bool) stepped {
 	if attempted {
 		q.stats.resent.Add(1)
 	}
@@ -291,10 +323,21 @@ func (q *delivery) attempt(ctx context.Context, w *worker, e *offline.Entry, att
 	if e.Envelope.ID != w.headID {
 		w.headID, w.tries = e.Envelope.ID, 0
 	}
+	if q.post != nil {
+		return q.postAttempt(ctx, w, e)
+	}
 	sctx, done := q.ackContext(ctx, w.tries) // resend.go
 	w.tries++
 	ack, err := q.sender.Send(sctx, &e.Envelope)
 	done(err == nil)
+	return goOn(q.sent(ctx, w, e, ack, err))
+}
+
+// sent acts on the outcome of one send of e: it settles its verdict, or,
+// without one, waits for the link or a backoff before the worker resends.
+// It returns false when ctx ended.
+func (q *delivery) sent(ctx context.Context, w *worker, e *offline.Entry, ack *fence.Ack, err error) bool {
+	d := w.d
 	if err != nil {
 		if ctx.Err() != nil {
 			return false
@@ -565,6 +608,7 @@ func (q *delivery) run(ctx context.Context) {
 	q.mu.Lock()
 	q.runCtx = nil
 	q.mu.Unlock()
+	q.unparkAll(ctx.Err())
 	q.workers.Wait()
 	q.outbox.Flush() // the verdicts still waiting: durable, and in the history, before Run returns
 }

@@ -353,8 +353,27 @@ func (a *Agent) withTrustUpdates(o *TrustUpdates, s Sender) (Sender, error) {
 		return nil, err
 	}
 	a.trust = p
-	return trustSender{Sender: s, p: p}, nil
+	ts := trustSender{Sender: s, p: p}
+	if ps, ok := s.(poster); ok {
+		return trustPoster{ts, ps}, nil
+	}
+	return ts, nil
 }
+
+// trustPoster is trustSender over a Sender that can post (post.go).
+type trustPoster struct {
+	trustSender
+	ps poster
+}
+
+func (s trustPoster) Post(ctx context.Context, env *fence.Envelope, answer func(*fence.Ack)) error {
+	if err := s.p.ensure(ctx, env.Device); err != nil {
+		return err // not sent: the delivery worker sends it again
+	}
+	return s.ps.Post(ctx, env, answer)
+}
+
+func (s trustPoster) Drop(id string) bool { return s.ps.Drop(id) }
 
 // runTrust starts the trust push (if any) under ctx; the func returned
 // stops it and waits for it.

@@ -33,10 +33,12 @@ type Commander struct {
 	acks, unmatched, badAcks, retries, refused, unsigned atomic.Uint64
 }
 
-// waiting is a Send waiting for its command's ack.
+// waiting is a Send waiting for its command's ack (ch), or a Post's
+// (answer).
 type waiting struct {
-	env *fence.Envelope
-	ch  chan *fence.Ack
+	env    *fence.Envelope
+	ch     chan *fence.Ack
+	answer func(*fence.Ack)
 }
 
 // SignWith makes Send publish envelopes encoded by sign (a signed envelope,
@@ -120,40 +122,12 @@ func (m *Commander) Close(ctx context.Context) error { return m.c.Close(ctx) }
 // returns ctx's error if no Ack arrived in time: the command's fate is then
 // unknown.
 func (m *Commander) Send(ctx context.Context, env *fence.Envelope) (*fence.Ack, error) {
-	m.mu.Lock()
-	encode := m.sign
-	if m.plain[env.Device] {
-		encode = nil
-	}
-	m.mu.Unlock()
-	if encode == nil {
-		encode = fence.MarshalEnvelope
-		m.unsigned.Add(1)
-	}
-	payload, err := encode(env)
+	w := &waiting{env: env, ch: make(chan *fence.Ack, 1)}
+	msg, err := m.await(w)
 	if err != nil {
 		return nil, err
 	}
-	ch := make(chan *fence.Ack, 1)
-	m.mu.Lock()
-	if _, dup := m.pending[env.ID]; dup {
-		m.mu.Unlock()
-		return nil, fmt.Errorf("mqtt: command id %s already in flight", env.ID)
-	}
-	m.pending[env.ID] = &waiting{env: env, ch: ch}
-	m.mu.Unlock()
-	defer func() {
-		m.mu.Lock()
-		delete(m.pending, env.ID)
-		m.mu.Unlock()
-	}()
-
-	msg := Message{
-		Topic:           m.topics.Cmd(env.Device),
-		Payload:         payload,
-		CorrelationData: []byte(env.ID),
-		ResponseTopic:   m.topics.Ack(env.Device),
-	}
+	defer m.Drop(env.ID)
 	for {
 		err := m.c.Publish(ctx, msg)
 		if err == nil {
@@ -171,11 +145,77 @@ func (m *Commander) Send(ctx context.Context, env *fence.Envelope) (*fence.Ack, 
 		}
 	}
 	select {
-	case ack := <-ch:
+	case ack := <-w.ch:
 		return ack, nil
 	case <-ctx.Done():
 		return nil, fmt.Errorf("await ack for %s on %s: %w", env.ID, m.topics.Ack(env.Device), ctx.Err())
 	}
+}
+
+// Post publishes env to its device's command topic, like Send, but does
+// not wait for the ack: it returns once the broker has the command (its
+// PUBACK), and the ack is handed to answer, once, on the MQTT delivery
+// goroutine (answer must not block), if it comes before Drop(env.ID). The
+// caller keeps no goroutine while its command is at the device. An error
+// means the command was not published, or its outcome is unknown (the
+// broker went away: ErrNotConnected); answer may still be called if it
+// reached the device, so the caller settles on whichever comes first.
+// Post does not resend: the caller does, with the same envelope.
+func (m *Commander) Post(ctx context.Context, env *fence.Envelope, answer func(*fence.Ack)) error {
+	msg, err := m.await(&waiting{env: env, answer: answer})
+	if err != nil {
+		return err
+	}
+	if err := m.c.Publish(ctx, msg); err != nil {
+		if errors.Is(err, ErrNotConnected) {
+			m.retries.Add(1)
+		}
+		return fmt.Errorf("publish %s: %w", msg.Topic, err)
+	}
+	return nil
+}
+
+// Drop stops waiting for the ack of command id (a Post's or a Send's). It
+// reports whether the command was still waiting: false means a Post's
+// answer has been (or is being) called.
+func (m *Commander) Drop(id string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	_, ok := m.pending[id]
+	delete(m.pending, id)
+	return ok
+}
+
+// await encodes w's envelope and registers w for its ack; it returns the
+// message to publish.
+func (m *Commander) await(w *waiting) (Message, error) {
+	env := w.env
+	m.mu.Lock()
+	encode := m.sign
+	if m.plain[env.Device] {
+		encode = nil
+	}
+	m.mu.Unlock()
+	if encode == nil {
+		encode = fence.MarshalEnvelope
+		m.unsigned.Add(1)
+	}
+	payload, err := encode(env)
+	if err != nil {
+		return Message{}, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, dup := m.pending[env.ID]; dup {
+		return Message{}, fmt.Errorf("mqtt: command id %s already in flight", env.ID)
+	}
+	m.pending[env.ID] = w
+	return Message{
+		Topic:           m.topics.Cmd(env.Device),
+		Payload:         payload,
+		CorrelationData: []byte(env.ID),
+		ResponseTopic:   m.topics.Ack(env.Device),
+	}, nil
 }
 
 // onAck routes one ack to the Send waiting for it: the first that passes
@@ -212,6 +252,19 @@ func (m *Commander) onAck(msg Message) {
 			m.refused.Add(1)
 			return
 		}
+	}
+	if w.answer != nil {
+		m.mu.Lock()
+		mine := m.pending[id] == w // not dropped, nor answered by a duplicate meanwhile
+		if mine {
+			delete(m.pending, id)
+		}
+		m.mu.Unlock()
+		if mine {
+			m.acks.Add(1)
+			w.answer(ack)
+		}
+		return
 	}
 	m.acks.Add(1)
 	select {

@@ -76,3 +76,93 @@ func isPlain(p []byte) bool {
 	_, err := fence.UnmarshalEnvelope(p)
 	return err == nil
 }
+
+// TestPostAnswersOnce: Post returns once the broker has the command; the
+// device's ack reaches answer once, even when the device answers twice;
+// a command dropped before its ack never reaches answer (the ack counts as
+// unmatched), and Drop after the answer reports false.
+func TestPostAnswersOnce(t *testing.T) {
+	b := startBroker(t)
+	topics := Topics{}
+	release := make(chan struct{})
+	dev := dial(t, b.url(), "post-device")
+	dev.Subscribe(topics.AllCmd(), func(m Message) {
+		env, err := fence.UnmarshalEnvelope(m.Payload)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		go func() { // answers off the delivery goroutine: the held one waits for release
+			if env.ID == "held" {
+				<-release
+			}
+			ack := fence.NewAck(env, fence.Accepted, fence.Mark{Token: env.Token, Seq: env.Seq}, "")
+			raw, err := fence.MarshalAck(&ack)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			for range 2 { // a device that answers twice: the first counts
+				if err := dev.Publish(timeout(t, 5*time.Second), Message{Topic: topics.Ack(env.Device), Payload: raw}); err != nil && t.Context().Err() == nil {
+					t.Error(err)
+				}
+			}
+		}()
+	})
+	if err := dev.AwaitSubscribed(timeout(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	m, err := NewCommander(t.Context(), Config{Brokers: []string{b.url()}, ClientID: "post-gw", Logger: testLogger(t)}, topics, []string{"dev-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close(timeout(t, 5*time.Second)) })
+	if err := m.Client().AwaitSubscribed(timeout(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	answers := make(chan *fence.Ack, 4)
+	answer := func(a *fence.Ack) { answers <- a }
+	env := &fence.Envelope{V: fence.Version, Device: "dev-1", Token: 7, Seq: 1, ID: "first", Kind: "set", Holder: "gw"}
+	if err := m.Post(timeout(t, 10*time.Second), env, answer); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case a := <-answers:
+		if a.ID != "first" || a.Verdict != fence.Accepted {
+			t.Fatalf("answer %+v", a)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no answer")
+	}
+	if m.Drop("first") {
+		t.Fatal("Drop after the answer reported the command waiting")
+	}
+	unmatchedAtLeast := func(n uint64) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for m.Status()["acks_unmatched"].(uint64) < n {
+			if time.Now().After(deadline) {
+				t.Fatalf("want %d unmatched acks: %v", n, m.Status())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	unmatchedAtLeast(1) // the first command's second ack
+	held := &fence.Envelope{V: fence.Version, Device: "dev-1", Token: 7, Seq: 2, ID: "held", Kind: "set", Holder: "gw"}
+	if err := m.Post(timeout(t, 10*time.Second), held, answer); err != nil {
+		t.Fatal(err)
+	}
+	if !m.Drop("held") {
+		t.Fatal("Drop of a command waiting for its ack reported false")
+	}
+	close(release)
+	unmatchedAtLeast(3) // and the held command's two
+	select {
+	case a := <-answers:
+		t.Fatalf("a second answer: %+v", a)
+	default:
+	}
+	if got := m.Status()["acks"].(uint64); got != 1 {
+		t.Fatalf("acks %d, want 1", got)
+	}
+}
