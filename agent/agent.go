@@ -190,6 +190,7 @@ func New(cfg *Config, cli *clientv3.Client, s Sender, o Options) (*Agent, error)
 		later:   a.cfg.Outbox.VerdictDelay == nil || *a.cfg.Outbox.VerdictDelay > 0,
 		gateway: a.cfg.Gateway, devices: a.devices, leases: a.leases, lossRule: a.lossRule, waiters: make(map[string]chan *fence.Ack)}
 	a.delivery.post, _ = s.(poster)
+	a.delivery.postAbove = postAbove
 	a.api = &apiServer{host: a, outbox: a.outbox, table: o.FenceTable, log: a.log}
 	if a.ignoresLoss() {
 		a.log.Warn("UNSAFE: session loss is ignored (I6 off); only for tests and demos")

@@ -65,7 +65,10 @@ type delivery struct {
 	runCtx  context.Context            // set while run runs; nil: no new workers
 	workers sync.WaitGroup             // the workers' goroutines and their parked sends
 	post    poster                     // the sender, if it can post (post.go); nil: Send
-	parked  map[*sendOp]struct{}       // the parked sends (post.go)
+	// postAbove: with this many commands in flight on the link or
+	// more, a send parks its worker (post.go); below, it waits.
+	postAbove int64
+	parked    map[*sendOp]struct{} // the parked sends (post.go)
 
 	expireMu sync.RWMutex // expiry (W) vs a worker picking its next entry (R)
 
@@ -312,9 +315,10 @@ func (q *delivery) next(w *worker) (e *offline.Entry, attempted bool, err error)
 	return e, attempted, nil
 }
 
-// attempt sends e once and settles its verdict (sent): through a poster
-// it parks the worker until the verdict comes (post.go), else it waits
-// for it. It returns idle when ctx ended.
+// attempt sends e once and settles its verdict (sent): through a poster,
+// with postAbove commands or more in flight, it parks the worker until
+// the verdict comes (post.go), else it waits for it. It returns idle when
+// ctx ended.
 func (q *delivery) attempt(ctx context.Context, w *worker, e *offline.Entry, attempted bool) stepped {
 	if attempted {
 		q.stats.resent.Add(1)
@@ -323,7 +327,7 @@ func (q *delivery) attempt(ctx context.Context, w *worker, e *offline.Entry, att
 	if e.Envelope.ID != w.headID {
 		w.headID, w.tries = e.Envelope.ID, 0
 	}
-	if q.post != nil {
+	if q.post != nil && q.pace.inflight.Load() >= q.postAbove {
 		return q.postAttempt(ctx, w, e)
 	}
 	sctx, done := q.ackContext(ctx, w.tries) // resend.go

@@ -28,6 +28,14 @@ import (
 // goroutine: the one that posted returns at once (stepped parked) and
 // touches the worker no more.
 
+// postAbove is how many commands must be in flight on the link before a
+// send parks its worker: a burst (a fan-out, a takeover's first commands,
+// a replay) parks all but the first few, while commands sent one at a time
+// keep the cheaper wait on the worker's goroutine (BENCHMARKS §75: a
+// parked send costs a second goroutine a command, ≈ 10 % more CPU a
+// command at steady load).
+var postAbove int64 = 64 // a var: the tests park every send
+
 // poster is a Sender that can send without waiting for the ack: Post
 // returns once the command is published (or an error: not published, or
 // its outcome unknown) and hands the ack to answer later, on a goroutine

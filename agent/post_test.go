@@ -94,6 +94,14 @@ func (q *delivery) parkedSends() int {
 	return len(q.parked)
 }
 
+// parkEverySend makes the agents the test starts park every send (the
+// first postAbove of a burst would wait on their goroutines).
+func parkEverySend(t *testing.T) {
+	old := postAbove
+	postAbove = 0
+	t.Cleanup(func() { postAbove = old })
+}
+
 func gatedDevices(fp *fencePoint, n int) ([]string, chan struct{}) {
 	ids := make([]string, n)
 	gate := make(chan struct{})
@@ -110,6 +118,7 @@ func gatedDevices(fp *fencePoint, n int) ([]string, chan struct{}) {
 // the sends are parked — and when the devices answer, every command ends
 // accepted, applied once. Without parked sends each worker waits in Send.
 func TestParkedSendsKeepNoGoroutine(t *testing.T) {
+	parkEverySend(t)
 	const n = 200
 	fp := newFencePoint()
 	ids, gate := gatedDevices(fp, n)
@@ -141,6 +150,7 @@ func TestParkedSendsKeepNoGoroutine(t *testing.T) {
 // dropped at its ack deadline and sent again; the device answers the
 // resend duplicate (it applied the first), and that ends it.
 func TestParkedSendLostAckResent(t *testing.T) {
+	parkEverySend(t)
 	g := &gate{fp: newFencePoint()}
 	g.dropAcks.Store(1)
 	p := &posting{Sender: g}
@@ -165,6 +175,7 @@ func TestParkedSendLostAckResent(t *testing.T) {
 // TestParkedSendPostFails: a post that fails (not published) is sent
 // again after the worker's backoff, and the command ends accepted once.
 func TestParkedSendPostFails(t *testing.T) {
+	parkEverySend(t)
 	fp := newFencePoint()
 	p := &posting{Sender: fp}
 	p.failPosts.Store(3)
@@ -184,6 +195,7 @@ func TestParkedSendPostFails(t *testing.T) {
 // any more, and leaves the commands pending in the outbox; the next run
 // delivers each once.
 func TestParkedSendsEndWithRun(t *testing.T) {
+	parkEverySend(t)
 	const n = 20
 	prefix := "/t/" + t.Name()
 	path := filepath.Join(t.TempDir(), offline.File)
@@ -222,5 +234,35 @@ func TestParkedSendsEndWithRun(t *testing.T) {
 		}
 	}
 	a2.stop()
+	p.wg.Wait()
+}
+
+// TestBurstParksAbovePostAbove: in a burst of 200 commands held at their
+// devices, the first postAbove sends wait on their workers' goroutines
+// (as a command sent alone does) and the rest are parked.
+func TestBurstParksAbovePostAbove(t *testing.T) {
+	const n = 200
+	fp := newFencePoint()
+	ids, gate := gatedDevices(fp, n)
+	p := &posting{Sender: fp}
+	ob := openOutbox(t, filepath.Join(t.TempDir(), offline.File), nil)
+	a := startOutboxAgentTimeout(t, testEtcd, 2*time.Second, time.Minute, "gw-a", "/t/"+t.Name(), devCfgs(ids...), p, ob)
+	waitFor(t, "a holds", holdingAll(a, ids))
+	for _, id := range ids {
+		if _, err := a.Enqueue(t.Context(), id, "set", []byte{1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, fmt.Sprintf("%d sends waiting, %d parked", postAbove, n-postAbove), func() bool {
+		return a.delivery.parkedSends() == n-int(postAbove) && workerGoroutines() == int(postAbove)
+	})
+	close(gate)
+	waitFor(t, "outbox drained", pendingZero(ob))
+	for _, id := range ids {
+		if got := fp.appliedOf(id); len(got) != 1 {
+			t.Fatalf("%s applied %d times", id, len(got))
+		}
+	}
+	a.stop()
 	p.wg.Wait()
 }

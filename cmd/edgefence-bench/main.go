@@ -63,7 +63,12 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	var code int
+	if os.Getenv(bareChildEnv) != "" {
+		code = runBareChild(ctx, os.Stdin, os.Stdout) // fanoutbare.go
+	} else {
+		code = run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	}
 	stop()
 	os.Exit(code)
 }
