@@ -351,15 +351,19 @@ func (e *clusterEnv) startSenders(ctx context.Context, victim int, col *takeColl
 	return s
 }
 
+// takeFanouts is how many fan-outs a sender keeps in flight: a device
+// handed on while they run waits for the next free one, not for the
+// verdicts of every device before it.
+const takeFanouts = 4
+
 // sendTaken sends the devices handed on in to their new holder gw, api:
-// one fan-out with every device handed meanwhile; a device the agent
-// refuses (it does not hold it yet: the lock key is written before its
-// token is recorded) goes in the next, unless another agent took it since.
-// Fan-outs in which nothing was accepted back off (20 ms, doubling to 1 s).
+// a fan-out with every device handed meanwhile, up to takeFanouts at once.
 func sendTaken(ctx context.Context, gw string, api *agent.APIClient, in chan string, col *takeCollector) {
+	slots := make(chan struct{}, takeFanouts)
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	var pending []string
-	idle := 20 * time.Millisecond
-	for ctx.Err() == nil {
+	for {
 		if len(pending) == 0 {
 			select {
 			case d := <-in:
@@ -367,6 +371,14 @@ func sendTaken(ctx context.Context, gw string, api *agent.APIClient, in chan str
 			case <-ctx.Done():
 				return
 			}
+		}
+		select {
+		case slots <- struct{}{}:
+		case d := <-in:
+			pending = append(pending, d)
+			continue
+		case <-ctx.Done():
+			return
 		}
 	drain:
 		for {
@@ -379,6 +391,20 @@ func sendTaken(ctx context.Context, gw string, api *agent.APIClient, in chan str
 		}
 		batch := pending
 		pending = nil
+		wg.Go(func() {
+			defer func() { <-slots }()
+			fanTaken(ctx, gw, api, batch, col)
+		})
+	}
+}
+
+// fanTaken sends batch to gw in a fan-out; a device the agent refuses (it
+// does not hold it yet: the lock key is written before its token is
+// recorded) goes in the next, unless another agent took it since.
+// Fan-outs in which nothing was accepted back off (20 ms, doubling to 1 s).
+func fanTaken(ctx context.Context, gw string, api *agent.APIClient, batch []string, col *takeCollector) {
+	idle := 20 * time.Millisecond
+	for len(batch) > 0 && ctx.Err() == nil {
 		var retry []string
 		accepted := 0
 		_, err := api.FanOut(ctx, agent.FanoutRequest{Selection: agent.Selection{Devices: batch}, Kind: "ping"}, func(ev agent.FanoutEvent) {
@@ -407,11 +433,11 @@ func sendTaken(ctx context.Context, gw string, api *agent.APIClient, in chan str
 			retry = batch // the request failed as a whole: try them all again
 			col.count("fan-out failed")
 		}
-		pending = retry
+		batch = retry
 		if accepted > 0 {
 			idle = 20 * time.Millisecond
 		}
-		if len(retry) > 0 {
+		if len(batch) > 0 {
 			if !sleepCtx(ctx, idle) {
 				return
 			}
