@@ -42,6 +42,7 @@ type clusterConfig struct {
 	Steady     time.Duration // the steady-state window (etcd requests, CPU)
 	AgentBin   string
 	DevsimBin  string
+	TimerSlack time.Duration // the agents' timer slack (--agent-timerslack); 0: the bench's
 	// ProfDir: the agents serve pprof (a profiling build); before the
 	// first takeover each agent's heap and goroutines, and during it each
 	// taker's CPU, are written here (clusterProfiles).

@@ -44,8 +44,10 @@ type fanoutConfig struct {
 	AgentBin string
 	ProfDir  string   // non-empty: a profiling agent; a CPU profile of each size's last fan-out goes here
 	Env      []string // extra environment for the agent (--agent-env)
-	Dir      string
-	Log      io.Writer
+	// TimerSlack, if set, is the agent's timer slack (--agent-timerslack).
+	TimerSlack time.Duration
+	Dir        string
+	Log        io.Writer
 }
 
 type fanoutRun struct {
@@ -114,7 +116,7 @@ func fanoutSize(ctx context.Context, etcd *sandbox.Etcd, cli *clientv3.Client, b
 	prefix := fmt.Sprintf("fan%d", n)
 	ac := rssAgentConfig{n: n, dir: dir, etcd: etcd.Endpoint(), broker: br.url, prefix: prefix, devs: devs,
 		sock: filepath.Join(dir, "agent.sock"), etcdPrefix: fmt.Sprintf("/bench/fanout-%d-%d", n, time.Now().UnixNano()),
-		cmdTimeout: fanoutCmdTimeout, pprof: cfg.ProfDir != ""}
+		cmdTimeout: fanoutCmdTimeout, pprof: cfg.ProfDir != "", timerSlack: cfg.TimerSlack}
 	fleets, err := startFleetsLanes(ctx, dir, br.url, prefix, "bench-fan-fleet-"+prefix, devs, cfg.Fleets, cfg.Lanes, fleetAuth{})
 	defer closeFleets(fleets)
 	if err != nil {

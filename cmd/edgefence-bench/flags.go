@@ -114,6 +114,7 @@ type rssFlags struct {
 	minRate     float64
 	workers     int
 	agentEnv    string
+	agentSlack  time.Duration
 	idle        time.Duration
 	agentProf   string
 	verdict     string
@@ -197,6 +198,7 @@ func (f *rssFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.idle, "rss-idle", 20*time.Second, "rss: measure the agent's CPU this long with all devices held and no commands, before the load (0: not)")
 	fs.StringVar(&f.agentProf, "agent-cpuprofile", "", "rss, fanout, cluster: the agent is built for profiling (-tags edgefence_pprof; an --agent-bin must be too) and serves pprof (metrics.pprof). rss: a CPU profile of each size's load window (at most 25 s) is written to DIR/agent-cpu-N.pprof, of its idle window to agent-idle-N.pprof, and its allocations since start to agent-allocs-N.pprof; fanout: of each size's last fan-out (the first run's time + 2 s, at most 25 s) to DIR/agent-fanout-N.pprof; cluster: before the first takeover every agent's heap and goroutines to DIR/cluster-<gw>-heap.pprof and -goroutine.pprof, and during it (TTL + 5 s) each taker's CPU to DIR/cluster-<gw>-takeover-cpu.pprof")
 	fs.StringVar(&f.verdict, "rss-verdict-delay", "", "rss: the agent's outbox.verdict_delay (e.g. 0s: strict, a commit per verdict; empty: the agent's default)")
+	fs.DurationVar(&f.agentSlack, "agent-timerslack", 0, "rss, fanout, cluster: start the agents with this timer slack (prctl PR_SET_TIMERSLACK, as deploy/edgefence.service's TimerSlackNSec= does; 0: the bench's own, 50µs by default)")
 	fs.StringVar(&f.agentEnv, "agent-env", "", "rss, fanout: extra environment for the agent, comma-separated (e.g. GOGC=50,GODEBUG=gctrace=1; see --keep for its log)")
 }
 
@@ -313,7 +315,7 @@ func (f *benchFlags) benches(what string, set map[string]bool) (*benches, error)
 			ConcN: f.rt.concN, Fleets: l.fleets, Sign: f.sign},
 		locks: locksConfig{N: f.devices, Runs: f.runs},
 		rss: rssConfig{Sizes: l.sizes, AgentBin: f.agentBin, Duration: f.rss.dur, Period: f.rss.period, MinRate: f.rss.minRate,
-			Workers: f.rss.workers, Env: splitNonEmpty(f.rss.agentEnv), Sign: f.sign, Idle: f.rss.idle, ProfDir: pdir,
+			Workers: f.rss.workers, Env: splitNonEmpty(f.rss.agentEnv), Sign: f.sign, Idle: f.rss.idle, ProfDir: pdir, TimerSlack: f.rss.agentSlack,
 			VerdictDelay: f.rss.verdict},
 		replay: replayConfig{Devices: f.devices, Backlog: f.replay.backlog, Runs: f.runs, Timeout: f.replay.cmdTO, Sign: f.sign},
 		failover: failoverConfig{Devices: f.devices, TTLs: ttls, Trials: f.runs, Faults: faults,
@@ -323,7 +325,7 @@ func (f *benchFlags) benches(what string, set map[string]bool) (*benches, error)
 			TPRuns: f.twins.runs, Fleets: f.twins.fleets},
 		rtu:     modbusRTUConfig{Bauds: l.bauds, N: f.rtu.n},
 		fw:      fw,
-		fan:     fanoutConfig{Sizes: l.fanSizes, Runs: f.runs, Fleets: max(f.fan.fleets, 1), Lanes: max(f.fan.lanes, 1), AgentBin: f.agentBin, ProfDir: pdir, Env: splitNonEmpty(f.rss.agentEnv)},
+		fan:     fanoutConfig{Sizes: l.fanSizes, Runs: f.runs, Fleets: max(f.fan.fleets, 1), Lanes: max(f.fan.lanes, 1), AgentBin: f.agentBin, ProfDir: pdir, Env: splitNonEmpty(f.rss.agentEnv), TimerSlack: f.rss.agentSlack},
 		cost:    etcdCostConfig{N: f.devices, Impls: l.etcds, Idle: f.cost.idle, LeaseTTL: 10 * time.Second},
 		cluster: cl,
 		keep:    f.keep,
@@ -406,7 +408,7 @@ func (f *benchFlags) checkBounds(what string, twinSizes []int) error {
 // config checks the cluster flags and returns its configuration.
 func (f *clusterFlags) config(b *benchFlags) (clusterConfig, error) {
 	c := clusterConfig{Agents: f.agents, Spare: f.spare, Devices: b.devices, EtcdNodes: f.nodes, TTL: f.ttl, Devsims: f.devsims, Lanes: f.lanes, EtcdArgs: strings.Fields(f.etcdArgs),
-		Trials: b.runs, LeaderKill: f.leaderKill, Steady: f.steady, AgentBin: b.agentBin, DevsimBin: b.failover.devsim}
+		Trials: b.runs, LeaderKill: f.leaderKill, Steady: f.steady, AgentBin: b.agentBin, DevsimBin: b.failover.devsim, TimerSlack: b.rss.agentSlack}
 	switch {
 	case f.agents < 2 || f.spare < 0 || f.spare >= f.agents:
 		return c, errors.New("--agents must be at least 2, and --spare-agents from 0 to --agents − 1")

@@ -461,4 +461,17 @@ func printRSSCPU(w io.Writer, r *rssResult) {
 			x.LoadFor.Seconds(), x.LoadCPU.Seconds(), x.Accepted, commits, float64(g)/1e3, float64(n)/1e3, metOrNot(g <= 150*time.Microsecond), x.Profile)
 	}
 	fmt.Fprintln(w)
+	fmt.Fprintln(w, "Agent thread wakes (context switches, voluntary + involuntary, summed over /proc/PID/task/*/status; CPU from each thread's schedstat, ns): idle rate; under the load, per accepted command, gross and net of the idle rate, the threads' CPU, and the three busiest threads' switches (CPU) per command.")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| devices | idle switches/s | load switches/s | switches / command gross | net of idle | threads' CPU µs / command | busiest threads / command |")
+	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---|")
+	for _, x := range r.Rows {
+		g, n, top := switchesPerCommand(x.LoadSw, x.IdleSw, x.Accepted)
+		cpu := 0.0
+		if x.Accepted > 0 {
+			cpu = float64(x.LoadSw.CPU) / float64(time.Microsecond) / float64(x.Accepted)
+		}
+		fmt.Fprintf(w, "| %d | %.0f | %.0f | %.1f | %.1f | %.0f | %s |\n", x.Devices, x.IdleSw.perSecond(), x.LoadSw.perSecond(), g, n, cpu, top)
+	}
+	fmt.Fprintln(w)
 }

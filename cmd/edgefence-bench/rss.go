@@ -41,8 +41,11 @@ type rssConfig struct {
 	// VerdictDelay is the agent's outbox.verdict_delay, as written in its
 	// config; empty: the default.
 	VerdictDelay string
-	Dir          string
-	Log          io.Writer
+	// TimerSlack, if set, is the agent's timer slack (what systemd's
+	// TimerSlackNSec= of deploy/edgefence.service sets); 0: the bench's.
+	TimerSlack time.Duration
+	Dir        string
+	Log        io.Writer
 }
 
 // procMem is a sample of /proc/PID/status, in KiB.
@@ -71,6 +74,8 @@ type rssRow struct {
 	IdleCPU       float64       // the agent's CPU in it, % of one core
 	Profile       string        // the agent's CPU profile of the load window, if taken
 	Commits       float64       // the outbox's commits during the load (edgefence_state_fsync_seconds_count); -1: not read
+	IdleSw        switchWindow  // the agent's threads' context switches in the idle window (switches.go)
+	LoadSw        switchWindow  // ... and in the load window
 }
 
 // perCommand is the agent's CPU per accepted command during the load, and
@@ -188,7 +193,7 @@ func measureAgentRSS(ctx context.Context, etcd *sandbox.Etcd, cli *clientv3.Clie
 	// one sim.Fleet (one MQTT client, one bbolt file) for all of them.
 	ac := rssAgentConfig{n: n, dir: dir, etcd: etcd.Endpoint(), broker: br.url, prefix: prefix, devs: devs,
 		sock: filepath.Join(dir, "agent.sock"), etcdPrefix: fmt.Sprintf("/bench/rss-%d-%d", n, time.Now().UnixNano()), pprof: cfg.ProfDir != "",
-		verdictDelay: cfg.VerdictDelay}
+		verdictDelay: cfg.VerdictDelay, timerSlack: cfg.TimerSlack}
 	fa, err := ac.sign(ctx, cfg.Sign, etcd)
 	if err != nil {
 		return row, err
@@ -213,7 +218,7 @@ func measureAgentRSS(ctx context.Context, etcd *sandbox.Etcd, cli *clientv3.Clie
 	if row.Held, err = p.awaitHeld(ctx, cli, ac.etcdPrefix, n, p.start.Add(max(cfg.Duration, 120*time.Second))); err != nil {
 		return row, err
 	}
-	cpuHeld, heldAt := readProcCPU(p.pid), time.Now()
+	cpuHeld, heldAt, swHeld := readProcCPU(p.pid), time.Now(), readThreadSwitches(p.pid)
 	if row.AtHeld, err = readProcMem(p.pid); err != nil {
 		return row, err
 	}
@@ -225,6 +230,8 @@ func measureAgentRSS(ctx context.Context, etcd *sandbox.Etcd, cli *clientv3.Clie
 		if cpuHeld, heldAt, err = p.idle(ctx, cfg, ac.metrics, &row, cpuHeld, heldAt); err != nil {
 			return row, err
 		}
+		sw := readThreadSwitches(p.pid)
+		row.IdleSw, swHeld = sw.since(swHeld, row.IdleFor), sw
 		end = end.Add(row.IdleFor)
 	}
 	var prof *agentProfile
@@ -241,6 +248,7 @@ func measureAgentRSS(ctx context.Context, etcd *sandbox.Etcd, cli *clientv3.Clie
 	if since := time.Since(heldAt); since > 0 {
 		row.LoadCPU = readProcCPU(p.pid) - cpuHeld
 		row.CPU = 100 * row.LoadCPU.Seconds() / since.Seconds()
+		row.LoadSw = readThreadSwitches(p.pid).since(swHeld, since)
 	}
 	if row.AtEnd, err = readProcMem(p.pid); err != nil {
 		return row, err
@@ -375,6 +383,7 @@ type rssAgentConfig struct {
 	verdictDelay              string            // outbox.verdict_delay; empty: the default
 	auth                      *agent.AuthConfig // --sign: the gateway's key, certificate and trust root
 	cmdTimeout                time.Duration     // command.timeout; 0: 10s
+	timerSlack                time.Duration     // the process's timer slack; 0: the bench's (startRSSProc)
 }
 
 // sign, with sign, makes the chain for c's agent and devices (--sign):
@@ -442,7 +451,7 @@ func (c *rssAgentConfig) start(bin string, env []string) (*rssProc, error) {
 	if err := c.write(cpath); err != nil {
 		return nil, err
 	}
-	return startRSSProc(bin, cpath, env, filepath.Join(c.dir, "agent.log"))
+	return startRSSProc(bin, cpath, env, filepath.Join(c.dir, "agent.log"), c.timerSlack)
 }
 
 // rssProc is the rss benchmark's agent subprocess.
@@ -455,8 +464,8 @@ type rssProc struct {
 }
 
 // startRSSProc runs `bin run --config cpath` with env added, its output in
-// logPath.
-func startRSSProc(bin, cpath string, env []string, logPath string) (*rssProc, error) {
+// logPath, and with its timer slack set to slack if not 0 (startWithSlack).
+func startRSSProc(bin, cpath string, env []string, logPath string, slack time.Duration) (*rssProc, error) {
 	logf, err := os.Create(logPath)
 	if err != nil {
 		return nil, err
@@ -466,7 +475,7 @@ func startRSSProc(bin, cpath string, env []string, logPath string) (*rssProc, er
 	cmd.Env = append(os.Environ(), env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	start := time.Now()
-	if err := cmd.Start(); err != nil {
+	if err := startWithSlack(cmd, slack); err != nil {
 		logf.Close()
 		return nil, err
 	}
