@@ -250,18 +250,28 @@ func measureAgentRSS(ctx context.Context, etcd *sandbox.Etcd, cli *clientv3.Clie
 		row.CPU = 100 * row.LoadCPU.Seconds() / since.Seconds()
 		row.LoadSw = readThreadSwitches(p.pid).since(swHeld, since)
 	}
-	if row.AtEnd, err = readProcMem(p.pid); err != nil {
+	if err := row.endLoad(p.pid, peak, load, commits); err != nil {
 		return row, err
 	}
-	row.Threads = readThreads(p.pid)
+	row.afterLoad(ctx, prof, ac.metrics, cfg.Log)
+	return row, nil
+}
+
+// endLoad reads the agent's memory, threads and peak at the load's end,
+// and the load's verdicts, latencies and outbox commits.
+func (row *rssRow) endLoad(pid int, peak *peakSampler, load *rssLoad, commits func() float64) error {
+	var err error
+	if row.AtEnd, err = readProcMem(pid); err != nil {
+		return err
+	}
+	row.Threads = readThreads(pid)
 	row.Peak, row.PeakAt = peak.stop()
 	var lat []time.Duration
 	row.Accepted, row.Other, lat = load.finish()
 	row.Commits = commits()
 	s := summarize(lat)
 	row.SendP50, row.SendP99 = s.P50, s.P99
-	row.afterLoad(ctx, prof, ac.metrics, cfg.Log)
-	return row, nil
+	return nil
 }
 
 // afterLoad waits for the agent's CPU profile (if taken), takes its
