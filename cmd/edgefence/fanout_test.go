@@ -24,10 +24,13 @@ import (
 // applied once; a device a newer holder reached answers stale, listed with
 // its reason, and the exit status is 3 while the others are accepted; a
 // list naming a device the agent does not know exits 1 and says why;
-// --json prints the NDJSON lines.
+// --json prints the NDJSON lines; --selector selects by the config's
+// labels.
 func TestSendFanout(t *testing.T) {
 	devs := []string{"dev-1", "dev-2", "dev-3", "dev-4", "dev-5"}
 	e := newEnv(t, devs...)
+	e.labels = map[string]map[string]string{"dev-1": {"site": "a"}, "dev-2": {"site": "a", "kind": "pump"},
+		"dev-4": {"site": "a", "kind": "valve"}, "dev-5": {"site": "b"}}
 	cfg, sock := e.config("gw-1", 10*time.Second)
 	st := e.waitHolding(e.startAgent("gw-1", cfg), sock)
 	tokens := map[string]uint64{}
@@ -80,6 +83,19 @@ func TestSendFanout(t *testing.T) {
 			t.Fatalf("the terminal shows no final progress line %q:\n%q", "4/4 done, accepted 4", out)
 		}
 	})
+	r = edgefence(t, "send", "--socket", sock, "--selector", "site=a,kind!=pump", "set", `{"setpoint":24}`)
+	if r.code != exitOK || !strings.HasPrefix(r.stdout, "2 devices in ") || !strings.Contains(r.stdout, "accepted 2") {
+		t.Fatalf("--selector site=a,kind!=pump: want exit 0, dev-1 and dev-4 accepted\n%s", r)
+	}
+	for _, d := range devs {
+		s, err := e.fleet.State(d)
+		if selected := d == "dev-1" || d == "dev-4"; err != nil || selected != (s.Setpoint == 24) {
+			t.Errorf("%s: state %+v %v; selected by site=a,kind!=pump: %v", d, s, err, selected)
+		}
+	}
+	if r := edgefence(t, "send", "--socket", sock, "--selector", "site=c", "ping"); r.code != exitFailure || !strings.Contains(r.stderr, "selects no configured device") {
+		t.Fatalf("a selector that selects nothing\n%s", r)
+	}
 	if r := edgefence(t, "send", "--socket", sock, "--devices", "dev-1", "--selector", "site=a", "ping"); r.code != exitUsage {
 		t.Fatalf("--devices with --selector: want usage\n%s", r)
 	}

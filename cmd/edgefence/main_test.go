@@ -99,7 +99,8 @@ type env struct {
 	etcd    *clientv3.Client
 	fleet   *sim.Fleet
 	devices []string
-	etcdURL string // the agents' etcd, if not the world's (Debian's etcd)
+	etcdURL string                       // the agents' etcd, if not the world's (Debian's etcd)
+	labels  map[string]map[string]string // devices' labels in the configs written
 }
 
 // newEnv starts a fast etcd, a broker and a fleet serving devices.
@@ -157,6 +158,7 @@ func (e *env) config(gateway string, leaseTTL time.Duration) (path, socket strin
 	c := e.world.AgentConfig(gateway, e.dir, e.devices)
 	c.LeaseTTL = leaseTTL
 	c.LogFormat = "json"
+	c.Labels = e.labels
 	if e.etcdURL != "" {
 		c.Etcd = e.etcdURL
 	}

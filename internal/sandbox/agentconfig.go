@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -50,6 +51,9 @@ type AgentConfig struct {
 	Twins bool
 	// JobsOff turns the firmware job runner off (jobs.enabled: false).
 	JobsOff bool
+	// Labels are devices' labels (a device's `labels:`, what `edgefence
+	// send --selector` selects by), by device id.
+	Labels map[string]map[string]string
 }
 
 // AgentConfig returns a config for an agent of this world named gateway,
@@ -135,6 +139,12 @@ func (c AgentConfig) YAML() ([]byte, error) {
 		line("  - ", "id", yamlQuote(d))
 		if slices.Contains(c.AuthOff, d) {
 			line("    ", "auth", "off")
+		}
+		if ls := c.Labels[d]; len(ls) > 0 {
+			b.WriteString("    labels:\n")
+			for _, k := range slices.Sorted(maps.Keys(ls)) {
+				line("      ", yamlQuote(k), yamlQuote(ls[k]))
+			}
 		}
 	}
 	return b.Bytes(), nil
