@@ -60,6 +60,12 @@ type sendOp struct {
 	over  atomic.Bool // finished
 	mu    sync.Mutex  // guards timer
 	timer *time.Timer
+	// posted is closed once postAttempt is done with the poster: resume
+	// waits for it, so that a worker's command is in one Post at a time
+	// and postAttempt's Drop can only be of its own registration, never
+	// of the resend's (a Post still waiting for its PUBACK when the ack
+	// deadline passed).
+	posted chan struct{}
 }
 
 // recheck is how soon a deadline that passed looks again when the poster
@@ -70,11 +76,12 @@ const recheck = 10 * time.Millisecond
 // postAttempt posts e and parks the worker (parked), or returns idle if
 // delivery's run is ending.
 func (q *delivery) postAttempt(ctx context.Context, w *worker, e *offline.Entry) stepped {
-	op := &sendOp{q: q, ctx: ctx, w: w, e: e, tries: w.tries}
+	op := &sendOp{q: q, ctx: ctx, w: w, e: e, tries: w.tries, posted: make(chan struct{})}
 	w.tries++
 	if !q.park(op) {
 		return idle
 	}
+	defer close(op.posted)
 	op.ahead = q.pace.inflight.Add(1) - 1
 	op.at = time.Now()
 	op.mu.Lock()
@@ -178,6 +185,7 @@ func (op *sendOp) finishLocked(ack *fence.Ack, err error) {
 // delivery's workers since op parked.
 func (q *delivery) resume(op *sendOp, ack *fence.Ack, err error) {
 	defer q.workers.Done()
+	<-op.posted // the Post returned: the resend cannot overlap it
 	busy := q.pace.inflight.Add(-1) > 0
 	if err == nil {
 		q.pace.acked(time.Now(), busy)

@@ -24,6 +24,13 @@ type posting struct {
 	Sender
 	failPosts atomic.Int32 // the next Posts that fail (not published)
 	posts     atomic.Int64
+	// holdFirst, if set, holds the first Post after it registered the
+	// command, before the device has it (a PUBACK that is late), until
+	// it is closed.
+	holdFirst chan struct{}
+	inPost    atomic.Int32 // Posts under way
+	overlap   atomic.Bool  // a Post began while another was under way
+	drops     atomic.Int64 // Drops that found the command waiting
 
 	mu      sync.Mutex
 	waiting map[string]context.CancelFunc
@@ -33,7 +40,11 @@ type posting struct {
 var errNotPublished = errors.New("test: not published")
 
 func (p *posting) Post(ctx context.Context, env *fence.Envelope, answer func(*fence.Ack)) error {
-	p.posts.Add(1)
+	if p.inPost.Add(1) > 1 {
+		p.overlap.Store(true)
+	}
+	defer p.inPost.Add(-1)
+	first := p.posts.Add(1) == 1
 	if p.failPosts.Add(-1) >= 0 {
 		return errNotPublished
 	}
@@ -49,6 +60,13 @@ func (p *posting) Post(ctx context.Context, env *fence.Envelope, answer func(*fe
 	}
 	p.waiting[env.ID] = cancel
 	p.mu.Unlock()
+	if first && p.holdFirst != nil {
+		select {
+		case <-p.holdFirst:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 	c := *env // the device's copy
 	p.wg.Go(func() {
 		defer cancel()
@@ -71,6 +89,7 @@ func (p *posting) Drop(id string) bool {
 	if ok {
 		cancel()
 		delete(p.waiting, id)
+		p.drops.Add(1)
 	}
 	return ok
 }
@@ -168,6 +187,41 @@ func TestParkedSendLostAckResent(t *testing.T) {
 	if p.awaited() != 0 {
 		t.Fatalf("%d acks still awaited", p.awaited())
 	}
+	a.stop()
+	p.wg.Wait()
+}
+
+// TestParkedSendSlowPostNotOverlapped: a Post still waiting for its
+// PUBACK when the ack deadline passes is dropped, and the resend waits
+// until that Post returned — a worker's command is in one Post at a time,
+// so the first Post's cleanup cannot drop the resend's wait for its ack.
+// The command ends once, applied once.
+func TestParkedSendSlowPostNotOverlapped(t *testing.T) {
+	parkEverySend(t)
+	fp := newFencePoint()
+	p := &posting{Sender: fp, holdFirst: make(chan struct{})}
+	ob := openOutbox(t, filepath.Join(t.TempDir(), offline.File), nil)
+	a := startOutboxAgentTimeout(t, testEtcd, 2*time.Second, time.Minute, "gw-a", "/t/"+t.Name(), devCfgs("d1"), p, ob)
+	waitFor(t, "a holds", holdingAll(a, []string{"d1"}))
+	if _, err := a.Enqueue(t.Context(), "d1", "set", nil); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the ack deadline dropped the held Post's wait", func() bool { return p.drops.Load() >= 1 })
+	// Without the wait for the Post, the resend would start now; give it
+	// the time to show (a slow machine only hides it, never fails here).
+	for end := time.Now().Add(500 * time.Millisecond); time.Now().Before(end) && p.posts.Load() < 2; {
+		time.Sleep(10 * time.Millisecond)
+	}
+	close(p.holdFirst)
+	waitFor(t, "resolved", pendingZero(ob))
+	recs, _ := ob.List(offline.Filter{})
+	if p.overlap.Load() {
+		t.Error("the resend was posted while the first Post was still under way")
+	}
+	if len(recs) != 1 || (recs[0].State != fence.Accepted && recs[0].State != fence.Duplicate) || len(fp.appliedOf("d1")) != 1 || p.posts.Load() != 2 {
+		t.Fatalf("records %+v, applied %d, posts %d", recs, len(fp.appliedOf("d1")), p.posts.Load())
+	}
+	waitFor(t, "no ack awaited", func() bool { return p.awaited() == 0 })
 	a.stop()
 	p.wg.Wait()
 }
