@@ -66,6 +66,11 @@ type sendOp struct {
 	// of the resend's (a Post still waiting for its PUBACK when the ack
 	// deadline passed).
 	posted chan struct{}
+	// endPost cancels the Post's context: the send's first outcome ends
+	// a publish still waiting for its PUBACK, as a waiting Send's ack
+	// deadline does (the outcome unknown: the resend is answered
+	// duplicate if it got through).
+	endPost context.CancelFunc
 }
 
 // recheck is how soon a deadline that passed looks again when the poster
@@ -76,9 +81,11 @@ const recheck = 10 * time.Millisecond
 // postAttempt posts e and parks the worker (parked), or returns idle if
 // delivery's run is ending.
 func (q *delivery) postAttempt(ctx context.Context, w *worker, e *offline.Entry) stepped {
-	op := &sendOp{q: q, ctx: ctx, w: w, e: e, tries: w.tries, posted: make(chan struct{})}
+	pctx, endPost := context.WithCancel(ctx)
+	op := &sendOp{q: q, ctx: ctx, w: w, e: e, tries: w.tries, posted: make(chan struct{}), endPost: endPost}
 	w.tries++
 	if !q.park(op) {
+		endPost()
 		return idle
 	}
 	defer close(op.posted)
@@ -89,14 +96,18 @@ func (q *delivery) postAttempt(ctx context.Context, w *worker, e *offline.Entry)
 	op.mu.Unlock()
 	// From here w is op's: this goroutine returns parked whatever comes.
 	id := e.Envelope.ID
-	if err := q.post.Post(ctx, &e.Envelope, op.answer); err != nil {
+	if err := q.post.Post(pctx, &e.Envelope, op.answer); err != nil {
 		// Not published, or its outcome unknown: resent (an ack that
 		// races the error may be dropped; the resend is answered
 		// duplicate).
 		q.post.Drop(id)
 		op.finish(nil, err)
 	} else if op.over.Load() {
-		q.post.Drop(id) // finished before Post registered it: no ack is awaited
+		// Finished while Post was under way (its deadline, the run's
+		// end), perhaps before it registered the command: no ack is
+		// awaited. The registration is this Post's (the resend waits
+		// for posted).
+		q.post.Drop(id)
 	}
 	return parked
 }
@@ -174,6 +185,7 @@ func (op *sendOp) finishLocked(ack *fence.Ack, err error) {
 	if op.timer != nil {
 		op.timer.Stop()
 	}
+	op.endPost()
 	q := op.q
 	q.mu.Lock()
 	delete(q.parked, op)

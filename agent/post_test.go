@@ -28,9 +28,12 @@ type posting struct {
 	// command, before the device has it (a PUBACK that is late), until
 	// it is closed.
 	holdFirst chan struct{}
-	inPost    atomic.Int32 // Posts under way
-	overlap   atomic.Bool  // a Post began while another was under way
-	drops     atomic.Int64 // Drops that found the command waiting
+	// holdDeaf: the held Post does not return when its context ends (a
+	// publish that finishes its write first).
+	holdDeaf bool
+	inPost   atomic.Int32 // Posts under way
+	overlap  atomic.Bool  // a Post began while another was under way
+	drops    atomic.Int64 // Drops that found the command waiting
 
 	mu      sync.Mutex
 	waiting map[string]context.CancelFunc
@@ -61,9 +64,13 @@ func (p *posting) Post(ctx context.Context, env *fence.Envelope, answer func(*fe
 	p.waiting[env.ID] = cancel
 	p.mu.Unlock()
 	if first && p.holdFirst != nil {
+		done := ctx.Done()
+		if p.holdDeaf {
+			done = nil
+		}
 		select {
 		case <-p.holdFirst:
-		case <-ctx.Done():
+		case <-done:
 			return ctx.Err()
 		}
 	}
@@ -191,15 +198,15 @@ func TestParkedSendLostAckResent(t *testing.T) {
 	p.wg.Wait()
 }
 
-// TestParkedSendSlowPostNotOverlapped: a Post still waiting for its
-// PUBACK when the ack deadline passes is dropped, and the resend waits
-// until that Post returned — a worker's command is in one Post at a time,
-// so the first Post's cleanup cannot drop the resend's wait for its ack.
-// The command ends once, applied once.
+// TestParkedSendSlowPostNotOverlapped: a Post still under way when the
+// ack deadline passes, and slow to return even once its context ended, is
+// dropped, and the resend waits until that Post returned — a worker's
+// command is in one Post at a time, so the first Post's cleanup cannot
+// drop the resend's wait for its ack. The command ends once, applied once.
 func TestParkedSendSlowPostNotOverlapped(t *testing.T) {
 	parkEverySend(t)
 	fp := newFencePoint()
-	p := &posting{Sender: fp, holdFirst: make(chan struct{})}
+	p := &posting{Sender: fp, holdFirst: make(chan struct{}), holdDeaf: true}
 	ob := openOutbox(t, filepath.Join(t.TempDir(), offline.File), nil)
 	a := startOutboxAgentTimeout(t, testEtcd, 2*time.Second, time.Minute, "gw-a", "/t/"+t.Name(), devCfgs("d1"), p, ob)
 	waitFor(t, "a holds", holdingAll(a, []string{"d1"}))
@@ -220,6 +227,31 @@ func TestParkedSendSlowPostNotOverlapped(t *testing.T) {
 	}
 	if len(recs) != 1 || (recs[0].State != fence.Accepted && recs[0].State != fence.Duplicate) || len(fp.appliedOf("d1")) != 1 || p.posts.Load() != 2 {
 		t.Fatalf("records %+v, applied %d, posts %d", recs, len(fp.appliedOf("d1")), p.posts.Load())
+	}
+	waitFor(t, "no ack awaited", func() bool { return p.awaited() == 0 })
+	a.stop()
+	p.wg.Wait()
+}
+
+// TestParkedSendHeldPostEndsAtDeadline: a Post whose PUBACK never comes
+// (the broker keeps the connection and never acks) is ended by the ack
+// deadline, as a waiting Send's publish is: the worker resends, and the
+// command ends accepted, applied once.
+func TestParkedSendHeldPostEndsAtDeadline(t *testing.T) {
+	parkEverySend(t)
+	fp := newFencePoint()
+	p := &posting{Sender: fp, holdFirst: make(chan struct{})}
+	t.Cleanup(func() { close(p.holdFirst) })
+	ob := openOutbox(t, filepath.Join(t.TempDir(), offline.File), nil)
+	a := startOutboxAgentTimeout(t, testEtcd, 2*time.Second, time.Minute, "gw-a", "/t/"+t.Name(), devCfgs("d1"), p, ob)
+	waitFor(t, "a holds", holdingAll(a, []string{"d1"}))
+	if _, err := a.Enqueue(t.Context(), "d1", "set", nil); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "resolved by the resend", pendingZero(ob))
+	recs, _ := ob.List(offline.Filter{})
+	if len(recs) != 1 || recs[0].State != fence.Accepted || len(fp.appliedOf("d1")) != 1 || p.posts.Load() != 2 || p.overlap.Load() {
+		t.Fatalf("records %+v, applied %d, posts %d, overlapped %v", recs, len(fp.appliedOf("d1")), p.posts.Load(), p.overlap.Load())
 	}
 	waitFor(t, "no ack awaited", func() bool { return p.awaited() == 0 })
 	a.stop()
