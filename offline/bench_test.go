@@ -517,3 +517,31 @@ func reportCommits(b *testing.B, commits int64) {
 		b.ReportMetric(float64(b.N)/float64(commits), "appends/commit")
 	}
 }
+
+// BenchmarkExpireNoneDue measures one expiry pass (ExpireDue; the agent
+// runs one a second) over n pending entries of 1,000 devices, none past
+// its TTL: the time it holds the outbox's lock.
+//
+//	go test -run '^$' -bench ExpireNoneDue -benchtime 20x ./offline/
+func BenchmarkExpireNoneDue(b *testing.B) {
+	for _, n := range []int{10_000, 100_000} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			ob := open(b, dbPath(b), &offline.Options{MaxTotal: 1 << 30, MaxPerDevice: 1 << 30, MaxTotalBytes: 1 << 40, MaxBytesPerDevice: 1 << 40})
+			ctx := context.Background()
+			for i := 0; i < n; i += 1000 {
+				es := make([]*offline.Entry, 0, 1000)
+				for j := i; j < i+1000; j++ {
+					es = append(es, entry(fmt.Sprintf("dev-%d", j%1000), fmt.Sprintf("c-%d", j), 1, uint64(j/1000+1)))
+				}
+				if err := ob.AppendAll(ctx, es); err != nil {
+					b.Fatal(err)
+				}
+			}
+			for b.Loop() {
+				if k, err := ob.ExpireDue(); err != nil || k != 0 {
+					b.Fatal(k, err)
+				}
+			}
+		})
+	}
+}

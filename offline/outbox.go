@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -182,6 +183,12 @@ type Outbox struct {
 	// returns, read-held by the views across their read transaction, so
 	// that a view sees each entry either in later or in the file as
 	// terminal. Order: mu → lmu → cmu.
+	// due is a floor of the pending entries' deadlines (unix ms): no
+	// pending entry expires before it, so an expiry pass before it needs
+	// no scan (expired.go). Lowered by every append before its commit,
+	// set by every scan from what stays pending, under mu.Lock.
+	due atomic.Int64
+
 	lmu   sync.RWMutex
 	later map[string]*later // command id → its deferred verdict
 	armed bool              // timer will commit them
@@ -210,6 +217,7 @@ func Open(path string, opts *Options) (*Outbox, error) {
 		return nil, openErr(path, &o, err)
 	}
 	ob := &Outbox{db: db, path: path, opts: o, devs: make(map[string]usage)}
+	ob.due.Store(math.MaxInt64) // lowered by the count of the pending entries below
 	ob.group = groupcommit.New(ob.observedUpdate, 0)
 	// Create the buckets (unless read-only) and count the pending entries.
 	// A write commit's fdatasync also flushes whatever a previous process
@@ -228,6 +236,9 @@ func Open(path string, opts *Options) (*Outbox, error) {
 			var size int64
 			if r, err := parseRecord(entries.Get(id)); err == nil {
 				size = int64(len(r.env))
+				ob.lowerDue(r.deadline)
+			} else {
+				ob.lowerDue(math.MinInt64) // each pass reports it
 			}
 			ob.cmu.Lock()
 			ob.add(dev, 1, size)
@@ -429,6 +440,7 @@ func (ob *Outbox) reserveAll(es []*Entry, recs []record) error {
 			ttl = ob.opts.TTL
 		}
 		recs[i].created, recs[i].deadline = created.UnixMilli(), created.Add(ttl).UnixMilli()
+		ob.lowerDue(recs[i].deadline) // before the commit: no pass can miss it
 		if err := ob.reserveLocked(e.Envelope.Device, e.Envelope.ID, int64(len(recs[i].env))); err != nil {
 			for j := range i {
 				ob.add(es[j].Envelope.Device, -1, -int64(len(recs[j].env)))

@@ -444,6 +444,50 @@ func TestConcurrentAppends(t *testing.T) {
 	}
 }
 
+// TestExpireFloor: an expiry pass before the earliest pending deadline the
+// outbox knows of reads nothing, and that floor never passes a pending
+// entry's deadline: an entry appended already due (an old Created), an
+// entry kept past its deadline and let go, and the entries found pending
+// when the file is opened again all expire on the next pass.
+func TestExpireFloor(t *testing.T) {
+	clk := newClock()
+	path := dbPath(t)
+	opts := &offline.Options{Now: clk.Now, TTL: time.Minute}
+	ob := open(t, path, opts)
+	a := entry("dev", "a", 1, 1)
+	appendOK(t, ob, a)
+	clk.Advance(30 * time.Second)
+	if n, err := ob.ExpireDue(); n != 0 || err != nil { // floor: a's deadline, 30 s away
+		t.Fatal(n, err)
+	}
+	old := entry("dev2", "old", 1, 1)
+	old.Created = clk.Now().Add(-2 * time.Minute) // due 1 min ago
+	appendOK(t, ob, old)
+	if ended, err := ob.ExpireEntries(nil); len(ended) != 1 || ended[0].ID != "old" || err != nil {
+		t.Fatalf("an entry appended already due: ended %v, %v", ended, err)
+	}
+	clk.Advance(30 * time.Second)
+	keepA := func(_, id string) bool { return id == "a" }
+	if ended, err := ob.ExpireEntries(keepA); len(ended) != 0 || err != nil {
+		t.Fatal(ended, err)
+	}
+	if ended, err := ob.ExpireEntries(nil); len(ended) != 1 || ended[0].ID != "a" || err != nil {
+		t.Fatalf("an entry kept past its deadline, then let go: ended %v, %v", ended, err)
+	}
+	appendOK(t, ob, entry("dev", "c", 1, 2))
+	if err := ob.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ob = open(t, path, opts)
+	clk.Advance(time.Minute)
+	if ended, err := ob.ExpireEntries(nil); len(ended) != 1 || ended[0].ID != "c" || err != nil {
+		t.Fatalf("an entry pending when the file was opened: ended %v, %v", ended, err)
+	}
+	if n, err := ob.ExpireDue(); n != 0 || err != nil {
+		t.Fatal(n, err)
+	}
+}
+
 // TestExpireNothingDueNoCommit: an expiry pass that finds nothing due (or
 // only entries keep keeps) commits nothing — no fdatasync a second while
 // the agent idles — and one that finds a due entry commits once.
