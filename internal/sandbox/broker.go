@@ -12,6 +12,7 @@ import (
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/hooks/auth"
 	"github.com/mochi-mqtt/server/v2/listeners"
+	"github.com/mochi-mqtt/server/v2/packets"
 )
 
 // brokerCloseGrace is how long Stop lets mochi disconnect clients politely
@@ -219,6 +220,7 @@ func (b *Broker) stopLocked() {
 	// Close came right after an Accept). The handler's next act is to read
 	// the CONNECT packet: a connection that was read from has been added.
 	tl.awaitHandled(brokerHandleWait)
+	drainClients(srv, brokerCloseGrace)
 	// mochi's Close sends DISCONNECT to each client and waits for every
 	// connection handler, including ones still waiting for a CONNECT packet,
 	// which would wait forever; after a grace period close the sockets.
@@ -236,6 +238,25 @@ func (b *Broker) stopLocked() {
 		<-done
 	}
 	tl.closeAll() // connections mochi accepted after it began closing
+}
+
+// drainClients disconnects srv's clients, as its Close would (DISCONNECT
+// "server shutting down"), and waits, at most wait, until their
+// connection handlers have returned, each session deleted. mochi v2.7.9's
+// Close reads its client map under a read lock taken twice in a row
+// (Clients.GetByListener calls Len): a Delete queued in between — a client
+// whose connection ends just then — deadlocks it for good (CI:
+// TestBrokerPubSubQoS1 hung 15 minutes). Drained, Close finds no client
+// to disconnect and no Delete comes.
+func drainClients(srv *mqtt.Server, wait time.Duration) {
+	for _, cl := range srv.Clients.GetAll() {
+		if !cl.Closed() {
+			_ = srv.DisconnectClient(cl, packets.ErrServerShuttingDown)
+		}
+	}
+	for end := time.Now().Add(wait); atomic.LoadInt64(&srv.Info.ClientsConnected) > 0 && time.Now().Before(end); {
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // trackingListener remembers the connections it accepted so Stop can close
