@@ -34,10 +34,7 @@ func (ob *Outbox) ExpireEntries(keep func(device, id string) bool) ([]Expired, e
 	if ob.opts.ReadOnly {
 		return nil, fmt.Errorf("offline: expire: %w", ErrReadOnly)
 	}
-	ob.mu.RLock()
-	closed, now := ob.closed, ob.opts.Now().UnixMilli()
-	ob.mu.RUnlock()
-	if !closed && now < ob.due.Load() {
+	if ob.beforeDue() {
 		return nil, nil
 	}
 	ob.mu.Lock()
@@ -52,7 +49,7 @@ func (ob *Outbox) ExpireEntries(keep func(device, id string) bool) ([]Expired, e
 			return ob.later[id] != nil || (user != nil && user(device, id))
 		}
 	}
-	now = ob.opts.Now().UnixMilli()
+	now := ob.opts.Now().UnixMilli()
 	type done struct {
 		e    Expired
 		size int64
@@ -108,13 +105,28 @@ func (ob *Outbox) ExpireEntries(keep func(device, id string) bool) ([]Expired, e
 			ob.opts.Logger.Info("outbox entry expired", "device", d.e.Device, "id", d.e.ID, "token", d.e.Token, "seq", d.e.Seq)
 		}
 	}
-	if len(bad) > 0 {
-		if ob.opts.Logger != nil {
-			ob.opts.Logger.Warn("outbox records unreadable", "count", len(bad), "err", errors.Join(bad...).Error())
-		}
-		return out, fmt.Errorf("offline: expire: %d entries unreadable: %w", len(bad), errors.Join(bad...))
+	return out, ob.unreadable(bad)
+}
+
+// beforeDue reports whether no pending entry can be due yet: the outbox
+// is open and its floor of the pending deadlines has not come.
+func (ob *Outbox) beforeDue() bool {
+	ob.mu.RLock()
+	closed, now := ob.closed, ob.opts.Now().UnixMilli()
+	ob.mu.RUnlock()
+	return !closed && now < ob.due.Load()
+}
+
+// unreadable logs and returns the expiry pass's error for the records it
+// could not read; nil if none.
+func (ob *Outbox) unreadable(bad []error) error {
+	if len(bad) == 0 {
+		return nil
 	}
-	return out, nil
+	if ob.opts.Logger != nil {
+		ob.opts.Logger.Warn("outbox records unreadable", "count", len(bad), "err", errors.Join(bad...).Error())
+	}
+	return fmt.Errorf("offline: expire: %d entries unreadable: %w", len(bad), errors.Join(bad...))
 }
 
 // scanDue returns the pending entries whose deadline is before now and
