@@ -128,6 +128,16 @@ func parkEverySend(t *testing.T) {
 	t.Cleanup(func() { postAbove = old })
 }
 
+// startPostingAgent starts an agent holding the one device d1, its
+// commands sent through p, with a fresh outbox.
+func startPostingAgent(t *testing.T, p *posting) (*testAgent, *offline.Outbox) {
+	t.Helper()
+	ob := openOutbox(t, filepath.Join(t.TempDir(), offline.File), nil)
+	a := startOutboxAgentTimeout(t, testEtcd, 2*time.Second, time.Minute, "gw-a", "/t/"+t.Name(), devCfgs("d1"), p, ob)
+	waitFor(t, "a holds", holdingAll(a, []string{"d1"}))
+	return a, ob
+}
+
 func gatedDevices(fp *fencePoint, n int) ([]string, chan struct{}) {
 	ids := make([]string, n)
 	gate := make(chan struct{})
@@ -180,9 +190,7 @@ func TestParkedSendLostAckResent(t *testing.T) {
 	g := &gate{fp: newFencePoint()}
 	g.dropAcks.Store(1)
 	p := &posting{Sender: g}
-	ob := openOutbox(t, filepath.Join(t.TempDir(), offline.File), nil)
-	a := startOutboxAgentTimeout(t, testEtcd, 2*time.Second, time.Minute, "gw-a", "/t/"+t.Name(), devCfgs("d1"), p, ob)
-	waitFor(t, "a holds", holdingAll(a, []string{"d1"}))
+	a, ob := startPostingAgent(t, p)
 	if _, err := a.Enqueue(t.Context(), "d1", "set", nil); err != nil {
 		t.Fatal(err)
 	}
@@ -207,9 +215,7 @@ func TestParkedSendSlowPostNotOverlapped(t *testing.T) {
 	parkEverySend(t)
 	fp := newFencePoint()
 	p := &posting{Sender: fp, holdFirst: make(chan struct{}), holdDeaf: true}
-	ob := openOutbox(t, filepath.Join(t.TempDir(), offline.File), nil)
-	a := startOutboxAgentTimeout(t, testEtcd, 2*time.Second, time.Minute, "gw-a", "/t/"+t.Name(), devCfgs("d1"), p, ob)
-	waitFor(t, "a holds", holdingAll(a, []string{"d1"}))
+	a, ob := startPostingAgent(t, p)
 	if _, err := a.Enqueue(t.Context(), "d1", "set", nil); err != nil {
 		t.Fatal(err)
 	}
@@ -242,9 +248,7 @@ func TestParkedSendHeldPostEndsAtDeadline(t *testing.T) {
 	fp := newFencePoint()
 	p := &posting{Sender: fp, holdFirst: make(chan struct{})}
 	t.Cleanup(func() { close(p.holdFirst) })
-	ob := openOutbox(t, filepath.Join(t.TempDir(), offline.File), nil)
-	a := startOutboxAgentTimeout(t, testEtcd, 2*time.Second, time.Minute, "gw-a", "/t/"+t.Name(), devCfgs("d1"), p, ob)
-	waitFor(t, "a holds", holdingAll(a, []string{"d1"}))
+	a, ob := startPostingAgent(t, p)
 	if _, err := a.Enqueue(t.Context(), "d1", "set", nil); err != nil {
 		t.Fatal(err)
 	}
@@ -265,9 +269,7 @@ func TestParkedSendPostFails(t *testing.T) {
 	fp := newFencePoint()
 	p := &posting{Sender: fp}
 	p.failPosts.Store(3)
-	ob := openOutbox(t, filepath.Join(t.TempDir(), offline.File), nil)
-	a := startOutboxAgentTimeout(t, testEtcd, 2*time.Second, time.Minute, "gw-a", "/t/"+t.Name(), devCfgs("d1"), p, ob)
-	waitFor(t, "a holds", holdingAll(a, []string{"d1"}))
+	a, _ := startPostingAgent(t, p)
 	ack, err := a.Send(t.Context(), "d1", "set", nil)
 	if err != nil || ack.Verdict != fence.Accepted || p.posts.Load() != 4 || len(fp.appliedOf("d1")) != 1 {
 		t.Fatalf("ack %+v, err %v, posts %d, applied %d", ack, err, p.posts.Load(), len(fp.appliedOf("d1")))
