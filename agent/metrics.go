@@ -12,12 +12,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
-
 	"github.com/edgefence/edgefence/agent/jobs"
 	"github.com/edgefence/edgefence/devices/fwjob"
+	"github.com/edgefence/edgefence/internal/promtext"
 	"github.com/edgefence/edgefence/offline"
 )
 
@@ -28,24 +25,18 @@ import (
 // "Metrics". Fleet-level series are always there; the series with a device
 // label only with metrics.per_device (MetricsConfig.PerDevice).
 
-// MetricsRegistry returns a new registry (not the global default) holding
-// the agent's collector, the Go runtime collector, the process collector
-// and extra (e.g. the gateway fence bridge's, bridge.Collector). version is
-// reported by edgefence_build_info.
-func (a *Agent) MetricsRegistry(version string, extra ...prometheus.Collector) *prometheus.Registry {
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(
-		newAgentCollector(a, version),
-		collectors.NewGoCollector(),
-		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-	)
-	reg.MustRegister(extra...)
-	return reg
+// MetricsCollectors returns the collectors /metrics serves: the agent's
+// (version is reported by edgefence_build_info), the Go runtime's, the
+// process's and extra (e.g. the gateway fence bridge's, bridge.Collector).
+func (a *Agent) MetricsCollectors(version string, extra ...promtext.Collector) []promtext.Collector {
+	return append([]promtext.Collector{newAgentCollector(a, version), promtext.GoCollector(), promtext.ProcessCollector()}, extra...)
 }
 
-// MetricsHandler serves, on a fresh registry (see MetricsRegistry):
+// MetricsHandler serves:
 //
-//   - /metrics: the Prometheus text exposition;
+//   - /metrics: the Prometheus text exposition of MetricsCollectors (a
+//     series that cannot be read, e.g. the outbox's pending count on a
+//     failing disk, is left out and the scrape logged at Warn);
 //   - /healthz: 200 "ok" while the process serves HTTP at all;
 //   - /readyz: 200 "ready" when the etcd session is up and the transport is
 //     connected, else 503 with a one-line reason. A Sender that does not
@@ -53,10 +44,11 @@ func (a *Agent) MetricsRegistry(version string, extra ...prometheus.Collector) *
 //     in-process senders of tests) counts as connected: readiness is then
 //     the etcd session alone;
 //   - /debug/pprof/: Go's profiler, only with metrics.pprof.
-func (a *Agent) MetricsHandler(version string, extra ...prometheus.Collector) http.Handler {
-	reg := a.MetricsRegistry(version, extra...)
+func (a *Agent) MetricsHandler(version string, extra ...promtext.Collector) http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}))
+	mux.Handle("GET /metrics", promtext.Handler(func(err error) {
+		a.log.Warn("metrics: series left out of the scrape", "err", err)
+	}, a.MetricsCollectors(version, extra...)...))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		fmt.Fprintln(w, "ok")
@@ -131,7 +123,7 @@ var deviceStates = [...]string{StateCampaigning, StateHolding, StateLost, StateR
 // counter is one entry (plus its field in Counters).
 type series struct {
 	name, help string
-	typ        prometheus.ValueType
+	typ        promtext.Type
 	labels     []string
 	perDevice  bool // has a device label: only with metrics.per_device
 	collect    func(v *scrapeView, emit func(float64, ...string))
@@ -154,18 +146,18 @@ type scrapeView struct {
 }
 
 func gauge(name, help string, f func(*scrapeView) float64) series {
-	return series{name: name, help: help, typ: prometheus.GaugeValue,
+	return series{name: name, help: help, typ: promtext.TypeGauge,
 		collect: func(v *scrapeView, emit func(float64, ...string)) { emit(f(v)) }}
 }
 
 func counter(name, help string, f func(*Counters) uint64) series {
-	return series{name: name, help: help, typ: prometheus.CounterValue,
+	return series{name: name, help: help, typ: promtext.TypeCounter,
 		collect: func(v *scrapeView, emit func(float64, ...string)) { emit(float64(f(&v.n))) }}
 }
 
 // twinCounter and twinGauge are there only while the reconciler runs.
 func twinCounter(name, help string, f func(*scrapeView) uint64) series {
-	return series{name: name, help: help, typ: prometheus.CounterValue,
+	return series{name: name, help: help, typ: promtext.TypeCounter,
 		collect: func(v *scrapeView, emit func(float64, ...string)) {
 			if v.s.Twins != nil {
 				emit(float64(f(v)))
@@ -174,7 +166,7 @@ func twinCounter(name, help string, f func(*scrapeView) uint64) series {
 }
 
 func twinGauge(name, help string, f func(*scrapeView) float64) series {
-	return series{name: name, help: help, typ: prometheus.GaugeValue,
+	return series{name: name, help: help, typ: promtext.TypeGauge,
 		collect: func(v *scrapeView, emit func(float64, ...string)) {
 			if v.s.Twins != nil {
 				emit(f(v))
@@ -185,7 +177,7 @@ func twinGauge(name, help string, f func(*scrapeView) float64) series {
 // deviceAuthCounter is a counter by reason of the ack and state report
 // checks (all 0 while no device requires them).
 func deviceAuthCounter(name, help string, f func(*scrapeView) map[string]uint64) series {
-	return series{name: name, help: help, typ: prometheus.CounterValue, labels: []string{"reason"},
+	return series{name: name, help: help, typ: promtext.TypeCounter, labels: []string{"reason"},
 		collect: func(v *scrapeView, emit func(float64, ...string)) {
 			var m map[string]uint64
 			if v.s.DeviceAuth != nil {
@@ -198,7 +190,7 @@ func deviceAuthCounter(name, help string, f func(*scrapeView) map[string]uint64)
 }
 
 // perDevice is a series with a device label (and maybe more labels).
-func perDevice(name, help string, typ prometheus.ValueType, labels []string, f func(d *DeviceStatus, emit func(float64, ...string))) series {
+func perDevice(name, help string, typ promtext.Type, labels []string, f func(d *DeviceStatus, emit func(float64, ...string))) series {
 	return series{name: name, help: help, typ: typ, labels: append([]string{"device"}, labels...), perDevice: true,
 		collect: func(v *scrapeView, emit func(float64, ...string)) {
 			for i := range v.s.Devices {
@@ -212,43 +204,43 @@ func perDevice(name, help string, typ prometheus.ValueType, labels []string, f f
 // meters (tail.go), in exposition order.
 var agentSeries = []series{
 	{name: "build_info", help: "Always 1; the labels give the agent's version, VCS revision, Go version and gateway id.",
-		typ: prometheus.GaugeValue, labels: []string{"version", "revision", "goversion", "gateway"}}, // Collect fills it
+		typ: promtext.TypeGauge, labels: []string{"version", "revision", "goversion", "gateway"}}, // Collect fills it
 	gauge("leases_held", "Devices whose lock this agent holds now.",
 		func(v *scrapeView) float64 { return float64(v.inState[slices.Index(deviceStates[:], StateHolding)]) }),
 	gauge("devices_configured", "Devices in this agent's configuration (leases it campaigns for).",
 		func(v *scrapeView) float64 { return float64(len(v.s.Devices)) }),
 	gauge("devices_auth_off", "Devices whose policy is auth: off: commands to them go as plain envelopes, and their fence points take plain ones (warned at start).",
 		func(v *scrapeView) float64 { return float64(v.authOff) }),
-	{name: "devices", help: "Devices in each lease state (sums to edgefence_devices_configured).", typ: prometheus.GaugeValue, labels: []string{"state"},
+	{name: "devices", help: "Devices in each lease state (sums to edgefence_devices_configured).", typ: promtext.TypeGauge, labels: []string{"state"},
 		collect: func(v *scrapeView, emit func(float64, ...string)) {
 			for i, st := range deviceStates {
 				emit(float64(v.inState[i]), st)
 			}
 		}},
 
-	perDevice("device_token", "The fencing token the agent issues commands under (present while holding, or autonomous).", prometheus.GaugeValue, nil,
+	perDevice("device_token", "The fencing token the agent issues commands under (present while holding, or autonomous).", promtext.TypeGauge, nil,
 		func(d *DeviceStatus, emit func(float64, ...string)) {
 			if (d.State == StateHolding || d.State == StateAutonomous) && d.Token != 0 {
 				emit(float64(d.Token))
 			}
 		}),
-	perDevice("device_state", "1 for the device's current lease state, 0 for the others.", prometheus.GaugeValue, []string{"state"},
+	perDevice("device_state", "1 for the device's current lease state, 0 for the others.", promtext.TypeGauge, []string{"state"},
 		func(d *DeviceStatus, emit func(float64, ...string)) {
 			for _, st := range deviceStates {
 				emit(b2f(d.State == st), st)
 			}
 		}),
-	perDevice("device_commands_total", "Commands of the device that ended, by verdict (as edgefence_commands_total, per device).", prometheus.CounterValue, []string{"verdict"},
+	perDevice("device_commands_total", "Commands of the device that ended, by verdict (as edgefence_commands_total, per device).", promtext.TypeCounter, []string{"verdict"},
 		func(d *DeviceStatus, emit func(float64, ...string)) {
 			v := d.Verdicts
 			for i, n := range [len(verdictNames)]uint64{v.Accepted, v.Duplicate, v.Stale, v.Invalid, v.Expired, v.Unknown} {
 				emit(float64(n), verdictNames[i])
 			}
 		}),
-	perDevice("outbox_device_pending_commands", "Commands of the device pending in the outbox.", prometheus.GaugeValue, nil,
+	perDevice("outbox_device_pending_commands", "Commands of the device pending in the outbox.", promtext.TypeGauge, nil,
 		func(d *DeviceStatus, emit func(float64, ...string)) { emit(float64(d.Queued)) }),
 	{name: "outbox_device_oldest_pending_age_seconds", help: "Age of the oldest pending command of the device, the head of its queue (only devices with pending commands).",
-		typ: prometheus.GaugeValue, labels: []string{"device"}, perDevice: true,
+		typ: promtext.TypeGauge, labels: []string{"device"}, perDevice: true,
 		collect: func(v *scrapeView, emit func(float64, ...string)) {
 			// Only devices with pending commands (Summary's list): an
 			// empty queue has no age, and 10,000 idle devices cost no
@@ -259,7 +251,7 @@ var agentSeries = []series{
 				}
 			}
 		}},
-	perDevice("twin_delta_fields", "Leaf fields of desired not yet in reported (the twin delta) at the reconciler's last look, per device the agent holds; 0 = converged.", prometheus.GaugeValue, nil,
+	perDevice("twin_delta_fields", "Leaf fields of desired not yet in reported (the twin delta) at the reconciler's last look, per device the agent holds; 0 = converged.", promtext.TypeGauge, nil,
 		func(d *DeviceStatus, emit func(float64, ...string)) {
 			if d.TwinDelta != nil {
 				emit(float64(*d.TwinDelta))
@@ -274,7 +266,7 @@ var agentSeries = []series{
 	counter("lock_releases_total", "Device locks let go after a fence point or the regression guard refused the token; each is campaigned for again after a backoff.", func(n *Counters) uint64 { return n.Released }),
 
 	{name: "commands_total", help: "Commands that ended, by verdict (accepted, duplicate, stale, invalid, unknown from fence point acks; expired from the outbox).",
-		typ: prometheus.CounterValue, labels: []string{"verdict"},
+		typ: promtext.TypeCounter, labels: []string{"verdict"},
 		collect: func(v *scrapeView, emit func(float64, ...string)) {
 			n := &v.n
 			for i, c := range [len(verdictNames)]uint64{n.Accepted, n.Duplicate, n.Stale, n.Invalid, n.Expired, n.Unknown} {
@@ -282,7 +274,7 @@ var agentSeries = []series{
 			}
 		}},
 	counter("commands_sent_total", "Command sends (first sends and resends).", func(n *Counters) uint64 { return n.Sent }),
-	{name: "commands_unsigned_total", help: "Command sends as plain envelopes, not signed (no signing key, or an auth: off device).", typ: prometheus.CounterValue,
+	{name: "commands_unsigned_total", help: "Command sends as plain envelopes, not signed (no signing key, or an auth: off device).", typ: promtext.TypeCounter,
 		collect: func(v *scrapeView, emit func(float64, ...string)) {
 			if n, ok := v.s.Transport["unsigned"].(uint64); ok {
 				emit(float64(n))
@@ -295,7 +287,7 @@ var agentSeries = []series{
 	counter("commands_reissued_total", "Queued commands re-issued under a newer token (reissue_kinds).", func(n *Counters) uint64 { return n.Reissued }),
 	counter("commands_superseded_total", "Queued commands of strict devices ended stale, never sent, once another session held the lock.", func(n *Counters) uint64 { return n.Superseded }),
 
-	{name: "outbox_pending_commands", help: "Commands pending in the outbox in all.", typ: prometheus.GaugeValue}, // Collect fills it (or says why not)
+	{name: "outbox_pending_commands", help: "Commands pending in the outbox in all.", typ: promtext.TypeGauge}, // Collect fills it (or says why not)
 	gauge("outbox_pending_bytes", "Envelope bytes pending in the outbox in all.", func(v *scrapeView) float64 { return float64(v.sum.Bytes) }),
 	gauge("outbox_verdicts_waiting", "Commands ended by their verdict whose record waits for the outbox's next commit (outbox.verdict_delay at most).", func(v *scrapeView) float64 { return float64(v.sum.Waiting) }),
 	gauge("outbox_oldest_pending_age_seconds", "Age of the oldest pending command (0 if none).", func(v *scrapeView) float64 { return max(v.sum.OldestAge, 0).Seconds() }),
@@ -303,21 +295,21 @@ var agentSeries = []series{
 	counter("outbox_errors_total", "Outbox reads or writes that failed.", func(n *Counters) uint64 { return n.OutboxErr }),
 
 	gauge("etcd_session_up", "1 while the agent's etcd session is open.", func(v *scrapeView) float64 { return b2f(v.s.Etcd.Session) }),
-	{name: "etcd_sessions_total", help: "etcd sessions opened since start.", typ: prometheus.CounterValue,
+	{name: "etcd_sessions_total", help: "etcd sessions opened since start.", typ: promtext.TypeCounter,
 		collect: func(v *scrapeView, emit func(float64, ...string)) { emit(float64(v.s.Etcd.Sessions)) }},
-	{name: "mqtt_connected", help: "1 while the MQTT transport is connected.", typ: prometheus.GaugeValue,
+	{name: "mqtt_connected", help: "1 while the MQTT transport is connected.", typ: promtext.TypeGauge,
 		collect: func(v *scrapeView, emit func(float64, ...string)) {
 			if c, ok := v.s.Transport["connected"].(bool); ok {
 				emit(b2f(c))
 			}
 		}},
-	{name: "mqtt_reconnects_total", help: "MQTT connections established after the first.", typ: prometheus.CounterValue,
+	{name: "mqtt_reconnects_total", help: "MQTT connections established after the first.", typ: promtext.TypeCounter,
 		collect: func(v *scrapeView, emit func(float64, ...string)) {
 			if n, ok := v.s.Transport["reconnects"].(uint64); ok {
 				emit(float64(n))
 			}
 		}},
-	{name: "mqtt_packets_oversize_total", help: "MQTT packets over mqtt.max_packet_size the broker sent anyway, dropped unread.", typ: prometheus.CounterValue,
+	{name: "mqtt_packets_oversize_total", help: "MQTT packets over mqtt.max_packet_size the broker sent anyway, dropped unread.", typ: promtext.TypeCounter,
 		collect: func(v *scrapeView, emit func(float64, ...string)) {
 			if n, ok := v.s.Transport["packets_oversize"].(uint64); ok {
 				emit(float64(n))
@@ -335,7 +327,7 @@ var agentSeries = []series{
 	twinGauge("twin_watching", "1 while the twin reconciler watches desired states.", func(v *scrapeView) float64 { return b2f(v.s.Twins.Watching) }),
 	twinGauge("twin_devices_unconverged", "Devices the agent holds whose twin delta was above 0 at the reconciler's last look.", func(v *scrapeView) float64 { return float64(v.unconverged) }),
 	// State reports are read only with twins or jobs on.
-	{name: "state_reports_malformed_total", help: "Device state reports (MQTT state topic) that did not decode and were dropped.", typ: prometheus.CounterValue,
+	{name: "state_reports_malformed_total", help: "Device state reports (MQTT state topic) that did not decode and were dropped.", typ: promtext.TypeCounter,
 		collect: func(v *scrapeView, emit func(float64, ...string)) {
 			if v.s.Twins != nil || v.s.Jobs != nil {
 				emit(float64(v.n.StateMalformed))
@@ -343,7 +335,7 @@ var agentSeries = []series{
 		}},
 
 	{name: "jobs_executions_ended_total", help: "Firmware job executions this gateway ended, by status (0s while the runner is off).",
-		typ: prometheus.CounterValue, labels: []string{"status"},
+		typ: promtext.TypeCounter, labels: []string{"status"},
 		collect: func(v *scrapeView, emit func(float64, ...string)) {
 			for _, st := range jobs.Statuses {
 				if st.Terminal() {
@@ -352,7 +344,7 @@ var agentSeries = []series{
 			}
 		}},
 	{name: "jobs_steps_total", help: "Firmware steps (fw.begin, fw.chunk, …) sent, by kind and the device's verdict (none: no ack came back).",
-		typ: prometheus.CounterValue, labels: []string{"kind", "verdict"},
+		typ: promtext.TypeCounter, labels: []string{"kind", "verdict"},
 		collect: func(v *scrapeView, emit func(float64, ...string)) {
 			for _, k := range fwjob.Kinds {
 				for _, vn := range append(verdictNames[:], "none") {
@@ -360,7 +352,7 @@ var agentSeries = []series{
 				}
 			}
 		}},
-	{name: "jobs_image_bytes_sent_total", help: "Image bytes of the fw.chunk commands the devices accepted.", typ: prometheus.CounterValue,
+	{name: "jobs_image_bytes_sent_total", help: "Image bytes of the fw.chunk commands the devices accepted.", typ: promtext.TypeCounter,
 		collect: func(v *scrapeView, emit func(float64, ...string)) { emit(float64(v.jobs.ImageBytes)) }},
 	gauge("jobs_executions_in_progress", "Firmware job executions this gateway drives now.",
 		func(v *scrapeView) float64 { return float64(v.jobs.InProgress) }),
@@ -370,17 +362,17 @@ var agentSeries = []series{
 	deviceAuthCounter("state_reports_unauthenticated_total", "State reports of auth: required devices dropped before the twin (unsigned, forged, replayed …), by reason.",
 		func(v *scrapeView) map[string]uint64 { return v.s.DeviceAuth.StatesRefused }),
 
-	{name: "fanout_requests_total", help: "Fan-out requests (POST /v1/fanout) that selected devices and were carried out.", typ: prometheus.CounterValue,
+	{name: "fanout_requests_total", help: "Fan-out requests (POST /v1/fanout) that selected devices and were carried out.", typ: promtext.TypeCounter,
 		collect: func(v *scrapeView, emit func(float64, ...string)) { emit(float64(v.fanReq)) }},
 	{name: "fanout_devices_total", help: "Devices of fan-out requests, by outcome: a verdict, queued (no verdict yet) or refused (by the agent).",
-		typ: prometheus.CounterValue, labels: []string{"outcome"},
+		typ: promtext.TypeCounter, labels: []string{"outcome"},
 		collect: func(v *scrapeView, emit func(float64, ...string)) {
 			for i, o := range fanoutOutcomes {
 				emit(float64(v.fanDevs[i]), o)
 			}
 		}},
 	{name: "api_requests_refused_total", help: "Local API requests refused as bad input (too_large, malformed, bad_body, unknown_device, bad_selection).",
-		typ: prometheus.CounterValue, labels: []string{"reason"},
+		typ: promtext.TypeCounter, labels: []string{"reason"},
 		collect: func(v *scrapeView, emit func(float64, ...string)) {
 			for i, why := range apiRefusals {
 				emit(float64(v.apiRefused[i]), why)
@@ -388,33 +380,25 @@ var agentSeries = []series{
 		}},
 }
 
-// agentCollector is a prometheus.Collector over Agent.Status and the
+// agentCollector is a promtext.Collector over Agent.Status and the
 // outbox summary, walking agentSeries.
 type agentCollector struct {
 	a                 *Agent
 	version, revision string
-	perDevice         bool               // metrics.per_device: the series with a device label
-	descs             []*prometheus.Desc // agentSeries[i]'s
+	perDevice         bool             // metrics.per_device: the series with a device label
+	descs             []*promtext.Desc // agentSeries[i]'s
 }
 
 func newAgentCollector(a *Agent, version string) *agentCollector {
 	c := &agentCollector{a: a, version: version, revision: vcsRevision(), perDevice: a.cfg.Metrics.PerDevice}
 	for _, s := range agentSeries {
-		c.descs = append(c.descs, prometheus.NewDesc("edgefence_"+s.name, s.help, s.labels, nil))
+		c.descs = append(c.descs, promtext.NewDesc("edgefence_"+s.name, s.help, s.typ, s.labels...))
 	}
 	return c
 }
 
-// Describe implements prometheus.Collector.
-func (c *agentCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range c.descs {
-		ch <- d
-	}
-	c.a.leases.tails.describe(ch)
-}
-
-// Collect implements prometheus.Collector: one Status snapshot per scrapeView.
-func (c *agentCollector) Collect(ch chan<- prometheus.Metric) {
+// Collect implements promtext.Collector: one Status snapshot per scrapeView.
+func (c *agentCollector) Collect(w *promtext.Writer) {
 	v := &scrapeView{s: c.a.Status()}
 	v.n = v.s.Counters
 	for _, d := range v.s.Devices {
@@ -436,26 +420,24 @@ func (c *agentCollector) Collect(ch chan<- prometheus.Metric) {
 	v.sum, v.sumErr = c.a.outbox.Summary("")
 	for i, s := range agentSeries {
 		desc := c.descs[i]
-		emit := func(x float64, labels ...string) {
-			ch <- prometheus.MustNewConstMetric(desc, s.typ, x, labels...)
-		}
+		emit := func(x float64, labels ...string) { w.Sample(desc, x, labels...) }
 		switch {
 		case s.perDevice && !c.perDevice:
 		case s.name == "build_info":
 			emit(1, c.version, c.revision, runtime.Version(), v.s.Gateway)
 		case s.name == "outbox_pending_commands":
 			if v.sumErr != nil {
-				ch <- prometheus.NewInvalidMetric(desc, fmt.Errorf("outbox summary: %w", v.sumErr))
+				w.Fail(desc, fmt.Errorf("outbox summary: %w", v.sumErr))
 			} else {
 				emit(float64(v.sum.Pending))
 			}
-		case v.sumErr != nil && strings.HasPrefix(s.name, "outbox_") && s.typ == prometheus.GaugeValue:
+		case v.sumErr != nil && strings.HasPrefix(s.name, "outbox_") && s.typ == promtext.TypeGauge:
 			// No summary: the pending gauges would read 0.
 		default:
 			s.collect(v, emit)
 		}
 	}
-	c.a.leases.tails.collect(ch, v.s.LeaseTail)
+	c.a.leases.tails.collect(w, v.s.LeaseTail)
 }
 
 // vcsRevision is the VCS revision go build stamped into the binary ("" if

@@ -7,9 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/edgefence/edgefence/agent/hiccup"
+	"github.com/edgefence/edgefence/internal/promtext"
 )
 
 // The lease-threat meters. A lease survives as long as a keep-alive reaches
@@ -60,7 +59,8 @@ var tailBuckets = [...]float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25
 // tailSeries is one measured quantity: a Prometheus histogram over the
 // agent's life and per-minute slots for the window.
 type tailSeries struct {
-	hist prometheus.Histogram
+	desc *promtext.Desc
+	hist *promtext.Histogram
 
 	mu    sync.Mutex
 	slots [tailSlots]tailSlotData
@@ -74,7 +74,7 @@ type tailSlotData struct {
 }
 
 func newTailSeries(name, help string) *tailSeries {
-	return &tailSeries{hist: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "edgefence_" + name, Help: help, Buckets: tailBuckets[:]})}
+	return &tailSeries{desc: promtext.NewDesc("edgefence_"+name, help, promtext.TypeHistogram), hist: promtext.NewHistogram(tailBuckets[:])}
 }
 
 // observe records one sample taken at now.
@@ -146,9 +146,9 @@ type tails struct {
 	fsyncOn                 bool // an outbox reports its commits
 
 	warning                atomic.Bool
-	tailGauge, warnGauge   *prometheus.Desc
+	tailGauge, warnGauge   *promtext.Desc
 	keepAliveErrors        atomic.Uint64
-	keepAliveErrorsCounter *prometheus.Desc
+	keepAliveErrorsCounter *promtext.Desc
 }
 
 func newTails() *tails {
@@ -159,12 +159,12 @@ func newTails() *tails {
 			"Round trip of a LeaseTimeToLive on the session's lease, sent every lease_ttl/3 (the keep-alive's cadence)."),
 		fsync: newTailSeries("state_fsync_seconds",
 			"Time bbolt spent writing and syncing each outbox commit (with an outbox)."),
-		tailGauge: prometheus.NewDesc("edgefence_lease_tail_seconds",
-			"Observed tail over the last 5 minutes: max stall + max keep-alive round trip + max outbox fsync.", nil, nil),
-		warnGauge: prometheus.NewDesc("edgefence_lease_tail_warning",
-			"1 while the observed tail is above a third of lease_ttl (one keep-alive interval): raise etcd.lease_ttl or find the stall.", nil, nil),
-		keepAliveErrorsCounter: prometheus.NewDesc("edgefence_etcd_keepalive_probe_errors_total",
-			"LeaseTimeToLive probes that failed without a round trip to measure (session down, lease gone, connection refused).", nil, nil),
+		tailGauge: promtext.NewDesc("edgefence_lease_tail_seconds",
+			"Observed tail over the last 5 minutes: max stall + max keep-alive round trip + max outbox fsync.", promtext.TypeGauge),
+		warnGauge: promtext.NewDesc("edgefence_lease_tail_warning",
+			"1 while the observed tail is above a third of lease_ttl (one keep-alive interval): raise etcd.lease_ttl or find the stall.", promtext.TypeGauge),
+		keepAliveErrorsCounter: promtext.NewDesc("edgefence_etcd_keepalive_probe_errors_total",
+			"LeaseTimeToLive probes that failed without a round trip to measure (session down, lease gone, connection refused).", promtext.TypeCounter),
 	}
 }
 
@@ -198,25 +198,16 @@ func (t *tails) status(ttl time.Duration, now time.Time) TailStatus {
 	return s
 }
 
-// describe and collect serve the meters through the agent's collector.
-func (t *tails) describe(ch chan<- *prometheus.Desc) {
-	for _, s := range []*tailSeries{t.stall, t.keepAlive, t.fsync} {
-		s.hist.Describe(ch)
-	}
-	ch <- t.tailGauge
-	ch <- t.warnGauge
-	ch <- t.keepAliveErrorsCounter
-}
-
-func (t *tails) collect(ch chan<- prometheus.Metric, s TailStatus) {
-	t.stall.hist.Collect(ch)
-	t.keepAlive.hist.Collect(ch)
+// collect writes the meters through the agent's collector.
+func (t *tails) collect(w *promtext.Writer, s TailStatus) {
+	w.Histogram(t.stall.desc, t.stall.hist)
+	w.Histogram(t.keepAlive.desc, t.keepAlive.hist)
 	if t.fsyncOn {
-		t.fsync.hist.Collect(ch)
+		w.Histogram(t.fsync.desc, t.fsync.hist)
 	}
-	ch <- prometheus.MustNewConstMetric(t.tailGauge, prometheus.GaugeValue, s.Tail)
-	ch <- prometheus.MustNewConstMetric(t.warnGauge, prometheus.GaugeValue, b2f(s.Warning != ""))
-	ch <- prometheus.MustNewConstMetric(t.keepAliveErrorsCounter, prometheus.CounterValue, float64(t.keepAliveErrors.Load()))
+	w.Sample(t.tailGauge, s.Tail)
+	w.Sample(t.warnGauge, b2f(s.Warning != ""))
+	w.Sample(t.keepAliveErrorsCounter, float64(t.keepAliveErrors.Load()))
 }
 
 // startTails runs the meters until the returned stop is called; stop

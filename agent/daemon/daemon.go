@@ -12,7 +12,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"golang.org/x/sync/errgroup"
 
@@ -23,6 +22,7 @@ import (
 	"github.com/edgefence/edgefence/fence"
 	"github.com/edgefence/edgefence/fence/auth"
 	"github.com/edgefence/edgefence/fence/history"
+	"github.com/edgefence/edgefence/internal/promtext"
 	"github.com/edgefence/edgefence/offline"
 	"github.com/edgefence/edgefence/shadow"
 	"github.com/edgefence/edgefence/transport/mqtt"
@@ -360,7 +360,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		return nil
 	})
 	if cfg.Metrics.Listen != "" {
-		var extra []prometheus.Collector
+		var extra []promtext.Collector
 		if d.br != nil {
 			extra = append(extra, d.br.Collector()) // the bridge's series
 		}
