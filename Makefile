@@ -11,6 +11,14 @@ LDFLAGS := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 # binaries: 17.2 MB -> 14.1 MB stripped on arm64. grpc tracing is off by default
 # anyway. cmd/edgefence's TestDependencies reads this line.
 GOTAGS := grpcnotrace
+# What ships (cross, package) is also built without net/http's bundled HTTP/2
+# (nethttpomithttp2; -0.5 MB): the agent's HTTP is HTTP/1.1 (the API socket,
+# /metrics, image downloads) and gRPC to etcd has its own HTTP/2. Tests and
+# bin/ keep it: the embedded etcd they run serves gRPC over TLS through
+# net/http. cmd/edgefence's TestRunTLS runs a build with these tags against
+# that etcd and a TLS broker; TestDependencies, TestBinarySize and deploy's
+# TestCrossQemu read this line, and edgefence-bench builds the agent with it.
+SHIPTAGS := $(GOTAGS),nethttpomithttp2
 # edgefence_unsafe compiles the failpoints in (EDGEFENCE_FAILPOINTS, devsim's
 # --unsafe-no-fence): test and demo builds only. `build` (bin/, what demo and
 # chaos run) and `test` use it; `cross` and `package` (what ships) do not, and
@@ -178,7 +186,7 @@ cross: ## static gateway builds for ARCHS (arm64 armv7 armv6 amd64; CGO off, tri
 		case $$a in arm64|amd64) arch=$$a arm= ;; armv7|armv6) arch=arm arm=$${a#armv} ;; \
 		*) echo "unknown arch $$a (ARCHS: arm64 armv7 armv6 amd64)"; exit 2 ;; esac; \
 		for c in $(CROSS_CMDS); do out=$(DIST)/$$c-linux-$$a; \
-		CGO_ENABLED=0 GOOS=linux GOARCH=$$arch GOARM=$$arm $(GO) build -tags $(GOTAGS) -trimpath -ldflags "$(LDFLAGS)" -o $$out ./cmd/$$c || exit 1; \
+		CGO_ENABLED=0 GOOS=linux GOARCH=$$arch GOARM=$$arm $(GO) build -tags $(SHIPTAGS) -trimpath -ldflags "$(LDFLAGS)" -o $$out ./cmd/$$c || exit 1; \
 		ls -l $$out; done; done
 
 # Debian packages: edgefence (agent, unit, conffile; deploy/nfpm.yaml) and

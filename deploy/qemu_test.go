@@ -5,20 +5,25 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/edgefence/edgefence/internal/sandbox"
 )
 
 // checkConfig is the subcommand that validates a config file.
 var checkConfig = []string{"config", "check"}
 
 // The gateway builds run: each is cross-built the way `make cross` builds
-// it (static, trimpath, the Makefile's GOTAGS) and run under
+// it (static, trimpath, the Makefile's SHIPTAGS) and run under
 // qemu-user-static, called explicitly (binfmt_misc may not be registered),
 // to print its version and validate the example config.
 func TestCrossQemu(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: cross-builds the agent three times")
 	}
-	tags := makeVar(t, "GOTAGS")
+	tags, err := sandbox.ShipTags(repoRoot + "/Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
 	config, err := filepath.Abs(filepath.Join(repoRoot, "configs/edgefence.example.yaml"))
 	if err != nil {
 		t.Fatal(err)

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -137,12 +138,21 @@ func deviceIDs(prefix string, n int) []string {
 	return ids
 }
 
+// shipTags are the build tags of what ships: the Makefile's SHIPTAGS
+// (TestShipTagsAsMakefile).
+var shipTags = []string{"grpcnotrace", "nethttpomithttp2"}
+
+// tagsWith is shipTags and extra, as -tags takes them.
+func tagsWith(extra ...string) string {
+	return strings.Join(append(slices.Clone(shipTags), extra...), ",")
+}
+
 // buildBinary builds ./cmd/<name> of the module in the working directory
 // into dir, as the gateway binaries ship (static, no cgo), with the build
 // tags extra added (edgefence_pprof: a profiling build).
 func buildBinary(ctx context.Context, dir, name string, log io.Writer, extra ...string) (string, error) {
 	out := filepath.Join(dir, name)
-	tags := strings.Join(append([]string{"grpcnotrace"}, extra...), ",")
+	tags := tagsWith(extra...)
 	fmt.Fprintf(log, "CGO_ENABLED=0 go build -tags %s -trimpath -ldflags='-s -w' ./cmd/%s\n", tags, name)
 	cmd := exec.CommandContext(ctx, "go", "build", "-tags", tags, "-trimpath", "-ldflags=-s -w", "-o", out, "github.com/edgefence/edgefence/cmd/"+name)
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
@@ -243,7 +253,7 @@ func buildMissing(ctx context.Context, dir string, log io.Writer, bins ...benchB
 	if len(built) == 0 {
 		return "", nil
 	}
-	return "CGO_ENABLED=0 go build -tags grpcnotrace -trimpath -ldflags='-s -w' " + strings.Join(built, " "), nil
+	return "CGO_ENABLED=0 go build -tags " + tagsWith() + " -trimpath -ldflags='-s -w' " + strings.Join(built, " "), nil
 }
 
 // startMochiAndClient starts mochi in process and an etcd client; done

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/edgefence/edgefence/internal/sandbox"
 )
 
 // The benchmarks themselves are run by hand (docs/BENCHMARKS.md); these
@@ -273,5 +275,17 @@ garbage
 	}
 	if _, ok := p.Requests["Status"]; ok {
 		t.Errorf("the measuring client's Status counted: %+v", p.Requests)
+	}
+}
+
+// TestShipTagsAsMakefile: the bench builds the agent with the tags the
+// Makefile ships it with (SHIPTAGS, its $(GOTAGS) expanded).
+func TestShipTagsAsMakefile(t *testing.T) {
+	want, err := sandbox.ShipTags("../../Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tagsWith() != want {
+		t.Errorf("the bench builds with -tags %s, the Makefile ships -tags %s", tagsWith(), want)
 	}
 }

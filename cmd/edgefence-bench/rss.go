@@ -132,7 +132,7 @@ func runRSS(ctx context.Context, etcd *sandbox.Etcd, cfg rssConfig) (*rssResult,
 		if cfg.ProfDir != "" {
 			extra = append(extra, "edgefence_pprof")
 		}
-		res.Built = "CGO_ENABLED=0 go build -tags " + strings.Join(append([]string{"grpcnotrace"}, extra...), ",") + " -trimpath -ldflags='-s -w' ./cmd/edgefence"
+		res.Built = "CGO_ENABLED=0 go build -tags " + tagsWith(extra...) + " -trimpath -ldflags='-s -w' ./cmd/edgefence"
 		var err error
 		if res.Bin, err = buildBinary(ctx, cfg.Dir, "edgefence", cfg.Log, extra...); err != nil {
 			return nil, err

@@ -5,25 +5,35 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/edgefence/edgefence/internal/sandbox"
 )
 
 // shipTags reads the build tags the shipped binaries are built with from the
-// Makefile's GOTAGS line, so this test and `make cross` cannot drift apart.
+// Makefile (sandbox.ShipTags).
 func shipTags(t *testing.T) string {
 	t.Helper()
-	b, err := os.ReadFile("../../Makefile")
+	tags, err := sandbox.ShipTags("../../Makefile")
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := regexp.MustCompile(`(?m)^GOTAGS :?= *(\S*)\s*$`).FindSubmatch(b)
-	if m == nil {
-		t.Fatal("Makefile has no GOTAGS line")
+	return tags
+}
+
+// shippedBuild builds the agent as `make cross` ships it for this machine
+// (the Makefile's SHIPTAGS, static, stripped) into t's temp dir.
+func shippedBuild(t *testing.T) string {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "edgefence-shipped")
+	cmd := exec.Command("go", "build", "-tags", shipTags(t), "-trimpath", "-ldflags=-s -w", "-o", out, ".")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build -tags %s: %v\n%s", shipTags(t), err, b)
 	}
-	return string(m[1])
+	return out
 }
 
 // TestDependencies guards what the gateway binary links: the sandbox's
@@ -164,7 +174,7 @@ func failpointsIn(t *testing.T, name, tags string) []string {
 }
 
 // TestShippedBinaryHasNoFailpoints: the agent and the device simulator, as
-// `make cross` ships them (the Makefile's GOTAGS), carry no failpoint; built
+// `make cross` ships them (the Makefile's SHIPTAGS), carry no failpoint; built
 // with -tags edgefence_unsafe (`make build`, the tests' binaries) they do,
 // which shows the check sees them.
 func TestShippedBinaryHasNoFailpoints(t *testing.T) {

@@ -172,7 +172,13 @@ func (e *env) config(gateway string, leaseTTL time.Duration) (path, socket strin
 // startAgent runs `edgefence run --config path` until the test ends.
 func (e *env) startAgent(name, path string) *sandbox.Proc {
 	e.t.Helper()
-	p, err := sandbox.StartProc(name, filepath.Join(e.dir, name+".log"), subprocEnv(), os.Args[0], "run", "--config", path)
+	return e.startAgentBin(name, os.Args[0], path)
+}
+
+// startAgentBin is startAgent with the agent binary bin (e.g. shippedBuild's).
+func (e *env) startAgentBin(name, bin, path string) *sandbox.Proc {
+	e.t.Helper()
+	p, err := sandbox.StartProc(name, filepath.Join(e.dir, name+".log"), subprocEnv(), bin, "run", "--config", path)
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"regexp"
 	"strings"
 )
 
@@ -47,4 +48,31 @@ func QuickRaceExit() error {
 		return nil
 	}
 	return os.Setenv("GORACE", strings.TrimSpace(g+" atexit_sleep_ms=0"))
+}
+
+// ShipTags returns the build tags what ships is built with: the Makefile's
+// SHIPTAGS line, its $(GOTAGS) expanded from the GOTAGS line, read from
+// makefile (the repository's Makefile), so that the tests that build or
+// check the shipped binaries and `make cross` cannot drift apart.
+func ShipTags(makefile string) (string, error) {
+	b, err := os.ReadFile(makefile)
+	if err != nil {
+		return "", fmt.Errorf("sandbox: ship tags: %w", err)
+	}
+	get := func(name string) (string, error) {
+		m := regexp.MustCompile(`(?m)^` + name + ` :?= *(\S*)\s*$`).FindSubmatch(b)
+		if m == nil {
+			return "", fmt.Errorf("sandbox: ship tags: %s has no %s line", makefile, name)
+		}
+		return string(m[1]), nil
+	}
+	ship, err := get("SHIPTAGS")
+	if err != nil {
+		return "", err
+	}
+	base, err := get("GOTAGS")
+	if err != nil {
+		return "", err
+	}
+	return strings.ReplaceAll(ship, "$(GOTAGS)", base), nil
 }
