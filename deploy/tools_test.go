@@ -6,11 +6,9 @@
 package deploy_test
 
 import (
-	"bytes"
 	"context"
 	"os"
 	"os/exec"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -71,19 +69,4 @@ func runErr(t *testing.T, timeout time.Duration, dir string, env []string, name 
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), env...)
 	return cmd.CombinedOutput()
-}
-
-// makeVar returns the value of `NAME := value` in the Makefile, so that the
-// tests build what `make` builds.
-func makeVar(t *testing.T, name string) string {
-	t.Helper()
-	mk, err := os.ReadFile(repoRoot + "/Makefile")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(name) + ` :?= *(.*)$`).FindSubmatch(mk)
-	if m == nil {
-		t.Fatalf("the Makefile sets no %s", name)
-	}
-	return string(bytes.TrimSpace(m[1]))
 }
