@@ -15,6 +15,7 @@ import (
 	"github.com/mochi-mqtt/server/v2/listeners"
 
 	"github.com/edgefence/edgefence/agent"
+	"github.com/edgefence/edgefence/internal/mochiquota"
 	"github.com/edgefence/edgefence/internal/sandbox"
 )
 
@@ -31,6 +32,9 @@ func authBroker(t *testing.T, user, password string) string {
 	if err := srv.AddHook(new(auth.Hook), &auth.Options{Ledger: &auth.Ledger{Auth: auth.AuthRules{
 		{Username: auth.RString(user), Password: auth.RString(password), Allow: true},
 	}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mochiquota.Add(srv); err != nil {
 		t.Fatal(err)
 	}
 	if err := srv.AddListener(listeners.NewTCP(listeners.Config{ID: "auth", Address: addr})); err != nil {

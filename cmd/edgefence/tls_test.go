@@ -23,6 +23,7 @@ import (
 	"github.com/mochi-mqtt/server/v2/listeners"
 
 	"github.com/edgefence/edgefence/devices/sim"
+	"github.com/edgefence/edgefence/internal/mochiquota"
 	"github.com/edgefence/edgefence/internal/sandbox"
 	"github.com/edgefence/edgefence/transport/mqtt"
 )
@@ -117,6 +118,9 @@ func tlsBroker(t *testing.T, p *testPKI) string {
 	ln.Close()
 	srv := mochi.New(&mochi.Options{Logger: slog.New(slog.DiscardHandler)})
 	if err := srv.AddHook(new(auth.AllowHook), nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mochiquota.Add(srv); err != nil {
 		t.Fatal(err)
 	}
 	tc := &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{p.server},

@@ -13,6 +13,8 @@ import (
 	"github.com/mochi-mqtt/server/v2/hooks/auth"
 	"github.com/mochi-mqtt/server/v2/listeners"
 	"github.com/mochi-mqtt/server/v2/packets"
+
+	"github.com/edgefence/edgefence/internal/mochiquota"
 )
 
 // brokerCloseGrace is how long Stop lets mochi disconnect clients politely
@@ -183,6 +185,9 @@ func (b *Broker) serveLocked(ln net.Listener) error {
 	}
 	if err := srv.AddHook(hook, nil); err != nil {
 		return fmt.Errorf("sandbox: broker auth hook: %w", err)
+	}
+	if _, err := mochiquota.Add(srv); err != nil { // mochi v2.7.9's send quota stalls deliveries
+		return fmt.Errorf("sandbox: broker quota hook: %w", err)
 	}
 	if b.cfg.Setup != nil {
 		if err := b.cfg.Setup(srv); err != nil {

@@ -13,6 +13,8 @@ import (
 	mochi "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/hooks/auth"
 	"github.com/mochi-mqtt/server/v2/listeners"
+
+	"github.com/edgefence/edgefence/internal/mochiquota"
 )
 
 // testBroker is an in-process mochi-mqtt v2 broker on a fixed 127.0.0.1
@@ -25,8 +27,9 @@ type testBroker struct {
 	auth     mochi.Hook  // replaces auth.AllowHook if set
 	authOpts any         // auth's options (auth.Options for auth.Hook)
 
-	mu  sync.Mutex
-	srv *mochi.Server // nil while stopped
+	mu    sync.Mutex
+	srv   *mochi.Server    // nil while stopped
+	quota *mochiquota.Hook // the running server's
 }
 
 // freeAddr returns a 127.0.0.1 address whose port was free a moment ago.
@@ -76,6 +79,11 @@ func (b *testBroker) start() {
 	if err := srv.AddHook(authHook, b.authOpts); err != nil { // mochi denies everyone by default
 		b.t.Fatal(err)
 	}
+	quota, err := mochiquota.Add(srv) // mochi v2.7.9's send quota stalls deliveries
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	b.quota = quota
 	for _, h := range b.hooks {
 		if err := srv.AddHook(h, nil); err != nil {
 			b.t.Fatal(err)

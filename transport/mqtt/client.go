@@ -283,14 +283,26 @@ func (c *Client) notifyLocked() {
 	c.changed = make(chan struct{})
 }
 
+// receiveMaximum is the Receive Maximum every CONNECT announces: the QoS 1
+// and 2 messages the broker may have sent us unacknowledged at once. paho
+// sizes a channel of that many pointers per connection; without the
+// property (the spec's default, 65,535) that is 512 KiB, resident once the
+// channel's ring has gone round (docs/BENCHMARKS.md §74, §80). 8,192 is
+// what mochi held in flight for us anyway (its MaximumInflight); Mosquitto
+// sends at most 20 (max_inflight_messages). The tests' mochi never sees
+// the property (internal/mochiquota).
+const receiveMaximum = 8192
+
 // connectPacket is autopaho's ConnectPacketBuilder: it adds the Maximum
-// Packet Size to every CONNECT.
+// Packet Size and the Receive Maximum to every CONNECT.
 func (c *Client) connectPacket(cp *paho.Connect, _ *url.URL) (*paho.Connect, error) {
 	if cp.Properties == nil {
 		cp.Properties = &paho.ConnectProperties{}
 	}
 	mps := uint32(c.cfg.MaxPacketSize) // within [MinMaxPacketSize, MaxMaxPacketSize]: withDefaults
 	cp.Properties.MaximumPacketSize = &mps
+	rm := uint16(receiveMaximum)
+	cp.Properties.ReceiveMaximum = &rm
 	return cp, nil
 }
 

@@ -559,3 +559,20 @@ func TestBrokerRejects(t *testing.T) {
 		t.Fatal("denied/x not delivered after the filter was accepted")
 	}
 }
+
+// TestReceiveMaximumInConnect: every CONNECT bounds what the broker may have
+// sent unacknowledged (without it paho sizes a 65,535-slot channel per
+// connection: 512 KiB of heap).
+func TestReceiveMaximumInConnect(t *testing.T) {
+	b := startBroker(t)
+	c := dial(t, b.url(), "rm")
+	if err := c.AwaitConnection(timeout(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	b.mu.Lock()
+	rm, ok := b.quota.Announced("rm")
+	b.mu.Unlock()
+	if !ok || rm != receiveMaximum {
+		t.Errorf("broker saw client rm %v with Receive Maximum %d, want %d", ok, rm, receiveMaximum)
+	}
+}

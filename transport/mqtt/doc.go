@@ -28,7 +28,10 @@
 // 128 KiB by default); a packet over it that a broker sends anyway never
 // reaches paho's buffers: a PUBLISH is read off the wire, dropped,
 // acknowledged and counted (Stats.PacketsOversize), anything else ends the
-// connection.
+// connection. It also carries a Receive Maximum of 8,192: the QoS 1 and 2
+// messages the broker may have sent unacknowledged at once (paho sizes a
+// channel of that many slots per connection; the spec's default, 65,535,
+// is 512 KiB of heap).
 //
 // Goroutines: besides paho's, the client runs one (resubscription). Close or
 // cancelling the Dial context stops them all; Done is closed when they have.
