@@ -175,6 +175,7 @@ type OutboxConfig struct {
 	MaxTotalBytes     int64         `yaml:"max_total_bytes"`      // pending envelope bytes in all, default 256 MiB
 	TTL               time.Duration `yaml:"ttl"`                  // a command not delivered by then ends as expired, default 1h
 	Retention         time.Duration `yaml:"retention"`            // terminal entries are kept this long, default 24h
+	MaxEnded          int           `yaml:"max_ended"`            // terminal entries kept at most (the oldest go first), default 100000
 	// VerdictDelay is how long a device's verdict may wait for the
 	// outbox's next commit to ride on (default 100ms): the waiter gets
 	// its ack once the verdict is settled, and a command costs one commit,
@@ -292,6 +293,7 @@ func (c *Config) ApplyDefaults() {
 	orDefault(&o.MaxTotalBytes, offline.DefaultMaxTotalBytes)
 	orDefault(&o.TTL, offline.DefaultTTL)
 	orDefault(&o.Retention, offline.DefaultRetention)
+	orDefault(&o.MaxEnded, offline.DefaultMaxEnded)
 	if o.VerdictDelay == nil {
 		o.VerdictDelay = new(offline.DefaultVerdictDelay)
 	}

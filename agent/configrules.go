@@ -125,6 +125,7 @@ var configRules = []configRule{
 	notNegative("outbox.max_total_bytes", "must not be negative", func(c *Config) int64 { return c.Outbox.MaxTotalBytes }),
 	notNegative("outbox.ttl", "must not be negative", func(c *Config) time.Duration { return c.Outbox.TTL }),
 	notNegative("outbox.retention", "must not be negative", func(c *Config) time.Duration { return c.Outbox.Retention }),
+	notNegative("outbox.max_ended", "must not be negative", func(c *Config) int { return c.Outbox.MaxEnded }),
 	notNegative("outbox.verdict_delay", "must not be negative (0 is strict)", func(c *Config) time.Duration {
 		if c.Outbox.VerdictDelay == nil {
 			return 0

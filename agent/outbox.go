@@ -594,7 +594,7 @@ func (q *delivery) run(ctx context.Context) {
 		q.log.Info("outbox: resuming queued commands", "device", id, "pending", n)
 		q.kick(d)
 	}
-	q.compact()
+	q.compact(slog.LevelInfo)
 	exp := time.NewTicker(expireEvery)
 	comp := time.NewTicker(compactEvery)
 	defer exp.Stop()
@@ -605,8 +605,11 @@ func (q *delivery) run(ctx context.Context) {
 			done = true
 		case <-exp.C:
 			q.expire()
+			if q.outbox.EndedOver() { // outbox.max_ended: before the hourly pass
+				q.compact(slog.LevelDebug) // under a steady load, each second
+			}
 		case <-comp.C:
-			q.compact()
+			q.compact(slog.LevelInfo)
 		}
 	}
 	q.mu.Lock()
@@ -617,7 +620,9 @@ func (q *delivery) run(ctx context.Context) {
 	q.outbox.Flush() // the verdicts still waiting: durable, and in the history, before Run returns
 }
 
-func (q *delivery) compact() {
+// compact deletes the ended commands past outbox.retention or over
+// outbox.max_ended, logging how many at level.
+func (q *delivery) compact(level slog.Level) {
 	n, err := q.outbox.Compact()
 	if err != nil {
 		q.stats.outboxErr.Add(1)
@@ -625,6 +630,6 @@ func (q *delivery) compact() {
 		return
 	}
 	if n > 0 {
-		q.log.Info("outbox: compacted terminal entries past retention", "entries", n)
+		q.log.Log(context.Background(), level, "outbox: compacted terminal entries past retention or over max_ended", "entries", n, "kept", q.outbox.Ended())
 	}
 }

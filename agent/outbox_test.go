@@ -269,6 +269,34 @@ func TestTokenRegressionRefusedDurably(t *testing.T) {
 // TestOutboxExpiry: a queued command never sent within its TTL ends as
 // expired; the one the agent had begun sending is kept until the device
 // answers (it may have reached the broker).
+// TestOutboxMaxEnded: over outbox.max_ended ended commands, the agent
+// compacts the oldest within its next expiry pass (each second), not at
+// the hourly pass; pending commands are kept, and the newest ended ones.
+func TestOutboxMaxEnded(t *testing.T) {
+	fp := newFencePoint()
+	ob := openOutbox(t, filepath.Join(t.TempDir(), offline.File), &offline.Options{MaxEnded: 3})
+	a := startOutboxAgent(t, "gw-a", "/t/"+t.Name(), devCfgs("d1"), fp, ob)
+	waitFor(t, "a holds", holdingAll(a, []string{"d1"}))
+	var ids []string
+	for range 8 {
+		r, err := a.Send(context.Background(), "d1", "set", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, r.ID)
+	}
+	waitFor(t, "compacted to 3", func() bool { return ob.Ended() == 3 && !ob.EndedOver() })
+	for i, id := range ids {
+		_, err := ob.Get(id)
+		if gone := errors.Is(err, offline.ErrNotFound); gone != (i < 5) {
+			t.Errorf("command %d of 8: gone %v (%v)", i+1, gone, err)
+		}
+	}
+	if got := fp.appliedOf("d1"); len(got) != 8 {
+		t.Fatalf("applied %d, want 8", len(got))
+	}
+}
+
 func TestOutboxExpiry(t *testing.T) {
 	g := &gate{fp: newFencePoint()}
 	ob := openOutbox(t, filepath.Join(t.TempDir(), offline.File), &offline.Options{TTL: 500 * time.Millisecond})

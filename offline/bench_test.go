@@ -545,3 +545,42 @@ func BenchmarkExpireNoneDue(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkEndedFileBytes is the outbox file a kept ended command costs:
+// appended and resolved (accepted) one after the other, as the agent's
+// commands end, a 16-byte body and a 32-character id, over 16 devices;
+// the file's size over the commands ended, under the default MaxEnded
+// (100,000: not reached with -benchtime below it) and under 10,000.
+func BenchmarkEndedFileBytes(b *testing.B) {
+	for _, maxEnded := range []int{0, 10_000} { // 0: the default, 100,000
+		b.Run(fmt.Sprintf("max_ended=%d", maxEnded), func(b *testing.B) {
+			path := dbPath(b)
+			ob := open(b, path, &offline.Options{MaxEnded: maxEnded})
+			ctx := context.Background()
+			i := 0
+			for b.Loop() {
+				e := entry(fmt.Sprintf("rss-%04d", i%16), fmt.Sprintf("%032x", i), 1, uint64(i+1))
+				e.Envelope.Body = []byte(`{"setpoint":22.5}`)
+				if err := ob.Append(ctx, e); err != nil {
+					b.Fatal(err)
+				}
+				if err := ob.Resolve(e.Envelope.ID, ack(e, fence.Accepted, "")); err != nil {
+					b.Fatal(err)
+				}
+				if ob.EndedOver() {
+					if _, err := ob.Compact(); err != nil {
+						b.Fatal(err)
+					}
+				}
+				i++
+			}
+			fi, err := os.Stat(path)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(float64(fi.Size())/float64(b.N), "file-B/command")
+			b.ReportMetric(float64(fi.Size())/(1<<20), "file-MiB")
+			b.ReportMetric(float64(ob.Ended()), "ended-kept")
+		})
+	}
+}

@@ -22,8 +22,10 @@
 //     is dropped in the commit of its terminal state: the record keeps the
 //     envelope without it, and its size and SHA-256 (Record.BodyBytes,
 //     BodySHA256).
-//   - Compact deletes only terminal entries older than Options.Retention, so
-//     command ids must stay unique for longer than that.
+//   - Compact deletes only terminal entries: those older than
+//     Options.Retention and, over Options.MaxEnded of them, the oldest; so
+//     command ids must stay unique for longer than the shorter of the two
+//     (the agent's are random).
 //   - Records carry a CRC-32C; an unreadable one returns ErrCorrupt and stops
 //     its device's queue (fail closed), never skipped.
 //   - One process at a time: a second Open fails with ErrLocked after

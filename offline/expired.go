@@ -99,6 +99,7 @@ func (ob *Outbox) ExpireEntries(keep func(device, id string) bool) ([]Expired, e
 		ob.add(d.e.Device, -1, -d.size)
 	}
 	ob.cmu.Unlock()
+	ob.ended.Add(int64(len(ended)))
 	for i, d := range ended {
 		out[i] = d.e
 		if ob.opts.Logger != nil {

@@ -83,6 +83,9 @@ func (ob *Outbox) ResolveLater(acks []*fence.Ack, done func(errs []error)) {
 				if op.err != nil && l != nil { // pending again
 					ob.add(l.dev, 1, l.size)
 				}
+				if op.err == nil {
+					ob.ended.Add(1)
+				}
 			}
 			if op.err != nil {
 				errs[i] = fmt.Errorf("offline: resolve %s: %w", ackID(acks[i]), op.err)

@@ -26,6 +26,7 @@ const (
 	DefaultTimeout           = time.Second
 	DefaultTTL               = time.Hour
 	DefaultRetention         = 24 * time.Hour
+	DefaultMaxEnded          = 100_000
 	DefaultMaxPerDevice      = 10_000
 	DefaultMaxBytesPerDevice = 16 << 20
 	DefaultMaxTotal          = 100_000
@@ -43,7 +44,8 @@ var (
 // negative value) of each field, mean the defaults.
 //
 // The limits count pending entries and the bytes of their encoded
-// envelopes; terminal entries are bounded by Retention instead.
+// envelopes; terminal entries are bounded by Retention and MaxEnded
+// instead.
 type Options struct {
 	// Timeout bounds the wait for the file lock (default DefaultTimeout).
 	// A second process gets an error wrapping ErrLocked.
@@ -64,6 +66,12 @@ type Options struct {
 	// over KeepBodyMax) before Compact deletes it (default
 	// DefaultRetention).
 	Retention time.Duration
+	// MaxEnded is how many terminal entries are kept at most (default
+	// DefaultMaxEnded): over it, Compact deletes the oldest before their
+	// Retention. Without it a steady load keeps a day of ended commands
+	// — ≈ 470 B each, 6.7 GB a day at 166 commands/s — and the agent's
+	// reads map their pages (docs/BENCHMARKS.md §80).
+	MaxEnded int
 	// Logger, if set, receives a warning for every Append refused with
 	// ErrFull and for unreadable records met by ExpireDue, and an info
 	// record for every entry ExpireDue ends. The outbox logs nothing
@@ -114,6 +122,9 @@ func (o *Options) withDefaults() Options {
 	}
 	if r.Retention <= 0 {
 		r.Retention = DefaultRetention
+	}
+	if r.MaxEnded <= 0 {
+		r.MaxEnded = DefaultMaxEnded
 	}
 	if r.VerdictDelay <= 0 {
 		r.VerdictDelay = DefaultVerdictDelay
@@ -188,6 +199,15 @@ type Outbox struct {
 	// no scan (expired.go). Lowered by every append before its commit,
 	// set by every scan from what stays pending, under mu.Lock.
 	due atomic.Int64
+	// ended counts the terminal entries: exact after Open and after a
+	// Compact that found too many, raised by every resolve and expiry
+	// that commits and lowered by Compact's deletions in between. It
+	// may run high (an end counted whose commit a later rerun undid, a
+	// deletion of a done key without its entry): it only makes Compact
+	// look sooner, and Compact counts before it deletes for MaxEnded.
+	ended atomic.Int64
+
+	batchForTest int // Compact's batch, if set (tests)
 
 	lmu   sync.RWMutex
 	later map[string]*later // command id → its deferred verdict
@@ -227,6 +247,9 @@ func Open(path string, opts *Options) (*Outbox, error) {
 		entries, queue := tx.Bucket(entriesBucket), tx.Bucket(queueBucket)
 		if entries == nil || queue == nil {
 			return nil // read-only and never initialized: empty
+		}
+		if done := tx.Bucket(doneBucket); done != nil {
+			ob.ended.Store(int64(done.Stats().KeyN))
 		}
 		return queue.ForEach(func(k, id []byte) error {
 			dev, _, ok := splitQueueKey(k)
@@ -649,6 +672,7 @@ func (ob *Outbox) ResolveAll(acks []*fence.Ack) []error {
 			continue
 		}
 		ob.add(op.dev, -1, -op.size)
+		ob.ended.Add(1)
 	}
 	return errs
 }
@@ -750,45 +774,95 @@ func (ob *Outbox) ExpireDue() (n int, err error) {
 	return len(ended), err
 }
 
-// Compact deletes the terminal entries resolved at least Retention ago and
-// returns how many. Pending entries are never deleted.
+// Compact deletes the terminal entries resolved at least Retention ago
+// and, while more than MaxEnded terminal entries are kept, the oldest of
+// them, and returns how many it deleted. Pending entries are never
+// deleted. It deletes compactBatch (10,000) entries a transaction and lets
+// appends and resolves in between, so that a backlog does not hold them
+// back behind one long commit.
 func (ob *Outbox) Compact() (n int, err error) {
 	if ob.opts.ReadOnly {
 		return 0, fmt.Errorf("offline: compact: %w", ErrReadOnly)
 	}
+	for {
+		entries, keys, err := ob.compactOnce()
+		n += entries
+		if err != nil || keys < ob.compactBatch() {
+			return n, err
+		}
+	}
+}
+
+// compactOnce is one transaction of Compact: it deletes up to
+// compactBatch done keys and their entries, and returns how many entries
+// and keys.
+func (ob *Outbox) compactOnce() (n, keys int, err error) {
 	ob.mu.Lock()
 	defer ob.mu.Unlock()
 	cutoff := ob.opts.Now().Add(-ob.opts.Retention).UnixMilli()
+	kept := int64(-1) // the exact count after, if counted
 	err = ob.update(func(tx *bbolt.Tx) error {
-		n = 0
-		var keys [][]byte
-		c := tx.Bucket(doneBucket).Cursor()
-		for k, _ := c.First(); k != nil; k, _ = c.Next() {
-			if len(k) < 8 || int64(binary.BigEndian.Uint64(k)) > cutoff {
+		n, keys, kept = 0, 0, -1
+		doneB, entries := tx.Bucket(doneBucket), tx.Bucket(entriesBucket)
+		var excess int64
+		if ob.ended.Load() > int64(ob.opts.MaxEnded) {
+			total := int64(doneB.Stats().KeyN)
+			excess, kept = total-int64(ob.opts.MaxEnded), total
+		}
+		var del [][]byte
+		c := doneB.Cursor()
+		for k, _ := c.First(); k != nil && len(del) < ob.compactBatch(); k, _ = c.Next() {
+			old := len(k) >= 8 && int64(binary.BigEndian.Uint64(k)) <= cutoff
+			if !old && excess <= 0 {
 				break
 			}
-			keys = append(keys, append([]byte(nil), k...))
+			excess--
+			del = append(del, append([]byte(nil), k...))
 		}
-		entries, doneB := tx.Bucket(entriesBucket), tx.Bucket(doneBucket)
-		for _, k := range keys {
-			id := k[8:]
-			if r, err := parseRecord(entries.Get(id)); err == nil && r.state != 0 {
-				if err := entries.Delete(id); err != nil {
-					return err
+		for _, k := range del {
+			if len(k) >= 8 { // a shorter key names no entry: only it goes
+				id := k[8:]
+				if r, err := parseRecord(entries.Get(id)); err == nil && r.state != 0 {
+					if err := entries.Delete(id); err != nil {
+						return err
+					}
+					n++
 				}
-				n++
 			}
 			if err := doneB.Delete(k); err != nil {
 				return err
 			}
 		}
+		keys = len(del)
 		return nil
 	})
 	if err != nil {
-		return 0, fmt.Errorf("offline: compact: %w", err)
+		return 0, 0, fmt.Errorf("offline: compact: %w", err)
 	}
-	return n, nil
+	if kept >= 0 {
+		ob.ended.Store(kept - int64(keys))
+	} else {
+		ob.ended.Add(-int64(keys))
+	}
+	return n, keys, nil
 }
+
+// compactBatch is how many done keys one transaction of Compact deletes
+// at most.
+func (ob *Outbox) compactBatch() int {
+	if ob.batchForTest > 0 {
+		return ob.batchForTest
+	}
+	return 10_000
+}
+
+// Ended returns how many terminal entries the outbox keeps (exact after
+// Open and Compact; in between it may count high, see Outbox.ended).
+func (ob *Outbox) Ended() int64 { return max(ob.ended.Load(), 0) }
+
+// EndedOver reports whether more terminal entries are kept than
+// MaxEnded: a Compact is due before the Retention's.
+func (ob *Outbox) EndedOver() bool { return ob.ended.Load() > int64(ob.opts.MaxEnded) }
 
 // view runs fn in a read transaction, with the deferred verdicts
 // (ob.later) read-locked: fn sees each of them either waiting or, once

@@ -524,3 +524,75 @@ func TestExpireNothingDueNoCommit(t *testing.T) {
 		t.Fatalf("a (kept): %+v %v", r, err)
 	}
 }
+
+// TestCompactMaxEnded: over MaxEnded terminal entries, Compact deletes the
+// oldest before their retention (a batch a transaction), never a pending
+// entry; the count is exact again after a reopen, and retention still
+// applies under the cap.
+func TestCompactMaxEnded(t *testing.T) {
+	clk := newClock()
+	path := dbPath(t)
+	o := &offline.Options{Now: clk.Now, Retention: time.Hour, MaxEnded: 10}
+	ob := open(t, path, o)
+	offline.SetCompactBatch(ob, 8)
+	pending := entry("dev", "pending", 1, 1)
+	appendOK(t, ob, pending)
+	var ids []string
+	for i := range 25 {
+		e := entry("dev", fmt.Sprintf("c%02d", i), 1, uint64(i+2))
+		appendOK(t, ob, e)
+		if err := ob.Resolve(e.Envelope.ID, ack(e, fence.Accepted, "")); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, e.Envelope.ID)
+		clk.Advance(time.Second) // each resolved a second after the one before
+	}
+	if got := ob.Ended(); got != 25 || !ob.EndedOver() {
+		t.Fatalf("Ended() = %d, over %v; want 25, true", got, ob.EndedOver())
+	}
+	var commits atomic.Int32
+	ob.ObserveCommits(func(time.Duration) { commits.Add(1) })
+	deleted, err := ob.Compact() // in batches of 8: two transactions
+	if err != nil || commits.Load() != 2 {
+		t.Fatalf("Compact: %v, %d commits; want 2 (batches of 8)", err, commits.Load())
+	}
+	ob.ObserveCommits(nil)
+	if deleted != 15 || ob.Ended() != 10 {
+		t.Fatalf("deleted %d, Ended() %d; want 15 and 10", deleted, ob.Ended())
+	}
+	for i, id := range ids {
+		_, err := ob.Get(id)
+		if gone := errors.Is(err, offline.ErrNotFound); gone != (i < 15) {
+			t.Errorf("%s (ended %d of 25): gone %v (%v)", id, i+1, gone, err)
+		}
+	}
+	if r, err := ob.Get("pending"); err != nil || !r.Pending() {
+		t.Fatalf("the pending entry: %+v %v", r, err)
+	}
+	// Exact again after a reopen: one more end puts it over.
+	if err := ob.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ob = open(t, path, o)
+	if ob.Ended() != 10 || ob.EndedOver() {
+		t.Fatalf("after reopen: Ended() = %d, over %v", ob.Ended(), ob.EndedOver())
+	}
+	if err := ob.Resolve("pending", ack(pending, fence.Accepted, "")); err != nil {
+		t.Fatal(err)
+	}
+	if !ob.EndedOver() {
+		t.Fatal("11 ended, cap 10: not over")
+	}
+	if n, err := ob.Compact(); n != 1 || err != nil {
+		t.Fatalf("Compact = %d, %v; want 1", n, err)
+	}
+	// Under the cap, retention: the 10 left are c16..c24 and "pending",
+	// the clock 25 s after c00 ended.
+	clk.Advance(time.Hour - 9*time.Second)
+	if n, err := ob.Compact(); n != 1 || err != nil { // c16 ended an hour ago
+		t.Fatalf("Compact by retention = %d, %v; want 1", n, err)
+	}
+	if ob.Ended() != 9 {
+		t.Fatalf("Ended() = %d, want 9", ob.Ended())
+	}
+}

@@ -173,8 +173,9 @@ func (d *Daemon) openLocal() error {
 	if d.outbox, err = offline.Open(filepath.Join(cfg.StateDir, offline.File), &offline.Options{
 		MaxPerDevice: cfg.Outbox.MaxPerDevice, MaxBytesPerDevice: cfg.Outbox.MaxBytesPerDevice,
 		MaxTotal: cfg.Outbox.MaxTotal, MaxTotalBytes: cfg.Outbox.MaxTotalBytes,
-		TTL: cfg.Outbox.TTL, Retention: cfg.Outbox.Retention, VerdictDelay: verdictDelay(cfg.Outbox.VerdictDelay),
-		Logger: log.With("component", "outbox"),
+		TTL: cfg.Outbox.TTL, Retention: cfg.Outbox.Retention, MaxEnded: cfg.Outbox.MaxEnded,
+		VerdictDelay: verdictDelay(cfg.Outbox.VerdictDelay),
+		Logger:       log.With("component", "outbox"),
 	}); err != nil {
 		return err
 	}

@@ -118,6 +118,7 @@ type rssFlags struct {
 	idle        time.Duration
 	agentProf   string
 	verdict     string
+	maxEnded    int
 }
 
 // newFlagSet returns edgefence-bench's flag set, parsing into the
@@ -198,6 +199,7 @@ func (f *rssFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.idle, "rss-idle", 20*time.Second, "rss: measure the agent's CPU this long with all devices held and no commands, before the load (0: not)")
 	fs.StringVar(&f.agentProf, "agent-cpuprofile", "", "rss, fanout, cluster: the agent is built for profiling (-tags edgefence_pprof; an --agent-bin must be too) and serves pprof (metrics.pprof). rss: a CPU profile of each size's load window (at most 25 s) is written to DIR/agent-cpu-N.pprof, of its idle window to agent-idle-N.pprof, and its allocations since start to agent-allocs-N.pprof; fanout: of each size's last fan-out (the first run's time + 2 s, at most 25 s) to DIR/agent-fanout-N.pprof; cluster: before the first takeover every agent's heap and goroutines to DIR/cluster-<gw>-heap.pprof and -goroutine.pprof, and during it (TTL + 5 s) each taker's CPU to DIR/cluster-<gw>-takeover-cpu.pprof")
 	fs.StringVar(&f.verdict, "rss-verdict-delay", "", "rss: the agent's outbox.verdict_delay (e.g. 0s: strict, a commit per verdict; empty: the agent's default)")
+	fs.IntVar(&f.maxEnded, "rss-max-ended", 0, "rss: the agent's outbox.max_ended, the ended commands its outbox keeps at most (0: the agent's default)")
 	fs.DurationVar(&f.agentSlack, "agent-timerslack", 0, "rss, fanout, cluster: start the agents with this timer slack (prctl PR_SET_TIMERSLACK, as deploy/edgefence.service's TimerSlackNSec= does; 0: the bench's own, 50µs by default)")
 	fs.StringVar(&f.agentEnv, "agent-env", "", "rss, fanout: extra environment for the agent, comma-separated (e.g. GOGC=50,GODEBUG=gctrace=1; see --keep for its log)")
 }
@@ -316,7 +318,7 @@ func (f *benchFlags) benches(what string, set map[string]bool) (*benches, error)
 		locks: locksConfig{N: f.devices, Runs: f.runs},
 		rss: rssConfig{Sizes: l.sizes, AgentBin: f.agentBin, Duration: f.rss.dur, Period: f.rss.period, MinRate: f.rss.minRate,
 			Workers: f.rss.workers, Env: splitNonEmpty(f.rss.agentEnv), Sign: f.sign, Idle: f.rss.idle, ProfDir: pdir, TimerSlack: f.rss.agentSlack,
-			VerdictDelay: f.rss.verdict},
+			VerdictDelay: f.rss.verdict, MaxEnded: f.rss.maxEnded},
 		replay: replayConfig{Devices: f.devices, Backlog: f.replay.backlog, Runs: f.runs, Timeout: f.replay.cmdTO, Sign: f.sign},
 		failover: failoverConfig{Devices: f.devices, TTLs: ttls, Trials: f.runs, Faults: faults,
 			Interval: f.failover.interval, Probes: f.failover.probes, AgentBin: f.agentBin, DevsimBin: f.failover.devsim},

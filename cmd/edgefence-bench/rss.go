@@ -41,6 +41,8 @@ type rssConfig struct {
 	// VerdictDelay is the agent's outbox.verdict_delay, as written in its
 	// config; empty: the default.
 	VerdictDelay string
+	// MaxEnded is the agent's outbox.max_ended; 0: the default.
+	MaxEnded int
 	// TimerSlack, if set, is the agent's timer slack (what systemd's
 	// TimerSlackNSec= of deploy/edgefence.service sets); 0: the bench's.
 	TimerSlack time.Duration
@@ -193,7 +195,7 @@ func measureAgentRSS(ctx context.Context, etcd *sandbox.Etcd, cli *clientv3.Clie
 	// one sim.Fleet (one MQTT client, one bbolt file) for all of them.
 	ac := rssAgentConfig{n: n, dir: dir, etcd: etcd.Endpoint(), broker: br.url, prefix: prefix, devs: devs,
 		sock: filepath.Join(dir, "agent.sock"), etcdPrefix: fmt.Sprintf("/bench/rss-%d-%d", n, time.Now().UnixNano()), pprof: cfg.ProfDir != "",
-		verdictDelay: cfg.VerdictDelay, timerSlack: cfg.TimerSlack}
+		verdictDelay: cfg.VerdictDelay, maxEnded: cfg.MaxEnded, timerSlack: cfg.TimerSlack}
 	fa, err := ac.sign(ctx, cfg.Sign, etcd)
 	if err != nil {
 		return row, err
@@ -391,6 +393,7 @@ type rssAgentConfig struct {
 	devs                      []string
 	pprof                     bool              // metrics.pprof: serve /debug/pprof/
 	verdictDelay              string            // outbox.verdict_delay; empty: the default
+	maxEnded                  int               // outbox.max_ended; 0: the default
 	auth                      *agent.AuthConfig // --sign: the gateway's key, certificate and trust root
 	cmdTimeout                time.Duration     // command.timeout; 0: 10s
 	timerSlack                time.Duration     // the process's timer slack; 0: the bench's (startRSSProc)
@@ -435,8 +438,14 @@ log:
   level: warn
   format: text
 `, c.n, filepath.Join(c.dir, "state"), c.etcd, c.etcdPrefix, c.broker, c.prefix, c.n, c.sock, c.metrics, c.pprof, cmp.Or(c.cmdTimeout, 10*time.Second))
+	if c.verdictDelay != "" || c.maxEnded > 0 {
+		conf.WriteString("outbox:\n")
+	}
 	if c.verdictDelay != "" {
-		fmt.Fprintf(&conf, "outbox:\n  verdict_delay: %s\n", c.verdictDelay)
+		fmt.Fprintf(&conf, "  verdict_delay: %s\n", c.verdictDelay)
+	}
+	if c.maxEnded > 0 {
+		fmt.Fprintf(&conf, "  max_ended: %d\n", c.maxEnded)
 	}
 	if a := c.auth; a != nil {
 		fmt.Fprintf(&conf, "auth:\n  key_file: %q\n  key_id: %q\n  certificate: %q\n  trust_root: %q\n  trust_root_kid: %q\n",
