@@ -20,8 +20,13 @@ type subscription struct {
 // Subscribe registers h for messages whose topic matches filter ('+' and '#'
 // wildcards, $share/<group>/ prefix) at QoS 1. The registration lasts for
 // the client's life: the filter is subscribed in the background now if a
-// connection is up, and again on every new connection (with Retain Handling
-// 1, so resubscribing to a live session does not resend retained messages).
+// connection is up, and again on every new connection. The filter's first
+// SUBSCRIBE of this Client asks for the retained messages whatever the
+// broker's session holds (Retain Handling 0): a new process — an agent
+// restarted after kill -9 that resumes its session — knows nothing of what
+// its previous one received, such as the devices' retained firmware
+// reports. Later ones, on reconnects, use Retain Handling 1: resubscribing
+// to a live session does not resend them.
 // It may be called before the first connection. Use AwaitSubscribed to wait
 // until the broker has acknowledged every filter.
 //
@@ -101,9 +106,15 @@ func (c *Client) subscribe(l *link, gen uint64, filters []string) error {
 		filters = filters[len(batch):]
 
 		s := &paho.Subscribe{Subscriptions: make([]paho.SubscribeOptions, len(batch))}
+		c.mu.Lock()
 		for i, f := range batch {
-			s.Subscriptions[i] = paho.SubscribeOptions{Topic: f, QoS: 1, RetainHandling: 1}
+			rh := byte(1) // retained only if the broker has no such subscription
+			if c.acked[f] == 0 {
+				rh = 0 // the filter's first SUBSCRIBE in this Client: always
+			}
+			s.Subscriptions[i] = paho.SubscribeOptions{Topic: f, QoS: 1, RetainHandling: rh}
 		}
+		c.mu.Unlock()
 		sa, err := c.cm.Subscribe(l.ctx, s)
 		var granted []string
 		if sa != nil && len(sa.Reasons) == len(batch) {
