@@ -548,7 +548,8 @@ func BenchmarkExpireNoneDue(b *testing.B) {
 
 // BenchmarkEndedFileBytes is the outbox file a kept ended command costs:
 // appended and resolved (accepted) one after the other, as the agent's
-// commands end, a 16-byte body and a 32-character id, over 16 devices;
+// commands end, a {"setpoint": 22.5} body and a 32-character id, over 16
+// devices;
 // the file's size over the commands ended, under the default MaxEnded
 // (100,000: not reached with -benchtime below it) and under 10,000.
 func BenchmarkEndedFileBytes(b *testing.B) {
@@ -556,11 +557,15 @@ func BenchmarkEndedFileBytes(b *testing.B) {
 		b.Run(fmt.Sprintf("max_ended=%d", maxEnded), func(b *testing.B) {
 			path := dbPath(b)
 			ob := open(b, path, &offline.Options{MaxEnded: maxEnded})
+			body, err := fence.EncodeBody(map[string]any{"setpoint": 22.5})
+			if err != nil {
+				b.Fatal(err)
+			}
 			ctx := context.Background()
 			i := 0
 			for b.Loop() {
 				e := entry(fmt.Sprintf("rss-%04d", i%16), fmt.Sprintf("%032x", i), 1, uint64(i+1))
-				e.Envelope.Body = []byte(`{"setpoint":22.5}`)
+				e.Envelope.Body = body
 				if err := ob.Append(ctx, e); err != nil {
 					b.Fatal(err)
 				}

@@ -69,8 +69,8 @@ type Options struct {
 	// MaxEnded is how many terminal entries are kept at most (default
 	// DefaultMaxEnded): over it, Compact deletes the oldest before their
 	// Retention. Without it a steady load keeps a day of ended commands
-	// — ≈ 470 B each, 6.7 GB a day at 166 commands/s — and the agent's
-	// reads map their pages (docs/BENCHMARKS.md §80).
+	// — ≈ 0.67 KiB of file each, 9.6 GB a day at 166 commands/s — and
+	// the agent's reads map their pages (docs/BENCHMARKS.md §80).
 	MaxEnded int
 	// Logger, if set, receives a warning for every Append refused with
 	// ErrFull and for unreadable records met by ExpireDue, and an info
