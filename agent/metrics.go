@@ -119,7 +119,7 @@ func ServeMetrics(ctx context.Context, addr string, h http.Handler) error {
 var deviceStates = [...]string{StateCampaigning, StateHolding, StateLost, StateRefused, StateAutonomous}
 
 // series is one metric family the agent exports. The list below is the
-// only place a series is named: Describe and Collect both walk it, so a new
+// only place a series is named: Collect walks it, so a new
 // counter is one entry (plus its field in Counters).
 type series struct {
 	name, help string
