@@ -143,6 +143,7 @@ type scrapeView struct {
 	fanReq      uint64
 	fanDevs     [len(fanoutOutcomes)]uint64
 	jobs        jobs.RunnerStats // zero while the runner is off
+	ended       int64            // ended commands the outbox keeps
 }
 
 func gauge(name, help string, f func(*scrapeView) float64) series {
@@ -291,6 +292,7 @@ var agentSeries = []series{
 	gauge("outbox_pending_bytes", "Envelope bytes pending in the outbox in all.", func(v *scrapeView) float64 { return float64(v.sum.Bytes) }),
 	gauge("outbox_verdicts_waiting", "Commands ended by their verdict whose record waits for the outbox's next commit (outbox.verdict_delay at most).", func(v *scrapeView) float64 { return float64(v.sum.Waiting) }),
 	gauge("outbox_oldest_pending_age_seconds", "Age of the oldest pending command (0 if none).", func(v *scrapeView) float64 { return max(v.sum.OldestAge, 0).Seconds() }),
+	gauge("outbox_ended_commands", "Ended commands the outbox keeps: for outbox.retention, at most outbox.max_ended (the oldest go first).", func(v *scrapeView) float64 { return float64(v.ended) }),
 	counter("outbox_full_total", "Commands refused because an outbox limit was reached.", func(n *Counters) uint64 { return n.Full }),
 	counter("outbox_errors_total", "Outbox reads or writes that failed.", func(n *Counters) uint64 { return n.OutboxErr }),
 
@@ -418,6 +420,7 @@ func (c *agentCollector) Collect(w *promtext.Writer) {
 		v.jobs = *v.s.Jobs
 	}
 	v.sum, v.sumErr = c.a.outbox.Summary("")
+	v.ended = c.a.outbox.Ended()
 	for i, s := range agentSeries {
 		desc := c.descs[i]
 		emit := func(x float64, labels ...string) { w.Sample(desc, x, labels...) }

@@ -162,6 +162,7 @@ func TestMetricsEndpoint(t *testing.T) {
 	// agent's key held d1's lock: the agent tells it for a token
 	// regression (recampaign.go), after the verdict.
 	waitFor(t, "the regression counted", func() bool { return a.Status().Counters.Regressions == 1 })
+	waitFor(t, "three ended, recorded", func() bool { return ob.Ended() == 3 })
 
 	mf = scrape(t, srv)
 	wantSample(t, mf, 1, "edgefence_build_info", "version", "v1.2.3-test")
@@ -176,6 +177,7 @@ func TestMetricsEndpoint(t *testing.T) {
 	wantSample(t, mf, 0, "edgefence_outbox_device_pending_commands", "device", "d1")
 	wantSample(t, mf, 0, "edgefence_outbox_pending_commands")
 	wantSample(t, mf, 0, "edgefence_outbox_oldest_pending_age_seconds")
+	wantSample(t, mf, 3, "edgefence_outbox_ended_commands")
 	wantSample(t, mf, 1, "edgefence_token_regressions_total")
 	wantSample(t, mf, 2, "edgefence_devices_auth_off") // no signing key: plain envelopes
 	// The stale refusal tells the agent d1 has a newer holder, and it
