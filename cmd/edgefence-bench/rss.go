@@ -23,6 +23,7 @@ import (
 	"github.com/edgefence/edgefence/agent"
 	"github.com/edgefence/edgefence/devices/sim"
 	"github.com/edgefence/edgefence/internal/backoff"
+	"github.com/edgefence/edgefence/internal/procstat"
 	"github.com/edgefence/edgefence/internal/sandbox"
 )
 
@@ -737,28 +738,13 @@ func readProcMem(pid int) (procMem, error) {
 }
 
 // readProcCPU returns the user+system CPU time of process pid, from
-// /proc/PID/stat (clock ticks of 1/100 s, Linux's USER_HZ); 0 if unreadable.
+// /proc/PID/stat; 0 if unreadable.
 func readProcCPU(pid int) time.Duration {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	s, err := procstat.Read(pid)
 	if err != nil {
 		return 0
 	}
-	// The command name (field 2) may hold spaces: fields count from the
-	// last ')'. utime and stime are fields 14 and 15.
-	i := strings.LastIndexByte(string(b), ')')
-	if i < 0 {
-		return 0
-	}
-	fs := strings.Fields(string(b[i+1:]))
-	if len(fs) < 13 {
-		return 0
-	}
-	u, err1 := strconv.ParseInt(fs[11], 10, 64)
-	st, err2 := strconv.ParseInt(fs[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0
-	}
-	return time.Duration(u+st) * 10 * time.Millisecond
+	return s.CPU()
 }
 
 func readThreads(pid int) int {

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"sync"
 	"syscall"
+
+	"github.com/edgefence/edgefence/internal/procstat"
 )
 
 // ProcessCollector returns a Collector of this process's series under the
@@ -35,27 +37,15 @@ var (
 	procStart    = NewDesc("process_start_time_seconds", "Start time of the process since unix epoch in seconds.", TypeGauge)
 )
 
-// userHZ is the unit of /proc's times: USER_HZ, 100 on every Linux
-// architecture (what procfs assumes too).
-const userHZ = 100
-
-// errProcStat is reported for a /proc/self/stat that does not parse.
-var errProcStat = errors.New("promtext: unexpected /proc/self/stat")
-
-// procStat is what the series need of /proc/self/stat.
-type procStat struct {
-	utime, stime, starttime, vsize, rss uint64
-}
-
 func (c *processCollector) Collect(w *Writer) {
-	st, err := readProcStat(c.proc + "/self/stat")
+	st, err := procstat.ReadFile(c.proc + "/self/stat")
 	if err != nil {
 		w.Fail(procCPU, err)
 	} else {
-		w.Sample(procCPU, float64(st.utime+st.stime)/userHZ)
-		w.Sample(procVirt, float64(st.vsize))
-		w.Sample(procResident, float64(st.rss)*float64(os.Getpagesize()))
-		c.once.Do(func() { c.start, c.err = c.startTime(st.starttime) })
+		w.Sample(procCPU, st.CPU().Seconds())
+		w.Sample(procVirt, float64(st.VSize))
+		w.Sample(procResident, float64(st.RSS)*float64(os.Getpagesize()))
+		c.once.Do(func() { c.start, c.err = c.startTime(st.StartTime) })
 		if c.err != nil {
 			w.Fail(procStart, c.err)
 		} else {
@@ -76,41 +66,6 @@ func (c *processCollector) Collect(w *Writer) {
 	}
 }
 
-// readProcStat parses a /proc/PID/stat.
-func readProcStat(path string) (procStat, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return procStat{}, err
-	}
-	// The command name, field 2, is in parentheses and may hold anything:
-	// the fields that follow start after its last ')'.
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return procStat{}, fmt.Errorf("%w: no ')'", errProcStat)
-	}
-	f := bytes.Fields(b[i+1:]) // f[0] is field 3 (state)
-	field := func(n int) (uint64, error) {
-		if n-3 >= len(f) {
-			return 0, fmt.Errorf("%w: %d fields", errProcStat, len(f)+2)
-		}
-		v, err := strconv.ParseUint(string(f[n-3]), 10, 64)
-		if err != nil {
-			return 0, fmt.Errorf("%w: field %d: %w", errProcStat, n, err)
-		}
-		return v, nil
-	}
-	var s procStat
-	for _, p := range []struct {
-		n int
-		v *uint64
-	}{{14, &s.utime}, {15, &s.stime}, {22, &s.starttime}, {23, &s.vsize}, {24, &s.rss}} {
-		if *p.v, err = field(p.n); err != nil {
-			return procStat{}, err
-		}
-	}
-	return s, nil
-}
-
 // startTime is the process's start in Unix seconds: the boot time from
 // /proc/stat plus starttime (ticks since boot).
 func (c *processCollector) startTime(ticks uint64) (float64, error) {
@@ -124,7 +79,7 @@ func (c *processCollector) startTime(ticks uint64) (float64, error) {
 			if err != nil {
 				return 0, fmt.Errorf("/proc/stat btime: %w", err)
 			}
-			return float64(btime) + float64(ticks)/userHZ, nil
+			return float64(btime) + float64(ticks)/procstat.UserHZ, nil
 		}
 	}
 	return 0, errors.New("/proc/stat: no btime")

@@ -223,35 +223,6 @@ func TestProcWithoutProc(t *testing.T) {
 	}
 }
 
-func TestReadProcStat(t *testing.T) {
-	dir := t.TempDir()
-	for _, c := range []struct {
-		name, stat string
-		ok         bool
-	}{
-		{"spaces and parens in comm", "42 (a) b) (c) S 1 42 42 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 7 0 1234 10000000 300 18446744073709551615", true},
-		{"short", "42 (x) S 1 2 3", false},
-		{"no comm", "42 x S", false},
-		{"not a number", "42 (x) S 1 42 42 0 -1 4194560 100 0 0 0 2x0 50 0 0 20 0 7 0 1234 10000000 300", false},
-	} {
-		p := dir + "/" + strings.ReplaceAll(c.name, " ", "_")
-		if err := os.WriteFile(p, []byte(c.stat+"\n"), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		st, err := readProcStat(p)
-		if (err == nil) != c.ok {
-			t.Errorf("%s: err %v", c.name, err)
-			continue
-		}
-		if err != nil && !errors.Is(err, errProcStat) {
-			t.Errorf("%s: %v is not errProcStat", c.name, err)
-		}
-		if c.ok && (st != procStat{utime: 250, stime: 50, starttime: 1234, vsize: 10000000, rss: 300}) {
-			t.Errorf("%s: %+v", c.name, st)
-		}
-	}
-}
-
 // TestWriterErrors: a sample with the wrong number of label values and a
 // family written under two types are left out and reported; the rest is
 // written.

@@ -22,6 +22,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/edgefence/edgefence/internal/procstat"
 )
 
 // The network lab's fixed choices. Every address lives only inside the
@@ -511,21 +513,11 @@ func identityAlive(id string) bool {
 // procStartTime returns field 22 of /proc/PID/stat, or "" if there is no
 // such process.
 func procStartTime(pid int) string {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	s, err := procstat.Read(pid)
 	if err != nil {
 		return ""
 	}
-	// The command name (field 2) may contain spaces; fields resume after
-	// its closing parenthesis, with field 3 first.
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return ""
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 20 {
-		return ""
-	}
-	return f[19]
+	return strconv.FormatUint(s.StartTime, 10)
 }
 
 func runIP(args ...string) error {
