@@ -51,6 +51,13 @@ type Options struct {
 	// quick.
 	OnHolding func(device string, token fence.Token)
 
+	// OnBurst, if set, is called when the agent starts work on many
+	// devices at once (BurstDevices or more): a takeover's campaigns
+	// resumed by one lease's expiry, a fan-out. edgefence run gives the
+	// process every processor on it (internal/procs) instead of waiting
+	// for its next look. It runs on the caller's goroutine: keep it quick.
+	OnBurst func()
+
 	// Outbox (required) makes every command durable before it is sent:
 	// Send appends it, a per-device worker delivers the device's entries
 	// in order (resending the same envelope until an ack comes), and the
@@ -93,6 +100,13 @@ type FenceTable interface {
 	Get(device string) (fence.Record, bool, error)
 }
 
+// BurstDevices is how many devices at once make work a burst for
+// Options.OnBurst: a fan-out to this many, or a takeover that resumes this
+// many campaigns together. Below it the work is tens of ms of CPU (≈ 190
+// µs a device in a fan-out, docs/BENCHMARKS.md §75): the governor's next
+// look catches anything longer (§81).
+const BurstDevices = 100
+
 // Agent campaigns for its devices' locks and issues fenced commands for the
 // devices it holds. Create it with New, run it with Run.
 //
@@ -132,6 +146,7 @@ type Agent struct {
 	bridge func() any
 	outbox *offline.Outbox // the durable queue; never nil
 	onHold func(device string, token fence.Token)
+	burst  func() // Options.OnBurst, or a no-op
 
 	devices map[string]*device // fixed at New; the map is read-only after
 	order   []string
@@ -157,7 +172,10 @@ func New(cfg *Config, cli *clientv3.Client, s Sender, o Options) (*Agent, error)
 	if o.Outbox == nil {
 		return nil, fmt.Errorf("agent: %w", ErrNoOutbox)
 	}
-	a := &Agent{cfg: *cfg, cli: cli, sender: s, log: o.Logger, now: o.Now, lossRule: lossRule{o.UnsafeIgnoreSessionLoss}, bridge: o.BridgeStatus, outbox: o.Outbox, onHold: o.OnHolding}
+	a := &Agent{cfg: *cfg, cli: cli, sender: s, log: o.Logger, now: o.Now, lossRule: lossRule{o.UnsafeIgnoreSessionLoss}, bridge: o.BridgeStatus, outbox: o.Outbox, onHold: o.OnHolding, burst: o.OnBurst}
+	if a.burst == nil {
+		a.burst = func() {}
+	}
 	if a.log == nil {
 		a.log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -204,7 +222,7 @@ func New(cfg *Config, cli *clientv3.Client, s Sender, o Options) (*Agent, error)
 func (a *Agent) newLeases() (*leases, error) {
 	l := &leases{cli: a.cli, etcd: a.cfg.Etcd, gateway: a.cfg.Gateway, store: a.outbox, hooks: a, log: a.log, now: a.now,
 		devices: a.devices, order: a.order, lossRule: a.lossRule, tails: newTails(), campaigning: make(chan struct{}),
-		turns: newTurnWatch(a.cli, a.cfg.Etcd.Prefix+"/devices/", a.log)}
+		turns: newTurnWatch(a.cli, a.cfg.Etcd.Prefix+"/devices/", a.log, a.burst)}
 	if !a.outbox.ReadOnly() {
 		l.tails.fsyncOn = true
 		a.outbox.ObserveCommits(l.tails.observeFsync)

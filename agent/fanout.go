@@ -92,6 +92,9 @@ func (a *Agent) FanOut(ctx context.Context, devs []string, kind string, body []b
 	start := time.Now()
 	sum := FanoutSummary{Devices: len(devs), ByOutcome: map[string]int{}}
 	a.fanout.requests.Add(1)
+	if len(devs) >= BurstDevices {
+		a.burst()
+	}
 	out := func(r SendResult) {
 		o := r.Outcome()
 		sum.ByOutcome[o]++

@@ -6,7 +6,9 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -26,6 +28,12 @@ type fanoutRig struct {
 
 func newFanoutRig(t *testing.T, n int) *fanoutRig {
 	t.Helper()
+	return newFanoutRigOpts(t, n, Options{})
+}
+
+// newFanoutRigOpts is newFanoutRig with gw-1's Options o.
+func newFanoutRigOpts(t *testing.T, n int, o Options) *fanoutRig {
+	t.Helper()
 	prefix := "/t/" + t.Name()
 	r := &fanoutRig{fp: newFencePoint()}
 	other := startAgent(t, "gw-2", prefix, []string{"elsewhere"}, r.fp, Options{})
@@ -38,7 +46,7 @@ func newFanoutRig(t *testing.T, n int) *fanoutRig {
 		cfg.Devices = append(cfg.Devices, DeviceConfig{ID: id, Labels: map[string]string{"site": string(rune('a' + i%2)), "kind": "meter"}})
 	}
 	cfg.Devices = append(cfg.Devices, DeviceConfig{ID: "elsewhere", Labels: map[string]string{"site": "a"}})
-	r.a = runAgent(t, cfg, etcdClient(t), r.fp, Options{})
+	r.a = runAgent(t, cfg, etcdClient(t), r.fp, o)
 	waitFor(t, "gw-1 holds its devices", holdingAll(r.a, r.devs))
 	r.c = serveAPI(t, r.a.Agent)
 	return r
@@ -116,6 +124,25 @@ func TestFanOutOwnEnvelopes(t *testing.T) {
 	wantSample(t, mf, 2, "edgefence_fanout_requests_total")
 	for o, n := range map[string]float64{"accepted": n/2 + 4, "stale": 1, "refused": 1, "queued": 0} {
 		wantSample(t, mf, n, "edgefence_fanout_devices_total", "outcome", o)
+	}
+}
+
+// TestFanOutBurst: a fan-out to BurstDevices devices or more calls
+// Options.OnBurst once, before its first device; a smaller one does not.
+func TestFanOutBurst(t *testing.T) {
+	var bursts atomic.Int32
+	r := newFanoutRigOpts(t, 4, Options{OnBurst: func() { bursts.Add(1) }})
+	_, sum, _ := r.fanOut(t, FanoutRequest{Selection: Selection{Glob: "dev-*"}, Kind: "ping"})
+	if sum.ByOutcome["accepted"] != 4 || bursts.Load() != 0 {
+		t.Fatalf("a fan-out to 4: summary %+v, %d bursts; want 4 accepted, none", sum, bursts.Load())
+	}
+	devs := slices.Clone(r.devs)
+	for i := len(devs); i < BurstDevices; i++ {
+		devs = append(devs, fmt.Sprintf("unknown-%03d", i))
+	}
+	_, sum, _ = r.fanOut(t, FanoutRequest{Selection: Selection{Devices: devs}, Kind: "ping"})
+	if sum.Devices != BurstDevices || sum.ByOutcome["accepted"] != 4 || bursts.Load() != 1 {
+		t.Fatalf("a fan-out to %d: summary %+v, %d bursts; want 4 accepted, one burst", BurstDevices, sum, bursts.Load())
 	}
 }
 

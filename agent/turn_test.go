@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,7 +18,7 @@ import (
 // turnLeases returns leases for gateway with only what the lock queue
 // needs, its turn watch over root running until the test ends.
 func turnLeases(t *testing.T, cli *clientv3.Client, gateway, root string) *leases {
-	l := &leases{cli: cli, gateway: gateway, turns: newTurnWatch(cli, root, slog.Default())}
+	l := &leases{cli: cli, gateway: gateway, turns: newTurnWatch(cli, root, slog.Default(), func() {})}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
@@ -236,7 +237,7 @@ func TestTurnWatchUnpark(t *testing.T) {
 // (each takes its turn or parks again), and the watch goes on from the
 // revision given.
 func TestTurnWatchStartResumesEveryPark(t *testing.T) {
-	w := newTurnWatch(nil, "/unused/", slog.Default())
+	w := newTurnWatch(nil, "/unused/", slog.Default(), func() {})
 	w.seen = 1 // as if watching: no park reads its key
 	woke := make(chan string, 3)
 	for _, k := range []string{"a", "a", "b"} {
@@ -252,6 +253,39 @@ func TestTurnWatchStartResumesEveryPark(t *testing.T) {
 	}
 	if got["a"] != 2 || got["b"] != 1 || w.parked() != 0 || w.seen != 41 {
 		t.Fatalf("resumed %v, %d parks left, seen %d", got, w.parked(), w.seen)
+	}
+}
+
+// A delete event that resumes BurstDevices parks or more — a holder's
+// lease expired, its devices' campaigns go on together — calls the burst
+// hook once; one that resumes fewer does not.
+func TestTurnWatchBurst(t *testing.T) {
+	var bursts atomic.Int32
+	w := newTurnWatch(nil, "/unused/", slog.Default(), func() { bursts.Add(1) })
+	w.seen = 1 // as if watching: no park reads its key
+	woke := make(chan struct{}, 2*BurstDevices)
+	dels := func(pfx string, n int) (evs []*clientv3.Event) {
+		for i := range n {
+			k := fmt.Sprintf("%s%d", pfx, i)
+			p := &turnPark{resume: func() { woke <- struct{}{} }, drop: func() { t.Error("dropped") }}
+			if parked, err := w.park(t.Context(), k, 10, p); !parked || err != nil {
+				t.Fatal(parked, err)
+			}
+			evs = append(evs, &clientv3.Event{Type: mvccpb.DELETE, Kv: &mvccpb.KeyValue{Key: []byte(k), ModRevision: 20}})
+		}
+		return evs
+	}
+	few, many := dels("few-", BurstDevices-1), dels("many-", BurstDevices)
+	w.deleted(few)
+	if bursts.Load() != 0 {
+		t.Fatalf("%d parks resumed: %d bursts, want none", len(few), bursts.Load())
+	}
+	w.deleted(many)
+	if bursts.Load() != 1 {
+		t.Fatalf("%d parks resumed: %d bursts, want one", len(many), bursts.Load())
+	}
+	for range 2*BurstDevices - 1 {
+		<-woke
 	}
 }
 

@@ -32,9 +32,10 @@ import (
 // rev and still to come. Otherwise the delete may have passed already, and
 // the wait reads the key once (wait).
 type turnWatch struct {
-	cli *clientv3.Client
-	pfx string // <etcd prefix>/devices/
-	log *slog.Logger
+	cli   *clientv3.Client
+	pfx   string // <etcd prefix>/devices/
+	log   *slog.Logger
+	burst func() // Options.OnBurst: a takeover of BurstDevices or more begins
 
 	mu sync.Mutex
 	// seen: every delete under pfx up to this revision was handled (its
@@ -43,8 +44,8 @@ type turnWatch struct {
 	parks map[string][]*turnPark // key → the parks on its delete
 }
 
-func newTurnWatch(cli *clientv3.Client, pfx string, log *slog.Logger) *turnWatch {
-	return &turnWatch{cli: cli, pfx: pfx, log: log, parks: make(map[string][]*turnPark)}
+func newTurnWatch(cli *clientv3.Client, pfx string, log *slog.Logger, burst func()) *turnWatch {
+	return &turnWatch{cli: cli, pfx: pfx, log: log, burst: burst, parks: make(map[string][]*turnPark)}
 }
 
 // run watches until ctx ends, resuming after an error with a backoff.
@@ -126,6 +127,9 @@ func (w *turnWatch) deleted(evs []*clientv3.Event) {
 		w.seen = max(w.seen, ev.Kv.ModRevision)
 	}
 	w.mu.Unlock()
+	if len(woken) >= BurstDevices {
+		w.burst() // a holder's expiry: its devices' campaigns resume together
+	}
 	resume(woken)
 }
 

@@ -53,6 +53,10 @@ type Options struct {
 	// OnHolding is agent.Options.OnHolding: acquisitions, for benchmarks.
 	OnHolding func(device string, token fence.Token)
 
+	// OnBurst is agent.Options.OnBurst: many devices' work begins at once
+	// (edgefence run's processor governor, internal/procs).
+	OnBurst func()
+
 	// Notify sends one sd_notify(3) message; nil: to $NOTIFY_SOCKET (a
 	// no-op without it).
 	Notify func(state string) error
@@ -247,7 +251,7 @@ func (d *Daemon) openClients(ctx context.Context, ecfg clientv3.Config) error {
 // what needs it: the device state reports and the systemd notifier.
 func (d *Daemon) newAgent() error {
 	cfg, log := d.cfg, d.log
-	opts := agent.Options{Logger: log, Outbox: d.outbox, History: d.hist, OnHolding: d.o.OnHolding,
+	opts := agent.Options{Logger: log, Outbox: d.outbox, History: d.hist, OnHolding: d.o.OnHolding, OnBurst: d.o.OnBurst,
 		UnsafeIgnoreSessionLoss: d.o.UnsafeIgnoreSessionLoss}
 	if br := d.br; br != nil {
 		opts.BridgeStatus = func() any { return br.Status() }

@@ -1,9 +1,11 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"runtime"
 	"runtime/debug"
@@ -11,10 +13,18 @@ import (
 
 	"github.com/edgefence/edgefence/agent"
 	"github.com/edgefence/edgefence/agent/daemon"
+	"github.com/edgefence/edgefence/internal/procs"
 )
 
 // gcPercent is the agent's GOGC unless the environment sets one.
 const gcPercent = 50
+
+// governMaxDevices: an agent with this many devices configured or more
+// keeps every processor (no internal/procs governor). Its heap is tens of
+// MB, and a takeover of its devices that begins while a garbage collection
+// runs at one processor took ≈ 0.3 s longer to hold them at 10,000
+// devices; at 1,000 the governed takeover was the faster (BENCHMARKS §81).
+const governMaxDevices = 2000
 
 func cmdRun(args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
@@ -59,6 +69,30 @@ exit status is 1. Secrets may come from the environment: %s,
 	if err != nil {
 		return err
 	}
+	log := newLogger(cfg.Log, os.Stderr)
+	ctx, stop := signalContext()
+	defer stop()
+	burst, stopGov := tuneRuntime(ctx, cfg, log)
+	defer stopGov()
+	d, err := daemon.New(ctx, cfg, daemon.Options{
+		Logger: log, Version: version, OnBurst: burst,
+		HistoryPath: *histPath, BridgeHistoryPath: os.Getenv(historyEnv),
+		UnsafeIgnoreSessionLoss: failpoint("ignore-session-loss"), UnsafeNoFenceTable: failpoint("no-fence-table"),
+	})
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped while waiting for etcd: nothing held, a clean exit
+		}
+		return err
+	}
+	return d.Run(ctx)
+}
+
+// tuneRuntime sets the Go runtime for the agent: its GC percent, no heap
+// profile sampling without a profiler, and the processor governor until
+// ctx ends or stop is called (which waits for it; burst is its Burst, for
+// daemon.Options.OnBurst). Each unless the environment sets its own.
+func tuneRuntime(ctx context.Context, cfg *agent.Config, log *slog.Logger) (burst, stop func()) {
 	if os.Getenv("GOGC") == "" {
 		// A gateway agent allocates little: half the Go default keeps the
 		// heap's floor at 2 MiB instead of 4, which keeps the agent within
@@ -73,20 +107,21 @@ exit status is 1. Secrets may come from the environment: %s,
 		// its record stays on the heap).
 		runtime.MemProfileRate = 0
 	}
-	ctx, stop := signalContext()
-	defer stop()
-	d, err := daemon.New(ctx, cfg, daemon.Options{
-		Logger: newLogger(cfg.Log, os.Stderr), Version: version,
-		HistoryPath: *histPath, BridgeHistoryPath: os.Getenv(historyEnv),
-		UnsafeIgnoreSessionLoss: failpoint("ignore-session-loss"), UnsafeNoFenceTable: failpoint("no-fence-table"),
-	})
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil // stopped while waiting for etcd: nothing held, a clean exit
+	if os.Getenv("GOMAXPROCS") == "" && len(cfg.Devices) < governMaxDevices {
+		// One processor while the work fits in one, every processor while
+		// it does not (internal/procs; docs/BENCHMARKS.md §81).
+		// GOMAXPROCS in the environment (e.g. a unit drop-in) wins.
+		gov := procs.New(log)
+		if gov.Max() <= 1 {
+			return nil, func() {} // one CPU, or a quota of one: nothing to govern
 		}
-		return err
+		govCtx, stopGov := context.WithCancel(ctx)
+		govDone := make(chan struct{})
+		go func() { defer close(govDone); gov.Run(govCtx) }()
+		log.Info("procs: one processor while the work fits in one, every processor while it does not", "max", gov.Max())
+		return gov.Burst, func() { stopGov(); <-govDone }
 	}
-	return d.Run(ctx)
+	return nil, func() {}
 }
 
 // historyEnv names the file the gateway bridge records its verdicts and
