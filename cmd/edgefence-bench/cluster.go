@@ -43,6 +43,7 @@ type clusterConfig struct {
 	AgentBin   string
 	DevsimBin  string
 	TimerSlack time.Duration // the agents' timer slack (--agent-timerslack); 0: the bench's
+	Env        []string      // more environment for every agent (--agent-env)
 	// ProfDir: the agents serve pprof (a profiling build); before the
 	// first takeover each agent's heap and goroutines, and during it each
 	// taker's CPU, are written here (clusterProfiles).

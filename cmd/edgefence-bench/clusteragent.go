@@ -53,7 +53,7 @@ func (e *clusterEnv) startAgent(i int, devs []string) (*clusterAgent, error) {
 	if _, err := os.Stat(logPath); err == nil {
 		logPath = filepath.Join(a.dir, fmt.Sprintf("agent-%d.log", time.Now().UnixNano()))
 	}
-	p, err := startRSSProc(e.cfg.AgentBin, cpath, nil, logPath, e.cfg.TimerSlack)
+	p, err := startRSSProc(e.cfg.AgentBin, cpath, e.cfg.Env, logPath, e.cfg.TimerSlack)
 	if err != nil {
 		return nil, err
 	}

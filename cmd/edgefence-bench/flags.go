@@ -201,7 +201,7 @@ func (f *rssFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.verdict, "rss-verdict-delay", "", "rss: the agent's outbox.verdict_delay (e.g. 0s: strict, a commit per verdict; empty: the agent's default)")
 	fs.IntVar(&f.maxEnded, "rss-max-ended", 0, "rss: the agent's outbox.max_ended, the ended commands its outbox keeps at most (0: the agent's default)")
 	fs.DurationVar(&f.agentSlack, "agent-timerslack", 0, "rss, fanout, cluster: start the agents with this timer slack (prctl PR_SET_TIMERSLACK, as deploy/edgefence.service's TimerSlackNSec= does; 0: the bench's own, 50µs by default)")
-	fs.StringVar(&f.agentEnv, "agent-env", "", "rss, fanout: extra environment for the agent, comma-separated (e.g. GOGC=50,GODEBUG=gctrace=1; see --keep for its log)")
+	fs.StringVar(&f.agentEnv, "agent-env", "", "rss, fanout, cluster: extra environment for the agent(s), comma-separated (e.g. GOGC=50,GODEBUG=gctrace=1; see --keep for its log)")
 }
 
 func (f *fwFlags) register(fs *flag.FlagSet) {
@@ -410,7 +410,8 @@ func (f *benchFlags) checkBounds(what string, twinSizes []int) error {
 // config checks the cluster flags and returns its configuration.
 func (f *clusterFlags) config(b *benchFlags) (clusterConfig, error) {
 	c := clusterConfig{Agents: f.agents, Spare: f.spare, Devices: b.devices, EtcdNodes: f.nodes, TTL: f.ttl, Devsims: f.devsims, Lanes: f.lanes, EtcdArgs: strings.Fields(f.etcdArgs),
-		Trials: b.runs, LeaderKill: f.leaderKill, Steady: f.steady, AgentBin: b.agentBin, DevsimBin: b.failover.devsim, TimerSlack: b.rss.agentSlack}
+		Trials: b.runs, LeaderKill: f.leaderKill, Steady: f.steady, AgentBin: b.agentBin, DevsimBin: b.failover.devsim, TimerSlack: b.rss.agentSlack,
+		Env: splitNonEmpty(b.rss.agentEnv)}
 	switch {
 	case f.agents < 2 || f.spare < 0 || f.spare >= f.agents:
 		return c, errors.New("--agents must be at least 2, and --spare-agents from 0 to --agents − 1")
