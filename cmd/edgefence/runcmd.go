@@ -112,13 +112,14 @@ func tuneRuntime(ctx context.Context, cfg *agent.Config, log *slog.Logger) (burs
 		// it does not (internal/procs; docs/BENCHMARKS.md §81).
 		// GOMAXPROCS in the environment (e.g. a unit drop-in) wins.
 		gov := procs.New(log)
-		if gov.Max() <= 1 {
+		most := gov.Max()
+		if most <= 1 {
 			return nil, func() {} // one CPU, or a quota of one: nothing to govern
 		}
 		govCtx, stopGov := context.WithCancel(ctx)
 		govDone := make(chan struct{})
 		go func() { defer close(govDone); gov.Run(govCtx) }()
-		log.Info("procs: one processor while the work fits in one, every processor while it does not", "max", gov.Max())
+		log.Info("procs: one processor while the work fits in one, every processor while it does not", "max", most)
 		return gov.Burst, func() { stopGov(); <-govDone }
 	}
 	return nil, func() {}

@@ -146,6 +146,21 @@ func TestBurstDoesNotWait(t *testing.T) {
 	}
 }
 
+// TestDefaultOfOne: a raise that finds the runtime's default down to one
+// (a CPU quota lowered meanwhile) leaves the process on one and stops
+// raising: no stop-the-world a second for nothing.
+func TestDefaultOfOne(t *testing.T) {
+	var applied []int
+	g := scripted(2, &applied)
+	g.set = func(n int) int { applied = append(applied, n); return 1 }
+	for range 3 {
+		g.look(time.Second, time.Second)
+	}
+	if g.Procs() != 1 || len(applied) != 1 || g.Max() != 1 {
+		t.Fatalf("processors %d, applied %v, max %d; want 1, one try, max 1", g.Procs(), applied, g.Max())
+	}
+}
+
 // TestRunSetsTheRuntime: Run puts the process on one processor, a busy
 // look gives it the runtime's default, and the end of Run leaves the
 // default in effect.
