@@ -19,13 +19,6 @@ import (
 // gcPercent is the agent's GOGC unless the environment sets one.
 const gcPercent = 50
 
-// governMaxDevices: an agent with this many devices configured or more
-// keeps every processor (no internal/procs governor). Governed, a takeover
-// of 10,000 devices held them ≈ 0.3 s later (why is not known: the burst
-// hook raised at once, and the taker's collections at one processor took
-// 13–21 ms); at 1,000 the governed takeover was the faster (BENCHMARKS §81).
-const governMaxDevices = 2000
-
 func cmdRun(args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -107,7 +100,7 @@ func tuneRuntime(ctx context.Context, cfg *agent.Config, log *slog.Logger) (burs
 		// its record stays on the heap).
 		runtime.MemProfileRate = 0
 	}
-	if os.Getenv("GOMAXPROCS") == "" && len(cfg.Devices) < governMaxDevices {
+	if os.Getenv("GOMAXPROCS") == "" {
 		// One processor while the work fits in one, every processor while
 		// it does not (internal/procs; docs/BENCHMARKS.md §81).
 		// GOMAXPROCS in the environment (e.g. a unit drop-in) wins.
