@@ -7,7 +7,7 @@
 // devices). With one processor, a goroutine that hands work to another
 // leaves it in its own run queue, and the thread that runs it is the one
 // already awake; with two, the scheduler wakes the idle one for it, and
-// its monitor polls while either runs. One processor measured 10–26 % less
+// its monitor polls while either runs. One processor measured 8–26 % less
 // CPU a command, a lower latency and 0.2–0.3 MiB less memory (§81). A
 // burst — the takeover of many devices, a large fan-out, twin writes at
 // their peak — can need more than one core where the machine has them:
