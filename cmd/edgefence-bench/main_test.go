@@ -205,6 +205,34 @@ func TestFWRolloutTiny(t *testing.T) {
 	t.Log(out.String())
 }
 
+// TestClusterTiny runs the cluster benchmark end to end, small: 40
+// devices on 3 agents (one a spare) over a 3-node etcd of Debian's
+// binary, every part a separate process. It must end with exit 0: both
+// takeovers — the agent holding the most devices killed (SIGKILL), then
+// again with the etcd leader killed a second later — end with every one
+// of the victim's devices held by its backup and every one having
+// accepted a command from it. Times are printed, never judged here.
+func TestClusterTiny(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs edgefence, edgefence-devsim and three etcd members")
+	}
+	sandbox.NeedEtcd(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	var out, errb bytes.Buffer
+	code := run(ctx, []string{"cluster", "--agents", "3", "--spare-agents", "1", "--devices", "40", "--devsims", "1", "--devsim-lanes", "2",
+		"--etcd-nodes", "3", "--ttl", "3s", "--leader-kill", "1s", "--steady", "1s", "--runs", "1"}, &out, &errb)
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out.String(), errb.String())
+	}
+	for _, want := range []string{"### Cluster: 40 devices over 3 agents on a 3-node etcd", "| 1 | gw-", "| 2 | gw-", "member ", "cluster: takeover 2: 20 devices:"} {
+		if !strings.Contains(out.String()+errb.String(), want) {
+			t.Errorf("output lacks %q:\n%s\n%s", want, out.String(), errb.String())
+		}
+	}
+	t.Log(out.String())
+}
+
 // The cluster benchmark's placement: every device has one home and one
 // backup, never the same agent; a killed home's devices are spread over
 // the other agents (no spares) or go to the spares.

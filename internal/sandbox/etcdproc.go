@@ -266,6 +266,17 @@ func NewEtcdProc(t testing.TB, cfg EtcdProcConfig) *EtcdProc {
 	return e
 }
 
+// NeedEtcd returns the path of Debian's etcd (or etcd from PATH) for a
+// test; without it, it skips the test, unless CI=true, where it fails.
+func NeedEtcd(t testing.TB) string {
+	t.Helper()
+	p, err := findEtcd("")
+	if err != nil {
+		missingBinary(t, err)
+	}
+	return p
+}
+
 // NeedEtcdctl returns the path of etcdctl for a test; without it, it skips
 // the test, unless CI=true, where it fails.
 func NeedEtcdctl(t testing.TB) string {
