@@ -15,6 +15,7 @@ import (
 	"github.com/edgefence/edgefence/devices/sim"
 	"github.com/edgefence/edgefence/fence"
 	"github.com/edgefence/edgefence/internal/sandbox"
+	"github.com/edgefence/edgefence/offline"
 	"github.com/edgefence/edgefence/transport/mqtt"
 )
 
@@ -282,7 +283,7 @@ func benchBareOneHop(b *testing.B, url string) {
 		b.Fatal(err)
 	}
 	payload, err := fence.MarshalEnvelope(&fence.Envelope{V: fence.Version, Device: "dev-000", Token: 1 << 10, Seq: 1 << 12,
-		ID: newCommandID(), Kind: sim.KindPing, IssuedAt: time.Now().UnixMilli(), Holder: "bench-gw"})
+		ID: offline.NewCommandID(time.Now()), Kind: sim.KindPing, IssuedAt: time.Now().UnixMilli(), Holder: "bench-gw"})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -212,7 +212,7 @@ func newBarePub(b *testing.B, w *fwWorld, dev string) *barePub {
 // its id.
 func (p *barePub) publish(b *testing.B, kind string, body []byte) string {
 	p.seq++
-	env := &fence.Envelope{V: fence.Version, Device: p.dev, Token: 1, Seq: p.seq, ID: newCommandID(), Kind: kind, Body: body,
+	env := &fence.Envelope{V: fence.Version, Device: p.dev, Token: 1, Seq: p.seq, ID: offline.NewCommandID(time.Now()), Kind: kind, Body: body,
 		IssuedAt: time.Now().UnixMilli(), Holder: "bare"}
 	raw, err := fence.MarshalEnvelope(env)
 	if err != nil {

@@ -496,7 +496,8 @@ func (q *delivery) reissue(d *device, e *offline.Entry) {
 	}
 	ctl.seq++
 	env := e.Envelope
-	env.Token, env.Seq, env.ID, env.IssuedAt = ctl.token, ctl.seq, newCommandID(), q.now().UnixMilli()
+	now := q.now()
+	env.Token, env.Seq, env.ID, env.IssuedAt = ctl.token, ctl.seq, offline.NewCommandID(now), now.UnixMilli()
 	ne := &offline.Entry{Envelope: env}
 	err = q.outbox.Append(context.Background(), ne)
 	if err != nil {

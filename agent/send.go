@@ -2,8 +2,6 @@ package agent
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -95,15 +93,16 @@ func (q *delivery) hold(ctx context.Context, dev string) (*device, *controller, 
 // caller holds).
 func (q *delivery) envelope(ctl *controller, dev, kind string, body []byte) (*fence.Envelope, error) {
 	ctl.seq++
+	now := q.now()
 	env := &fence.Envelope{
 		V:        fence.Version,
 		Device:   dev,
 		Token:    ctl.token,
 		Seq:      ctl.seq,
-		ID:       newCommandID(),
+		ID:       offline.NewCommandID(now),
 		Kind:     kind,
 		Body:     body,
-		IssuedAt: q.now().UnixMilli(),
+		IssuedAt: now.UnixMilli(),
 		Holder:   q.gateway,
 	}
 	if err := env.Validate(); err != nil {
@@ -267,10 +266,4 @@ func (q *delivery) logVerdict(d *device, env *fence.Envelope, ack *fence.Ack, lo
 	}
 	q.log.Warn("command refused", "device", d.id, "token", env.Token, "reason", reason, "verdict", ack.Verdict,
 		"seq", env.Seq, "id", env.ID, "kind", env.Kind, "fence_token", ack.MaxToken, "sent", !local)
-}
-
-func newCommandID() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on Linux (go1.24+)
-	return hex.EncodeToString(b[:])
 }
