@@ -81,7 +81,8 @@ func (r *fanoutRig) fanOut(t *testing.T, req FanoutRequest) (map[string]SendResu
 // the entries share one outbox commit; the device gw-2 holds is refused
 // with its reason while the others are accepted. A second fan-out carries
 // on with seq 2 and meets a device whose fence has a newer holder's token:
-// stale there, accepted everywhere else.
+// stale there, accepted everywhere else. Every id begins with its
+// envelope's issue time (in time order: offline.NewCommandID).
 func TestFanOutOwnEnvelopes(t *testing.T) {
 	const n = 40
 	r := newFanoutRig(t, n)
@@ -101,6 +102,8 @@ func TestFanOutOwnEnvelopes(t *testing.T) {
 			t.Errorf("%s (site b): selected %+v, applied %d", d, res, len(applied))
 		case i%2 == 0 && (len(applied) != 1 || res.Verdict != "accepted" || fence.Token(res.Token) != tok || res.Seq != 1 || applied[0].ID != res.ID || applied[0].Token != tok):
 			t.Errorf("%s: %+v, applied %+v; want its own token %d, seq 1, applied once", d, res, applied, tok)
+		case i%2 == 0 && applied[0].ID[:12] != fmt.Sprintf("%012x", applied[0].IssuedAt):
+			t.Errorf("%s: id %s does not begin with its issue time, %d ms (offline.NewCommandID)", d, applied[0].ID, applied[0].IssuedAt)
 		}
 	}
 	stale := r.devs[2]

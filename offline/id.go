@@ -14,8 +14,8 @@ import (
 // outbox's entries, keyed by id, go in at the end of their bucket: a
 // commit of a fan-out's appends and verdicts dirties a few pages at that
 // end instead of one page per command spread over a bucket that keeps up
-// to Options.MaxEnded ended commands (BenchmarkCommandIDs: a third of the
-// CPU with 50,000 kept). Uniqueness rests on the random part (and Append
+// to Options.MaxEnded ended commands (BenchmarkCommandIDs: less than half
+// the CPU with 50,000 kept). Uniqueness rests on the random part (and Append
 // refuses an id it holds); a clock stepped back costs only that locality.
 func NewCommandID(t time.Time) string {
 	var b [16]byte
