@@ -278,8 +278,9 @@ func haveMosquitto() bool {
 	return false
 }
 
-// printMachine prints what the figures were measured on and how busy the
-// machine was just before.
+// printMachine prints what the figures were measured on, how long the
+// sync before the run took (synced: what an earlier run left to write) and
+// how busy the machine was just before.
 func printMachine(w io.Writer, synced time.Duration) {
 	cpu := "?"
 	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
