@@ -191,6 +191,16 @@ func (k *fwCommander) holder(dev string, token fence.Token) *holder {
 // send sends a command (the next seq) and returns its ack.
 func (h *holder) send(t *testing.T, kind string, body any) fence.Ack {
 	t.Helper()
+	return h.sendEvery(t, kind, body, 0)
+}
+
+// sendEvery is send that publishes the same envelope again after each
+// resend without an ack (0: never), as the agent's outbox does. A command
+// decided just as its device goes down can lose its ack with the
+// connection, and the broker need not deliver it again (the PUBACK may have
+// gone out first): only a resend gets its answer, duplicate.
+func (h *holder) sendEvery(t *testing.T, kind string, body any, resend time.Duration) fence.Ack {
+	t.Helper()
 	h.seq++
 	b, err := fence.EncodeBody(body)
 	if err != nil {
@@ -212,18 +222,26 @@ func (h *holder) send(t *testing.T, kind string, body any) fence.Ack {
 	h.k.mu.Lock()
 	h.k.waiters[id] = ch
 	h.k.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := h.k.c.Publish(ctx, mqtt.Message{Topic: h.k.topics.Cmd(h.dev), Payload: raw}); err != nil {
-		t.Fatal(err)
+	deadline := time.After(30 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := h.k.c.Publish(ctx, mqtt.Message{Topic: h.k.topics.Cmd(h.dev), Payload: raw})
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var again <-chan time.Time
+		if resend > 0 {
+			again = time.After(resend)
+		}
+		select {
+		case a := <-ch:
+			return a
+		case <-again:
+		case <-deadline:
+			t.Fatalf("no ack for %s (%s)", id, kind)
+		}
 	}
-	select {
-	case a := <-ch:
-		return a
-	case <-time.After(30 * time.Second):
-		t.Fatalf("no ack for %s (%s)", id, kind)
-	}
-	return fence.Ack{}
 }
 
 // must sends a command that must be accepted.

@@ -110,8 +110,9 @@ func TestFirmwareInProcess(t *testing.T) {
 				runJob(t, k, h, im, func() {
 					// Decided before the device goes down or after it is back. One
 					// decided as it goes down may lose its ack with the connection:
-					// the broker's redelivery is then answered duplicate (applied once).
-					if a := h.send(t, sim.KindSet, sim.SetBody{Setpoint: ptr(21.5)}); a.Verdict != fence.Accepted && a.Verdict != fence.Duplicate {
+					// the broker's redelivery, or our resend after 2 s without an
+					// ack, is then answered duplicate (applied once).
+					if a := h.sendEvery(t, sim.KindSet, sim.SetBody{Setpoint: ptr(21.5)}, 2*time.Second); a.Verdict != fence.Accepted && a.Verdict != fence.Duplicate {
 						t.Fatalf("a command during the reboot: %v %q", a.Verdict, a.Reason)
 					}
 				})
