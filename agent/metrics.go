@@ -285,6 +285,7 @@ var agentSeries = []series{
 	counter("command_send_errors_total", "Sends the transport failed.", func(n *Counters) uint64 { return n.SendErrors }),
 	counter("commands_queued_total", "Commands appended to the outbox.", func(n *Counters) uint64 { return n.Queued }),
 	counter("commands_resent_total", "Commands sent again after no ack or a restart.", func(n *Counters) uint64 { return n.Resent }),
+	counter("commands_resent_after_trust_total", "Commands sent again after their fence point refused them for want of this gateway's trust update (published again first).", func(n *Counters) uint64 { return n.TrustResent }),
 	counter("commands_reissued_total", "Queued commands re-issued under a newer token (reissue_kinds).", func(n *Counters) uint64 { return n.Reissued }),
 	counter("commands_superseded_total", "Queued commands of strict devices ended stale, never sent, once another session held the lock.", func(n *Counters) uint64 { return n.Superseded }),
 

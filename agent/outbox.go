@@ -58,6 +58,7 @@ type delivery struct {
 	gateway string             // the envelopes' Holder
 	devices map[string]*device // the agent's; read-only
 	leases  deposer
+	trust   *trustPush // nil: no trust updates
 	lossRule
 
 	mu      sync.Mutex
@@ -82,6 +83,7 @@ type deliveryCounters struct {
 	accepted, duplicate, stale, inv, unknown atomic.Uint64
 	queued, resent, expired, full            atomic.Uint64
 	reissued, outboxErr, superseded          atomic.Uint64
+	trustRetried                             atomic.Uint64 // resends after a trust update the fence point lacked (trustretry.go)
 	hinted                                   atomic.Uint64 // entries a worker took without a read (hint.go)
 }
 
@@ -231,6 +233,9 @@ type worker struct {
 	delay  backoff.Backoff
 	headID string
 	tries  int
+	// trustTries counts the resends of headID after a trust update its
+	// fence point lacked (trustretry.go).
+	trustTries int
 	// unrecorded are device verdicts settled and not yet given to the
 	// outbox (at most verdictBatch), recording the batch being recorded
 	// (ResolveAll, fsynced) by its own goroutine while the worker sends
@@ -325,7 +330,7 @@ func (q *delivery) attempt(ctx context.Context, w *worker, e *offline.Entry, att
 	}
 	q.stats.sent.Add(1)
 	if e.Envelope.ID != w.headID {
-		w.headID, w.tries = e.Envelope.ID, 0
+		w.headID, w.tries, w.trustTries = e.Envelope.ID, 0, 0
 	}
 	if q.post != nil && q.pace.inflight.Load() >= q.postAbove {
 		return q.postAttempt(ctx, w, e)
@@ -363,6 +368,9 @@ func (q *delivery) sent(ctx context.Context, w *worker, e *offline.Entry, ack *f
 		q.log.Warn("no verdict yet; command stays queued and will be resent", "device", d.id, "token", e.Envelope.Token,
 			"seq", e.Envelope.Seq, "id", e.Envelope.ID, "err", err, "retry_in", wait)
 		return backoff.Sleep(ctx, wait)
+	}
+	if q.retryWithTrust(w, e, ack) {
+		return true // the same envelope again, after the trust update (trustretry.go)
 	}
 	if !q.settle(w, e, ack, false) {
 		return backoff.Sleep(ctx, w.delay.Next())

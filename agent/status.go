@@ -150,8 +150,11 @@ type Counters struct {
 	Full       uint64 `json:"outbox_full"`         // refused: an outbox limit was reached
 	Reissued   uint64 `json:"commands_reissued"`   // re-queued under a newer token (reissue_kinds)
 	Superseded uint64 `json:"commands_superseded"` // strict devices: never sent, ended stale once another session held the lock
-	OutboxErr  uint64 `json:"outbox_errors"`       // outbox reads or writes that failed
-	Reattached uint64 `json:"sessions_reattached"` // lost sessions resumed because the lease survived
+	// TrustResent counts commands sent again after their fence point
+	// refused them for want of this gateway's trust update.
+	TrustResent uint64 `json:"commands_resent_after_trust"`
+	OutboxErr   uint64 `json:"outbox_errors"`       // outbox reads or writes that failed
+	Reattached  uint64 `json:"sessions_reattached"` // lost sessions resumed because the lease survived
 	// APIRefused counts local API requests refused as bad input (oversized,
 	// malformed, a body CBOR cannot carry, an unknown device); by reason in
 	// edgefence_api_requests_refused_total.
@@ -257,6 +260,6 @@ func (c *deliveryCounters) fill(n *Counters) {
 	n.Sent, n.NoAck, n.SendErrors = c.sent.Load(), c.noAck.Load(), c.sendErr.Load()
 	n.Accepted, n.Duplicate, n.Stale, n.Invalid, n.Unknown = c.accepted.Load(), c.duplicate.Load(), c.stale.Load(), c.inv.Load(), c.unknown.Load()
 	n.Queued, n.Resent, n.Expired, n.Full = c.queued.Load(), c.resent.Load(), c.expired.Load(), c.full.Load()
-	n.Reissued, n.Superseded = c.reissued.Load(), c.superseded.Load()
+	n.Reissued, n.Superseded, n.TrustResent = c.reissued.Load(), c.superseded.Load(), c.trustRetried.Load()
 	n.OutboxErr += c.outboxErr.Load()
 }

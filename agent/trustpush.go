@@ -118,6 +118,19 @@ func (p *trustPush) acquired(dev string) {
 	p.kick()
 }
 
+// owe makes dev owed its trust update again, to be published before its
+// next command, if dev gets trust updates; it reports whether it does
+// (nil-safe).
+func (p *trustPush) owe(dev string) bool {
+	if p == nil || !p.required[dev] {
+		return false
+	}
+	p.mu.Lock()
+	p.owed[dev] = true
+	p.mu.Unlock()
+	return true
+}
+
 func (p *trustPush) kick() {
 	select {
 	case p.wake <- struct{}{}:
