@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"time"
 
+	"go.etcd.io/bbolt"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/edgefence/edgefence/agent/jobs"
@@ -86,6 +87,12 @@ type Options struct {
 	// device it holds when the list changes (trustpush.go).
 	TrustUpdates *TrustUpdates
 
+	// TrustDB, if set, keeps the root-signed statements the agent learns
+	// (certificates, revocation lists) durable, so that a restart — and
+	// an etcd rebuilt without them — keeps them (trust.go). nil: memory
+	// only. The agent does not close it.
+	TrustDB *bbolt.DB
+
 	// Jobs and Images, both set, turn the firmware job runner on
 	// (fwjobs.go): the agent drives the firmware jobs of the devices it
 	// holds, writing their executions in Jobs fenced by the lock key (I5)
@@ -156,6 +163,8 @@ type Agent struct {
 	twin     *twins     // nil: no twin reconciler
 	api      *apiServer // the local API's handlers
 	reports  stateReports
+	keep     *keeper      // the operator's trust as this agent knows it; nil without auth.trust_root (trust.go)
+	repub    *republisher // puts keep's statements back into etcd; nil without keep (republish.go)
 	trust    *trustPush   // nil: no trust updates (trustpush.go)
 	devauth  *deviceAuth  // who speaks for a device: acks and state reports (deviceauth.go)
 	jobs     *jobs.Runner // nil: no firmware jobs (fwjobs.go)
@@ -196,8 +205,13 @@ func New(cfg *Config, cli *clientv3.Client, s Sender, o Options) (*Agent, error)
 		a.twin = newTwins(a, o.Twins, o.TwinCache)
 	}
 	a.jobs = a.newJobs(o)
-	if a.devauth, err = newDeviceAuth(&a.cfg, cli, a.log, a.now); err != nil {
+	if a.keep, err = newKeeper(&a.cfg, o.TrustDB, a.log, a.now); err != nil {
 		return nil, fmt.Errorf("agent: %w", err)
+	}
+	a.devauth = newDeviceAuth(&a.cfg, a.keep, cli, a.log, a.now)
+	a.leases.keep = a.keep
+	if a.keep != nil && cli != nil {
+		a.repub = &republisher{keep: a.keep, cli: cli, prefix: a.cfg.Etcd.Prefix}
 	}
 	a.devauth.install(s) // the transport itself: it checks acks before they resolve commands
 	a.leases.publishedReset = a.devauth.publishedReset
@@ -207,7 +221,7 @@ func New(cfg *Config, cli *clientv3.Client, s Sender, o Options) (*Agent, error)
 	a.delivery = &delivery{outbox: a.outbox, sender: s, hist: o.History, log: a.log, now: a.now, timeout: a.cfg.Command.Timeout,
 		later:   a.cfg.Outbox.VerdictDelay == nil || *a.cfg.Outbox.VerdictDelay > 0,
 		gateway: a.cfg.Gateway, devices: a.devices, leases: a.leases, lossRule: a.lossRule, waiters: make(map[string]chan *fence.Ack)}
-	a.delivery.trust = a.trust
+	a.delivery.trust, a.delivery.auth = a.trust, a.devauth
 	a.delivery.post, _ = s.(poster)
 	a.delivery.postAbove = postAbove
 	a.api = &apiServer{host: a, outbox: a.outbox, table: o.FenceTable, log: a.log}
@@ -243,34 +257,18 @@ func (a *Agent) newLeases() (*leases, error) {
 // session and campaigns again. On return (ctx done) it has released every
 // lock it held and revoked its lease. Run returns nil on a clean shutdown.
 func (a *Agent) Run(ctx context.Context) error {
-	defer a.leases.startTails(ctx)() // tail.go: the lease-threat meters
-	defer a.runTrust(ctx)()          // trustpush.go
-	octx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		a.delivery.run(octx)
-	}()
+	defer a.leases.startTails(ctx)()             // tail.go: the lease-threat meters
+	defer a.runTrust(ctx)()                      // trustpush.go
+	defer a.runRepublish(ctx)()                  // republish.go
+	defer goUnder(ctx, a.leases.watchOwnTrust)() // untrusted.go
 	// The workers stop when ctx ends (with the campaigns); Run returns
 	// only once they have.
-	defer func() { cancel(); <-done }()
+	defer goUnder(ctx, a.delivery.run)()
 	if a.twin != nil {
-		tctx, cancel := context.WithCancel(ctx)
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			a.twin.run(tctx) // twin.go
-		}()
-		defer func() { cancel(); <-done }()
+		defer goUnder(ctx, a.twin.run)() // twin.go
 	}
 	if a.jobs != nil {
-		jctx, cancel := context.WithCancel(ctx)
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			_ = a.jobs.Run(jctx) // fwjobs.go; nil once jctx ends
-		}()
-		defer func() { cancel(); <-done }()
+		defer goUnder(ctx, func(ctx context.Context) { _ = a.jobs.Run(ctx) })() // fwjobs.go; nil once ctx ends
 	}
 	a.leases.runSessions(ctx)
 	return nil
@@ -356,4 +354,16 @@ func (a *Agent) heldElsewhere(d *device) { a.delivery.kickPending(d) }
 // the agent holds dev (twinHost).
 func (a *Agent) holder(dev string) (key string, token fence.Token, ok bool) {
 	return a.leases.holder(dev)
+}
+
+// goUnder runs f on a goroutine of its own under a context derived from
+// ctx; the func returned cancels it and waits for f to return.
+func goUnder(ctx context.Context, f func(context.Context)) func() {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f(ctx)
+	}()
+	return func() { cancel(); <-done }
 }

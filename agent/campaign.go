@@ -21,6 +21,11 @@ import (
 // counted in run.wg.
 func (l *leases) campaign(run *sessionRun, d *device) {
 	ctx := run.ctx
+	if err := l.mayCommand(d); err != nil {
+		<-run.slots
+		l.distrusted(run, d, err) // untrusted.go
+		return
+	}
 	// Jittered: the gateways retrying one lock do not retry in step.
 	delay := backoff.Backoff{Min: 50 * time.Millisecond, Max: 2 * time.Second}
 	d.mu.Lock()

@@ -99,6 +99,7 @@ const (
 	StateLost        = "lost"        // the session ended; no commands until re-acquired
 	StateRefused     = "refused"     // token regression: etcd granted a token not above one the device or this agent saw before
 	StateAutonomous  = "autonomous"  // session lost; commands go on under the last token (policy autonomous)
+	StateUntrusted   = "untrusted"   // this gateway cannot command the device with trust: the lock is let go (untrusted.go)
 )
 
 // setStateLocked moves d to state, giving the reason; d.mu is held. A

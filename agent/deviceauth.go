@@ -77,7 +77,8 @@ func refusalIndex(err error) int {
 type deviceAuth struct {
 	log      *slog.Logger
 	now      func() time.Time
-	trust    *auth.Trust // nil: no auth.trust_root
+	trust    *auth.Trust // keep's; nil: no auth.trust_root
+	keep     *keeper
 	cli      *clientv3.Client
 	prefix   string          // etcd prefix
 	required map[string]bool // auth: required devices
@@ -91,14 +92,54 @@ type deviceAuth struct {
 	noCert  map[string]bool              // required devices etcd had no certificate for at the last read
 	reports map[string]*auth.StateReport // newest accepted per device
 	marks   map[string]fence.Mark        // the mark of the device's last verified ack
+	// unverified counts, per device, the acks refused for the command
+	// it was last sent, until one verifies (untrusted.go).
+	unverified map[string]unverifiedAcks
 }
 
-// newDeviceAuth returns the checks for cfg's devices, with the trust
-// anchored at auth.trust_root (and auth.certificate, auth.revocations).
-func newDeviceAuth(cfg *Config, cli *clientv3.Client, log *slog.Logger, now func() time.Time) (*deviceAuth, error) {
+// unverifiedAcks are the refused acks of one command.
+type unverifiedAcks struct {
+	id   string
+	n    int
+	last error
+}
+
+// noteUnverified counts an ack for env that did not verify.
+func (k *deviceAuth) noteUnverified(env *fence.Envelope, err error) {
+	if errors.Is(err, auth.ErrNotBound) {
+		return // an ack of another command (a replay): says nothing of this one
+	}
+	k.mu.Lock()
+	u := k.unverified[env.Device]
+	if u.id != env.ID {
+		u = unverifiedAcks{id: env.ID}
+	}
+	u.n++
+	u.last = err
+	k.unverified[env.Device] = u
+	k.mu.Unlock()
+}
+
+// unverifiedFor returns how many acks for command id of dev were refused
+// since the device's last verified ack, and the last reason (nil-safe).
+func (k *deviceAuth) unverifiedFor(dev, id string) (int, error) {
+	if k == nil {
+		return 0, nil
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if u := k.unverified[dev]; u.id == id {
+		return u.n, u.last
+	}
+	return 0, nil
+}
+
+// newDeviceAuth returns the checks for cfg's devices, with the agent's
+// trust (nil: no auth.trust_root).
+func newDeviceAuth(cfg *Config, keep *keeper, cli *clientv3.Client, log *slog.Logger, now func() time.Time) *deviceAuth {
 	k := &deviceAuth{log: log, now: now, cli: cli, prefix: cfg.Etcd.Prefix, required: map[string]bool{}, bridged: map[string]bool{},
 		readAt: map[string]time.Time{}, noCert: map[string]bool{}, reports: map[string]*auth.StateReport{},
-		marks: map[string]fence.Mark{}}
+		marks: map[string]fence.Mark{}, unverified: map[string]unverifiedAcks{}}
 	var required []string
 	for _, d := range cfg.Devices {
 		if d.Auth == AuthRequired {
@@ -107,19 +148,15 @@ func newDeviceAuth(cfg *Config, cli *clientv3.Client, log *slog.Logger, now func
 		}
 		k.bridged[d.ID] = d.Fence == FenceGateway
 	}
-	a := cfg.Auth
-	if a.TrustRoot == "" {
+	if keep == nil {
 		if len(required) > 0 {
 			log.Error("auth: required devices' acks and state reports cannot be verified without auth.trust_root: their commands will never resolve",
 				"devices", required)
 		}
-		return k, nil
+		return k
 	}
-	var err error
-	if k.trust, err = a.OperatorTrust(now); err != nil {
-		return nil, err
-	}
-	return k, nil
+	k.keep, k.trust = keep, keep.t
+	return k
 }
 
 // ackChecker is implemented by senders that let the agent check each ack
@@ -182,12 +219,14 @@ func (k *deviceAuth) checkAck(env *fence.Envelope, raw []byte) (*fence.Ack, erro
 	}
 	if err != nil {
 		k.refused(&k.acksRefused, "ack", env.Device, err, "id", env.ID, "token", env.Token, "seq", env.Seq)
+		k.noteUnverified(env, err)
 		return nil, err
 	}
 	k.mu.Lock()
 	if m := v.Ack.Mark(); markBelow(k.marks[env.Device], m) {
 		k.marks[env.Device] = m
 	}
+	delete(k.unverified, env.Device)
 	k.mu.Unlock()
 	return v.Ack, nil
 }
@@ -325,19 +364,15 @@ func (k *deviceAuth) reread(dev string) bool {
 		return false
 	}
 	added := 0
-	for i, r := range resp.Responses {
+	for _, r := range resp.Responses {
 		for _, kv := range r.GetResponseRange().Kvs {
-			if i == 1 {
-				if err := k.trust.ApplyRevocations(kv.Value); err != nil && !errors.Is(err, auth.ErrStaleTrust) {
-					k.log.Warn("auth: revocation list in etcd refused", "key", string(kv.Key), "err", err)
-				}
-				continue
+			st, news, err := k.keep.learn(kv.Value, "etcd "+string(kv.Key))
+			switch {
+			case err != nil:
+				k.log.Warn("auth: trust statement in etcd refused", "key", string(kv.Key), "err", err)
+			case news && st.Certificate != nil:
+				added++
 			}
-			if _, err := k.trust.AddCertificate(kv.Value); err != nil {
-				k.log.Warn("auth: certificate in etcd refused", "key", string(kv.Key), "err", err)
-				continue
-			}
-			added++
 		}
 	}
 	missing := !k.bridged[dev] && len(resp.Responses[0].GetResponseRange().Kvs) == 0

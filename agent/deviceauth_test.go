@@ -43,10 +43,12 @@ func TestDeviceAuthCertificateFromEtcd(t *testing.T) {
 	cli := etcdClient(t)
 	now := time.Now()
 	clock := func() time.Time { return now }
-	k, err := newDeviceAuth(cfg, cli, slog.New(slog.NewJSONHandler(logs, nil)), clock)
+	log := slog.New(slog.NewJSONHandler(logs, nil))
+	keep, err := newKeeper(cfg, nil, log, clock)
 	if err != nil {
 		t.Fatal(err)
 	}
+	k := newDeviceAuth(cfg, keep, cli, log, clock)
 	env := &fence.Envelope{V: fence.Version, Device: "d1", Token: 5, Seq: 1, ID: "c1", Kind: "set"}
 	a := fence.NewAck(env, fence.Accepted, fence.Mark{Token: 5, Seq: 1}, "")
 	raw, err := dev.SignAck(&a)

@@ -40,6 +40,7 @@ type leases struct {
 	publishedReset func(ctx context.Context, dev string) (m fence.Mark, id string, ok bool)
 	log            *slog.Logger
 	now            func() time.Time
+	keep           *keeper            // the agent's trust; nil without auth.trust_root (untrusted.go)
 	devices        map[string]*device // the agent's; read-only
 	order          []string
 	lossRule
@@ -74,6 +75,9 @@ type leaseCounters struct {
 	acquired, lost, regressions     atomic.Uint64
 	outboxErr, reattached, released atomic.Uint64
 	resets                          atomic.Uint64 // operator fence resets seen (reset.go)
+	// untrusted counts the devices left because this gateway cannot
+	// command them with trust, by reason (untrustReasons; untrusted.go).
+	untrusted [untrustReasonsCount]atomic.Uint64
 }
 
 // leaseStore is the outbox's lease records (offline.Outbox): the session's

@@ -116,7 +116,7 @@ func ServeMetrics(ctx context.Context, addr string, h http.Handler) error {
 
 // deviceStates are the states edgefence_device_state reports, one series
 // each per device.
-var deviceStates = [...]string{StateCampaigning, StateHolding, StateLost, StateRefused, StateAutonomous}
+var deviceStates = [...]string{StateCampaigning, StateHolding, StateLost, StateRefused, StateAutonomous, StateUntrusted}
 
 // series is one metric family the agent exports. The list below is the
 // only place a series is named: Collect walks it, so a new
@@ -365,6 +365,38 @@ var agentSeries = []series{
 	deviceAuthCounter("state_reports_unauthenticated_total", "State reports of auth: required devices dropped before the twin (unsigned, forged, replayed …), by reason.",
 		func(v *scrapeView) map[string]uint64 { return v.s.DeviceAuth.StatesRefused }),
 
+	{name: "trust_releases_total", help: "auth: required devices this gateway left because it cannot command them with trust (own_certificate: revoked, expired or not naming the device; signer_refused: the device refuses its signer; acks_unverified: the device's acks do not verify), by reason.",
+		typ: promtext.TypeCounter, labels: []string{"reason"},
+		collect: func(v *scrapeView, emit func(float64, ...string)) {
+			var m map[string]uint64
+			if v.s.Trust != nil {
+				m = v.s.Trust.Releases
+			}
+			for _, r := range untrustReasons {
+				emit(float64(m[r]), r)
+			}
+		}},
+	{name: "gateway_certificate_ok", help: "1 while this gateway's own certificate is valid under the newest revocation list (0: revoked, expired or not yet valid: it commands no auth: required device). Only with auth.trust_root and auth.certificate.",
+		typ: promtext.TypeGauge,
+		collect: func(v *scrapeView, emit func(float64, ...string)) {
+			if t := v.s.Trust; t != nil && t.KeyID != "" {
+				emit(map[bool]float64{true: 1}[t.CertificateOK])
+			}
+		}},
+	{name: "gateway_certificate_expiry_timestamp_seconds", help: "When this gateway's own certificate expires (Unix seconds).",
+		typ: promtext.TypeGauge,
+		collect: func(v *scrapeView, emit func(float64, ...string)) {
+			if t := v.s.Trust; t != nil && t.KeyID != "" {
+				emit(float64(t.NotAfter.Unix()))
+			}
+		}},
+	{name: "trust_statements_republished_total", help: "Root-signed statements (certificates, revocation lists) this agent put back into etcd after etcd lost them.",
+		typ: promtext.TypeCounter,
+		collect: func(v *scrapeView, emit func(float64, ...string)) {
+			if t := v.s.Trust; t != nil {
+				emit(float64(t.Republished))
+			}
+		}},
 	{name: "fanout_requests_total", help: "Fan-out requests (POST /v1/fanout) that selected devices and were carried out.", typ: promtext.TypeCounter,
 		collect: func(v *scrapeView, emit func(float64, ...string)) { emit(float64(v.fanReq)) }},
 	{name: "fanout_devices_total", help: "Devices of fan-out requests, by outcome: a verdict, queued (no verdict yet) or refused (by the agent).",

@@ -24,6 +24,7 @@ import (
 	"github.com/edgefence/edgefence/agent/bridge"
 	"github.com/edgefence/edgefence/devices/sim"
 	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/fence/auth/authtest"
 	"github.com/edgefence/edgefence/internal/sandbox"
 	"github.com/edgefence/edgefence/offline"
 	"github.com/edgefence/edgefence/shadow"
@@ -169,6 +170,12 @@ func startObsWorld(t *testing.T) *obsWorld {
 	cfg := twinAgentConfig("gw-obs", prefix, br.URL(), obsDevices...)
 	cfg.MQTT.Prefix = w.topics.Prefix
 	cfg.Metrics.PerDevice = true
+	// The operator's trust, for the trust series; the devices take plain
+	// envelopes (auth: off).
+	cfg.Auth = obsTrust(t)
+	for i := range cfg.Devices {
+		cfg.Devices[i].Auth = AuthOff
+	}
 	ob := openOutbox(t, filepath.Join(t.TempDir(), "outbox.db"), nil)
 	w.agent = runAgent(t, cfg, etcdClient(t), cmdr, Options{Logger: log, Outbox: ob, Twins: twinStore(t, prefix, "gw-obs"),
 		BridgeStatus: func() any { return bri.Stats() }})
@@ -684,7 +691,7 @@ func idleMetrics(tb testing.TB, n int, perDevice bool) *httptest.Server {
 // sample line of the text format) at 10 and 1,000 idle devices, with
 // metrics.per_device off and on. Off, the edgefence_* series do not grow
 // with the fleet and none has a device label; on, each idle device adds
-// 12 (5 states, 6 verdicts, its outbox depth). docs/BENCHMARKS.md records
+// 13 (6 states, 6 verdicts, its outbox depth). docs/BENCHMARKS.md records
 // the counts (go test -v).
 func TestScrapeSeriesByFleetSize(t *testing.T) {
 	count := func(n int, perDevice bool) (all, ours int) {
@@ -706,7 +713,7 @@ func TestScrapeSeriesByFleetSize(t *testing.T) {
 		}
 		return all, ours
 	}
-	const idlePerDevice = 12
+	const idlePerDevice = 13
 	for _, perDevice := range []bool{false, true} {
 		all10, ours10 := count(10, perDevice)
 		all1k, ours1k := count(1000, perDevice)
@@ -813,4 +820,12 @@ func TestLogRefusedWithoutSending(t *testing.T) {
 			t.Errorf("expired line: %v", l)
 		}
 	}
+}
+
+// obsTrust is the auth section of an operator's root and a certificate
+// for gw-obs.
+func obsTrust(t *testing.T) AuthConfig {
+	t.Helper()
+	op := authtest.NewOperator(t)
+	return siteAuth(t, op, op.Certify("gw-obs", "*"), "gw-obs")
 }

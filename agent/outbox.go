@@ -58,7 +58,8 @@ type delivery struct {
 	gateway string             // the envelopes' Holder
 	devices map[string]*device // the agent's; read-only
 	leases  deposer
-	trust   *trustPush // nil: no trust updates
+	trust   *trustPush  // nil: no trust updates
+	auth    *deviceAuth // the checks of acks: which ones did not verify (untrusted.go)
 	lossRule
 
 	mu      sync.Mutex
@@ -91,6 +92,8 @@ type deliveryCounters struct {
 // token of d's current controller ctl as stale (leases' deposed).
 type deposer interface {
 	deposed(d *device, ctl *controller, env *fence.Envelope, ack *fence.Ack)
+	// untrusted: d cannot be commanded with trust under ctl (untrusted.go).
+	untrusted(d *device, ctl *controller, reason, why string)
 }
 
 // record writes a history event for env, if the agent keeps a history.
@@ -364,6 +367,7 @@ func (q *delivery) sent(ctx context.Context, w *worker, e *offline.Entry, ack *f
 			w.delay.Reset()
 			return true
 		}
+		q.untrustedAfter(w, &e.Envelope, nil)
 		wait := w.delay.Next()
 		q.log.Warn("no verdict yet; command stays queued and will be resent", "device", d.id, "token", e.Envelope.Token,
 			"seq", e.Envelope.Seq, "id", e.Envelope.ID, "err", err, "retry_in", wait)
@@ -454,6 +458,9 @@ func (q *delivery) settle(w *worker, e *offline.Entry, ack *fence.Ack, local boo
 	}
 	q.logVerdict(d, env, ack, local)
 	if ack.Verdict != fence.Stale {
+		if !local {
+			q.untrustedAfter(w, env, ack)
+		}
 		return true
 	}
 	switch {

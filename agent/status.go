@@ -23,6 +23,9 @@ type Status struct {
 	// DeviceAuth: the checks of signed acks and state reports, when a
 	// device requires them (deviceauth.go).
 	DeviceAuth *DeviceAuthStatus `json:"device_auth,omitempty"`
+	// Trust: this gateway's own certificate and the trust it keeps, with
+	// auth.trust_root (trust.go).
+	Trust *TrustStatus `json:"trust,omitempty"`
 }
 
 // EtcdStatus describes the agent's session.
@@ -192,6 +195,7 @@ func (a *Agent) Status() Status {
 		s.Jobs = &js
 	}
 	s.DeviceAuth = a.devauth.status()
+	s.Trust = a.trustStatus()
 	var oldest map[string]time.Time // of each device's pending commands
 	if sum, err := a.outbox.Summary(""); err == nil {
 		oldest = make(map[string]time.Time, len(sum.Devices))

@@ -55,12 +55,11 @@ type TrustPublisher interface {
 type TrustUpdates struct {
 	// Certificate is this gateway's certificate (auth.certificate).
 	Certificate []byte
-	// Trust is anchored at the operator's root (auth.trust_root): every
-	// revocation list is verified with it before it is relayed, and etcd's
-	// is watched. nil: only Revocations, unverified (the devices verify).
-	Trust *auth.Trust
 	// Revocations is the newest list the operator gave this gateway
-	// (auth.revocations); nil if none.
+	// (auth.revocations); nil if none. With auth.trust_root the agent's
+	// trust (trust.go) holds it already, verifies every list before it
+	// is relayed, and etcd's is watched; without, only this one is
+	// relayed, unverified (the devices verify).
 	Revocations []byte
 	// Publisher publishes the updates (required).
 	Publisher TrustPublisher
@@ -72,6 +71,7 @@ type TrustUpdates struct {
 // overtakes the update its device is owed.
 type trustPush struct {
 	cfg      TrustUpdates
+	keep     *keeper // nil: no auth.trust_root
 	cli      *clientv3.Client
 	key      string
 	log      *slog.Logger
@@ -90,13 +90,20 @@ func newTrustPush(cfg TrustUpdates, a *Agent) (*trustPush, error) {
 	if cfg.Publisher == nil || len(cfg.Certificate) == 0 {
 		return nil, errors.New("trust updates: a certificate and a publisher are required")
 	}
-	p := &trustPush{cfg: cfg, cli: a.cli, key: TrustRevocationsKey(a.cfg.Etcd.Prefix), log: a.log.With("component", "trust"),
+	p := &trustPush{cfg: cfg, keep: a.keep, cli: a.cli, key: TrustRevocationsKey(a.cfg.Etcd.Prefix), log: a.log.With("component", "trust"),
 		required: map[string]bool{}, owed: map[string]bool{}, pub: map[string]*sync.Mutex{}, wake: make(chan struct{}, 1),
 		holding: func(dev string) bool { _, _, ok := a.leases.holder(dev); return ok }}
 	for _, d := range a.cfg.Devices {
 		if d.Auth == AuthRequired {
 			p.required[d.ID], p.pub[d.ID] = true, new(sync.Mutex)
 		}
+	}
+	if p.keep != nil {
+		// The trust holds auth.revocations, and whatever newer list
+		// earlier runs kept; any list it learns later is relayed.
+		p.list, p.version = p.keep.t.RevocationList()
+		p.keep.watch(p.fromTrust)
+		return p, nil
 	}
 	if cfg.Revocations != nil {
 		if err := p.setList(cfg.Revocations, "auth.revocations"); err != nil {
@@ -142,37 +149,46 @@ func (p *trustPush) kick() {
 // one known: every required device is owed an update. A list no newer is
 // ignored with a log line; one that does not verify is an error.
 func (p *trustPush) setList(raw []byte, source string) error {
-	var version uint64
-	if t := p.cfg.Trust; t != nil {
-		st, err := t.Check(raw)
+	if p.keep != nil {
+		st, news, err := p.keep.learn(raw, source) // news: fromTrust relays it
 		switch {
-		case errors.Is(err, auth.ErrHeld):
-			return nil
-		case errors.Is(err, auth.ErrStaleTrust):
-			_, held := t.RevocationList()
-			p.log.Info("revocation list ignored: not newer than the one relayed", "source", source, "err", err, "version", held)
-			return nil
 		case err != nil:
 			return err
 		case st.Revocations == nil:
 			return fmt.Errorf("%w: %w: want a revocation list, got %s", fence.ErrInvalid, auth.ErrMalformed, st.Content)
+		case !news && st.Revocations.Version < p.keep.t.Version():
+			p.log.Info("revocation list ignored: not newer than the one relayed", "source", source, "version", st.Revocations.Version,
+				"relayed", p.keep.t.Version())
 		}
-		if err := t.Adopt(st); err != nil {
-			return err
-		}
-		version = st.Revocations.Version
-	} else {
-		r, err := auth.ParseRevocations(raw)
-		if err != nil {
-			return err
-		}
-		version = r.Version
+		return nil
 	}
+	r, err := auth.ParseRevocations(raw)
+	if err != nil {
+		return err
+	}
+	p.offer(raw, r.Version, source)
+	return nil
+}
+
+// fromTrust relays the trust's list if it is newer than the one relayed
+// (the keeper's watch).
+func (p *trustPush) fromTrust() {
+	raw, version := p.keep.t.RevocationList()
+	if raw != nil {
+		p.offer(raw, version, "trust")
+	}
+}
+
+// offer makes list the one relayed if it is newer: every required device
+// is owed an update.
+func (p *trustPush) offer(raw []byte, version uint64, source string) {
 	p.mu.Lock()
 	if p.list != nil && version <= p.version {
 		p.mu.Unlock()
-		p.log.Info("revocation list ignored: not newer than the one relayed", "source", source, "version", version, "relayed", p.version)
-		return nil
+		if source != "trust" {
+			p.log.Info("revocation list ignored: not newer than the one relayed", "source", source, "version", version, "relayed", p.version)
+		}
+		return
 	}
 	p.list, p.version = raw, version
 	for dev := range p.required {
@@ -181,7 +197,6 @@ func (p *trustPush) setList(raw []byte, source string) error {
 	p.mu.Unlock()
 	p.log.Info("revocation list to relay", "source", source, "version", version)
 	p.kick()
-	return nil
 }
 
 // update returns the trust update the devices get now.
@@ -231,7 +246,7 @@ func (p *trustPush) ensure(ctx context.Context, dev string) error {
 func (p *trustPush) run(ctx context.Context) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	if p.cfg.Trust != nil && p.cli != nil {
+	if p.keep != nil && p.cli != nil {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -394,11 +409,5 @@ func (a *Agent) runTrust(ctx context.Context) func() {
 	if a.trust == nil {
 		return func() {}
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		a.trust.run(ctx)
-	}()
-	return func() { cancel(); <-done }
+	return goUnder(ctx, a.trust.run)
 }

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.etcd.io/bbolt"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"golang.org/x/sync/errgroup"
 
@@ -82,6 +83,7 @@ type Daemon struct {
 	br          *bridge.Bridge
 	table       *fence.Table
 	outbox      *offline.Outbox
+	trustDB     *bbolt.DB // the agent's trust store (TrustFile); nil without auth.trust_root
 	hist        *history.Writer
 	cli         *clientv3.Client
 	cmdr        *mqtt.Commander
@@ -183,6 +185,13 @@ func (d *Daemon) openLocal() error {
 	}); err != nil {
 		return err
 	}
+	if cfg.Auth.TrustRoot != "" {
+		// The root-signed statements the agent verifies, kept across
+		// restarts and etcd rebuilds (agent.Options.TrustDB).
+		if d.trustDB, err = bbolt.Open(filepath.Join(cfg.StateDir, TrustFile), 0o600, &bbolt.Options{Timeout: offline.DefaultTimeout}); err != nil {
+			return fmt.Errorf("trust store %s: %w", filepath.Join(cfg.StateDir, TrustFile), err)
+		}
+	}
 	if d.o.HistoryPath != "" {
 		if d.hist, err = history.Create(d.o.HistoryPath, "outbox:"+cfg.Gateway); err != nil {
 			return err
@@ -251,7 +260,7 @@ func (d *Daemon) openClients(ctx context.Context, ecfg clientv3.Config) error {
 // what needs it: the device state reports and the systemd notifier.
 func (d *Daemon) newAgent() error {
 	cfg, log := d.cfg, d.log
-	opts := agent.Options{Logger: log, Outbox: d.outbox, History: d.hist, OnHolding: d.o.OnHolding, OnBurst: d.o.OnBurst,
+	opts := agent.Options{Logger: log, Outbox: d.outbox, TrustDB: d.trustDB, History: d.hist, OnHolding: d.o.OnHolding, OnBurst: d.o.OnBurst,
 		UnsafeIgnoreSessionLoss: d.o.UnsafeIgnoreSessionLoss}
 	if br := d.br; br != nil {
 		opts.BridgeStatus = func() any { return br.Status() }
@@ -429,6 +438,9 @@ func (d *Daemon) close() {
 		}
 		if d.outbox != nil {
 			_ = d.outbox.Close()
+		}
+		if d.trustDB != nil {
+			_ = d.trustDB.Close()
 		}
 		_ = d.hist.Close() // nil-safe
 	})

@@ -14,6 +14,11 @@ import (
 // `auth: required` or `auth: off`), and the operator's trust its own fence
 // table checks commands against.
 
+// TrustFile is the name of the agent's trust store in its state
+// directory: the statements of the operator's root it has verified
+// (agent.Options.TrustDB).
+const TrustFile = "trust.db"
+
 // gatewayTrust is the one place the daemon builds its view of the
 // operator's trust chain: the root of auth.trust_root and
 // auth.trust_root_kid, this gateway's own certificate (auth.certificate)
@@ -55,9 +60,9 @@ func signCommands(cmdr *mqtt.Commander, signer *auth.Signer, cfg *agent.Config, 
 // trustUpdates returns what the agent publishes to its `auth: required`
 // devices (agent.TrustUpdates) from auth.certificate, auth.revocations
 // and auth.trust_root; nil without a certificate. With a trust root, the
-// certificate and the list are verified against it here (a start with a
-// certificate or list the root did not sign fails) and the list in etcd
-// is followed.
+// certificate is verified against it here (a start with a certificate the
+// root did not sign fails); the agent verifies the lists and follows
+// etcd's.
 func trustUpdates(a agent.AuthConfig, pub agent.TrustPublisher) (*agent.TrustUpdates, error) {
 	if a.Certificate == "" {
 		return nil, nil
@@ -75,12 +80,11 @@ func trustUpdates(a agent.AuthConfig, pub agent.TrustPublisher) (*agent.TrustUpd
 	if a.TrustRoot == "" {
 		return tu, nil
 	}
-	// Root only: the lists are the push's to adopt (setList), so that
-	// the one in auth.revocations is relayed too.
-	if tu.Trust, err = a.RootTrust(nil); err != nil {
+	root, err := a.RootTrust(nil)
+	if err != nil {
 		return nil, err
 	}
-	c, err := tu.Trust.AddCertificate(tu.Certificate)
+	c, err := root.AddCertificate(tu.Certificate)
 	if err != nil {
 		return nil, fmt.Errorf("auth.certificate %s: %w", a.Certificate, err)
 	}

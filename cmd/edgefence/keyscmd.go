@@ -38,8 +38,10 @@ The key lifecycle of signed commands (I7; fence points verify them offline):
                [--revocations FILE] [--certs LIST]
                                          verify against the root, then write to etcd
                                          (<prefix>/trust/revocations, only over an older list;
-                                         <prefix>/trust/certs/<kid>): running agents relay
-                                         the list to every device they hold
+                                         <prefix>/trust/certs/<kid>, a device's at
+                                         <prefix>/trust/devices/<device>): running agents relay
+                                         the list to every device they hold; after an etcd
+                                         rebuild, the agents put back what they kept
   keys manifest --root-key KEY [--root-kid ID] --image FILE --version N [--name TEXT] -o FILE
                                          the operator releases a firmware image: a manifest of
                                          its sha256, size and security version signed by the

@@ -18,10 +18,11 @@ import (
 // errNotNewer: etcd holds a revocation list at least as new.
 var errNotNewer = errors.New("etcd holds a revocation list at least as new")
 
-// cmdKeysPublish writes a revocation list and/or gateway certificates to
-// etcd (agent.TrustRevocationsKey, agent.TrustCertKey), each verified
-// against the operator's root first; the running agents relay the list
-// to their devices. The list is written only over an older one.
+// cmdKeysPublish writes a revocation list and/or certificates to etcd
+// (agent.TrustRevocationsKey; agent.TrustCertKey for a gateway's,
+// agent.TrustDeviceKey for a device's), each verified against the
+// operator's root first; the running agents relay the list to their
+// devices. The list is written only over an older one.
 func cmdKeysPublish(args []string, stdout, stderr io.Writer) error {
 	fs := keysFlagSet("publish", stderr)
 	var config, etcd, prefix string
@@ -29,7 +30,7 @@ func cmdKeysPublish(args []string, stdout, stderr io.Writer) error {
 	rootPub := fs.String("root-pub", "", "the operator's public key (PEM; default the config's auth.trust_root)")
 	rootKid := fs.String("root-kid", "", "the operator key's id (default the config's auth.trust_root_kid, else operator)")
 	revocations := fs.String("revocations", "", "a revocation list (edgefence keys revoke) to publish")
-	certs := fs.String("certs", "", "comma-separated gateway certificates (edgefence keys certify) to publish")
+	certs := fs.String("certs", "", "comma-separated certificates to publish: gateways' (edgefence keys certify), devices' (keys enrol's DEVICE.cert)")
 	if err := parseFlags(fs, args, 0); err != nil {
 		return err
 	}
@@ -63,7 +64,11 @@ func cmdKeysPublish(args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return fmt.Errorf("%s: %w", path, err)
 		}
-		items = append(items, item{key: agent.TrustCertKey(t.prefix, string(c.KeyID)), path: path, raw: raw})
+		key := agent.TrustCertKey(t.prefix, string(c.KeyID))
+		if c.Role == auth.RoleDevice {
+			key = agent.TrustDeviceKey(t.prefix, c.Devices[0]) // CertifyDevice: exactly one device
+		}
+		items = append(items, item{key: key, path: path, raw: raw})
 	}
 	var list *item
 	if *revocations != "" {

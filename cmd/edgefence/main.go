@@ -339,6 +339,9 @@ func printStatus(w io.Writer, st *agent.Status) {
 		fmt.Fprintf(w, "mqtt     %s\n", mqttLine(st.Transport))
 	}
 	fmt.Fprintf(w, "auth     %s\n", authLine(st.Devices))
+	if st.Trust != nil {
+		fmt.Fprintf(w, "trust    %s\n", trustLine(st.Trust))
+	}
 	printTail(w, st.LeaseTail)
 	fmt.Fprintf(w, "\n%-20s %-12s %10s %8s  %s\n", "DEVICE", "STATE", "TOKEN", "SEQ", "LAST VERDICT")
 	for _, d := range st.Devices {

@@ -3,6 +3,8 @@ package main
 import (
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -124,6 +126,29 @@ func reasonCell(d agent.DeviceStatus, now time.Time) string {
 	}
 	if d.Holder != nil {
 		parts = append(parts, holderText(d.Holder, now))
+	}
+	return strings.Join(parts, "; ")
+}
+
+// trustLine is the agent's trust in one line: this gateway's certificate
+// (and what is wrong with it), the revocation list, what it keeps, and the
+// devices it left because it cannot command them with trust.
+func trustLine(t *agent.TrustStatus) string {
+	var parts []string
+	switch {
+	case t.KeyID == "":
+		parts = append(parts, "no certificate of this gateway's (auth.certificate)")
+	case !t.CertificateOK:
+		parts = append(parts, fmt.Sprintf("certificate %s NOT VALID: %s", t.KeyID, oneLine(t.CertificateProblem)))
+	default:
+		parts = append(parts, fmt.Sprintf("certificate %s valid until %s", t.KeyID, t.NotAfter.Format(time.DateTime)))
+	}
+	parts = append(parts, fmt.Sprintf("revocation list %d", t.RevocationVersion), fmt.Sprintf("%d statements kept", t.Statements))
+	if t.Republished > 0 {
+		parts = append(parts, fmt.Sprintf("%d put back into etcd", t.Republished))
+	}
+	for _, r := range slices.Sorted(maps.Keys(t.Releases)) {
+		parts = append(parts, fmt.Sprintf("left %d for %s", t.Releases[r], r))
 	}
 	return strings.Join(parts, "; ")
 }

@@ -66,3 +66,23 @@ func TestMQTTLineOversize(t *testing.T) {
 		t.Errorf("mqtt lines:\n%s\n%s", quiet, loud)
 	}
 }
+
+func TestTrustLine(t *testing.T) {
+	until := time.Date(2027, 1, 2, 3, 4, 5, 0, time.UTC)
+	for _, c := range []struct {
+		in   agent.TrustStatus
+		want string
+	}{
+		{agent.TrustStatus{KeyID: "gw-1", CertificateOK: true, NotAfter: until, RevocationVersion: 2, Statements: 3},
+			"certificate gw-1 valid until 2027-01-02 03:04:05; revocation list 2; 3 statements kept"},
+		{agent.TrustStatus{KeyID: "gw-1", CertificateProblem: "auth: signer key revoked: 67772d31 (revocation list 2)", RevocationVersion: 2,
+			Statements: 3, Republished: 2, Releases: map[string]uint64{"signer_refused": 1, "own_certificate": 4}},
+			"certificate gw-1 NOT VALID: auth: signer key revoked: 67772d31 (revocation list 2); revocation list 2; 3 statements kept; " +
+				"2 put back into etcd; left 4 for own_certificate; left 1 for signer_refused"},
+		{agent.TrustStatus{CertificateOK: true, Statements: 1}, "no certificate of this gateway's (auth.certificate); revocation list 0; 1 statements kept"},
+	} {
+		if got := trustLine(&c.in); got != c.want {
+			t.Errorf("trustLine(%+v)\n got %s\nwant %s", c.in, got, c.want)
+		}
+	}
+}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/edgefence/edgefence/agent"
 	"github.com/edgefence/edgefence/devices/sim"
+	"github.com/edgefence/edgefence/fence"
 	"github.com/edgefence/edgefence/fence/auth"
 	"github.com/edgefence/edgefence/fence/auth/authtest"
 	"github.com/edgefence/edgefence/internal/sandbox"
@@ -21,10 +22,12 @@ import (
 // root only (no certificates) accept a gateway's signed commands once the
 // real agent, on acquiring them, has sent its trust update. The operator
 // revokes that gateway with `edgefence keys revoke` and `keys publish`
-// to etcd; the running agent relays the list, and the device refuses the
-// revoked gateway's next command (invalid, mark unchanged); another
-// certified gateway takes over and is accepted. A lower list put in etcd
-// is ignored by the agent (logged). The device restarted (fence point
+// to etcd: the revoked gateway's agent sees it is revoked and lets the
+// device go (state untrusted, certificate_ok false, counted) with nobody
+// stopping it — before, it kept the lock and every command of its ended
+// invalid —, another certified gateway takes over, relays the list and is
+// accepted, and the revoked key, stolen, is refused at the device (mark
+// unchanged). A lower list put in etcd is ignored by the agent (logged). The device restarted (fence point
 // reopened, root only again) still refuses the revoked key, still knows
 // the other gateway, and refuses an older list; an update with a forged
 // statement changes nothing.
@@ -65,9 +68,11 @@ func TestTrustOverTheAirEndToEnd(t *testing.T) {
 		signers = map[string]*auth.Signer{"dev-1": s}
 		fc.Keys, fc.Signers = deviceTrust, signers
 	}, "dev-1")
+	gateways := map[string]*authtest.Gateway{}
 	gateway := func(name string) (cfg, sock string) {
 		t.Helper()
 		gw := op.Certify(name, "dev-*")
+		gateways[name] = gw
 		if err := auth.WriteKeyPair(filepath.Join(dir, name), gw.Key); err != nil {
 			t.Fatal(err)
 		}
@@ -130,37 +135,51 @@ func TestTrustOverTheAirEndToEnd(t *testing.T) {
 	if r := edgefence(t, "keys", "publish", "--etcd", etcdURL, "--root-pub", rootPrefix+".pub", "--revocations", forgedList); r.code == 0 {
 		t.Fatalf("forged list published: %s", r)
 	}
-	waitFor("the device to learn list 2 from gw-1's agent", func() bool { return deviceTrust.Version() == 2 })
-
+	// gw-1 learns it is revoked: it lets dev-1 go (untrusted) without
+	// anyone stopping it, and gw-2 takes over, relays list 2 and is
+	// accepted.
+	waitFor("gw-1 to leave dev-1 untrusted", func() bool {
+		st, _ := status(t, sock1)
+		return st != nil && len(st.Devices) == 1 && st.Devices[0].State == agent.StateUntrusted &&
+			st.Trust != nil && !st.Trust.CertificateOK && st.Trust.Releases["own_certificate"] >= 1
+	})
+	e.waitHolding(p2, sock2)
+	if res := send(sock2, "23"); res.Verdict != "accepted" {
+		t.Fatalf("gw-2 taking over: %+v", res)
+	}
+	waitFor("the device to learn list 2", func() bool { return deviceTrust.Version() == 2 })
+	if res := send(sock1, "66"); res.Verdict != "" || !strings.Contains(res.Error, "not the lease holder") {
+		t.Fatalf("revoked gw-1 still commands: %+v", res)
+	}
+	// Its key, stolen, still cannot command the device.
 	before, err := e.fleet.Mark("dev-1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res := send(sock1, "66"); res.Verdict != "invalid" || (res.Ack == nil || !strings.Contains(res.Ack.Reason, "revoked")) {
-		t.Fatalf("revoked gw-1: %+v", res)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	c := dialMallory(t, ctx, e.world.Broker.URL())
+	forgedCmd, err := gateways["gw-1"].Signer.Sign(&fence.Envelope{V: fence.Version, Device: "dev-1", Token: before.Token + 1000, Seq: 1,
+		ID: "stolen-1", Kind: "set", Body: []byte{0xa0}})
+	if err != nil {
+		t.Fatal(err)
 	}
+	unauth := e.fleet.Stats().Unauthenticated
+	if err := c.Publish(ctx, mqtt.Message{Topic: mqtt.Topics{}.Cmd("dev-1"), Payload: forgedCmd}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("the device to refuse the revoked key", func() bool { return e.fleet.Stats().Unauthenticated > unauth })
 	if m, _ := e.fleet.Mark("dev-1"); m != before {
-		t.Fatalf("mark %v after the revoked command, want %v", m, before)
+		t.Fatalf("mark %v after the revoked key's command, want %v", m, before)
 	}
 
 	// A lower list put straight into etcd: the agents ignore it.
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
 	old, _ := os.ReadFile(list1)
 	if _, err := e.etcd.Put(ctx, agent.TrustRevocationsKey(agent.DefaultEtcdPrefix), string(old)); err != nil {
 		t.Fatal(err)
 	}
 	if err := p2.WaitLine(ctx, "revocation list ignored"); err != nil {
 		t.Fatalf("gw-2 did not log the lower list: %v", err)
-	}
-
-	// gw-1 goes; gw-2 takes over, sends its trust update, is accepted.
-	if err := p1.Stop(10 * time.Second); err != nil {
-		t.Fatal(err)
-	}
-	e.waitHolding(p2, sock2)
-	if res := send(sock2, "23"); res.Verdict != "accepted" {
-		t.Fatalf("gw-2 taking over: %+v", res)
 	}
 
 	// The device restarts, provisioned with the root only again.
@@ -185,7 +204,6 @@ func TestTrustOverTheAirEndToEnd(t *testing.T) {
 	}
 
 	// A broker client replays the old list, then forges one.
-	c := dialMallory(t, ctx, e.world.Broker.URL())
 	forged, _ := os.ReadFile(forgedList)
 	for i, up := range [][]byte{authtest.Update(t, old), authtest.Update(t, forged)} {
 		refused := e.fleet.Stats().TrustRefused
