@@ -11,7 +11,7 @@ import (
 // resetter is what a reset needs of the table; *fence.Table has it (the
 // unsafe NoTable has not: resets are refused there).
 type resetter interface {
-	Reset(ctx context.Context, device string, to fence.Mark, counter uint64, id string) (fence.Mark, error)
+	Reset(ctx context.Context, device string, to fence.Mark, r fence.ResetRecord, floor uint64) (fence.State, error)
 }
 
 // resetVerifier is what checks resets here: Config.Root, else Keys if it
@@ -37,7 +37,7 @@ func (b *Bridge) onReset(dev string, raw []byte) {
 	if r == nil {
 		r, _ = auth.PeekReset(raw) // unverified: only to name the reset in the refusal
 	}
-	a := auth.ResetAck(dev, r, m, err)
+	a := auth.ResetAck(dev, r, fence.State{Mark: m}, err)
 	if err != nil {
 		b.invalid.Add(1)
 		b.resetsRefused.Add(1)
@@ -72,10 +72,10 @@ func (b *Bridge) applyReset(dev string, raw []byte) (*auth.Reset, fence.Mark, er
 	if !ok {
 		return r, fence.Mark{}, fmt.Errorf("%w: no fence table to reset", fence.ErrInvalid)
 	}
-	m, err := t.Reset(context.Background(), dev, r.Mark(), r.Counter, r.ID)
+	st, err := t.Reset(context.Background(), dev, r.Mark(), r.Record(), 0)
 	if err != nil {
 		b.tableErr.Add(1)
-		return r, m, err
+		return r, st.Mark, err
 	}
-	return r, m, nil
+	return r, st.Mark, nil
 }

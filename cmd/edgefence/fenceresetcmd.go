@@ -207,7 +207,7 @@ func (f *resetFlags) statement() ([]byte, *auth.Reset, error) {
 		return nil, nil, err
 	}
 	r := auth.Reset{Device: f.device, Token: fence.Token(f.tokenV), Seq: f.seqV, Counter: f.counterV,
-		ID: auth.NewResetID(), Issued: f.now().UnixMilli()}
+		ID: auth.NewResetID(), Issued: f.now().UnixMilli(), Epoch: uint64(f.now().UnixMilli())}
 	raw, err := root.Reset(r)
 	if err != nil {
 		return nil, nil, err

@@ -50,7 +50,7 @@ func (s *Shim) reset(device string, raw []byte) Result {
 		return s.refuseReset(device, raw, s.markOrZero(device), err)
 	}
 	now := time.Now()
-	rec := Record{Mark: r.Mark(), At: now, Holder: "operator reset", ID: r.ID}
+	rec := Record{Epoch: r.Epoch, Mark: r.Mark(), At: now, Holder: "operator reset", ID: r.ID}
 	var refused error
 	var old Record
 	err = s.db.Update(func(tx *bbolt.Tx) error {
@@ -70,13 +70,13 @@ func (s *Shim) reset(device string, raw []byte) Result {
 				return fmt.Errorf("%w: device %s: %w", ErrStorage, device, err)
 			}
 		}
-		if refused = fence.CheckReset(last, r.Counter); refused != nil {
+		if refused = fence.CheckReset(last, max(cur.Epoch, last.Epoch), r.Counter, r.Epoch); refused != nil {
 			return nil
 		}
 		if err := putRecord(b, device, rec); err != nil {
 			return err
 		}
-		rr, err := fence.ResetRecord{Counter: r.Counter, ID: r.ID, At: now}.MarshalBinary()
+		rr, err := fence.ResetRecord{Counter: r.Counter, Epoch: r.Epoch, ID: r.ID, At: now}.MarshalBinary()
 		if err != nil {
 			return err
 		}
@@ -95,7 +95,7 @@ func (s *Shim) reset(device string, raw []byte) Result {
 	s.stats.resets.Add(1)
 	s.log.Warn("fence reset by the operator", "device", device, "mark", rec.Mark.String(), "was", old.Mark.String(),
 		"counter", r.Counter, "id", r.ID)
-	return Result{Ack: auth.ResetAck(device, r, rec.Mark, nil)}
+	return Result{Ack: auth.ResetAck(device, r, rec.State(), nil)}
 }
 
 // refuseReset answers a reset that was not applied: invalid, the mark m
@@ -114,7 +114,7 @@ func (s *Shim) refuseReset(device string, raw []byte, m fence.Mark, err error) R
 		lvl = "reset refused: replayed"
 	}
 	s.log.Warn(lvl, "device", device, "id", id, "mark", m.String(), "err", err)
-	return Result{Ack: auth.ResetAck(device, r, m, err)}
+	return Result{Ack: auth.ResetAck(device, r, fence.State{Mark: m}, err)}
 }
 
 // LastReset returns the record of device's last authorised reset (the zero
