@@ -73,6 +73,22 @@ func decodeEpoch(raw, payload []byte) (*Epoch, error) {
 	return &e, nil
 }
 
+// PeekEpoch returns the epoch statement raw claims to be, without checking
+// its signature: for display. Never act on it.
+func PeekEpoch(raw []byte) (*Epoch, error) {
+	var e Epoch
+	if _, _, err := openStatement(raw, MaxEpochSize, "epoch statement", ContentEpoch, &e); err != nil {
+		return nil, err
+	}
+	if err := e.Validate(); err != nil {
+		return nil, err
+	}
+	return &e, nil
+}
+
+// RootKeyID returns the key id of the root t is anchored at.
+func (t *Trust) RootKeyID() []byte { return append([]byte(nil), t.rootKid...) }
+
 // Epoch is the epoch of the newest epoch statement t holds (0: none): the
 // lowest epoch a fence point with this trust is at for a device whose
 // commands must be signed.
