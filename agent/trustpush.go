@@ -32,6 +32,9 @@ import (
 // (root-signed, so whoever can write etcd can deny but not forge).
 func TrustRevocationsKey(prefix string) string { return prefix + "/trust/revocations" }
 
+// TrustEpochKey is the etcd key of the fleet's epoch statement (`edgefence keys epoch`), root-signed.
+func TrustEpochKey(prefix string) string { return prefix + "/trust/epoch" }
+
 // TrustCertKey is the etcd key of the certificate of the gateway key kid.
 func TrustCertKey(prefix, kid string) string { return prefix + "/trust/certs/" + kid }
 

@@ -135,8 +135,19 @@ func publishTrust(config, rootPub, rootKid string) (*auth.Trust, error) {
 
 // putNewerList writes the list at key unless etcd holds one of the root at
 // least as new (errNotNewer); a value there that is not the root's is
-// overwritten. The write is a transaction on what was read.
+// overwritten.
 func putNewerList(ctx context.Context, cli *clientv3.Client, trust *auth.Trust, key string, raw []byte, version uint64) error {
+	return putNewer(ctx, cli, key, raw, func(held []byte) error {
+		if st, err := trust.Check(held); err == nil && st.Revocations != nil && st.Revocations.Version >= version {
+			return fmt.Errorf("%w: version %d, this one %d", errNotNewer, st.Revocations.Version, version)
+		}
+		return nil
+	})
+}
+
+// putNewer writes raw at key unless refuse, given the value there, says
+// why not. The write is a transaction on what was read.
+func putNewer(ctx context.Context, cli *clientv3.Client, key string, raw []byte, refuse func(held []byte) error) error {
 	resp, err := cli.Get(ctx, key)
 	if err != nil {
 		return fmt.Errorf("etcd get %s: %w", key, err)
@@ -144,8 +155,8 @@ func putNewerList(ctx context.Context, cli *clientv3.Client, trust *auth.Trust, 
 	cmp := clientv3.Compare(clientv3.CreateRevision(key), "=", 0)
 	if len(resp.Kvs) == 1 {
 		kv := resp.Kvs[0]
-		if st, err := trust.Check(kv.Value); err == nil && st.Revocations != nil && st.Revocations.Version >= version {
-			return fmt.Errorf("%w: version %d, this one %d", errNotNewer, st.Revocations.Version, version)
+		if err := refuse(kv.Value); err != nil {
+			return err
 		}
 		cmp = clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision)
 	}

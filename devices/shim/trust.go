@@ -5,7 +5,8 @@ import (
 )
 
 // trustBucket holds the trust statements learned over the air
-// (auth.Ledger: one per certificate key id, one revocation list).
+// (auth.Ledger: one per certificate key id, one revocation list, one
+// epoch statement).
 var trustBucket = []byte("shim.trust")
 
 // openLedger makes the shim learn trust updates when its Keys is an

@@ -15,8 +15,8 @@ import (
 // Ledger is a fence point's memory of the trust updates it learned over
 // the air: each new statement is committed (bbolt, fsync) to a bucket
 // before it takes effect in the Trust, and OpenLedger replays the bucket
-// into the Trust, so that a restart keeps the newest revocation list and
-// the certificates learned. Its methods are safe for concurrent use.
+// into the Trust, so that a restart keeps the newest revocation list, the
+// newest epoch statement and the certificates learned. Its methods are safe for concurrent use.
 type Ledger struct {
 	trust  *Trust
 	db     *bbolt.DB // nil: memory only
@@ -187,6 +187,6 @@ func (g Learned) Log(log *slog.Logger, trust *Trust, replay bool, args ...any) {
 		log.Log(context.Background(), lvl, refused, append(args, "err", err)...)
 	}
 	if g.Applied > 0 {
-		log.Info(applied, append(args, "statements", g.Applied, "revocation_version", trust.Version())...)
+		log.Info(applied, append(args, "statements", g.Applied, "revocation_version", trust.Version(), "epoch", trust.Epoch())...)
 	}
 }

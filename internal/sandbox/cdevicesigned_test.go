@@ -397,7 +397,7 @@ func TestCDeviceSignedReset(t *testing.T) {
 	r.update(t, cert)
 	wantVerdict(t, "before the reset", r.send(t, r.sign, envelope(t, 9, 1, 22)), fence.Accepted, "", fence.Mark{Token: 9, Seq: 1})
 	r.awaitState(t)
-	reset := auth.Reset{Device: signedDev, Token: 3, Seq: 1, Counter: 1, ID: auth.NewResetID()}
+	reset := auth.Reset{Device: signedDev, Token: 3, Seq: 1, Counter: 1, ID: auth.NewResetID(), Epoch: 1}
 	raw, err := r.kit.root.Reset(reset)
 	if err != nil {
 		t.Fatal(err)
