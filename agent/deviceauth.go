@@ -253,23 +253,23 @@ func (k *deviceAuth) checkReset(dev, id string, raw []byte) (*fence.Ack, error) 
 // publishedReset returns the operator's fence reset of dev that `edgefence
 // fence reset` published at <prefix>/trust/resets/<dev>, if it verifies
 // against the trust root (none without auth.trust_root).
-func (k *deviceAuth) publishedReset(ctx context.Context, dev string) (fence.Mark, string, bool) {
+func (k *deviceAuth) publishedReset(ctx context.Context, dev string) (*auth.Reset, bool) {
 	if k.trust == nil || k.cli == nil {
-		return fence.Mark{}, "", false
+		return nil, false
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	key := TrustResetKey(k.prefix, dev)
 	resp, err := k.cli.Get(ctx, key)
 	if err != nil || len(resp.Kvs) == 0 {
-		return fence.Mark{}, "", false
+		return nil, false
 	}
 	r, err := k.trust.VerifyReset(resp.Kvs[0].Value, dev)
 	if err != nil {
 		k.log.Warn("fence reset in etcd refused: not the operator root's for this device", "device", dev, "key", key, "err", err)
-		return fence.Mark{}, "", false
+		return nil, false
 	}
-	return r.Mark(), r.ID, true
+	return r, true
 }
 
 // checkState returns the state of the signed report payload from dev if

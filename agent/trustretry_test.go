@@ -35,6 +35,7 @@ type signedShim struct {
 	mu        sync.Mutex
 	drop      int // trust updates still to lose
 	published int
+	sent      [][]byte // the signed envelopes, in order
 }
 
 type acceptAll struct{}
@@ -47,6 +48,9 @@ func (s *signedShim) Send(ctx context.Context, env *fence.Envelope) (*fence.Ack,
 	if err != nil {
 		return nil, err
 	}
+	s.mu.Lock()
+	s.sent = append(s.sent, raw)
+	s.mu.Unlock()
 	ack := s.shim.Handle(env.Device, raw, acceptAll{})
 	if s.check == nil || s.dev == nil {
 		return &ack, nil

@@ -23,9 +23,9 @@ import (
 //     changes: it looks again when a statement comes in, and every
 //     trustRecheck.
 //   - signer_refused: the device refused this gateway's signer (a
-//     command ended invalid for a key the device does not know after the
-//     trust updates, revoked, not authorised, expired, of the wrong role,
-//     a bad signature, or unsigned).
+//     command ended invalid for a key — or an epoch — the device does not
+//     know after the trust updates, revoked, not authorised, expired, of
+//     the wrong role, a bad signature, or unsigned).
 //   - acks_unverified: the device answers, but this gateway cannot verify
 //     its acks (no device certificate, a key not enrolled, ...): one
 //     command got unverifiedLimit acks that did not verify and none that
@@ -76,6 +76,9 @@ func untrustIndex(reason string) int {
 func signerRefused(ack *fence.Ack) bool {
 	if ack.Verdict != fence.Invalid {
 		return false
+	}
+	if auth.NeedsTrust(ack) {
+		return true // and the trust updates did not cure it
 	}
 	for _, e := range [...]error{auth.ErrUnknownKey, auth.ErrRevoked, auth.ErrNotAuthorised, auth.ErrExpired,
 		auth.ErrWrongRole, auth.ErrBadSignature, auth.ErrUnsigned} {
