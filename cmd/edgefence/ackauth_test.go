@@ -55,11 +55,11 @@ func newSignedWorld(t *testing.T) *signedWorld {
 	dir, p, ok := keysDir(t)
 	ok("keys", "new", "--out", p("operator"))
 	ok("keys", "new", "--out", p("gw-1"))
-	ok("keys", "certify", "--root", p("operator"), "--pub", p("gw-1.pub"), "--kid", "gw-1/1", "--devices", "dev-1,dev-2", "--out", p("gw-1.cert"))
+	ok("keys", "certify", "--root-key", p("operator"), "--pub", p("gw-1.pub"), "--kid", "gw-1/1", "--devices", "dev-1,dev-2", "--out", p("gw-1.cert"))
 	sw := &signedWorld{dir: dir, devices: map[string]*auth.Signer{}}
 	sw.env = newEnvFleet(t, func(w *sandbox.World, fc *sim.FleetConfig) {
 		for _, dev := range []string{"dev-1", "dev-2"} {
-			ok("keys", "enrol", dev, "--root", p("operator"), "--out", p("bundle"), "--etcd", w.Etcd.Endpoint())
+			ok("keys", "enrol", dev, "--root-key", p("operator"), "--out", p("bundle"), "--etcd", w.Etcd.Endpoint())
 			k, err := auth.ReadKey(p("bundle/" + dev + ".key"))
 			if err != nil {
 				t.Fatal(err)

@@ -50,7 +50,7 @@ func TestTrustOverTheAirEndToEnd(t *testing.T) {
 	var signers map[string]*auth.Signer
 	e := newEnvFleet(t, func(w *sandbox.World, fc *sim.FleetConfig) {
 		bundle := filepath.Join(dir, "bundle")
-		if r := edgefence(t, "keys", "enrol", "dev-1", "--root", rootPrefix, "--root-kid", authtest.RootKID, "--out", bundle,
+		if r := edgefence(t, "keys", "enrol", "dev-1", "--root-key", rootPrefix, "--root-kid", authtest.RootKID, "--out", bundle,
 			"--etcd", w.Etcd.Endpoint()); r.code != 0 {
 			t.Fatal(r)
 		}
@@ -108,7 +108,7 @@ func TestTrustOverTheAirEndToEnd(t *testing.T) {
 
 	// The operator revokes gw-1 and publishes the list to etcd.
 	list2 := filepath.Join(dir, "revocations-2.cbor")
-	if r := edgefence(t, "keys", "revoke", "--root", rootPrefix, "--root-kid", authtest.RootKID, "--version", "2",
+	if r := edgefence(t, "keys", "revoke", "--root-key", rootPrefix, "--root-kid", authtest.RootKID, "--version", "2",
 		"--kid", "gw-1", "--out", list2); r.code != 0 {
 		t.Fatal(r)
 	}
