@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto/ecdsa"
 	"errors"
 	"flag"
 	"fmt"
@@ -12,12 +13,22 @@ import (
 	"github.com/edgefence/edgefence/fence/auth"
 )
 
-const keysUsage = `usage: edgefence keys new|certify|enrol|revoke|verify|publish|manifest [flags]
+const keysUsage = `usage: edgefence keys init|new|certify|enrol|revoke|verify|publish|manifest [flags]
 
 The key lifecycle of signed commands (I7; fence points verify them offline).
 --root-key is the operator's root private key (FILE, or PREFIX for PREFIX.key),
 --root-pub its public key, --root-kid its key id (default operator):
 
+  keys init [--config FILE] [--dir /etc/edgefence/keys] [--gateway ID] [--kid ID]
+            [--devices LIST] [--root-kid ID] [--valid 8760h] [--force]
+                                         a single site's start: the operator's root key pair
+                                         (root.key, root.pub), this gateway's key (gateway.key,
+                                         gateway.pub) and its certificate (gateway.cert, for
+                                         --devices, default *) in --dir (0700, keys 0600); the
+                                         auth: block written into --config FILE, or printed.
+                                         A fleet keeps root.key offline: copy it off, delete it
+                                         here. Devices then need root.pub, and for signed acks
+                                         a key of their own: keys enrol
   keys new --out PREFIX                  a new ES256 key pair: PREFIX.key (0600), PREFIX.pub;
                                          the operator's root key and each gateway's key alike
   keys certify --root-key FILE --root-kid ID --pub GW.pub --kid ID --devices LIST
@@ -53,7 +64,7 @@ The key lifecycle of signed commands (I7; fence points verify them offline).
 `
 
 func cmdKeys(args []string, stdout, stderr io.Writer) error {
-	return subcommand("keys", keysUsage, map[string]command{"new": cmdKeysNew, "certify": cmdKeysCertify, "enrol": cmdKeysEnrol,
+	return subcommand("keys", keysUsage, map[string]command{"init": cmdKeysInit, "new": cmdKeysNew, "certify": cmdKeysCertify, "enrol": cmdKeysEnrol,
 		"revoke": cmdKeysRevoke, "verify": cmdKeysVerify, "publish": cmdKeysPublish, "manifest": cmdKeysManifest}, args, stdout, stderr)
 }
 
@@ -135,16 +146,24 @@ func cmdKeysCertify(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	now := time.Now()
-	raw, err := r.Certify([]byte(*kid), gw, strings.Split(*devices, ","), now.Add(-5*time.Minute), now.Add(*valid), *serial)
+	raw, until, err := certifyGateway(r, *kid, gw, *devices, *valid, *serial)
 	if err != nil {
 		return err
 	}
 	if err := os.WriteFile(*out, raw, 0o644); err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "certified %s for %s until %s (serial %d): %s\n", *kid, *devices, now.Add(*valid).UTC().Format(time.RFC3339), *serial, *out)
+	fmt.Fprintf(stdout, "certified %s for %s until %s (serial %d): %s\n", *kid, *devices, until, *serial, *out)
 	return nil
+}
+
+// certifyGateway is the root's certificate for the gateway key gw (key id
+// kid) to command devices (comma-separated ids, prefix*, or *) from five
+// minutes ago (clock skew) for valid; and its end, RFC 3339.
+func certifyGateway(r *auth.Root, kid string, gw *ecdsa.PublicKey, devices string, valid time.Duration, serial uint64) ([]byte, string, error) {
+	now := time.Now()
+	raw, err := r.Certify([]byte(kid), gw, strings.Split(devices, ","), now.Add(-5*time.Minute), now.Add(valid), serial)
+	return raw, now.Add(valid).UTC().Format(time.RFC3339), err
 }
 
 func cmdKeysRevoke(args []string, stdout, stderr io.Writer) error {
