@@ -100,7 +100,7 @@ func startAgent(t *testing.T, gw, prefix string, devs []string, fp *fencePoint, 
 	cfg := &Config{Gateway: gw, Etcd: EtcdConfig{Endpoints: testEtcd.Endpoints(), Prefix: prefix, LeaseTTL: 2 * time.Second},
 		MQTT: MQTTConfig{Brokers: []string{"mqtt://127.0.0.1:1"}}, Command: CommandConfig{Timeout: 5 * time.Second}}
 	for _, d := range devs {
-		cfg.Devices = append(cfg.Devices, DeviceConfig{ID: d})
+		cfg.Devices = append(cfg.Devices, DeviceConfig{ID: d, Auth: AuthOff})
 	}
 	return runAgent(t, cfg, etcdClient(t), fp, o)
 }
@@ -124,7 +124,7 @@ func TestUnsafeOptionRefused(t *testing.T) {
 		t.Skip("a test build honours it")
 	}
 	cfg := &Config{Gateway: "gw", Etcd: EtcdConfig{Endpoints: []string{"http://127.0.0.1:1"}},
-		MQTT: MQTTConfig{Brokers: []string{"mqtt://127.0.0.1:1"}}, Devices: []DeviceConfig{{ID: "d1"}}}
+		MQTT: MQTTConfig{Brokers: []string{"mqtt://127.0.0.1:1"}}, Devices: []DeviceConfig{{ID: "d1", Auth: AuthOff}}}
 	if _, err := newAgent(t, cfg, nil, newFencePoint(), Options{UnsafeIgnoreSessionLoss: true}); !errors.Is(err, ErrUnsafeBuild) {
 		t.Fatalf("New: %v", err)
 	}

@@ -52,7 +52,7 @@ func newAPIAgent(t *testing.T, o Options) *Agent {
 	t.Helper()
 	cfg := &Config{Gateway: "gw-1", Etcd: EtcdConfig{Endpoints: testEtcd.Endpoints(), Prefix: "/api-test", LeaseTTL: 2 * time.Second},
 		MQTT: MQTTConfig{Brokers: []string{"mqtt://127.0.0.1:1"}}, Command: CommandConfig{Timeout: 5 * time.Second},
-		Devices: []DeviceConfig{{ID: "dev-a"}, {ID: "dev-b"}}}
+		Devices: []DeviceConfig{{ID: "dev-a", Auth: AuthOff}, {ID: "dev-b", Auth: AuthOff}}}
 	a, err := newAgent(t, cfg, etcdClient(t), newFencePoint(), o)
 	if err != nil {
 		t.Fatal(err)

@@ -168,7 +168,7 @@ func newBenchAgent(b testing.TB, devs []string, s Sender, brokerURL string, o Op
 		MQTT:    MQTTConfig{Brokers: []string{brokerURL}, Prefix: "bench"},
 		Command: CommandConfig{Timeout: 10 * time.Second}}
 	for _, d := range devs {
-		cfg.Devices = append(cfg.Devices, DeviceConfig{ID: d})
+		cfg.Devices = append(cfg.Devices, DeviceConfig{ID: d, Auth: AuthOff})
 	}
 	for _, f := range tweak {
 		f(cfg)

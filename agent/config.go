@@ -72,7 +72,9 @@ type Config struct {
 // fence points verify against the operator's certificate for this key
 // (`edgefence keys certify`); and the operator's root public key, against
 // which it checks what devices and other gateways present (device keys,
-// certificates, revocation lists). Without a key, plain envelopes.
+// certificates, revocation lists). `edgefence keys init` makes all of them
+// for a single site. A config without a key is valid only if every device
+// says `auth: off`.
 type AuthConfig struct {
 	KeyFile string `yaml:"key_file"` // the gateway's private key (PKCS#8 PEM, `edgefence keys new`); keep it off etcd
 	KeyID   string `yaml:"key_id"`   // the key id its certificate names
@@ -91,12 +93,12 @@ type AuthConfig struct {
 // Device auth policies (DeviceConfig.Auth).
 const (
 	// AuthRequired: commands are signed, and the device's acks and state
-	// reports must be signed by its enrolled key. The default when the
-	// gateway has a signing key.
+	// reports must be signed by its enrolled key. The default: a device
+	// is signed unless its config says otherwise.
 	AuthRequired = "required"
 	// AuthOff: plain envelopes and unsigned acks, for fleets mid-rollout;
-	// warned at start, counted in metrics and status. The default (warned
-	// the same) when the gateway has no signing key.
+	// only when a device's config says so, warned at start, counted in
+	// metrics and status.
 	AuthOff = "off"
 )
 
@@ -234,8 +236,8 @@ type DeviceConfig struct {
 	// an absolute, idempotent setting that should still win (e.g. a
 	// setpoint); never for relative or one-shot actions. Default: none.
 	ReissueKinds []string `yaml:"reissue_kinds,omitempty"`
-	// Auth is AuthRequired or AuthOff; empty means AuthRequired when
-	// auth.key_file is set, else AuthOff (ApplyDefaults).
+	// Auth is AuthRequired or AuthOff; empty means AuthRequired
+	// (ApplyDefaults), which needs auth.key_file.
 	Auth string `yaml:"auth,omitempty"`
 	// Modbus is, instead of Serial or MQTTTopic, where a Modbus device is:
 	// a bus of modbus.buses, its unit id there and its device profile.
@@ -307,11 +309,7 @@ func (c *Config) ApplyDefaults() {
 		d := &c.Devices[i]
 		orDefault(&d.Fence, FenceDevice)
 		orDefault(&d.Policy, PolicyStrict)
-		if c.Auth.KeyFile != "" {
-			orDefault(&d.Auth, AuthRequired)
-		} else {
-			orDefault(&d.Auth, AuthOff)
-		}
+		orDefault(&d.Auth, AuthRequired) // secure by default: off only when said
 		if d.Serial != nil {
 			d.Serial.applyDefaults()
 		}
@@ -349,7 +347,8 @@ type Override struct {
 
 // LoadConfig reads a YAML config file, applies the environment overrides
 // of secrets (EDGEFENCE_MQTT_PASSWORD, EDGEFENCE_ETCD_PASSWORD and their
-// _FILE variants) and then overrides, fills in the defaults
+// _FILE variants) and of auth files (systemd credentials named after their
+// keys, e.g. auth.key_file) and then overrides, fills in the defaults
 // (ApplyDefaults) and validates the result (Validate). Every
 // problem is reported, joined (errors.Join): each a *ConfigError naming
 // the file, line and dotted key (see ConfigErrors), wrapping ErrConfig.
@@ -540,6 +539,10 @@ func withFile(file string, errs []error) error {
 			}
 			if ce.File == "" {
 				ce.File = file
+			}
+			if file != "" && ce.Key == "auth.key_file" {
+				// The fix for this very file, ready to paste.
+				ce.Msg = strings.ReplaceAll(ce.Msg, KeysInitCommand, strings.TrimSuffix(KeysInitCommand, "FILE")+file)
 			}
 		}
 	}

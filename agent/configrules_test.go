@@ -10,14 +10,14 @@ import (
 	"github.com/edgefence/edgefence/transport/mqtt"
 )
 
-// ruleBase is a valid config as written: nothing beyond the required keys,
-// no defaults filled in.
+// ruleBase is a valid config as written: nothing beyond the required keys
+// (and its one device unsigned, which needs saying), no defaults filled in.
 func ruleBase() Config {
 	return Config{
 		Gateway: "gw-a",
 		Etcd:    EtcdConfig{Endpoints: []string{"http://127.0.0.1:2379"}},
 		MQTT:    MQTTConfig{Brokers: []string{"mqtt://127.0.0.1:1883"}},
-		Devices: []DeviceConfig{{ID: "dev-1"}},
+		Devices: []DeviceConfig{{ID: "dev-1", Auth: AuthOff}},
 	}
 }
 
@@ -101,7 +101,17 @@ var ruleCases = []ruleCase{
 	{"trust root without kid", func(c *Config) { c.Auth.TrustRoot = "/r.pub" }, "auth.trust_root_kid", "go together"},
 	{"certificate without key", func(c *Config) { c.Auth.Certificate = "/c" }, "auth.certificate", "set auth.key_file"},
 	{"device auth off", func(c *Config) { c.Devices[0].Auth = AuthOff }, "", ""},
-	{"device auth required without a key", func(c *Config) { c.Devices[0].Auth = AuthRequired }, "devices[0].auth", "needs a signing key"},
+	// Secure by default: a device that does not say auth: off is signed,
+	// and needs the gateway's key; the problem names the fix.
+	{"device auth default without a key", func(c *Config) { c.Devices[0].Auth = "" }, "auth.key_file",
+		"not set, but dev-1 must be signed (every device is, unless it says auth: off): run `edgefence keys init --config FILE`"},
+	{"device auth required without a key", func(c *Config) { c.Devices[0].Auth = AuthRequired }, "auth.key_file", "say auth: off on each device"},
+	{"many devices without a key", func(c *Config) {
+		c.Devices = []DeviceConfig{{ID: "a"}, {ID: "b", Auth: AuthOff}, {ID: "c", Auth: AuthRequired}, {ID: "d"}, {ID: "e"}, {ID: "f"}}
+	}, "auth.key_file", "but a, c, d and 2 more must be signed"},
+	{"device auth default with a key", func(c *Config) {
+		c.Devices[0].Auth, c.Auth = "", AuthConfig{KeyFile: "/k", KeyID: "gw/1"}
+	}, "", ""},
 	{"gateway device required at home without a trust root", func(c *Config) {
 		c.Auth = AuthConfig{KeyFile: "/k", KeyID: "gw/1"}
 		c.Devices[0] = DeviceConfig{ID: "plc-1", Fence: FenceGateway, Home: c.Gateway, Auth: AuthRequired, MQTTTopic: "plc/1"}
@@ -138,7 +148,7 @@ var ruleCases = []ruleCase{
 	{"device without id", func(c *Config) { c.Devices[0].ID = "" }, "devices[0].id", "required"},
 	{"device id with a /", func(c *Config) { c.Devices[0].ID = "a/b" }, "devices[0].id", `"a/b": may contain only`},
 	{"device id too long", func(c *Config) { c.Devices[0].ID = strings.Repeat("d", 129) }, "devices[0].id", "is 129 characters"},
-	{"device listed twice", func(c *Config) { c.Devices = append(c.Devices, DeviceConfig{ID: "dev-1"}) }, "devices[1].id", `"dev-1" listed twice`},
+	{"device listed twice", func(c *Config) { c.Devices = append(c.Devices, DeviceConfig{ID: "dev-1", Auth: AuthOff}) }, "devices[1].id", `"dev-1" listed twice`},
 	{"device fence", func(c *Config) { c.Devices[0].Fence = FenceDevice }, "", ""},
 	{"device fence kind", func(c *Config) { c.Devices[0].Fence = "magic" }, "devices[0].fence", `"magic": want "device" or "gateway"`},
 	{"gateway device elsewhere", func(c *Config) { c.Devices[0].Fence, c.Devices[0].Home = FenceGateway, "gw-b" }, "", ""},
@@ -219,13 +229,13 @@ var ruleCases = []ruleCase{
 	{"modbus unit 248", func(c *Config) { modbusDevice(c).Unit = 248 }, "devices[0].modbus.unit", "248: want 1..247"},
 	{"modbus unit twice", func(c *Config) {
 		m := *modbusDevice(c)
-		c.Devices = append(c.Devices, DeviceConfig{ID: "dev-2", Fence: FenceGateway, Home: c.Gateway, Modbus: &m})
+		c.Devices = append(c.Devices, DeviceConfig{ID: "dev-2", Fence: FenceGateway, Home: c.Gateway, Modbus: &m, Auth: AuthOff})
 	}, "devices[1].modbus.unit", `unit 7 of bus "rs485" is also "dev-1"`},
 	{"modbus same unit, another bus", func(c *Config) {
 		m := *modbusDevice(c)
 		c.Modbus.Buses = append(c.Modbus.Buses, ModbusBusConfig{Name: "net", TCP: "h:502"})
 		m.Bus = "net"
-		c.Devices = append(c.Devices, DeviceConfig{ID: "dev-2", Fence: FenceGateway, Home: c.Gateway, Modbus: &m})
+		c.Devices = append(c.Devices, DeviceConfig{ID: "dev-2", Fence: FenceGateway, Home: c.Gateway, Modbus: &m, Auth: AuthOff})
 	}, "", ""},
 	{"modbus no profile", func(c *Config) { modbusDevice(c).Profile = "" }, "devices[0].modbus.profile", "required"},
 	{"reissue kind empty", func(c *Config) { c.Devices[0].ReissueKinds = []string{"set", ""} }, "devices[0].reissue_kinds[1]", `"" is not a command kind`},

@@ -37,4 +37,8 @@ var (
 	// ErrNoFenceTable means the agent keeps no fence table: its gateway is
 	// home of no `fence: gateway` device.
 	ErrNoFenceTable = errors.New("agent: no fence table")
+	// ErrConfigEdit means a config file cannot be edited in place with
+	// every other byte kept (EditConfigAuth): the caller shows the edit
+	// for the operator to make instead.
+	ErrConfigEdit = errors.New("agent: config not edited in place")
 )

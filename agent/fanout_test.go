@@ -43,9 +43,9 @@ func newFanoutRigOpts(t *testing.T, n int, o Options) *fanoutRig {
 	for i := range n {
 		id := fmt.Sprintf("dev-%02d", i)
 		r.devs = append(r.devs, id)
-		cfg.Devices = append(cfg.Devices, DeviceConfig{ID: id, Labels: map[string]string{"site": string(rune('a' + i%2)), "kind": "meter"}})
+		cfg.Devices = append(cfg.Devices, DeviceConfig{ID: id, Auth: AuthOff, Labels: map[string]string{"site": string(rune('a' + i%2)), "kind": "meter"}})
 	}
-	cfg.Devices = append(cfg.Devices, DeviceConfig{ID: "elsewhere", Labels: map[string]string{"site": "a"}})
+	cfg.Devices = append(cfg.Devices, DeviceConfig{ID: "elsewhere", Auth: AuthOff, Labels: map[string]string{"site": "a"}})
 	r.a = runAgent(t, cfg, etcdClient(t), r.fp, o)
 	waitFor(t, "gw-1 holds its devices", holdingAll(r.a, r.devs))
 	r.c = serveAPI(t, r.a.Agent)
@@ -215,13 +215,13 @@ func TestSelectorAndLabels(t *testing.T) {
 		}
 	}
 	base := "gateway: g\netcd: {endpoints: [http://127.0.0.1:2379]}\nmqtt: {brokers: [mqtt://127.0.0.1:1883]}\n"
-	c, err := ParseConfig([]byte(base + "devices:\n  - id: a\n    labels: {site: north-1, kind: meter}\n"))
+	c, err := ParseConfig([]byte(base + "devices:\n  - id: a\n    auth: off\n    labels: {site: north-1, kind: meter}\n"))
 	if err != nil || c.Devices[0].Labels["site"] != "north-1" {
 		t.Fatalf("%+v %v", c, err)
 	}
-	_, err = ParseConfig([]byte(base + "devices:\n  - id: a\n    labels:\n      site: north-1\n      Kind: meter\n"))
+	_, err = ParseConfig([]byte(base + "devices:\n  - id: a\n    auth: off\n    labels:\n      site: north-1\n      Kind: meter\n"))
 	ces := ConfigErrors(err)
-	if len(ces) != 1 || ces[0].Key != "devices[0].labels.Kind" || ces[0].Line != 8 || !strings.Contains(ces[0].Msg, "a-z or 0-9") {
+	if len(ces) != 1 || ces[0].Key != "devices[0].labels.Kind" || ces[0].Line != 9 || !strings.Contains(ces[0].Msg, "a-z or 0-9") {
 		t.Fatalf("bad label key: %v", err)
 	}
 }
@@ -240,7 +240,7 @@ func TestFanOutFullQueueRefusesOnlyThatDevice(t *testing.T) {
 	cfg := &Config{Gateway: "gw-1", Etcd: EtcdConfig{Endpoints: testEtcd.Endpoints(), Prefix: "/t/" + t.Name(), LeaseTTL: 2 * time.Second},
 		MQTT: MQTTConfig{Brokers: []string{"mqtt://127.0.0.1:1"}}, Command: CommandConfig{Timeout: 5 * time.Second}}
 	for _, d := range devs {
-		cfg.Devices = append(cfg.Devices, DeviceConfig{ID: d})
+		cfg.Devices = append(cfg.Devices, DeviceConfig{ID: d, Auth: AuthOff})
 	}
 	a := runAgent(t, cfg, etcdClient(t), awaySender{}, Options{Outbox: ob})
 	waitFor(t, "held", holdingAll(a, devs))

@@ -212,7 +212,7 @@ func TestDeliveryRecordsVerdictWhileSendingNext(t *testing.T) {
 	s := &holdFirst{Sender: fp, held: make(chan struct{}), release: make(chan struct{})}
 	cfg := &Config{Gateway: "gw", Etcd: EtcdConfig{Endpoints: testEtcd.Endpoints(), Prefix: "/t/" + t.Name(), LeaseTTL: 2 * time.Second},
 		MQTT: MQTTConfig{Brokers: []string{"mqtt://127.0.0.1:1"}}, Command: CommandConfig{Timeout: 5 * time.Second},
-		Outbox: OutboxConfig{VerdictDelay: new(time.Duration(0))}, Devices: []DeviceConfig{{ID: "d1"}}}
+		Outbox: OutboxConfig{VerdictDelay: new(time.Duration(0))}, Devices: []DeviceConfig{{ID: "d1", Auth: AuthOff}}}
 	histPath := filepath.Join(t.TempDir(), "history.jsonl")
 	hist, err := history.Create(histPath, "gw")
 	if err != nil {

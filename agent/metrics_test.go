@@ -179,7 +179,7 @@ func TestMetricsEndpoint(t *testing.T) {
 	wantSample(t, mf, 0, "edgefence_outbox_oldest_pending_age_seconds")
 	wantSample(t, mf, 3, "edgefence_outbox_ended_commands")
 	wantSample(t, mf, 1, "edgefence_token_regressions_total")
-	wantSample(t, mf, 2, "edgefence_devices_auth_off") // no signing key: plain envelopes
+	wantSample(t, mf, 2, "edgefence_devices_auth_off") // said auth: off (devCfgs): plain envelopes
 	// The stale refusal tells the agent d1 has a newer holder, and it
 	// may campaign again meanwhile: check that the scrape is one
 	// consistent snapshot (one state per device, leases_held = holding).
@@ -286,7 +286,7 @@ func TestServeMetricsShutsDownOnCancel(t *testing.T) {
 }
 
 func TestMetricsListenConfig(t *testing.T) {
-	base := "gateway: g\netcd: {endpoints: [http://127.0.0.1:2379]}\nmqtt: {brokers: [mqtt://127.0.0.1:1883]}\ndevices: [{id: a}]\n"
+	base := "gateway: g\netcd: {endpoints: [http://127.0.0.1:2379]}\nmqtt: {brokers: [mqtt://127.0.0.1:1883]}\ndevices: [{id: a, auth: off}]\n"
 	for _, tc := range []struct {
 		listen string
 		ok     bool

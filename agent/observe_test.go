@@ -669,7 +669,7 @@ func idleMetrics(tb testing.TB, n int, perDevice bool) *httptest.Server {
 	tb.Helper()
 	devs := make([]DeviceConfig, n)
 	for i := range devs {
-		devs[i] = DeviceConfig{ID: fmt.Sprintf("dev-%05d", i)}
+		devs[i] = DeviceConfig{ID: fmt.Sprintf("dev-%05d", i), Auth: AuthOff}
 	}
 	cfg := &Config{Gateway: "gw-bench", Etcd: EtcdConfig{Endpoints: []string{"http://127.0.0.1:1"}, Prefix: "/bench", LeaseTTL: 2 * time.Second},
 		MQTT: MQTTConfig{Brokers: []string{"mqtt://127.0.0.1:1"}}, Metrics: MetricsConfig{PerDevice: perDevice}, Devices: devs}

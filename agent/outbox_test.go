@@ -95,7 +95,7 @@ func startOutboxAgentTimeout(t *testing.T, e *sandbox.Etcd, ttl, timeout time.Du
 func devCfgs(ids ...string) []DeviceConfig {
 	out := make([]DeviceConfig, len(ids))
 	for i, id := range ids {
-		out[i] = DeviceConfig{ID: id}
+		out[i] = DeviceConfig{ID: id, Auth: AuthOff}
 	}
 	return out
 }
@@ -337,7 +337,7 @@ func TestQueuedOldTokenEndsStaleAndReissues(t *testing.T) {
 	fp := newFencePoint()
 	ga := &gate{fp: fp}
 	ob := openOutbox(t, filepath.Join(t.TempDir(), offline.File), nil)
-	a := startOutboxAgent(t, "gw-a", prefix, []DeviceConfig{{ID: "d1", ReissueKinds: []string{"set"}}}, ga, ob)
+	a := startOutboxAgent(t, "gw-a", prefix, []DeviceConfig{{ID: "d1", Auth: AuthOff, ReissueKinds: []string{"set"}}}, ga, ob)
 	waitFor(t, "a holds", holdingAll(a, []string{"d1"}))
 	ta, _ := a.Holding("d1")
 	ga.down.Store(true)
@@ -394,7 +394,7 @@ func TestEtcdRestartPolicies(t *testing.T) {
 	t.Cleanup(func() { e.Close() }) // after the agent has stopped
 	fp := newFencePoint()
 	ob := openOutbox(t, filepath.Join(t.TempDir(), offline.File), nil)
-	devs := []DeviceConfig{{ID: "strict1"}, {ID: "auto1", Policy: PolicyAutonomous}}
+	devs := []DeviceConfig{{ID: "strict1", Auth: AuthOff}, {ID: "auto1", Policy: PolicyAutonomous, Auth: AuthOff}}
 	a := startOutboxAgent(t, "gw-a", "/t", devs, &gate{fp: fp}, ob, e)
 	waitFor(t, "a holds", holdingAll(a, []string{"strict1", "auto1"}))
 	ts, _ := a.Holding("strict1")
@@ -468,7 +468,7 @@ func TestEnqueue(t *testing.T) {
 // The outbox is not optional: New refuses to build an agent without one.
 func TestNewRequiresOutbox(t *testing.T) {
 	cfg := &Config{Gateway: "gw", Etcd: EtcdConfig{Endpoints: []string{"http://127.0.0.1:1"}},
-		MQTT: MQTTConfig{Brokers: []string{"mqtt://127.0.0.1:1"}}, Devices: []DeviceConfig{{ID: "d1"}}}
+		MQTT: MQTTConfig{Brokers: []string{"mqtt://127.0.0.1:1"}}, Devices: []DeviceConfig{{ID: "d1", Auth: AuthOff}}}
 	if _, err := New(cfg, nil, newFencePoint(), Options{}); !errors.Is(err, ErrNoOutbox) {
 		t.Fatalf("New without an outbox: %v", err)
 	}

@@ -147,6 +147,33 @@ func (c *Config) expandKeyFile(credDir string) error {
 	return nil
 }
 
+// authCredentials replaces each auth file the config names with the
+// systemd credential named after its key, when the unit passes a
+// non-empty one (LoadCredential=auth.key_file:/etc/edgefence/keys/gateway.key):
+// the shipped unit's DynamicUser cannot read the 0700 keys directory
+// `edgefence keys init` writes, so systemd hands it copies. The config
+// still says whether there is a key and where it lives for the tools run
+// as root; a blank credential (the unit's SetCredential= fallback for a
+// missing file) is no credential.
+func (c *Config) authCredentials(credDir string) {
+	if credDir == "" {
+		return
+	}
+	for _, f := range []struct {
+		key  string
+		path *string
+	}{{"auth.key_file", &c.Auth.KeyFile}, {"auth.certificate", &c.Auth.Certificate},
+		{"auth.trust_root", &c.Auth.TrustRoot}, {"auth.revocations", &c.Auth.Revocations}} {
+		if *f.path == "" {
+			continue
+		}
+		cred := filepath.Join(credDir, f.key)
+		if b, err := os.ReadFile(cred); err == nil && len(bytes.TrimSpace(b)) > 0 {
+			*f.path = cred
+		}
+	}
+}
+
 // secretEnv lists the overrides: the variable, the systemd credential
 // name, and the secret it sets.
 func (c *Config) secretEnv() []struct {
@@ -170,6 +197,7 @@ func (c *Config) applyEnv(lookup func(string) (string, bool)) []error {
 	if err := c.expandKeyFile(credDir); err != nil {
 		errs = append(errs, err)
 	}
+	c.authCredentials(credDir)
 	for _, o := range c.secretEnv() {
 		if v, ok := lookup(o.env); ok && v != "" {
 			*o.s = Secret{value: v, source: "env " + o.env}

@@ -59,7 +59,7 @@ func TestHealthyStalledHeartbeat(t *testing.T) {
 
 func TestHealthyBeforeRun(t *testing.T) {
 	cfg := &Config{Gateway: "gw", Etcd: EtcdConfig{Endpoints: []string{"http://127.0.0.1:1"}},
-		MQTT: MQTTConfig{Brokers: []string{"mqtt://127.0.0.1:1"}}, Devices: []DeviceConfig{{ID: "d1"}}}
+		MQTT: MQTTConfig{Brokers: []string{"mqtt://127.0.0.1:1"}}, Devices: []DeviceConfig{{ID: "d1", Auth: AuthOff}}}
 	a, err := newAgent(t, cfg, nil, newFencePoint(), Options{})
 	if err != nil {
 		t.Fatal(err)

@@ -44,7 +44,7 @@ func twinAgentConfig(gw, prefix, broker string, devs ...string) *Config {
 	cfg := &Config{Gateway: gw, Etcd: EtcdConfig{Endpoints: testEtcd.Endpoints(), Prefix: prefix, LeaseTTL: 2 * time.Second},
 		MQTT: MQTTConfig{Brokers: []string{broker}, Prefix: "twin"}, Command: CommandConfig{Timeout: 20 * time.Second}}
 	for _, d := range devs {
-		cfg.Devices = append(cfg.Devices, DeviceConfig{ID: d})
+		cfg.Devices = append(cfg.Devices, DeviceConfig{ID: d, Auth: AuthOff})
 	}
 	return cfg
 }

@@ -20,21 +20,24 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/edgefence/edgefence/agent"
-	"github.com/edgefence/edgefence/devices/sim"
 	"github.com/edgefence/edgefence/fence"
 	"github.com/edgefence/edgefence/internal/sandbox"
-	"github.com/edgefence/edgefence/transport/mqtt"
 )
 
 // TestInstallAndOperate operates an installed agent end to end, with what
 // the package installs: the amd64 .deb unpacked into a scratch root, the
 // installed /etc/edgefence/config.yaml edited (gateway id, etcd, broker,
-// devices, metrics), `config check`, the agent started the way the
-// installed unit's ExecStart says (with a NOTIFY_SOCKET standing in for
-// systemd: READY=1), then leases, tokens and a refusal seen in `edgefence
-// status`, `edgefence devices` and on /metrics, and SIGTERM → STOPPING=1,
-// exit 0. Real etcd, a real MQTT broker and simulated devices (sandbox);
-// only systemd itself is not real (TestUnitVerify, TestSystemdNotify).
+// devices, metrics), `config check` refusing it for want of a key and
+// naming the command that fixes it, `keys init` (the keys in
+// /etc/edgefence/keys, the auth: block in the config) and `keys enrol` for
+// the devices, the agent started the way the installed unit's ExecStart
+// says, with the keys only as the credentials its LoadCredential= lines
+// give (the keys directory moved away) and a NOTIFY_SOCKET standing in for
+// systemd: READY=1; then leases, tokens, signed commands and a refusal
+// seen in `edgefence status`, `edgefence devices` and on /metrics, and
+// SIGTERM → STOPPING=1, exit 0. Real etcd, a real MQTT broker and
+// simulated devices that take only signed commands (sandbox); only
+// systemd itself is not real (TestUnitVerify, TestSystemdNotify).
 func TestInstallAndOperate(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: builds the package and runs the installed agent")
@@ -49,7 +52,7 @@ func TestInstallAndOperate(t *testing.T) {
 	bin := filepath.Join(root, "usr/bin/edgefence")
 	cfgPath := filepath.Join(root, "etc/edgefence/config.yaml")
 
-	// The gateway's world: etcd, a broker and two devices running the shim.
+	// The gateway's world: etcd and a broker.
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 	dir := t.TempDir()
@@ -59,19 +62,6 @@ func TestInstallAndOperate(t *testing.T) {
 	}
 	t.Cleanup(func() { w.Close() })
 	devices := []string{"thermostat-1", "thermostat-2"}
-	fleet, err := sim.NewFleet(ctx, sim.FleetConfig{Devices: devices, DataDir: filepath.Join(dir, "devices"),
-		Broker: w.Broker.URL(), ClientID: "devsim-operate"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		fleet.Close(c)
-	})
-	if err := fleet.AwaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
 
 	// 1. Edit the one config file, as an operator would: keys changed in
 	// place, everything else as shipped.
@@ -91,15 +81,30 @@ func TestInstallAndOperate(t *testing.T) {
 		"metrics.per_device": true, // the device series below
 		"devices":            []map[string]string{{"id": devices[0]}, {"id": devices[1], "policy": "autonomous"}},
 	})
-	if out, err := runErr(t, time.Minute, ".", nil, bin, "config", "check", cfgPath); err != nil {
-		t.Fatalf("config check of the edited config: %v\n%s", err, out)
+	// Secure by default: signed devices and no key yet, refused, the fix
+	// named; `keys init` is the fix.
+	out, err := runErr(t, time.Minute, ".", nil, bin, "config", "check", cfgPath)
+	if err == nil || !strings.Contains(string(out), "auth.key_file: not set") || !strings.Contains(string(out), "run `edgefence keys init --config "+cfgPath+"`") {
+		t.Fatalf("config check without a key: %v, want a refusal naming keys init\n%s", err, out)
 	}
+	keys := filepath.Join(root, "etc/edgefence/keys")
+	run(t, time.Minute, ".", nil, bin, "keys", "init", "--config", cfgPath, "--dir", keys)
+	if out, err := runErr(t, time.Minute, ".", nil, bin, "config", "check", cfgPath); err != nil {
+		t.Fatalf("config check after keys init: %v\n%s", err, out)
+	}
+	otherCert, otherKey := otherGateway(t, bin, keys, dir)
+	fleet := signedFleet(t, ctx, bin, cfgPath, keys, w, devices, dir, otherCert)
+	other := otherCommander(t, ctx, w, fleet, devices[0], otherKey)
 
 	// 2. `systemctl enable --now edgefence`: the unit's ExecStart, with the
-	// scratch root's paths, and systemd's notify socket.
+	// scratch root's paths, its credentials, and systemd's notify socket.
 	args := unitExecStart(t, root)
+	creds := unitCredentials(t, root, filepath.Join(dir, "credentials"))
+	if err := os.Rename(keys, keys+".away"); err != nil { // the agent may read them only as credentials
+		t.Fatal(err)
+	}
 	notify := listenNotify(t, dir)
-	p, err := sandbox.StartProc("edgefence", filepath.Join(dir, "edgefence.log"), []string{"NOTIFY_SOCKET=" + notify.addr}, bin, args...)
+	p, err := sandbox.StartProc("edgefence", filepath.Join(dir, "edgefence.log"), []string{"NOTIFY_SOCKET=" + notify.addr, "CREDENTIALS_DIRECTORY=" + creds}, bin, args...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,9 +139,10 @@ func TestInstallAndOperate(t *testing.T) {
 		}
 	}
 
-	// 4. A command accepted, then a refusal: another holder with a newer
-	// token reaches thermostat-1 first (its commander stands in for a
-	// gateway that took the device over), and our next command is stale.
+	// 4. A signed command accepted, then a refusal: another holder with a
+	// newer token reaches thermostat-1 first (its commander, signing with a
+	// key the same root certified, stands in for a gateway that took the
+	// device over), and our next command is stale.
 	sendJSON := func(device, body string) (agent.SendResult, error) {
 		out, err := runErr(t, time.Minute, ".", nil, bin, "send", "--json", "--config", cfgPath, device, "set", body)
 		var res agent.SendResult
@@ -147,19 +153,6 @@ func TestInstallAndOperate(t *testing.T) {
 	}
 	if res, err := sendJSON(devices[0], `{"setpoint":21}`); err != nil || res.Verdict != "accepted" {
 		t.Fatalf("first command: %+v, %v", res, err)
-	}
-	other, err := mqtt.NewCommander(ctx, mqtt.Config{Brokers: []string{w.Broker.URL()}, ClientID: "gw-other",
-		CleanStart: true, SessionExpiry: -1}, fleet.Topics(), devices[:1])
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		other.Close(c)
-	})
-	if err := other.Client().AwaitSubscribed(ctx); err != nil {
-		t.Fatal(err)
 	}
 	body, err := fence.EncodeBody(map[string]any{"setpoint": 30})
 	if err != nil {
@@ -213,6 +206,7 @@ func TestInstallAndOperate(t *testing.T) {
 		fmt.Sprintf(`edgefence_device_commands_total{device=%q,verdict="accepted"} 1`, devices[0]),
 		`edgefence_commands_total{verdict="stale"} 1`,
 		"edgefence_etcd_session_up 1",
+		"edgefence_devices_auth_off 0", // signed, every one
 		"edgefence_mqtt_connected 1",
 	} {
 		if !strings.Contains(metrics, want+"\n") {

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"maps"
 	"os"
 	"path"
 	"path/filepath"
@@ -24,8 +25,10 @@ import (
 // packages from deploy/nfpm*.yaml; this checks what dpkg would install:
 // files, modes and owners, control fields, the conffile, maintainer scripts
 // that enable and start nothing, a binary that runs, a default config that
-// validates and matches the unit's directories, and a unit that
-// systemd-analyze accepts with the binary where ExecStart says it is.
+// is refused until `edgefence keys init` has given it a key (secure by
+// default) and then validates and matches the unit's directories and
+// credentials, and a unit that systemd-analyze accepts with the binary
+// where ExecStart says it is.
 func TestPackage(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: builds the packages (go build, nfpm via go run)")
@@ -107,8 +110,16 @@ func TestPackage(t *testing.T) {
 		if !strings.Contains(out, "edgefence "+describe+" ") || !strings.Contains(out, "linux/amd64") {
 			t.Errorf("installed edgefence version: %q, want %q and linux/amd64", out, describe)
 		}
-		// The installed default config is valid as shipped.
-		run(t, time.Minute, ".", nil, bin, append(checkConfig, filepath.Join(root, "etc/edgefence/config.yaml"))...)
+		// The installed default config is refused as shipped: its devices
+		// are signed and it has no key yet. The error names the command
+		// that fixes it, and once that has run it is valid.
+		cfg := filepath.Join(root, "etc/edgefence/config.yaml")
+		msg, err := runErr(t, time.Minute, ".", nil, bin, append(checkConfig, cfg)...)
+		if err == nil || !strings.Contains(string(msg), "run `edgefence keys init --config "+cfg+"`") {
+			t.Errorf("config check of the default config as shipped: %v, want a refusal naming keys init\n%s", err, msg)
+		}
+		run(t, time.Minute, ".", nil, bin, "keys", "init", "--config", cfg, "--dir", filepath.Join(root, "etc/edgefence/keys"))
+		run(t, time.Minute, ".", nil, bin, append(checkConfig, cfg)...)
 	})
 	t.Run("systemd-analyze verify", func(t *testing.T) {
 		verifyUnit(t, root)
@@ -314,7 +325,30 @@ func checkConfigMatchesUnit(t *testing.T, root string) {
 	if want := "/usr/bin/edgefence run --config /etc/edgefence/config.yaml"; key("ExecStart") != want {
 		t.Errorf("ExecStart=%s, want %s (the binary and conffile the package installs)", key("ExecStart"), want)
 	}
-	c, err := agent.LoadConfig(filepath.Join(root, "etc/edgefence/config.yaml"))
+	// The files `keys init` writes reach the agent's DynamicUser as the
+	// credentials named after the config keys that name them, each with a
+	// blank fallback (a missing file must not stop the unit before the
+	// agent can say what to run).
+	creds := map[string]string{}
+	for _, m := range regexp.MustCompile(`(?m)^(Load|Set)Credential=([^:\n]+):(.*)$`).FindAllStringSubmatch(string(unit), -1) {
+		creds[m[1]+" "+m[2]] = m[3]
+	}
+	a := agent.AuthConfig{KeyFile: "/etc/edgefence/keys/gateway.key", KeyID: "gw-01/1", Certificate: "/etc/edgefence/keys/gateway.cert",
+		TrustRoot: "/etc/edgefence/keys/root.pub", TrustRootKID: "operator"}
+	want := map[string]string{"Load auth.key_file": a.KeyFile, "Load auth.certificate": a.Certificate, "Load auth.trust_root": a.TrustRoot,
+		"Set auth.key_file": `\n`, "Set auth.certificate": `\n`, "Set auth.trust_root": `\n`}
+	if !maps.Equal(creds, want) {
+		t.Errorf("the unit's credentials %q, want %q", creds, want)
+	}
+	b, err := os.ReadFile(filepath.Join(root, "etc/edgefence/config.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyed, err := agent.WithAuth(b, a) // as `keys init` leaves it
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := agent.ParseConfig(keyed)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -453,7 +453,7 @@ func gatewaySigner(a agent.AuthConfig) (*auth.Signer, error) {
 	}
 	key, err := auth.ReadKey(a.KeyFile)
 	if err != nil {
-		return nil, fmt.Errorf("auth.key_file: %w", err)
+		return nil, fmt.Errorf("auth.key_file: %w (a single site makes its keys with `%s`)", err, agent.KeysInitCommand)
 	}
 	s, err := auth.NewSigner([]byte(a.KeyID), key)
 	if err != nil {

@@ -61,7 +61,7 @@ func (w *world) config(t *testing.T, dir string) *agent.Config {
 		Etcd:    agent.EtcdConfig{Endpoints: w.etcd.Endpoints(), LeaseTTL: 10 * time.Second},
 		MQTT:    agent.MQTTConfig{Brokers: []string{w.broker.URL()}},
 		API:     agent.APIConfig{Socket: filepath.Join(sock, "gw.sock")},
-		Devices: []agent.DeviceConfig{{ID: "dev-1"}, {ID: "dev-2"}}}
+		Devices: []agent.DeviceConfig{{ID: "dev-1", Auth: agent.AuthOff}, {ID: "dev-2", Auth: agent.AuthOff}}}
 }
 
 // lockKeys counts the lock keys in etcd under the default prefix.

@@ -30,7 +30,7 @@ func TestDaemonRunsFirmwareJob(t *testing.T) {
 	w := newWorld(t)
 	dir := t.TempDir()
 	cfg := w.config(t, dir)
-	cfg.Devices = []agent.DeviceConfig{{ID: "fw-1"}}
+	cfg.Devices = []agent.DeviceConfig{{ID: "fw-1", Auth: agent.AuthOff}}
 	img, err := sim.FirmwareImage(40<<10, sim.VersionMarker+"2.0.0")
 	if err != nil {
 		t.Fatal(err)

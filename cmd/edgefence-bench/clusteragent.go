@@ -61,7 +61,8 @@ func (e *clusterEnv) startAgent(i int, devs []string) (*clusterAgent, error) {
 	return a, nil
 }
 
-// agentYAML is a's config: every etcd member, the run's prefix and TTL.
+// agentYAML is a's config: every etcd member, the run's prefix and TTL;
+// unsigned (auth: off).
 func (e *clusterEnv) agentYAML(a *clusterAgent, devs []string) []byte {
 	var b strings.Builder
 	fmt.Fprintf(&b, `gateway: %s
@@ -88,7 +89,7 @@ devices:
 `, a.name, filepath.Join(a.dir, "state"), strings.Join(e.etcd.Endpoints(), ", "), e.prefix, e.cfg.TTL, e.broker.url, clusterMQTTPrefix,
 		a.name, a.sock, a.metrics, e.cfg.ProfDir != "")
 	for _, d := range devs {
-		fmt.Fprintf(&b, "  - id: %s\n", d)
+		fmt.Fprintf(&b, "  - id: %s\n    auth: off\n", d)
 	}
 	return []byte(b.String())
 }

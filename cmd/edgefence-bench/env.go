@@ -91,7 +91,8 @@ func (s *dupSender) Send(ctx context.Context, env *fence.Envelope) (*fence.Ack, 
 
 // agentConfig is the config of an in-process bench agent on devs: etcd
 // under a prefix of its own, the broker at brokerURL, its state and API
-// socket in dir (keep dir short: a socket path has at most 107 bytes).
+// socket in dir (keep dir short: a socket path has at most 107 bytes);
+// unsigned (auth: off) until signWorld signs it.
 func agentConfig(gateway, dir string, etcd *sandbox.Etcd, brokerURL string, devs []string) *agent.Config {
 	c := &agent.Config{Gateway: gateway, StateDir: dir,
 		Etcd:    agent.EtcdConfig{Endpoints: etcd.Endpoints(), Prefix: fmt.Sprintf("/bench/%s-%d", gateway, time.Now().UnixNano()), LeaseTTL: 10 * time.Second},
@@ -99,7 +100,7 @@ func agentConfig(gateway, dir string, etcd *sandbox.Etcd, brokerURL string, devs
 		API:     agent.APIConfig{Socket: filepath.Join(dir, "api.sock")},
 		Command: agent.CommandConfig{Timeout: 10 * time.Second}}
 	for _, d := range devs {
-		c.Devices = append(c.Devices, agent.DeviceConfig{ID: d})
+		c.Devices = append(c.Devices, agent.DeviceConfig{ID: d, Auth: agent.AuthOff})
 	}
 	return c
 }

@@ -455,6 +455,9 @@ log:
 	conf.WriteString("devices:\n")
 	for _, d := range c.devs {
 		fmt.Fprintf(&conf, "  - id: %s\n", d)
+		if c.auth == nil {
+			conf.WriteString("    auth: off\n")
+		}
 	}
 	return os.WriteFile(path, []byte(conf.String()), 0o600)
 }

@@ -82,6 +82,7 @@ func signWorld(ctx context.Context, sign bool, dir string, cfg *agent.Config) (f
 	devs := make([]string, len(cfg.Devices))
 	for i, d := range cfg.Devices {
 		devs[i] = d.ID
+		cfg.Devices[i].Auth = agent.AuthRequired
 	}
 	return s.enrol(ctx, cfg.Etcd.Endpoints, cfg.Etcd.Prefix, devs)
 }

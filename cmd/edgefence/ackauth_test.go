@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -55,11 +54,11 @@ func newSignedWorld(t *testing.T) *signedWorld {
 	dir, p, ok := keysDir(t)
 	ok("keys", "new", "--out", p("operator"))
 	ok("keys", "new", "--out", p("gw-1"))
-	ok("keys", "certify", "--root", p("operator"), "--pub", p("gw-1.pub"), "--kid", "gw-1/1", "--devices", "dev-1,dev-2", "--out", p("gw-1.cert"))
+	ok("keys", "certify", "--root-key", p("operator"), "--pub", p("gw-1.pub"), "--kid", "gw-1/1", "--devices", "dev-1,dev-2", "--out", p("gw-1.cert"))
 	sw := &signedWorld{dir: dir, devices: map[string]*auth.Signer{}}
 	sw.env = newEnvFleet(t, func(w *sandbox.World, fc *sim.FleetConfig) {
 		for _, dev := range []string{"dev-1", "dev-2"} {
-			ok("keys", "enrol", dev, "--root", p("operator"), "--out", p("bundle"), "--etcd", w.Etcd.Endpoint())
+			ok("keys", "enrol", dev, "--root-key", p("operator"), "--out", p("bundle"), "--etcd", w.Etcd.Endpoint())
 			k, err := auth.ReadKey(p("bundle/" + dev + ".key"))
 			if err != nil {
 				t.Fatal(err)
@@ -103,14 +102,11 @@ func loadTrust(t *testing.T, root string, certs ...string) *auth.Trust {
 // startAgent runs gw-1 signing its commands, requiring signed acks and
 // state reports, with twins on.
 func (sw *signedWorld) startAgent(t *testing.T) (sock string, st *agent.Status) {
-	cfg, sock := sw.config("gw-1", 10*time.Second)
-	f, err := os.OpenFile(cfg, os.O_APPEND|os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fmt.Fprintf(f, "twins:\n  enabled: true\nauth:\n  key_file: %s\n  key_id: gw-1/1\n  certificate: %s\n  trust_root: %s\n  trust_root_kid: operator\n",
-		filepath.Join(sw.dir, "gw-1.key"), filepath.Join(sw.dir, "gw-1.cert"), filepath.Join(sw.dir, "bundle", "trust-root.pub"))
-	f.Close()
+	cfg, sock := sw.configEdit("gw-1", 10*time.Second, func(c *sandbox.AgentConfig) {
+		c.Twins = true
+		c.Auth = &sandbox.GatewayKey{KeyFile: filepath.Join(sw.dir, "gw-1.key"), KeyID: "gw-1/1", Certificate: filepath.Join(sw.dir, "gw-1.cert"),
+			TrustRoot: filepath.Join(sw.dir, "bundle", "trust-root.pub"), TrustRootKID: "operator"}
+	})
 	p := sw.env.startAgent("gw-1", cfg)
 	return sock, sw.waitHolding(p, sock)
 }

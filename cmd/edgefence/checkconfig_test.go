@@ -19,8 +19,9 @@ mqtt:
 api:
   socket: /tmp/edgefence-test.sock
 devices:
-  - id: dev-1
+  - {id: dev-1, auth: off}
   - id: dev-2
+    auth: off
 `
 
 func TestCheckConfig(t *testing.T) {
@@ -29,10 +30,18 @@ func TestCheckConfig(t *testing.T) {
 		name string
 		yaml string // goodConfig with edits
 		code int
-		want []string // in stderr
+		want []string // in stderr; $CFG is the file
 	}{
-		{"good", goodConfig, 0, nil},
-		{"unknown top-level key", goodConfig + "bogus_key: 1\n", 1, []string{":11: bogus_key: unknown key"}},
+		{"good: unsigned devices that say so", goodConfig, 0, nil},
+		// Secure by default: a device that does not say auth: off is
+		// signed, and needs a key; the problem names the fix for this file.
+		{"a signed device without a key", strings.Replace(goodConfig, "{id: dev-1, auth: off}", "{id: dev-1}", 1), 1,
+			[]string{"$CFG: auth.key_file: not set, but dev-1 must be signed (every device is, unless it says auth: off): " +
+				"run `edgefence keys init --config $CFG` to make this gateway's keys and auth: block, or say auth: off on each device to leave unsigned\n" +
+				"edgefence: invalid config: 1 problem\n"}},
+		{"auth: required without a key", strings.Replace(goodConfig, "{id: dev-1, auth: off}", "{id: dev-1, auth: required}", 1), 1,
+			[]string{"auth.key_file: not set, but dev-1 must be signed"}},
+		{"unknown top-level key", goodConfig + "bogus_key: 1\n", 1, []string{":12: bogus_key: unknown key"}},
 		{"unknown nested key", strings.Replace(goodConfig, "etcd:\n", "etcd:\n  lease_tll: 10s\n", 1), 1, []string{":3: etcd.lease_tll: unknown key (did you mean lease_ttl?)"}},
 		{"lease_ttl below minimum", strings.Replace(goodConfig, "etcd:\n", "etcd:\n  lease_ttl: 1s\n", 1), 1, []string{":3: etcd.lease_ttl: 1s is below the minimum 2s"}},
 		{"lease_ttl not whole seconds", strings.Replace(goodConfig, "etcd:\n", "etcd:\n  lease_ttl: 2500ms\n", 1), 1, []string{"etcd.lease_ttl", "whole seconds"}},
@@ -54,7 +63,7 @@ func TestCheckConfig(t *testing.T) {
 				t.Fatalf("exit %d, want %d\n%s", r.code, tc.code, r)
 			}
 			for _, w := range tc.want {
-				if !strings.Contains(r.stderr, w) {
+				if w = strings.ReplaceAll(w, "$CFG", path); !strings.Contains(r.stderr, w) {
 					t.Errorf("stderr lacks %q\n%s", w, r)
 				}
 			}
@@ -102,13 +111,23 @@ func TestCheckConfigModbusProfile(t *testing.T) {
 	}
 }
 
-// The example config is valid, and check-config prints it with the defaults
-// filled in as a config file that reads back the same.
+// The example config (the package's default) is refused as shipped, naming
+// the command that fixes it; once `keys init` has written its auth: block
+// it is valid, and check-config prints it with the defaults filled in as a
+// config file that reads back the same.
 func TestCheckConfigExample(t *testing.T) {
-	example := filepath.Join("..", "..", "configs", "edgefence.example.yaml")
+	example := exampleCopy(t)
 	r := edgefence(t, "config", "check", example)
+	if r.code != 1 || !strings.HasPrefix(r.stderr, example+":") || !strings.Contains(r.stderr, "run `edgefence keys init --config "+example+"`") ||
+		!strings.HasSuffix(r.stderr, "invalid config: 1 problem\n") {
+		t.Fatalf("example config as shipped: want exit 1 and the one problem, naming keys init\n%s", r)
+	}
+	if r = edgefence(t, "keys", "init", "--config", example, "--dir", filepath.Join(t.TempDir(), "keys")); r.code != 0 {
+		t.Fatalf("keys init: %s", r)
+	}
+	r = edgefence(t, "config", "check", example)
 	if r.code != 0 || r.stderr != "" {
-		t.Fatalf("example config rejected\n%s", r)
+		t.Fatalf("example config after keys init rejected\n%s", r)
 	}
 	want, err := agent.LoadConfig(example)
 	if err != nil {
@@ -129,6 +148,10 @@ func TestCheckConfigExample(t *testing.T) {
 }
 
 func TestCheckConfigUsage(t *testing.T) {
+	good := filepath.Join(t.TempDir(), "good.yaml")
+	if err := os.WriteFile(good, []byte(goodConfig), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		args []string
 		code int
@@ -142,7 +165,7 @@ func TestCheckConfigUsage(t *testing.T) {
 		{[]string{"config", "lint"}, 2, "unknown command"},
 		{[]string{"config", "check", filepath.Join(t.TempDir(), "missing.yaml")}, 1, "missing.yaml: no such file or directory"},
 		{[]string{"check-config"}, 2, "usage"}, // the old name, a hidden alias
-		{[]string{"check-config", filepath.Join("..", "..", "configs", "edgefence.example.yaml")}, 0, "gateway: gw-01"},
+		{[]string{"check-config", good}, 0, "gateway: gw-1"},
 	} {
 		r := edgefence(t, tc.args...)
 		if r.code != tc.code || !strings.Contains(r.stdout+r.stderr, tc.want) {
@@ -169,10 +192,38 @@ func TestRunBadConfig(t *testing.T) {
 		}
 	}
 	// A flag's problem names the flag, not a line of the file.
-	r := edgefence(t, "run", "--config", filepath.Join("..", "..", "configs", "edgefence.example.yaml"), "--mqtt", "mqtt://ok:1883,ftp://x")
+	example := exampleCopy(t)
+	r := edgefence(t, "run", "--config", example, "--mqtt", "mqtt://ok:1883,ftp://x")
 	if r.code != 1 || !strings.HasPrefix(r.stderr, "--mqtt: \"ftp://x\": scheme must be one of") {
 		t.Errorf("want exit 1 and the --mqtt flag named\n%s", r)
 	}
+	// Secure by default: the package's config, its devices signed and no
+	// key yet, does not start; the error names the command that fixes it.
+	r = edgefence(t, "run", "--config", example)
+	if r.code != 1 || !strings.Contains(r.stderr, example+":") || !strings.Contains(r.stderr, "auth.key_file: not set") ||
+		!strings.Contains(r.stderr, "run `edgefence keys init --config "+example+"`") {
+		t.Errorf("run without a key: want exit 1 naming keys init\n%s", r)
+	}
+}
+
+// exampleCopy copies the example config and its profiles into a temporary
+// directory and returns the config's path.
+func exampleCopy(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	for _, name := range []string{"edgefence.example.yaml", "profiles/energy-meter.yaml", "profiles/hvac-controller.yaml"} {
+		b, err := os.ReadFile(filepath.Join("..", "..", "configs", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(dir, name)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return filepath.Join(dir, "edgefence.example.yaml")
 }
 
 // Every problem of a config is reported, one a line, FILE:LINE: KEY: MESSAGE;
@@ -197,11 +248,13 @@ devices:
 		t.Fatal(err)
 	}
 	r := edgefence(t, "config", "check", bad)
-	want := bad + `:4: etcd.lease_ttl: 1s is below the minimum 2s
+	want := bad + `: auth.key_file: not set, but dev-1, dev-2, dev-3 and 1 more must be signed (every device is, unless it says auth: off): ` +
+		"run `edgefence keys init --config " + bad + "` to make this gateway's keys and auth: block, or say auth: off on each device to leave unsigned\n" +
+		bad + `:4: etcd.lease_ttl: 1s is below the minimum 2s
 ` + bad + `:5: mqtt.brokers: at least one broker URL required
 ` + bad + `:6: mqtt.brokerz: unknown key (did you mean brokers?)
 ` + bad + `:12: devices[3].fence: "gatway": want "device" or "gateway"
-edgefence: invalid config: 4 problems
+edgefence: invalid config: 5 problems
 `
 	if r.code != 1 || r.stderr != want || r.stdout != "" {
 		t.Fatalf("want exit 1 and\n%s\n%s", want, r)

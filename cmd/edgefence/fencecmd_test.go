@@ -204,7 +204,7 @@ func TestFenceErrors(t *testing.T) {
 func TestFenceNoTable(t *testing.T) {
 	dir := t.TempDir()
 	w := newAPIWorld(t, dir)
-	cfg, sock := w.serve("nohome", "  - id: dev-1\n  - id: plc-2\n    fence: gateway\n    home: gw-2\n", agent.Options{})
+	cfg, sock := w.serve("nohome", "  - id: dev-1\n    auth: off\n  - id: plc-2\n    fence: gateway\n    home: gw-2\n    auth: off\n", agent.Options{})
 	for _, args := range [][]string{
 		{"fence", "list", "--config", cfg},
 		{"fence", "list", "--config", cfg, "--json"},
@@ -230,7 +230,7 @@ func TestFenceNoTable(t *testing.T) {
 	}
 
 	// The home of a device whose agent never ran: no file yet, and why.
-	home, _ := w.serve("home", "  - id: plc-1\n    fence: gateway\n    home: gw-1\n    mqtt_topic: site/plc-1\n", agent.Options{})
+	home, _ := w.serve("home", "  - id: plc-1\n    fence: gateway\n    home: gw-1\n    mqtt_topic: site/plc-1\n    auth: off\n", agent.Options{})
 	if err := os.Remove(filepath.Join(dir, fence.TableFile)); err != nil && !os.IsNotExist(err) {
 		t.Fatal(err)
 	}

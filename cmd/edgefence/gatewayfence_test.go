@@ -37,7 +37,7 @@ func TestHomeGatewayBridge(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.WriteString("  - id: plc-1\n    fence: gateway\n    home: gw-1\n    serial:\n      port: " + slave.Name() + "\n"); err != nil {
+	if _, err := f.WriteString("  - id: plc-1\n    fence: gateway\n    home: gw-1\n    auth: off\n    serial:\n      port: " + slave.Name() + "\n"); err != nil {
 		t.Fatal(err)
 	}
 	f.Close()

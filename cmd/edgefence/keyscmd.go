@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto/ecdsa"
 	"errors"
 	"flag"
 	"fmt"
@@ -12,25 +13,37 @@ import (
 	"github.com/edgefence/edgefence/fence/auth"
 )
 
-const keysUsage = `usage: edgefence keys new|certify|enrol|revoke|epoch|verify|publish|manifest [flags]
+const keysUsage = `usage: edgefence keys init|new|certify|enrol|revoke|epoch|verify|publish|manifest [flags]
 
-The key lifecycle of signed commands (I7; fence points verify them offline):
+The key lifecycle of signed commands (I7; fence points verify them offline).
+--root-key is the operator's root private key (FILE, or PREFIX for PREFIX.key),
+--root-pub its public key, --root-kid its key id (default operator):
 
+  keys init [--config FILE] [--dir /etc/edgefence/keys] [--gateway ID] [--kid ID]
+            [--devices LIST] [--root-kid ID] [--valid 8760h] [--force]
+                                         a single site's start: the operator's root key pair
+                                         (root.key, root.pub), this gateway's key (gateway.key,
+                                         gateway.pub) and its certificate (gateway.cert, for
+                                         --devices, default *) in --dir (0700, keys 0600); the
+                                         auth: block written into --config FILE, or printed.
+                                         A fleet keeps root.key offline: copy it off, delete it
+                                         here. Devices then need root.pub, and for signed acks
+                                         a key of their own: keys enrol
   keys new --out PREFIX                  a new ES256 key pair: PREFIX.key (0600), PREFIX.pub;
                                          the operator's root key and each gateway's key alike
-  keys certify --root PREFIX --root-kid ID --pub GW.pub --kid ID --devices LIST
+  keys certify --root-key FILE --root-kid ID --pub GW.pub --kid ID --devices LIST
                [--valid 8760h] [--serial N] --out FILE
                                          the operator certifies a gateway key for devices
                                          (ids, prefix*, or *) for a while; rotate by certifying
                                          a new key (new kid) before revoking the old one
-  keys enrol DEVICE --root PREFIX --root-kid ID --out DIR [--pub DEV.pub] [--kid ID]
+  keys enrol DEVICE --root-key FILE --root-kid ID --out DIR [--pub DEV.pub] [--kid ID]
              [--valid 43800h] [--serial N] [--config FILE | --etcd URLS] [--prefix P]
                                          a device's own key (signs its acks and state reports,
                                          never commands), certified by the operator; writes the
                                          bundle to flash (DIR/DEVICE.key, .cert, trust-root.pub,
                                          trust-root.kid) and with --config/--etcd publishes the
                                          certificate at <prefix>/trust/devices/DEVICE
-  keys revoke --root PREFIX --root-kid ID --version N [--kid LIST] --out FILE
+  keys revoke --root-key FILE --root-kid ID --version N [--kid LIST] --out FILE
                                          a signed revocation list; N must exceed the last one's
   keys epoch --root-key FILE [--root-kid ID] [--epoch N] [--out FILE]
              [--config FILE | --etcd URLS [--prefix P]] [--root-pub FILE]
@@ -49,18 +62,18 @@ The key lifecycle of signed commands (I7; fence points verify them offline):
                                          <prefix>/trust/devices/<device>): running agents relay
                                          the list to every device they hold; after an etcd
                                          rebuild, the agents put back what they kept
-  keys manifest --root-key KEY [--root-kid ID] --image FILE --version N [--name TEXT] -o FILE
+  keys manifest --root-key FILE [--root-kid ID] --image FILE --version N [--name TEXT] -o FILE
                                          the operator releases a firmware image: a manifest of
                                          its sha256, size and security version signed by the
                                          root; devices provisioned with the root install
                                          nothing else
-  keys manifest --show FILE [--root PUB [--root-kid ID]] [--image FILE]
+  keys manifest --show FILE [--root-pub FILE [--root-kid ID]] [--image FILE]
                                          print a manifest; verify it against the root, and
                                          that the image file is the one it names
 `
 
 func cmdKeys(args []string, stdout, stderr io.Writer) error {
-	return subcommand("keys", keysUsage, map[string]command{"new": cmdKeysNew, "certify": cmdKeysCertify, "enrol": cmdKeysEnrol,
+	return subcommand("keys", keysUsage, map[string]command{"init": cmdKeysInit, "new": cmdKeysNew, "certify": cmdKeysCertify, "enrol": cmdKeysEnrol,
 		"revoke": cmdKeysRevoke, "epoch": cmdKeysEpoch, "verify": cmdKeysVerify, "publish": cmdKeysPublish, "manifest": cmdKeysManifest}, args, stdout, stderr)
 }
 
@@ -91,14 +104,28 @@ func cmdKeysNew(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
-// rootFlags are the operator key flags of certify and revoke.
-func rootFlags(fs *flag.FlagSet) (prefix, kid *string) {
-	return fs.String("root", "", "the operator's key: PREFIX (reads PREFIX.key)"),
-		fs.String("root-kid", "operator", "the operator key's id, as the fence points know it")
+// rootFlags are the operator's root key flags of certify, enrol and
+// revoke: --root-key FILE (PREFIX.key, or PREFIX) and --root-kid ID.
+func rootFlags(fs *flag.FlagSet) (key, kid *string) {
+	key = fs.String("root-key", "", "the operator's root private key: FILE (PREFIX.key, or PREFIX)")
+	deprecatedAlias(fs, "root", "root-key", key)
+	return key, fs.String("root-kid", "operator", "the operator key's id, as the fence points know it")
 }
 
-func openRoot(prefix, kid string) (*auth.Root, error) {
-	k, err := auth.ReadKey(strings.TrimSuffix(prefix, ".key") + ".key")
+// deprecatedAlias makes --old, a flag's old spelling, set *v as --now
+// does, with a one-line notice. Usage texts name only --now.
+func deprecatedAlias(fs *flag.FlagSet, old, now string, v *string) {
+	fs.Func(old, "deprecated: use --"+now, func(s string) error {
+		fmt.Fprintf(fs.Output(), "edgefence %s: --%s is deprecated, use --%s\n", fs.Name(), old, now)
+		*v = s
+		return nil
+	})
+}
+
+// openRoot returns the operator's root of the private key at key
+// (PREFIX.key, or PREFIX).
+func openRoot(key, kid string) (*auth.Root, error) {
+	k, err := auth.ReadKey(strings.TrimSuffix(key, ".key") + ".key")
 	if err != nil {
 		return nil, err
 	}
@@ -118,7 +145,7 @@ func cmdKeysCertify(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if *root == "" || *pub == "" || *kid == "" || *devices == "" || *out == "" {
-		return keysUsageError(stderr, "keys certify: --root, --pub, --kid, --devices and --out are required")
+		return keysUsageError(stderr, "keys certify: --root-key, --pub, --kid, --devices and --out are required")
 	}
 	r, err := openRoot(*root, *rootKid)
 	if err != nil {
@@ -128,16 +155,24 @@ func cmdKeysCertify(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	now := time.Now()
-	raw, err := r.Certify([]byte(*kid), gw, strings.Split(*devices, ","), now.Add(-5*time.Minute), now.Add(*valid), *serial)
+	raw, until, err := certifyGateway(r, *kid, gw, *devices, *valid, *serial)
 	if err != nil {
 		return err
 	}
 	if err := os.WriteFile(*out, raw, 0o644); err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "certified %s for %s until %s (serial %d): %s\n", *kid, *devices, now.Add(*valid).UTC().Format(time.RFC3339), *serial, *out)
+	fmt.Fprintf(stdout, "certified %s for %s until %s (serial %d): %s\n", *kid, *devices, until, *serial, *out)
 	return nil
+}
+
+// certifyGateway is the root's certificate for the gateway key gw (key id
+// kid) to command devices (comma-separated ids, prefix*, or *) from five
+// minutes ago (clock skew) for valid; and its end, RFC 3339.
+func certifyGateway(r *auth.Root, kid string, gw *ecdsa.PublicKey, devices string, valid time.Duration, serial uint64) ([]byte, string, error) {
+	now := time.Now()
+	raw, err := r.Certify([]byte(kid), gw, strings.Split(devices, ","), now.Add(-5*time.Minute), now.Add(valid), serial)
+	return raw, now.Add(valid).UTC().Format(time.RFC3339), err
 }
 
 func cmdKeysRevoke(args []string, stdout, stderr io.Writer) error {
@@ -150,7 +185,7 @@ func cmdKeysRevoke(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if *root == "" || *version == 0 || *out == "" {
-		return keysUsageError(stderr, "keys revoke: --root, --version (≥ 1) and --out are required")
+		return keysUsageError(stderr, "keys revoke: --root-key, --version (≥ 1) and --out are required")
 	}
 	r, err := openRoot(*root, *rootKid)
 	if err != nil {

@@ -66,7 +66,7 @@ func parseEnrolFlags(args []string, stderr io.Writer) (*enrolOpts, error) {
 	}
 	o.root, o.rootKid = *root, *rootKid
 	if o.device == "" || o.root == "" || o.out == "" {
-		return nil, keysUsageError(stderr, "keys enrol: a device, --root and --out are required")
+		return nil, keysUsageError(stderr, "keys enrol: a device, --root-key and --out are required")
 	}
 	if err := fence.ValidateDeviceID(o.device); err != nil {
 		return nil, keysUsageError(stderr, "keys enrol: "+err.Error())

@@ -17,7 +17,7 @@ func TestKeysEnrol(t *testing.T) {
 	ok("keys", "new", "--out", p("operator"))
 	ok("keys", "new", "--out", p("other-root"))
 	ok("keys", "new", "--out", p("chip"))
-	r := ok("keys", "enrol", "dev-1", "--root", p("operator"), "--out", p("bundle"))
+	r := ok("keys", "enrol", "dev-1", "--root-key", p("operator"), "--out", p("bundle"))
 	if !strings.Contains(r.stdout, "not published") {
 		t.Errorf("without --config or --etcd: %s", r)
 	}
@@ -28,7 +28,7 @@ func TestKeysEnrol(t *testing.T) {
 		t.Fatalf("trust-root.kid: %q %v", b, err)
 	}
 	// A key made on chip: only its certificate; flags first, then the device.
-	ok("keys", "enrol", "--root", p("operator"), "--pub", p("chip.pub"), "--kid", "plc-7/chip", "--out", p("bundle"), "dev-2")
+	ok("keys", "enrol", "--root-key", p("operator"), "--pub", p("chip.pub"), "--kid", "plc-7/chip", "--out", p("bundle"), "dev-2")
 	if _, err := os.Stat(p("bundle/dev-2.key")); !os.IsNotExist(err) {
 		t.Fatalf("dev-2.key written for a key made on chip: %v", err)
 	}
@@ -41,11 +41,11 @@ func TestKeysEnrol(t *testing.T) {
 		args []string
 		code int
 	}{
-		{"enrolled again", []string{"keys", "enrol", "dev-1", "--root", p("operator"), "--out", p("bundle")}, 1},
-		{"another root's bundle", []string{"keys", "enrol", "dev-3", "--root", p("other-root"), "--out", p("bundle")}, 1},
-		{"no device", []string{"keys", "enrol", "--root", p("operator"), "--out", p("bundle")}, 2},
-		{"a wildcard", []string{"keys", "enrol", "dev-*", "--root", p("operator"), "--out", p("bundle")}, 2},
-		{"no --out", []string{"keys", "enrol", "dev-4", "--root", p("operator")}, 2},
+		{"enrolled again", []string{"keys", "enrol", "dev-1", "--root-key", p("operator"), "--out", p("bundle")}, 1},
+		{"another root's bundle", []string{"keys", "enrol", "dev-3", "--root-key", p("other-root"), "--out", p("bundle")}, 1},
+		{"no device", []string{"keys", "enrol", "--root-key", p("operator"), "--out", p("bundle")}, 2},
+		{"a wildcard", []string{"keys", "enrol", "dev-*", "--root-key", p("operator"), "--out", p("bundle")}, 2},
+		{"no --out", []string{"keys", "enrol", "dev-4", "--root-key", p("operator")}, 2},
 	} {
 		if r := edgefence(t, bad.args...); r.code != bad.code {
 			t.Errorf("%s: %s, want exit %d", bad.name, r, bad.code)

@@ -75,7 +75,7 @@ func TestKeysEpoch(t *testing.T) {
 		!strings.Contains(r.stderr, "not an epoch statement of this root") || held() != 1125899906842624 {
 		t.Fatalf("a gateway key's statement\n%s", r)
 	}
-	ok("keys", "revoke", "--root", p("operator"), "--version", "9", "--out", p("list"))
+	ok("keys", "revoke", "--root-key", p("operator"), "--version", "9", "--out", p("list"))
 	if r := epoch(append([]string{"--from", p("list")}, pubTo...)...); r.code == 0 || held() != 1125899906842624 {
 		t.Fatalf("a revocation list as the epoch\n%s", r)
 	}

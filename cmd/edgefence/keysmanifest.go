@@ -16,7 +16,7 @@ import (
 // (--show) prints one and, given the root's public key, verifies it.
 func cmdKeysManifest(args []string, stdout, stderr io.Writer) error {
 	fs := keysFlagSet("manifest", stderr)
-	rootKey := fs.String("root-key", "", "the operator's key: KEY (PREFIX.key or PREFIX)")
+	rootKey := fs.String("root-key", "", "the operator's root private key: FILE (PREFIX.key, or PREFIX)")
 	rootKid := fs.String("root-kid", "operator", "the operator key's id, as the fence points know it")
 	image := fs.String("image", "", "the firmware image file")
 	version := fs.Uint64("version", 0, "the image's security version (anti-rollback)")
@@ -26,8 +26,8 @@ func cmdKeysManifest(args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&out, "out", "", "manifest file to write")
 	show := fs.String("show", "", "print the manifest FILE instead of signing one")
 	var rootPub string
-	fs.StringVar(&rootPub, "root", "", "with --show: verify against the operator's public key (PEM)")
-	fs.StringVar(&rootPub, "root-pub", "", "with --show: the same as --root")
+	fs.StringVar(&rootPub, "root-pub", "", "with --show: verify against the operator's public key (PEM)")
+	deprecatedAlias(fs, "root", "root-pub", &rootPub)
 	if err := parseFlags(fs, args, 0); err != nil {
 		return err
 	}
@@ -78,7 +78,7 @@ func showManifest(path, rootPub, rootKid, image string, stdout io.Writer) error 
 	fmt.Fprintf(stdout, "  issued   %s\n", time.UnixMilli(m.Issued).UTC().Format(time.RFC3339))
 	var bad []string
 	if rootPub == "" {
-		fmt.Fprintln(stdout, "  signature not checked (give --root PUB)")
+		fmt.Fprintln(stdout, "  signature not checked (give --root-pub FILE)")
 	} else if err := verifyManifestFile(raw, rootPub, rootKid); err != nil {
 		bad = append(bad, fmt.Sprintf("signature: %v", err))
 	} else {

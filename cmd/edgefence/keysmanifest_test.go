@@ -55,13 +55,13 @@ func TestKeysManifest(t *testing.T) {
 	if !strings.Contains(r.stdout, fmt.Sprintf("sha256 %x", sum)) || !strings.Contains(r.stdout, "version  7") || !strings.Contains(r.stdout, "not checked") {
 		t.Fatalf("--show: %s", r)
 	}
-	r = run(0, "keys", "manifest", "--show", p("fw.manifest"), "--root", p("operator.pub"), "--image", p("fw.bin"))
+	r = run(0, "keys", "manifest", "--show", p("fw.manifest"), "--root-pub", p("operator.pub"), "--image", p("fw.bin"))
 	if !strings.Contains(r.stdout, "signature ok") || !strings.Contains(r.stdout, "matches") {
-		t.Fatalf("--show --root --image: %s", r)
+		t.Fatalf("--show --root-pub --image: %s", r)
 	}
 
 	// Refusals: another root, a forger under the operator's kid, another image.
-	if r := run(1, "keys", "manifest", "--show", p("fw.manifest"), "--root", p("mallory.pub")); !strings.Contains(r.stdout, "REFUSED: signature") {
+	if r := run(1, "keys", "manifest", "--show", p("fw.manifest"), "--root-pub", p("mallory.pub")); !strings.Contains(r.stdout, "REFUSED: signature") {
 		t.Fatalf("verified against another root: %s", r)
 	}
 	run(0, "keys", "manifest", "--root-key", p("mallory"), "--image", p("fw.bin"), "--version", "9", "-o", p("forged.manifest"))

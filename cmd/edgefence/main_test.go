@@ -155,12 +155,22 @@ func newEnvFleet(t *testing.T, adjust func(w *sandbox.World, fc *sim.FleetConfig
 // config writes an agent config for gateway and returns its path and socket.
 func (e *env) config(gateway string, leaseTTL time.Duration) (path, socket string) {
 	e.t.Helper()
+	return e.configEdit(gateway, leaseTTL, nil)
+}
+
+// configEdit is config, edited by edit (if not nil) before it is written:
+// e.g. its auth section, which signs its devices.
+func (e *env) configEdit(gateway string, leaseTTL time.Duration, edit func(c *sandbox.AgentConfig)) (path, socket string) {
+	e.t.Helper()
 	c := e.world.AgentConfig(gateway, e.dir, e.devices)
 	c.LeaseTTL = leaseTTL
 	c.LogFormat = "json"
 	c.Labels = e.labels
 	if e.etcdURL != "" {
 		c.Etcd = e.etcdURL
+	}
+	if edit != nil {
+		edit(&c)
 	}
 	path = filepath.Join(e.dir, gateway+".yaml")
 	if err := c.Write(path); err != nil {

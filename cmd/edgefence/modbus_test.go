@@ -31,7 +31,7 @@ func TestHomeGatewayModbus(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.WriteString("  - id: tc-1\n    fence: gateway\n    home: gw-1\n    modbus: {bus: plc-net, unit: 3, profile: acme-tc20}\n" +
+	if _, err := f.WriteString("  - id: tc-1\n    fence: gateway\n    home: gw-1\n    auth: off\n    modbus: {bus: plc-net, unit: 3, profile: acme-tc20}\n" +
 		"modbus:\n  profiles: [" + prof + "]\n  buses:\n    - name: plc-net\n      tcp: " + slave.Addr() + "\ntwins:\n  enabled: true\n"); err != nil {
 		t.Fatal(err)
 	}

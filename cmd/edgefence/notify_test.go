@@ -227,6 +227,7 @@ api:
   socket: %q
 devices:
   - id: dev-1
+    auth: off
 `, filepath.Join(dir, "state"), etcdPort, mqttPort, filepath.Join(dir, "gw.sock")), 0o644); err != nil {
 		t.Fatal(err)
 	}

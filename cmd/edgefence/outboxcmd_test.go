@@ -305,7 +305,7 @@ func TestOutboxViaAgent(t *testing.T) {
 	w := newAPIWorld(t, dir)
 	serve := func(name string, ob *offline.Outbox) (cfgPath, sock string) {
 		t.Helper()
-		return w.serve(name, "  - id: pump-7\n", agent.Options{Outbox: ob})
+		return w.serve(name, "  - id: pump-7\n    auth: off\n", agent.Options{Outbox: ob})
 	}
 
 	ob, err := offline.Open(path, nil) // the agent's lock

@@ -43,10 +43,10 @@ func TestFenceResetSignedDevice(t *testing.T) {
 	_, p, ok := keysDir(t)
 	ok("keys", "new", "--out", p("operator"))
 	ok("keys", "new", "--out", p("gw-1"))
-	ok("keys", "certify", "--root", p("operator"), "--pub", p("gw-1.pub"), "--kid", "gw-1/1", "--devices", "dev-1", "--out", p("gw-1.cert"))
+	ok("keys", "certify", "--root-key", p("operator"), "--pub", p("gw-1.pub"), "--kid", "gw-1/1", "--devices", "dev-1", "--out", p("gw-1.cert"))
 	e := newEnv(t, "fleet-unused") // etcd and a broker; the agent's device is the devsim's
 	e.devices = []string{"dev-1"}
-	ok("keys", "enrol", "dev-1", "--root", p("operator"), "--out", p("bundle"), "--etcd", e.world.Etcd.Endpoint())
+	ok("keys", "enrol", "dev-1", "--root-key", p("operator"), "--out", p("bundle"), "--etcd", e.world.Etcd.Endpoint())
 	devsim, err := sandbox.StartProc("devsim", filepath.Join(e.dir, "devsim.log"), nil, filepath.Join(bin, "edgefence-devsim"),
 		"--mqtt", e.world.Broker.URL(), "--devices", "dev-1", "--dir", filepath.Join(e.dir, "device"), "--client-id", "devsim",
 		"--trust-root", p("operator.pub"), "--trust-root-kid", "operator", "--certs", p("gw-1.cert"), "--device-keys", p("bundle"))
@@ -59,9 +59,10 @@ func TestFenceResetSignedDevice(t *testing.T) {
 	if err := devsim.WaitLine(ctx, "ready"); err != nil {
 		t.Fatal(err)
 	}
-	cfg, sock := e.config("gw-1", 5*time.Second)
-	appendConfig(t, cfg, fmt.Sprintf("auth:\n  key_file: %s\n  key_id: gw-1/1\n  certificate: %s\n  trust_root: %s\n  trust_root_kid: operator\n",
-		p("gw-1.key"), p("gw-1.cert"), p("operator.pub")))
+	cfg, sock := e.configEdit("gw-1", 5*time.Second, func(c *sandbox.AgentConfig) {
+		c.Auth = &sandbox.GatewayKey{KeyFile: p("gw-1.key"), KeyID: "gw-1/1", Certificate: p("gw-1.cert"), TrustRoot: p("operator.pub"),
+			TrustRootKID: "operator"}
+	})
 	gw := e.startAgent("gw-1", cfg)
 	token := e.waitHolding(gw, sock).Devices[0].Token
 

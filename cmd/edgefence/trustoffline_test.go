@@ -42,7 +42,7 @@ func newSignedSite(t *testing.T) *signedSite {
 func (s *signedSite) enrol(dev, etcdURL string) *auth.Signer {
 	s.t.Helper()
 	bundle := filepath.Join(s.dir, "bundle")
-	if r := edgefence(s.t, "keys", "enrol", dev, "--root", s.root, "--root-kid", authtest.RootKID, "--out", bundle,
+	if r := edgefence(s.t, "keys", "enrol", dev, "--root-key", s.root, "--root-kid", authtest.RootKID, "--out", bundle,
 		"--etcd", etcdURL); r.code != 0 {
 		s.t.Fatal(r)
 	}
@@ -57,9 +57,9 @@ func (s *signedSite) enrol(dev, etcdURL string) *auth.Signer {
 	return sg
 }
 
-// gateway certifies a key for gateway name and appends its auth block to
-// the agent config at cfg.
-func (s *signedSite) gateway(name, cfg string) {
+// gateway certifies a key for gateway name and writes its agent config
+// in e, signed: its devices are `auth: required`.
+func (s *signedSite) gateway(e *env, name string, leaseTTL time.Duration) (cfg, sock string) {
 	s.t.Helper()
 	gw := s.op.Certify(name, "dev-*")
 	if err := auth.WriteKeyPair(filepath.Join(s.dir, name), gw.Key); err != nil {
@@ -69,15 +69,10 @@ func (s *signedSite) gateway(name, cfg string) {
 	if err := os.WriteFile(cert, gw.Cert, 0o600); err != nil {
 		s.t.Fatal(err)
 	}
-	f, err := os.OpenFile(cfg, os.O_APPEND|os.O_WRONLY, 0)
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	defer f.Close()
-	if _, err := f.WriteString("auth:\n  key_file: " + filepath.Join(s.dir, name+".key") + "\n  key_id: " + name +
-		"\n  certificate: " + cert + "\n  trust_root: " + s.root + ".pub\n  trust_root_kid: " + authtest.RootKID + "\n"); err != nil {
-		s.t.Fatal(err)
-	}
+	return e.configEdit(name, leaseTTL, func(c *sandbox.AgentConfig) {
+		c.Auth = &sandbox.GatewayKey{KeyFile: filepath.Join(s.dir, name+".key"), KeyID: name, Certificate: cert,
+			TrustRoot: s.root + ".pub", TrustRootKID: authtest.RootKID}
+	})
 }
 
 // outboxStates returns `edgefence outbox list --state all`'s entries by
@@ -120,8 +115,7 @@ func TestTrustDeviceOfflineAtAcquisition(t *testing.T) {
 	for _, d := range devs {
 		signers[d] = site.enrol(d, e.world.Etcd.Endpoint())
 	}
-	cfg, sock := e.config("gw-1", 10*time.Second)
-	site.gateway("gw-1", cfg)
+	cfg, sock := site.gateway(e, "gw-1", 10*time.Second)
 	p := e.startAgent("gw-1", cfg)
 	e.waitHolding(p, sock)
 

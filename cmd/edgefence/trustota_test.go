@@ -53,7 +53,7 @@ func TestTrustOverTheAirEndToEnd(t *testing.T) {
 	var signers map[string]*auth.Signer
 	e := newEnvFleet(t, func(w *sandbox.World, fc *sim.FleetConfig) {
 		bundle := filepath.Join(dir, "bundle")
-		if r := edgefence(t, "keys", "enrol", "dev-1", "--root", rootPrefix, "--root-kid", authtest.RootKID, "--out", bundle,
+		if r := edgefence(t, "keys", "enrol", "dev-1", "--root-key", rootPrefix, "--root-kid", authtest.RootKID, "--out", bundle,
 			"--etcd", w.Etcd.Endpoint()); r.code != 0 {
 			t.Fatal(r)
 		}
@@ -76,18 +76,10 @@ func TestTrustOverTheAirEndToEnd(t *testing.T) {
 		if err := auth.WriteKeyPair(filepath.Join(dir, name), gw.Key); err != nil {
 			t.Fatal(err)
 		}
-		cfg, sock = e.config(name, 3*time.Second)
-		f, err := os.OpenFile(cfg, os.O_APPEND|os.O_WRONLY, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer f.Close()
-		if _, err := f.WriteString("auth:\n  key_file: " + filepath.Join(dir, name+".key") + "\n  key_id: " + name +
-			"\n  certificate: " + file(name+".cert", gw.Cert) + "\n  revocations: " + list1 +
-			"\n  trust_root: " + rootPrefix + ".pub\n  trust_root_kid: " + authtest.RootKID + "\n"); err != nil {
-			t.Fatal(err)
-		}
-		return cfg, sock
+		return e.configEdit(name, 3*time.Second, func(c *sandbox.AgentConfig) {
+			c.Auth = &sandbox.GatewayKey{KeyFile: filepath.Join(dir, name+".key"), KeyID: name, Certificate: file(name+".cert", gw.Cert),
+				Revocations: list1, TrustRoot: rootPrefix + ".pub", TrustRootKID: authtest.RootKID}
+		})
 	}
 	send := func(sock, setpoint string) agent.SendResult {
 		t.Helper()
@@ -113,7 +105,7 @@ func TestTrustOverTheAirEndToEnd(t *testing.T) {
 
 	// The operator revokes gw-1 and publishes the list to etcd.
 	list2 := filepath.Join(dir, "revocations-2.cbor")
-	if r := edgefence(t, "keys", "revoke", "--root", rootPrefix, "--root-kid", authtest.RootKID, "--version", "2",
+	if r := edgefence(t, "keys", "revoke", "--root-key", rootPrefix, "--root-kid", authtest.RootKID, "--version", "2",
 		"--kid", "gw-1", "--out", list2); r.code != 0 {
 		t.Fatal(r)
 	}

@@ -48,8 +48,7 @@ func TestTrustEtcdRebuilt(t *testing.T) {
 			if r := edgefence(t, "etcd", "bump-revision", "--etcd", ae.url, "--to", "500"); r.code != 0 {
 				t.Fatal(r)
 			}
-			cfg1, sock1 := e.config("gw-1", 5*time.Second)
-			site.gateway("gw-1", cfg1)
+			cfg1, sock1 := site.gateway(e, "gw-1", 5*time.Second)
 			gw1 := e.startAgent("gw-1", cfg1)
 			high := e.waitHolding(gw1, sock1).Devices[0].Token
 			if r, res := e.set(sock1, "dev-1", 21); res.Verdict != "accepted" {
@@ -85,8 +84,7 @@ func TestTrustEtcdRebuilt(t *testing.T) {
 
 			// A replacement gateway with no state: it reads the
 			// certificates gw-1 put back.
-			cfg2, sock2 := e.config("gw-2", 5*time.Second)
-			site.gateway("gw-2", cfg2)
+			cfg2, sock2 := site.gateway(e, "gw-2", 5*time.Second)
 			gw2 := e.startAgent("gw-2", cfg2)
 			e.waitHolding(gw2, sock2)
 			if r, res := e.set(sock2, "dev-1", 98); res.Verdict != "stale" {

@@ -18,13 +18,16 @@ import (
 //     authenticated client, with %u replaced by its user name and %c by its
 //     client id; a name holding '/', '+' or '#' matches no pattern.
 //   - The access defaults to readwrite. A deny rule whose topic matches
-//     refuses, before any grant is looked at. Nothing matching means refused.
+//     refuses, before any grant is looked at (Mosquitto puts a user's deny
+//     rules first). Nothing matching means refused.
 //
 // One difference: a SUBSCRIBE to a filter with wildcards is allowed only if
-// a read rule covers every topic the filter can match (Mosquitto 2.0 grants
-// every SUBSCRIBE and checks read on each delivered message; the sandbox
-// broker checks both, so a device subscribing to <prefix>/dev/+/cmd is
-// refused up front rather than receiving nothing).
+// a read rule covers every topic the filter can match, and no deny rule
+// covers them all (Mosquitto 2.0 grants every SUBSCRIBE and checks read on
+// each delivered message; the sandbox broker checks both, so a device
+// subscribing to <prefix>/dev/+/cmd is refused up front rather than
+// receiving nothing, while a subscription a deny rule only cuts into gets
+// every message but the denied ones, as from Mosquitto).
 type ACL struct {
 	anonymous []aclRule
 	users     map[string][]aclRule
@@ -127,7 +130,7 @@ func (a *ACL) Allowed(user, clientID, topic string, write bool) bool {
 		}
 	}
 	for _, r := range rules {
-		if r.access == aclDeny && filterOverlaps(r.topic, topic) {
+		if r.access == aclDeny && filterCovers(r.topic, topic) {
 			return false
 		}
 	}
@@ -164,21 +167,6 @@ func filterCovers(rule, f string) bool {
 		}
 	}
 	return len(rl) == len(fl)
-}
-
-// filterOverlaps reports whether some topic is matched by both filters.
-func filterOverlaps(a, b string) bool {
-	al, bl := strings.Split(a, "/"), strings.Split(b, "/")
-	for i := 0; i < len(al) && i < len(bl); i++ {
-		if al[i] == "#" || bl[i] == "#" {
-			return true
-		}
-		if al[i] != "+" && bl[i] != "+" && al[i] != bl[i] {
-			return false
-		}
-	}
-	return len(al) == len(bl) ||
-		len(al) == len(bl)+1 && al[len(al)-1] == "#" || len(bl) == len(al)+1 && bl[len(bl)-1] == "#"
 }
 
 // validFilter reports whether f is an MQTT topic filter: non-empty, '+'

@@ -27,7 +27,7 @@ type aclCase struct {
 
 // deployACLCases are the flows of edgefence (and the attacks on them) that
 // deploy/mosquitto/edgefence.acl decides: gw-a and gw-b are gateways, gw-b
-// the home of plc-1; thermostat-1 and -2 are devices.
+// the home of plc-1; thermostat-1 and -2 are devices; operator reads.
 var deployACLCases = []aclCase{
 	// Devices: their own cmd (read), ack and state (write), nothing else.
 	{"thermostat-1", "edgefence/v1/dev/thermostat-1/cmd", false, true},
@@ -56,6 +56,18 @@ var deployACLCases = []aclCase{
 	{"gw-b", "edgefence/v1/dev/plc-1/ack", true, true},
 	{"gw-b", "edgefence/v1/dev/plc-1/state", true, true},
 	{"gw-b", "edgefence/v1/dev/thermostat-2/ack", true, false},
+	// The read-only operator: every topic under the prefix, no publish at
+	// all (not even the device topics the patterns give every user).
+	{"operator", "edgefence/v1/#", false, true},
+	{"operator", "edgefence/v1/dev/thermostat-1/cmd", false, true},
+	{"operator", "edgefence/v1/dev/thermostat-1/ack", false, true},
+	{"operator", "edgefence/v1/dev/thermostat-1/state", false, true},
+	{"operator", "edgefence/v1/dev/thermostat-1/cmd", true, false},
+	{"operator", "edgefence/v1/dev/thermostat-1/ack", true, false},
+	{"operator", "edgefence/v1/dev/plc-1/state", true, false},
+	{"operator", "edgefence/v1/dev/operator/ack", true, false},
+	{"operator", "edgefence/v1/dev/operator/state", true, false},
+	{"operator", "other/topic", false, false},
 	// Anonymous: nothing.
 	{"", "edgefence/v1/dev/thermostat-1/cmd", false, false},
 	{"", "edgefence/v1/dev/thermostat-1/ack", true, false},
@@ -110,8 +122,10 @@ pattern write q/%c
 		{"alice", "c", "a/b/c", true, true},         // readwrite by default
 		{"alice", "c", "a/b/c", false, true},
 		{"alice", "c", "a/secret", false, false}, // deny first
-		{"alice", "c", "a/#", false, false},      // overlaps the deny
-		{"alice", "c", "more/x", false, true},    // a second block adds
+		{"alice", "c", "a/#", false, true},       // a subscription: its a/secret messages are refused one by one
+		{"alice", "c", "a/secret", true, false},
+		{"alice", "c", "a/+", false, true},
+		{"alice", "c", "more/x", false, true}, // a second block adds
 		{"bob", "c", "b/1/x", true, true},
 		{"bob", "c", "b/1/x", false, false},
 		{"bob", "c", "b/1/x/y", true, false},
@@ -144,27 +158,24 @@ func TestACLParseErrors(t *testing.T) {
 	}
 }
 
-func TestFilterCoversOverlaps(t *testing.T) {
+func TestFilterCovers(t *testing.T) {
 	for _, c := range []struct {
-		rule, f        string
-		covers, overlp bool
+		rule, f string
+		covers  bool
 	}{
-		{"a/+/c", "a/b/c", true, true},
-		{"a/+/c", "a/+/c", true, true},
-		{"a/b/c", "a/+/c", false, true},
-		{"a/#", "a", true, true},
-		{"a/#", "a/b/c", true, true},
-		{"a/b", "a/#", false, true},
-		{"a/b", "a/b/c", false, false},
-		{"a/b/c", "a/b", false, false},
-		{"#", "x/y", true, true},
-		{"a/b", "a/c", false, false},
+		{"a/+/c", "a/b/c", true},
+		{"a/+/c", "a/+/c", true},
+		{"a/b/c", "a/+/c", false},
+		{"a/#", "a", true},
+		{"a/#", "a/b/c", true},
+		{"a/b", "a/#", false},
+		{"a/b", "a/b/c", false},
+		{"a/b/c", "a/b", false},
+		{"#", "x/y", true},
+		{"a/b", "a/c", false},
 	} {
 		if got := filterCovers(c.rule, c.f); got != c.covers {
 			t.Errorf("filterCovers(%q, %q) = %v", c.rule, c.f, got)
-		}
-		if got := filterOverlaps(c.rule, c.f); got != c.overlp {
-			t.Errorf("filterOverlaps(%q, %q) = %v", c.rule, c.f, got)
 		}
 	}
 }

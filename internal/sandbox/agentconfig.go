@@ -44,7 +44,9 @@ type AgentConfig struct {
 	LogFormat         string
 	// Auth, if set, is the gateway's signing key, certificate and trust
 	// root (TrustKit.Gateway): its commands are signed, its devices `auth:
-	// required` but those in AuthOff (`auth: off`).
+	// required` but those in AuthOff (`auth: off`). Without it every
+	// device says `auth: off` (the agent refuses a device without a key
+	// otherwise).
 	Auth    *GatewayKey
 	AuthOff []string
 	// Twins turns the twin reconciler on (twins.enabled).
@@ -137,7 +139,7 @@ func (c AgentConfig) YAML() ([]byte, error) {
 	b.WriteString("devices:\n")
 	for _, d := range c.Devices {
 		line("  - ", "id", yamlQuote(d))
-		if slices.Contains(c.AuthOff, d) {
+		if c.Auth == nil || slices.Contains(c.AuthOff, d) {
 			line("    ", "auth", "off")
 		}
 		if ls := c.Labels[d]; len(ls) > 0 {

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -25,8 +27,10 @@ import (
 // credentials cannot command thermostat-2 (its device never sees the
 // forged command, whose huge token would have locked the agent out) nor
 // forge thermostat-2's ack (the agent never receives it); anonymous clients
-// and wrong passwords are refused. The control subtest runs the same attack
-// on a broker whose ACL lets everyone do everything, and sees it land.
+// and wrong passwords are refused; the read-only operator user subscribed
+// to every topic sees the round trip's command, ack and state, and every
+// publish of its is refused. The control subtest runs the same attack on a
+// broker whose ACL lets everyone do everything, and sees it land.
 func TestBrokerACL(t *testing.T) {
 	agentBin, devsimBin := binaries(t)
 	acl := deployACL(t)
@@ -53,7 +57,7 @@ func aclWorld(t *testing.T, agentBin, devsimBin, kind, acl string, enforced bool
 		t.Fatal(err)
 	}
 	pass := map[string]string{}
-	for _, u := range []string{"gw-a", "gw-b", aclAttacker, aclTarget} {
+	for _, u := range []string{"gw-a", "gw-b", aclAttacker, aclTarget, "operator"} {
 		if pass[u], err = auth.User(u); err != nil {
 			t.Fatal(err)
 		}
@@ -134,8 +138,25 @@ func aclWorld(t *testing.T, agentBin, devsimBin, kind, acl string, enforced bool
 	}
 	t.Cleanup(func() { _ = agent.Stop(10 * time.Second) })
 	f, send := awaitHolder(t, ctx, agentBin, agent, ac.Socket, ac.Devices)
+	var seen func() map[string]bool
+	if enforced {
+		seen = operatorWatch(t, ctx, dial("operator", pass["operator"], "operator"))
+	}
 	if res := send(aclTarget, 21); res.Verdict != fence.Accepted.String() {
 		t.Fatalf("round trip: %+v", res)
+	}
+	if enforced {
+		topics := mqtt.Topics{}
+		want := []string{topics.Cmd(aclTarget), topics.Ack(aclTarget), topics.State(aclTarget)}
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			s := seen()
+			if s[want[0]] && s[want[1]] && s[want[2]] {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the operator saw %v, want %v", s, want)
+			}
+		}
 	}
 	before := ackCounts(t, ctx, f, ac.Socket)
 
@@ -211,6 +232,28 @@ func aclWorld(t *testing.T, agentBin, devsimBin, kind, acl string, enforced bool
 	}
 	if n := auth.Denied() - denied; kind == "mochi" && n != 2 {
 		t.Errorf("the broker denied %d requests, want 2 (the forged command and ack): the real flows must need no more", n)
+	}
+}
+
+// operatorWatch subscribes c, the read-only operator's client, to every
+// topic under the prefix (mosquitto_sub -t 'edgefence/v1/#') and returns
+// the topics it has received messages on so far.
+func operatorWatch(t *testing.T, ctx context.Context, c *mqtt.Client) func() map[string]bool {
+	t.Helper()
+	var mu sync.Mutex
+	seen := map[string]bool{}
+	c.Subscribe("edgefence/v1/#", func(m mqtt.Message) {
+		mu.Lock()
+		seen[m.Topic] = true
+		mu.Unlock()
+	})
+	if err := c.AwaitSubscribed(ctx); err != nil {
+		t.Fatalf("the operator's subscription to edgefence/v1/#: %v", err)
+	}
+	return func() map[string]bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return maps.Clone(seen)
 	}
 }
 

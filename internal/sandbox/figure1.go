@@ -301,9 +301,11 @@ func (f *figure1) startAgent(ctx context.Context, gw, failpoints string) (*Proc,
 			if gw == "gw-b" && f.cfg.Modbus != nil {
 				devs.WriteString(f.modbusDeviceYAML())
 			}
-			if f.cfg.Trust != nil {
-				devs.WriteString("    auth: off\n") // B's table knows only B's certificate
-			}
+		}
+		if f.cfg.Trust == nil || f.cfg.atGateway() {
+			// Unsigned, said explicitly; at B's table, signed would need
+			// every gateway's certificate there, and it knows only B's.
+			devs.WriteString("    auth: off\n")
 		}
 	}
 	user, env, err := f.login(gw)

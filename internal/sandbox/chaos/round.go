@@ -357,7 +357,7 @@ func (r *round) startDevsim(ctx context.Context) error {
 }
 
 // agentConfig writes gw's config: every device, half of the shim devices
-// autonomous, the serial devices wired to gw-b.
+// autonomous, the serial devices wired to gw-b; unsigned (auth: off).
 func (r *round) agentConfig(gw string) (string, error) {
 	var devs strings.Builder
 	for i, d := range r.shimDevs {
@@ -365,10 +365,10 @@ func (r *round) agentConfig(gw string) (string, error) {
 		if i%2 == 1 {
 			policy = agent.PolicyAutonomous
 		}
-		fmt.Fprintf(&devs, "  - id: %s\n    policy: %s\n", d, policy)
+		fmt.Fprintf(&devs, "  - id: %s\n    policy: %s\n    auth: off\n", d, policy)
 	}
 	for i, d := range r.serialDevs {
-		fmt.Fprintf(&devs, "  - id: %s\n    fence: gateway\n    home: gw-b\n", d)
+		fmt.Fprintf(&devs, "  - id: %s\n    fence: gateway\n    home: gw-b\n    auth: off\n", d)
 		if gw == "gw-b" {
 			fmt.Fprintf(&devs, "    serial:\n      port: %s\n", r.lines[i].A)
 		}
