@@ -45,12 +45,10 @@ var (
 	fleetKey    = []byte("\x00fleet") // not a device id: ids start with [A-Za-z0-9_-]
 )
 
-// epochs is the agent's record of the devices' epochs. Its methods are
-// safe for concurrent use; mu is a leaf lock, held across the durable
-// writes so that raises of one device are ordered.
+// epochs is the agent's record of the devices' epochs (safe for
+// concurrent use: each write is one bbolt transaction that only raises).
 type epochs struct {
 	db *bbolt.DB // nil: memory only
-	mu sync.Mutex
 }
 
 // load returns the epochs recorded: per device, and the fleet's.
@@ -116,9 +114,13 @@ func (d *device) epochOf() uint64 {
 // epoch is recorded (trust.db; key is d's id, or fleetKey when the whole
 // fleet moves and the caller records it once), then it takes effect. It
 // reports whether d moved.
+//
+// Raises of one device may run at once (the fleet's, an answer's): each
+// lowers the guard and records its epoch, and only the highest takes
+// effect. A late one can at most lower the guard of the epoch after it,
+// which only costs that epoch's first token a check the fence point makes
+// anyway.
 func (a *Agent) raiseEpoch(d *device, e uint64, why string, record bool) (bool, error) {
-	a.epochs.mu.Lock()
-	defer a.epochs.mu.Unlock()
 	d.mu.Lock()
 	was := d.epoch
 	d.mu.Unlock()
@@ -134,6 +136,11 @@ func (a *Agent) raiseEpoch(d *device, e uint64, why string, record bool) (bool, 
 		}
 	}
 	d.mu.Lock()
+	if e <= d.epoch {
+		d.mu.Unlock()
+		return false, nil // a higher raise came first
+	}
+	was = d.epoch
 	d.epoch = e
 	d.maxToken, d.fenceMark = 0, 0
 	if d.state == StateRefused {
