@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -148,8 +149,12 @@ func (a *Agent) raiseEpoch(d *device, e uint64, why string, record bool) (bool, 
 	}
 	d.mu.Unlock()
 	d.retryNow() // a token regression refused it: no longer in this epoch
-	a.log.Warn("device in a new epoch: commands of the earlier one are closed, the token guard starts over", "device", d.id,
-		"epoch", e, "was", was, "why", why)
+	level := slog.LevelWarn
+	if !record {
+		level = slog.LevelDebug // the fleet's: one line for all (runEpochs)
+	}
+	a.log.Log(context.Background(), level, "device in a new epoch: commands of the earlier one are closed, the token guard starts over",
+		"device", d.id, "epoch", e, "was", was, "why", why)
 	a.delivery.kickPending(d) // its queued commands of the earlier epoch end superseded
 	return true, nil
 }
