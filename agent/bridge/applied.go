@@ -4,7 +4,7 @@ package bridge
 // fence table's commit and the device's answer loses no command and a
 // Duplicate ack never vouches for a command no device has seen.
 //
-//  1. Table.Admit stores an accepted command as unapplied in the same
+//  1. Table.AdmitAt stores an accepted command as unapplied in the same
 //     fsynced commit as the device's new mark.
 //  2. The device's worker sends it; once the device answered (or the bridge
 //     gave up on it) the worker acks it and marks it applied

@@ -33,11 +33,11 @@ type Result struct {
 // raw is decoded with fence.UnmarshalEnvelope; an undecodable envelope, one
 // naming another device, or one d.Check refuses is Invalid and leaves the
 // mark unchanged. Otherwise fence.AdmitEpoch decides (the epoch first: see
-// State), inside one bbolt write
-// transaction that also stores the new mark (and, for a TxApplier, the
-// effect), committed with fsync before Apply runs. Duplicates are
-// acknowledged again and never re-applied. The ack carries the mark after the
-// decision. Handle never panics.
+// State), inside one bbolt write transaction that also stores the new mark
+// (and, for a TxApplier, the effect), committed with fsync before Apply
+// runs. Duplicates are acknowledged again and never re-applied. The ack
+// carries the device's epoch and mark after the decision. Handle never
+// panics.
 func (s *Shim) Handle(device string, raw []byte, d Device) fence.Ack {
 	return s.Process(device, raw, d).Ack
 }
