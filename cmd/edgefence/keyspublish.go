@@ -46,29 +46,9 @@ func cmdKeysPublish(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	// Verify everything before writing anything.
-	type item struct {
-		key, path string
-		raw       []byte
-		version   uint64 // revocation list
-	}
-	var items []item
-	for _, path := range strings.Split(*certs, ",") {
-		if path == "" {
-			continue
-		}
-		raw, err := os.ReadFile(path)
-		if err != nil {
-			return err
-		}
-		c, err := trust.AddCertificate(raw)
-		if err != nil {
-			return fmt.Errorf("%s: %w", path, err)
-		}
-		key := agent.TrustCertKey(t.prefix, string(c.KeyID))
-		if c.Role == auth.RoleDevice {
-			key = agent.TrustDeviceKey(t.prefix, c.Devices[0]) // CertifyDevice: exactly one device
-		}
-		items = append(items, item{key: key, path: path, raw: raw})
+	items, err := certItems(trust, t.prefix, *certs)
+	if err != nil {
+		return err
 	}
 	var list *item
 	if *revocations != "" {
@@ -103,6 +83,39 @@ func cmdKeysPublish(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "published revocation list version %d: %s\n", list.version, list.key)
 	}
 	return nil
+}
+
+// item is one statement keys publish writes to etcd.
+type item struct {
+	key, path string
+	raw       []byte
+	version   uint64 // revocation list
+}
+
+// certItems reads and verifies the comma-separated certificate files of
+// certs: a gateway's goes to agent.TrustCertKey, a device's to
+// agent.TrustDeviceKey.
+func certItems(trust *auth.Trust, prefix, certs string) ([]item, error) {
+	var items []item
+	for _, path := range strings.Split(certs, ",") {
+		if path == "" {
+			continue
+		}
+		raw, err := os.ReadFile(path)
+		if err != nil {
+			return nil, err
+		}
+		c, err := trust.AddCertificate(raw)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		key := agent.TrustCertKey(prefix, string(c.KeyID))
+		if c.Role == auth.RoleDevice {
+			key = agent.TrustDeviceKey(prefix, c.Devices[0]) // CertifyDevice: exactly one device
+		}
+		items = append(items, item{key: key, path: path, raw: raw})
+	}
+	return items, nil
 }
 
 // publishTrust returns a Trust anchored at the root of --root-pub, or of
