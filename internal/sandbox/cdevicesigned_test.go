@@ -402,6 +402,26 @@ func (r *signedRig) replay(t *testing.T, raw []byte, env *fence.Envelope) *fence
 	return r.awaitAck(t, env)
 }
 
+// startCaptured starts efsdev (round 0), gives it gw-a's certificate in a
+// trust update and sends env signed, accepted at epoch 0: the signed
+// bytes, kept to replay later.
+func (r *signedRig) startCaptured(t *testing.T, env *fence.Envelope) (p *Proc, logPath string, captured []byte) {
+	t.Helper()
+	p, logPath = r.start(t, 0)
+	cert, err := os.ReadFile(r.gw.Certificate)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.update(t, cert)
+	if captured, err = r.sign.Sign(env); err != nil {
+		t.Fatal(err)
+	}
+	wantEpoch(t, "the command captured", r.replay(t, captured, env), fence.Accepted, "", 0,
+		fence.Mark{Token: env.Token, Seq: env.Seq})
+	r.awaitState(t)
+	return p, logPath, captured
+}
+
 // TestCDeviceSignedReset: efsdev signed (--trust-root, --device-keys) takes
 // the operator's reset through the library (efs_handle) with the root of
 // its trust: the ack is signed by the device's key, passes auth.VerifyAck
@@ -415,19 +435,8 @@ func (r *signedRig) replay(t *testing.T, raw []byte, env *fence.Envelope) *fence
 // flash), and so is a reset signed by the gateway's key.
 func TestCDeviceSignedReset(t *testing.T) {
 	r := newSignedRig(t)
-	p, logPath := r.start(t, 0)
-	cert, err := os.ReadFile(r.gw.Certificate)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.update(t, cert)
 	before := envelope(t, 9, 1, 22)
-	captured, err := r.sign.Sign(before)
-	if err != nil {
-		t.Fatal(err)
-	}
-	wantEpoch(t, "before the reset", r.replay(t, captured, before), fence.Accepted, "", 0, fence.Mark{Token: 9, Seq: 1})
-	r.awaitState(t)
+	p, logPath, captured := r.startCaptured(t, before)
 	reset := auth.Reset{Device: signedDev, Token: 3, Seq: 1, Counter: 1, ID: auth.NewResetID(), Epoch: 1}
 	raw, err := r.kit.root.Reset(reset)
 	if err != nil {
@@ -489,19 +498,8 @@ func TestCDeviceSignedReset(t *testing.T) {
 // one given with --epoch at start raises the epoch again.
 func TestCDeviceSignedEpoch(t *testing.T) {
 	r := newSignedRig(t)
-	p, logPath := r.start(t, 0)
-	cert, err := os.ReadFile(r.gw.Certificate)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.update(t, cert)
 	before := envelope(t, 5, 1, 21)
-	captured, err := r.sign.Sign(before)
-	if err != nil {
-		t.Fatal(err)
-	}
-	wantEpoch(t, "before the statement", r.replay(t, captured, before), fence.Accepted, "", 0, fence.Mark{Token: 5, Seq: 1})
-	r.awaitState(t)
+	p, logPath, captured := r.startCaptured(t, before)
 	statement := func(n uint64) []byte {
 		t.Helper()
 		raw, err := r.kit.root.Epoch(n, time.Now())
