@@ -78,9 +78,10 @@ size_t efsdev_state_cbor(const efsdev_state *s, uint8_t *out, size_t cap);
 /* efsdev_json_string appends s as a JSON string to out at *at. */
 void efsdev_json_string(char *out, size_t cap, size_t *at, const char *s, size_t n);
 
-/* Trust (trust.c, on mbedTLS): the key store behind port.verify, fed by
- * the operator's root, certificate files and trust updates on the cmd
- * topic; and the device key signing acks and state reports. */
+/* Trust (trust.c, on mbedTLS): the key store behind port.verify and the
+ * fleet epoch behind port.epoch, fed by the operator's root, certificate,
+ * list and epoch files and trust updates on the cmd topic; and the device
+ * key signing acks and state reports. */
 #define EFSDEV_MAX_CERTS 64
 #define EFSDEV_MAX_UPDATE 8                        /* auth.MaxUpdateStatements */
 #define EFSDEV_MAX_STATEMENT (64u * 1024u)         /* auth.MaxTrustSize */
@@ -116,6 +117,9 @@ typedef struct {
 	uint64_t rev_version;
 	const uint8_t *rev_payload;
 	size_t rev_payload_n, rev_kids_off;
+	uint8_t *epoch_raw;        /* the epoch statement held (owned), or NULL */
+	size_t epoch_n;
+	uint64_t epoch;            /* its epoch: the fleet's (port.epoch); 0: none */
 } efsdev_trust;
 
 typedef struct {
@@ -132,6 +136,10 @@ void efsdev_trust_free(efsdev_trust *t);
 /* efsdev_trust_file takes the statement in path (sequence 0), or every
  * statement of a store file (sequence 1), as trust updates not persisted. */
 int efsdev_trust_file(efsdev_trust *t, const char *path, int sequence, const char **why);
+/* efsdev_trust_epoch_file takes the epoch statement in path (edgefence
+ * keys epoch), kept if it is newer than the one held: 0, or -1 (*why) if
+ * it is not the root's epoch statement. */
+int efsdev_trust_epoch_file(efsdev_trust *t, const char *path, const char **why);
 /* efsdev_trust_update takes a trust update (auth.ParseUpdate's format):
  * 0 taken (counts in *out), -1 refused whole (*why), -2 the store's file
  * could not be written (the update is in memory: stop the process). */
