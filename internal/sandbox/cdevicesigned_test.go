@@ -522,7 +522,9 @@ func TestCDeviceSignedEpoch(t *testing.T) {
 		t.Fatalf("unknown epoch: auth.NeedsTrust false for %+v", a)
 	}
 	wantEpoch(t, "of the statement's epoch", r.send(t, r.sign, at(2, 1, 1)), fence.Accepted, "", 2, fence.Mark{Token: 1, Seq: 1})
-	r.awaitState(t)
+	if rep := r.awaitState(t); rep.Epoch != 2 || rep.Token != 1 {
+		t.Fatalf("the state report after it: epoch %d mark %v, want epoch 2 mark 1/1", rep.Epoch, rep.Mark())
+	}
 	r.update(t, statement(1))
 	wantEpoch(t, "an older statement replayed", r.send(t, r.sign, at(1, 9, 1)), fence.Stale, "epoch 1 closed", 2,
 		fence.Mark{Token: 1, Seq: 1})

@@ -430,9 +430,11 @@ static size_t sign(device *d, const char *ctype, uint8_t *buf, size_t n)
 }
 
 /* state_report writes the device's state as it reports it: sim.State's map,
- * or with a key an auth.StateReport under mark m, signed. */
+ * or with a key an auth.StateReport under mark m in the device's epoch,
+ * signed. */
 static size_t state_report(device *d, efs_mark m, uint8_t *out, size_t cap)
 {
+	efs_state s = efs_state_of(&d->ctx);
 	uint8_t st[2048];
 	size_t sn = d->fw != NULL ? efsdev_fw_report(d->fw, &d->journal.rec.state, st, sizeof st)
 				  : efsdev_state_cbor(&d->journal.rec.state, st, sizeof st);
@@ -441,7 +443,8 @@ static size_t state_report(device *d, efs_mark m, uint8_t *out, size_t cap)
 		memcpy(out, st, sn <= cap ? sn : 0);
 		return sn <= cap ? sn : 0;
 	}
-	if ((sn = efsdev_state_report(d->id, m, ++report_counter, st, sn, out, cap)) == 0) {
+	s.mark = m;
+	if ((sn = efsdev_state_report(d->id, s, ++report_counter, st, sn, out, cap)) == 0) {
 		return 0;
 	}
 	return sign(d, content_state, out, sn);

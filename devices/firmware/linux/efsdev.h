@@ -168,8 +168,9 @@ void efsdev_signer_free(efsdev_signer *s);
  * by s to out; its length, 0 on failure. */
 size_t efsdev_sign(efsdev_signer *s, const char *ctype, const uint8_t *payload, size_t n, uint8_t *out, size_t cap);
 /* efsdev_state_report encodes auth.StateReport {device, mark, counter,
- * state} as fence/auth does (deterministic CBOR); its length, 0 if cap is short. */
-size_t efsdev_state_report(const char *device, efs_mark m, uint64_t counter, const uint8_t *state, size_t sn, uint8_t *out,
+ * state, epoch (omitted when 0)} under the device's fence state s as
+ * fence/auth does (deterministic CBOR); its length, 0 if cap is short. */
+size_t efsdev_state_report(const char *device, efs_state s, uint64_t counter, const uint8_t *state, size_t sn, uint8_t *out,
 	size_t cap);
 
 /* Firmware mode (efsdev_fw.c, --firmware): the library's firmware job on

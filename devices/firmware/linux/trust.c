@@ -1105,15 +1105,16 @@ static size_t uint_head(uint8_t *h, uint64_t v)
 	return (size_t)len + 1;
 }
 
-size_t efsdev_state_report(const char *device, efs_mark m, uint64_t counter, const uint8_t *state, size_t sn, uint8_t *out,
+size_t efsdev_state_report(const char *device, efs_state s, uint64_t counter, const uint8_t *state, size_t sn, uint8_t *out,
 	size_t cap)
 {
 	size_t at = 0, dn = strlen(device);
+	efs_mark m = s.mark;
 
-	if (cap < sn + dn + 48) {
+	if (cap < sn + dn + 58) {
 		return 0;
 	}
-	out[at++] = 0xa5;
+	out[at++] = s.epoch > 0 ? 0xa6 : 0xa5; /* key 6, the epoch, only when there is one */
 	out[at++] = 0x01;
 	at += bstr_head(out + at, dn, 3);
 	memcpy(out + at, device, dn);
@@ -1126,5 +1127,10 @@ size_t efsdev_state_report(const char *device, efs_mark m, uint64_t counter, con
 	at += uint_head(out + at, counter);
 	out[at++] = 0x05;
 	memcpy(out + at, state, sn);
-	return at + sn;
+	at += sn;
+	if (s.epoch > 0) {
+		out[at++] = 0x06;
+		at += uint_head(out + at, s.epoch);
+	}
+	return at;
 }
