@@ -263,19 +263,8 @@ func (a *Agent) newLeases() (*leases, error) {
 // session and campaigns again. On return (ctx done) it has released every
 // lock it held and revoked its lease. Run returns nil on a clean shutdown.
 func (a *Agent) Run(ctx context.Context) error {
-	defer a.leases.startTails(ctx)()             // tail.go: the lease-threat meters
-	defer a.runTrust(ctx)()                      // trustpush.go
-	defer a.runRepublish(ctx)()                  // republish.go
-	defer goUnder(ctx, a.leases.watchOwnTrust)() // untrusted.go
-	if a.keep != nil {
-		if e := a.keep.t.Epoch(); e > a.fleetAt && a.fleetEpoch(e) == nil { // before the first campaigns
-			a.fleetAt = e
-		}
-		defer goUnder(ctx, func(ctx context.Context) { a.runEpochs(ctx, a.fleetAt) })() // epoch.go
-		if a.cli != nil {
-			defer goUnder(ctx, func(ctx context.Context) { a.keep.follow(ctx, a.cli, a.cfg.Etcd.Prefix, a.resetFromEtcd) })() // trustwatch.go
-		}
-	}
+	defer a.leases.startTails(ctx)() // tail.go: the lease-threat meters
+	defer a.startTrust(ctx)()        // trust.go
 	// The workers stop when ctx ends (with the campaigns); Run returns
 	// only once they have.
 	defer goUnder(ctx, a.delivery.run)()

@@ -131,6 +131,33 @@ func (l *Ledger) Learn(update []byte) (Learned, error) {
 	return got, nil
 }
 
+// LearnEach takes in statements read one by one (not an update: one that
+// is not the root's is refused alone, the others still count): the newer
+// ones are committed in one transaction (fsync) and then take effect. The
+// error, wrapping ErrLedger, is set only when the commit fails: then
+// nothing took effect.
+func (l *Ledger) LearnEach(stmts [][]byte) (Learned, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var got Learned
+	var news []*Statement
+	for _, raw := range stmts {
+		st, err := l.trust.Check(raw)
+		if err == nil {
+			news = append(news, st)
+			continue
+		}
+		got.count(err)
+	}
+	if err := l.save(news); err != nil {
+		return Learned{Refused: len(stmts), Refusals: []error{err}}, err
+	}
+	for _, st := range news {
+		got.count(l.trust.Adopt(st))
+	}
+	return got, nil
+}
+
 // save commits news, each in its slot unless the slot holds a newer one.
 func (l *Ledger) save(news []*Statement) error {
 	if l.db == nil || len(news) == 0 {

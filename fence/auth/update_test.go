@@ -282,3 +282,32 @@ func FuzzUpdate(f *testing.F) {
 		}
 	})
 }
+
+// LearnEach takes statements read one by one: one that is not the root's
+// is refused alone, the newer others are committed together and kept.
+func TestLedgerLearnEach(t *testing.T) {
+	c := newChain(t)
+	path := filepath.Join(t.TempDir(), "trust.db")
+	db := openDB(t, path)
+	l, _, err := auth.OpenLedger(c.trust, db, []byte("trust"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := newChain(t)
+	got, err := l.LearnEach([][]byte{c.cert(t, "gw-1", 1), other.cert(t, "gw-2", 1), c.list(t, 2, "gw-0"), c.cert(t, "gw-1", 1)})
+	if err != nil || got.Applied != 2 || got.Refused != 1 || got.Held != 1 || !errors.Is(got.Refusals[0], auth.ErrBadSignature) {
+		t.Fatalf("learn each: %v %+v", err, got)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	db = openDB(t, path)
+	defer db.Close()
+	fresh := mustTrustLike(t, c)
+	if _, replay, err := auth.OpenLedger(fresh, db, []byte("trust")); err != nil || replay.Applied != 2 {
+		t.Fatalf("replayed: %v %+v", err, replay)
+	}
+	if _, err := fresh.Key([]byte("gw-1"), "dev-1"); err != nil || fresh.Version() != 2 {
+		t.Fatalf("after the replay: %v, list %d", err, fresh.Version())
+	}
+}
