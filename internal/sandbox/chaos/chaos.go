@@ -57,12 +57,67 @@ const (
 	// FaultKillDevice is kill -9 of one firmware device's process (a
 	// power loss), in the firmware scenario.
 	FaultKillDevice = "kill-device"
+	// FaultOffline: the devices are down when a gateway acquires them
+	// and come back on a fresh MQTT session (trustfaults.go).
+	FaultOffline = "device-offline-at-acquisition"
+	// FaultEtcdRebuilt: etcd wiped mid-run, the trust put back by the
+	// agents, the token regression recovered by the runbook
+	// (FaultRecovered: `edgefence etcd bump-revision`).
+	FaultEtcdRebuilt = "etcd-rebuilt"
+	FaultRecovered   = "runbook-recovery"
+	// FaultRevoked: a gateway's key revoked mid-run (signed rounds).
+	FaultRevoked = "gateway-revoked"
+	// FaultRotated: a gateway's key rotated and the old one revoked
+	// mid-run (signed rounds).
+	FaultRotated = "key-rotated"
+	// FaultLate: a command signed by a revoked key sent to a device
+	// that learned the revocation (gateway-revoked, key-rotated).
+	FaultLate = "late-revoked-command"
 )
+
+// Invariants a round checks besides the history's (history.Invariant*),
+// reported as Violations in Result.Report.
+const (
+	// InvariantLiveness (L1): within LivenessBound of the end of the
+	// faults every device is held by a gateway that can command it — by
+	// the operator's records its key is certified for the device and not
+	// revoked, and its own status says its certificate is OK — and a
+	// command sent to it is accepted.
+	InvariantLiveness = "L1"
+	// InvariantTrustDelivered (L2): no command of a gateway whose key
+	// was never revoked ends invalid for want of trust (a reason of
+	// fence/auth: unknown signer key, and the like): the device got the
+	// certificate it needed, whenever it connected.
+	InvariantTrustDelivered = "L2"
+)
+
+// LivenessBound bounds L1: from the end of the faults (healed, and
+// recovered by the runbook where the round needs it) until every device
+// is held by a gateway that can command it with a command accepted. It
+// covers a lease TTL, an untrusted or refused device's campaign backoff
+// (at most 30 s) and the commands queued before the probe.
+const LivenessBound = 60 * time.Second
+
+// signedOnly are the scenarios that need a signed round.
+var signedOnly = []string{FaultRevoked, FaultRotated}
 
 // Scenarios lists the scenario names, one per fault kind.
 func Scenarios() []string {
 	return []string{FaultFreeze, FaultKillAgent, FaultKillDevsim, FaultKillBridge, FaultEtcdRestart,
-		FaultLeaderLoss, FaultBroker, FaultPartition, FaultDuplicate, FaultSerialNoise, FaultFirmware}
+		FaultLeaderLoss, FaultBroker, FaultPartition, FaultDuplicate, FaultSerialNoise, FaultFirmware,
+		FaultOffline, FaultEtcdRebuilt, FaultRevoked, FaultRotated}
+}
+
+// UnsignedScenarios lists the scenarios an unsigned round can run (all
+// but the trust ones).
+func UnsignedScenarios() []string {
+	var out []string
+	for _, s := range Scenarios() {
+		if !slices.Contains(signedOnly, s) {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 // Config configures a round. Bin and Dir are required.
@@ -96,6 +151,11 @@ type Config struct {
 	Seed uint64
 	// Logger narrates the round; nil is silent.
 	Logger *slog.Logger
+	// Unsigned runs the round without trust: plain envelopes, `auth: off`
+	// devices. By default a round is signed: an operator root, a key and
+	// certificate per gateway, every device `auth: required`, the shim
+	// devices provisioned with the root and their own keys (trust.go).
+	Unsigned bool
 }
 
 func (c *Config) defaults() {
@@ -136,6 +196,12 @@ type Result struct {
 	// Executions counts the firmware job's executions by final status
 	// (firmware scenario only).
 	Executions map[string]int
+	// Signed says the round ran signed (not Config.Unsigned).
+	Signed bool
+	// Settled is how long after the end of the faults the last device
+	// was held by a gateway that can command it with a command accepted
+	// (L1; not measured in the firmware scenario).
+	Settled time.Duration
 }
 
 // OK reports whether the round found no violation.
@@ -146,6 +212,7 @@ func (r *Result) Count(v string) int { return r.Report.Terminal[v] }
 
 // Summary accumulates rounds for the table `make chaos` prints.
 type Summary struct {
+	Signed     int // rounds that ran signed
 	Rounds     int
 	Failed     int // rounds that could not run to the end (an error, not a violation)
 	Faults     map[string]int
@@ -169,6 +236,9 @@ func (s *Summary) Add(res *Result, err error) {
 	if res == nil {
 		return
 	}
+	if res.Signed {
+		s.Signed++
+	}
 	for k, n := range res.Faults {
 		s.Faults[k] += n
 	}
@@ -182,7 +252,8 @@ func (s *Summary) Add(res *Result, err error) {
 
 // Print writes the summary table.
 func (s *Summary) Print(w io.Writer) {
-	fmt.Fprintf(w, "rounds           %d (%d could not finish)\n", s.Rounds, s.Failed)
+	fmt.Fprintf(w, "rounds           %d (%d could not finish), %d signed (operator root, gateway certificates, devices auth: required)\n",
+		s.Rounds, s.Failed, s.Signed)
 	fmt.Fprintf(w, "elapsed          %v\n", s.Elapsed.Round(time.Second))
 	fmt.Fprintf(w, "faults injected\n")
 	kinds := make([]string, 0, len(s.Faults))
@@ -191,7 +262,7 @@ func (s *Summary) Print(w io.Writer) {
 	}
 	sort.Strings(kinds)
 	for _, k := range kinds {
-		fmt.Fprintf(w, "  %-18s %d\n", k, s.Faults[k])
+		fmt.Fprintf(w, "  %-29s %d\n", k, s.Faults[k])
 	}
 	fmt.Fprintf(w, "commands created %d\n", s.Created)
 	for _, v := range []string{"accepted", "duplicate", "stale", "invalid", "expired"} {
