@@ -9,9 +9,19 @@
 //   - I1: per device, the tokens a fence point accepted never decrease, and
 //     nothing below an accepted token is accepted again;
 //   - I4: every command an agent created has exactly one terminal state;
+//   - T1 (history.InvariantRevocation): nothing signed by a revoked key is
+//     accepted at a fence point after it recorded the revocation;
 //   - in the firmware round, FW1 (history.InvariantActivation: one
 //     fw.activate accepted per job per device), FW2 (every device
-//     committed on the job's image) and FW3 (every execution succeeded).
+//     committed on the job's image) and FW3 (every execution succeeded);
+//   - after the faults (liveness.go): L1, within LivenessBound every device
+//     is held by a gateway that can command it and a command to it is
+//     accepted; L2, no command of a never-revoked gateway ends invalid
+//     for want of trust.
+//
+// Rounds run signed (trust.go): an operator root, a key and certificate
+// per gateway, every device `auth: required`, the shim devices provisioned
+// with the root and their own keys (Config.Unsigned: plain).
 //
 // Faults (Scenarios): a holder frozen with SIGSTOP past its lease; kill -9
 // of an agent, of the device simulator, of the home gateway (bridge); etcd
@@ -20,7 +30,10 @@
 // etcd + broker made with network namespaces; QoS 1 duplicates injected by
 // the broker; noise on the serial line; a firmware job over firmware device
 // processes while its holders are frozen or killed and its devices lose
-// power (FaultFirmware: several faults, fwfaults.go).
+// power (FaultFirmware: several faults, fwfaults.go); and the trust faults
+// (trustfaults.go): devices offline when a gateway acquires them, etcd
+// wiped and recovered by the runbook, a gateway's key revoked, a key
+// rotated and the old one revoked.
 //
 // `make chaos ROUNDS=N` runs N randomized rounds (cmd/edgefence-chaos) and
 // prints a summary; `make test` runs each scenario once (chaos_test.go).
