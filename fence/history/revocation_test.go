@@ -31,8 +31,8 @@ func TestCheckRevocation(t *testing.T) {
 		list(2, "shim", "gw-a/1"),
 		signed(3, "shim", "a2", 10, 2, "invalid", "gw-a/1"),
 		signed(4, "shim", "b1", 12, 1, "accepted", "gw-b/1"),
-		signed(5, "other", "x1", 20, 1, "accepted", "gw-a/1"), // another fence point, no list there
-		signed(6, "shim", "u1", 99, 1, "accepted", "gw-a/1"),  // never committed:
+		signed(5, "other", "x1", 20, 1, "accepted", "gw-a/1"),   // another fence point, no list there
+		signed(6, "shim", "u1", 99, 1, "accepted", "gw-a/1"),    // never committed:
 		ev(7, "shim", history.OpOpened, "dev-1", "", 12, 1, ""), // the mark stayed at 12/1
 	}
 	if r := history.Check(ok); !r.OK() {
