@@ -234,6 +234,9 @@ type Summary struct {
 	Violations int
 	Elapsed    time.Duration
 	Errors     []string
+	// Settled is the longest Result.Settled: the slowest return to every
+	// device commanded after the faults (L1).
+	Settled time.Duration
 }
 
 // Add counts one round (res may be nil if the round failed with err).
@@ -261,6 +264,7 @@ func (s *Summary) Add(res *Result, err error) {
 	}
 	s.Violations += len(res.Report.Violations)
 	s.Elapsed += res.Elapsed
+	s.Settled = max(s.Settled, res.Settled)
 }
 
 // Print writes the summary table.
@@ -291,6 +295,8 @@ func (s *Summary) Print(w io.Writer) {
 		fmt.Fprintf(w, "  other            %s\n", strings.Join(other, " "))
 	}
 	fmt.Fprintf(w, "violations       %d\n", s.Violations)
+	fmt.Fprintf(w, "settled          every device commanded again at most %v after the faults ended (L1 bound %v)\n",
+		s.Settled.Round(100*time.Millisecond), LivenessBound)
 	for i, e := range s.Errors {
 		if i == 10 {
 			fmt.Fprintf(w, "  ... %d more errors\n", len(s.Errors)-10)
