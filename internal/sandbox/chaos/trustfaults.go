@@ -51,7 +51,8 @@ func (r *round) offlineAtAcquisition(ctx context.Context) error {
 // the statements back by themselves; the tokens regress, so the devices
 // refuse the new holders as stale until the round recovers as the README
 // runbook says: every gateway's status and the home gateway's fence list,
-// then `edgefence etcd bump-revision --from …` past the highest token.
+// then `edgefence etcd bump-revision --from …` past the highest token,
+// then a restart of the agents that refused a device.
 func (r *round) etcdRebuilt(ctx context.Context) error {
 	if err := r.etcd.Wipe(ctx); err != nil {
 		return err
@@ -186,7 +187,31 @@ func (r *round) bumpRevision(ctx context.Context) error {
 		return err
 	}
 	r.fault(FaultRecovered)
-	r.logf("recovered: %s", strings.TrimSpace(lastLine(string(out))))
+	r.logf("revision bumped: %s", strings.TrimSpace(lastLine(string(out))))
+	return r.restartRefusing(ctx)
+}
+
+// restartRefusing restarts (SIGTERM, then start again) every agent that
+// refused a device for a token regression, as bump-revision's last line
+// tells the operator: a campaign it had waiting from before the bump
+// would win with a token below it and be refused again, and a device
+// could stay unheld for a minute and more (seen without it).
+func (r *round) restartRefusing(ctx context.Context) error {
+	for _, a := range r.agents {
+		st, err := r.status(ctx, a)
+		if err != nil || st.Counters.Regressions == 0 {
+			continue
+		}
+		if p := a.current(); p != nil {
+			if err := p.Stop(15 * time.Second); err != nil && !killedBefore(err) {
+				return fmt.Errorf("%s shutdown: %w", a.name, err)
+			}
+		}
+		if err := r.runAgent(ctx, a); err != nil {
+			return err
+		}
+		r.logf("%s restarted (it had refused %d tokens)", a.name, st.Counters.Regressions)
+	}
 	return nil
 }
 
