@@ -59,6 +59,7 @@ func (s *Shim) processOne(device string, raw []byte, d Device) Result {
 	if auth.IsReset(raw) { // the operator's reset, not a command (reset.go)
 		return s.reset(device, raw)
 	}
+	s.signer = ""
 	res := s.process(device, raw, d)
 	if !res.Applied {
 		// An applied command's accept was recorded before its commit
@@ -76,7 +77,7 @@ func (s *Shim) record(res Result) {
 	}
 	a := res.Ack
 	e := history.Event{Op: history.OpVerdict, Device: a.Device, ID: a.ID, Token: uint64(a.Token), Seq: a.Seq,
-		Verdict: a.Verdict.String(), Reason: a.Reason}
+		Verdict: a.Verdict.String(), Reason: a.Reason, Signer: s.signer}
 	if res.Envelope != nil {
 		e.Kind = res.Envelope.Kind
 		if s.opts.HistoryNote != nil {
@@ -212,6 +213,7 @@ func (s *Shim) decode(raw []byte) (*fence.Envelope, error) {
 		s.log.Warn("unauthenticated command refused", "err", err)
 		return nil, err
 	}
+	s.signer = string(v.KeyID)
 	return v.Envelope, nil
 }
 

@@ -110,6 +110,8 @@ type Shim struct {
 	closed  bool
 	pending map[string]Record // PersistOnTokenChangeOnly: seq advances not yet written
 	ledger  *auth.Ledger      // trust updates, when Keys is an *auth.Trust (trust.go)
+	signer  string            // key id of the command being decided, once verified (for its history event)
+	listed  uint64            // version of the revocation list last recorded in the history (OpTrust)
 
 	stats struct {
 		accepted, duplicate, stale, invalid     atomic.Uint64

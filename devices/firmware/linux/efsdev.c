@@ -21,7 +21,9 @@
  * and its state in <dir>/<id>.state (thermostat.c's journal). Logs go to
  * stderr as key=value lines; msg=ready once every subscription is granted.
  * --history appends fence/history events (accepts before the mark's commit,
- * an "opened" event with the durable mark per device at start).
+ * with the signer's kid when signed; an "opened" event with the durable mark
+ * per device at start; a "trust" event naming the revoked kids after each
+ * newer revocation list is stored).
  *
  * With --trust-root every command must be signed by a gateway the operator
  * certified for the device (the library's efs_verify_signed, the key store
@@ -86,6 +88,8 @@ static const char *prefix = "edgefence/v1";
 static unsigned long counts[5];
 static volatile sig_atomic_t stopping;
 static efsdev_trust trust;     /* --trust-root: commands must be signed */
+static efs_bytes hist_signer;  /* the verified signer's kid of the accept take records (history "kid") */
+static uint64_t hist_listed;   /* version of the revocation list last recorded in the history ("trust") */
 static int trusted;
 static efsdev_trust reset_trust; /* --reset-root: resets, commands plain */
 static uint64_t report_counter; /* state reports: the start time in ns, +1 per report (as devsim) */
@@ -245,6 +249,7 @@ static void history_event(const device *d, const char *op, const efs_bytes *id, 
 	json_field(line, sizeof line, &at, "kind", kind ? kind->p : NULL, kind ? kind->n : 0, 1);
 	json_field(line, sizeof line, &at, "verdict", verdict, verdict ? strlen(verdict) : 0, 1);
 	json_field(line, sizeof line, &at, "reason", reason, reason ? strlen(reason) : 0, 1);
+	json_field(line, sizeof line, &at, "kid", (const char *)hist_signer.p, hist_signer.n, 1);
 	if (env != NULL && d->fw != NULL) { /* fwjob.NoteHistory: a firmware step's job and image */
 		char job[EFS_FW_MAX_JOB + 1], image[65];
 
@@ -351,8 +356,66 @@ static int take(device *d, const uint8_t *msg, size_t n, int *accepting)
 		return -1;
 	}
 	*accepting = 1;
+	if (trusted) {
+		hist_signer = sg.kid; /* verified above */
+	}
 	history_event(d, "verdict", &env.id, env.token, env.seq, &env.kind, "accepted", NULL, &env);
+	hist_signer.n = 0;
 	return 0;
+}
+
+/* revoked_kid appends one key id to a history line's "revoked" array. */
+typedef struct {
+	char *out;
+	size_t cap, *at;
+	int n, full;
+} kid_list;
+
+static void revoked_kid(void *user, const uint8_t *kid, size_t n)
+{
+	kid_list *l = user;
+
+	if (l->full || *l->at + 1 + 12 * n + 3 > l->cap) { /* efsdev_json_string's worst case */
+		l->full = 1;
+		return;
+	}
+	if (l->n++ > 0) {
+		l->out[(*l->at)++] = ',';
+	}
+	efsdev_json_string(l->out, l->cap, l->at, (const char *)kid, n);
+}
+
+/* history_trust records the revocation list in effect (history.OpTrust:
+ * its key ids), after its commit, if it is newer than the last one
+ * recorded, as devices/shim does. */
+static void history_trust(const device *d)
+{
+	char line[8192], why[64];
+	size_t at;
+	kid_list l = {line, sizeof line - 3, &at, 0, 0};
+
+	if (hist_fd < 0 || trust.rev_raw == NULL || trust.rev_version <= hist_listed) {
+		return;
+	}
+	at = json_time(line, sizeof line, "t");
+	json_field(line, sizeof line, &at, "src", hist_source, strlen(hist_source), 0);
+	json_field(line, sizeof line, &at, "op", "trust", 5, 0);
+	json_field(line, sizeof line, &at, "dev", d->id, strlen(d->id), 0);
+	snprintf(why, sizeof why, "revocation list version %llu", (unsigned long long)trust.rev_version);
+	json_field(line, sizeof line, &at, "reason", why, strlen(why), 1);
+	at += (size_t)snprintf(line + at, sizeof line - at, ",\"revoked\":[");
+	if (efsdev_trust_revoked_kids(&trust, revoked_kid, &l) != 0 || l.full) {
+		logf_("WARN", "msg=\"history: revocation list not recorded\" device=%s", d->id);
+		return;
+	}
+	line[at++] = ']';
+	line[at++] = '}';
+	line[at++] = '\n';
+	if (write(hist_fd, line, at) != (ssize_t)at) {
+		logf_("WARN", "msg=\"history not written\" device=%s err=\"%s\"", d->id, strerror(errno));
+		return;
+	}
+	hist_listed = trust.rev_version;
 }
 
 /* record_decision writes r to the history unless take recorded it: a
@@ -470,6 +533,7 @@ static void take_update(const device *d, const uint8_t *msg, size_t n)
 	}
 	trust_counts[0] += c.applied;
 	trust_counts[1] += c.held;
+	history_trust(d);
 	logf_("INFO", "msg=\"trust update\" device=%s applied=%u held=%u certificates=%d revocations=%llu epoch=%llu", d->id,
 		c.applied, c.held, trust.ncerts, (unsigned long long)trust.rev_version, (unsigned long long)trust.epoch);
 }

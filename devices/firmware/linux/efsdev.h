@@ -145,6 +145,10 @@ int efsdev_trust_epoch_file(efsdev_trust *t, const char *path, const char **why)
  * could not be written (the update is in memory: stop the process). */
 int efsdev_trust_update(efsdev_trust *t, const uint8_t *raw, size_t n, int persist, efsdev_trust_counts *out,
 	const char **why);
+/* efsdev_trust_revoked_kids calls each for every key id the revocation
+ * list held names, in its order: 0 (also with no list), -1 if the list
+ * cannot be read. */
+int efsdev_trust_revoked_kids(const efsdev_trust *t, void (*each)(void *user, const uint8_t *kid, size_t n), void *user);
 /* The port's crypto: user is the efsdev_trust. */
 int efsdev_sha256(void *user, const efs_bytes *parts, size_t n, uint8_t digest[32]);
 int efsdev_verify(void *user, const uint8_t *kid, size_t kid_len, const uint8_t *device, size_t device_len,

@@ -904,6 +904,29 @@ static int revoked(const efsdev_trust *t, const uint8_t *kid, size_t kid_n)
 	return 0;
 }
 
+int efsdev_trust_revoked_kids(const efsdev_trust *t, void (*each)(void *user, const uint8_t *kid, size_t n), void *user)
+{
+	rd r = {t->rev_payload, t->rev_payload_n, t->rev_kids_off};
+	unsigned m;
+	uint64_t n, k;
+
+	if (t->rev_raw == NULL) {
+		return 0;
+	}
+	if (t->rev_kids_off == 0 || head(&r, &m, &n) != 0 || m != 4) {
+		return -1;
+	}
+	for (k = 0; k < n; k++) {
+		const uint8_t *p;
+		size_t pn;
+		if (str(&r, 2, &p, &pn) != 0) {
+			return -1;
+		}
+		each(user, p, pn);
+	}
+	return 0;
+}
+
 /* covers is Certificate.covers: an id, "prefix*" or "*". */
 static int covers(const efsdev_cert *c, const uint8_t *device, size_t dn)
 {
