@@ -49,6 +49,7 @@ type device struct {
 
 	// The fence points' news, written by both.
 	epoch     uint64      // the epoch its commands are stamped with (epoch.go; Agent.raiseEpoch)
+	untrusted string      // why this gateway's own certificate does not let it command the device, while it does not (untrusted.go; leases)
 	deposedAt fence.Token // highest token of ours refused as stale (delivery) or superseded by another session (leases)
 	fenceMark fence.Token // highest token a fence point of the device said it holds (stale acks; delivery)
 	refusals  int         // locks released after a refusal (leases) since the last accepted command (delivery): the backoff's exponent

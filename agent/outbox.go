@@ -176,6 +176,9 @@ func (q *delivery) superseded(d *device, e *offline.Entry) string {
 	if e.Envelope.Epoch < d.epoch {
 		return fmt.Sprintf("superseded: epoch %d is closed, the device is at epoch %d; never sent", e.Envelope.Epoch, d.epoch)
 	}
+	if d.untrusted != "" && (d.ctl == nil || d.ctl.lost.Load()) {
+		return "superseded: " + d.untrusted + "; never sent"
+	}
 	if d.policy == PolicyAutonomous || q.ignoresLoss() || e.Envelope.Token > d.deposedAt {
 		return ""
 	}

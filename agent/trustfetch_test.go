@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"go.etcd.io/bbolt"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/edgefence/edgefence/fence/auth"
 	"github.com/edgefence/edgefence/fence/auth/authtest"
@@ -70,4 +71,34 @@ func TestPrefetchDeviceCertificates(t *testing.T) {
 	if _, err := keep.t.DeviceKey([]byte("d69/1"), "d69"); err != nil {
 		t.Fatalf("after a restart: %v", err)
 	}
+}
+
+// TestRepublishMarker: an etcd that lost the agent's statements — and its
+// marker with them — gets them back although its revision never went
+// back (a wipe whose new revisions passed the old ones between two looks).
+func TestRepublishMarker(t *testing.T) {
+	op := authtest.NewOperator(t)
+	gw := op.Certify("gw-1", "*")
+	prefix := "/t/" + t.Name()
+	cli := etcdClient(t)
+	cfg := &Config{Gateway: "gw-1", Etcd: EtcdConfig{Endpoints: testEtcd.Endpoints(), Prefix: prefix, LeaseTTL: 2 * time.Second},
+		MQTT: MQTTConfig{Brokers: []string{"mqtt://127.0.0.1:1"}}, Auth: siteAuth(t, op, gw, "gw-1"),
+		Devices: []DeviceConfig{{ID: "d1", Auth: AuthRequired}}}
+	a, err := newAgent(t, cfg, cli, newFencePoint(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.repub.every = 50 * time.Millisecond
+	ta := runStarted(t, a)
+	defer ta.stop()
+	certKey := TrustCertKey(prefix, "gw-1")
+	there := func() bool {
+		resp, err := cli.Get(t.Context(), certKey, clientv3.WithCountOnly())
+		return err == nil && resp.Count == 1
+	}
+	waitFor(t, "its certificate published", there)
+	if _, err := cli.Delete(t.Context(), prefix+"/trust/", clientv3.WithPrefix()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "its certificate put back", there)
 }
