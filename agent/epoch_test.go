@@ -12,6 +12,7 @@ import (
 	"github.com/edgefence/edgefence/fence"
 	"github.com/edgefence/edgefence/fence/auth"
 	"github.com/edgefence/edgefence/fence/auth/authtest"
+	"github.com/edgefence/edgefence/internal/sandbox"
 	"github.com/edgefence/edgefence/offline"
 )
 
@@ -28,6 +29,10 @@ type epochRig struct {
 	dir    string
 	prefix string
 	close  func() // stops the agent started last and closes its files
+	// etcd, if set, is the rig's own etcd (else the package's), and
+	// repubEvery the agent's republisher's look interval there.
+	etcd       *sandbox.Etcd
+	repubEvery time.Duration
 }
 
 func newEpochRig(t *testing.T, reissue ...string) *epochRig {
@@ -58,8 +63,23 @@ func (r *epochRig) start() *testAgent {
 		r.t.Fatal(err)
 	}
 	cfg := *r.cfg
-	a := runAgent(r.t, &cfg, etcdClient(r.t), r.fp, Options{Outbox: ob, TrustDB: db,
+	cli := etcdClient(r.t)
+	if r.etcd != nil {
+		if cli, err = r.etcd.Client(); err != nil {
+			r.t.Fatal(err)
+		}
+		r.t.Cleanup(func() { cli.Close() })
+	}
+	na, err := newAgent(r.t, &cfg, cli, r.fp, Options{Outbox: ob, TrustDB: db,
 		TrustUpdates: &TrustUpdates{Certificate: r.cert, Publisher: r.fp}})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	if r.repubEvery > 0 {
+		na.repub.every = r.repubEvery
+	}
+	a := runStarted(r.t, na)
+	a.cli = cli
 	r.t.Cleanup(func() { ob.Close(); db.Close() })
 	r.close = func() { a.stop(); ob.Close(); db.Close() }
 	waitFor(r.t, "holding d1", holdingAll(a, []string{"d1"}))
@@ -114,6 +134,58 @@ func TestEpochFleetRecovery(t *testing.T) {
 	}
 	if ack := r.send(a); ack.Verdict != fence.Accepted || ack.Epoch != 5 {
 		t.Fatalf("after a restart: %+v", ack)
+	}
+}
+
+// TestEpochAfterEtcdWipe: etcd is wiped under a running agent — its
+// revisions start again far below those the agent's watch of the trust
+// statements had reached — and the operator publishes the fleet's epoch
+// statement to the rebuilt etcd, the runbook's recovery of a signed fleet.
+// The running agent learns it (the republisher's sight of the lost data
+// makes the follower read etcd again), its device moves to the new epoch
+// and is commanded again with a token of the rebuilt etcd: no restart.
+// Before, the watch resumed at the old revision and saw nothing written
+// until the new etcd passed it; only a restart recovered the device.
+func TestEpochAfterEtcdWipe(t *testing.T) {
+	e, err := sandbox.StartEtcd(t.Context(), sandbox.EtcdConfig{Dir: t.TempDir(), Fast: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() }) // after the agent has stopped
+	r := newEpochRig(t)
+	r.etcd, r.repubEvery = e, 50*time.Millisecond
+	r.cfg.Etcd.Endpoints = []string{e.Endpoint()}
+	cli, err := e.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	for range 300 { // an etcd that has run a while: tokens well above a new one's revisions
+		if _, err := cli.Put(t.Context(), "/aged", "x"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a := r.start()
+	if ack := r.send(a); ack.Verdict != fence.Accepted || ack.Epoch != 0 {
+		t.Fatalf("before: %+v", ack)
+	}
+	if err := e.Wipe(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "d1 refused: token regression", func() bool { return a.Status().Devices[0].State == StateRefused })
+	stmt, err := r.op.Root.Epoch(5, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Put(t.Context(), TrustEpochKey(r.prefix), string(stmt)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "d1 held in epoch 5", func() bool {
+		d := a.Status().Devices[0]
+		return d.Epoch == 5 && d.State == StateHolding
+	})
+	if ack := r.send(a); ack.Verdict != fence.Accepted || ack.Epoch != 5 {
+		t.Fatalf("in epoch 5: %+v", ack)
 	}
 }
 

@@ -47,7 +47,9 @@ type republisher struct {
 }
 
 // run republishes once etcd answers, then each time etcd's revision goes
-// back, until ctx ends.
+// back (once per drop: the revision it compares with is the last seen) or
+// the marker is gone, and tells the keeper's follower (etcdLostData),
+// until ctx ends.
 func (r *republisher) run(ctx context.Context) {
 	delay := backoff.Backoff{Min: time.Second, Max: time.Minute}
 	var last int64
@@ -58,6 +60,7 @@ func (r *republisher) run(ctx context.Context) {
 			if !first {
 				r.keep.log.Warn("etcd lost data (rebuilt or restored): checking the trust statements there", "revision", rev, "seen", last,
 					"marker", marked)
+				r.keep.etcdLostData()
 			}
 			if err = r.once(ctx); err == nil {
 				err = r.mark(ctx)
@@ -71,7 +74,7 @@ func (r *republisher) run(ctx context.Context) {
 			}
 		} else {
 			delay.Reset()
-			first, last = false, max(last, rev)
+			first, last = false, rev
 		}
 		if !backoff.Sleep(ctx, wait) {
 			return

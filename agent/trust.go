@@ -42,6 +42,9 @@ type keeper struct {
 	mu       sync.Mutex
 	watchers []func()      // called after a statement took effect
 	news     chan struct{} // closed when a statement takes effect (changes)
+
+	// lost tells the follower that etcd lost data (etcdLostData).
+	lost chan struct{}
 }
 
 // newKeeper returns the trust anchored at cfg's auth.trust_root, with the
@@ -53,7 +56,7 @@ func newKeeper(cfg *Config, db *bbolt.DB, log *slog.Logger, now func() time.Time
 	if t == nil || err != nil {
 		return nil, err
 	}
-	k := &keeper{t: t, log: log.With("component", "trust")}
+	k := &keeper{t: t, log: log.With("component", "trust"), lost: make(chan struct{}, 1)}
 	if a.Certificate != "" {
 		k.kid = []byte(a.KeyID)
 	}

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"time"
 
@@ -10,17 +11,39 @@ import (
 	"github.com/edgefence/edgefence/internal/backoff"
 )
 
+// errEtcdLostData ends a follow pass when etcd lost data (etcdLostData).
+var errEtcdLostData = errors.New("etcd lost data")
+
+// etcdLostData tells the follower that etcd lost data — rebuilt, wiped,
+// restored from an older snapshot (the republisher sees it): its watch,
+// resumed at a revision the rebuilt etcd has not reached yet, would see
+// nothing written there until it did (the operator's epoch statement, the
+// recovery after a rebuild, among it), so the follower reads the
+// statements again and watches from etcd's revision now.
+func (k *keeper) etcdLostData() {
+	select {
+	case k.lost <- struct{}{}:
+	default:
+	}
+}
+
 // follow learns the operator's statements in etcd that concern every
 // device — the revocation list (TrustRevocationsKey) and the fleet's epoch
 // (TrustEpochKey) — and the resets of the agent's own devices
 // (TrustResetKey): what is there now, then every change, each verified
-// against the root before it counts. It retries until ctx ends.
+// against the root before it counts; again from the start when etcd lost
+// data. It retries until ctx ends.
 func (k *keeper) follow(ctx context.Context, cli *clientv3.Client, prefix string, reset func(dev string, raw []byte)) {
 	delay := backoff.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
 	for ctx.Err() == nil {
 		err := k.followOnce(ctx, cli, prefix, reset)
 		if ctx.Err() != nil {
 			return
+		}
+		if errors.Is(err, errEtcdLostData) {
+			k.log.Info("etcd lost data: reading the trust statements there again", "prefix", prefix+"/trust/")
+			delay.Reset()
+			continue
 		}
 		k.log.Warn("watching the trust statements in etcd; will retry", "prefix", prefix+"/trust/", "err", err)
 		if !backoff.Sleep(ctx, delay.Next()) {
@@ -39,6 +62,10 @@ func (k *keeper) followOnce(ctx context.Context, cli *clientv3.Client, prefix st
 			reset(strings.TrimPrefix(key, resets), raw)
 		}
 	}
+	select {
+	case <-k.lost: // this pass reads from the start anyway
+	default:
+	}
 	resp, err := cli.Txn(clientv3.WithRequireLeader(ctx)).Then(clientv3.OpGet(list), clientv3.OpGet(epoch),
 		clientv3.OpGet(resets, clientv3.WithPrefix())).Commit()
 	if err != nil {
@@ -51,17 +78,25 @@ func (k *keeper) followOnce(ctx context.Context, cli *clientv3.Client, prefix st
 	}
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
-	for wr := range cli.Watch(wctx, prefix+"/trust/", clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1)) {
-		if err := wr.Err(); err != nil {
-			return err
-		}
-		for _, ev := range wr.Events {
-			if ev.Type == clientv3.EventTypePut {
-				take(string(ev.Kv.Key), ev.Kv.Value)
+	wch := cli.Watch(wctx, prefix+"/trust/", clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
+	for {
+		select {
+		case <-k.lost:
+			return errEtcdLostData
+		case wr, ok := <-wch:
+			if !ok {
+				return ctx.Err()
+			}
+			if err := wr.Err(); err != nil {
+				return err
+			}
+			for _, ev := range wr.Events {
+				if ev.Type == clientv3.EventTypePut {
+					take(string(ev.Kv.Key), ev.Kv.Value)
+				}
 			}
 		}
 	}
-	return ctx.Err()
 }
 
 // fromEtcd learns the statement at key.
