@@ -218,7 +218,7 @@ func New(cfg *Config, cli *clientv3.Client, s Sender, o Options) (*Agent, error)
 	a.leases.keep = a.keep
 	if a.keep != nil && cli != nil {
 		a.repub = &republisher{keep: a.keep, cli: cli, prefix: a.cfg.Etcd.Prefix, marker: republishedKey(a.cfg.Etcd.Prefix, a.cfg.Gateway),
-			every: republishEvery}
+			every: republishEvery, lost: func() { a.keep.etcdLostData(); a.leases.turns.etcdLostData() }}
 	}
 	a.devauth.install(s) // the transport itself: it checks acks before they resolve commands
 	a.leases.publishedReset = a.devauth.publishedReset

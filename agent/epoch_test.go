@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"go.etcd.io/bbolt"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/edgefence/edgefence/devices/shim"
 	"github.com/edgefence/edgefence/fence"
@@ -138,14 +139,18 @@ func TestEpochFleetRecovery(t *testing.T) {
 }
 
 // TestEpochAfterEtcdWipe: etcd is wiped under a running agent — its
-// revisions start again far below those the agent's watch of the trust
-// statements had reached — and the operator publishes the fleet's epoch
-// statement to the rebuilt etcd, the runbook's recovery of a signed fleet.
-// The running agent learns it (the republisher's sight of the lost data
-// makes the follower read etcd again), its device moves to the new epoch
-// and is commanded again with a token of the rebuilt etcd: no restart.
-// Before, the watch resumed at the old revision and saw nothing written
-// until the new etcd passed it; only a restart recovered the device.
+// revisions start again far below those the agent's watches had reached —
+// and the operator publishes the fleet's epoch statement to the rebuilt
+// etcd, the runbook's recovery of a signed fleet. Meanwhile another
+// session (an etcdctl lock) queued first for the device, so the agent's
+// campaign waits for its key to go. The running agent learns the
+// statement, and sees the other key go: the republisher's sight of the
+// lost data makes the trust follower read etcd again and the lock queue
+// watch start again from etcd's revision now. Its device moves to the new
+// epoch and is commanded again with a token of the rebuilt etcd, no
+// restart. Before, both watches resumed at the old revision and saw
+// nothing until the new etcd passed it: the statement never came, and the
+// campaign waited for ever (only a restart recovered the device).
 func TestEpochAfterEtcdWipe(t *testing.T) {
 	e, err := sandbox.StartEtcd(t.Context(), sandbox.EtcdConfig{Dir: t.TempDir(), Fast: true})
 	if err != nil {
@@ -172,12 +177,23 @@ func TestEpochAfterEtcdWipe(t *testing.T) {
 	if err := e.Wipe(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "d1 refused: token regression", func() bool { return a.Status().Devices[0].State == StateRefused })
+	blocker := a.LockPrefix("d1") + "/maintenance"
+	if _, err := cli.Put(t.Context(), blocker, ""); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the agent queued behind the other session", func() bool {
+		resp, err := cli.Get(t.Context(), a.LockPrefix("d1")+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+		return err == nil && resp.Count == 2
+	})
 	stmt, err := r.op.Root.Epoch(5, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := cli.Put(t.Context(), TrustEpochKey(r.prefix), string(stmt)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "d1 in epoch 5", func() bool { return a.Status().Devices[0].Epoch == 5 })
+	if _, err := cli.Delete(t.Context(), blocker); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "d1 held in epoch 5", func() bool {

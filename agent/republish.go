@@ -44,12 +44,14 @@ type republisher struct {
 	marker string        // republishedKey
 	every  time.Duration // how often it looks (republishEvery)
 	done   atomic.Uint64 // statements written, for Status and metrics
+	// lost, if set, is told each time etcd is seen to have lost data: the
+	// agent's watches restart from etcd's revision now.
+	lost func()
 }
 
 // run republishes once etcd answers, then each time etcd's revision goes
 // back (once per drop: the revision it compares with is the last seen) or
-// the marker is gone, and tells the keeper's follower (etcdLostData),
-// until ctx ends.
+// the marker is gone, and tells the agent (lost), until ctx ends.
 func (r *republisher) run(ctx context.Context) {
 	delay := backoff.Backoff{Min: time.Second, Max: time.Minute}
 	var last int64
@@ -60,7 +62,9 @@ func (r *republisher) run(ctx context.Context) {
 			if !first {
 				r.keep.log.Warn("etcd lost data (rebuilt or restored): checking the trust statements there", "revision", rev, "seen", last,
 					"marker", marked)
-				r.keep.etcdLostData()
+				if r.lost != nil {
+					r.lost()
+				}
 			}
 			if err = r.once(ctx); err == nil {
 				err = r.mark(ctx)

@@ -42,10 +42,25 @@ type turnWatch struct {
 	// parks resumed); 0 before the watch has its start revision.
 	seen  int64
 	parks map[string][]*turnPark // key → the parks on its delete
+
+	lost chan struct{} // etcdLostData
 }
 
 func newTurnWatch(cli *clientv3.Client, pfx string, log *slog.Logger, burst func()) *turnWatch {
-	return &turnWatch{cli: cli, pfx: pfx, log: log, burst: burst, parks: make(map[string][]*turnPark)}
+	return &turnWatch{cli: cli, pfx: pfx, log: log, burst: burst, parks: make(map[string][]*turnPark), lost: make(chan struct{}, 1)}
+}
+
+// etcdLostData tells the watch that etcd lost data (rebuilt, wiped,
+// restored: the republisher sees it): resumed after the revision it had
+// handled, which the rebuilt etcd has not reached, it would miss every
+// delete until etcd passed it, and the campaigns parked on one would wait
+// for ever. It starts again from etcd's revision now and resumes every
+// park (each takes its turn or waits again).
+func (w *turnWatch) etcdLostData() {
+	select {
+	case w.lost <- struct{}{}:
+	default:
+	}
 }
 
 // run watches until ctx ends, resuming after an error with a backoff.
@@ -55,6 +70,11 @@ func (w *turnWatch) run(ctx context.Context) {
 		err := w.watch(ctx)
 		if ctx.Err() != nil {
 			break
+		}
+		if errors.Is(err, errEtcdLostData) {
+			w.log.Info("etcd lost data: the lock queue watch starts again from its revision now")
+			delay.Reset()
+			continue
 		}
 		d := delay.Next()
 		w.log.Warn("lock queue watch", "err", err, "retry_in", d)
@@ -70,6 +90,11 @@ func (w *turnWatch) watch(ctx context.Context) error {
 	w.mu.Lock()
 	from := w.seen
 	w.mu.Unlock()
+	select {
+	case <-w.lost: // from etcd's revision now, as below
+		from = 0
+	default:
+	}
 	if from == 0 {
 		r, err := w.cli.Get(ctx, w.pfx, clientv3.WithKeysOnly())
 		if err != nil {
@@ -82,8 +107,21 @@ func (w *turnWatch) watch(ctx context.Context) error {
 	// and the next one goes to a member that has the deletes.
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
-	var wr clientv3.WatchResponse
-	for wr = range w.cli.Watch(wctx, w.pfx, clientv3.WithPrefix(), clientv3.WithFilterPut(), clientv3.WithRev(from+1)) {
+	wch := w.cli.Watch(wctx, w.pfx, clientv3.WithPrefix(), clientv3.WithFilterPut(), clientv3.WithRev(from+1))
+	for {
+		var wr clientv3.WatchResponse
+		var ok bool
+		select {
+		case <-w.lost:
+			w.mu.Lock()
+			w.seen = 0 // the next watch reads etcd's revision, and resumes every park
+			w.mu.Unlock()
+			return errEtcdLostData
+		case wr, ok = <-wch:
+		}
+		if !ok {
+			return errors.Join(errors.New("watch closed"), wr.Err(), ctx.Err())
+		}
 		if wr.CompactRevision != 0 {
 			// The deletes up to the compaction are gone from etcd's
 			// history: wake every wait (each takes its turn or waits
@@ -96,7 +134,6 @@ func (w *turnWatch) watch(ctx context.Context) error {
 		}
 		w.deleted(wr.Events)
 	}
-	return errors.Join(errors.New("watch closed"), wr.Err(), ctx.Err())
 }
 
 // start sets seen to rev, where the watch (re)starts from, and resumes
