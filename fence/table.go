@@ -143,6 +143,8 @@ type Table struct {
 	cacheMu sync.Mutex
 	cache   map[string]State
 
+	floors floorLog // the fleet epochs recorded in the history, per device
+
 	// Commands marked applied (MarkApplied) whose removal from the
 	// unapplied bucket rides along with the next commit: deferred is the
 	// queue the next transaction takes, outstanding every ticket not yet
@@ -320,7 +322,7 @@ func (t *Table) AdmitAt(ctx context.Context, env *Envelope, floor uint64) (Verdi
 	}
 
 	c := newAdmitCall(env, floor, t.opts.Now().UnixMilli())
-	c.hist = t.opts.History
+	c.hist, c.floors = t.opts.History, &t.floors
 	if err := t.commit(c); err != nil {
 		return 0, State{}, t.storageErr(env.Device, err)
 	}
@@ -380,17 +382,18 @@ type groupCall interface {
 // one of the transaction that committed. A second run inside the same
 // transaction returns the recorded decision without deciding again.
 type admitCall struct {
-	key   []byte // device id
-	rec   []byte // the record stored if accepted
-	pkey  []byte // the command's key in the unapplied bucket
-	pval  []byte // and its value there
-	perr  error  // encoding rec or pval failed (Envelope.Validate prevents it)
-	tok   Token
-	seq   uint64
-	epoch uint64          // the command's
-	floor uint64          // the fence point's own epoch for the device (AdmitAt)
-	env   *Envelope       // for the history event
-	hist  *history.Writer // nil: no history
+	key    []byte // device id
+	rec    []byte // the record stored if accepted
+	pkey   []byte // the command's key in the unapplied bucket
+	pval   []byte // and its value there
+	perr   error  // encoding rec or pval failed (Envelope.Validate prevents it)
+	tok    Token
+	seq    uint64
+	epoch  uint64          // the command's
+	floor  uint64          // the fence point's own epoch for the device (AdmitAt)
+	env    *Envelope       // for the history event
+	hist   *history.Writer // nil: no history
+	floors *floorLog       // the table's, for the history
 
 	// Outcome of the latest run.
 	tx  *bbolt.Tx
@@ -425,6 +428,7 @@ func (c *admitCall) run(tx *bbolt.Tx) error {
 	if err != nil {
 		return err
 	}
+	c.floors.note(c.hist, c.env.Device, c.floor)
 	v, st, verr := AdmitEpoch(max(c.floor, e), cur, c.epoch, c.tok, c.seq)
 	if v == Accepted {
 		if st != (State{Epoch: c.epoch, Mark: Mark{Token: c.tok, Seq: c.seq}}) { // cannot happen: AdmitEpoch's contract
@@ -459,7 +463,7 @@ func (c *admitCall) record() {
 		return
 	}
 	_ = c.hist.Record(history.Event{Op: history.OpVerdict, Device: c.env.Device, ID: c.env.ID, Token: uint64(c.tok), Seq: c.seq,
-		Kind: c.env.Kind, Verdict: Accepted.String()})
+		Kind: c.env.Kind, Verdict: Accepted.String(), Epoch: c.epoch})
 }
 
 // recordDurable records which recorded accepts did not become durable
@@ -468,14 +472,14 @@ func (t *Table) recordDurable() {
 	if t.opts.History == nil {
 		return
 	}
-	_ = t.opts.History.Recover(func(device string) (uint64, uint64, error) {
+	_ = t.opts.History.Recover(func(device string) (uint64, uint64, uint64, error) {
 		var st State
 		err := t.db.View(func(tx *bbolt.Tx) error {
 			var err error
 			st, err = getMark(tx.Bucket(tableBucket), []byte(device))
 			return err
 		})
-		return uint64(st.Mark.Token), st.Mark.Seq, err
+		return st.Epoch, uint64(st.Mark.Token), st.Mark.Seq, err
 	})
 }
 

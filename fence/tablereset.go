@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"sync"
 
 	"go.etcd.io/bbolt"
+
+	"github.com/edgefence/edgefence/fence/history"
 )
 
 // resetBucket holds one ResetRecord per device id: the last authorised
@@ -101,7 +104,37 @@ func (t *Table) Reset(ctx context.Context, device string, to Mark, r ResetRecord
 	t.cacheMu.Lock()
 	t.cache[device] = next
 	t.cacheMu.Unlock()
+	// On the record after the commit (history.OpEpoch), before any admit
+	// at the new epoch: they wait for t.mu.
+	_ = t.opts.History.Record(history.Event{Op: history.OpEpoch, Device: device, ID: r.ID, Token: uint64(to.Token), Seq: to.Seq,
+		Epoch: r.Epoch, Reason: "fence reset"})
 	return next, nil
+}
+
+// floorLog records in a table's history the fleet epochs its admits are
+// decided at (AdmitAt's floor), as history.OpEpoch events per device, each
+// once per run: the table stores no floor — its caller's trust holds it —
+// so the first decision at a higher one is where the history learns that
+// the device moved. Recorded before that decision.
+type floorLog struct {
+	mu   sync.Mutex
+	seen map[string]uint64
+}
+
+func (l *floorLog) note(h *history.Writer, device string, floor uint64) {
+	if h == nil || floor == 0 {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if floor <= l.seen[device] {
+		return
+	}
+	if l.seen == nil {
+		l.seen = map[string]uint64{}
+	}
+	l.seen[device] = floor
+	_ = h.Record(history.Event{Op: history.OpEpoch, Device: device, Epoch: floor, Reason: "the fleet's epoch statement"})
 }
 
 // dropUnapplied removes device's unapplied commands.

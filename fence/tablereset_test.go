@@ -3,10 +3,14 @@ package fence_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/fence/history"
 )
 
 func resetRec(counter, epoch uint64, id string) fence.ResetRecord {
@@ -142,5 +146,55 @@ func TestTableResetClosesThePast(t *testing.T) {
 	}
 	if _, err := tab.Reset(ctx, "dev-1", after.Mark, resetRec(2, 8, "reset:s"), 9); !errors.Is(err, fence.ErrReplayedReset) {
 		t.Fatalf("reset below the fleet epoch: %v", err)
+	}
+}
+
+// The table's history says what T2 (history.InvariantEpoch) needs: each
+// accept with its command's epoch, each reset after its commit, and the
+// first admit decided at a higher fleet epoch (the caller's floor) as the
+// device's move to it (history.OpEpoch).
+func TestTableEpochHistory(t *testing.T) {
+	ctx := context.Background()
+	hpath := filepath.Join(t.TempDir(), "hist.jsonl")
+	hw, err := history.Create(hpath, "table:gw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hw.Close()
+	tab := openTable(t, tablePath(t), &fence.TableOptions{History: hw})
+	admit := func(c *fence.Envelope, floor uint64) {
+		t.Helper()
+		if v, _, err := tab.AdmitAt(ctx, c, floor); v != fence.Accepted || err != nil {
+			t.Fatalf("%+v at floor %d: %v %v", c, floor, v, err)
+		}
+	}
+	admit(cmd("dev-1", 900, 1), 0)
+	if _, err := tab.Reset(ctx, "dev-1", fence.Mark{Token: 9, Seq: math.MaxUint64}, resetRec(1, 4, "reset:r"), 0); err != nil {
+		t.Fatal(err)
+	}
+	admit(epochCmd("dev-1", 4, 10, 1), 0)
+	admit(epochCmd("dev-1", 6, 2, 1), 6)
+	admit(epochCmd("dev-1", 6, 2, 2), 6)
+	evs, err := history.Read(hpath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range evs {
+		got = append(got, fmt.Sprintf("%s %s %s %d/%d epoch %d %s", e.Op, e.Device, e.Verdict, e.Token, e.Seq, e.Epoch, e.ID))
+	}
+	want := []string{
+		"verdict dev-1 accepted 900/1 epoch 0 c-900-1",
+		"epoch dev-1  9/18446744073709551615 epoch 4 reset:r",
+		"verdict dev-1 accepted 10/1 epoch 4 c-10-1",
+		"epoch dev-1  0/0 epoch 6 ",
+		"verdict dev-1 accepted 2/1 epoch 6 c-2-1",
+		"verdict dev-1 accepted 2/2 epoch 6 c-2-2",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("history:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if r := history.Check(evs); !r.OK() {
+		t.Fatalf("check:\n%s", r)
 	}
 }

@@ -2,6 +2,7 @@ package shim_test
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"path/filepath"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"github.com/edgefence/edgefence/fence"
 	"github.com/edgefence/edgefence/fence/auth"
 	"github.com/edgefence/edgefence/fence/auth/authtest"
+	"github.com/edgefence/edgefence/fence/history"
 )
 
 // A reset closes the past at the shim: a signed envelope captured at token
@@ -143,4 +145,47 @@ func devOf(t *testing.T, raw []byte) string {
 		t.Fatal(err)
 	}
 	return env.Device
+}
+
+// The shim's history says what T2 (history.InvariantEpoch) needs: each
+// verdict with its command's epoch, and after its commit each move of
+// the shim's epoch (history.OpEpoch) — the root's epoch statement for
+// every device (at open too: the ledger's), an operator's reset for its
+// device. Without those lines a replay admitted after a reset would go
+// unnoticed by the check.
+func TestEpochHistory(t *testing.T) {
+	op := authtest.NewOperator(t)
+	gw := op.Certify("gw-a", "dev-*")
+	path, hpath, hw := historyFiles(t)
+	s := open(t, path, &shim.Options{Keys: op.Trust(), History: hw})
+	dev := &recorder{}
+	at := func(e uint64, tok fence.Token, id string) []byte {
+		c := cmd("dev-1", tok, 1, id)
+		c.Epoch = e
+		return signed(t, gw.Signer, c)
+	}
+	s.Process("dev-1", authtest.Update(t, gw.Cert), dev)
+	captured := at(0, 900, "old")
+	s.Handle("dev-1", captured, dev)
+	s.Process("dev-1", authtest.Update(t, op.Epoch(3)), dev)
+	s.Handle("dev-1", at(3, 20, "e3"), dev)
+	s.Handle("dev-1", op.Reset(auth.Reset{Device: "dev-1", Token: 10, Seq: math.MaxUint64, Counter: 1, ID: "reset:r", Epoch: 4}), dev)
+	s.Handle("dev-1", captured, dev)
+	s.Handle("dev-1", at(4, 11, "e4"), dev)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = open(t, path, &shim.Options{Keys: op.Trust(), History: hw})
+	defer s.Close()
+	wantHistory(t, hpath, func(e history.Event) string {
+		return fmt.Sprintf("%s %s %s %d/%d epoch %d %s", e.Op, e.Device, e.Verdict, e.Token, e.Seq, e.Epoch, e.ID)
+	},
+		"verdict dev-1 accepted 900/1 epoch 0 old",
+		"epoch   0/0 epoch 3 ",
+		"verdict dev-1 accepted 20/1 epoch 3 e3",
+		"epoch dev-1  10/18446744073709551615 epoch 4 reset:r",
+		"verdict dev-1 stale 900/1 epoch 0 old",
+		"verdict dev-1 accepted 11/1 epoch 4 e4",
+		"epoch   0/0 epoch 3 ", // at open: the statement the ledger kept
+	)
 }

@@ -79,7 +79,7 @@ func (s *Shim) record(res Result) {
 	e := history.Event{Op: history.OpVerdict, Device: a.Device, ID: a.ID, Token: uint64(a.Token), Seq: a.Seq,
 		Verdict: a.Verdict.String(), Reason: a.Reason, Signer: s.signer}
 	if res.Envelope != nil {
-		e.Kind = res.Envelope.Kind
+		e.Kind, e.Epoch = res.Envelope.Kind, res.Envelope.Epoch
 		if s.opts.HistoryNote != nil {
 			s.opts.HistoryNote(res.Envelope, &e)
 		}
@@ -108,11 +108,11 @@ func (s *Shim) recordDurable() {
 	}
 }
 
-// durable returns the device's mark as committed in the store, as
-// history.Writer.Recover wants it. With PersistOnTokenChangeOnly a seq
-// advance is never committed but takes effect all the same, so only the
-// token is durable: the seq returned is the largest there is.
-func (s *Shim) durable(device string) (token, seq uint64, err error) {
+// durable returns the device's mark as committed in the store, with its
+// epoch, as history.Writer.Recover wants it. With PersistOnTokenChangeOnly
+// a seq advance is never committed but takes effect all the same, so only
+// the token is durable: the seq returned is the largest there is.
+func (s *Shim) durable(device string) (epoch, token, seq uint64, err error) {
 	var r Record
 	err = s.db.View(func(tx *bbolt.Tx) error {
 		var err error
@@ -120,9 +120,9 @@ func (s *Shim) durable(device string) (token, seq uint64, err error) {
 		return err
 	})
 	if s.opts.PersistOnTokenChangeOnly {
-		return uint64(r.Mark.Token), math.MaxUint64, err
+		return r.Epoch, uint64(r.Mark.Token), math.MaxUint64, err
 	}
-	return uint64(r.Mark.Token), r.Mark.Seq, err
+	return r.Epoch, uint64(r.Mark.Token), r.Mark.Seq, err
 }
 
 // process is Process with s.mu held.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/edgefence/edgefence/fence"
 	"github.com/edgefence/edgefence/fence/auth"
+	"github.com/edgefence/edgefence/fence/history"
 )
 
 // resetsBucket holds one fence.ResetRecord per device id: the last
@@ -95,6 +96,8 @@ func (s *Shim) reset(device string, raw []byte) Result {
 	// A seq advance held in memory belongs to the mark the reset replaced.
 	delete(s.pending, device)
 	s.stats.resets.Add(1)
+	s.recordEpoch(history.Event{Device: device, ID: r.ID, Token: uint64(rec.Mark.Token), Seq: rec.Mark.Seq, Epoch: rec.Epoch,
+		Reason: "fence reset"})
 	s.log.Warn("fence reset by the operator", "device", device, "mark", rec.Mark.String(), "epoch", rec.Epoch,
 		"was", old.Mark.String(), "was_epoch", old.Epoch, "counter", r.Counter, "id", r.ID)
 	return Result{Ack: auth.ResetAck(device, r, rec.State(), nil)}

@@ -112,6 +112,8 @@ type Shim struct {
 	ledger  *auth.Ledger      // trust updates, when Keys is an *auth.Trust (trust.go)
 	signer  string            // key id of the command being decided, once verified (for its history event)
 	listed  uint64            // version of the revocation list last recorded in the history (OpTrust)
+	// epochRecorded is the fleet epoch last recorded in the history (OpEpoch).
+	epochRecorded uint64
 
 	stats struct {
 		accepted, duplicate, stale, invalid     atomic.Uint64

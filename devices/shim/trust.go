@@ -26,7 +26,8 @@ func (s *Shim) openLedger() error {
 	}
 	s.ledger = l
 	replay.Log(s.log, tr, true, "path", s.path)
-	s.recordList("") // a list provisioned or kept is in effect from the start
+	s.recordList("") // a list or an epoch provisioned or kept is in effect from the start
+	s.recordFleetEpoch()
 	return nil
 }
 
@@ -47,6 +48,7 @@ func (s *Shim) learn(device string, raw []byte) Result {
 	got.Log(s.log, s.ledger.Trust(), false, "device", device)
 	if got.Applied > 0 {
 		s.recordList(device)
+		s.recordFleetEpoch()
 	}
 	return Result{Update: &got}
 }
@@ -73,4 +75,25 @@ func (s *Shim) recordList(device string) {
 		return
 	}
 	s.listed = version
+}
+
+// recordFleetEpoch records the epoch of the root's epoch statement the
+// trust holds — every device's lowest epoch here — in the history
+// (history.OpEpoch, no device), after its commit, if it is above the last
+// one recorded. Call with s.mu held.
+func (s *Shim) recordFleetEpoch() {
+	if e := s.ledger.Trust().Epoch(); e > s.epochRecorded {
+		s.recordEpoch(history.Event{Epoch: e, Reason: "the root's epoch statement"})
+		s.epochRecorded = e
+	}
+}
+
+// recordEpoch records that the shim moved to e.Epoch (history.OpEpoch):
+// for e.Device by a reset, or for every device by an epoch statement.
+// Call with s.mu held, after the commit, before the next decision.
+func (s *Shim) recordEpoch(e history.Event) {
+	e.Op = history.OpEpoch
+	if err := s.opts.History.Record(e); err != nil {
+		s.log.Warn("history not written", "device", e.Device, "err", err)
+	}
 }

@@ -171,13 +171,7 @@ func BenchmarkTrustUpdate(b *testing.B) {
 // at open for the list it keeps), which is what history's T1 check reads.
 func TestTrustHistory(t *testing.T) {
 	w := newOTAWorld(t, "gw-a", "gw-b")
-	dir := t.TempDir()
-	hpath := filepath.Join(dir, "hist.jsonl")
-	hw, err := history.Create(hpath, "shim")
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(dir, "fence.db")
+	path, hpath, hw := historyFiles(t)
 	s := open(t, path, &shim.Options{Keys: w.Trust(), History: hw})
 	dev := &recorder{}
 	send := func(gw string, tok fence.Token, seq uint64) fence.Ack {
@@ -197,24 +191,46 @@ func TestTrustHistory(t *testing.T) {
 	}
 	s = open(t, path, &shim.Options{Keys: w.Trust(), History: hw})
 	defer s.Close()
-	evs, err := history.Read(hpath)
+	wantHistory(t, hpath, func(e history.Event) string {
+		return fmt.Sprintf("%s %s %s %s %v", e.Op, e.Device, e.Verdict, e.Signer, e.Revoked)
+	},
+		"verdict dev-1 accepted gw-a []",
+		"trust dev-2   [gw-a]",
+		"verdict dev-1 invalid  []", // refused before its signature verified: no signer claimed
+		"trust    [gw-a]",           // at open: the list kept
+	)
+}
+
+// historyFiles returns the paths of a shim's store and history and the
+// history's writer (source "shim").
+func historyFiles(t *testing.T) (path, hpath string, hw *history.Writer) {
+	t.Helper()
+	dir := t.TempDir()
+	hpath = filepath.Join(dir, "hist.jsonl")
+	hw, err := history.Create(hpath, "shim")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { hw.Close() })
+	return filepath.Join(dir, "fence.db"), hpath, hw
+}
+
+// wantHistory checks that the history at path, each event formatted by
+// f, is want, and that it passes history.Check.
+func wantHistory(t *testing.T, path string, f func(history.Event) string, want ...string) {
+	t.Helper()
+	evs, err := history.Read(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var got []string
 	for _, e := range evs {
-		got = append(got, fmt.Sprintf("%s %s %s %s %v", e.Op, e.Device, e.Verdict, e.Signer, e.Revoked))
-	}
-	want := []string{
-		"verdict dev-1 accepted gw-a []",
-		"trust dev-2   [gw-a]",
-		"verdict dev-1 invalid  []", // refused before its signature verified: no signer claimed
-		"trust    [gw-a]",           // at open: the list kept
+		got = append(got, f(e))
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("history:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 	if r := history.Check(evs); !r.OK() {
-		t.Fatalf("check: %v", r.Violations)
+		t.Fatalf("check:\n%s", r)
 	}
 }

@@ -48,7 +48,7 @@ type Report struct {
 	FenceVerdicts map[string]int // OpVerdict events by verdict, without the uncommitted accepts
 	Uncommitted   int            // accepts discarded as never committed (a later OpOpened of their source says so)
 	Firmware      FirmwareCounts // firmware steps (fw.* kinds) among the accepts
-	Violations    []Violation    // I1 ones (history order, then across fence points), then I4 ones by device and id, then FW1 ones by device and job, then T1 ones in history order
+	Violations    []Violation    // I1 ones (history order, then across fence points), then I4 ones by device and id, then FW1 ones by device and job, then T1 and T2 ones in history order
 }
 
 // OK reports whether the history breaks no invariant.
@@ -77,24 +77,30 @@ type key struct{ dev, id string }
 type point struct{ dev, src string }
 
 type accept struct {
-	tok, seq uint64
-	id, src  string
-	t        time.Time
+	m       mark // (epoch, token, seq)
+	id, src string
+	t       time.Time
 }
 
-func (a accept) less(b accept) bool {
-	return a.tok < b.tok || a.tok == b.tok && a.seq < b.seq
+func (a accept) less(b accept) bool { return b.m.above(a.m) }
+
+// at formats a's mark: token/seq, and the epoch if it has one.
+func (a accept) at() string {
+	if a.m.epoch == 0 {
+		return fmt.Sprintf("%d/%d", a.m.tok, a.m.seq)
+	}
+	return fmt.Sprintf("%d/%d in epoch %d", a.m.tok, a.m.seq, a.m.epoch)
 }
 
 // CheckWith checks events against the invariants:
 //
 //   - I1, per fence point: for each (device, source), the accepted
-//     (token, seq) pairs strictly increase in the order the source recorded
-//     them; a command id accepted twice for a device (by any source) is
-//     "applied twice", and so is an id with two OpApplied events. When
-//     several sources accept for one device, their accepts are also merged
-//     by Time (the only use of clocks): no source may accept a token below
-//     one another source accepted earlier.
+//     (epoch, token, seq) triples strictly increase in the order the source
+//     recorded them; a command id accepted twice for a device (by any
+//     source) is "applied twice", and so is an id with two OpApplied
+//     events. When several sources accept for one device, their accepts are
+//     also merged by Time (the only use of clocks): no source may accept an
+//     (epoch, token) below one another source accepted earlier.
 //   - I4: every OpCreated command has exactly one OpTerminal ("lost" with
 //     none, "terminal twice" with more); an OpTerminal without OpCreated is
 //     a violation too. For devices whose fence point history is present
@@ -105,11 +111,14 @@ func (a accept) less(b accept) bool {
 //   - T1 (InvariantRevocation): no accept, at a fence point, of a command
 //     signed by a key the fence point's revocation list names, after the
 //     OpTrust event that recorded the list (source order).
+//   - T2 (InvariantEpoch): no accept, at a fence point, of a command whose
+//     epoch is below one an earlier OpEpoch of that fence point moved the
+//     device to (source order).
 //   - With opts.RequireApplied, see CheckOptions.
 //
 // Before all of that, accepts that were never committed are discarded (and
 // counted in Report.Uncommitted): an accept of source S for device D whose
-// (token, seq) is above the (token, seq) carried by S's next OpOpened event
+// (epoch, token, seq) is above the one carried by S's next OpOpened event
 // for D (see the package doc). OpOpened events without a Device and events
 // of unknown ops are ignored. CheckWith never fails: bad input shows up as
 // violations.
@@ -129,7 +138,7 @@ func CheckWith(events []Event, opts CheckOptions) Report {
 	c.orderAcrossPoints()
 	c.fates()
 	c.checkActivations()
-	c.rep.Violations = append(c.rep.Violations, c.revoked.violations...)
+	c.rep.Violations = append(append(c.rep.Violations, c.revoked.violations...), c.epochs.violations...)
 	if opts.RequireApplied {
 		c.requireApplied()
 	}
@@ -152,6 +161,7 @@ type checker struct {
 	sources   map[string]map[string]bool
 	fwJobs    map[jobKey][]accept // per firmware job at a device: its accepted fw.activate commands, one per id
 	revoked   revocations
+	epochs    epochs
 }
 
 func newChecker(events int) *checker {
@@ -169,6 +179,7 @@ func newChecker(events int) *checker {
 		sources:   map[string]map[string]bool{},
 		fwJobs:    map[jobKey][]accept{},
 		revoked:   revocations{bySource: map[string]map[string]string{}},
+		epochs:    epochs{fleet: map[string]Event{}, device: map[point]Event{}},
 	}
 }
 
@@ -204,8 +215,14 @@ func (c *checker) event(e Event) {
 	case OpVerdict:
 		c.verdict(e)
 		c.revoked.verdict(e)
+		c.epochs.verdict(e)
 	case OpTrust:
 		c.revoked.learned(e)
+	case OpEpoch:
+		if e.Device != "" {
+			c.devices[e.Device] = true
+		}
+		c.epochs.moved(e)
 	}
 }
 
@@ -243,7 +260,7 @@ func (c *checker) verdict(e Event) {
 			return
 		}
 	}
-	a := accept{tok: e.Token, seq: e.Seq, id: e.ID, src: e.Source, t: e.Time}
+	a := accept{m: markOf(e), id: e.ID, src: e.Source, t: e.Time}
 	c.orderAtPoint(e, a)
 	c.firmwareStep(e)
 	c.accepts[e.Device] = append(c.accepts[e.Device], a)
@@ -261,12 +278,12 @@ func (c *checker) orderAtPoint(e Event, a accept) {
 	switch {
 	case !ok || prev.less(a):
 		c.last[p] = a
-	case a.tok < prev.tok:
-		c.violation(InvariantOrder, e, "stale accept: token %d/%d accepted by %s after token %d/%d (id %s)",
-			a.tok, a.seq, a.src, prev.tok, prev.seq, prev.id)
+	case a.m.epoch < prev.m.epoch || a.m.epoch == prev.m.epoch && a.m.tok < prev.m.tok:
+		c.violation(InvariantOrder, e, "stale accept: token %s accepted by %s after token %s (id %s)",
+			a.at(), a.src, prev.at(), prev.id)
 	default:
-		c.violation(InvariantOrder, e, "seq not increasing: %d/%d accepted by %s after %d/%d (id %s)",
-			a.tok, a.seq, a.src, prev.tok, prev.seq, prev.id)
+		c.violation(InvariantOrder, e, "seq not increasing: %s accepted by %s after %s (id %s)",
+			a.at(), a.src, prev.at(), prev.id)
 	}
 }
 
@@ -280,13 +297,14 @@ func (c *checker) orderAcrossPoints() {
 		as := slices.Clone(c.accepts[dev])
 		slices.SortStableFunc(as, func(a, b accept) int { return a.t.Compare(b.t) })
 		var hi accept
+		below := func(a, b accept) bool { return a.m.epoch < b.m.epoch || a.m.epoch == b.m.epoch && a.m.tok < b.m.tok }
 		for _, a := range as {
-			if a.tok < hi.tok && a.src != hi.src {
+			if below(a, hi) && a.src != hi.src {
 				c.violationOf(InvariantOrder, key{dev, a.id},
-					"stale accept across fence points: token %d accepted by %s at %s, after token %d by %s at %s (id %s)",
-					a.tok, a.src, a.t.Format(time.RFC3339Nano), hi.tok, hi.src, hi.t.Format(time.RFC3339Nano), hi.id)
+					"stale accept across fence points: token %s accepted by %s at %s, after token %s by %s at %s (id %s)",
+					a.at(), a.src, a.t.Format(time.RFC3339Nano), hi.at(), hi.src, hi.t.Format(time.RFC3339Nano), hi.id)
 			}
-			if a.tok > hi.tok {
+			if below(hi, a) {
 				hi = a
 			}
 		}

@@ -48,7 +48,7 @@ func (c *checker) firmwareStep(e Event) {
 		c.fwJobs[k] = nil
 	}
 	if e.Kind == kindActivate && !slices.ContainsFunc(c.fwJobs[k], func(a accept) bool { return a.id == e.ID }) {
-		c.fwJobs[k] = append(c.fwJobs[k], accept{tok: e.Token, seq: e.Seq, id: e.ID, src: e.Source, t: e.Time})
+		c.fwJobs[k] = append(c.fwJobs[k], accept{m: markOf(e), id: e.ID, src: e.Source, t: e.Time})
 	}
 }
 
@@ -70,7 +70,7 @@ func (c *checker) checkActivations() {
 		}
 		ids := make([]string, len(as))
 		for i, a := range as {
-			ids[i] = fmt.Sprintf("%s (%d/%d by %s)", a.id, a.tok, a.seq, a.src)
+			ids[i] = fmt.Sprintf("%s (%s by %s)", a.id, a.at(), a.src)
 		}
 		c.violationOf(InvariantActivation, key{k.dev, as[1].id}, "job %q activated %d times: %s",
 			k.job, len(as), strings.Join(ids, ", "))

@@ -7,7 +7,10 @@
 // accepted per device (firmware.go); with signers and revocation lists
 // recorded (Event.Signer, OpTrust) also T1 — nothing a revoked key signed
 // is admitted after the fence point learned the revocation
-// (revocation.go).
+// (revocation.go); with epochs recorded (Event.Epoch, OpEpoch) also T2 —
+// nothing of an epoch below one the fence point moved to is admitted
+// after the move (epoch.go). Marks are ordered by epoch, then token, then
+// seq: a reset or an epoch statement starts the tokens over.
 //
 // Every event is a single write(2) to an O_APPEND file, so several
 // processes may share a file and a SIGKILL leaves at most a torn last line,
@@ -70,6 +73,14 @@ const (
 	// version. Recorded after the commit, so a crash in between loses the
 	// line, never claims a list not in effect (revocation.go).
 	OpTrust = "trust"
+	// OpEpoch: the fence point Source moved to epoch Epoch (epoch.go) —
+	// for Device alone, by an operator's reset (ID the reset's id,
+	// Token/Seq its mark) or by a fleet epoch it applies to that device;
+	// with no Device, for every device whose commands it verifies, by the
+	// root's epoch statement. Recorded after the commit that makes it take
+	// effect: from this event on, in Source's order, no command of an
+	// earlier epoch is admitted for those devices.
+	OpEpoch = "epoch"
 )
 
 // Event is one line of a history.
@@ -96,6 +107,11 @@ type Event struct {
 	Signer string `json:"kid,omitempty"`
 	// Revoked are the key ids an OpTrust event's revocation list names.
 	Revoked []string `json:"revoked,omitempty"`
+	// Epoch is the epoch of an OpVerdict's command (the one it was issued
+	// in, not the fence point's), of an OpOpened's durable mark, and the
+	// epoch an OpEpoch moved to; 0 before the first epoch (and in files
+	// written before epochs).
+	Epoch uint64 `json:"epoch,omitempty"`
 }
 
 // Writer appends events to a file. A nil *Writer records nothing, so

@@ -8,10 +8,19 @@ import (
 	"io"
 )
 
-// mark is a (token, seq) pair, ordered as fence.Admit orders them.
-type mark struct{ tok, seq uint64 }
+// mark is an (epoch, token, seq) triple, ordered as fence.AdmitEpoch
+// orders them: by epoch, then token, then seq.
+type mark struct{ epoch, tok, seq uint64 }
 
-func (a mark) above(b mark) bool { return a.tok > b.tok || a.tok == b.tok && a.seq > b.seq }
+func (a mark) above(b mark) bool {
+	if a.epoch != b.epoch {
+		return a.epoch > b.epoch
+	}
+	return a.tok > b.tok || a.tok == b.tok && a.seq > b.seq
+}
+
+// markOf is e's (epoch, token, seq).
+func markOf(e Event) mark { return mark{e.Epoch, e.Token, e.Seq} }
 
 // note keeps w.pending up to date with an event written under w's source:
 // the highest accept per device since the device's last OpOpened event, as
@@ -22,7 +31,7 @@ func (w *Writer) note(e Event) {
 	}
 	switch {
 	case e.Op == OpVerdict && e.Verdict == verdictAccepted:
-		if m := (mark{e.Token, e.Seq}); m.above(w.pending[e.Device]) {
+		if m := markOf(e); m.above(w.pending[e.Device]) {
 			w.pending[e.Device] = m
 		}
 	case e.Op == OpOpened:
@@ -54,18 +63,19 @@ func (w *Writer) scan() error {
 // say which of its accepts never became durable.
 //
 // durable returns the device's durable high-water mark as the store holds
-// it now (0, 0 for a device it does not know). For every device for which
+// it now, with the epoch it was accepted in (0, 0, 0 for a device it does
+// not know). For every device for which
 // this writer's source has recorded an accept above that mark since the
 // device's last OpOpened event (in this file, by this or an earlier
 // process, or through this Writer), Recover records an OpOpened event
-// {Device, Token, Seq: the durable mark}: the checker then discards those
+// {Device, Epoch, Token, Seq: the durable mark}: the checker then discards those
 // accepts as never committed (see CheckWith). Devices whose accepts are
 // all durable get no event, so a history without crashes has none.
 //
 // The file must be this source's only history, and the source one fence
 // point's (one store's) only name. An error from durable skips that device;
 // the errors are returned joined.
-func (w *Writer) Recover(durable func(device string) (token, seq uint64, err error)) error {
+func (w *Writer) Recover(durable func(device string) (epoch, token, seq uint64, err error)) error {
 	if w == nil {
 		return nil
 	}
@@ -77,17 +87,18 @@ func (w *Writer) Recover(durable func(device string) (token, seq uint64, err err
 	w.mu.Unlock()
 	var errs []error
 	for _, dev := range sortedKeys(pending) {
-		tok, seq, err := durable(dev)
+		epoch, tok, seq, err := durable(dev)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("history: durable mark of %s: %w", dev, err))
 			continue
 		}
 		hi := pending[dev]
-		if !hi.above(mark{tok, seq}) {
+		if !hi.above(mark{epoch, tok, seq}) {
 			continue
 		}
-		err = w.Record(Event{Op: OpOpened, Device: dev, Token: tok, Seq: seq,
-			Reason: fmt.Sprintf("durable mark %d/%d: accepts above it (up to %d/%d) were never committed", tok, seq, hi.tok, hi.seq)})
+		err = w.Record(Event{Op: OpOpened, Device: dev, Epoch: epoch, Token: tok, Seq: seq,
+			Reason: fmt.Sprintf("durable mark %d/%d in epoch %d: accepts above it (up to %d/%d in epoch %d) were never committed",
+				tok, seq, epoch, hi.tok, hi.seq, hi.epoch)})
 		if err != nil {
 			errs = append(errs, err)
 		}
@@ -97,8 +108,9 @@ func (w *Writer) Recover(durable func(device string) (token, seq uint64, err err
 
 // uncommitted returns the indices of the accept events that CheckWith
 // discards: for a source S and device D, an OpVerdict accepted event of S
-// for D whose (token, seq) is above the (token, seq) of S's next OpOpened
-// event for D. Only accepts since S's previous OpOpened for D are judged.
+// for D whose (epoch, token, seq) is above the (epoch, token, seq) of S's
+// next OpOpened event for D. Only accepts since S's previous OpOpened for D
+// are judged.
 func uncommitted(events []Event) map[int]bool {
 	var (
 		out     = map[int]bool{}
@@ -113,9 +125,9 @@ func uncommitted(events []Event) map[int]bool {
 		case e.Op == OpVerdict && e.Verdict == verdictAccepted:
 			pending[p] = append(pending[p], i)
 		case e.Op == OpOpened:
-			m := mark{e.Token, e.Seq}
+			m := markOf(e)
 			for _, j := range pending[p] {
-				if (mark{events[j].Token, events[j].Seq}).above(m) {
+				if markOf(events[j]).above(m) {
 					out[j] = true
 				}
 			}

@@ -122,13 +122,13 @@ func TestWriterRecover(t *testing.T) {
 	}
 	store := map[string][2]uint64{"dev-1": {5, 1}, "dev-2": {3, 1}}
 	var asked []string
-	durable := func(dev string) (uint64, uint64, error) {
+	durable := func(dev string) (uint64, uint64, uint64, error) {
 		asked = append(asked, dev)
 		if dev == "dev-5" {
-			return 0, 0, errors.New("disk on fire")
+			return 0, 0, 0, errors.New("disk on fire")
 		}
 		m := store[dev]
-		return m[0], m[1], nil
+		return 0, m[0], m[1], nil
 	}
 	if err := w.Recover(durable); err != nil {
 		t.Fatal(err)

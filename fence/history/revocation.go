@@ -20,9 +20,8 @@ import (
 // check can miss such a one but never flags an admissible accept. An
 // accept discarded as uncommitted (OpOpened) does not count.
 //
-// (A second trust invariant, that nothing signed before an operator's
-// reset or epoch is admitted after it, belongs with the signed epoch; its
-// check would sit beside this one, fed by the epoch's own history event.)
+// Its companion for resets and epoch statements is T2 (InvariantEpoch,
+// epoch.go).
 const InvariantRevocation = "T1"
 
 // revocations is T1's state: per source, the revoked key ids and the

@@ -90,6 +90,7 @@ static volatile sig_atomic_t stopping;
 static efsdev_trust trust;     /* --trust-root: commands must be signed */
 static efs_bytes hist_signer;  /* the verified signer's kid of the accept take records (history "kid") */
 static uint64_t hist_listed;   /* version of the revocation list last recorded in the history ("trust") */
+static uint64_t hist_epoch;    /* the fleet epoch last recorded in the history ("epoch") */
 static int trusted;
 static efsdev_trust reset_trust; /* --reset-root: resets, commands plain */
 static uint64_t report_counter; /* state reports: the start time in ns, +1 per report (as devsim) */
@@ -228,9 +229,10 @@ static void json_field(char *out, size_t cap, size_t *at, const char *key, const
 }
 
 /* history_event appends one fence/history event (history.Event's JSON) to
- * --history, in one write(2): op "verdict" with the verdict, or "opened"
- * with the durable mark. */
-static void history_event(const device *d, const char *op, const efs_bytes *id, uint64_t token, uint64_t seq,
+ * --history, in one write(2): op "verdict" with the verdict and the
+ * command's epoch, "opened" with the durable mark and its epoch, or
+ * "epoch" with a reset's id, mark and epoch. */
+static void history_event(const device *d, const char *op, const efs_bytes *id, uint64_t epoch, uint64_t token, uint64_t seq,
 	const efs_bytes *kind, const char *verdict, const char *reason, const efs_envelope *env)
 {
 	char line[2048];
@@ -250,6 +252,9 @@ static void history_event(const device *d, const char *op, const efs_bytes *id, 
 	json_field(line, sizeof line, &at, "verdict", verdict, verdict ? strlen(verdict) : 0, 1);
 	json_field(line, sizeof line, &at, "reason", reason, reason ? strlen(reason) : 0, 1);
 	json_field(line, sizeof line, &at, "kid", (const char *)hist_signer.p, hist_signer.n, 1);
+	if (epoch != 0) { /* omitempty */
+		at += (size_t)snprintf(line + at, sizeof line - at, ",\"epoch\":%llu", (unsigned long long)epoch);
+	}
 	if (env != NULL && d->fw != NULL) { /* fwjob.NoteHistory: a firmware step's job and image */
 		char job[EFS_FW_MAX_JOB + 1], image[65];
 
@@ -359,7 +364,7 @@ static int take(device *d, const uint8_t *msg, size_t n, int *accepting)
 	if (trusted) {
 		hist_signer = sg.kid; /* verified above */
 	}
-	history_event(d, "verdict", &env.id, env.token, env.seq, &env.kind, "accepted", NULL, &env);
+	history_event(d, "verdict", &env.id, env.epoch, env.token, env.seq, &env.kind, "accepted", NULL, &env);
 	hist_signer.n = 0;
 	return 0;
 }
@@ -418,6 +423,31 @@ static void history_trust(const device *d)
 	hist_listed = trust.rev_version;
 }
 
+/* history_fleet_epoch records the epoch of the root's epoch statement the
+ * trust holds — every device's lowest epoch here — (history.OpEpoch, no
+ * device), after its commit, if it is above the last one recorded, as
+ * devices/shim does. */
+static void history_fleet_epoch(void)
+{
+	char line[512];
+	size_t at;
+	const char *why = "the root's epoch statement";
+
+	if (hist_fd < 0 || !trusted || trust.epoch <= hist_epoch) {
+		return;
+	}
+	at = json_time(line, sizeof line, "t");
+	json_field(line, sizeof line, &at, "src", hist_source, strlen(hist_source), 0);
+	json_field(line, sizeof line, &at, "op", "epoch", 5, 0);
+	json_field(line, sizeof line, &at, "reason", why, strlen(why), 1);
+	at += (size_t)snprintf(line + at, sizeof line - at, ",\"epoch\":%llu}\n", (unsigned long long)trust.epoch);
+	if (write(hist_fd, line, at) != (ssize_t)at) {
+		logf_("WARN", "msg=\"history not written\" err=\"%s\"", strerror(errno));
+		return;
+	}
+	hist_epoch = trust.epoch;
+}
+
 /* record_decision writes r to the history unless take recorded it: a
  * refusal, a duplicate, or (an accept take foresaw that did not happen: the
  * mark's write failed) the durable mark, so the checker drops that accept. */
@@ -429,9 +459,9 @@ static void record_decision(const device *d, const efs_result *r, int accepting)
 		return;
 	}
 	if (accepting) {
-		history_event(d, "opened", NULL, d->mark.token, d->mark.seq, NULL, NULL, "the mark's write failed", NULL);
+		history_event(d, "opened", NULL, d->ctx.epoch, d->mark.token, d->mark.seq, NULL, NULL, "the mark's write failed", NULL);
 	}
-	history_event(d, "verdict", r->decoded ? &e->id : NULL, r->decoded ? e->token : 0, r->decoded ? e->seq : 0,
+	history_event(d, "verdict", r->decoded ? &e->id : NULL, r->decoded ? e->epoch : 0, r->decoded ? e->token : 0, r->decoded ? e->seq : 0,
 		r->decoded ? &e->kind : NULL, verdict_name(r->verdict), r->reason, r->decoded ? e : NULL);
 }
 
@@ -534,6 +564,7 @@ static void take_update(const device *d, const uint8_t *msg, size_t n)
 	trust_counts[0] += c.applied;
 	trust_counts[1] += c.held;
 	history_trust(d);
+	history_fleet_epoch();
 	logf_("INFO", "msg=\"trust update\" device=%s applied=%u held=%u certificates=%d revocations=%llu epoch=%llu", d->id,
 		c.applied, c.held, trust.ncerts, (unsigned long long)trust.rev_version, (unsigned long long)trust.epoch);
 }
@@ -618,7 +649,10 @@ static void handle(struct mosquitto *m, device *d, const struct mosquitto_messag
 		}
 	}
 	counts[r.verdict <= 4 ? r.verdict : 0]++;
-	if (r.reset) { /* as devices/shim: logged, not a command's history event */
+	if (r.reset) { /* as devices/shim: logged, and once applied the move to its epoch in the history */
+		if (r.verdict == EFS_ACCEPTED) {
+			history_event(d, "epoch", &r.env.id, r.epoch, r.mark.token, r.mark.seq, NULL, NULL, "fence reset", NULL);
+		}
 		logf_("WARN", "msg=\"%s\" device=%s mark=%llu/%llu epoch=%llu counter=%llu reason=\"%s\"",
 			r.verdict == EFS_ACCEPTED ? "fence reset by the operator" : "reset refused", d->id,
 			(unsigned long long)r.mark.token, (unsigned long long)r.mark.seq, (unsigned long long)r.epoch,
@@ -759,7 +793,7 @@ static void fw_accepting(void *user, const efs_result *r)
 {
 	const device *d = user;
 
-	history_event(d, "verdict", &r->env.id, r->env.token, r->env.seq, &r->env.kind, "accepted", NULL, &r->env);
+	history_event(d, "verdict", &r->env.id, r->env.epoch, r->env.token, r->env.seq, &r->env.kind, "accepted", NULL, &r->env);
 }
 
 /* fw_root is the root that signs image manifests, as devsim's: the trust's
@@ -844,7 +878,7 @@ static int open_device(device *d, const char *dir, const char *id, const char *k
 		logf_("ERROR", "msg=\"state journal not written\" device=%s err=\"%s\"", id, strerror(errno));
 		return -1;
 	}
-	history_event(d, "opened", NULL, d->mark.token, d->mark.seq, NULL, NULL, NULL, NULL);
+	history_event(d, "opened", NULL, d->ctx.epoch, d->mark.token, d->mark.seq, NULL, NULL, NULL, NULL);
 	logf_("INFO", "msg=\"device open\" device=%s token=%llu seq=%llu applied=%llu epoch=%llu", id,
 		(unsigned long long)d->mark.token, (unsigned long long)d->mark.seq, (unsigned long long)d->journal.rec.state.applied,
 		(unsigned long long)efs_state_of(&d->ctx).epoch);
@@ -1069,6 +1103,7 @@ static int open_all(options *o)
 	if (o->trust_root != NULL && open_trust(o) != 0) {
 		return 1;
 	}
+	history_fleet_epoch(); /* one provisioned or kept is in effect from the start */
 	if (o->reset_root != NULL) {
 		if (efsdev_trust_init(&reset_trust, o->reset_root, o->trust_root_kid, "") != 0) {
 			logf_("ERROR", "msg=\"--reset-root: want a P-256 public key (PKIX PEM) and a kid of 1 to 64 bytes\" path=%s", o->reset_root);
