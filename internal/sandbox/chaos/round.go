@@ -83,8 +83,6 @@ type round struct {
 
 	faultMu sync.Mutex
 	sends   atomic.Int64
-	// retired is an agent the load no longer sends to (gateway-revoked).
-	retired atomic.Pointer[agentProc]
 	closers []func()
 }
 
@@ -551,9 +549,6 @@ func (r *round) load(ctx context.Context, dev string, serial bool) {
 		first := int(r.jitter(0, time.Duration(len(r.agents))))
 		for i := range r.agents {
 			a := r.agents[(first+i)%len(r.agents)]
-			if a == r.retired.Load() {
-				continue
-			}
 			sctx, cancel := context.WithTimeout(ctx, 4*time.Second)
 			res, err := a.api.Send(sctx, dev, kind, body)
 			cancel()

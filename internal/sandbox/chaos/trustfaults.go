@@ -226,17 +226,13 @@ func lastLine(s string) string {
 // gatewayRevoked is FaultRevoked: mid-load the operator revokes gw-a's key
 // (not the serial devices' home: a revoked home could not answer for
 // them) and publishes the list; gw-a must let every `auth: required`
-// device go by itself (state untrusted), gw-b takes them and relays the
-// list; a late command signed by gw-a's key must be refused at the
-// device (T1), and the liveness check after the round sees gw-b command
-// every device. The load stops sending to gw-a a moment before: a command
-// of a strict device that gw-a queues as it lets the device go never ends
-// (it waits for a lock a revoked gateway never campaigns for again, and
-// nothing supersedes it) — a gap of the agent the round does not cover.
+// device go by itself (state untrusted) and end the commands it queued
+// for them, gw-b takes them and relays the list; a late command signed by
+// gw-a's key must be refused at the device (T1), and the liveness check
+// after the round sees gw-b command every device. The load goes on
+// sending through both gateways throughout.
 func (r *round) gatewayRevoked(ctx context.Context) error {
 	victim, other := r.agents[0], r.agents[1]
-	r.retired.Store(victim)
-	backoff.Sleep(ctx, time.Second) // the load's commands in flight to gw-a get their verdicts
 	k := r.trust.key(victim.name)
 	if err := r.revoke(ctx, other, k.KeyID); err != nil {
 		return err
