@@ -69,6 +69,9 @@ func NewTrustKit(dir string) (*TrustKit, error) {
 // RootPub is the root public key's file.
 func (k *TrustKit) RootPub() string { return filepath.Join(k.Dir, "root.pub") }
 
+// RootKey is the root private key's file (`--root-key`).
+func (k *TrustKit) RootKey() string { return filepath.Join(k.Dir, "root.key") }
+
 // Manifest returns the operator's signed manifest of an image (the root
 // signs it): what fw.begin carries to a device provisioned with the root.
 func (k *TrustKit) Manifest(m auth.Manifest) ([]byte, error) { return k.root.Manifest(m) }

@@ -50,9 +50,12 @@ func (r *round) offlineAtAcquisition(ctx context.Context) error {
 // again at 1, the trust statements are gone). Signed, the agents must put
 // the statements back by themselves; the tokens regress, so the devices
 // refuse the new holders as stale until the round recovers as the README
-// runbook says: every gateway's status and the home gateway's fence list,
-// then `edgefence etcd bump-revision --from …` past the highest token,
-// then a restart of the agents that refused a device.
+// runbook says. Signed, with one epoch statement of the root published to
+// the rebuilt etcd (`edgefence keys epoch`): the agents relay it, stamp
+// its epoch and take the devices again by themselves, none restarted.
+// Unsigned, with every gateway's status and the home gateway's fence
+// list, then `edgefence etcd bump-revision --from …` past the highest
+// token, then a restart of the agents that refused a device.
 func (r *round) etcdRebuilt(ctx context.Context) error {
 	if err := r.etcd.Wipe(ctx); err != nil {
 		return err
@@ -63,11 +66,26 @@ func (r *round) etcdRebuilt(ctx context.Context) error {
 		return err
 	}
 	r.awaitRefused(ctx)
-	// Recovery. TODO(epoch): a signed epoch statement will recover signed
-	// devices after a rebuild in one step; when it lands, this is where
-	// the round issues and publishes it instead of (or before) raising
-	// the revision.
+	if r.trust != nil {
+		return r.publishEpoch(ctx)
+	}
 	return r.bumpRevision(ctx)
+}
+
+// publishEpoch is the runbook's recovery of a signed fleet: the operator
+// signs an epoch statement with the root and publishes it in etcd
+// (`edgefence keys epoch --root-key … --config …`, from gw-a's config:
+// its etcd and root).
+func (r *round) publishEpoch(ctx context.Context) error {
+	k := r.trust.kit
+	out, err := r.edgefenceAt(ctx, nodeA, "keys", "epoch", "--root-key", k.RootKey(), "--root-kid", k.RootKID,
+		"--config", r.agents[0].cfgPath)
+	if err != nil {
+		return err
+	}
+	r.fault(FaultRecovered)
+	r.logf("epoch statement published: %s", strings.TrimSpace(lastLine(string(out))))
+	return nil
 }
 
 // agedRevision is etcd's revision before the agents start in the
@@ -156,7 +174,7 @@ func (r *round) awaitRefused(ctx context.Context) {
 	r.logf("no device refused yet")
 }
 
-// bumpRevision is the runbook's recovery: `edgefence status --json` of
+// bumpRevision is the runbook's recovery of an unsigned fleet: `edgefence status --json` of
 // every gateway and `edgefence fence list --json` of the home gateway
 // into files, then `edgefence etcd bump-revision --from` them all, which
 // raises etcd's revision past the highest token any of them names.
