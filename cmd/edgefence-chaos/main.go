@@ -94,7 +94,7 @@ func parseArgs(args []string, stderr io.Writer) (c *chaosRun, code int, ok bool)
 	fs.StringVar(&c.work, "dir", "", "working directory (default: a temporary one, removed unless a round fails)")
 	fs.Uint64Var(&c.seed, "seed", 0, "seed of the first round (default: from the clock); round i uses seed+i")
 	only := fs.String("scenarios", "", "comma-separated scenarios to draw from (default all; with --unsigned all but "+
-		"gateway-revoked and key-rotated)")
+		"gateway-revoked, key-rotated and reset-mid-run)")
 	fs.BoolVar(&c.unsigned, "unsigned", false, "run the rounds unsigned: plain envelopes, devices auth: off")
 	fs.IntVar(&c.devices, "devices", 4, "shim devices per round")
 	fs.DurationVar(&c.load, "load", 6*time.Second, "how long commands flow in a round")

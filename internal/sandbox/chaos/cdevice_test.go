@@ -94,3 +94,14 @@ func TestKeyRotatedRoundCDevice(t *testing.T) {
 	}
 	t.Logf("accepts by signer %v; %d revocation lists recorded", signers, lists)
 }
+
+// TestResetRoundCDevice runs the reset-mid-run round with the C device
+// serving the shim devices: its history records each reset it applied
+// (the move to the reset's epoch) and the epoch of each command it
+// decided, so T2 covers it, and the commands captured before a reset and
+// replayed after it are refused.
+func TestResetRoundCDevice(t *testing.T) {
+	bin := sandbox.CDeviceForTest(t)
+	res := runRound(t, Config{CDeviceBin: bin, Dir: t.TempDir(), Load: 4 * time.Second}, FaultReset)
+	checkResetRound(t, res)
+}

@@ -11,6 +11,9 @@
 //   - I4: every command an agent created has exactly one terminal state;
 //   - T1 (history.InvariantRevocation): nothing signed by a revoked key is
 //     accepted at a fence point after it recorded the revocation;
+//   - T2 (history.InvariantEpoch): nothing of an epoch below one a fence
+//     point moved to (a reset, an epoch statement) is accepted after the
+//     move;
 //   - in the firmware round, FW1 (history.InvariantActivation: one
 //     fw.activate accepted per job per device), FW2 (every device
 //     committed on the job's image) and FW3 (every execution succeeded);
@@ -32,8 +35,10 @@
 // processes while its holders are frozen or killed and its devices lose
 // power (FaultFirmware: several faults, fwfaults.go); and the trust faults
 // (trustfaults.go): devices offline when a gateway acquires them, etcd
-// wiped and recovered by the runbook, a gateway's key revoked, a key
-// rotated and the old one revoked.
+// wiped and recovered by the runbook (signed: one epoch statement, no
+// agent restarted), a gateway's key revoked, a key rotated and the old
+// one revoked; and devices reset mid-run by the operator, the commands
+// captured off the broker before replayed after (resetfaults.go).
 //
 // `make chaos ROUNDS=N` runs N randomized rounds (cmd/edgefence-chaos) and
 // prints a summary; `make test` runs each scenario once (chaos_test.go).
@@ -75,9 +80,16 @@ const (
 	FaultOffline = "device-offline-at-acquisition"
 	// FaultEtcdRebuilt: etcd wiped mid-run, the trust put back by the
 	// agents, the token regression recovered by the runbook
-	// (FaultRecovered: `edgefence etcd bump-revision`).
+	// (FaultRecovered: signed, one `edgefence keys epoch`; unsigned,
+	// `edgefence etcd bump-revision` and the refusing agents restarted).
 	FaultEtcdRebuilt = "etcd-rebuilt"
 	FaultRecovered   = "runbook-recovery"
+	// FaultReset: devices reset mid-run by the operator (`edgefence
+	// fence reset`), their marks lowered into a new epoch (signed
+	// rounds); FaultReplayed counts the signed commands captured off the
+	// broker before a reset and replayed after it (resetfaults.go).
+	FaultReset    = "reset-mid-run"
+	FaultReplayed = "replayed-before-reset"
 	// FaultRevoked: a gateway's key revoked mid-run (signed rounds).
 	FaultRevoked = "gateway-revoked"
 	// FaultRotated: a gateway's key rotated and the old one revoked
@@ -112,13 +124,13 @@ const (
 const LivenessBound = 60 * time.Second
 
 // signedOnly are the scenarios that need a signed round.
-var signedOnly = []string{FaultRevoked, FaultRotated}
+var signedOnly = []string{FaultRevoked, FaultRotated, FaultReset}
 
 // Scenarios lists the scenario names, one per fault kind.
 func Scenarios() []string {
 	return []string{FaultFreeze, FaultKillAgent, FaultKillDevsim, FaultKillBridge, FaultEtcdRestart,
 		FaultLeaderLoss, FaultBroker, FaultPartition, FaultDuplicate, FaultSerialNoise, FaultFirmware,
-		FaultOffline, FaultEtcdRebuilt, FaultRevoked, FaultRotated}
+		FaultOffline, FaultEtcdRebuilt, FaultRevoked, FaultRotated, FaultReset}
 }
 
 // UnsignedScenarios lists the scenarios an unsigned round can run (all

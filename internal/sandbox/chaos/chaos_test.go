@@ -135,8 +135,11 @@ func TestScenarios(t *testing.T) {
 	for _, sc := range Scenarios() {
 		t.Run(sc, func(t *testing.T) {
 			res := runRound(t, Config{}, sc)
-			if sc == FaultFirmware {
+			switch sc {
+			case FaultFirmware:
 				checkFirmwareRound(t, res)
+			case FaultReset:
+				checkResetRound(t, res)
 			}
 		})
 	}
@@ -156,6 +159,33 @@ func checkFirmwareRound(t *testing.T, res *Result) {
 		t.Fatalf("executions %v", res.Executions)
 	}
 	t.Logf("executions %v; firmware steps accepted %v", res.Executions, fw.Accepted)
+}
+
+// checkResetRound: the reset round's history holds each reset at its fence
+// point (history.OpEpoch with the reset's id) and commands accepted in the
+// reset's epoch after it, so T2 was checked on them; commands captured
+// before were replayed.
+func checkResetRound(t *testing.T, res *Result) {
+	t.Helper()
+	moved := map[string]uint64{} // device → the epoch its reset moved it to
+	after := map[string]int{}    // device → accepts in that epoch after the reset
+	for _, e := range res.Events {
+		switch {
+		case e.Op == history.OpEpoch && e.ID != "" && e.Device != "":
+			moved[e.Device] = e.Epoch
+		case e.Op == history.OpVerdict && e.Verdict == "accepted" && moved[e.Device] != 0 && e.Epoch == moved[e.Device]:
+			after[e.Device]++
+		}
+	}
+	if len(moved) == 0 || res.Faults[FaultReset] != len(moved) || res.Faults[FaultReplayed] == 0 {
+		t.Fatalf("resets recorded %v, faults %v", moved, res.Faults)
+	}
+	for dev := range moved {
+		if after[dev] == 0 {
+			t.Fatalf("%s: no command accepted in its reset's epoch %d", dev, moved[dev])
+		}
+	}
+	t.Logf("resets recorded %v; accepts in their epochs after %v; %d captured commands replayed", moved, after, res.Faults[FaultReplayed])
 }
 
 // TestCheckerCatchesViolations: the checker the suite relies on fails a

@@ -59,6 +59,8 @@ func (r *round) injectFault(ctx context.Context) error {
 		return r.gatewayRevoked(ctx)
 	case FaultRotated:
 		return r.keyRotated(ctx)
+	case FaultReset:
+		return r.resetMidRun(ctx)
 	}
 	return fmt.Errorf("no fault for scenario %q", r.sc)
 }

@@ -125,10 +125,19 @@ func (r *round) edgefence(ctx context.Context, args ...string) ([]byte, error) {
 // edgefenceAt runs `edgefence args…` in node (directly when the round
 // has no network lab) and returns its stdout.
 func (r *round) edgefenceAt(ctx context.Context, node string, args ...string) ([]byte, error) {
-	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	return r.edgefenceEnv(ctx, node, nil, args...)
+}
+
+// edgefenceEnv is edgefenceAt with env added to the command's environment
+// (an agent's: its broker password).
+func (r *round) edgefenceEnv(ctx context.Context, node string, env []string, args ...string) ([]byte, error) {
+	cctx, cancel := context.WithTimeout(ctx, 45*time.Second)
 	defer cancel()
 	bin, argv := r.command(node, filepath.Join(r.cfg.Bin, "edgefence"), args...)
 	cmd := exec.CommandContext(cctx, bin, argv...)
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()

@@ -216,8 +216,8 @@ func (r *round) run(ctx context.Context) error {
 }
 
 // brokerAuth is the round's broker users and rules (deploy/mosquitto's):
-// gateways gw-a and gw-b (gw-b the home of the serial devices) and devsim,
-// serving the shim devices d1..dN.
+// gateways gw-a and gw-b (gw-b the home of the serial devices), devsim,
+// serving the shim devices d1..dN, and the operator's read-only login.
 func (r *round) brokerAuth() error {
 	const p = "edgefence/v1"
 	var shim, serial []string
@@ -227,12 +227,13 @@ func (r *round) brokerAuth() error {
 	for i := range r.cfg.Serial {
 		serial = append(serial, fmt.Sprintf("s%d", i+1))
 	}
-	r.acl = sandbox.GatewayACL(p, "gw-a") + sandbox.GatewayACL(p, "gw-b", serial...) + sandbox.FleetACL(p, "devsim", shim...)
+	r.acl = sandbox.GatewayACL(p, "gw-a") + sandbox.GatewayACL(p, "gw-b", serial...) + sandbox.FleetACL(p, "devsim", shim...) +
+		sandbox.ObserverACL(p, "operator")
 	auth, err := sandbox.NewBrokerAuth(r.acl)
 	if err != nil {
 		return err
 	}
-	for _, u := range []string{"gw-a", "gw-b", "devsim"} {
+	for _, u := range []string{"gw-a", "gw-b", "devsim", "operator"} {
 		if _, err := auth.User(u); err != nil {
 			return err
 		}

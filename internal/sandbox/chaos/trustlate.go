@@ -51,19 +51,11 @@ func (r *round) lateEnvelope(ctx context.Context, gw string, k *sandbox.GatewayK
 	if err != nil {
 		return err
 	}
-	pass, err := r.auth.User(gw)
-	if err != nil {
-		return err
-	}
-	cl, err := mqtt.Dial(ctx, mqtt.Config{Brokers: []string{r.mqttURL}, ClientID: "late-" + gw, CleanStart: true,
-		Username: gw, Password: []byte(pass)})
+	cl, err := r.brokerClient(ctx, gw, "late-"+gw)
 	if err != nil {
 		return err
 	}
 	defer cl.Close(context.Background())
-	if err := cl.AwaitConnection(ctx); err != nil {
-		return err
-	}
 	if err := cl.Publish(ctx, mqtt.Message{Topic: mqtt.Topics{}.Cmd(dev), Payload: raw}); err != nil {
 		return err
 	}
