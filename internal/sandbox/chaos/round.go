@@ -393,18 +393,23 @@ func (r *round) startDevsim(ctx context.Context) error {
 }
 
 // agentConfig writes gw's config: every device, half of the shim devices
-// autonomous, the serial devices wired to gw-b; unsigned (auth: off).
+// autonomous, the serial devices wired to gw-b; signed (its auth block), or
+// in an unsigned round every device `auth: off`.
 func (r *round) agentConfig(gw string) (string, error) {
+	off := ""
+	if r.trust == nil {
+		off = "    auth: off\n"
+	}
 	var devs strings.Builder
 	for i, d := range r.shimDevs {
 		policy := agent.PolicyStrict
 		if i%2 == 1 {
 			policy = agent.PolicyAutonomous
 		}
-		fmt.Fprintf(&devs, "  - id: %s\n    policy: %s\n    auth: off\n", d, policy)
+		fmt.Fprintf(&devs, "  - id: %s\n    policy: %s\n%s", d, policy, off)
 	}
 	for i, d := range r.serialDevs {
-		fmt.Fprintf(&devs, "  - id: %s\n    fence: gateway\n    home: gw-b\n    auth: off\n", d)
+		fmt.Fprintf(&devs, "  - id: %s\n    fence: gateway\n    home: gw-b\n%s", d, off)
 		if gw == "gw-b" {
 			fmt.Fprintf(&devs, "    serial:\n      port: %s\n", r.lines[i].A)
 		}
