@@ -392,9 +392,8 @@ func (r *round) startDevsim(ctx context.Context) error {
 }
 
 // agentConfig writes gw's config: every device, half of the shim devices
-// autonomous, the serial devices wired to gw-b; signed (every device
-// `auth: required`, the default with a key: roundTrust.authYAML), or with
-// Config.Unsigned `auth: off`.
+// autonomous, the serial devices wired to gw-b; signed (its auth block), or
+// in an unsigned round every device `auth: off`.
 func (r *round) agentConfig(gw string) (string, error) {
 	off := ""
 	if r.trust == nil {
