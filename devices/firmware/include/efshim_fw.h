@@ -120,9 +120,12 @@ typedef struct efs_fw_port {
 	 * set, and the caller applies it then (durable before effect, as
 	 * efs_process). NULL: such commands are refused as an unknown kind. */
 	int (*other)(void *user, const struct efs_envelope *env, const char **reason);
-	/* Optional: called for an accepted step once its slot bytes and job
-	 * record are on flash, just before its mark is stored (a history can
-	 * record the accept before its commit, as devices/shim does). */
+	/* Optional: called for an accepted step once its slot bytes are on
+	 * flash, just before its job record is written — the record carries
+	 * the step's mark and, after a power cut, rolls the mark forward at
+	 * efs_fw_open — so that a history records the accept before it can
+	 * take effect, as devices/shim does. If the record's write then
+	 * fails, the step is refused Invalid with the mark unchanged. */
 	void (*accepting)(void *user, const efs_result *r);
 	uint8_t boot_tries;        /* trial boots fw.activate arms; 0: EFS_FW_DEFAULT_TRIES */
 	uint64_t factory_security; /* first boot: the security version of slot A's image */

@@ -386,6 +386,9 @@ static int hook_step(void *user, efs_result *r)
 		x->job.seq = r->mark.seq;
 		x->job.epoch = r->epoch;
 		x->job.counter = fw->fence->reset_counter; /* the tag rolls forward only under this counter */
+		if (fw->port->accepting != NULL) {
+			fw->port->accepting(fw->port->user, r); /* before the record: it rolls the mark forward */
+		}
 		if (efs_fw_save(fw, &x->job, &x->boot, r->env.holder, r->env.id) != EFS_OK) {
 			x->t.at = 7;
 			x->t.buf[7] = '\0';
@@ -393,9 +396,6 @@ static int hook_step(void *user, efs_result *r)
 			e = EFS_FW_E_STORAGE;
 		} else {
 			x->wrote = 1;
-			if (fw->port->accepting != NULL) {
-				fw->port->accepting(fw->port->user, r);
-			}
 		}
 	}
 	fw->last = (uint8_t)e;
