@@ -95,6 +95,10 @@ type deviceAuth struct {
 	// unverified counts, per device, the acks refused for the command
 	// it was last sent, until one verifies (untrusted.go).
 	unverified map[string]unverifiedAcks
+	// later holds, per device, its newest state report refused for want
+	// of its certificate: the first report of a device the agent had no
+	// certificate for yet (a retained one is not sent again).
+	later map[string][]byte
 }
 
 // unverifiedAcks are the refused acks of one command.
@@ -139,7 +143,7 @@ func (k *deviceAuth) unverifiedFor(dev, id string) (int, error) {
 func newDeviceAuth(cfg *Config, keep *keeper, cli *clientv3.Client, log *slog.Logger, now func() time.Time) *deviceAuth {
 	k := &deviceAuth{log: log, now: now, cli: cli, prefix: cfg.Etcd.Prefix, required: map[string]bool{}, bridged: map[string]bool{},
 		readAt: map[string]time.Time{}, noCert: map[string]bool{}, reports: map[string]*auth.StateReport{},
-		marks: map[string]fence.State{}, unverified: map[string]unverifiedAcks{}}
+		marks: map[string]fence.State{}, unverified: map[string]unverifiedAcks{}, later: map[string][]byte{}}
 	var required []string
 	for _, d := range cfg.Devices {
 		if d.Auth == AuthRequired {
@@ -298,9 +302,27 @@ func (k *deviceAuth) checkState(dev string, payload []byte) (fields map[string]a
 	}
 	if err != nil {
 		k.refused(&k.statesRefused, "state report", dev, err, "bytes", len(payload))
+		if errors.Is(err, auth.ErrUnknownKey) || errors.Is(err, auth.ErrExpired) {
+			k.mu.Lock()
+			k.later[dev] = payload // verified again once the trust learns a statement (retryReports)
+			k.mu.Unlock()
+		}
 		return nil, true, err
 	}
 	return fields, true, nil
+}
+
+// takeLater returns the state reports refused for want of their device's
+// certificate since the last call, the newest per device (nil-safe).
+func (k *deviceAuth) takeLater() map[string][]byte {
+	if k == nil {
+		return nil
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	out := k.later
+	k.later = map[string][]byte{}
+	return out
 }
 
 // newer takes r as dev's newest report if it is newer than the last one

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"sync/atomic"
 	"time"
 
@@ -64,4 +65,23 @@ func (a *Agent) DeviceStateReport(dev string, payload []byte) {
 	}
 	a.log.Warn("device state report malformed; dropped", "device", dev, "err", err, "bytes", len(payload),
 		"suppressed", suppressed, "known_device", key == dev)
+}
+
+// retryReports hands again the state reports refused for want of their
+// device's certificate (deviceAuth.takeLater) each time the trust learns a
+// statement — a certificate read ahead, enrolled since, put back —, until
+// ctx ends: a device's retained report, which the broker does not send
+// again, still reaches the twin and the firmware runner.
+func (a *Agent) retryReports(ctx context.Context) {
+	for {
+		changed := a.keep.changes()
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed:
+		}
+		for dev, payload := range a.devauth.takeLater() {
+			a.DeviceStateReport(dev, payload)
+		}
+	}
 }

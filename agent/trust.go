@@ -38,6 +38,10 @@ type keeper struct {
 	ledger *auth.Ledger
 	kid    []byte // auth.key_id; nil: this gateway has no certificate to check
 	log    *slog.Logger
+	// selfSigned are the `auth: required` devices that sign their own
+	// acks (not `fence: gateway` ones): their certificates are read ahead
+	// (trustfetch.go) and followed (trustwatch.go).
+	selfSigned map[string]bool
 
 	mu       sync.Mutex
 	watchers []func()      // called after a statement took effect
@@ -56,7 +60,12 @@ func newKeeper(cfg *Config, db *bbolt.DB, log *slog.Logger, now func() time.Time
 	if t == nil || err != nil {
 		return nil, err
 	}
-	k := &keeper{t: t, log: log.With("component", "trust"), lost: make(chan struct{}, 1)}
+	k := &keeper{t: t, log: log.With("component", "trust"), lost: make(chan struct{}, 1), selfSigned: map[string]bool{}}
+	for _, d := range cfg.Devices {
+		if d.Auth == AuthRequired && d.Fence != FenceGateway {
+			k.selfSigned[d.ID] = true
+		}
+	}
 	if a.Certificate != "" {
 		k.kid = []byte(a.KeyID)
 	}
@@ -222,7 +231,7 @@ func (a *Agent) startTrust(ctx context.Context) func() {
 		if e := a.keep.t.Epoch(); e > a.fleetAt && a.fleetEpoch(e) == nil {
 			a.fleetAt = e
 		}
-		stops = append(stops, goUnder(ctx, func(ctx context.Context) { a.runEpochs(ctx, a.fleetAt) }))
+		stops = append(stops, goUnder(ctx, func(ctx context.Context) { a.runEpochs(ctx, a.fleetAt) }), goUnder(ctx, a.retryReports))
 		if a.cli != nil {
 			prefix := a.cfg.Etcd.Prefix
 			stops = append(stops, goUnder(ctx, func(ctx context.Context) { a.keep.follow(ctx, a.cli, prefix, a.resetFromEtcd) }),

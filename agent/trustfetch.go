@@ -72,13 +72,11 @@ func (k *keeper) fetch(ctx context.Context, cli *clientv3.Client, prefix string,
 	return got.Applied, nil
 }
 
-// selfSigned returns the `auth: required` devices that sign their own
-// acks (not `fence: gateway` ones: their home gateway does), in config
-// order.
+// selfSigned returns the keeper's selfSigned devices in config order.
 func (a *Agent) selfSigned() []string {
 	var out []string
 	for _, id := range a.order {
-		if d := a.devices[id]; d.auth == AuthRequired && d.fence != FenceGateway {
+		if a.keep.selfSigned[id] {
 			out = append(out, id)
 		}
 	}

@@ -102,3 +102,49 @@ func TestRepublishMarker(t *testing.T) {
 	}
 	waitFor(t, "its certificate put back", there)
 }
+
+// TestStateReportAfterEnrolment: a device's signed state report that
+// arrives before the agent has its certificate (the device enrolled after
+// the agent started) is refused, kept, and taken once the enrolment shows
+// in etcd: a retained report, which the broker does not send again, still
+// counts.
+func TestStateReportAfterEnrolment(t *testing.T) {
+	op := authtest.NewOperator(t)
+	gw := op.Certify("gw-1", "*")
+	prefix := "/t/" + t.Name()
+	cli := etcdClient(t)
+	cfg := &Config{Gateway: "gw-1", Etcd: EtcdConfig{Endpoints: testEtcd.Endpoints(), Prefix: prefix, LeaseTTL: 2 * time.Second},
+		MQTT: MQTTConfig{Brokers: []string{"mqtt://127.0.0.1:1"}}, Auth: siteAuth(t, op, gw, "gw-1"),
+		Devices: []DeviceConfig{{ID: "d1", Auth: AuthRequired}}}
+	a := runAgent(t, cfg, cli, newFencePoint(), Options{})
+	waitFor(t, "holding d1", holdingAll(a, []string{"d1"}))
+	dk, err := auth.NewKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev, err := auth.NewSigner([]byte("d1/1"), dk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	report, err := dev.SignState(&auth.StateReport{Device: "d1", Token: 1, Seq: 1, Counter: 1, State: []byte{0xa1, 0x61, 'x', 0x01}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.DeviceStateReport("d1", report)
+	taken := func() bool {
+		a.devauth.mu.Lock()
+		defer a.devauth.mu.Unlock()
+		return a.devauth.reports["d1"] != nil
+	}
+	if taken() {
+		t.Fatal("a report taken without the device's certificate")
+	}
+	cert, err := op.Root.CertifyDevice([]byte("d1/1"), &dk.PublicKey, "d1", time.Now().Add(-time.Hour), time.Now().Add(time.Hour), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Put(t.Context(), TrustDeviceKey(prefix, "d1"), string(cert)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the report taken once the device is enrolled", taken)
+}
