@@ -237,6 +237,10 @@ type worker struct {
 	// the next entries: at most one. flush records and waits for both.
 	unrecorded []settled
 	recording  *recordOp
+	// waited counts the verdicts with a waiter left to ride on the
+	// outbox's next commit (outbox.verdict_delay) since the worker last
+	// asked for one (waitedLater).
+	waited int
 }
 
 // step acts on the worker's device's next pending entry: it expires it,
@@ -247,6 +251,7 @@ type worker struct {
 func (q *delivery) step(ctx context.Context, w *worker) stepped {
 	d := w.d
 	e, attempted, err := q.next(w)
+	q.waitedLater(w, e)
 	if err != nil {
 		// A corrupt record: the queue stops there (fail closed)
 		// until an operator repairs it; try again later.
@@ -409,7 +414,9 @@ func (q *delivery) settle(w *worker, e *offline.Entry, ack *fence.Ack, local boo
 	async := !later && !local && ack.Verdict != fence.Stale && q.queueVerdict(w, e, ack)
 	switch {
 	case later:
-		q.resolveLater(d, e, ack)
+		if q.resolveLater(d, e, ack) {
+			w.waited++
+		}
 	case !async:
 		q.flush(w)
 		if err := q.resolve(ack); err != nil && !q.resolveFailed(d, ack, err) {
@@ -441,7 +448,7 @@ func (q *delivery) settle(w *worker, e *offline.Entry, ack *fence.Ack, local boo
 	if !async && !later {
 		q.record(history.OpTerminal, env, ack.Verdict.String(), ack.Reason)
 	}
-	if !async {
+	if !async && !later { // recorded tells the waiter of a later one, once it is durable
 		q.notify(env.ID, ack)
 	}
 	q.logVerdict(d, env, ack, local)
@@ -514,6 +521,16 @@ func (q *delivery) reissue(d *device, e *offline.Entry) {
 		"old_token", e.Envelope.Token, "id", env.ID, "token", env.Token, "seq", env.Seq)
 }
 
+// waited reports whether command id has a waiter (Send, Pending.Wait, a
+// fan-out).
+func (q *delivery) waited(id string) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.waiters[id] != nil
+}
+
+// notify hands ack to command id's waiter, if it has one; ack must be
+// durable in the outbox (invariant I9).
 func (q *delivery) notify(id string, ack *fence.Ack) {
 	q.mu.Lock()
 	ch := q.waiters[id]
