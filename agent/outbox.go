@@ -409,7 +409,8 @@ func (q *delivery) settle(w *worker, e *offline.Entry, ack *fence.Ack, local boo
 	// entry is then the failed one again. A stale verdict or the agent's
 	// own is recorded at once, after the verdicts before it. With
 	// outbox.verdict_delay, a device's other verdicts are settled now and
-	// recorded with the outbox's next commit (resolveLater).
+	// recorded with the outbox's next commit (resolveLater; its waiter is
+	// told once it is).
 	later := q.later && !local && ack.Verdict != fence.Stale
 	async := !later && !local && ack.Verdict != fence.Stale && q.queueVerdict(w, e, ack)
 	switch {

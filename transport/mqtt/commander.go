@@ -325,7 +325,7 @@ func (m *Commander) onAck(msg Message) {
 	m.mu.Unlock()
 	if w == nil {
 		// Another holder's ack on the shared topic, a redelivery after
-		// Send gave up, or an operator reset's.
+		// the command was answered, or an operator reset's.
 		m.unmatched.Add(1)
 		m.log.Debug("ack for no pending command", "topic", msg.Topic, "id", id, "verdict", ack.Verdict)
 		if dev, leaf, ok := m.topics.Parse(msg.Topic); ok && leaf == LeafAck && other != nil {
