@@ -47,8 +47,8 @@ type Commander struct {
 
 // waiting is the wait for a command's ack: a Send's (ch), a Post's
 // (answer), or lapsed (live false: the ack that comes is kept in ch for
-// the command's next Send or Post). answer, live and sends to ch are
-// guarded by Commander.mu.
+// the command's next Send or Post). env is set once; answer, live and
+// sends to ch are guarded by Commander.mu.
 type waiting struct {
 	env    *fence.Envelope
 	ch     chan *fence.Ack // one ack, the first
@@ -291,7 +291,7 @@ func (m *Commander) await(env *fence.Envelope, answer func(*fence.Ack)) (w *wait
 		default:
 		}
 		delete(m.lapsed, env.Device)
-		w.env, w.answer, w.live = env, answer, true
+		w.answer, w.live = answer, true // w.env stays: the same command (onAck reads it unlocked)
 	default:
 		if old, ok := m.lapsed[env.Device]; ok {
 			m.forgetLocked(old) // settled: its sender moved on to this one
