@@ -61,10 +61,10 @@ type delivery struct {
 	lossRule
 
 	mu      sync.Mutex
-	waiters map[string]chan *fence.Ack // command id → its Send, waiting
-	runCtx  context.Context            // set while run runs; nil: no new workers
-	workers sync.WaitGroup             // the workers' goroutines and their parked sends
-	post    poster                     // the sender, if it can post (post.go); nil: Send
+	waiters map[string]waiter // command id → its Send (or fan-out), waiting
+	runCtx  context.Context   // set while run runs; nil: no new workers
+	workers sync.WaitGroup    // the workers' goroutines and their parked sends
+	post    poster            // the sender, if it can post (post.go); nil: Send
 	// postAbove: with this many commands in flight on the link or
 	// more, a send parks its worker (post.go); below, it waits.
 	postAbove int64
@@ -522,19 +522,28 @@ func (q *delivery) reissue(d *device, e *offline.Entry) {
 		"old_token", e.Envelope.Token, "id", env.ID, "token", env.Token, "seq", env.Seq)
 }
 
-// waited reports whether command id has a waiter (Send, Pending.Wait, a
-// fan-out).
+// waiter is a command's waiter: the channel its ack goes to, and whether
+// the waiter paces the outbox's commits of its verdicts itself (a
+// fan-out: fanWait) rather than the worker asking for each (waitedLater).
+type waiter struct {
+	ch    chan *fence.Ack
+	paced bool
+}
+
+// waited reports whether command id has a waiter the worker asks the
+// outbox's commit for (Send, Pending.Wait; not a fan-out's).
 func (q *delivery) waited(id string) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return q.waiters[id] != nil
+	w, ok := q.waiters[id]
+	return ok && !w.paced
 }
 
 // notify hands ack to command id's waiter, if it has one; ack must be
 // durable in the outbox (invariant I9).
 func (q *delivery) notify(id string, ack *fence.Ack) {
 	q.mu.Lock()
-	ch := q.waiters[id]
+	ch := q.waiters[id].ch
 	q.mu.Unlock()
 	if ch != nil {
 		select {

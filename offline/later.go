@@ -169,6 +169,9 @@ func (ob *Outbox) deferVerdicts(acks []*fence.Ack, ops []resolveOp, now time.Tim
 func (ob *Outbox) CommitSoon() {
 	ob.lmu.Lock()
 	defer ob.lmu.Unlock()
+	if len(ob.later) == 0 {
+		return // nothing waits
+	}
 	ob.again = true
 	if !ob.flushing {
 		ob.flushing = true
