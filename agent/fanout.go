@@ -235,7 +235,7 @@ func (q *delivery) unwait(id string) {
 // fanCommitEvery is how often a fan-out waiting for its verdicts asks the
 // outbox to commit those left waiting (outbox.verdict_delay): its devices'
 // workers do not ask one by one, so that a burst of verdicts takes a commit
-// every fanCommitEvery instead of one after another (BENCHMARKS §83).
+// every fanCommitEvery instead of one after another.
 const fanCommitEvery = 10 * time.Millisecond
 
 // fanWait reports the verdict of each stored envelope once its ack arrives
