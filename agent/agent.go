@@ -227,7 +227,7 @@ func New(cfg *Config, cli *clientv3.Client, s Sender, o Options) (*Agent, error)
 	}
 	a.delivery = &delivery{outbox: a.outbox, sender: s, hist: o.History, log: a.log, now: a.now, timeout: a.cfg.Command.Timeout,
 		later:   a.cfg.Outbox.VerdictDelay == nil || *a.cfg.Outbox.VerdictDelay > 0,
-		gateway: a.cfg.Gateway, devices: a.devices, leases: a.leases, lossRule: a.lossRule, waiters: make(map[string]chan *fence.Ack)}
+		gateway: a.cfg.Gateway, devices: a.devices, leases: a.leases, lossRule: a.lossRule, waiters: make(map[string]waiter)}
 	a.delivery.trust, a.delivery.auth, a.delivery.learnEpoch = a.trust, a.devauth, a.ackEpoch
 	a.delivery.post, _ = s.(poster)
 	a.delivery.postAbove = postAbove

@@ -178,11 +178,13 @@ type OutboxConfig struct {
 	TTL               time.Duration `yaml:"ttl"`                  // a command not delivered by then ends as expired, default 1h
 	Retention         time.Duration `yaml:"retention"`            // terminal entries are kept this long, default 24h
 	MaxEnded          int           `yaml:"max_ended"`            // terminal entries kept at most (the oldest go first), default 100000
-	// VerdictDelay is how long a device's verdict may wait for the
-	// outbox's next commit to ride on (default 100ms): the waiter gets
-	// its ack once the verdict is settled, and a command costs one commit,
-	// not two. 0 is strict: the waiter gets its ack only once the verdict
-	// is durable (a commit of its own).
+	// VerdictDelay is how long the verdict of a command nobody waits
+	// for may wait for the outbox's next commit to ride on (default
+	// 100ms): such a command costs one commit, not two. A waiter gets its
+	// ack only once the verdict is durable, in every mode (its verdict is
+	// committed at once). 0 is strict: every verdict is recorded by its
+	// device's worker (a commit of its own, up to 8 verdicts of a deep
+	// queue in one) before its entry ends.
 	VerdictDelay *time.Duration `yaml:"verdict_delay"`
 }
 

@@ -166,7 +166,7 @@ func (q *delivery) fanIssue(ctx context.Context, devs []string, kind string, bod
 	if acks != nil {
 		q.mu.Lock()
 		for _, it := range items {
-			q.waiters[it.env.ID] = acks
+			q.waiters[it.env.ID] = waiter{ch: acks, paced: true}
 		}
 		q.mu.Unlock()
 	}
@@ -232,15 +232,29 @@ func (q *delivery) unwait(id string) {
 	q.mu.Unlock()
 }
 
-// fanWait reports the verdict of each stored envelope as its ack arrives
-// on acks, until all have one, or the command timeout passes, or ctx ends:
-// the rest are reported queued.
+// fanCommitEvery is how often a fan-out waiting for its verdicts asks the
+// outbox to commit those left waiting (outbox.verdict_delay): its devices'
+// workers do not ask one by one, so that a burst of verdicts takes a commit
+// every fanCommitEvery instead of one after another.
+const fanCommitEvery = 10 * time.Millisecond
+
+// fanWait reports the verdict of each stored envelope once its ack arrives
+// on acks (once it is durable: recorded), until all have one, or the
+// command timeout passes, or ctx ends: the rest are reported queued.
 func (q *delivery) fanWait(ctx context.Context, stored map[string]*fence.Envelope, acks chan *fence.Ack, out func(SendResult)) {
 	t := time.NewTimer(q.timeout)
 	defer t.Stop()
+	var pace <-chan time.Time
+	if q.later {
+		tick := time.NewTicker(fanCommitEvery)
+		defer tick.Stop()
+		pace = tick.C
+	}
 	why := ""
 	for len(stored) > 0 && why == "" {
 		select {
+		case <-pace:
+			q.outbox.CommitSoon()
 		case ack := <-acks:
 			env := stored[ack.ID]
 			if env == nil {

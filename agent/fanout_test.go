@@ -31,8 +31,9 @@ func newFanoutRig(t *testing.T, n int) *fanoutRig {
 	return newFanoutRigOpts(t, n, Options{})
 }
 
-// newFanoutRigOpts is newFanoutRig with gw-1's Options o.
-func newFanoutRigOpts(t *testing.T, n int, o Options) *fanoutRig {
+// newFanoutRigOpts is newFanoutRig with gw-1's Options o, and its config
+// as tweak sets it.
+func newFanoutRigOpts(t *testing.T, n int, o Options, tweak ...func(*Config)) *fanoutRig {
 	t.Helper()
 	prefix := "/t/" + t.Name()
 	r := &fanoutRig{fp: newFencePoint()}
@@ -46,6 +47,9 @@ func newFanoutRigOpts(t *testing.T, n int, o Options) *fanoutRig {
 		cfg.Devices = append(cfg.Devices, DeviceConfig{ID: id, Auth: AuthOff, Labels: map[string]string{"site": string(rune('a' + i%2)), "kind": "meter"}})
 	}
 	cfg.Devices = append(cfg.Devices, DeviceConfig{ID: "elsewhere", Auth: AuthOff, Labels: map[string]string{"site": "a"}})
+	for _, f := range tweak {
+		f(cfg)
+	}
 	r.a = runAgent(t, cfg, etcdClient(t), r.fp, o)
 	waitFor(t, "gw-1 holds its devices", holdingAll(r.a, r.devs))
 	r.c = serveAPI(t, r.a.Agent)
@@ -127,6 +131,34 @@ func TestFanOutOwnEnvelopes(t *testing.T) {
 	wantSample(t, mf, 2, "edgefence_fanout_requests_total")
 	for o, n := range map[string]float64{"accepted": n/2 + 4, "stale": 1, "refused": 1, "queued": 0} {
 		wantSample(t, mf, n, "edgefence_fanout_devices_total", "outcome", o)
+	}
+}
+
+// TestWaitersToldOnceDurable: with outbox.verdict_delay an hour, a
+// fan-out's results and Pending.Wait's ack come only once the verdicts
+// are durable (invariant I9): nothing is left waiting for a commit when
+// they are reported. Before, they were reported as the device answered,
+// the records left to ride on a commit an hour away.
+func TestWaitersToldOnceDurable(t *testing.T) {
+	hour := time.Hour
+	r := newFanoutRigOpts(t, 8, Options{}, func(c *Config) { c.Outbox.VerdictDelay = &hour })
+	_, sum, _ := r.fanOut(t, FanoutRequest{Selection: Selection{Glob: "dev-*"}, Kind: "ping"})
+	if sum.ByOutcome["accepted"] != 8 {
+		t.Fatalf("summary %+v, want 8 accepted", sum)
+	}
+	if n := r.a.outbox.Waiting(); n != 0 {
+		t.Errorf("fan-out reported its verdicts with %d still waiting for their commit", n)
+	}
+	p, err := r.a.Issue(t.Context(), r.devs[0], "ping", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if ack, err := p.Wait(t.Context()); err != nil || ack.Verdict != fence.Accepted {
+		t.Fatalf("Wait: %+v %v", ack, err)
+	}
+	if n := r.a.outbox.Waiting(); n != 0 {
+		t.Errorf("Pending.Wait returned its ack with %d verdicts still waiting for their commit", n)
 	}
 }
 

@@ -19,22 +19,28 @@ func verdictDelay(d time.Duration) func(*Config) {
 }
 
 // TestOneCommitPerCommand: commands sent one at a time to a real device
-// (mochi, a sim.Fleet, the embedded etcd) cost one outbox commit each
-// with outbox.verdict_delay — each verdict rides on the next command's
-// append — and two in strict mode (0: the append's, the verdict's own).
-// The delay is an hour here so that only the appends commit; every
-// command still ends accepted, recorded by the last one's flush at
-// shutdown.
+// (mochi, a sim.Fleet, the embedded etcd) that nobody waits for (Enqueue)
+// cost one outbox commit each with outbox.verdict_delay — each verdict
+// rides on the next command's append —, and two in strict mode (0: the
+// append's, the verdict's own). A command someone waits for (Send) is
+// told its verdict only once it is durable (invariant I9): its verdict is
+// committed at once, not an hour later, so it costs two commits in both
+// modes (before, Send returned with the verdict still waiting, and a kill
+// -9 then could leave the command pending, resent, ended duplicate or
+// stale). The delay is an hour here so that only the appends, the
+// waiters' commits and the shutdown's flush commit.
 func TestOneCommitPerCommand(t *testing.T) {
 	const n = 20
 	for _, c := range []struct {
-		name  string
-		delay time.Duration
-		ok    func(commits int64) bool
-		want  string
+		name   string
+		delay  time.Duration
+		waited bool
+		ok     func(commits int64) bool
+		want   string
 	}{
-		{"deferred", time.Hour, func(c int64) bool { return c <= n+2 }, "≤ n+2"},
-		{"strict", 0, func(c int64) bool { return c >= 2*n }, "≥ 2n"},
+		{"deferred", time.Hour, false, func(c int64) bool { return c <= n+2 }, "≤ n+2"},
+		{"deferred-waited", time.Hour, true, func(c int64) bool { return c >= 2*n && c <= 2*n+2 }, "2n"},
+		{"strict", 0, true, func(c int64) bool { return c >= 2*n }, "≥ 2n"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			w := newBenchWorld(t, "mochi", 1, 1, verdictDelay(c.delay))
@@ -43,8 +49,10 @@ func TestOneCommitPerCommand(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
 			for i := range n {
-				if ack, err := w.agent.Send(ctx, w.devices[0], sim.KindPing, nil); err != nil || ack.Verdict != fence.Accepted {
-					t.Fatalf("command %d: %+v %v", i, ack, err)
+				if c.waited {
+					sendDurable(ctx, t, w, i)
+				} else {
+					enqueueEnded(ctx, t, w, i)
 				}
 			}
 			got := commits.Load()
@@ -66,6 +74,41 @@ func TestOneCommitPerCommand(t *testing.T) {
 				t.Errorf("%d verdicts still waiting after Flush", w.agent.outbox.Waiting())
 			}
 		})
+	}
+}
+
+// sendDurable sends command i and checks that its verdict was durable
+// when Send returned it: not waiting for a commit in the outbox.
+func sendDurable(ctx context.Context, t *testing.T, w *benchWorld, i int) {
+	t.Helper()
+	ack, err := w.agent.Send(ctx, w.devices[0], sim.KindPing, nil)
+	if err != nil || ack.Verdict != fence.Accepted {
+		t.Fatalf("command %d: %+v %v", i, ack, err)
+	}
+	if n := w.agent.outbox.Waiting(); n != 0 {
+		t.Fatalf("command %d: Send returned %v with %d verdicts still waiting for their commit", i, ack.Verdict, n)
+	}
+}
+
+// enqueueEnded queues command i without waiting for it and waits until
+// the outbox shows it ended.
+func enqueueEnded(ctx context.Context, t *testing.T, w *benchWorld, i int) {
+	t.Helper()
+	env, err := w.agent.Enqueue(ctx, w.devices[0], sim.KindPing, nil)
+	if err != nil {
+		t.Fatalf("command %d: %v", i, err)
+	}
+	for {
+		if r, err := w.agent.outbox.Get(env.ID); err == nil && !r.Pending() {
+			if r.State != fence.Accepted {
+				t.Fatalf("command %d: %v", i, r.State)
+			}
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("command %d not ended: %v", i, ctx.Err())
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
 

@@ -67,10 +67,10 @@ type delivery struct {
 	lossRule
 
 	mu      sync.Mutex
-	waiters map[string]chan *fence.Ack // command id → its Send, waiting
-	runCtx  context.Context            // set while run runs; nil: no new workers
-	workers sync.WaitGroup             // the workers' goroutines and their parked sends
-	post    poster                     // the sender, if it can post (post.go); nil: Send
+	waiters map[string]waiter // command id → its Send (or fan-out), waiting
+	runCtx  context.Context   // set while run runs; nil: no new workers
+	workers sync.WaitGroup    // the workers' goroutines and their parked sends
+	post    poster            // the sender, if it can post (post.go); nil: Send
 	// postAbove: with this many commands in flight on the link or
 	// more, a send parks its worker (post.go); below, it waits.
 	postAbove int64
@@ -259,6 +259,10 @@ type worker struct {
 	// the next entries: at most one. flush records and waits for both.
 	unrecorded []settled
 	recording  *recordOp
+	// waited counts the verdicts with a waiter left to ride on the
+	// outbox's next commit (outbox.verdict_delay) since the worker last
+	// asked for one (waitedLater).
+	waited int
 }
 
 // step acts on the worker's device's next pending entry: it expires it,
@@ -269,6 +273,7 @@ type worker struct {
 func (q *delivery) step(ctx context.Context, w *worker) stepped {
 	d := w.d
 	e, attempted, err := q.next(w)
+	q.waitedLater(w, e)
 	if err != nil {
 		// A corrupt record: the queue stops there (fail closed)
 		// until an operator repairs it; try again later.
@@ -430,12 +435,15 @@ func (q *delivery) settle(w *worker, e *offline.Entry, ack *fence.Ack, local boo
 	// entry is then the failed one again. A stale verdict or the agent's
 	// own is recorded at once, after the verdicts before it. With
 	// outbox.verdict_delay, a device's other verdicts are settled now and
-	// recorded with the outbox's next commit (resolveLater).
+	// recorded with the outbox's next commit (resolveLater; its waiter is
+	// told once it is).
 	later := q.later && !local && ack.Verdict != fence.Stale
 	async := !later && !local && ack.Verdict != fence.Stale && q.queueVerdict(w, e, ack)
 	switch {
 	case later:
-		q.resolveLater(d, e, ack)
+		if q.resolveLater(d, e, ack) {
+			w.waited++
+		}
 	case !async:
 		q.flush(w)
 		if err := q.resolve(ack); err != nil && !q.resolveFailed(d, ack, err) {
@@ -467,7 +475,7 @@ func (q *delivery) settle(w *worker, e *offline.Entry, ack *fence.Ack, local boo
 	if !async && !later {
 		q.record(history.OpTerminal, env, ack.Verdict.String(), ack.Reason)
 	}
-	if !async {
+	if !async && !later { // recorded tells the waiter of a later one, once it is durable
 		q.notify(env.ID, ack)
 	}
 	q.logVerdict(d, env, ack, local)
@@ -556,9 +564,28 @@ func (q *delivery) reissue(d *device, e *offline.Entry) {
 		"old_token", e.Envelope.Token, "id", env.ID, "token", env.Token, "seq", env.Seq)
 }
 
+// waiter is a command's waiter: the channel its ack goes to, and whether
+// the waiter paces the outbox's commits of its verdicts itself (a
+// fan-out: fanWait) rather than the worker asking for each (waitedLater).
+type waiter struct {
+	ch    chan *fence.Ack
+	paced bool
+}
+
+// waited reports whether command id has a waiter the worker asks the
+// outbox's commit for (Send, Pending.Wait; not a fan-out's).
+func (q *delivery) waited(id string) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	w, ok := q.waiters[id]
+	return ok && !w.paced
+}
+
+// notify hands ack to command id's waiter, if it has one; ack must be
+// durable in the outbox (invariant I9).
 func (q *delivery) notify(id string, ack *fence.Ack) {
 	q.mu.Lock()
-	ch := q.waiters[id]
+	ch := q.waiters[id].ch
 	q.mu.Unlock()
 	if ch != nil {
 		select {

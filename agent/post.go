@@ -22,9 +22,11 @@ import (
 //
 // The outcome is exactly one: the ack is handed over only while the
 // poster still waits for it (its Drop reports whether it did), and the
-// first of the outcomes ends the send (sendOp.finish); a later one is
-// dropped, as a Send's late ack is (the device answers the resend as a
-// duplicate). The worker between the post and the outcome belongs to no
+// first of the outcomes ends the send (sendOp.finish). An ack that comes
+// after the send ended without one is kept by the poster (the
+// Commander's lapsed wait) and answers the resend at once, as a Send's
+// late ack does: the device's first verdict is the one settled. The
+// worker between the post and the outcome belongs to no
 // goroutine: the one that posted returns at once (stepped parked) and
 // touches the worker no more.
 
@@ -98,8 +100,7 @@ func (q *delivery) postAttempt(ctx context.Context, w *worker, e *offline.Entry)
 	id := e.Envelope.ID
 	if err := q.post.Post(pctx, &e.Envelope, op.answer); err != nil {
 		// Not published, or its outcome unknown: resent (an ack that
-		// races the error may be dropped; the resend is answered
-		// duplicate).
+		// races the error answers the resend).
 		q.post.Drop(id)
 		op.finish(nil, err)
 	} else if op.over.Load() {

@@ -122,7 +122,7 @@ func (q *delivery) enqueue(ctx context.Context, d *device, ctl *controller, envs
 	q.mu.Lock()
 	for i, p := range ps {
 		if p != nil {
-			q.waiters[envs[i].ID] = p.ch
+			q.waiters[envs[i].ID] = waiter{ch: p.ch}
 		}
 	}
 	q.mu.Unlock()
@@ -199,7 +199,7 @@ func (p *Pending) Wait(ctx context.Context) (*fence.Ack, error) {
 // terminal state is recorded in the outbox).
 func (p *Pending) Close() {
 	p.q.mu.Lock()
-	if p.q.waiters[p.Envelope.ID] == p.ch {
+	if p.q.waiters[p.Envelope.ID].ch == p.ch {
 		delete(p.q.waiters, p.Envelope.ID)
 	}
 	p.q.mu.Unlock()

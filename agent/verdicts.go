@@ -32,18 +32,26 @@ import (
 //     the device's verdict, not expired.
 
 // With outbox.verdict_delay (the default; 0s is the strict mode above), a
-// device's verdict is settled at once instead: the waiter gets its ack
-// and the outbox ends the entry in its views (offline's ResolveLater),
-// and the record rides on the outbox's next commit — the next command's
-// append, usually — or the outbox's own, verdict_delay later:
+// device's verdict is settled at once instead: the outbox ends the entry
+// in its views (offline's ResolveLater) and the record rides on the
+// outbox's next commit — the next command's append, usually — or the
+// outbox's own, verdict_delay later:
 //
-//   - one commit per command, not two: the append's, fsynced before the
-//     first send, carries the verdict of the command before;
+//   - one commit per command, not two, for commands nobody waits for
+//     (Enqueue, a fan-out without wait, a caller that stopped waiting):
+//     the append's, fsynced before the first send, carries the verdict
+//     of the command before;
+//   - a command's waiter (Send, Pending.Wait, a fan-out) gets its ack only
+//     once the record is durable (invariant I9), so a caller is never told
+//     a verdict a crash could undo: the worker asks the outbox for a
+//     commit at once (CommitSoon, shared with whatever commits meanwhile)
+//     when it leaves such a verdict waiting and its next entry has no
+//     waiter (or it has none: a lone Send), or when verdictBatch of them
+//     wait (waitedLater);
 //   - the history gets the terminal event once the record is durable
 //     (recorded), so that it stays the outbox's record: a kill -9 before
 //     leaves the entry pending, resent after the restart and answered
 //     duplicate by the device (which applied it once), ended then, once;
-//     the waiter was told accepted (docs/ARCHITECTURE.md, Known limits);
 //   - until then the entry is in the recording set (never expired
 //     locally), and the outbox never hands it out again (NextAfter skips
 //     it); a record that fails puts it back pending, in the recording
@@ -166,8 +174,10 @@ func (q *delivery) forget(w *worker, batch []settled) {
 
 // flush records the waiting verdicts and waits until every verdict of the
 // worker is recorded. It returns false if one was not: its entry is
-// pending again, to be resent.
+// pending again, to be resent. With outbox.verdict_delay it asks for the
+// commit of the verdicts with a waiter and does not wait for it.
 func (q *delivery) flush(w *worker) bool {
+	q.waitedLater(w, nil)
 	if !q.awaitRecord(w) {
 		return false
 	}
@@ -179,8 +189,10 @@ func (q *delivery) flush(w *worker) bool {
 }
 
 // resolveLater settles ack, e's verdict, and hands its record to the
-// outbox to ride on its next commit (outbox.verdict_delay).
-func (q *delivery) resolveLater(d *device, e *offline.Entry, ack *fence.Ack) {
+// outbox to ride on its next commit (outbox.verdict_delay); the waiter, if
+// any, is told in recorded, once it is durable. It reports whether the
+// command has a waiter: the worker then asks for a commit soon (waited).
+func (q *delivery) resolveLater(d *device, e *offline.Entry, ack *fence.Ack) bool {
 	d.mu.Lock()
 	if d.recording == nil {
 		d.recording = make(map[string]struct{})
@@ -190,10 +202,31 @@ func (q *delivery) resolveLater(d *device, e *offline.Entry, ack *fence.Ack) {
 	env := e.Envelope
 	env.Body = nil // for the history; a firmware chunk's data is not kept waiting
 	q.outbox.ResolveLater([]*fence.Ack{ack}, func(errs []error) { q.recorded(d, &env, ack, errs[0]) })
+	return q.waited(ack.ID)
+}
+
+// waitedLater asks the outbox for the commit of the verdicts with a
+// waiter the worker left to ride on its next commit (w.waited), if it left
+// any and next, the entry it takes next (nil: none), has no waiter, or if
+// verdictBatch such verdicts wait — as strict mode starts a batch: a
+// waiter is told after about one commit (shared with other devices' and
+// callers'), not verdict_delay, and a deep queue whose every command is
+// waited for (a firmware download's window) pays one commit for up to
+// verdictBatch verdicts.
+func (q *delivery) waitedLater(w *worker, next *offline.Entry) {
+	if w.waited == 0 {
+		return
+	}
+	if next != nil && w.waited < verdictBatch && q.waited(next.Envelope.ID) {
+		return
+	}
+	w.waited = 0
+	q.outbox.CommitSoon()
 }
 
 // recorded is the outcome of resolveLater's record, on the goroutine of
-// the commit that carried it (or at once if the outbox refused it).
+// the commit that carried it (or at once if the outbox refused it): once
+// the verdict is durable, the history and the waiter learn it.
 func (q *delivery) recorded(d *device, env *fence.Envelope, ack *fence.Ack, err error) {
 	if err != nil && !q.resolveFailed(d, ack, err) {
 		q.kick(d) // pending again: resent, answered duplicate; in the recording set until then
@@ -204,5 +237,6 @@ func (q *delivery) recorded(d *device, env *fence.Envelope, ack *fence.Ack, err 
 	d.mu.Unlock()
 	if err == nil {
 		q.record(history.OpTerminal, env, ack.Verdict.String(), ack.Reason)
+		q.notify(ack.ID, ack)
 	}
 }

@@ -107,7 +107,7 @@ func verdictRig(t *testing.T, ob *offline.Outbox, n int) (*delivery, *device, []
 	t.Helper()
 	d := &device{id: "d1", sem: make(chan struct{}, 1)}
 	q := &delivery{outbox: ob, log: slog.New(slog.DiscardHandler), devices: map[string]*device{"d1": d},
-		waiters: map[string]chan *fence.Ack{}, now: time.Now}
+		waiters: map[string]waiter{}, now: time.Now}
 	var es []*offline.Entry
 	for i := range n {
 		e := &offline.Entry{Envelope: fence.Envelope{V: fence.Version, Device: "d1", Token: 5, Seq: uint64(i + 1),

@@ -19,8 +19,9 @@ const DefaultVerdictDelay = 100 * time.Millisecond
 // record rides on the next commit made for any reason (an Append, another
 // resolve, SetHeld) or, at the latest, on the one the outbox makes itself
 // Options.VerdictDelay after the first verdict left waiting (since the
-// last time none was); Close commits the ones still waiting. Until then the file holds the entry pending: a
-// kill -9 leaves it pending, to be resent after a restart (the fence point
+// last time none was), or on the one CommitSoon starts. Close commits the
+// ones still waiting. Until then the file holds the entry pending: a kill
+// -9 leaves it pending, to be resent after a restart (the fence point
 // answers a duplicate) and ended then, once. A commit that fails puts it
 // back: pending again in every view.
 
@@ -59,55 +60,60 @@ func (ob *Outbox) ResolveLater(acks []*fence.Ack, done func(errs []error)) {
 		return
 	}
 	ops := make([]resolveOp, len(acks))
-	now := ob.opts.Now()
-	calls := ob.deferVerdicts(acks, ops, now)
-	if len(calls) == 0 {
+	recorded := func(cerrs []error) { ob.recordedLater(acks, ops, cerrs, errs, done) }
+	if !ob.deferVerdicts(acks, ops, ob.opts.Now(), recorded) {
 		for i := range ops {
 			errs[i] = fmt.Errorf("offline: resolve %s: %w", ackID(acks[i]), ops[i].err)
 		}
 		done(errs)
-		return
 	}
-	ob.group.Ride(calls, func(cerrs []error) {
-		ob.lmu.Lock()
-		ob.cmu.Lock()
-		for i := range ops {
-			op := &ops[i]
-			if op.err == nil {
-				if op.err = cerrs[0]; op.err == nil {
-					op.err = op.refused
-				}
-				cerrs = cerrs[1:]
-				l := ob.later[op.id]
-				delete(ob.later, op.id)
-				if op.err != nil && l != nil { // pending again
-					ob.add(l.dev, 1, l.size)
-				}
-				if op.err == nil {
-					ob.ended.Add(1)
-				}
-			}
-			if op.err != nil {
-				errs[i] = fmt.Errorf("offline: resolve %s: %w", ackID(acks[i]), op.err)
-			}
-		}
-		ob.cmu.Unlock()
-		if len(ob.later) == 0 && ob.armed {
-			// Nothing waits: the next verdict gets a full delay to find
-			// a commit to ride on.
-			ob.timer.Stop()
-			ob.armed = false
-		}
-		ob.lmu.Unlock()
-		done(errs)
-	})
 }
 
-// deferVerdicts checks and encodes the acks, ends their entries in the views
-// (ob.later, the pending counts) and returns the calls that record them;
-// the refused ones get their op.err. It arms the flush timer. ob.mu is
+// recordedLater is the outcome of the commit that carried the deferred
+// verdicts of acks (ops: their checks; cerrs: the commit's errors of the
+// ones deferred): it takes them out of ob.later, puts the failed ones back
+// pending, and hands done the errors.
+func (ob *Outbox) recordedLater(acks []*fence.Ack, ops []resolveOp, cerrs, errs []error, done func([]error)) {
+	ob.lmu.Lock()
+	ob.cmu.Lock()
+	for i := range ops {
+		op := &ops[i]
+		if op.err == nil {
+			if op.err = cerrs[0]; op.err == nil {
+				op.err = op.refused
+			}
+			cerrs = cerrs[1:]
+			l := ob.later[op.id]
+			delete(ob.later, op.id)
+			if op.err != nil && l != nil { // pending again
+				ob.add(l.dev, 1, l.size)
+			}
+			if op.err == nil {
+				ob.ended.Add(1)
+			}
+		}
+		if op.err != nil {
+			errs[i] = fmt.Errorf("offline: resolve %s: %w", ackID(acks[i]), op.err)
+		}
+	}
+	ob.cmu.Unlock()
+	if len(ob.later) == 0 && ob.armed {
+		// Nothing waits: the next verdict gets a full delay to find
+		// a commit to ride on.
+		ob.timer.Stop()
+		ob.armed = false
+	}
+	ob.lmu.Unlock()
+	done(errs)
+}
+
+// deferVerdicts checks and encodes the acks, ends their entries in the
+// views (ob.later, the pending counts) and parks the calls that record
+// them in the group committer, recorded to get their errors; the refused
+// ones get their op.err. It reports whether it parked any (false: none
+// was, and recorded is never called). It arms the flush timer. ob.mu is
 // read-locked.
-func (ob *Outbox) deferVerdicts(acks []*fence.Ack, ops []resolveOp, now time.Time) []groupcommit.Call {
+func (ob *Outbox) deferVerdicts(acks []*fence.Ack, ops []resolveOp, now time.Time, recorded func([]error)) bool {
 	calls := make([]groupcommit.Call, 0, len(acks))
 	ob.lmu.Lock()
 	defer ob.lmu.Unlock()
@@ -136,20 +142,71 @@ func (ob *Outbox) deferVerdicts(acks []*fence.Ack, ops []resolveOp, now time.Tim
 		return nil
 	})
 	if len(ls) == 0 {
-		return nil
+		return false
 	}
 	ob.cmu.Lock()
 	for _, l := range ls {
 		ob.add(l.dev, -1, -l.size)
 	}
 	ob.cmu.Unlock()
+	// Parked under lmu: a flushSoon pass that begins after this (see
+	// there) commits them.
+	ob.group.Ride(calls, recorded)
 	if !ob.armed {
 		ob.armed = true
 		ob.gen++
 		gen := ob.gen
 		ob.timer = time.AfterFunc(ob.opts.VerdictDelay, func() { ob.commitLater(gen) })
 	}
-	return calls
+	return true
+}
+
+// CommitSoon starts a commit of the verdicts left waiting by ResolveLater
+// now, without waiting for it: their done callbacks come about one commit
+// later, not VerdictDelay. For verdicts someone waits to hear only once
+// they are durable. Calls that come while such a commit runs share the
+// next one (and any group forming meanwhile: Appends, resolves).
+func (ob *Outbox) CommitSoon() {
+	ob.lmu.Lock()
+	defer ob.lmu.Unlock()
+	if len(ob.later) == 0 {
+		return // nothing waits
+	}
+	ob.again = true
+	if !ob.flushing {
+		ob.flushing = true
+		ob.flushers.Add(1)
+		go ob.flushSoon()
+	}
+}
+
+// flushSoon is CommitSoon's goroutine (one at a time: ob.flushing): a
+// pass commits the verdicts parked before it began, and passes follow
+// each other while CommitSoon was called during the one before. A
+// verdict is parked under lmu, before the CommitSoon that asks for it,
+// so it is parked before the pass that clears ob.again after it.
+func (ob *Outbox) flushSoon() {
+	defer ob.flushers.Done()
+	for {
+		ob.lmu.Lock()
+		ob.again = false
+		ob.lmu.Unlock()
+		ob.mu.RLock()
+		closed := ob.closed
+		if !closed {
+			ob.group.CommitRiders()
+		}
+		ob.mu.RUnlock()
+		ob.lmu.Lock()
+		more := !closed && ob.again
+		if !more {
+			ob.flushing = false
+		}
+		ob.lmu.Unlock()
+		if !more {
+			return
+		}
+	}
 }
 
 // pendingLater checks in tx that op's entry is pending (and the ack's

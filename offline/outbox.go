@@ -214,6 +214,11 @@ type Outbox struct {
 	armed bool              // timer will commit them
 	timer *time.Timer
 	gen   uint64 // the armed timer's generation
+	// again: CommitSoon was called since flushSoon's pass began;
+	// flushing: flushSoon runs (flushers counts it, for Close).
+	again    bool
+	flushing bool
+	flushers sync.WaitGroup
 }
 
 // ObserveCommits makes the outbox call fn after each write transaction it
@@ -303,6 +308,13 @@ func openErr(path string, o *Options, err error) error {
 
 // Close closes the file. It waits for operations in progress.
 func (ob *Outbox) Close() error {
+	err := ob.close()
+	ob.flushers.Wait() // a flushSoon waiting for mu sees closed and ends
+	return err
+}
+
+// close is Close but for its wait for flushSoon.
+func (ob *Outbox) close() error {
 	ob.mu.Lock()
 	defer ob.mu.Unlock()
 	if ob.closed {

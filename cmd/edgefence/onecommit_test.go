@@ -12,70 +12,103 @@ import (
 	"github.com/edgefence/edgefence/offline"
 )
 
-// TestKillAfterAcceptedBeforeVerdictRecord: with outbox.verdict_delay
-// the caller gets "accepted" while the verdict's record waits for the
-// outbox's next commit. The agent is killed with SIGKILL right then: the
-// file holds the command pending, the restarted agent resends it, the
-// device answers duplicate (it applied it once) and the command ends
-// once, duplicate — nothing lost (I4), nothing applied twice (I1).
-func TestKillAfterAcceptedBeforeVerdictRecord(t *testing.T) {
+// TestKillAfterAcceptedReplyKeepsVerdict: the record never contradicts
+// the reply (invariant I9). With outbox.verdict_delay an hour, `edgefence
+// send` prints "accepted" only once that verdict is durable: the agent
+// killed with SIGKILL right after it, the file holds the command accepted,
+// and the restarted agent keeps it so. (Before, the reply came while the
+// record waited for the outbox's next commit: the file held it pending,
+// and the restarted agent resent it and recorded the device's "duplicate"
+// — or "stale" had another gateway moved the mark meanwhile — for a
+// command the caller was told was accepted.) A command nobody waits for
+// (`--no-wait`) keeps riding on the next commit: killed before one, it is
+// pending in the file, and the restarted agent resends it, the device
+// answers duplicate (it applied it once) and it ends once, duplicate —
+// nothing lost (I4), nothing applied twice (I1).
+func TestKillAfterAcceptedReplyKeepsVerdict(t *testing.T) {
 	e := newEnv(t, "dev-1")
 	cfg, sock := e.config("gw-1", 30*time.Second)
 	f, err := os.OpenFile(cfg, os.O_APPEND|os.O_WRONLY, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// An hour: only another commit, or a clean shutdown, records it.
+	// An hour: only another commit, a waiter's, or a clean shutdown
+	// records a verdict.
 	if _, err := f.WriteString("outbox:\n  verdict_delay: 1h\n"); err != nil {
 		t.Fatal(err)
 	}
 	f.Close()
+	state := filepath.Join(e.dir, "gw-1-state", offline.File)
+	inFile := func(id string) offline.Record {
+		t.Helper()
+		ob, err := offline.Open(state, &offline.Options{ReadOnly: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ob.Close()
+		rec, err := ob.Get(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rec
+	}
 	a := e.startAgent("gw-1", cfg)
 	e.waitHolding(a, sock)
 	r := edgefence(t, "send", "--json", "--socket", sock, "dev-1", "set", `{"setpoint":1}`)
-	res := sendResult(t, r)
-	if r.code != 0 || res.Verdict != "accepted" {
-		t.Fatalf("send: %+v\n%s", res, r)
-	}
-	// Ended in the agent's views before its record is durable.
-	if l := outboxList(t, sock); len(l.Records) != 1 || l.Records[0].State != fence.Accepted || l.Summary.Pending != 0 {
-		t.Fatalf("outbox list before the kill: %+v", l)
+	told := sendResult(t, r)
+	if r.code != 0 || told.Verdict != "accepted" {
+		t.Fatalf("send: %+v\n%s", told, r)
 	}
 	if err := a.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	state := filepath.Join(e.dir, "gw-1-state", offline.File)
-	ob, err := offline.Open(state, &offline.Options{ReadOnly: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec, err := ob.Get(res.ID)
-	ob.Close()
-	if err != nil || !rec.Pending() {
-		t.Fatalf("in the file after the kill: %+v %v, want pending (its record was waiting)", rec, err)
+	if rec := inFile(told.ID); rec.State != fence.Accepted {
+		t.Fatalf("in the file after the kill: %+v; the caller was told accepted", rec)
 	}
 
-	a2 := e.startAgent("gw-1-restarted", cfg)
-	e.waitHolding(a2, sock)
-	for deadline := time.Now().Add(60 * time.Second); ; {
-		l := outboxList(t, sock)
-		if len(l.Records) == 1 && !l.Records[0].Pending() {
-			if got := l.Records[0]; got.ID != res.ID || got.State != fence.Duplicate {
-				t.Fatalf("after the restart: %+v, want %s duplicate", got, res.ID)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not ended after the restart: %+v", l)
-		}
-		time.Sleep(100 * time.Millisecond)
+	a = e.startAgent("gw-1-restarted", cfg)
+	e.waitHolding(a, sock)
+	r = edgefence(t, "send", "--json", "--no-wait", "--socket", sock, "dev-1", "set", `{"setpoint":2}`)
+	queued := sendResult(t, r)
+	if r.code != 4 || queued.ID == "" {
+		t.Fatalf("send --no-wait: %+v\n%s", queued, r)
 	}
-	if m, err := e.fleet.Mark("dev-1"); err != nil || m.Seq != 1 {
-		t.Fatalf("device mark %+v %v, want seq 1 (applied once)", m, err)
+	waitEnded(t, sock, 2) // in the agent's views; its record rides
+	if err := a.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if rec := inFile(queued.ID); !rec.Pending() {
+		t.Fatalf("the --no-wait command in the file after the kill: %+v, want pending (its record was riding)", rec)
+	}
+
+	a = e.startAgent("gw-1-restarted-again", cfg)
+	e.waitHolding(a, sock)
+	for _, got := range waitEnded(t, sock, 2).Records {
+		if want := map[string]fence.Verdict{told.ID: fence.Accepted, queued.ID: fence.Duplicate}[got.ID]; got.State != want {
+			t.Fatalf("after the restarts: %+v, want %v", got, want)
+		}
+	}
+	if m, err := e.fleet.Mark("dev-1"); err != nil || m.Seq != 2 {
+		t.Fatalf("device mark %+v %v, want seq 2 (each applied once)", m, err)
 	}
 	final, r := status(t, sock)
 	if final == nil || final.Counters.Duplicate != 1 || final.Counters.Accepted != 0 {
 		t.Fatalf("counters after the restart: %+v\n%s", final, r)
+	}
+}
+
+// waitEnded waits until the agent's outbox lists n commands, none pending.
+func waitEnded(t *testing.T, sock string, n int) agent.OutboxList {
+	t.Helper()
+	for deadline := time.Now().Add(60 * time.Second); ; {
+		l := outboxList(t, sock)
+		if len(l.Records) == n && l.Summary.Pending == 0 {
+			return l
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("want %d commands ended: %+v", n, l)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 

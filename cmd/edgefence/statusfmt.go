@@ -59,6 +59,9 @@ func mqttLine(m map[string]any) string {
 	fmt.Fprintf(&b, ", %d reconnects; published %d (%d errors), %d in flight, %d resends; acks %d (%d unmatched, %d malformed)",
 		num("reconnects"), num("published"), num("publish_errors"), num("in_flight"), num("resends"),
 		num("acks"), num("acks_unmatched"), num("acks_malformed"))
+	if n := num("acks_late"); n > 0 {
+		fmt.Fprintf(&b, "; %d acks came after their wait ended (kept for the resend)", n)
+	}
 	if n := num("unsigned"); n > 0 {
 		fmt.Fprintf(&b, "; %d sends unsigned", n)
 	}

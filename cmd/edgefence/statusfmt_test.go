@@ -57,12 +57,14 @@ func TestUnsentVerdictsShownAsSuch(t *testing.T) {
 	}
 }
 
-// TestMQTTLineOversize: packets the client dropped over max_packet_size
-// show in the mqtt line once there are any.
+// TestMQTTLineOversize: packets the client dropped over max_packet_size,
+// and acks that came after their wait ended, show in the mqtt line once
+// there are any.
 func TestMQTTLineOversize(t *testing.T) {
-	quiet := mqttLine(map[string]any{"connected": true, "packets_oversize": float64(0)})
-	loud := mqttLine(map[string]any{"connected": true, "packets_oversize": float64(2)})
-	if strings.Contains(quiet, "max_packet_size") || !strings.HasSuffix(loud, "; 2 packets over max_packet_size dropped") {
+	quiet := mqttLine(map[string]any{"connected": true, "packets_oversize": float64(0), "acks_late": float64(0)})
+	loud := mqttLine(map[string]any{"connected": true, "packets_oversize": float64(2), "acks_late": float64(1)})
+	if strings.Contains(quiet, "max_packet_size") || strings.Contains(quiet, "after their wait") ||
+		!strings.HasSuffix(loud, "; 1 acks came after their wait ended (kept for the resend); 2 packets over max_packet_size dropped") {
 		t.Errorf("mqtt lines:\n%s\n%s", quiet, loud)
 	}
 }

@@ -165,13 +165,19 @@ func (c *Committer) Ride(calls []Call, done func(errs []error)) {
 
 // CommitRiders commits the parked calls now, as a group that others may
 // join (or with the group forming now, if there is one), and returns once
-// their done callbacks have run. With nothing parked it returns at once.
+// the done callbacks of every call parked before it have run — those a
+// group being committed took too: it waits for that group. With nothing
+// parked or being committed it returns at once.
 func (c *Committer) CommitRiders() {
 	c.mu.Lock()
 	none := len(c.riders) == 0 && c.open == nil
+	last := c.last
 	c.mu.Unlock()
-	if !none {
+	switch {
+	case !none:
 		c.CommitMany(nil)
+	case last != nil:
+		<-last.done
 	}
 }
 

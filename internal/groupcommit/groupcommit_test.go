@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"go.etcd.io/bbolt"
 )
@@ -234,6 +235,44 @@ func TestRidersJoinTheNextGroup(t *testing.T) {
 	c.CommitRiders() // nothing parked: no commit
 	if n := commits.Load(); n != 1 {
 		t.Errorf("CommitRiders of nothing committed: %d commits", n)
+	}
+}
+
+// CommitRiders returns only once the calls parked before it are
+// committed, also when a group still committing took them: it waits for
+// that group's callbacks (before, it returned at once, nothing being
+// parked, and a flush could return before the riders it was for were
+// durable).
+func TestCommitRidersWaitsForGroupInProgress(t *testing.T) {
+	_, _, update := openDB(t)
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	c := New(func(fn func(*bbolt.Tx) error) error {
+		once.Do(func() { close(entered); <-release }) // the first commit hangs until released
+		return update(fn)
+	}, 0)
+	var called atomic.Bool
+	c.Ride([]Call{put("r")}, func([]error) { called.Store(true) })
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() {
+		if err := c.Commit(put("own")); err != nil { // takes the rider, then hangs
+			t.Error(err)
+		}
+	})
+	<-entered
+	flushed := make(chan bool, 1)
+	wg.Go(func() {
+		c.CommitRiders()
+		flushed <- called.Load()
+	})
+	// Released a moment later: CommitRiders has (almost always) begun
+	// while the group is committing. Whatever the timing, it must return
+	// after the rider's callback.
+	time.Sleep(50 * time.Millisecond)
+	close(release)
+	if !<-flushed {
+		t.Error("CommitRiders returned before the rider it was called after was committed")
 	}
 }
 

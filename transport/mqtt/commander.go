@@ -17,6 +17,17 @@ import (
 // that come back on <prefix>/dev/<id>/ack by command id (also sent as MQTT v5
 // correlation data). It owns its Client.
 //
+// A command's wait for its ack outlives a Send or Post that stops waiting
+// without one (its ctx ended, Drop): it lapses, and the first ack that
+// comes for the command afterwards is kept and answers the command's next
+// Send or Post at once, without publishing it again — a device that
+// answers later than the caller waited (a slow bus, a retry at a home
+// gateway) has its first verdict heard, not its answer to the resend
+// (duplicate). A lapsed wait ends when the command is sent again, or when
+// another command to the same device registers (its sender keeps one
+// command in flight per device, so the earlier one is settled): at most
+// one lapsed wait per device.
+//
 // It decides nothing about admission: that is the fence point's job.
 type Commander struct {
 	c      *Client
@@ -24,21 +35,25 @@ type Commander struct {
 	log    *slog.Logger
 
 	mu      sync.Mutex
-	pending map[string]*waiting
+	pending map[string]*waiting                             // by command id: waited for, or lapsed
+	lapsed  map[string]string                               // device → the id of its lapsed wait
 	sign    func(*fence.Envelope) ([]byte, error)           // nil: plain envelopes
 	other   func(device string, ack *fence.Ack, raw []byte) // nil: unmatched acks are dropped
 	check   AckCheck                                        // nil: every ack decoded, none verified
 	plain   map[string]bool                                 // devices sent plain envelopes although sign is set
 
-	acks, unmatched, badAcks, retries, refused, unsigned atomic.Uint64
+	acks, unmatched, badAcks, retries, refused, unsigned, late atomic.Uint64
 }
 
-// waiting is a Send waiting for its command's ack (ch), or a Post's
-// (answer).
+// waiting is the wait for a command's ack: a Send's (ch), a Post's
+// (answer), or lapsed (live false: the ack that comes is kept in ch for
+// the command's next Send or Post). env is set once; answer, live and
+// sends to ch are guarded by Commander.mu.
 type waiting struct {
 	env    *fence.Envelope
-	ch     chan *fence.Ack
+	ch     chan *fence.Ack // one ack, the first
 	answer func(*fence.Ack)
+	live   bool
 }
 
 // SignWith makes Send publish envelopes encoded by sign (a signed envelope,
@@ -85,7 +100,7 @@ func (m *Commander) CheckAcksWith(check AckCheck) {
 // devices before the first connection, so that acks the broker queued for a
 // resumed session are not lost. It does not wait for the connection.
 func NewCommander(ctx context.Context, cfg Config, topics Topics, devices []string) (*Commander, error) {
-	m := &Commander{topics: topics, log: cfg.Logger, pending: make(map[string]*waiting)}
+	m := &Commander{topics: topics, log: cfg.Logger, pending: make(map[string]*waiting), lapsed: make(map[string]string)}
 	if m.log == nil {
 		m.log = slog.New(slog.DiscardHandler)
 	}
@@ -120,20 +135,20 @@ func (m *Commander) Close(ctx context.Context) error { return m.c.Close(ctx) }
 // again; resending the same envelope is safe, because the fence point answers
 // a repeated (token, seq) as a duplicate and never applies it twice. It
 // returns ctx's error if no Ack arrived in time: the command's fate is then
-// unknown.
+// unknown, and its wait lapses (see Commander): an ack that comes later
+// is returned by the command's next Send, at once.
 func (m *Commander) Send(ctx context.Context, env *fence.Envelope) (*fence.Ack, error) {
-	w := &waiting{env: env, ch: make(chan *fence.Ack, 1)}
-	msg, err := m.await(w)
-	if err != nil {
-		return nil, err
+	w, held, msg, err := m.await(env, nil)
+	if err != nil || held != nil {
+		return held, err
 	}
-	defer m.Drop(env.ID)
 	for {
 		err := m.c.Publish(ctx, msg)
 		if err == nil {
 			break
 		}
 		if !errors.Is(err, ErrNotConnected) {
+			m.lapse(w)
 			return nil, fmt.Errorf("publish %s: %w", msg.Topic, err)
 		}
 		// Not sent, or sent with the outcome unknown: wait for the broker
@@ -141,13 +156,16 @@ func (m *Commander) Send(ctx context.Context, env *fence.Envelope) (*fence.Ack, 
 		m.retries.Add(1)
 		m.log.Debug("broker unavailable; will resend", "device", env.Device, "id", env.ID, "err", err)
 		if werr := m.c.AwaitConnection(ctx); werr != nil {
+			m.lapse(w)
 			return nil, fmt.Errorf("publish %s: %w (%w)", msg.Topic, werr, err)
 		}
 	}
 	select {
 	case ack := <-w.ch:
+		m.end(w)
 		return ack, nil
 	case <-ctx.Done():
+		m.lapse(w)
 		return nil, fmt.Errorf("await ack for %s on %s: %w", env.ID, m.topics.Ack(env.Device), ctx.Err())
 	}
 }
@@ -155,16 +173,23 @@ func (m *Commander) Send(ctx context.Context, env *fence.Envelope) (*fence.Ack, 
 // Post publishes env to its device's command topic, like Send, but does
 // not wait for the ack: it returns once the broker has the command (its
 // PUBACK), and the ack is handed to answer, once, on the MQTT delivery
-// goroutine (answer must not block), if it comes before Drop(env.ID). The
-// caller keeps no goroutine while its command is at the device. An error
-// means the command was not published, or its outcome is unknown (the
-// broker went away: ErrNotConnected); answer may still be called if it
-// reached the device, so the caller settles on whichever comes first.
-// Post does not resend: the caller does, with the same envelope.
+// goroutine (answer must not block), if it comes before Drop(env.ID) —
+// or, if an ack came for the command after an earlier wait lapsed, at
+// once on the caller's goroutine before Post returns nil, without
+// publishing. The caller keeps no goroutine while its command is at the
+// device. An error means the command was not published, or its outcome
+// is unknown (the broker went away: ErrNotConnected); answer may still be
+// called if it reached the device, so the caller settles on whichever
+// comes first. Post does not resend: the caller does, with the same
+// envelope.
 func (m *Commander) Post(ctx context.Context, env *fence.Envelope, answer func(*fence.Ack)) error {
-	msg, err := m.await(&waiting{env: env, answer: answer})
+	_, held, msg, err := m.await(env, answer)
 	if err != nil {
 		return err
+	}
+	if held != nil {
+		answer(held)
+		return nil
 	}
 	if err := m.c.Publish(ctx, msg); err != nil {
 		if errors.Is(err, ErrNotConnected) {
@@ -175,21 +200,70 @@ func (m *Commander) Post(ctx context.Context, env *fence.Envelope, answer func(*
 	return nil
 }
 
-// Drop stops waiting for the ack of command id (a Post's or a Send's). It
-// reports whether the command was still waiting: false means a Post's
-// answer has been (or is being) called.
+// Drop stops waiting for the ack of command id (a Post's or a Send's): the
+// wait lapses (see Commander), so an ack that comes later answers the
+// command's next Send or Post. It reports whether a Post or Send was
+// still waiting: false means a Post's answer has been (or is being)
+// called, or nothing waited (not registered yet, or lapsed already).
 func (m *Commander) Drop(id string) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	_, ok := m.pending[id]
-	delete(m.pending, id)
-	return ok
+	w := m.pending[id]
+	if w == nil || !w.live {
+		return false
+	}
+	m.lapseLocked(w)
+	return true
 }
 
-// await encodes w's envelope and registers w for its ack; it returns the
-// message to publish.
-func (m *Commander) await(w *waiting) (Message, error) {
-	env := w.env
+// lapse ends w's wait without its ack: w stays registered, lapsed, if it
+// still is.
+func (m *Commander) lapse(w *waiting) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.pending[w.env.ID] == w {
+		m.lapseLocked(w)
+	}
+}
+
+// lapseLocked lapses w, registered (m.mu held): the device's lapsed wait
+// before it, if any, ends.
+func (m *Commander) lapseLocked(w *waiting) {
+	w.live, w.answer = false, nil
+	dev, id := w.env.Device, w.env.ID
+	if old, ok := m.lapsed[dev]; ok && old != id {
+		m.forgetLocked(old)
+	}
+	m.lapsed[dev] = id
+}
+
+// end unregisters w, answered.
+func (m *Commander) end(w *waiting) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.pending[w.env.ID] == w {
+		m.forgetLocked(w.env.ID)
+	}
+}
+
+// forgetLocked unregisters the wait of command id (m.mu held).
+func (m *Commander) forgetLocked(id string) {
+	w := m.pending[id]
+	if w == nil {
+		return
+	}
+	delete(m.pending, id)
+	if m.lapsed[w.env.Device] == id {
+		delete(m.lapsed, w.env.Device)
+	}
+}
+
+// await encodes env and registers the wait for its ack (a Post's if
+// answer is set, else a Send's): a new one, or the command's lapsed one
+// taken over — and if that holds an ack already, it is returned (held)
+// with the wait ended: nothing is to be published. Registering another
+// command to the device ends the device's lapsed wait.
+func (m *Commander) await(env *fence.Envelope, answer func(*fence.Ack)) (w *waiting, held *fence.Ack, msg Message, err error) {
 	m.mu.Lock()
 	encode := m.sign
 	if m.plain[env.Device] {
@@ -202,15 +276,30 @@ func (m *Commander) await(w *waiting) (Message, error) {
 	}
 	payload, err := encode(env)
 	if err != nil {
-		return Message{}, err
+		return nil, nil, Message{}, err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if _, dup := m.pending[env.ID]; dup {
-		return Message{}, fmt.Errorf("mqtt: command id %s already in flight", env.ID)
+	switch w = m.pending[env.ID]; {
+	case w != nil && w.live:
+		return nil, nil, Message{}, fmt.Errorf("mqtt: command id %s already in flight", env.ID)
+	case w != nil: // lapsed: take it over
+		select {
+		case held = <-w.ch:
+			m.forgetLocked(env.ID)
+			return nil, held, Message{}, nil
+		default:
+		}
+		delete(m.lapsed, env.Device)
+		w.answer, w.live = answer, true // w.env stays: the same command (onAck reads it unlocked)
+	default:
+		if old, ok := m.lapsed[env.Device]; ok {
+			m.forgetLocked(old) // settled: its sender moved on to this one
+		}
+		w = &waiting{env: env, ch: make(chan *fence.Ack, 1), answer: answer, live: true}
+		m.pending[env.ID] = w
 	}
-	m.pending[env.ID] = w
-	return Message{
+	return w, nil, Message{
 		Topic:           m.topics.Cmd(env.Device),
 		Payload:         payload,
 		CorrelationData: []byte(env.ID),
@@ -236,7 +325,7 @@ func (m *Commander) onAck(msg Message) {
 	m.mu.Unlock()
 	if w == nil {
 		// Another holder's ack on the shared topic, a redelivery after
-		// Send gave up, or an operator reset's.
+		// the command was answered, or an operator reset's.
 		m.unmatched.Add(1)
 		m.log.Debug("ack for no pending command", "topic", msg.Topic, "id", id, "verdict", ack.Verdict)
 		if dev, leaf, ok := m.topics.Parse(msg.Topic); ok && leaf == LeafAck && other != nil {
@@ -253,31 +342,36 @@ func (m *Commander) onAck(msg Message) {
 			return
 		}
 	}
-	if w.answer != nil {
-		m.mu.Lock()
-		mine := m.pending[id] == w // not dropped, nor answered by a duplicate meanwhile
-		if mine {
-			delete(m.pending, id)
-		}
+	m.mu.Lock()
+	if m.pending[id] != w { // answered by a duplicate meanwhile, or ended
 		m.mu.Unlock()
-		if mine {
-			m.acks.Add(1)
-			w.answer(ack)
-		}
 		return
 	}
-	m.acks.Add(1)
+	if answer := w.answer; answer != nil {
+		m.forgetLocked(id)
+		m.mu.Unlock()
+		m.acks.Add(1)
+		answer(ack)
+		return
+	}
 	select {
 	case w.ch <- ack:
+		m.acks.Add(1)
+		if !w.live {
+			m.late.Add(1)
+			m.log.Debug("ack after its wait ended; kept for the command's resend", "topic", msg.Topic, "id", id, "verdict", ack.Verdict)
+		}
 	default: // a duplicate ack; the first one counts
 	}
+	m.mu.Unlock()
 }
 
 // Status describes the transport for the agent's status output.
 func (m *Commander) Status() map[string]any {
 	s := m.c.Stats()
 	m.mu.Lock()
-	inflight := len(m.pending)
+	lapsed := len(m.lapsed)
+	inflight := len(m.pending) - lapsed
 	m.mu.Unlock()
 	return map[string]any{
 		"connected":      s.Connected,
@@ -293,6 +387,8 @@ func (m *Commander) Status() map[string]any {
 		"resends":        m.retries.Load(),
 		"unsigned":       m.unsigned.Load(), // sends of plain envelopes (no signer, or an `auth: off` device)
 		"in_flight":      inflight,
+		"acks_late":      m.late.Load(), // acks that came after their wait lapsed, kept for the resend
+		"waits_lapsed":   lapsed,        // commands whose wait lapsed, their ack still awaited
 		// The ceiling of the delay between reconnection attempts.
 		"reconnect_backoff_max": m.c.cfg.MaxBackoff.String(),
 		// Packets over max_packet_size the broker sent anyway, dropped.
