@@ -30,7 +30,8 @@ func (k *keeper) etcdLostData() {
 // follow learns the operator's statements in etcd that concern every
 // device — the revocation list (TrustRevocationsKey) and the fleet's epoch
 // (TrustEpochKey) — and the resets of the agent's own devices
-// (TrustResetKey): what is there now, then every change, each verified
+// (TrustResetKey) and, as they change, their certificates
+// (TrustDeviceKey): what is there now, then every change, each verified
 // against the root before it counts; again from the start when etcd lost
 // data. It retries until ctx ends.
 func (k *keeper) follow(ctx context.Context, cli *clientv3.Client, prefix string, reset func(dev string, raw []byte)) {
@@ -53,13 +54,15 @@ func (k *keeper) follow(ctx context.Context, cli *clientv3.Client, prefix string
 }
 
 func (k *keeper) followOnce(ctx context.Context, cli *clientv3.Client, prefix string, reset func(dev string, raw []byte)) error {
-	list, epoch, resets := TrustRevocationsKey(prefix), TrustEpochKey(prefix), TrustResetKey(prefix, "")
+	list, epoch, resets, certs := TrustRevocationsKey(prefix), TrustEpochKey(prefix), TrustResetKey(prefix, ""), TrustDeviceKey(prefix, "")
 	take := func(key string, raw []byte) {
 		switch {
 		case key == list || key == epoch:
 			k.fromEtcd(key, raw)
 		case strings.HasPrefix(key, resets) && reset != nil:
 			reset(strings.TrimPrefix(key, resets), raw)
+		case strings.HasPrefix(key, certs) && k.selfSigned[strings.TrimPrefix(key, certs)]:
+			k.fromEtcd(key, raw) // an enrolment after start (prefetch read the ones before)
 		}
 	}
 	select {
