@@ -216,9 +216,9 @@ func New(cfg *Config, cli *clientv3.Client, s Sender, o Options) (*Agent, error)
 	}
 	a.devauth = newDeviceAuth(&a.cfg, a.keep, cli, a.log, a.now)
 	a.leases.keep = a.keep
-	if a.keep != nil && cli != nil {
-		a.repub = &republisher{keep: a.keep, cli: cli, prefix: a.cfg.Etcd.Prefix, marker: republishedKey(a.cfg.Etcd.Prefix, a.cfg.Gateway),
-			every: republishEvery, lost: func() { a.keep.etcdLostData(); a.leases.turns.etcdLostData() }}
+	if cli != nil {
+		a.repub = &republisher{keep: a.keep, cli: cli, log: a.log, prefix: a.cfg.Etcd.Prefix,
+			marker: republishedKey(a.cfg.Etcd.Prefix, a.cfg.Gateway), every: republishEvery, lost: a.etcdLostData}
 	}
 	a.devauth.install(s) // the transport itself: it checks acks before they resolve commands
 	a.leases.publishedReset = a.devauth.publishedReset

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync/atomic"
 	"time"
 
@@ -23,7 +24,9 @@ import (
 // agent writes each one etcd lacks or holds an older one of (a lower
 // serial or version), in a transaction on what it read. They are root-signed, so this restores
 // only what the operator issued; a statement another writer put there
-// that is not the root's is replaced.
+// that is not the root's is replaced. The same look tells the agent's
+// etcd watches that etcd lost data (Agent.etcdLostData), with a trust root
+// or without.
 
 // republishEvery is how often the agent looks at etcd's revision.
 const republishEvery = 10 * time.Second
@@ -38,8 +41,9 @@ func republishedKey(prefix, gateway string) string { return prefix + "/trust/rep
 
 // republisher puts the keeper's statements back into etcd.
 type republisher struct {
-	keep   *keeper
+	keep   *keeper // nil without a trust root: it only looks
 	cli    *clientv3.Client
+	log    *slog.Logger
 	prefix string
 	marker string        // republishedKey
 	every  time.Duration // how often it looks (republishEvery)
@@ -60,7 +64,7 @@ func (r *republisher) run(ctx context.Context) {
 		rev, marked, err := r.look(ctx)
 		if err == nil && (first || rev < last || !marked) {
 			if !first {
-				r.keep.log.Warn("etcd lost data (rebuilt or restored): checking the trust statements there", "revision", rev, "seen", last,
+				r.log.Warn("etcd lost data (rebuilt or restored): checking the trust statements there", "revision", rev, "seen", last,
 					"marker", marked)
 				if r.lost != nil {
 					r.lost()
@@ -74,7 +78,7 @@ func (r *republisher) run(ctx context.Context) {
 		if err != nil {
 			wait = delay.Next()
 			if ctx.Err() == nil {
-				r.keep.log.Warn("trust statements not checked in etcd; will retry", "err", err, "retry_in", wait)
+				r.log.Warn("trust statements not checked in etcd; will retry", "err", err, "retry_in", wait)
 			}
 		} else {
 			delay.Reset()
@@ -114,6 +118,9 @@ func (r *republisher) once(ctx context.Context) error {
 		st  *auth.Statement
 	}
 	var items []item
+	if r.keep == nil {
+		return nil // no trust root: nothing to put back; the look still tells the watches
+	}
 	for _, raw := range r.keep.t.Statements() {
 		st, _ := r.keep.t.Check(raw) // held: the statement comes back with ErrHeld
 		if st == nil {
@@ -145,7 +152,7 @@ func (r *republisher) once(ctx context.Context) error {
 	}
 	if n > 0 {
 		r.done.Add(uint64(n))
-		r.keep.log.Warn("trust statements put back into etcd (it had lost them)", "statements", n)
+		r.log.Warn("trust statements put back into etcd (it had lost them)", "statements", n)
 	}
 	return nil
 }
@@ -204,4 +211,13 @@ func (a *Agent) runRepublish(ctx context.Context) func() {
 		return func() {}
 	}
 	return goUnder(ctx, a.repub.run)
+}
+
+// etcdLostData tells the agent's etcd watches that etcd lost data (the
+// republisher saw it): they read again from etcd's revision now.
+func (a *Agent) etcdLostData() {
+	if a.keep != nil {
+		a.keep.etcdLostData()
+	}
+	a.leases.turns.etcdLostData()
 }
