@@ -328,7 +328,7 @@ func TestManyDevicesAcquiredConcurrently(t *testing.T) {
 	}
 	t.Logf("%d devices acquired under %d distinct revisions", len(devs), len(revs))
 	a.stop()
-	r, err := a.cli.Get(context.Background(), prefix+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+	r, err := a.cli.Get(context.Background(), prefix+"/devices/", clientv3.WithPrefix(), clientv3.WithCountOnly())
 	if err != nil || r.Count != 0 {
 		t.Fatalf("locks left after clean shutdown: %d %v", r.Count, err)
 	}
@@ -367,14 +367,14 @@ func TestCleanShutdownRevokesLease(t *testing.T) {
 	devs := []string{"d1", "d2", "d3", "d4"}
 	a := startAgent(t, "gw-a", prefix, devs, newFencePoint(), Options{})
 	waitFor(t, "a holds all", holdingAll(a, devs))
-	r, err := a.cli.Get(context.Background(), prefix+"/", clientv3.WithPrefix())
+	r, err := a.cli.Get(context.Background(), prefix+"/devices/", clientv3.WithPrefix())
 	if err != nil || len(r.Kvs) != len(devs) {
 		t.Fatalf("lock keys: %v %v", r, err)
 	}
 	lease := clientv3.LeaseID(r.Kvs[0].Lease)
 	wctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	wch := a.cli.Watch(wctx, prefix+"/", clientv3.WithPrefix(), clientv3.WithRev(r.Header.Revision+1))
+	wch := a.cli.Watch(wctx, prefix+"/devices/", clientv3.WithPrefix(), clientv3.WithRev(r.Header.Revision+1))
 	a.stop()
 	revs := map[int64]int{}
 	for deleted := 0; deleted < len(devs); {

@@ -472,10 +472,8 @@ func (q *delivery) settle(w *worker, e *offline.Entry, ack *fence.Ack, local boo
 	if !local {
 		q.countVerdict(d, ack.Verdict)
 	}
-	if !async && !later {
-		q.record(history.OpTerminal, env, ack.Verdict.String(), ack.Reason)
-	}
 	if !async && !later { // recorded tells the waiter of a later one, once it is durable
+		q.record(history.OpTerminal, env, ack.Verdict.String(), ack.Reason)
 		q.notify(env.ID, ack)
 	}
 	q.logVerdict(d, env, ack, local)
@@ -485,6 +483,15 @@ func (q *delivery) settle(w *worker, e *offline.Entry, ack *fence.Ack, local boo
 		}
 		return true
 	}
+	q.afterStale(d, ctl, e, ack, local)
+	return true
+}
+
+// afterStale acts on a stale verdict for e: a closed epoch is learnt and
+// the command reissued if its kind asks; a stale answer to the current
+// token is a deposition; one to an older token reissues under the current.
+func (q *delivery) afterStale(d *device, ctl *controller, e *offline.Entry, ack *fence.Ack, local bool) {
+	env := &e.Envelope
 	if !local && ack.Epoch > env.Epoch || local && env.Epoch < d.epochOf() {
 		// Its epoch is closed: the device is at a later one (the
 		// operator's reset or epoch statement), which is neither a
@@ -495,7 +502,7 @@ func (q *delivery) settle(w *worker, e *offline.Entry, ack *fence.Ack, local boo
 		if ctl != nil && !ctl.lost.Load() && d.reissue[env.Kind] {
 			q.reissue(d, e)
 		}
-		return true
+		return
 	}
 	switch {
 	case ctl != nil && ctl.token == env.Token:
@@ -503,7 +510,6 @@ func (q *delivery) settle(w *worker, e *offline.Entry, ack *fence.Ack, local boo
 	case ctl != nil && ctl.token > env.Token && !ctl.lost.Load() && d.reissue[env.Kind]:
 		q.reissue(d, e)
 	}
-	return true
 }
 
 // resolveFailed logs a verdict the outbox did not record; false: the
