@@ -164,6 +164,8 @@ type Agent struct {
 	api      *apiServer // the local API's handlers
 	reports  stateReports
 	keep     *keeper      // the operator's trust as this agent knows it; nil without auth.trust_root (trust.go)
+	epochs   epochs       // the devices' epochs, kept in TrustDB (epoch.go)
+	fleetAt  uint64       // the fleet's epoch the auth: required devices were moved to, at New
 	repub    *republisher // puts keep's statements back into etcd; nil without keep (republish.go)
 	trust    *trustPush   // nil: no trust updates (trustpush.go)
 	devauth  *deviceAuth  // who speaks for a device: acks and state reports (deviceauth.go)
@@ -208,10 +210,15 @@ func New(cfg *Config, cli *clientv3.Client, s Sender, o Options) (*Agent, error)
 	if a.keep, err = newKeeper(&a.cfg, o.TrustDB, a.log, a.now); err != nil {
 		return nil, fmt.Errorf("agent: %w", err)
 	}
+	a.epochs.db = o.TrustDB
+	if a.fleetAt, err = a.loadEpochs(); err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
 	a.devauth = newDeviceAuth(&a.cfg, a.keep, cli, a.log, a.now)
 	a.leases.keep = a.keep
 	if a.keep != nil && cli != nil {
-		a.repub = &republisher{keep: a.keep, cli: cli, prefix: a.cfg.Etcd.Prefix}
+		a.repub = &republisher{keep: a.keep, cli: cli, prefix: a.cfg.Etcd.Prefix, marker: republishedKey(a.cfg.Etcd.Prefix, a.cfg.Gateway),
+			every: republishEvery}
 	}
 	a.devauth.install(s) // the transport itself: it checks acks before they resolve commands
 	a.leases.publishedReset = a.devauth.publishedReset
@@ -221,7 +228,7 @@ func New(cfg *Config, cli *clientv3.Client, s Sender, o Options) (*Agent, error)
 	a.delivery = &delivery{outbox: a.outbox, sender: s, hist: o.History, log: a.log, now: a.now, timeout: a.cfg.Command.Timeout,
 		later:   a.cfg.Outbox.VerdictDelay == nil || *a.cfg.Outbox.VerdictDelay > 0,
 		gateway: a.cfg.Gateway, devices: a.devices, leases: a.leases, lossRule: a.lossRule, waiters: make(map[string]chan *fence.Ack)}
-	a.delivery.trust, a.delivery.auth = a.trust, a.devauth
+	a.delivery.trust, a.delivery.auth, a.delivery.learnEpoch = a.trust, a.devauth, a.ackEpoch
 	a.delivery.post, _ = s.(poster)
 	a.delivery.postAbove = postAbove
 	a.api = &apiServer{host: a, outbox: a.outbox, table: o.FenceTable, log: a.log}
@@ -257,10 +264,8 @@ func (a *Agent) newLeases() (*leases, error) {
 // session and campaigns again. On return (ctx done) it has released every
 // lock it held and revoked its lease. Run returns nil on a clean shutdown.
 func (a *Agent) Run(ctx context.Context) error {
-	defer a.leases.startTails(ctx)()             // tail.go: the lease-threat meters
-	defer a.runTrust(ctx)()                      // trustpush.go
-	defer a.runRepublish(ctx)()                  // republish.go
-	defer goUnder(ctx, a.leases.watchOwnTrust)() // untrusted.go
+	defer a.leases.startTails(ctx)() // tail.go: the lease-threat meters
+	defer a.startTrust(ctx)()        // trust.go
 	// The workers stop when ctx ends (with the campaigns); Run returns
 	// only once they have.
 	defer goUnder(ctx, a.delivery.run)()

@@ -255,6 +255,7 @@ func (l *leases) adopt(d *device, g grant) {
 	}
 	d.last, d.autonomy = d.ctl, false
 	d.maxToken = g.token
+	d.untrusted = ""
 	d.setStateLocked(StateHolding, "", l.now())
 	d.holder = holderInfo{}
 	l.stats.acquired.Add(1)

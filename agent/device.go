@@ -20,6 +20,7 @@ import (
 type device struct {
 	id      string
 	sem     chan struct{} // serializes commands: seqs must reach the device in order (controller.seq)
+	retry   chan struct{} // cuts a refusal's backoff short: what refused the device changed (cap 1; recampaign)
 	policy  string        // PolicyStrict or PolicyAutonomous
 	fence   string        // FenceDevice or FenceGateway
 	home    string        // home gateway of a FenceGateway device
@@ -47,6 +48,8 @@ type device struct {
 	handed             uint64              // the highest queue position next has handed the worker (hint.go)
 
 	// The fence points' news, written by both.
+	epoch     uint64      // the epoch its commands are stamped with (epoch.go; Agent.raiseEpoch)
+	untrusted string      // why this gateway's own certificate does not let it command the device, while it does not (untrusted.go; leases)
 	deposedAt fence.Token // highest token of ours refused as stale (delivery) or superseded by another session (leases)
 	fenceMark fence.Token // highest token a fence point of the device said it holds (stale acks; delivery)
 	refusals  int         // locks released after a refusal (leases) since the last accepted command (delivery): the backoff's exponent
@@ -140,7 +143,7 @@ func newDevices(cfgs []DeviceConfig, held heldTokens, now func() time.Time) (map
 	devices := make(map[string]*device, len(cfgs))
 	order := make([]string, 0, len(cfgs))
 	for _, d := range cfgs {
-		dev := &device{id: d.ID, sem: make(chan struct{}, 1), state: StateCampaigning, since: now(), policy: d.Policy, fence: d.Fence, home: d.Home, auth: d.Auth}
+		dev := &device{id: d.ID, sem: make(chan struct{}, 1), retry: make(chan struct{}, 1), state: StateCampaigning, since: now(), policy: d.Policy, fence: d.Fence, home: d.Home, auth: d.Auth}
 		if len(d.ReissueKinds) > 0 {
 			dev.reissue = make(map[string]bool, len(d.ReissueKinds))
 			for _, k := range d.ReissueKinds {

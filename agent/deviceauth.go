@@ -91,7 +91,7 @@ type deviceAuth struct {
 	readAt  map[string]time.Time         // last etcd read per device
 	noCert  map[string]bool              // required devices etcd had no certificate for at the last read
 	reports map[string]*auth.StateReport // newest accepted per device
-	marks   map[string]fence.Mark        // the mark of the device's last verified ack
+	marks   map[string]fence.State       // the epoch and mark of the device's last verified ack
 	// unverified counts, per device, the acks refused for the command
 	// it was last sent, until one verifies (untrusted.go).
 	unverified map[string]unverifiedAcks
@@ -139,7 +139,7 @@ func (k *deviceAuth) unverifiedFor(dev, id string) (int, error) {
 func newDeviceAuth(cfg *Config, keep *keeper, cli *clientv3.Client, log *slog.Logger, now func() time.Time) *deviceAuth {
 	k := &deviceAuth{log: log, now: now, cli: cli, prefix: cfg.Etcd.Prefix, required: map[string]bool{}, bridged: map[string]bool{},
 		readAt: map[string]time.Time{}, noCert: map[string]bool{}, reports: map[string]*auth.StateReport{},
-		marks: map[string]fence.Mark{}, unverified: map[string]unverifiedAcks{}}
+		marks: map[string]fence.State{}, unverified: map[string]unverifiedAcks{}}
 	var required []string
 	for _, d := range cfg.Devices {
 		if d.Auth == AuthRequired {
@@ -223,7 +223,7 @@ func (k *deviceAuth) checkAck(env *fence.Envelope, raw []byte) (*fence.Ack, erro
 		return nil, err
 	}
 	k.mu.Lock()
-	if m := v.Ack.Mark(); markBelow(k.marks[env.Device], m) {
+	if m := v.Ack.State(); stateBelow(k.marks[env.Device], m) {
 		k.marks[env.Device] = m
 	}
 	delete(k.unverified, env.Device)
@@ -253,23 +253,23 @@ func (k *deviceAuth) checkReset(dev, id string, raw []byte) (*fence.Ack, error) 
 // publishedReset returns the operator's fence reset of dev that `edgefence
 // fence reset` published at <prefix>/trust/resets/<dev>, if it verifies
 // against the trust root (none without auth.trust_root).
-func (k *deviceAuth) publishedReset(ctx context.Context, dev string) (fence.Mark, string, bool) {
+func (k *deviceAuth) publishedReset(ctx context.Context, dev string) (*auth.Reset, bool) {
 	if k.trust == nil || k.cli == nil {
-		return fence.Mark{}, "", false
+		return nil, false
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	key := TrustResetKey(k.prefix, dev)
 	resp, err := k.cli.Get(ctx, key)
 	if err != nil || len(resp.Kvs) == 0 {
-		return fence.Mark{}, "", false
+		return nil, false
 	}
 	r, err := k.trust.VerifyReset(resp.Kvs[0].Value, dev)
 	if err != nil {
 		k.log.Warn("fence reset in etcd refused: not the operator root's for this device", "device", dev, "key", key, "err", err)
-		return fence.Mark{}, "", false
+		return nil, false
 	}
-	return r.Mark(), r.ID, true
+	return r, true
 }
 
 // checkState returns the state of the signed report payload from dev if
@@ -311,16 +311,22 @@ func (k *deviceAuth) newer(r *auth.StateReport) error {
 	if last := k.reports[r.Device]; last != nil && !r.After(last) {
 		return fmt.Errorf("%w: %w: mark %v counter %d, last %v counter %d", fence.ErrInvalid, errReplayed, r.Mark(), r.Counter, last.Mark(), last.Counter)
 	}
-	if m := k.marks[r.Device]; markBelow(r.Mark(), m) {
-		return fmt.Errorf("%w: %w: mark %v below the device's last acked mark %v", fence.ErrInvalid, errReplayed, r.Mark(), m)
+	if m := k.marks[r.Device]; stateBelow(r.FenceState(), m) {
+		return fmt.Errorf("%w: %w: mark %v in epoch %d below the device's last acked mark %v in epoch %d", fence.ErrInvalid, errReplayed,
+			r.Mark(), r.Epoch, m.Mark, m.Epoch)
 	}
 	k.reports[r.Device] = r
 	return nil
 }
 
 // markBelow reports whether mark a is below b.
-func markBelow(a, b fence.Mark) bool {
-	return a.Token < b.Token || a.Token == b.Token && a.Seq < b.Seq
+// stateBelow reports whether a is below b: a lower epoch, or the same
+// epoch and a lower mark.
+func stateBelow(a, b fence.State) bool {
+	if a.Epoch != b.Epoch {
+		return a.Epoch < b.Epoch
+	}
+	return a.Mark.Token < b.Mark.Token || a.Mark.Token == b.Mark.Token && a.Mark.Seq < b.Mark.Seq
 }
 
 // refused counts and logs (rate-limited per device) a refused ack or report.

@@ -146,3 +146,27 @@ func testSigner(t *testing.T, kid string) (*ecdsa.PrivateKey, *auth.Signer) {
 	}
 	return k, s
 }
+
+// A reset (or the fleet's epoch) lowers a device's mark in a new epoch:
+// its reports of the new epoch are newer than every report of the old one
+// — accepted although their marks are lower —, and an old-epoch report
+// replayed afterwards is refused, whatever its mark.
+func TestDeviceAuthReportsAcrossEpochs(t *testing.T) {
+	k := &deviceAuth{reports: map[string]*auth.StateReport{}, marks: map[string]fence.State{}}
+	report := func(epoch uint64, token fence.Token, counter uint64) *auth.StateReport {
+		return &auth.StateReport{Device: "d1", Epoch: epoch, Token: token, Seq: 1, Counter: counter}
+	}
+	old := report(0, 900, 5)
+	if err := k.newer(old); err != nil {
+		t.Fatal(err)
+	}
+	k.marks["d1"] = fence.State{Epoch: 9, Mark: fence.Mark{Token: 3, Seq: 1}} // the device's ack after the reset
+	if err := k.newer(report(9, 3, 1)); err != nil {
+		t.Fatalf("the new epoch's first report: %v", err)
+	}
+	for _, r := range []*auth.StateReport{old, report(0, 901, 6), report(8, 5000, 1)} {
+		if err := k.newer(r); !errors.Is(err, errReplayed) {
+			t.Errorf("a report of epoch %d mark %d after the reset: %v", r.Epoch, r.Token, err)
+		}
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/edgefence/edgefence/fence"
+	"github.com/edgefence/edgefence/fence/auth"
 	"github.com/edgefence/edgefence/internal/backoff"
 )
 
@@ -37,7 +38,7 @@ type leases struct {
 	hooks   leaseHooks
 	// publishedReset returns the operator's fence reset of a device
 	// published in etcd, verified (deviceAuth.publishedReset); nil: none.
-	publishedReset func(ctx context.Context, dev string) (m fence.Mark, id string, ok bool)
+	publishedReset func(ctx context.Context, dev string) (*auth.Reset, bool)
 	log            *slog.Logger
 	now            func() time.Time
 	keep           *keeper            // the agent's trust; nil without auth.trust_root (untrusted.go)
@@ -101,6 +102,9 @@ type leaseHooks interface {
 	// heldElsewhere: another session holds d's lock; every token of ours
 	// up to d.deposedAt is superseded.
 	heldElsewhere(d *device)
+	// raiseEpoch: d is at epoch e now (an operator's reset); false if it
+	// was already, or could not be recorded (epoch.go).
+	raiseEpoch(d *device, e uint64, why string, record bool) (bool, error)
 }
 
 // session returns the etcd session's state: whether one is open, its

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -60,6 +61,9 @@ type delivery struct {
 	leases  deposer
 	trust   *trustPush  // nil: no trust updates
 	auth    *deviceAuth // the checks of acks: which ones did not verify (untrusted.go)
+	// learnEpoch takes the epoch a device's fence point answered at
+	// (Agent.ackEpoch, epoch.go).
+	learnEpoch func(d *device, ack *fence.Ack)
 	lossRule
 
 	mu      sync.Mutex
@@ -163,15 +167,25 @@ type link interface {
 	AwaitConnection(ctx context.Context) error
 }
 
-// superseded reports whether e is a strict device's command of a token
-// another session's lock has superseded.
-func (q *delivery) superseded(d *device, e *offline.Entry) bool {
+// superseded says why e must not be sent ("" if it may): a command of an
+// epoch the device has left (epoch.go), or a strict device's command of a
+// token another session's lock has superseded.
+func (q *delivery) superseded(d *device, e *offline.Entry) string {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.policy == PolicyAutonomous || q.ignoresLoss() || e.Envelope.Token > d.deposedAt {
-		return false
+	if e.Envelope.Epoch < d.epoch {
+		return fmt.Sprintf("superseded: epoch %d is closed, the device is at epoch %d; never sent", e.Envelope.Epoch, d.epoch)
 	}
-	return d.ctl == nil || d.ctl.lost.Load() || d.ctl.token != e.Envelope.Token
+	if d.untrusted != "" && (d.ctl == nil || d.ctl.lost.Load()) {
+		return "superseded: " + d.untrusted + "; never sent"
+	}
+	if d.policy == PolicyAutonomous || q.ignoresLoss() || e.Envelope.Token > d.deposedAt {
+		return ""
+	}
+	if d.ctl == nil || d.ctl.lost.Load() || d.ctl.token != e.Envelope.Token {
+		return "superseded: another session holds the lock; never sent"
+	}
+	return ""
 }
 
 // deliver is a device's worker: it sends the device's pending entries in
@@ -273,12 +287,12 @@ func (q *delivery) step(ctx context.Context, w *worker) stepped {
 		q.expire()
 		return more
 	}
-	if !attempted && q.superseded(d, e) {
-		// Never sent, and another session holds the lock now: a strict
-		// device does not get old orders late. End it as stale without
-		// sending it.
+	if why := q.superseded(d, e); !attempted && why != "" {
+		// Never sent, and another session holds the lock now (a strict
+		// device does not get old orders late), or its epoch is
+		// closed. End it as stale without sending it.
 		ack := &fence.Ack{V: fence.Version, Device: d.id, ID: e.Envelope.ID, Token: e.Envelope.Token, Seq: e.Envelope.Seq,
-			Verdict: fence.Stale, Reason: "superseded: another session holds the lock; never sent"}
+			Verdict: fence.Stale, Reason: why}
 		q.stats.superseded.Add(1)
 		d.superseded.Add(1)
 		return goOn(q.settle(w, e, ack, true) || backoff.Sleep(ctx, w.delay.Next()))
@@ -439,8 +453,8 @@ func (q *delivery) settle(w *worker, e *offline.Entry, ack *fence.Ack, local boo
 	if ack.Verdict == fence.Stale && env.Token > d.deposedAt {
 		d.deposedAt = env.Token
 	}
-	if !local {
-		d.noteMark(ack)
+	if !local && ack.Epoch == env.Epoch {
+		d.noteMark(ack) // a mark of another epoch says nothing of our tokens
 	}
 	ctl := d.ctl
 	if ack.Verdict == fence.Accepted && ctl != nil && ctl.token == env.Token {
@@ -460,6 +474,18 @@ func (q *delivery) settle(w *worker, e *offline.Entry, ack *fence.Ack, local boo
 	if ack.Verdict != fence.Stale {
 		if !local {
 			q.untrustedAfter(w, env, ack)
+		}
+		return true
+	}
+	if !local && ack.Epoch > env.Epoch || local && env.Epoch < d.epochOf() {
+		// Its epoch is closed: the device is at a later one (the
+		// operator's reset or epoch statement), which is neither a
+		// deposition nor a token regression.
+		if !local {
+			q.learnEpoch(d, ack)
+		}
+		if ctl != nil && !ctl.lost.Load() && d.reissue[env.Kind] {
+			q.reissue(d, e)
 		}
 		return true
 	}
@@ -505,14 +531,15 @@ func (q *delivery) reissue(d *device, e *offline.Entry) {
 	d.mu.Lock()
 	ctl := d.ctl
 	d.mu.Unlock()
-	if ctl == nil || ctl.lost.Load() || ctl.token <= e.Envelope.Token {
+	epoch := d.epochOf()
+	if ctl == nil || ctl.lost.Load() || ctl.token <= e.Envelope.Token && epoch <= e.Envelope.Epoch {
 		<-d.sem
 		return
 	}
 	ctl.seq++
 	env := e.Envelope
 	now := q.now()
-	env.Token, env.Seq, env.ID, env.IssuedAt = ctl.token, ctl.seq, offline.NewCommandID(now), now.UnixMilli()
+	env.Token, env.Seq, env.ID, env.IssuedAt, env.Epoch = ctl.token, ctl.seq, offline.NewCommandID(now), now.UnixMilli(), epoch
 	ne := &offline.Entry{Envelope: env}
 	err = q.outbox.Append(context.Background(), ne)
 	if err != nil {

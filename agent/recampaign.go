@@ -65,11 +65,36 @@ func (l *leases) recampaign(d *device, token fence.Token, key string, lease clie
 			l.log.Warn("lock released after a refusal", "device", d.id, "token", token, "key", key, "holder", l.gateway,
 				"retry_in", wait.Round(time.Millisecond))
 		}
-		if !backoff.Sleep(r.ctx, wait) || !acquireSlot(r.ctx, r.slots) {
+		if !sleepOrRetry(r.ctx, wait, d.retry) || !acquireSlot(r.ctx, r.slots) {
 			return
 		}
 		l.campaign(r, d)
 	}()
+}
+
+// sleepOrRetry waits d, or until retry is signalled; false if ctx ended.
+func sleepOrRetry(ctx context.Context, d time.Duration, retry <-chan struct{}) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+	case <-retry:
+	}
+	return true
+}
+
+// retryNow cuts d's refusal backoff short and starts its exponent over:
+// what refused it (a token regression) is gone.
+func (d *device) retryNow() {
+	d.mu.Lock()
+	d.refusals = 0
+	d.mu.Unlock()
+	select {
+	case d.retry <- struct{}{}:
+	default:
+	}
 }
 
 // letGo deletes key if it is still under lease (it is ours).

@@ -18,9 +18,10 @@ import (
 // from etcd (TrustCertKey, TrustDeviceKey, TrustRevocationsKey). When
 // etcd is rebuilt without them — wiped, or restored from a snapshot older
 // than them — the ones this agent keeps (trust.go) go back: at start, and
-// whenever etcd's revision is seen to go back, the agent writes each one
-// etcd lacks or holds an older one of (a lower serial or version), in a
-// transaction on what it read. They are root-signed, so this restores
+// whenever etcd is seen to have lost data — its revision went back, or the
+// agent's marker (republishedKey, written after each pass) is gone —, the
+// agent writes each one etcd lacks or holds an older one of (a lower
+// serial or version), in a transaction on what it read. They are root-signed, so this restores
 // only what the operator issued; a statement another writer put there
 // that is not the root's is replaced.
 
@@ -31,11 +32,17 @@ const republishEvery = 10 * time.Second
 // default --max-txn-ops is 128).
 const republishBatch = 64
 
+// republishedKey is the agent's marker in etcd: written after each pass,
+// so that an etcd that lost it lost the statements too.
+func republishedKey(prefix, gateway string) string { return prefix + "/trust/republished/" + gateway }
+
 // republisher puts the keeper's statements back into etcd.
 type republisher struct {
 	keep   *keeper
 	cli    *clientv3.Client
 	prefix string
+	marker string        // republishedKey
+	every  time.Duration // how often it looks (republishEvery)
 	done   atomic.Uint64 // statements written, for Status and metrics
 }
 
@@ -46,14 +53,17 @@ func (r *republisher) run(ctx context.Context) {
 	var last int64
 	first := true
 	for {
-		rev, err := r.revision(ctx)
-		if err == nil && (first || rev < last) {
+		rev, marked, err := r.look(ctx)
+		if err == nil && (first || rev < last || !marked) {
 			if !first {
-				r.keep.log.Warn("etcd's revision went back (rebuilt or restored): checking the trust statements there", "revision", rev, "seen", last)
+				r.keep.log.Warn("etcd lost data (rebuilt or restored): checking the trust statements there", "revision", rev, "seen", last,
+					"marker", marked)
 			}
-			err = r.once(ctx)
+			if err = r.once(ctx); err == nil {
+				err = r.mark(ctx)
+			}
 		}
-		wait := republishEvery
+		wait := r.every
 		if err != nil {
 			wait = delay.Next()
 			if ctx.Err() == nil {
@@ -69,15 +79,24 @@ func (r *republisher) run(ctx context.Context) {
 	}
 }
 
-// revision returns etcd's current revision.
-func (r *republisher) revision(ctx context.Context) (int64, error) {
+// look returns etcd's current revision and whether the agent's marker is
+// there.
+func (r *republisher) look(ctx context.Context) (rev int64, marked bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	resp, err := r.cli.Get(clientv3.WithRequireLeader(ctx), TrustRevocationsKey(r.prefix), clientv3.WithCountOnly())
+	resp, err := r.cli.Get(clientv3.WithRequireLeader(ctx), r.marker, clientv3.WithCountOnly())
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
-	return resp.Header.Revision, nil
+	return resp.Header.Revision, resp.Count > 0, nil
+}
+
+// mark writes the agent's marker.
+func (r *republisher) mark(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_, err := r.cli.Put(clientv3.WithRequireLeader(ctx), r.marker, time.Now().UTC().Format(time.RFC3339))
+	return err
 }
 
 // once writes every statement of the keeper etcd lacks or holds an older

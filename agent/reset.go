@@ -39,6 +39,7 @@ func (a *Agent) FenceResetAck(dev string, ack *fence.Ack, raw []byte) {
 		}
 		ack = v
 	}
+	a.ackEpoch(d, ack) // a reset puts the device in an epoch of its own
 	a.leases.fenceReset(d, ack.Mark(), ack.ID)
 }
 
@@ -47,46 +48,36 @@ func (a *Agent) FenceResetAck(dev string, ack *fence.Ack, raw []byte) {
 // a token regression the operator has repaired with a fence reset it did
 // not see: the reset, root-signed, published in etcd by `edgefence fence
 // reset` (<prefix>/trust/resets/<device>), verified against auth.trust_root.
-// If it sets the device's mark below token, the guard comes down to the
-// reset's token, durably; the commands queued under the tokens before it
-// and never sent are superseded (ended as stale, not sent). One of those
-// tokens already sent once (its fate unknown) is still sent again to learn
-// its verdict, and the device, now at the reset's mark, may take it: a
-// known limit (docs/ARCHITECTURE.md). It reports whether it
-// lowered the guard. Without a trust root, or a reset that verifies,
-// nothing changes: the device's own fence stays the authority either way.
+// A reset puts the device in an epoch of its own with the reset's mark: if
+// that epoch is above the one the agent stamps, the device moves to it
+// (raiseEpoch: the guard starts over, durably; the commands queued in the
+// epoch before end superseded, never sent) and the reset's mark becomes
+// the device's known mark. It reports whether it moved the device.
+// Without a trust root, or a reset that verifies, nothing changes: the
+// device's own fence stays the authority either way.
 func (l *leases) lowerGuard(ctx context.Context, d *device, token fence.Token) bool {
 	if l.publishedReset == nil {
 		return false
 	}
-	m, id, ok := l.publishedReset(ctx, d.id)
-	if !ok || token <= m.Token {
+	r, ok := l.publishedReset(ctx, d.id)
+	if !ok {
 		return false
 	}
-	d.mu.Lock()
-	maxHeld, mark := d.maxToken, d.fenceMark
-	d.mu.Unlock()
-	if maxHeld <= m.Token && mark <= m.Token {
-		return false // nothing to lower: the refusal is not the reset's business
-	}
-	if err := l.store.LowerHeld(d.id, m.Token); err != nil {
+	moved, err := l.hooks.raiseEpoch(d, r.Epoch, "the operator's fence reset in etcd "+r.ID, true)
+	if err != nil {
 		l.stats.outboxErr.Add(1)
-		l.log.Error("fence reset found, but the held token cannot be lowered durably; device still refused", "device", d.id, "err", err)
+		l.log.Error("fence reset found, but the device's new epoch cannot be recorded durably; device still refused", "device", d.id, "err", err)
 		return false
 	}
-	d.mu.Lock()
-	top := max(d.maxToken, d.deposedAt)
-	if d.last != nil {
-		top = max(top, d.last.token)
+	if !moved {
+		return false // an older reset, or one the agent knew: not the refusal's business
 	}
-	d.deposedAt = top
-	d.maxToken = min(d.maxToken, m.Token)
-	d.fenceMark = min(d.fenceMark, m.Token)
+	d.mu.Lock()
+	d.fenceMark = r.Token
 	d.mu.Unlock()
 	l.stats.resets.Add(1)
-	l.log.Warn("fence reset found in etcd: guard lowered", "device", d.id, "token", token, "max_held", maxHeld, "fence_token", mark,
-		"mark", m.String(), "id", id, "holder", l.gateway)
-	l.hooks.heldElsewhere(d) // queued commands of the tokens before it end as superseded
+	l.log.Warn("fence reset found in etcd: the device is in the reset's epoch", "device", d.id, "token", token, "epoch", r.Epoch,
+		"mark", r.Mark().String(), "id", r.ID, "holder", l.gateway)
 	return true
 }
 

@@ -97,6 +97,7 @@ func (q *delivery) envelope(ctl *controller, dev, kind string, body []byte) (*fe
 	env := &fence.Envelope{
 		V:        fence.Version,
 		Device:   dev,
+		Epoch:    q.devices[dev].epochOf(),
 		Token:    ctl.token,
 		Seq:      ctl.seq,
 		ID:       offline.NewCommandID(now),

@@ -51,6 +51,10 @@ type DeviceStatus struct {
 	// holds (in a stale verdict): the figure the token regression runbook
 	// needs.
 	FenceToken fence.Token `json:"fence_token,omitempty"`
+	// Epoch is the epoch its commands are stamped with (the fleet's, or
+	// the one an operator's reset put the device in); tokens are
+	// compared within it.
+	Epoch uint64 `json:"epoch,omitempty"`
 	// Holder is who holds the device's lock while another session does.
 	Holder  *HolderStatus `json:"holder,omitempty"`
 	LastAck *AckStatus    `json:"last_ack,omitempty"`
@@ -207,7 +211,7 @@ func (a *Agent) Status() Status {
 		d := a.devices[id]
 		d.mu.Lock()
 		ds := DeviceStatus{ID: id, State: d.state, Since: d.since, Reason: d.reason.current(d), MaxToken: d.maxToken, LastAck: NewAckStatus(d.lastAck),
-			Policy: d.policy, Fence: d.fence, Home: d.home, Auth: d.auth, FenceToken: d.fenceMark}
+			Policy: d.policy, Fence: d.fence, Home: d.home, Auth: d.auth, FenceToken: d.fenceMark, Epoch: d.epoch}
 		if h := d.holder; h.key != "" && (d.ctl == nil || d.ctl.lost.Load()) {
 			ds.Holder = &HolderStatus{Gateway: h.gateway, Token: h.token, Key: h.key, Since: h.since}
 		}

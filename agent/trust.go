@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -203,4 +204,31 @@ func (a *Agent) trustStatus() *TrustStatus {
 		}
 	}
 	return st
+}
+
+// startTrust starts what keeps the agent's trust current, before the
+// first campaigns: the trust updates (trustpush.go), the republisher
+// (republish.go), the watch on this gateway's own certificate
+// (untrusted.go), and with a trust root the fleet's epoch (epoch.go), the
+// statements followed in etcd (trustwatch.go) and the devices'
+// certificates read ahead (trustfetch.go). The func returned stops them
+// and waits for them.
+func (a *Agent) startTrust(ctx context.Context) func() {
+	stops := []func(){a.runTrust(ctx), a.runRepublish(ctx), goUnder(ctx, a.leases.watchOwnTrust)}
+	if a.keep != nil {
+		if e := a.keep.t.Epoch(); e > a.fleetAt && a.fleetEpoch(e) == nil {
+			a.fleetAt = e
+		}
+		stops = append(stops, goUnder(ctx, func(ctx context.Context) { a.runEpochs(ctx, a.fleetAt) }))
+		if a.cli != nil {
+			prefix := a.cfg.Etcd.Prefix
+			stops = append(stops, goUnder(ctx, func(ctx context.Context) { a.keep.follow(ctx, a.cli, prefix, a.resetFromEtcd) }),
+				goUnder(ctx, func(ctx context.Context) { a.keep.prefetch(ctx, a.cli, prefix, a.selfSigned()) }))
+		}
+	}
+	return func() {
+		for i := len(stops) - 1; i >= 0; i-- {
+			stops[i]()
+		}
+	}
 }

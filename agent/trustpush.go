@@ -9,28 +9,28 @@ import (
 	"sync"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-
 	"github.com/edgefence/edgefence/fence"
 	"github.com/edgefence/edgefence/fence/auth"
 	"github.com/edgefence/edgefence/internal/backoff"
 )
 
 // Trust updates (invariant I7): a fence point provisioned with only the
-// operator's root learns the gateways' certificates and the newest
-// revocation list over the air. The agent publishes a trust update (this
-// gateway's certificate and the newest revocation list it knows,
-// auth.MarshalUpdate) on the command topic of each `auth: required`
-// device it acquires, before the device's first command under the new
-// lock, and to every device it holds when the list changes. The list
-// comes from auth.revocations (a file, at start) and from etcd
-// (TrustRevocationsKey, watched), each verified against auth.trust_root
-// before it is relayed: the higher version wins, a lower one is ignored
-// with a log line.
+// operator's root learns the gateways' certificates, the newest revocation
+// list and the fleet's epoch statement over the air. The agent publishes
+// a trust update (this gateway's certificate, the newest list and epoch
+// statement it knows, auth.MarshalUpdate) retained on the command topic of
+// each `auth: required` device it acquires, before the device's first
+// command under the new lock, and to every device it holds when the list
+// or the epoch changes. With auth.trust_root they are the agent's trust's
+// (trust.go: auth.revocations, etcd's, kept in trust.db, each verified
+// against the root: the newer wins); without, auth.revocations only.
 
 // TrustRevocationsKey is the etcd key of the newest revocation list
 // (root-signed, so whoever can write etcd can deny but not forge).
 func TrustRevocationsKey(prefix string) string { return prefix + "/trust/revocations" }
+
+// TrustEpochKey is the etcd key of the fleet's epoch statement (`edgefence keys epoch`), root-signed.
+func TrustEpochKey(prefix string) string { return prefix + "/trust/epoch" }
 
 // TrustCertKey is the etcd key of the certificate of the gateway key kid.
 func TrustCertKey(prefix, kid string) string { return prefix + "/trust/certs/" + kid }
@@ -72,8 +72,6 @@ type TrustUpdates struct {
 type trustPush struct {
 	cfg      TrustUpdates
 	keep     *keeper // nil: no auth.trust_root
-	cli      *clientv3.Client
-	key      string
 	log      *slog.Logger
 	required map[string]bool // `auth: required` devices
 	holding  func(dev string) bool
@@ -81,16 +79,20 @@ type trustPush struct {
 	mu      sync.Mutex
 	list    []byte // newest revocation list known; nil if none
 	version uint64
-	owed    map[string]bool
-	pub     map[string]*sync.Mutex // one publish at a time per device (fixed at New)
-	wake    chan struct{}
+	// epochRaw is the fleet's epoch statement relayed (the trust's
+	// newest); nil if none.
+	epochRaw []byte
+	epoch    uint64
+	owed     map[string]bool
+	pub      map[string]*sync.Mutex // one publish at a time per device (fixed at New)
+	wake     chan struct{}
 }
 
 func newTrustPush(cfg TrustUpdates, a *Agent) (*trustPush, error) {
 	if cfg.Publisher == nil || len(cfg.Certificate) == 0 {
 		return nil, errors.New("trust updates: a certificate and a publisher are required")
 	}
-	p := &trustPush{cfg: cfg, keep: a.keep, cli: a.cli, key: TrustRevocationsKey(a.cfg.Etcd.Prefix), log: a.log.With("component", "trust"),
+	p := &trustPush{cfg: cfg, keep: a.keep, log: a.log.With("component", "trust"),
 		required: map[string]bool{}, owed: map[string]bool{}, pub: map[string]*sync.Mutex{}, wake: make(chan struct{}, 1),
 		holding: func(dev string) bool { _, _, ok := a.leases.holder(dev); return ok }}
 	for _, d := range a.cfg.Devices {
@@ -102,6 +104,7 @@ func newTrustPush(cfg TrustUpdates, a *Agent) (*trustPush, error) {
 		// The trust holds auth.revocations, and whatever newer list
 		// earlier runs kept; any list it learns later is relayed.
 		p.list, p.version = p.keep.t.RevocationList()
+		p.epochRaw, p.epoch = p.keep.t.EpochStatement()
 		p.keep.watch(p.fromTrust)
 		return p, nil
 	}
@@ -145,23 +148,10 @@ func (p *trustPush) kick() {
 	}
 }
 
-// setList adopts a revocation list from source if it is newer than the
-// one known: every required device is owed an update. A list no newer is
-// ignored with a log line; one that does not verify is an error.
+// setList relays a revocation list from source (auth.revocations, without
+// a trust root: unverified, the devices verify) if it is newer than the
+// one relayed.
 func (p *trustPush) setList(raw []byte, source string) error {
-	if p.keep != nil {
-		st, news, err := p.keep.learn(raw, source) // news: fromTrust relays it
-		switch {
-		case err != nil:
-			return err
-		case st.Revocations == nil:
-			return fmt.Errorf("%w: %w: want a revocation list, got %s", fence.ErrInvalid, auth.ErrMalformed, st.Content)
-		case !news && st.Revocations.Version < p.keep.t.Version():
-			p.log.Info("revocation list ignored: not newer than the one relayed", "source", source, "version", st.Revocations.Version,
-				"relayed", p.keep.t.Version())
-		}
-		return nil
-	}
 	r, err := auth.ParseRevocations(raw)
 	if err != nil {
 		return err
@@ -170,12 +160,25 @@ func (p *trustPush) setList(raw []byte, source string) error {
 	return nil
 }
 
-// fromTrust relays the trust's list if it is newer than the one relayed
-// (the keeper's watch).
+// fromTrust relays the trust's list and epoch statement if either is
+// newer than the one relayed (the keeper's watch).
 func (p *trustPush) fromTrust() {
-	raw, version := p.keep.t.RevocationList()
-	if raw != nil {
+	if raw, version := p.keep.t.RevocationList(); raw != nil {
 		p.offer(raw, version, "trust")
+	}
+	raw, epoch := p.keep.t.EpochStatement()
+	p.mu.Lock()
+	news := epoch > p.epoch
+	if news {
+		p.epochRaw, p.epoch = raw, epoch
+		for dev := range p.required {
+			p.owed[dev] = true
+		}
+	}
+	p.mu.Unlock()
+	if news {
+		p.log.Info("epoch statement to relay", "epoch", epoch)
+		p.kick()
 	}
 }
 
@@ -206,6 +209,9 @@ func (p *trustPush) update() ([]byte, error) {
 	stmts := [][]byte{p.cfg.Certificate}
 	if p.list != nil {
 		stmts = append(stmts, p.list)
+	}
+	if p.epochRaw != nil {
+		stmts = append(stmts, p.epochRaw)
 	}
 	return auth.MarshalUpdate(stmts)
 }
@@ -246,13 +252,6 @@ func (p *trustPush) ensure(ctx context.Context, dev string) error {
 func (p *trustPush) run(ctx context.Context) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	if p.keep != nil && p.cli != nil {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			p.watch(ctx)
-		}()
-	}
 	delay := backoff.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
 	for {
 		select {
@@ -293,51 +292,6 @@ func (p *trustPush) owedHeld() []string {
 	p.mu.Unlock()
 	slices.Sort(out)
 	return slices.DeleteFunc(out, func(dev string) bool { return !p.holding(dev) })
-}
-
-// watch follows TrustRevocationsKey: the list there now, then every
-// change, each verified before it is relayed. It retries until ctx ends.
-func (p *trustPush) watch(ctx context.Context) {
-	delay := backoff.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
-	for ctx.Err() == nil {
-		err := p.watchOnce(ctx)
-		if ctx.Err() != nil {
-			return
-		}
-		p.log.Warn("watching the revocation list in etcd; will retry", "key", p.key, "err", err)
-		if !backoff.Sleep(ctx, delay.Next()) {
-			return
-		}
-	}
-}
-
-func (p *trustPush) watchOnce(ctx context.Context) error {
-	resp, err := p.cli.Get(clientv3.WithRequireLeader(ctx), p.key)
-	if err != nil {
-		return err
-	}
-	for _, kv := range resp.Kvs {
-		p.fromEtcd(kv.Value)
-	}
-	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-	defer cancel()
-	for wr := range p.cli.Watch(wctx, p.key, clientv3.WithRev(resp.Header.Revision+1)) {
-		if err := wr.Err(); err != nil {
-			return err
-		}
-		for _, ev := range wr.Events {
-			if ev.Type == clientv3.EventTypePut {
-				p.fromEtcd(ev.Kv.Value)
-			}
-		}
-	}
-	return ctx.Err()
-}
-
-func (p *trustPush) fromEtcd(raw []byte) {
-	if err := p.setList(raw, "etcd "+p.key); err != nil {
-		p.log.Warn("revocation list in etcd refused: not the operator root's", "key", p.key, "err", err)
-	}
 }
 
 // trustSender is the agent's Sender with a device's owed trust update

@@ -1,16 +1,15 @@
 package agent
 
 import (
-	"strings"
-
 	"github.com/edgefence/edgefence/fence"
 	"github.com/edgefence/edgefence/fence/auth"
 	"github.com/edgefence/edgefence/offline"
 )
 
 // A fence point that lacks what this gateway's trust update carries (the
-// gateway's certificate: the device was offline, or had no session at the
-// broker, when the update went out, or lost it) refuses the command
+// gateway's certificate, the fleet's epoch statement: the device was
+// offline, or had no session at the broker, when the update went out, or
+// lost it) refuses the command
 // invalid with its mark unchanged, so the command was not applied. The
 // agent then publishes the update again and resends the same envelope,
 // at most trustRetries times for one command, before the refusal stands
@@ -20,16 +19,10 @@ import (
 // because its fence point lacked the trust.
 const trustRetries = 2
 
-// needsTrust reports whether ack refuses a command for want of what a
-// trust update carries: the signer's key is not known to the fence point.
-func needsTrust(ack *fence.Ack) bool {
-	return ack.Verdict == fence.Invalid && strings.Contains(ack.Reason, auth.ErrUnknownKey.Error())
-}
-
 // retryWithTrust decides whether e, refused with ack, is resent after its
 // device's trust update (published before the resend by trustSender).
 func (q *delivery) retryWithTrust(w *worker, e *offline.Entry, ack *fence.Ack) bool {
-	if !needsTrust(ack) || w.trustTries >= trustRetries || !q.trust.owe(w.d.id) {
+	if !auth.NeedsTrust(ack) || w.trustTries >= trustRetries || !q.trust.owe(w.d.id) {
 		return false
 	}
 	w.trustTries++

@@ -35,6 +35,7 @@ type signedShim struct {
 	mu        sync.Mutex
 	drop      int // trust updates still to lose
 	published int
+	sent      [][]byte // the signed envelopes, in order
 }
 
 type acceptAll struct{}
@@ -47,6 +48,9 @@ func (s *signedShim) Send(ctx context.Context, env *fence.Envelope) (*fence.Ack,
 	if err != nil {
 		return nil, err
 	}
+	s.mu.Lock()
+	s.sent = append(s.sent, raw)
+	s.mu.Unlock()
 	ack := s.shim.Handle(env.Device, raw, acceptAll{})
 	if s.check == nil || s.dev == nil {
 		return &ack, nil
@@ -231,5 +235,41 @@ func TestUntrustedOwnCertificate(t *testing.T) {
 	})
 	if a.leases.stats.untrusted[untrustIndex(untrustOwnCert)].Load() != 1 {
 		t.Fatal("own_certificate not counted once")
+	}
+}
+
+// TestRevokedGatewayEndsItsQueue: a gateway that learns its own key is
+// revoked lets the device go and will not campaign for it again, so it
+// never sees another holder supersede what it queued: its queued commands
+// must end anyway — the one never sent stale (superseded), the one in
+// flight with the device's verdict — not wait forever (I4).
+func TestRevokedGatewayEndsItsQueue(t *testing.T) {
+	op := authtest.NewOperator(t)
+	gw := op.Certify("gw-1", "d*")
+	fp := newFencePoint()
+	ids, gate := gatedDevices(fp, 1)
+	prefix := "/t/" + t.Name()
+	cfg := &Config{Gateway: "gw-1", Etcd: EtcdConfig{Endpoints: testEtcd.Endpoints(), Prefix: prefix, LeaseTTL: 2 * time.Second},
+		MQTT: MQTTConfig{Brokers: []string{"mqtt://127.0.0.1:1"}}, Command: CommandConfig{Timeout: time.Minute},
+		Auth: siteAuth(t, op, gw, "gw-1"), Devices: []DeviceConfig{{ID: ids[0], Auth: AuthRequired}}}
+	a := runAgent(t, cfg, etcdClient(t), fp, Options{})
+	waitFor(t, "holding", holdingAll(a, ids))
+	var queued []string
+	for range 2 {
+		env, err := a.Enqueue(t.Context(), ids[0], "set", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		queued = append(queued, env.ID)
+	}
+	if _, err := a.cli.Put(t.Context(), TrustRevocationsKey(prefix), string(op.Revoke(1, "gw-1"))); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the device left", func() bool { return a.Status().Devices[0].State == StateUntrusted })
+	close(gate)
+	waitFor(t, "both commands ended", pendingZero(a.outbox))
+	second, err := a.outbox.Get(queued[1])
+	if err != nil || second.State != fence.Stale || !strings.Contains(second.Ack.Reason, "may not command") {
+		t.Fatalf("the command never sent: %+v %v", second, err)
 	}
 }

@@ -23,9 +23,9 @@ import (
 //     changes: it looks again when a statement comes in, and every
 //     trustRecheck.
 //   - signer_refused: the device refused this gateway's signer (a
-//     command ended invalid for a key the device does not know after the
-//     trust updates, revoked, not authorised, expired, of the wrong role,
-//     a bad signature, or unsigned).
+//     command ended invalid for a key — or an epoch — the device does not
+//     know after the trust updates, revoked, not authorised, expired, of
+//     the wrong role, a bad signature, or unsigned).
 //   - acks_unverified: the device answers, but this gateway cannot verify
 //     its acks (no device certificate, a key not enrolled, ...): one
 //     command got unverifiedLimit acks that did not verify and none that
@@ -77,6 +77,9 @@ func signerRefused(ack *fence.Ack) bool {
 	if ack.Verdict != fence.Invalid {
 		return false
 	}
+	if auth.NeedsTrust(ack) {
+		return true // and the trust updates did not cure it
+	}
 	for _, e := range [...]error{auth.ErrUnknownKey, auth.ErrRevoked, auth.ErrNotAuthorised, auth.ErrExpired,
 		auth.ErrWrongRole, auth.ErrBadSignature, auth.ErrUnsigned} {
 		if strings.Contains(ack.Reason, e.Error()) {
@@ -106,6 +109,9 @@ func (l *leases) untrusted(d *device, ctl *controller, reason, why string) {
 	i := untrustIndex(reason)
 	l.stats.untrusted[i].Add(1)
 	text := fmt.Sprintf("%s: %s; %s", reason, why, untrustFix[i])
+	if reason == untrustOwnCert {
+		l.noCommands(d, ctl.token, why)
+	}
 	l.log.Error("lease released: this gateway cannot command the device with trust", "device", d.id, "token", ctl.token,
 		"reason", reason, "why", why, "fix", untrustFix[i], "holder", l.gateway)
 	l.setStateReason(d, ctl, StateUntrusted, text)
@@ -124,6 +130,7 @@ func (l *leases) distrusted(run *sessionRun, d *device, why error) {
 	again := d.state == StateUntrusted
 	d.setStateLocked(StateUntrusted, text, l.now())
 	d.mu.Unlock()
+	l.noCommands(d, 0, why.Error())
 	if !again {
 		l.stats.untrusted[i].Add(1)
 		l.log.Error("not campaigning: this gateway's certificate does not let it command the device", "device", d.id,
@@ -145,6 +152,24 @@ func (l *leases) distrusted(run *sessionRun, d *device, why error) {
 			l.campaign(run, d)
 		}
 	}()
+}
+
+// noCommands ends what d's queue holds under this gateway's tokens (up to
+// token and the highest it held): its own certificate does not let it
+// command d (why), so it will not campaign for d and never sees another
+// holder supersede them. The commands never sent end stale, superseded,
+// never sent; one that may have been sent is sent again for its verdict
+// (the fence point answers it).
+func (l *leases) noCommands(d *device, token fence.Token, why string) {
+	d.mu.Lock()
+	top := max(token, d.maxToken, d.deposedAt)
+	if d.last != nil {
+		top = max(top, d.last.token)
+	}
+	d.deposedAt = top
+	d.untrusted = "this gateway may not command the device: " + why
+	d.mu.Unlock()
+	l.hooks.heldElsewhere(d) // delivery: its queue ends as superseded
 }
 
 // watchOwnTrust lets go of every held `auth: required` device this

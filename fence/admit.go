@@ -114,3 +114,60 @@ func Admit(m Mark, t Token, seq uint64) (Verdict, Mark) {
 		return Duplicate, m
 	}
 }
+
+// Epochs close the past. A device's fence state at a fence point has an
+// epoch: a number that only goes up, and only by a statement signed by the
+// operator's root (fence/auth: a fleet epoch statement, or a reset, which
+// carries one). A command carries the epoch it was issued in (Envelope.Epoch),
+// and the fence point compares it before the token: no command issued before
+// an epoch began is admitted after, whatever its token, so a reset or a
+// recovery after an etcd rebuild cannot re-open old signatures.
+
+// State is one device's fence state at a fence point: the epoch it is at
+// and its high-water mark accepted in that epoch (the zero Mark: none yet).
+// A stored mark carries the epoch it was accepted in (MarkRecord.Epoch).
+type State struct {
+	Epoch uint64 `json:"epoch,omitempty"`
+	Mark  Mark   `json:"mark"`
+}
+
+// At returns the state of a device whose stored state is s at a fence point
+// whose own epoch for it is e (the fleet epoch it holds, for a device whose
+// commands must be signed; the epoch of the device's last reset): the epoch
+// is the higher of e and s.Epoch (a fence point that accepted a mark in an
+// epoch was at that epoch), and a mark accepted in an epoch below it counts
+// as no mark.
+func (s State) At(e uint64) State {
+	if e > s.Epoch {
+		return State{Epoch: e}
+	}
+	return s
+}
+
+// AdmitEpoch is the admit rule with epochs, the decision every fence point
+// makes: e is the fence point's own epoch for the device and cur its stored
+// state (see State.At); the command carries epoch, token t and seq.
+//
+//	epoch <  E → Stale (its epoch is closed), error wrapping ErrEpochClosed
+//	epoch >  E → Invalid (the fence point has no statement of that epoch;
+//	             only the root raises an epoch), error wrapping ErrUnknownEpoch
+//	epoch == E → Admit against the mark accepted in E
+//
+// where E is cur.At(e).Epoch. It returns the verdict, the device's state
+// after the decision (epoch E; only Accepted moves the mark, which the
+// caller stores with epoch E, durably, before the command takes effect),
+// and for a refusal by epoch an *EpochError whose text is the ack's reason.
+// Token 0 and seq 0 are Invalid (nil error) whatever the epoch.
+func AdmitEpoch(e uint64, cur State, epoch uint64, t Token, seq uint64) (Verdict, State, error) {
+	cur = cur.At(e)
+	switch {
+	case t == 0 || seq == 0:
+		return Invalid, cur, nil
+	case epoch < cur.Epoch:
+		return Stale, cur, &EpochError{Command: epoch, FencePoint: cur.Epoch}
+	case epoch > cur.Epoch:
+		return Invalid, cur, &EpochError{Command: epoch, FencePoint: cur.Epoch}
+	}
+	v, m := Admit(cur.Mark, t, seq)
+	return v, State{Epoch: cur.Epoch, Mark: m}, nil
+}

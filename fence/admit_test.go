@@ -309,3 +309,58 @@ func TestNewAckTruncatesReason(t *testing.T) {
 		}
 	}
 }
+
+// AdmitEpoch compares the epoch before the token: a command of a closed
+// epoch is stale and one of an epoch the fence point does not hold is
+// invalid, whatever their tokens; within the epoch the token rule holds
+// against the mark accepted in it, and a mark of an earlier epoch counts
+// as none.
+func TestAdmitEpoch(t *testing.T) {
+	in5 := fence.State{Epoch: 5, Mark: fence.Mark{Token: 900, Seq: 3}}
+	none7 := fence.State{Epoch: 7}
+	tests := []struct {
+		name   string
+		e      uint64
+		cur    fence.State
+		epoch  uint64
+		tok    fence.Token
+		seq    uint64
+		want   fence.Verdict
+		err    error
+		after  fence.State
+		reason string
+	}{
+		{"same epoch, higher token", 0, in5, 5, 901, 1, fence.Accepted, nil, fence.State{Epoch: 5, Mark: fence.Mark{Token: 901, Seq: 1}}, ""},
+		{"same epoch, lower token", 0, in5, 5, 899, 9, fence.Stale, nil, in5, ""},
+		{"same epoch, duplicate", 0, in5, 5, 900, 3, fence.Duplicate, nil, in5, ""},
+		{"closed epoch, higher token", 0, in5, 4, 1 << 62, 1, fence.Stale, fence.ErrEpochClosed, in5, "epoch 4 closed: the fence point is at epoch 5"},
+		{"unknown epoch", 0, in5, 6, 1, 1, fence.Invalid, fence.ErrUnknownEpoch, in5, "unknown epoch 6: the fence point is at epoch 5"},
+		{"raised past the mark: low token", 7, in5, 7, 2, 1, fence.Accepted, nil, fence.State{Epoch: 7, Mark: fence.Mark{Token: 2, Seq: 1}}, ""},
+		{"raised past the mark: the mark's epoch closed", 7, in5, 5, 901, 1, fence.Stale, fence.ErrEpochClosed, none7, "epoch 5 closed: the fence point is at epoch 7"},
+		{"raised past the mark: epoch 0", 7, in5, 0, 901, 1, fence.Stale, fence.ErrEpochClosed, none7, "epoch 0 closed: the fence point is at epoch 7"},
+		{"own epoch below the mark's", 3, in5, 5, 899, 1, fence.Stale, nil, in5, ""},
+		{"own epoch below the mark's: its epoch closed", 3, in5, 3, 901, 1, fence.Stale, fence.ErrEpochClosed, in5, "epoch 3 closed: the fence point is at epoch 5"},
+		{"fresh, epoch 0", 0, fence.State{}, 0, 1, 1, fence.Accepted, nil, fence.State{Mark: fence.Mark{Token: 1, Seq: 1}}, ""},
+		{"fresh, unknown epoch", 0, fence.State{}, 1, 1, 1, fence.Invalid, fence.ErrUnknownEpoch, fence.State{}, "unknown epoch 1: the fence point is at epoch 0"},
+		{"token 0, closed epoch", 7, in5, 1, 0, 1, fence.Invalid, nil, none7, ""},
+		{"seq 0, unknown epoch", 0, in5, 9, 901, 0, fence.Invalid, nil, in5, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			v, after, err := fence.AdmitEpoch(tt.e, tt.cur, tt.epoch, tt.tok, tt.seq)
+			if v != tt.want || after != tt.after || !errors.Is(err, tt.err) || (tt.err == nil) != (err == nil) {
+				t.Fatalf("AdmitEpoch(%d, %v, %d, %d, %d) = %v, %v, %v; want %v, %v, %v", tt.e, tt.cur, tt.epoch, tt.tok, tt.seq, v, after, err, tt.want, tt.after, tt.err)
+			}
+			if err != nil && err.Error() != tt.reason {
+				t.Fatalf("reason %q, want %q", err, tt.reason)
+			}
+			if err != nil && !errors.Is(err, v.Err()) {
+				t.Fatalf("error %v is not a %v", err, v)
+			}
+		})
+	}
+	if !errors.Is(fence.ErrEpochClosed, fence.ErrStale) || !errors.Is(fence.ErrUnknownEpoch, fence.ErrInvalid) ||
+		errors.Is(fence.ErrEpochClosed, fence.ErrInvalid) || errors.Is(fence.ErrUnknownEpoch, fence.ErrStale) {
+		t.Fatal("epoch sentinels are not kinds of the verdicts' sentinels")
+	}
+}

@@ -27,14 +27,16 @@ func (t *Table) AdmitBatch(ctx context.Context, env *Envelope) (Verdict, Mark, e
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	if cur, ok := t.cached(env.Device); ok {
-		if v, m := Admit(cur, env.Token, env.Seq); v != Accepted {
-			return v, m, nil
+		if v, st, _ := AdmitEpoch(0, cur, env.Epoch, env.Token, env.Seq); v != Accepted {
+			return v, st.Mark, nil
 		}
 	}
-	c := newAdmitCall(env, t.opts.Now().UnixMilli())
+	c := newAdmitCall(env, 0, t.opts.Now().UnixMilli())
 	if err := t.db.Batch(c.run); err != nil {
 		return 0, Mark{}, t.storageErr(env.Device, err)
 	}
-	t.raise(env.Device, c.m)
-	return c.v, c.m, nil
+	if c.v == Accepted {
+		t.raise(env.Device, c.st)
+	}
+	return c.v, c.st.Mark, nil
 }

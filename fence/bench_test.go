@@ -49,6 +49,32 @@ func BenchmarkAdmit(b *testing.B) {
 	})
 }
 
+// BenchmarkAdmitEpoch is the admit rule with epochs (AdmitEpoch), for
+// comparison with BenchmarkAdmit: the epoch compared first.
+func BenchmarkAdmitEpoch(b *testing.B) {
+	cur := fence.State{Epoch: 7, Mark: fence.Mark{Token: 1 << 20, Seq: 41}}
+	for _, bc := range []struct {
+		name  string
+		e     uint64
+		epoch uint64
+		tok   fence.Token
+		seq   uint64
+	}{
+		{"accept-next-seq", 0, 7, 1 << 20, 42},
+		{"duplicate", 0, 7, 1 << 20, 41},
+		{"epoch-closed", 0, 6, 1 << 30, 1},
+		{"unknown-epoch", 0, 8, 1, 1},
+		{"fleet-epoch-raised", 9, 9, 1, 1},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				fence.AdmitEpoch(bc.e, cur, bc.epoch, bc.tok, bc.seq)
+			}
+		})
+	}
+}
+
 // benchEnvelopes are a typical small command and two larger bodies.
 func benchEnvelopes(b *testing.B) []struct {
 	name string

@@ -289,6 +289,9 @@ func validEnvelopeCases() []struct {
 		{"issued at negative", envWith("08 20"), nil},
 		{"holder", envWith("09 " + tstr("gw-1")), nil},
 		{"holder unicode", envWith("09 " + tstr("passerelle-é")), nil},
+		{"epoch", envWith("0a 01"), nil},
+		{"epoch max", envWith("0a 1b ffffffffffffffff"), nil},
+		{"epoch before auth", envWith("09 "+tstr("gw"), "0a 1a 6553f100"), nil},
 		{"all optional", envWith("07 80", "08 01", "09 "+tstr("gw")), nil},
 		{"device max length", envDevice(tstr(strings.Repeat("d", fence.MaxDeviceIDLen))), nil},
 		{"device charset", envDevice(tstr("Az09._-")), nil},
@@ -301,6 +304,7 @@ func validEnvelopeCases() []struct {
 		{"explicit zero issued at", envWith("08 00"), min},
 		{"empty holder", envWith("09 60"), min},
 		{"empty auth", envWith("0f 40"), min},
+		{"explicit zero epoch", envWith("0a 00"), min},
 	}
 }
 
@@ -361,7 +365,11 @@ func invalidEnvelopeCases() []invalidCase {
 		{"nested tag in body", envWith("07 81 d8 20 61 61"), false},
 
 		// Unknown fields.
-		{"unknown key 10", envWith("0a 01"), false},
+		{"unknown key 11", envWith("0b 01"), false},
+		{"epoch negative", envWith("0a 20"), false},
+		{"epoch as text", envWith("0a 61 31"), false},
+		{"epoch tagged", envWith("0a c1 01"), false},
+		{"epoch over 2^64", envWith("0a c2 49 010000000000000000"), false},
 		{"unknown key 0", h(cmap("00 01", pV, pDev, pTok, pSeq, pID, pKind)), false},
 		{"unknown key 16", envWith("10 01"), false},
 		{"negative key", h(cmap("20 01", pV, pDev, pTok, pSeq, pID, pKind)), false},
@@ -726,6 +734,7 @@ func TestAckRoundTrip(t *testing.T) {
 		{V: fence.Version, Verdict: fence.Invalid, Reason: "unreadable envelope"},
 		{V: fence.Version, Device: "d1", ID: "c1", Verdict: fence.Accepted, Token: 7, Seq: 1, MaxToken: 7, LastSeq: 1},
 		{V: fence.Version, Device: "d1", Verdict: fence.Expired},
+		{V: fence.Version, Device: "d1", ID: "c1", Verdict: fence.Stale, Token: 7, Seq: 1, MaxToken: 2, LastSeq: 1, Reason: "epoch 3 closed: the fence point is at epoch 5", Epoch: 5},
 	} {
 		b, err := fence.MarshalAck(a)
 		if err != nil {
@@ -765,6 +774,28 @@ func TestAckEncoding(t *testing.T) {
 			t.Fatal("MarshalAck not deterministic")
 		}
 	}
+	// The epoch is key 10, after the reason; absent when 0.
+	a.Epoch = 1767225600123
+	if b, err := fence.MarshalAck(&a); err != nil || !bytes.Equal(b, ackWith("05 07", "06 01", "07 09", "08 03", "09 61 72", "0a 1b 0000019b76daa87b")) {
+		t.Errorf("MarshalAck with an epoch = %x, %v", b, err)
+	}
+}
+
+// An envelope's epoch is key 10, after the holder; absent when 0, so an
+// envelope of epoch 0 keeps the bytes it had before epochs existed.
+func TestEnvelopeEpochEncoding(t *testing.T) {
+	e := fence.Envelope{V: 1, Device: "d1", Token: 7, Seq: 1, ID: "c1", Kind: "set", Holder: "gw"}
+	b, err := fence.MarshalEnvelope(&e)
+	if err != nil || !bytes.Equal(b, envWith("09 "+tstr("gw"))) {
+		t.Fatalf("epoch 0: %x %v", b, err)
+	}
+	e.Epoch = 5
+	if b, err = fence.MarshalEnvelope(&e); err != nil || !bytes.Equal(b, envWith("09 "+tstr("gw"), "0a 05")) {
+		t.Fatalf("epoch 5: %x %v", b, err)
+	}
+	if got, err := fence.UnmarshalEnvelope(b); err != nil || got.Epoch != 5 {
+		t.Fatalf("decoded %+v %v", got, err)
+	}
 }
 
 func TestAckLargestFitsLimit(t *testing.T) {
@@ -787,6 +818,7 @@ func validAckCases() [][]byte {
 		ackWith("05 07", "06 01", "07 09", "08 03", "09 61 72"),
 		h(cmap(aV, aDev, aID, "04 01")),
 		h(cmap(aV, aDev, aID, "04 05")),
+		ackWith("05 07", "06 01", "07 09", "08 03", "09 61 72", "0a 1b 0000018bcfe56800"),
 	}
 }
 
@@ -810,7 +842,8 @@ func invalidAckCases() []invalidCase {
 		{"reason too long", ackWith("09 " + tstr(strings.Repeat("r", fence.MaxReasonLen+1))), false},
 		{"reason invalid utf-8", ackWith("09 62 c3 28"), false},
 		{"duplicate key", h(cmap(aV, aDev, aID, aVerd, aVerd)), false},
-		{"unknown key", ackWith("0a 00"), false},
+		{"unknown key", ackWith("0b 00"), false},
+		{"negative epoch", ackWith("0a 20"), false},
 		{"text key", ackWith("61 61 00"), false},
 		{"indefinite map", h("bf " + strings.Join([]string{aV, aDev, aID, aVerd}, " ") + " ff"), false},
 		{"indefinite reason", ackWith("09 7f 61 72 ff"), false},

@@ -13,7 +13,11 @@
 //	token == max && seq <= lastSeq  → duplicate (ack again, never re-apply)
 //	token <  max                    → stale
 //
-// Admit is that rule as a pure function. Envelope and Ack are encoded as
+// Admit is that rule as a pure function. AdmitEpoch puts an epoch before
+// it: a command carries the epoch it was issued in, a fence point is at an
+// epoch per device that only the operator's root raises (a fleet epoch
+// statement, a reset), and a command of an earlier epoch is stale whatever
+// its token, one of a later epoch invalid. Envelope and Ack are encoded as
 // deterministic CBOR (RFC 8949 core deterministic encoding) with small integer
 // map keys, and decoded with explicit limits on size, nesting, and container
 // lengths; duplicate map keys, indefinite lengths, tags and unknown fields are

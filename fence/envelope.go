@@ -42,6 +42,7 @@ type Envelope struct {
 	Body     cbor.RawMessage `cbor:"7,keyasint,omitempty"`  // kind-specific CBOR item
 	IssuedAt int64           `cbor:"8,keyasint,omitempty"`  // unix milliseconds; information only, never used for safety
 	Holder   string          `cbor:"9,keyasint,omitempty"`  // issuing gateway id
+	Epoch    uint64          `cbor:"10,keyasint,omitempty"` // the epoch it was issued in (AdmitEpoch); 0 before the first
 	Auth     []byte          `cbor:"15,keyasint,omitempty"` // reserved: authenticator (COSE), see above
 }
 
@@ -130,11 +131,15 @@ type Ack struct {
 	Seq      uint64  `cbor:"6,keyasint,omitempty"` // the command's seq
 	MaxToken Token   `cbor:"7,keyasint,omitempty"` // fence point's high-water mark after the decision
 	LastSeq  uint64  `cbor:"8,keyasint,omitempty"`
-	Reason   string  `cbor:"9,keyasint,omitempty"` // human-readable, for invalid and stale
+	Reason   string  `cbor:"9,keyasint,omitempty"`  // human-readable, for invalid and stale
+	Epoch    uint64  `cbor:"10,keyasint,omitempty"` // fence point's epoch for the device after the decision
 }
 
 // Mark returns the fence point's high-water mark carried by the ack.
 func (a *Ack) Mark() Mark { return Mark{Token: a.MaxToken, Seq: a.LastSeq} }
+
+// State returns the fence point's epoch and mark carried by the ack.
+func (a *Ack) State() State { return State{Epoch: a.Epoch, Mark: a.Mark()} }
 
 // Err returns nil if the command was accepted, and otherwise an error wrapping
 // the verdict's sentinel (ErrStale, ErrDuplicate, ErrInvalid, ErrExpired).
@@ -177,6 +182,14 @@ func NewAck(env *Envelope, v Verdict, m Mark, reason string) Ack {
 	}
 	return Ack{V: Version, Device: env.Device, ID: env.ID, Verdict: v,
 		Token: env.Token, Seq: env.Seq, MaxToken: m.Token, LastSeq: m.Seq, Reason: reason}
+}
+
+// NewEpochAck returns the ack for env after a decision that left the
+// device in state s: NewAck with the epoch.
+func NewEpochAck(env *Envelope, v Verdict, s State, reason string) Ack {
+	a := NewAck(env, v, s.Mark, reason)
+	a.Epoch = s.Epoch
+	return a
 }
 
 func truncateUTF8(s string, n int) string {

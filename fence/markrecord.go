@@ -20,10 +20,10 @@ import (
 // other, where its decoding cost is paid serially; and a flipped bit in a
 // stored token must be detected, not obeyed (a token raised by corruption
 // would refuse every real holder, a token lowered would let a stale one
-// through). Format version 1:
+// through). Format version 1 holds a mark of epoch 0:
 //
 //	offset  size  field
-//	0       1     format version (MarkRecordVersion)
+//	0       1     format version (1)
 //	1       8     token (not 0)
 //	9       8     seq (not 0)
 //	17      8     when the mark was written, unix milliseconds (signed; 0: unknown)
@@ -33,26 +33,37 @@ import (
 //	27+h    i     command id, UTF-8
 //	27+h+i  4     CRC-32C (Castagnoli) of all preceding bytes
 //
+// Format version 2 holds a mark of a later epoch: the same, with the epoch
+// (8 bytes, not 0) after the version byte, every later field 8 bytes on.
+// A record of epoch 0 is always written as version 1, so the files and
+// flash slots of fence points that never had an epoch keep their bytes.
+//
 // The encoding is canonical: UnmarshalBinary accepts exactly the bytes
 // MarshalBinary writes, and fails with an error wrapping
 // ErrMarkRecordCorrupt on anything else (a checksum that does not match,
-// another version, a length that does not add up, a zero mark). A fence
-// point that meets such a record fails closed for that device: it refuses
-// its commands rather than decide from a mark it cannot trust.
+// another version, a length that does not add up, a zero mark, a version 2
+// record of epoch 0). A fence point that meets such a record fails closed
+// for that device: it refuses its commands rather than decide from a mark
+// it cannot trust.
 //
-// A version byte of 1 is never the first byte of a CBOR map (0xa0–0xbf),
-// nor is any single-bit flip of it, so a reader may tell this record from
-// an older CBOR one by its first byte (the shim does, for files it wrote
-// before this record existed).
+// A version byte of 1 or 2 is never the first byte of a CBOR map
+// (0xa0–0xbf), nor is any single-bit flip of it, so a reader may tell this
+// record from an older CBOR one by its first byte (the shim does, for files
+// it wrote before this record existed).
 type MarkRecord struct {
+	Epoch  uint64    // the epoch the mark was accepted in (AdmitEpoch)
 	Mark   Mark      // highest token accepted, last seq under it
 	At     time.Time // fence point's clock when the mark was written (information only; stored to the millisecond)
 	Holder string    // holder named by the command that set the mark
 	ID     string    // id of the command that set the mark
 }
 
-// MarkRecordVersion is the format version MarshalBinary writes.
-const MarkRecordVersion = 1
+// MarkRecordVersion is the format version MarshalBinary writes for a
+// record of epoch 0; MarkRecordEpochVersion the one for a later epoch.
+const (
+	MarkRecordVersion      = 1
+	MarkRecordEpochVersion = 2
+)
 
 // markRecordMin is the size of a record with empty holder and id.
 const markRecordMin = 31
@@ -80,8 +91,13 @@ func (r MarkRecord) AppendBinary(b []byte) ([]byte, error) {
 		at = r.At.UnixMilli()
 	}
 	start := len(b)
-	b = slices.Grow(b, markRecordMin+len(r.Holder)+len(r.ID))
-	b = append(b, MarkRecordVersion)
+	b = slices.Grow(b, markRecordMin+8+len(r.Holder)+len(r.ID))
+	if r.Epoch == 0 {
+		b = append(b, MarkRecordVersion)
+	} else {
+		b = append(b, MarkRecordEpochVersion)
+		b = binary.BigEndian.AppendUint64(b, r.Epoch)
+	}
 	b = binary.BigEndian.AppendUint64(b, uint64(r.Mark.Token))
 	b = binary.BigEndian.AppendUint64(b, r.Mark.Seq)
 	b = binary.BigEndian.AppendUint64(b, uint64(at))
@@ -99,47 +115,61 @@ func (r MarkRecord) MarshalBinary() ([]byte, error) { return r.AppendBinary(nil)
 // ErrMarkRecordCorrupt and leaves r unchanged; it never panics. A stored
 // time of 0 reads as the zero time.
 func (r *MarkRecord) UnmarshalBinary(data []byte) error {
-	m, at, holder, id, err := parseMarkRecord(data)
+	st, at, holder, id, err := parseMarkRecord(data)
 	if err != nil {
 		return err
 	}
-	*r = MarkRecord{Mark: m, Holder: string(holder), ID: string(id)}
+	*r = MarkRecord{Epoch: st.Epoch, Mark: st.Mark, Holder: string(holder), ID: string(id)}
 	if at != 0 {
 		r.At = time.UnixMilli(at)
 	}
 	return nil
 }
 
+// State returns the record's epoch and mark.
+func (r MarkRecord) State() State { return State{Epoch: r.Epoch, Mark: r.Mark} }
+
 // parseMarkRecord checks a stored record and splits it into its fields,
 // which alias v. Every failure wraps ErrMarkRecordCorrupt.
-func parseMarkRecord(v []byte) (m Mark, at int64, holder, id []byte, err error) {
+func parseMarkRecord(v []byte) (st State, at int64, holder, id []byte, err error) {
 	if len(v) < markRecordMin {
-		return Mark{}, 0, nil, nil, recordCorruptf("%d bytes, at least %d expected", len(v), markRecordMin)
+		return State{}, 0, nil, nil, recordCorruptf("%d bytes, at least %d expected", len(v), markRecordMin)
 	}
 	body, sum := v[:len(v)-4], binary.BigEndian.Uint32(v[len(v)-4:])
 	if got := crc32.Checksum(body, castagnoli); got != sum {
-		return Mark{}, 0, nil, nil, recordCorruptf("checksum %08x, stored %08x", got, sum)
+		return State{}, 0, nil, nil, recordCorruptf("checksum %08x, stored %08x", got, sum)
 	}
-	if body[0] != MarkRecordVersion {
-		return Mark{}, 0, nil, nil, recordCorruptf("format %d, want %d", body[0], MarkRecordVersion)
+	f := body[1:] // the fields after the version (and the epoch)
+	switch body[0] {
+	case MarkRecordVersion:
+	case MarkRecordEpochVersion:
+		if len(v) < markRecordMin+8 {
+			return State{}, 0, nil, nil, recordCorruptf("%d bytes, at least %d expected", len(v), markRecordMin+8)
+		}
+		if st.Epoch = binary.BigEndian.Uint64(f); st.Epoch == 0 {
+			return State{}, 0, nil, nil, recordCorruptf("format %d of epoch 0", MarkRecordEpochVersion)
+		}
+		f = f[8:]
+	default:
+		return State{}, 0, nil, nil, recordCorruptf("format %d, want %d or %d", body[0], MarkRecordVersion, MarkRecordEpochVersion)
 	}
-	m = Mark{Token: Token(binary.BigEndian.Uint64(body[1:])), Seq: binary.BigEndian.Uint64(body[9:])}
-	at = int64(binary.BigEndian.Uint64(body[17:]))
-	holder, rest, ok := lenPrefixed(body[25:], MaxHolderLen)
+	st.Mark = Mark{Token: Token(binary.BigEndian.Uint64(f)), Seq: binary.BigEndian.Uint64(f[8:])}
+	at = int64(binary.BigEndian.Uint64(f[16:]))
+	holder, rest, ok := lenPrefixed(f[24:], MaxHolderLen)
 	if !ok {
-		return Mark{}, 0, nil, nil, recordCorruptf("holder length")
+		return State{}, 0, nil, nil, recordCorruptf("holder length")
 	}
 	id, rest, ok = lenPrefixed(rest, MaxIDLen)
 	if !ok || len(rest) != 0 {
-		return Mark{}, 0, nil, nil, recordCorruptf("command id length")
+		return State{}, 0, nil, nil, recordCorruptf("command id length")
 	}
 	switch {
-	case m.Token == 0 || m.Seq == 0:
-		return Mark{}, 0, nil, nil, recordCorruptf("holds mark %v: only accepted marks are stored", m)
+	case st.Mark.Token == 0 || st.Mark.Seq == 0:
+		return State{}, 0, nil, nil, recordCorruptf("holds mark %v: only accepted marks are stored", st.Mark)
 	case !utf8.Valid(holder) || !utf8.Valid(id):
-		return Mark{}, 0, nil, nil, recordCorruptf("holder or command id is not UTF-8")
+		return State{}, 0, nil, nil, recordCorruptf("holder or command id is not UTF-8")
 	}
-	return m, at, holder, id, nil
+	return st, at, holder, id, nil
 }
 
 // lenPrefixed splits a one-byte length and that many bytes (at most max)

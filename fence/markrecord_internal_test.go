@@ -18,7 +18,16 @@ import (
 // doc, with no check of its fields: the reference the encoder is compared
 // with, and a way to build CRC-valid records the encoder refuses.
 func rawMarkRecord(version byte, m Mark, at int64, holder, id string) []byte {
+	return rawEpochRecord(version, 0, m, at, holder, id)
+}
+
+// rawEpochRecord is rawMarkRecord with an epoch, laid out after the version
+// byte for any version but 1.
+func rawEpochRecord(version byte, epoch uint64, m Mark, at int64, holder, id string) []byte {
 	b := []byte{version}
+	if version != 1 {
+		b = binary.BigEndian.AppendUint64(b, epoch)
+	}
 	b = binary.BigEndian.AppendUint64(b, uint64(m.Token))
 	b = binary.BigEndian.AppendUint64(b, m.Seq)
 	b = binary.BigEndian.AppendUint64(b, uint64(at))
@@ -34,6 +43,9 @@ func validRecords() []MarkRecord {
 		{Mark: Mark{Token: 1 << 40, Seq: 7}, At: time.UnixMilli(1700000000123), Holder: "gw-1.example", ID: "01J9ZK3T8QW5R2M6X4N0B7C1DE"},
 		{Mark: Mark{Token: ^Token(0), Seq: ^uint64(0)}, At: time.UnixMilli(-1), Holder: strings.Repeat("h", MaxHolderLen), ID: strings.Repeat("i", MaxIDLen)},
 		{Mark: Mark{Token: 3, Seq: 2}, At: time.UnixMilli(5), Holder: "holder-é", ID: "c:1/2"},
+		{Epoch: 1, Mark: Mark{Token: 1, Seq: 1}},
+		{Epoch: 1767225600123, Mark: Mark{Token: 3, Seq: ^uint64(0)}, At: time.UnixMilli(1767225600456), Holder: "operator reset", ID: "reset:0a1b"},
+		{Epoch: ^uint64(0), Mark: Mark{Token: ^Token(0), Seq: ^uint64(0)}, At: time.UnixMilli(-1), Holder: strings.Repeat("h", MaxHolderLen), ID: strings.Repeat("i", MaxIDLen)},
 	}
 }
 
@@ -67,7 +79,8 @@ func recordSeeds(tb testing.TB) [][]byte {
 			seeds = append(seeds, x)
 		}
 	}
-	return append(seeds, nil, []byte{1}, rawMarkRecord(1, Mark{}, 0, "", ""))
+	return append(seeds, nil, []byte{1}, []byte{2}, rawMarkRecord(1, Mark{}, 0, "", ""),
+		rawEpochRecord(2, 0, Mark{Token: 1, Seq: 1}, 0, "", ""))
 }
 
 // The encoder writes the documented layout, byte for byte.
@@ -77,7 +90,11 @@ func TestMarkRecordLayout(t *testing.T) {
 		if !r.At.IsZero() {
 			at = r.At.UnixMilli()
 		}
-		if got, want := marshalRecord(t, r), rawMarkRecord(1, r.Mark, at, r.Holder, r.ID); !bytes.Equal(got, want) {
+		version := byte(1)
+		if r.Epoch != 0 {
+			version = 2
+		}
+		if got, want := marshalRecord(t, r), rawEpochRecord(version, r.Epoch, r.Mark, at, r.Holder, r.ID); !bytes.Equal(got, want) {
 			t.Errorf("%+v:\n got %x\nwant %x", r, got, want)
 		}
 	}
@@ -106,7 +123,7 @@ func TestMarkRecordFixtureV1(t *testing.T) {
 }
 
 func recordsEqual(a, b MarkRecord) bool {
-	return a.Mark == b.Mark && a.At.Equal(b.At) && a.Holder == b.Holder && a.ID == b.ID
+	return a.Epoch == b.Epoch && a.Mark == b.Mark && a.At.Equal(b.At) && a.Holder == b.Holder && a.ID == b.ID
 }
 
 func drawRecord(t *rapid.T) MarkRecord {
@@ -124,6 +141,9 @@ func drawRecord(t *rapid.T) MarkRecord {
 	}
 	if ms := rapid.Int64().Draw(t, "at"); ms != 0 {
 		r.At = time.UnixMilli(ms)
+	}
+	if rapid.Bool().Draw(t, "hasEpoch") {
+		r.Epoch = rapid.Uint64Min(1).Draw(t, "epoch")
 	}
 	return r
 }
@@ -201,14 +221,18 @@ func TestMarkRecordRefuses(t *testing.T) {
 		}
 	}
 	for what, b := range map[string][]byte{
-		"version 0":        rawMarkRecord(0, Mark{Token: 1, Seq: 1}, 0, "", ""),
-		"version 2":        rawMarkRecord(2, Mark{Token: 1, Seq: 1}, 0, "", ""),
-		"zero mark":        rawMarkRecord(1, Mark{}, 0, "", ""),
-		"zero seq":         rawMarkRecord(1, Mark{Token: 4}, 0, "", ""),
-		"holder not UTF-8": rawMarkRecord(1, Mark{Token: 1, Seq: 1}, 0, "\xff", ""),
-		"holder too long":  rawMarkRecord(1, Mark{Token: 1, Seq: 1}, 0, strings.Repeat("h", MaxHolderLen+1), ""),
-		"id too long":      rawMarkRecord(1, Mark{Token: 1, Seq: 1}, 0, "", strings.Repeat("i", MaxIDLen+1)),
-		"cbor":             []byte("\xa4\x01\xa2\x01\x19\x1c\xb6\x02\x18\x2a\x02\x1b\x00\x00\x01\x9b\x76\xda\xa8\x7b\x03\x64gw-a\x04\x68cmd-0042"),
+		"version 0":                     rawMarkRecord(0, Mark{Token: 1, Seq: 1}, 0, "", ""),
+		"version 3":                     rawEpochRecord(3, 1, Mark{Token: 1, Seq: 1}, 0, "", ""),
+		"version 2 epoch 0":             rawEpochRecord(2, 0, Mark{Token: 1, Seq: 1}, 0, "", ""),
+		"version 2 short":               rawMarkRecord(1, Mark{Token: 1, Seq: 1}, 0, "", "")[1:],
+		"version 1 layout of version 2": append([]byte{2}, rawMarkRecord(1, Mark{Token: 1, Seq: 1}, 0, "", "")[1:]...),
+		"zero mark epoch 9":             rawEpochRecord(2, 9, Mark{}, 0, "", ""),
+		"zero mark":                     rawMarkRecord(1, Mark{}, 0, "", ""),
+		"zero seq":                      rawMarkRecord(1, Mark{Token: 4}, 0, "", ""),
+		"holder not UTF-8":              rawMarkRecord(1, Mark{Token: 1, Seq: 1}, 0, "\xff", ""),
+		"holder too long":               rawMarkRecord(1, Mark{Token: 1, Seq: 1}, 0, strings.Repeat("h", MaxHolderLen+1), ""),
+		"id too long":                   rawMarkRecord(1, Mark{Token: 1, Seq: 1}, 0, "", strings.Repeat("i", MaxIDLen+1)),
+		"cbor":                          []byte("\xa4\x01\xa2\x01\x19\x1c\xb6\x02\x18\x2a\x02\x1b\x00\x00\x01\x9b\x76\xda\xa8\x7b\x03\x64gw-a\x04\x68cmd-0042"),
 	} {
 		checkCorrupt(t, what, b)
 	}
@@ -228,13 +252,14 @@ func TestMarkRecordUnknownTime(t *testing.T) {
 
 func TestMarkRecordSeeds(t *testing.T) {
 	seeds := recordSeeds(t)
-	for _, s := range seeds[:4] {
+	n := len(validRecords())
+	for _, s := range seeds[:n] {
 		var r MarkRecord
 		if err := r.UnmarshalBinary(s); err != nil {
 			t.Fatalf("%x: %v", s, err)
 		}
 	}
-	for _, s := range seeds[4:] {
+	for _, s := range seeds[n:] {
 		checkCorrupt(t, "seed", s)
 	}
 }

@@ -103,6 +103,7 @@ type TableOptions struct {
 // Record is one device's stored high-water mark and who moved it there, when.
 type Record struct {
 	Device string    `json:"device"`
+	Epoch  uint64    `json:"epoch,omitempty"`  // the epoch the mark was accepted in
 	Mark   Mark      `json:"mark"`             // highest token accepted, last seq under it
 	At     time.Time `json:"at"`               // table's clock when the mark was written (information only)
 	Holder string    `json:"holder,omitempty"` // holder named by the command that set the mark
@@ -133,12 +134,14 @@ type Table struct {
 
 	group *groupcommit.Committer // admits share commits (internal/groupcommit)
 
-	// cache holds each device's mark as of a commit that returned: marks
-	// known durable. A read transaction would not do: bbolt publishes a
-	// commit to readers before its fsync returns, and a Duplicate must never
-	// vouch for a command whose commit could still be lost.
+	// cache holds each device's state as of a commit that returned: marks
+	// known durable, each with the epoch the table holds for the device
+	// (the higher of its mark's and its last reset's). A read transaction
+	// would not do: bbolt publishes a commit to readers before its fsync
+	// returns, and a Duplicate must never vouch for a command whose commit
+	// could still be lost.
 	cacheMu sync.Mutex
-	cache   map[string]Mark
+	cache   map[string]State
 
 	// Commands marked applied (MarkApplied) whose removal from the
 	// unapplied bucket rides along with the next commit: deferred is the
@@ -171,7 +174,7 @@ func OpenTable(path string, opts *TableOptions) (*Table, error) {
 	if err != nil {
 		return nil, openErr(path, &o, err)
 	}
-	t := &Table{db: db, path: path, opts: o, cache: make(map[string]Mark), outstanding: make(map[uint64]struct{})}
+	t := &Table{db: db, path: path, opts: o, cache: make(map[string]State), outstanding: make(map[uint64]struct{})}
 	t.group = groupcommit.New(t.update, o.MaxGroup)
 	if o.ReadOnly {
 		return t, nil
@@ -190,8 +193,12 @@ func OpenTable(path string, opts *TableOptions) (*Table, error) {
 			return err
 		}
 		return b.ForEach(func(k, v []byte) error {
-			if m, _, _, _, err := parseMarkRecord(v); err == nil {
-				t.cache[string(k)] = m
+			st, _, _, _, err := parseMarkRecord(v)
+			if err != nil {
+				return nil
+			}
+			if e, err := resetEpoch(tx, k); err == nil {
+				t.cache[string(k)] = st.At(e)
 			}
 			return nil
 		})
@@ -240,11 +247,22 @@ func (t *Table) Close() error {
 // Path returns the table file's path.
 func (t *Table) Path() string { return t.path }
 
-// Admit decides env at this fence point with the admit rule and, if the
-// verdict is Accepted, stores the device's new mark. It returns only after
-// the transaction holding the decision was committed with fsync, so the
-// caller may send an Accepted command to the device as soon as Admit
-// returns, and must not send it before (durable before effect).
+// Admit is AdmitAt with no epoch of the fence point's own beyond the
+// device's stored ones (floor 0), returning the mark.
+func (t *Table) Admit(ctx context.Context, env *Envelope) (Verdict, Mark, error) {
+	v, st, err := t.AdmitAt(ctx, env, 0)
+	return v, st.Mark, err
+}
+
+// AdmitAt decides env at this fence point with the admit rule (AdmitEpoch)
+// and, if the verdict is Accepted, stores the device's new mark with its
+// epoch. floor is the fence point's own epoch for the device beyond what
+// the table stores (the operator's fleet epoch its trust holds, for a
+// device whose commands must be signed; 0 otherwise): the device's epoch is
+// the highest of floor, its stored mark's and its last reset's. AdmitAt
+// returns only after the transaction holding the decision was committed
+// with fsync, so the caller may send an Accepted command to the device as
+// soon as it returns, and must not send it before (durable before effect).
 //
 // The transaction that accepts env also stores env itself as admitted but
 // not yet applied (Unapplied lists it) until Applied is called for it: a
@@ -253,57 +271,63 @@ func (t *Table) Path() string { return t.path }
 // duplicate.
 //
 // The results are:
-//   - Accepted, Duplicate or Stale with a nil error, and the device's mark
-//     after the decision (for the Ack). Only Accepted writes.
+//   - Accepted or Duplicate with a nil error, and the device's state after
+//     the decision (for the Ack). Only Accepted writes.
+//   - Stale with a nil error (a token below the mark), or with an
+//     *EpochError wrapping ErrEpochClosed (a command of an earlier epoch).
 //   - Invalid with an error wrapping ErrInvalid saying why, when env fails
-//     validation, and the device's mark if the table knows it.
+//     validation or names an epoch the fence point does not hold (an
+//     *EpochError wrapping ErrUnknownEpoch), and the device's state if the
+//     table knows it.
 //   - the zero Verdict and an error when no decision was made: the table is
 //     closed or read-only, a record is corrupt (ErrTableCorrupt), the disk
 //     failed, or ctx was done before the decision. The command must not be
 //     sent; answering it Invalid fails closed.
 //
-// Stale and duplicate commands are answered from an in-memory copy of the
-// marks whose commits have returned, without a write. Everything else is
-// decided inside a write transaction; concurrent admits share one (see
-// TableOptions.NoGroupCommit). ctx is checked before the decision only: once
-// a decision is submitted, Admit waits for its commit, because a caller that
-// gave up on an admit whose commit lands would later see its redelivery
-// answered Duplicate without ever having sent the command.
-func (t *Table) Admit(ctx context.Context, env *Envelope) (Verdict, Mark, error) {
+// Refusals of a device whose state is known are answered from an in-memory
+// copy of the states whose commits have returned, without a write.
+// Everything else is decided inside a write transaction; concurrent admits
+// share one (see TableOptions.NoGroupCommit). ctx is checked before the
+// decision only: once a decision is submitted, AdmitAt waits for its
+// commit, because a caller that gave up on an admit whose commit lands
+// would later see its redelivery answered Duplicate without ever having
+// sent the command.
+func (t *Table) AdmitAt(ctx context.Context, env *Envelope, floor uint64) (Verdict, State, error) {
 	if env == nil {
-		return Invalid, Mark{}, invalidf("nil envelope")
+		return Invalid, State{}, invalidf("nil envelope")
 	}
 	if err := env.Validate(); err != nil {
-		m, _ := t.cached(env.Device)
-		return Invalid, m, err
+		st, _ := t.cached(env.Device)
+		return Invalid, st.At(floor), err
 	}
 	if err := ctx.Err(); err != nil {
-		return 0, Mark{}, err
+		return 0, State{}, err
 	}
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	switch {
 	case t.closed:
-		return 0, Mark{}, ErrTableClosed
+		return 0, State{}, ErrTableClosed
 	case t.opts.ReadOnly:
-		return 0, Mark{}, ErrTableReadOnly
+		return 0, State{}, ErrTableReadOnly
 	}
-	// Stale and duplicate commands need no write: answer them from the
-	// marks known durable. The decision that accepts is made in the write
-	// transaction only.
+	// Refusals need no write: answer them from the states known durable.
+	// The decision that accepts is made in the write transaction only.
 	if cur, ok := t.cached(env.Device); ok {
-		if v, m := Admit(cur, env.Token, env.Seq); v != Accepted {
-			return v, m, nil
+		if v, st, err := AdmitEpoch(floor, cur, env.Epoch, env.Token, env.Seq); v != Accepted {
+			return v, st, err
 		}
 	}
 
-	c := newAdmitCall(env, t.opts.Now().UnixMilli())
+	c := newAdmitCall(env, floor, t.opts.Now().UnixMilli())
 	c.hist = t.opts.History
 	if err := t.commit(c); err != nil {
-		return 0, Mark{}, t.storageErr(env.Device, err)
+		return 0, State{}, t.storageErr(env.Device, err)
 	}
-	t.raise(env.Device, c.m)
-	return c.v, c.m, nil
+	if c.v == Accepted {
+		t.raise(env.Device, c.st)
+	}
+	return c.v, c.st, c.err
 }
 
 // commit runs c in a write transaction committed with fsync: its own, or
@@ -315,30 +339,31 @@ func (t *Table) commit(c groupCall) error {
 	return t.group.Commit(c.run)
 }
 
-// cached returns the device's last mark known durable.
-func (t *Table) cached(device string) (Mark, bool) {
+// cached returns the device's last state known durable.
+func (t *Table) cached(device string) (State, bool) {
 	t.cacheMu.Lock()
 	defer t.cacheMu.Unlock()
 	m, ok := t.cache[device]
 	return m, ok
 }
 
-// raise records m as durable for device, unless a higher mark already is
-// (admits for one device may return out of order).
-func (t *Table) raise(device string, m Mark) {
-	if m == (Mark{}) {
-		return
-	}
+// raise records st, an accept's, as durable for device, unless a later
+// state already is (admits for one device may return out of order).
+func (t *Table) raise(device string, st State) {
 	t.cacheMu.Lock()
 	defer t.cacheMu.Unlock()
-	if cur, ok := t.cache[device]; !ok || markLess(cur, m) {
-		t.cache[device] = m
+	if cur, ok := t.cache[device]; !ok || StateLess(cur, st) {
+		t.cache[device] = st
 	}
 }
 
-// markLess orders marks as the admit rule does.
-func markLess(a, b Mark) bool {
-	return a.Token < b.Token || a.Token == b.Token && a.Seq < b.Seq
+// StateLess orders a device's states as the admit rule moves them: by
+// epoch, then by mark.
+func StateLess(a, b State) bool {
+	if a.Epoch != b.Epoch {
+		return a.Epoch < b.Epoch
+	}
+	return a.Mark.Token < b.Mark.Token || a.Mark.Token == b.Mark.Token && a.Mark.Seq < b.Mark.Seq
 }
 
 // groupCall is one operation committed by a group: an admit, or the
@@ -355,32 +380,36 @@ type groupCall interface {
 // one of the transaction that committed. A second run inside the same
 // transaction returns the recorded decision without deciding again.
 type admitCall struct {
-	key  []byte // device id
-	rec  []byte // the record stored if accepted
-	pkey []byte // the command's key in the unapplied bucket
-	pval []byte // and its value there
-	perr error  // encoding rec or pval failed (Envelope.Validate prevents it)
-	tok  Token
-	seq  uint64
-	env  *Envelope       // for the history event
-	hist *history.Writer // nil: no history
+	key   []byte // device id
+	rec   []byte // the record stored if accepted
+	pkey  []byte // the command's key in the unapplied bucket
+	pval  []byte // and its value there
+	perr  error  // encoding rec or pval failed (Envelope.Validate prevents it)
+	tok   Token
+	seq   uint64
+	epoch uint64          // the command's
+	floor uint64          // the fence point's own epoch for the device (AdmitAt)
+	env   *Envelope       // for the history event
+	hist  *history.Writer // nil: no history
 
 	// Outcome of the latest run.
-	tx *bbolt.Tx
-	v  Verdict
-	m  Mark
+	tx  *bbolt.Tx
+	v   Verdict
+	st  State
+	err error // a refusal by epoch
 }
 
-func newAdmitCall(env *Envelope, at int64) *admitCall {
+func newAdmitCall(env *Envelope, floor uint64, at int64) *admitCall {
 	// One pointer-free allocation holds the key and the record.
-	buf := make([]byte, 0, len(env.Device)+markRecordMin+len(env.Holder)+len(env.ID))
+	buf := make([]byte, 0, len(env.Device)+markRecordMin+8+len(env.Holder)+len(env.ID))
 	key := append(buf, env.Device...)
-	// Accepted always leaves the mark (token, seq): the record is known now.
+	// Accepted always leaves the mark (token, seq) in the command's epoch:
+	// the record is known now.
 	m := Mark{Token: env.Token, Seq: env.Seq}
-	rec, rerr := MarkRecord{Mark: m, At: time.UnixMilli(at), Holder: env.Holder, ID: env.ID}.AppendBinary(key[len(key):])
+	rec, rerr := MarkRecord{Epoch: env.Epoch, Mark: m, At: time.UnixMilli(at), Holder: env.Holder, ID: env.ID}.AppendBinary(key[len(key):])
 	pval, perr := encodePending(env)
 	return &admitCall{key: key, rec: rec, pkey: pendingKey(env.Device, m), pval: pval, perr: errors.Join(rerr, perr),
-		tok: env.Token, seq: env.Seq, env: env}
+		tok: env.Token, seq: env.Seq, epoch: env.Epoch, floor: floor, env: env}
 }
 
 func (c *admitCall) run(tx *bbolt.Tx) error {
@@ -392,10 +421,14 @@ func (c *admitCall) run(tx *bbolt.Tx) error {
 	if err != nil {
 		return err
 	}
-	v, m := Admit(cur, c.tok, c.seq)
+	e, err := resetEpoch(tx, c.key)
+	if err != nil {
+		return err
+	}
+	v, st, verr := AdmitEpoch(max(c.floor, e), cur, c.epoch, c.tok, c.seq)
 	if v == Accepted {
-		if m != (Mark{Token: c.tok, Seq: c.seq}) { // cannot happen: Admit's contract
-			return fmt.Errorf("fence: admit rule accepted %d/%d as %v", c.tok, c.seq, m)
+		if st != (State{Epoch: c.epoch, Mark: Mark{Token: c.tok, Seq: c.seq}}) { // cannot happen: AdmitEpoch's contract
+			return fmt.Errorf("fence: admit rule accepted %d/%d/%d as %v", c.epoch, c.tok, c.seq, st)
 		}
 		if c.perr != nil {
 			return c.perr
@@ -415,7 +448,7 @@ func (c *admitCall) run(tx *bbolt.Tx) error {
 		}
 		c.record()
 	}
-	c.tx, c.v, c.m = tx, v, m
+	c.tx, c.v, c.st, c.err = tx, v, st, verr
 	return nil
 }
 
@@ -436,13 +469,13 @@ func (t *Table) recordDurable() {
 		return
 	}
 	_ = t.opts.History.Recover(func(device string) (uint64, uint64, error) {
-		var m Mark
+		var st State
 		err := t.db.View(func(tx *bbolt.Tx) error {
 			var err error
-			m, err = getMark(tx.Bucket(tableBucket), []byte(device))
+			st, err = getMark(tx.Bucket(tableBucket), []byte(device))
 			return err
 		})
-		return uint64(m.Token), m.Seq, err
+		return uint64(st.Mark.Token), st.Mark.Seq, err
 	})
 }
 
@@ -529,20 +562,39 @@ func (t *Table) view(fn func(b *bbolt.Bucket) error) error {
 	})
 }
 
-// getMark reads the device's mark from b; the zero Mark if it has none.
-func getMark(b *bbolt.Bucket, key []byte) (Mark, error) {
+// getMark reads the device's stored mark and its epoch from b; the zero
+// State if it has none.
+func getMark(b *bbolt.Bucket, key []byte) (State, error) {
 	if b == nil {
-		return Mark{}, fmt.Errorf("%w: bucket %s missing", ErrTableCorrupt, tableBucket)
+		return State{}, fmt.Errorf("%w: bucket %s missing", ErrTableCorrupt, tableBucket)
 	}
 	v := b.Get(key)
 	if v == nil {
-		return Mark{}, nil
+		return State{}, nil
 	}
-	m, _, _, _, err := parseMarkRecord(v)
+	st, _, _, _, err := parseMarkRecord(v)
 	if err != nil {
-		return Mark{}, fmt.Errorf("%w: %w", ErrTableCorrupt, err)
+		return State{}, fmt.Errorf("%w: %w", ErrTableCorrupt, err)
 	}
-	return m, nil
+	return st, nil
+}
+
+// resetEpoch reads the epoch of the device's last reset (0: none). An
+// unreadable reset record fails the device closed, as a mark record does.
+func resetEpoch(tx *bbolt.Tx, key []byte) (uint64, error) {
+	rb := tx.Bucket(resetBucket)
+	if rb == nil {
+		return 0, nil
+	}
+	v := rb.Get(key)
+	if v == nil {
+		return 0, nil
+	}
+	var r ResetRecord
+	if err := r.UnmarshalBinary(v); err != nil {
+		return 0, fmt.Errorf("%w: %w", ErrTableCorrupt, err)
+	}
+	return r.Epoch, nil
 }
 
 // decodeTableRecord decodes device's stored record. A failure wraps both
@@ -552,5 +604,5 @@ func decodeTableRecord(device string, v []byte) (Record, error) {
 	if err := r.UnmarshalBinary(v); err != nil {
 		return Record{}, fmt.Errorf("%w: %w", ErrTableCorrupt, err)
 	}
-	return Record{Device: device, Mark: r.Mark, At: r.At, Holder: r.Holder, ID: r.ID}, nil
+	return Record{Device: device, Epoch: r.Epoch, Mark: r.Mark, At: r.At, Holder: r.Holder, ID: r.ID}, nil
 }

@@ -24,9 +24,9 @@ func TestAdmitCallIdempotent(t *testing.T) {
 	env := func(tok Token, seq uint64) *Envelope {
 		return &Envelope{V: Version, Device: "dev-1", Token: tok, Seq: seq, ID: "c", Kind: "set"}
 	}
-	a := newAdmitCall(env(5, 1), 1000)
-	b := newAdmitCall(env(5, 1), 2000) // the same command, redelivered into the same group
-	c := newAdmitCall(env(4, 9), 3000) // an older holder
+	a := newAdmitCall(env(5, 1), 0, 1000)
+	b := newAdmitCall(env(5, 1), 0, 2000) // the same command, redelivered into the same group
+	c := newAdmitCall(env(4, 9), 0, 3000) // an older holder
 
 	// First attempt: the group is rolled back (another member failed).
 	tx, err := tab.db.Begin(true)
@@ -84,11 +84,11 @@ func TestCommitGroupRerunsAlone(t *testing.T) {
 		return &Envelope{V: Version, Device: dev, Token: tok, Seq: seq, ID: "c", Kind: "set"}
 	}
 	calls := []*admitCall{
-		newAdmitCall(env("dev-1", 5, 1), 1),
-		newAdmitCall(env("dev-1", 5, 1), 2), // the same command: duplicate of the first
-		newAdmitCall(env("dev-bad", 5, 1), 3),
-		newAdmitCall(env("dev-1", 4, 9), 4), // an older holder
-		newAdmitCall(env("dev-2", 1, 1), 5),
+		newAdmitCall(env("dev-1", 5, 1), 0, 1),
+		newAdmitCall(env("dev-1", 5, 1), 0, 2), // the same command: duplicate of the first
+		newAdmitCall(env("dev-bad", 5, 1), 0, 3),
+		newAdmitCall(env("dev-1", 4, 9), 0, 4), // an older holder
+		newAdmitCall(env("dev-2", 1, 1), 0, 5),
 	}
 	errs := groupcommit.CommitAll(tab.update, asGroup(calls))
 	want := []Verdict{Accepted, Duplicate, 0, Stale, Accepted}
@@ -105,11 +105,11 @@ func TestCommitGroupRerunsAlone(t *testing.T) {
 
 	// A group that commits: same-device calls decide in enqueue order.
 	calls = []*admitCall{
-		newAdmitCall(env("dev-3", 2, 1), 1),
-		newAdmitCall(env("dev-3", 2, 2), 2),
-		newAdmitCall(env("dev-3", 2, 1), 3),
-		newAdmitCall(env("dev-3", 3, 1), 4),
-		newAdmitCall(env("dev-3", 2, 3), 5),
+		newAdmitCall(env("dev-3", 2, 1), 0, 1),
+		newAdmitCall(env("dev-3", 2, 2), 0, 2),
+		newAdmitCall(env("dev-3", 2, 1), 0, 3),
+		newAdmitCall(env("dev-3", 3, 1), 0, 4),
+		newAdmitCall(env("dev-3", 2, 3), 0, 5),
 	}
 	errs = groupcommit.CommitAll(tab.update, asGroup(calls))
 	want = []Verdict{Accepted, Accepted, Duplicate, Accepted, Stale}

@@ -12,29 +12,35 @@ import (
 // reset of its mark (Table.Reset).
 var resetBucket = []byte("fence.resets")
 
-// Reset sets device's mark to `to`, by the operator's authority: the
-// caller has verified the operator's signed reset statement (fence/auth),
-// which names the device, the mark, a reset counter and a reset id. Unlike
-// Admit it may lower the mark — that is its point: it brings back a device
-// whose mark a forgery raised, or that etcd's token regression left above
-// every token etcd grants.
+// Reset sets device's mark to `to` in a new epoch, by the operator's
+// authority: the caller has verified the operator's signed reset statement
+// (fence/auth), which names the device, the mark, a reset counter, an epoch
+// and a reset id (r: the counter, epoch and id; the table stamps the
+// time). Unlike an admit it may lower the mark — that is its point: it
+// brings back a device whose mark a forgery raised, or that etcd's token
+// regression left above every token etcd grants — and it closes the past:
+// from then on the device is at r.Epoch, and a command of an earlier epoch
+// is refused whatever its token (AdmitEpoch).
 //
-// counter must be above the counter of the device's last reset (a replay
-// is refused with an error wrapping ErrInvalid and ErrReplayedReset, the
-// mark unchanged). The new mark, the reset's record and the removal of the
-// device's unapplied commands above the new mark (commands of the regime
-// the reset undoes: they are not delivered after a restart) are written in
-// one transaction, committed with fsync before Reset returns. Admits wait
-// while it runs. It returns the device's mark after the call.
-func (t *Table) Reset(ctx context.Context, device string, to Mark, counter uint64, id string) (Mark, error) {
+// r.Counter must be above the counter of the device's last reset, and
+// r.Epoch above the device's epoch (the highest of floor — the fleet epoch
+// the caller's trust holds, for a device whose commands must be signed —,
+// its stored mark's and its last reset's): otherwise the reset is refused
+// with an error wrapping ErrInvalid and ErrReplayedReset, nothing written.
+// The new mark with its epoch, the reset's record and the removal of the
+// device's unapplied commands (all of an earlier epoch: the closed past is
+// not delivered after a restart) are written in one transaction, committed
+// with fsync before Reset returns. Admits wait while it runs. It returns
+// the device's state after the call.
+func (t *Table) Reset(ctx context.Context, device string, to Mark, r ResetRecord, floor uint64) (State, error) {
 	if err := ValidateDeviceID(device); err != nil {
-		return Mark{}, err
+		return State{}, err
 	}
-	if to.Token == 0 || to.Seq == 0 || counter == 0 {
-		return Mark{}, invalidf("reset of %s to %v, counter %d: token, seq and counter must be at least 1", device, to, counter)
+	if to.Token == 0 || to.Seq == 0 || r.Counter == 0 || r.Epoch == 0 {
+		return State{}, invalidf("reset of %s to %v, counter %d, epoch %d: token, seq, counter and epoch must be at least 1", device, to, r.Counter, r.Epoch)
 	}
 	if err := ctx.Err(); err != nil {
-		return Mark{}, err
+		return State{}, err
 	}
 	// Exclusive: no admit is deciding, and none raises the cache after
 	// this reset lowered it.
@@ -42,27 +48,28 @@ func (t *Table) Reset(ctx context.Context, device string, to Mark, counter uint6
 	defer t.mu.Unlock()
 	switch {
 	case t.closed:
-		return Mark{}, ErrTableClosed
+		return State{}, ErrTableClosed
 	case t.opts.ReadOnly:
-		return Mark{}, ErrTableReadOnly
+		return State{}, ErrTableReadOnly
 	}
-	rec, err := MarkRecord{Mark: to, At: t.opts.Now(), Holder: "operator reset", ID: id}.MarshalBinary()
+	next := State{Epoch: r.Epoch, Mark: to}
+	rec, err := MarkRecord{Epoch: r.Epoch, Mark: to, At: t.opts.Now(), Holder: "operator reset", ID: r.ID}.MarshalBinary()
 	if err != nil {
-		return Mark{}, err
+		return State{}, err
 	}
-	rr, err := ResetRecord{Counter: counter, ID: id, At: t.opts.Now()}.MarshalBinary()
+	r.At = t.opts.Now()
+	rr, err := r.MarshalBinary()
 	if err != nil {
-		return Mark{}, err
+		return State{}, err
 	}
 	var refused error
-	cur := Mark{}
+	var cur State
 	err = t.update(func(tx *bbolt.Tx) error {
 		b := tx.Bucket(tableBucket)
 		m, err := getMark(b, []byte(device))
 		if err != nil {
 			return err
 		}
-		cur = m
 		rb, err := tx.CreateBucketIfNotExists(resetBucket)
 		if err != nil {
 			return err
@@ -73,7 +80,8 @@ func (t *Table) Reset(ctx context.Context, device string, to Mark, counter uint6
 				return fmt.Errorf("%w: %w", ErrTableCorrupt, err)
 			}
 		}
-		if refused = CheckReset(last, counter); refused != nil {
+		cur = m.At(max(floor, last.Epoch))
+		if refused = CheckReset(last, cur.Epoch, r.Counter, r.Epoch); refused != nil {
 			return nil // nothing written
 		}
 		if err := b.Put([]byte(device), rec); err != nil {
@@ -82,34 +90,31 @@ func (t *Table) Reset(ctx context.Context, device string, to Mark, counter uint6
 		if err := rb.Put([]byte(device), rr); err != nil {
 			return err
 		}
-		return dropUnappliedAbove(tx, device, to)
+		return dropUnapplied(tx, device)
 	})
 	switch {
 	case err != nil:
-		return Mark{}, t.storageErr(device, err)
+		return State{}, t.storageErr(device, err)
 	case refused != nil:
 		return cur, refused
 	}
 	t.cacheMu.Lock()
-	t.cache[device] = to
+	t.cache[device] = next
 	t.cacheMu.Unlock()
-	return to, nil
+	return next, nil
 }
 
-// dropUnappliedAbove removes device's unapplied commands above m.
-func dropUnappliedAbove(tx *bbolt.Tx, device string, m Mark) error {
+// dropUnapplied removes device's unapplied commands.
+func dropUnapplied(tx *bbolt.Tx, device string) error {
 	p := tx.Bucket(pendingBucket)
 	if p == nil {
 		return fmt.Errorf("%w: bucket %s missing", ErrTableCorrupt, pendingBucket)
 	}
 	prefix := append([]byte(device), 0)
-	above := pendingKey(device, m)
 	var drop [][]byte
 	c := p.Cursor()
 	for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
-		if bytes.Compare(k, above) > 0 {
-			drop = append(drop, bytes.Clone(k))
-		}
+		drop = append(drop, bytes.Clone(k))
 	}
 	for _, k := range drop {
 		if err := p.Delete(k); err != nil {

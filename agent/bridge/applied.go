@@ -4,7 +4,7 @@ package bridge
 // fence table's commit and the device's answer loses no command and a
 // Duplicate ack never vouches for a command no device has seen.
 //
-//  1. Table.Admit stores an accepted command as unapplied in the same
+//  1. Table.AdmitAt stores an accepted command as unapplied in the same
 //     fsynced commit as the device's new mark.
 //  2. The device's worker sends it; once the device answered (or the bridge
 //     gave up on it) the worker acks it and marks it applied
@@ -48,8 +48,8 @@ const maxFailed = 64
 // outcome is the answer a failed command got, kept for its resends.
 type outcome struct {
 	id     string // the command's id: only its resends get the outcome
-	m      fence.Mark
-	v      fence.Verdict // Invalid or Unknown
+	st     fence.State
+	v      fence.Verdict // Invalid, Unknown, or Stale (its epoch closed before it was sent)
 	reason string
 }
 
@@ -93,14 +93,24 @@ func (b *Bridge) resent(p *port, env *fence.Envelope) bool {
 	if !failed || o.id != env.ID {
 		return false
 	}
-	if o.v == fence.Unknown {
+	b.count(o.v)
+	b.record(history.OpVerdict, env, o.v, o.reason)
+	b.ack(p.dev.ID, env, o.v, o.st, o.reason)
+	return true
+}
+
+// count counts a verdict given again, or one that is not the table's.
+func (b *Bridge) count(v fence.Verdict) {
+	switch v {
+	case fence.Duplicate:
+		b.duplicate.Add(1)
+	case fence.Unknown:
 		b.unknown.Add(1)
-	} else {
+	case fence.Stale:
+		b.stale.Add(1)
+	default:
 		b.invalid.Add(1)
 	}
-	b.record(history.OpVerdict, env, o.v, o.reason)
-	b.ack(p.dev.ID, env, o.v, o.m, o.reason)
-	return true
 }
 
 // settle finishes a command once the device answered (or the bridge gave
@@ -122,10 +132,15 @@ func (b *Bridge) settle(p *port, j *job, res result, reason string, r *modbus.Re
 	if res == resStopped {
 		return
 	}
-	u := &unsynced{j: j, res: res, v: fence.Invalid, reason: reason}
-	if res == resUnknown {
+	u := &unsynced{j: j, res: res, v: fence.Invalid, reason: reason, st: fence.State{Epoch: j.env.Epoch, Mark: j.m}}
+	switch res {
+	case resUnknown:
 		u.v = fence.Unknown // terminal: never sent again (fence.Unknown)
 		b.unknown.Add(1)
+	case resClosed:
+		u.v = fence.Stale
+		b.stale.Add(1)
+		u.st = b.state(p)
 	}
 	if res == resApplied {
 		b.record(history.OpApplied, j.env, fence.Accepted, "")
@@ -137,7 +152,7 @@ func (b *Bridge) settle(p *port, j *job, res result, reason string, r *modbus.Re
 			b.publishRead(p.dev.ID, j.env, r)
 		}
 	}
-	b.ack(p.dev.ID, j.env, u.v, j.m, u.reason)
+	b.ack(p.dev.ID, j.env, u.v, u.st, u.reason)
 	ticket, err := b.cfg.Table.MarkApplied(p.dev.ID, j.m)
 	if err != nil {
 		b.tableErr.Add(1)
@@ -154,7 +169,8 @@ type unsynced struct {
 	j      *job
 	res    result
 	v      fence.Verdict
-	reason string // the ack's
+	st     fence.State // the ack's
+	reason string      // the ack's
 	ticket uint64
 }
 
@@ -208,7 +224,7 @@ func (b *Bridge) complete(p *port, u *unsynced) {
 	}
 	if u.v != fence.Accepted {
 		if _, ok := p.failed[j.m]; !ok {
-			p.failed[j.m] = outcome{id: j.env.ID, m: j.m, v: u.v, reason: u.reason}
+			p.failed[j.m] = outcome{id: j.env.ID, st: u.st, v: u.v, reason: u.reason}
 			p.failedList = append(p.failedList, j.m)
 			if len(p.failedList) > maxFailed {
 				delete(p.failed, p.failedList[0])
@@ -222,16 +238,9 @@ func (b *Bridge) complete(p *port, u *unsynced) {
 		if u.v != fence.Accepted {
 			wv, wreason = u.v, u.reason
 		}
-		switch wv {
-		case fence.Duplicate:
-			b.duplicate.Add(1)
-		case fence.Unknown:
-			b.unknown.Add(1)
-		default:
-			b.invalid.Add(1)
-		}
+		b.count(wv)
 		b.record(history.OpVerdict, w, wv, wreason)
-		b.ack(p.dev.ID, w, wv, j.m, wreason)
+		b.ack(p.dev.ID, w, wv, u.st, wreason)
 	}
 }
 

@@ -76,7 +76,9 @@ type Device struct {
 	Modbus *ModbusUnit
 	// AuthOff is the device's `auth: off`: with Config.Keys set, its
 	// plain envelopes are taken still (counted in Stats.Unsigned); a
-	// signed one is verified as for any device.
+	// signed one is verified as for any device. Its epoch is its last
+	// reset's only: the fleet epoch statement of Config.Keys is for the
+	// devices whose commands must be signed.
 	AuthOff bool
 }
 
@@ -85,7 +87,10 @@ type Device struct {
 // edgefence_unsafe also has NoTable, which admits everything, for the
 // demo that shows what the table prevents.)
 type Table interface {
-	Admit(ctx context.Context, env *fence.Envelope) (fence.Verdict, fence.Mark, error)
+	// AdmitAt decides env with fence.AdmitEpoch; floor is the bridge's own
+	// epoch for the device (the fleet epoch of Config.Keys, for a device
+	// whose commands must be signed).
+	AdmitAt(ctx context.Context, env *fence.Envelope, floor uint64) (fence.Verdict, fence.State, error)
 	MarkApplied(device string, m fence.Mark) (ticket uint64, err error)
 	AwaitApplied(ctx context.Context, ticket uint64) error
 	Unapplied(device string) ([]*fence.Envelope, error)
@@ -110,7 +115,9 @@ type Config struct {
 	// anything else is refused invalid, the mark unchanged, counted in
 	// Stats.Unauthenticated and logged. nil: plain envelopes, as before.
 	// When Keys is an *auth.Trust the bridge also learns the trust
-	// updates that arrive on its devices' command topics (trust.go).
+	// updates that arrive on its devices' command topics (trust.go), and
+	// the epoch statement it holds is the lowest epoch of every device
+	// but the AuthOff ones (fence.AdmitEpoch).
 	Keys auth.Keys
 	// TrustDB keeps what trust updates brought (bucket bridge.trust),
 	// each committed before it takes effect, replayed by New: the fence
@@ -197,6 +204,11 @@ type port struct {
 	// see applied, in admission order: the worker sends them before
 	// anything from queue. Set in New, read by the worker only.
 	recovered []*job
+
+	// closed is the epoch of the device's last reset applied here: a
+	// command of an earlier epoch admitted before it is never written to
+	// the device after it (send).
+	closed atomic.Uint64
 
 	mu sync.Mutex
 	// pending holds the admitted commands not yet answered by the device,
@@ -431,57 +443,69 @@ func (b *Bridge) onCommand(msg mqtt.Message) {
 		return
 	}
 	if auth.IsReset(msg.Payload) { // the operator's reset, not a command (reset.go)
-		b.onReset(dev, msg.Payload)
+		b.onReset(p, msg.Payload)
 		return
 	}
 	env, err := b.decode(p, msg.Payload)
 	if err != nil {
-		b.refuse(dev, b.addressable(dev, msg.Payload), fence.Invalid, fence.Mark{}, err.Error())
+		// auth.Reason: the wording of a refusal a trust update cures is
+		// every fence point's (auth.NeedsTrust).
+		b.refuse(dev, b.addressable(dev, msg.Payload), fence.Invalid, fence.State{}, auth.Reason(err))
 		return
 	}
 	if env.Device != dev {
-		b.refuse(dev, env, fence.Invalid, fence.Mark{}, fmt.Sprintf("envelope for %q on %q's topic", env.Device, dev))
+		b.refuse(dev, env, fence.Invalid, fence.State{}, fmt.Sprintf("envelope for %q on %q's topic", env.Device, dev))
 		return
 	}
 	j := &job{env: env}
 	if err := p.prepare(j); err != nil {
-		b.refuse(dev, env, fence.Invalid, fence.Mark{}, err.Error())
+		b.refuse(dev, env, fence.Invalid, fence.State{}, err.Error())
 		return
 	}
 	if len(p.queue) == cap(p.queue) {
 		b.busy.Add(1)
-		b.refuse(dev, env, fence.Invalid, fence.Mark{}, "busy: too many commands waiting for the device; not admitted")
+		b.refuse(dev, env, fence.Invalid, fence.State{}, "busy: too many commands waiting for the device; not admitted")
 		return
 	}
-	v, m, err := b.cfg.Table.Admit(context.Background(), env)
-	if v == fence.Invalid {
-		b.refuse(dev, env, fence.Invalid, m, err.Error())
+	v, st, err := b.cfg.Table.AdmitAt(context.Background(), env, b.floor(p))
+	switch {
+	case v == fence.Invalid, v == fence.Stale && err != nil: // invalid, or of a closed epoch (fence.EpochError)
+		b.refuse(dev, env, v, st, err.Error())
 		return
-	}
-	if err != nil {
+	case err != nil:
 		b.tableErr.Add(1)
 		b.log.Error("fence table", "device", dev, "err", err)
-		b.refuse(dev, env, fence.Invalid, m, "fence table: "+err.Error())
+		b.refuse(dev, env, fence.Invalid, st, "fence table: "+err.Error())
 		return
-	}
-	if v == fence.Duplicate && b.resent(p, env) {
+	case v == fence.Duplicate && b.resent(p, env):
 		return // answered with the outcome of the command it repeats
-	}
-	if v != fence.Accepted {
-		b.refuse(dev, env, v, m, "")
+	case v != fence.Accepted:
+		b.refuse(dev, env, v, st, "")
 		return
 	}
 	// The accept itself is in the history already: the table records it
 	// before its commit (fence.TableOptions.History).
-	j.m = m
+	j.m = st.Mark
 	p.mu.Lock()
-	p.pending[m] = j
+	p.pending[j.m] = j
 	p.mu.Unlock()
 	p.queue <- j // a free slot was checked above; only this goroutine adds
 }
 
-// refuse answers a command that will not reach the device.
-func (b *Bridge) refuse(dev string, env *fence.Envelope, v fence.Verdict, m fence.Mark, reason string) {
+// floor is the bridge's own epoch for p's device: the fleet epoch of
+// Config.Keys (auth.Trust.Epoch), but for an AuthOff device, whose epoch
+// is its last reset's only.
+func (b *Bridge) floor(p *port) uint64 {
+	if k, ok := b.cfg.Keys.(interface{ Epoch() uint64 }); ok && !p.dev.AuthOff {
+		return k.Epoch()
+	}
+	return 0
+}
+
+// refuse answers a command that will not reach the device; st is the
+// device's state at the table.
+func (b *Bridge) refuse(dev string, env *fence.Envelope, v fence.Verdict, st fence.State, reason string) {
+	m := st.Mark
 	switch v {
 	case fence.Duplicate:
 		b.duplicate.Add(1)
@@ -490,7 +514,9 @@ func (b *Bridge) refuse(dev string, env *fence.Envelope, v fence.Verdict, m fenc
 		}
 	case fence.Stale:
 		b.stale.Add(1)
-		reason = fmt.Sprintf("token below the gateway fence table's %d", m.Token)
+		if reason == "" {
+			reason = fmt.Sprintf("token below the gateway fence table's %d", m.Token)
+		}
 	default:
 		b.invalid.Add(1)
 	}
@@ -507,17 +533,17 @@ func (b *Bridge) refuse(dev string, env *fence.Envelope, v fence.Verdict, m fenc
 		lvl = slog.LevelInfo // a resend, answered again: not a refusal
 	}
 	b.log.Log(context.Background(), lvl, "command refused", "device", dev, "token", tok, "reason", reason, "verdict", v,
-		"seq", seq, "id", id, "fence_token", m.Token, "by", "fence table")
+		"seq", seq, "id", id, "fence_token", m.Token, "fence_epoch", st.Epoch, "by", "fence table")
 	if env == nil {
 		env = &fence.Envelope{Device: dev}
 	} else {
 		b.record(history.OpVerdict, env, v, reason)
 	}
-	b.ack(dev, env, v, m, reason)
+	b.ack(dev, env, v, st, reason)
 }
 
-func (b *Bridge) ack(dev string, env *fence.Envelope, v fence.Verdict, m fence.Mark, reason string) {
-	a := fence.NewAck(env, v, m, reason)
+func (b *Bridge) ack(dev string, env *fence.Envelope, v fence.Verdict, st fence.State, reason string) {
+	a := fence.NewEpochAck(env, v, st, reason)
 	a.Device = dev
 	payload, err := b.encodeAck(&a)
 	if err != nil {
@@ -582,11 +608,18 @@ const (
 	resRefused               // nothing applied: the device answered with an error, or the command could not be built
 	resUnknown               // no answer in time: the bridge gave up, fate unknown
 	resStopped               // the bridge is closing: left unapplied for the next start
+	resClosed                // not sent: its epoch was closed (a reset, a fleet epoch) after its admit
 )
 
 func (b *Bridge) send(p *port, j *job) {
 	if j.err != nil {
 		b.settle(p, j, resRefused, j.err.Error(), nil)
+		return
+	}
+	// A command admitted before a reset or a fleet epoch statement closed
+	// its epoch never reaches the device after it.
+	if e := max(p.closed.Load(), b.floor(p)); j.env.Epoch < e {
+		b.settle(p, j, resClosed, (&fence.EpochError{Command: j.env.Epoch, FencePoint: e}).Error(), nil)
 		return
 	}
 	if b.cfg.beforeWire != nil {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -191,12 +192,24 @@ func runBridge(t testing.TB, url string, br *Bridge, tbl Table) func() {
 
 func (r *rig) write(token fence.Token, seq uint64, value uint16) *fence.Ack {
 	r.t.Helper()
+	return r.writeIn(0, token, seq, value)
+}
+
+// writeIn is write issued in epoch e.
+func (r *rig) writeIn(e uint64, token fence.Token, seq uint64, value uint16) *fence.Ack {
+	r.t.Helper()
+	return r.send(r.writeEnv(e, token, seq, value))
+}
+
+// writeEnv is the command write sends.
+func (r *rig) writeEnv(e uint64, token fence.Token, seq uint64, value uint16) *fence.Envelope {
+	r.t.Helper()
 	body, err := fence.EncodeBody(map[string]any{"addr": 0, "value": value})
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	return r.send(&fence.Envelope{V: fence.Version, Device: "plc-1", Token: token, Seq: seq,
-		ID: "c-" + string(rune('a'+token)) + "-" + string(rune('0'+seq)), Kind: modbus.KindWriteRegister, Body: body, Holder: "gw"})
+	return &fence.Envelope{V: fence.Version, Device: "plc-1", Token: token, Seq: seq,
+		ID: fmt.Sprintf("c-%d-%d-%d", e, token, seq), Kind: modbus.KindWriteRegister, Body: body, Holder: "gw", Epoch: e}
 }
 
 func (r *rig) send(env *fence.Envelope) *fence.Ack {

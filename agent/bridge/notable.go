@@ -22,15 +22,15 @@ func NoTable(hist *history.Writer) (Table, error) {
 
 type noTable struct{ hist *history.Writer }
 
-func (t noTable) Admit(_ context.Context, env *fence.Envelope) (fence.Verdict, fence.Mark, error) {
+func (t noTable) AdmitAt(_ context.Context, env *fence.Envelope, _ uint64) (fence.Verdict, fence.State, error) {
 	if err := env.Validate(); err != nil {
-		return fence.Invalid, fence.Mark{}, err
+		return fence.Invalid, fence.State{}, err
 	}
 	if t.hist != nil {
 		_ = t.hist.Record(history.Event{Op: history.OpVerdict, Device: env.Device, ID: env.ID, Token: uint64(env.Token),
 			Seq: env.Seq, Kind: env.Kind, Verdict: fence.Accepted.String()})
 	}
-	return fence.Accepted, fence.Mark{Token: env.Token, Seq: env.Seq}, nil
+	return fence.Accepted, fence.State{Epoch: env.Epoch, Mark: fence.Mark{Token: env.Token, Seq: env.Seq}}, nil
 }
 func (noTable) MarkApplied(string, fence.Mark) (uint64, error) { return 0, nil }
 func (noTable) AwaitApplied(context.Context, uint64) error     { return nil }

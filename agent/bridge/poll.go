@@ -57,7 +57,7 @@ func (b *Bridge) poll(p *port) {
 	due := make([]time.Time, len(blocks))
 	last := map[string]any{}
 	var lastFull time.Time
-	var lastToken fence.Token
+	var lastToken fence.State // the full report goes again when the token or the epoch moves
 	for {
 		i := 0
 		for k := range due {
@@ -90,8 +90,8 @@ func (b *Bridge) poll(p *port) {
 			}
 		}
 		full := time.Since(lastFull) > fullReportEvery
-		if tok := b.markOf(p.dev.ID).Token; tok != lastToken {
-			full, lastToken = true, tok
+		if st := b.stateOf(p.dev.ID); st.Mark.Token != lastToken.Mark.Token || st.Epoch != lastToken.Epoch {
+			full, lastToken = true, st
 		}
 		if full {
 			changed = maps.Clone(last)
@@ -134,8 +134,8 @@ func (b *Bridge) polled(p *port, blk profile.Block, r *modbus.Response, err erro
 func (b *Bridge) publishState(p *port, fields map[string]any) error {
 	raw, err := shadow.EncodeCBOR(fields, shadow.Limits{})
 	if err == nil && b.cfg.Signer != nil {
-		mark := b.markOf(p.dev.ID)
-		raw, err = b.cfg.Signer.SignState(&auth.StateReport{Device: p.dev.ID, Token: mark.Token, Seq: mark.Seq,
+		st := b.stateOf(p.dev.ID)
+		raw, err = b.cfg.Signer.SignState(&auth.StateReport{Device: p.dev.ID, Token: st.Mark.Token, Seq: st.Mark.Seq, Epoch: st.Epoch,
 			Counter: b.reports.Add(1), State: raw})
 	}
 	if err == nil {
@@ -160,17 +160,18 @@ func (b *Bridge) publishState(p *port, fields map[string]any) error {
 	return err
 }
 
-// markOf returns dev's mark in the table (zero if the table cannot say).
-func (b *Bridge) markOf(dev string) fence.Mark {
+// stateOf returns dev's epoch and mark in the table (zero if the table
+// cannot say).
+func (b *Bridge) stateOf(dev string) fence.State {
 	t, ok := b.cfg.Table.(marker)
 	if !ok {
-		return fence.Mark{}
+		return fence.State{}
 	}
 	r, found, err := t.Get(dev)
 	if err != nil || !found {
-		return fence.Mark{}
+		return fence.State{}
 	}
-	return r.Mark
+	return fence.State{Epoch: r.Epoch, Mark: r.Mark}
 }
 
 // takeGate waits for the bus's poll token and for the time it allows.

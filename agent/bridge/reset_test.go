@@ -17,8 +17,8 @@ import (
 // TestResetAtTheGateway: a gateway-fenced device of the unsigned era is
 // bricked in the table by a forged envelope with token 2^63; the
 // operator's reset, published on the device's command topic, sets the
-// table's mark back and is acked by its id; the holder's writes reach the
-// device again. The same reset replayed, one for another device, one
+// table's mark back in a new epoch and is acked by its id; the holder's
+// writes, in that epoch, reach the device again. The same reset replayed, one for another device, one
 // signed by a gateway's key, and any reset at a table without a root are
 // refused invalid, the mark unchanged, counted.
 func TestResetAtTheGateway(t *testing.T) {
@@ -53,7 +53,7 @@ func TestResetAtTheGateway(t *testing.T) {
 	}
 	sign := func(signer *auth.Root, dev string, counter uint64, id string) []byte {
 		t.Helper()
-		raw, err := signer.Reset(auth.Reset{Device: dev, Token: 6, Seq: math.MaxUint64, Counter: counter, ID: id})
+		raw, err := signer.Reset(auth.Reset{Device: dev, Token: 6, Seq: math.MaxUint64, Counter: counter, ID: id, Epoch: counter})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -71,10 +71,13 @@ func TestResetAtTheGateway(t *testing.T) {
 	}
 	good := sign(root, "plc-1", 1, "reset:one")
 	a := request(good, "reset:one")
-	if a.Verdict != fence.Accepted || a.Mark() != (fence.Mark{Token: 6, Seq: math.MaxUint64}) || a.Device != "plc-1" {
+	if a.Verdict != fence.Accepted || a.State() != (fence.State{Epoch: 1, Mark: fence.Mark{Token: 6, Seq: math.MaxUint64}}) || a.Device != "plc-1" {
 		t.Fatalf("reset: %+v", a)
 	}
-	if a := r.write(7, 3, 102); a.Verdict != fence.Accepted {
+	if a := r.write(7, 3, 102); a.Verdict != fence.Stale || a.Epoch != 1 {
+		t.Fatalf("the holder's write of epoch 0 after the reset: %+v", a)
+	}
+	if a := r.writeIn(1, 7, 3, 102); a.Verdict != fence.Accepted {
 		t.Fatalf("holder after the reset: %+v", a)
 	}
 	if v := r.register(); v != 102 {
@@ -116,7 +119,7 @@ func TestResetWithoutRoot(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.startBridgeWith(Config{Table: tbl})
-	raw, err := root.Reset(auth.Reset{Device: "plc-1", Token: 6, Seq: 1, Counter: 1, ID: "reset:x"})
+	raw, err := root.Reset(auth.Reset{Device: "plc-1", Token: 6, Seq: 1, Counter: 1, ID: "reset:x", Epoch: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

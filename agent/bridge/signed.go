@@ -29,5 +29,6 @@ func (b *Bridge) encodeRead(dev string, env *fence.Envelope, r ReadResult) ([]by
 	if err != nil || b.cfg.Signer == nil {
 		return raw, err
 	}
-	return b.cfg.Signer.SignState(&auth.StateReport{Device: dev, Token: env.Token, Seq: env.Seq, Counter: b.reports.Add(1), State: raw})
+	return b.cfg.Signer.SignState(&auth.StateReport{Device: dev, Token: env.Token, Seq: env.Seq, Epoch: env.Epoch, Counter: b.reports.Add(1),
+		State: raw})
 }

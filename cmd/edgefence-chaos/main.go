@@ -7,7 +7,10 @@
 //	edgefence-chaos --rounds 20 --bin bin/ --c-device bin/efsdev --scenarios kill-devsim,holder-sigstop
 //
 // With --c-device the shim devices are the C device (devices/firmware/linux,
-// `make efsdev`) instead of edgefence-devsim.
+// `make efsdev`) instead of edgefence-devsim. Rounds run signed (an
+// operator root, a certificate per gateway, every device `auth:
+// required`); --unsigned runs them with plain envelopes, without the
+// trust scenarios.
 //
 // It exits 1 if any round found a violation or could not finish. `make
 // chaos ROUNDS=N` builds the binaries and runs it.
@@ -43,7 +46,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	defer stop()
 
 	var sum chaos.Summary
-	fmt.Fprintf(stdout, "%-6s %-18s %-20s %8s %8s %6s %6s %6s %6s %5s  %s\n",
+	fmt.Fprintf(stdout, "%-6s %-29s %-20s %8s %8s %6s %6s %6s %6s %5s  %s\n",
 		"round", "scenario", "seed", "created", "accepted", "dup", "stale", "inval", "expir", "viol", "time")
 	for i := range c.rounds {
 		if ctx.Err() != nil {
@@ -75,6 +78,7 @@ type chaosRun struct {
 	devices   int
 	cdevice   string // the C device's binary, absolute; "" for devsim
 	load      time.Duration
+	unsigned  bool
 	log       *slog.Logger
 }
 
@@ -89,7 +93,9 @@ func parseArgs(args []string, stderr io.Writer) (c *chaosRun, code int, ok bool)
 	bin := fs.String("bin", "bin", "directory with the edgefence, edgefence-devsim and edgefence-sandbox binaries")
 	fs.StringVar(&c.work, "dir", "", "working directory (default: a temporary one, removed unless a round fails)")
 	fs.Uint64Var(&c.seed, "seed", 0, "seed of the first round (default: from the clock); round i uses seed+i")
-	only := fs.String("scenarios", strings.Join(chaos.Scenarios(), ","), "comma-separated scenarios to draw from")
+	only := fs.String("scenarios", "", "comma-separated scenarios to draw from (default all; with --unsigned all but "+
+		"gateway-revoked and key-rotated)")
+	fs.BoolVar(&c.unsigned, "unsigned", false, "run the rounds unsigned: plain envelopes, devices auth: off")
 	fs.IntVar(&c.devices, "devices", 4, "shim devices per round")
 	fs.DurationVar(&c.load, "load", 6*time.Second, "how long commands flow in a round")
 	cdev := fs.String("c-device", "", "the C device's binary (efsdev, `make efsdev`): it serves the shim devices instead of edgefence-devsim")
@@ -100,10 +106,17 @@ func parseArgs(args []string, stderr io.Writer) (c *chaosRun, code int, ok bool)
 		}
 		return nil, 2, false
 	}
-	c.scenarios = strings.Split(*only, ",")
+	have := chaos.Scenarios()
+	if c.unsigned {
+		have = chaos.UnsignedScenarios()
+	}
+	c.scenarios = have
+	if *only != "" {
+		c.scenarios = strings.Split(*only, ",")
+	}
 	for _, s := range c.scenarios {
-		if !contains(chaos.Scenarios(), s) {
-			fmt.Fprintf(stderr, "edgefence-chaos: unknown scenario %q (have %s)\n", s, strings.Join(chaos.Scenarios(), ", "))
+		if !contains(have, s) {
+			fmt.Fprintf(stderr, "edgefence-chaos: unknown scenario %q (have %s)\n", s, strings.Join(have, ", "))
 			return nil, 2, false
 		}
 	}
@@ -151,16 +164,16 @@ func (c *chaosRun) round(ctx context.Context, i int, sum *chaos.Summary, stdout 
 	sc := c.scenarios[int((c.seed+uint64(i))%uint64(len(c.scenarios)))]
 	rdir := filepath.Join(c.work, fmt.Sprintf("round-%04d-%s", i, sc))
 	cfg := chaos.Config{Bin: c.bin, Dir: rdir, Seed: c.seed + uint64(i), Devices: c.devices, Load: c.load, Logger: c.log,
-		CDeviceBin: c.cdevice}
+		CDeviceBin: c.cdevice, Unsigned: c.unsigned}
 	res, err := chaos.Run(ctx, cfg, sc)
 	sum.Add(res, err)
 	switch {
 	case err != nil:
-		fmt.Fprintf(stdout, "%-6d %-18s %-20d error: %v\n", i, sc, cfg.Seed, err)
+		fmt.Fprintf(stdout, "%-6d %-29s %-20d error: %v\n", i, sc, cfg.Seed, err)
 		c.keep = true
 	default:
 		t := res.Report.Terminal
-		fmt.Fprintf(stdout, "%-6d %-18s %-20d %8d %8d %6d %6d %6d %6d %5d  %v\n", i, sc, cfg.Seed, res.Report.Created,
+		fmt.Fprintf(stdout, "%-6d %-29s %-20d %8d %8d %6d %6d %6d %6d %5d  %v\n", i, sc, cfg.Seed, res.Report.Created,
 			t["accepted"], t["duplicate"], t["stale"], t["invalid"], t["expired"], len(res.Report.Violations), res.Elapsed.Round(100*time.Millisecond))
 		if !res.OK() {
 			c.keep = true

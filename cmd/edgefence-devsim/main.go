@@ -71,6 +71,7 @@ type devsimFlags struct {
 	port, histPath, histSrc                                   *string
 	mqttUser, mqttPassFile                                    *string
 	trustRoot, trustRootKid, certs, revocations, deviceKeys   *string
+	epoch                                                     *string
 	resetRoot                                                 *string
 	count, regs, lanes                                        *int
 	noFence                                                   *bool
@@ -100,6 +101,7 @@ func newDevsimFlags(fs *flag.FlagSet) devsimFlags {
 		trustRootKid: fs.String("trust-root-kid", "operator", "the operator key's id"),
 		certs:        fs.String("certs", "", "with --trust-root: comma-separated gateway certificates (edgefence keys certify)"),
 		revocations:  fs.String("revocations", "", "with --trust-root: a revocation list (edgefence keys revoke)"),
+		epoch:        fs.String("epoch", "", "with --trust-root: the fleet's epoch statement (edgefence keys epoch); a newer one learned over the air and kept in --dir wins"),
 		resetRoot:    fs.String("reset-root", "", "the operator's public key (PEM): accept its fence resets (edgefence fence reset) while commands stay unsigned; --trust-root does both"),
 		deviceKeys:   fs.String("device-keys", "", "directory of the devices' keys (<id>.key, <id>.cert: edgefence keys enrol): sign acks and state reports"),
 		modbus: modbusFlags{
@@ -112,8 +114,8 @@ func newDevsimFlags(fs *flag.FlagSet) devsimFlags {
 	}
 }
 
-// trust returns the fence points' Keys from --trust-root, --certs and
-// --revocations; nil without --trust-root (plain envelopes).
+// trust returns the fence points' Keys from --trust-root, --certs,
+// --revocations and --epoch; nil without --trust-root (plain envelopes).
 func (f devsimFlags) trust() (auth.Keys, error) {
 	if *f.trustRoot == "" {
 		return nil, nil
@@ -136,6 +138,11 @@ func (f devsimFlags) trust() (auth.Keys, error) {
 	}
 	if *f.revocations != "" {
 		if err := t.ApplyRevocationsFile(*f.revocations); err != nil {
+			return nil, err
+		}
+	}
+	if *f.epoch != "" {
+		if err := t.ApplyEpochFile(*f.epoch); err != nil {
 			return nil, err
 		}
 	}

@@ -255,6 +255,7 @@ func efsdevArgs(f devsimFlags, id string) []string {
 		a = append(a, "--trust-root", *f.trustRoot, "--trust-root-kid", *f.trustRootKid)
 		opt("--certs", *f.certs)
 		opt("--revocations", *f.revocations)
+		opt("--epoch", *f.epoch)
 		opt("--device-keys", *f.deviceKeys)
 	case *f.resetRoot != "":
 		a = append(a, "--reset-root", *f.resetRoot, "--trust-root-kid", *f.trustRootKid)

@@ -14,6 +14,8 @@ import (
 	"strings"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/edgefence/edgefence/agent"
 	"github.com/edgefence/edgefence/agent/daemon"
 	"github.com/edgefence/edgefence/fence"
@@ -21,7 +23,7 @@ import (
 	"github.com/edgefence/edgefence/transport/mqtt"
 )
 
-const fenceResetUsage = `usage: edgefence fence reset DEVICE --to TOKEN [--seq N] --root-key FILE --root-kid KID [--counter N] [--yes] (--out FILE | --config FILE)
+const fenceResetUsage = `usage: edgefence fence reset DEVICE --to TOKEN [--seq N] --root-key FILE --root-kid KID [--counter N] [--epoch N] [--yes] (--out FILE | --config FILE)
        edgefence fence reset --from FILE --config FILE [--yes]
 
 Set DEVICE's fence mark to TOKEN/N by the operator's authority: a reset
@@ -42,11 +44,22 @@ Each reset carries a counter the fence point keeps; one not above the last
 reset's is refused (a replay). It defaults to the current Unix time in
 milliseconds, so a later reset has a higher one.
 
+Each reset also opens an epoch: the device refuses every command of an
+earlier one, whatever its token, so no command signed before the reset is
+admitted after it; a reset whose epoch is not above the device's is
+refused. --epoch defaults to the current Unix time in milliseconds, or
+(with --config) one above the highest epoch etcd holds, the fleet's
+(edgefence keys epoch) and the device's last reset's, if that is higher.
+
 --out writes the signed reset to a file (an air-gapped operator key: sign
 there, deliver with --from on a machine that reaches the broker).
 --config publishes it on the device's command topic with that agent config's
-MQTT settings (broker, credentials, TLS, prefix) and waits for the ack; once
-applied, it also puts the signed reset at <etcd prefix>/trust/resets/DEVICE,
+MQTT settings (broker, credentials, TLS, prefix) and waits for the ack: for
+a device with auth: required, one signed by its enrolled key (its
+certificate at <etcd prefix>/trust/devices/DEVICE; for a fence: gateway
+device its home gateway's, <etcd prefix>/trust/certs/), verified against
+the config's auth.trust_root; once applied, it also puts the signed reset
+at <etcd prefix>/trust/resets/DEVICE,
 where a gateway not running now (one that held the device before a token
 regression, whose own guard remembers a higher token) finds it and, with
 auth.trust_root set, takes the device again above the reset.
@@ -58,6 +71,7 @@ flags:
 type resetFlags struct {
 	fs                     *flag.FlagSet
 	to, seq, counter       string
+	epoch                  string
 	rootKey, rootKid, out  string
 	from, config           string
 	yes                    bool
@@ -66,9 +80,12 @@ type resetFlags struct {
 	stdout, stderr         io.Writer
 	now                    func() time.Time
 	tokenV, seqV, counterV uint64 // parsed
+	epochV                 uint64 // parsed; 0: the default (defaultEpoch)
 	counterDefault         bool
 	device                 string
-	deliverCfg             *agent.Config // --config, loaded
+	deliverCfg             *agent.Config    // --config, loaded
+	trust                  *auth.Trust      // its auth.trust_root, own certificate and list; nil without a root
+	cli                    *clientv3.Client // its etcd, once dialed (fenceresetack.go)
 	signedFromFile         bool
 }
 
@@ -81,6 +98,7 @@ func cmdFenceReset(args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&f.rootKey, "root-key", "", "the operator's root private key (PEM, edgefence keys new)")
 	fs.StringVar(&f.rootKid, "root-kid", "", "the root key's id, as the fence points were provisioned with it")
 	fs.StringVar(&f.counter, "counter", "", "the reset counter `N` (default: the current Unix time in milliseconds)")
+	fs.StringVar(&f.epoch, "epoch", "", "the epoch `N` the reset opens (default: the current Unix time in milliseconds, or above the highest in etcd)")
 	fs.BoolVar(&f.yes, "yes", false, "do not ask for confirmation")
 	fs.StringVar(&f.out, "out", "", "write the signed reset to `FILE` (new file) instead of delivering it")
 	fs.StringVar(&f.from, "from", "", "deliver the pre-signed reset in `FILE` (made with --out)")
@@ -116,8 +134,8 @@ func (f *resetFlags) check(rest []string) error {
 	case f.out == "" && f.config == "":
 		return errors.New("want --out FILE (write the signed reset) or --config FILE (deliver it)")
 	case f.from != "":
-		if len(rest) != 0 || f.to != "" || f.seq != "" || f.counter != "" || f.rootKey != "" || f.rootKid != "" || f.out != "" {
-			return errors.New("--from delivers a signed reset as it is: no DEVICE, --to, --seq, --counter, --root-key, --root-kid or --out")
+		if len(rest) != 0 || f.to != "" || f.seq != "" || f.counter != "" || f.epoch != "" || f.rootKey != "" || f.rootKid != "" || f.out != "" {
+			return errors.New("--from delivers a signed reset as it is: no DEVICE, --to, --seq, --counter, --epoch, --root-key, --root-kid or --out")
 		}
 		return nil
 	case len(rest) != 1:
@@ -144,6 +162,11 @@ func (f *resetFlags) check(rest []string) error {
 	} else if f.counterV, err = positive("--counter", f.counter); err != nil {
 		return err
 	}
+	if f.epoch != "" {
+		if f.epochV, err = positive("--epoch", f.epoch); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -157,14 +180,23 @@ func positive(name, s string) (uint64, error) {
 
 // run signs (or reads) the reset, shows it, asks, and writes or delivers it.
 func (f *resetFlags) run() error {
-	raw, r, err := f.statement()
-	if err != nil {
-		return err
-	}
 	if f.config != "" {
+		var err error
 		if f.deliverCfg, err = agent.LoadConfig(f.config); err != nil {
 			return err
 		}
+		if f.trust, err = f.deliverCfg.Auth.OperatorTrust(nil); err != nil {
+			return err
+		}
+	}
+	defer func() {
+		if f.cli != nil {
+			f.cli.Close()
+		}
+	}()
+	raw, r, err := f.statement()
+	if err != nil {
+		return err
 	}
 	f.describe(r)
 	if !f.yes && !f.confirm() {
@@ -206,8 +238,14 @@ func (f *resetFlags) statement() ([]byte, *auth.Reset, error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	epoch := f.epochV
+	if epoch == 0 {
+		if epoch, err = f.defaultEpoch(); err != nil {
+			return nil, nil, err
+		}
+	}
 	r := auth.Reset{Device: f.device, Token: fence.Token(f.tokenV), Seq: f.seqV, Counter: f.counterV,
-		ID: auth.NewResetID(), Issued: f.now().UnixMilli()}
+		ID: auth.NewResetID(), Issued: f.now().UnixMilli(), Epoch: epoch}
 	raw, err := root.Reset(r)
 	if err != nil {
 		return nil, nil, err
@@ -229,6 +267,7 @@ func (f *resetFlags) describe(r *auth.Reset) {
 		how = " (default: the current Unix time in milliseconds)"
 	}
 	fmt.Fprintf(w, "  counter:  %d%s; the fence point refuses a reset whose counter is not above its last\n", r.Counter, how)
+	fmt.Fprintf(w, "  epoch:    %d; the device refuses every command of an earlier epoch, and a reset not above its epoch\n", r.Epoch)
 	if f.signedFromFile {
 		fmt.Fprintf(w, "  signed:   read from %s (the fence point checks the signature)\n", f.from)
 	} else {
@@ -263,18 +302,22 @@ func (f *resetFlags) deliver(raw []byte, r *auth.Reset) error {
 		return err
 	}
 	mc.ClientID = fmt.Sprintf("%s-fence-reset-%d", c.MQTT.ClientID, os.Getpid())
+	check, err := f.ackCheck(r)
+	if err != nil {
+		return err
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), f.timeout)
 	defer cancel()
-	ack, err := mqtt.Request(ctx, mc, mqtt.Topics{Prefix: c.MQTT.Prefix}, r.Device, raw, r.ID)
+	ack, err := mqtt.RequestChecked(ctx, mc, mqtt.Topics{Prefix: c.MQTT.Prefix}, r.Device, raw, r.ID, check)
 	if err != nil {
 		return fmt.Errorf("%w (the reset's fate is unknown; sending the same file again is safe: a replay is refused)", err)
 	}
 	if ack.Verdict == fence.Accepted {
-		fmt.Fprintf(f.stdout, "accepted: %s's fence mark is now %s (reset %s)\n", r.Device, ack.Mark(), ack.ID)
+		fmt.Fprintf(f.stdout, "accepted: %s's fence mark is now %s in epoch %d (reset %s)\n", r.Device, ack.Mark(), ack.Epoch, ack.ID)
 		f.publish(raw, r)
 		return nil
 	}
-	fmt.Fprintf(f.stdout, "refused (%s): %s; %s's mark stays %s\n", ack.Verdict, ack.Reason, r.Device, ack.Mark())
+	fmt.Fprintf(f.stdout, "refused (%s): %s; %s's mark stays %s in epoch %d\n", ack.Verdict, ack.Reason, r.Device, ack.Mark(), ack.Epoch)
 	return exitError{exitFailure}
 }
 
@@ -288,12 +331,10 @@ func (f *resetFlags) deliver(raw []byte, r *auth.Reset) error {
 func (f *resetFlags) publish(raw []byte, r *auth.Reset) {
 	key := agent.TrustResetKey(f.deliverCfg.Etcd.Prefix, r.Device)
 	err := func() error {
-		t := &etcdTarget{endpoints: f.deliverCfg.Etcd.Endpoints, prefix: f.deliverCfg.Etcd.Prefix, cfg: f.deliverCfg.Etcd}
-		cli, err := t.dial()
+		cli, err := f.etcd()
 		if err != nil {
 			return err
 		}
-		defer cli.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), f.timeout)
 		defer cancel()
 		_, err = cli.Put(ctx, key, string(raw))

@@ -13,7 +13,7 @@ import (
 	"github.com/edgefence/edgefence/fence/auth"
 )
 
-const keysUsage = `usage: edgefence keys init|new|certify|enrol|revoke|verify|publish|manifest [flags]
+const keysUsage = `usage: edgefence keys init|new|certify|enrol|revoke|epoch|verify|publish|manifest [flags]
 
 The key lifecycle of signed commands (I7; fence points verify them offline).
 --root-key is the operator's root private key (FILE, or PREFIX for PREFIX.key),
@@ -45,6 +45,13 @@ The key lifecycle of signed commands (I7; fence points verify them offline).
                                          certificate at <prefix>/trust/devices/DEVICE
   keys revoke --root-key FILE --root-kid ID --version N [--kid LIST] --out FILE
                                          a signed revocation list; N must exceed the last one's
+  keys epoch --root-key FILE [--root-kid ID] [--epoch N] [--out FILE]
+             [--config FILE | --etcd URLS [--prefix P]] [--root-pub FILE]
+  keys epoch --from FILE (--config FILE | --etcd URLS [--prefix P]) [--root-pub FILE]
+                                         the fleet's epoch statement (default N: now in unix ms,
+                                         or above the highest in etcd): every device whose
+                                         commands are signed refuses those of an earlier epoch;
+                                         published at <prefix>/trust/epoch over a lower one only
   keys verify --root-pub FILE --root-kid ID [--revocations FILE] CERT...
                                          check certificates as a fence point would, now
   keys publish [--config FILE | --etcd URLS] [--root-pub FILE --root-kid ID]
@@ -67,7 +74,7 @@ The key lifecycle of signed commands (I7; fence points verify them offline).
 
 func cmdKeys(args []string, stdout, stderr io.Writer) error {
 	return subcommand("keys", keysUsage, map[string]command{"init": cmdKeysInit, "new": cmdKeysNew, "certify": cmdKeysCertify, "enrol": cmdKeysEnrol,
-		"revoke": cmdKeysRevoke, "verify": cmdKeysVerify, "publish": cmdKeysPublish, "manifest": cmdKeysManifest}, args, stdout, stderr)
+		"revoke": cmdKeysRevoke, "epoch": cmdKeysEpoch, "verify": cmdKeysVerify, "publish": cmdKeysPublish, "manifest": cmdKeysManifest}, args, stdout, stderr)
 }
 
 func keysFlagSet(name string, stderr io.Writer) *flag.FlagSet {

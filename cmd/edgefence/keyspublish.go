@@ -46,29 +46,9 @@ func cmdKeysPublish(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	// Verify everything before writing anything.
-	type item struct {
-		key, path string
-		raw       []byte
-		version   uint64 // revocation list
-	}
-	var items []item
-	for _, path := range strings.Split(*certs, ",") {
-		if path == "" {
-			continue
-		}
-		raw, err := os.ReadFile(path)
-		if err != nil {
-			return err
-		}
-		c, err := trust.AddCertificate(raw)
-		if err != nil {
-			return fmt.Errorf("%s: %w", path, err)
-		}
-		key := agent.TrustCertKey(t.prefix, string(c.KeyID))
-		if c.Role == auth.RoleDevice {
-			key = agent.TrustDeviceKey(t.prefix, c.Devices[0]) // CertifyDevice: exactly one device
-		}
-		items = append(items, item{key: key, path: path, raw: raw})
+	items, err := certItems(trust, t.prefix, *certs)
+	if err != nil {
+		return err
 	}
 	var list *item
 	if *revocations != "" {
@@ -105,6 +85,39 @@ func cmdKeysPublish(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
+// item is one statement keys publish writes to etcd.
+type item struct {
+	key, path string
+	raw       []byte
+	version   uint64 // revocation list
+}
+
+// certItems reads and verifies the comma-separated certificate files of
+// certs: a gateway's goes to agent.TrustCertKey, a device's to
+// agent.TrustDeviceKey.
+func certItems(trust *auth.Trust, prefix, certs string) ([]item, error) {
+	var items []item
+	for _, path := range strings.Split(certs, ",") {
+		if path == "" {
+			continue
+		}
+		raw, err := os.ReadFile(path)
+		if err != nil {
+			return nil, err
+		}
+		c, err := trust.AddCertificate(raw)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		key := agent.TrustCertKey(prefix, string(c.KeyID))
+		if c.Role == auth.RoleDevice {
+			key = agent.TrustDeviceKey(prefix, c.Devices[0]) // CertifyDevice: exactly one device
+		}
+		items = append(items, item{key: key, path: path, raw: raw})
+	}
+	return items, nil
+}
+
 // publishTrust returns a Trust anchored at the root of --root-pub, or of
 // the config's auth.trust_root.
 func publishTrust(config, rootPub, rootKid string) (*auth.Trust, error) {
@@ -135,8 +148,19 @@ func publishTrust(config, rootPub, rootKid string) (*auth.Trust, error) {
 
 // putNewerList writes the list at key unless etcd holds one of the root at
 // least as new (errNotNewer); a value there that is not the root's is
-// overwritten. The write is a transaction on what was read.
+// overwritten.
 func putNewerList(ctx context.Context, cli *clientv3.Client, trust *auth.Trust, key string, raw []byte, version uint64) error {
+	return putNewer(ctx, cli, key, raw, func(held []byte) error {
+		if st, err := trust.Check(held); err == nil && st.Revocations != nil && st.Revocations.Version >= version {
+			return fmt.Errorf("%w: version %d, this one %d", errNotNewer, st.Revocations.Version, version)
+		}
+		return nil
+	})
+}
+
+// putNewer writes raw at key unless refuse, given the value there, says
+// why not. The write is a transaction on what was read.
+func putNewer(ctx context.Context, cli *clientv3.Client, key string, raw []byte, refuse func(held []byte) error) error {
 	resp, err := cli.Get(ctx, key)
 	if err != nil {
 		return fmt.Errorf("etcd get %s: %w", key, err)
@@ -144,8 +168,8 @@ func putNewerList(ctx context.Context, cli *clientv3.Client, trust *auth.Trust, 
 	cmp := clientv3.Compare(clientv3.CreateRevision(key), "=", 0)
 	if len(resp.Kvs) == 1 {
 		kv := resp.Kvs[0]
-		if st, err := trust.Check(kv.Value); err == nil && st.Revocations != nil && st.Revocations.Version >= version {
-			return fmt.Errorf("%w: version %d, this one %d", errNotNewer, st.Revocations.Version, version)
+		if err := refuse(kv.Value); err != nil {
+			return err
 		}
 		cmp = clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision)
 	}

@@ -16,7 +16,7 @@ import (
 // devices/firmware library, --reset-root): bricked by an unsigned 2^63
 // forgery, brought back by `edgefence fence reset`, killed with SIGKILL
 // right after the reset's ack with the mark and the reset counter on its
-// flash file (read here from the bytes: the newest slot, format 2); after
+// flash file (read here from the bytes: the newest slot, format 3); after
 // the restart the replayed reset, another device's and a gateway key's are
 // refused, the mark unchanged.
 func TestFenceResetCDevice(t *testing.T) {
@@ -63,8 +63,8 @@ func cResetDevice(bin string, flags ...string) resetDevice {
 }
 
 // newestFlashSlot reads the library's two flash slots (src/efs_mark.c:
-// format 1, or 2 with the reset counter) and returns the newest valid
-// one's mark and counter.
+// format 1, 2 with the reset counter, or 3 with its epoch too) and returns
+// the newest valid one's mark and counter.
 func newestFlashSlot(b []byte) (fence.Mark, uint64, bool) {
 	const sector = 4096
 	var best fence.Mark
@@ -76,8 +76,11 @@ func newestFlashSlot(b []byte) (fence.Mark, uint64, bool) {
 			continue
 		}
 		at, extra := 6, 0
-		if p[5] == 0 {
+		switch p[5] {
+		case 0:
 			at, extra = 7, 8
+		case 1:
+			at, extra = 7, 16
 		}
 		l := int(p[at-1])
 		end := at + l + extra

@@ -27,7 +27,9 @@ import (
 // gw-2 verifies it with the certificate gw-1 put back: a token regression,
 // state refused, the lock let go. Before, the certificates lived only in
 // etcd: gw-2 dropped the stale ack it could not verify, the send never had
-// a verdict and gw-2 kept the lock for good.
+// a verdict and gw-2 kept the lock for good. Then the fleet recovers with
+// one signed epoch statement (`edgefence keys epoch`): a gateway commands
+// the device again in the new epoch.
 func TestTrustEtcdRebuilt(t *testing.T) {
 	for _, k := range etcdKinds {
 		t.Run(k.name, func(t *testing.T) {
@@ -89,6 +91,28 @@ func TestTrustEtcdRebuilt(t *testing.T) {
 				t.Fatalf("gw-2 after the wipe: want the device's signed stale, verified\n%s", r)
 			}
 			waitDeviceState(t, gw2, sock2, "dev-1", agent.StateRefused)
+
+			// The recovery of a signed fleet: one epoch statement. A
+			// gateway takes the device in the new epoch (the trust update
+			// brings the statement to the device first) and is accepted.
+			if r := edgefence(t, "keys", "epoch", "--root-key", site.root+".key", "--root-kid", authtest.RootKID, "--root-pub", site.root+".pub",
+				"--etcd", ae.url); r.code != 0 {
+				t.Fatalf("keys epoch: %s", r)
+			}
+			holder := ""
+			for deadline := time.Now().Add(30 * time.Second); holder == ""; time.Sleep(50 * time.Millisecond) {
+				for _, sock := range []string{sock1, sock2} {
+					if st, _ := status(t, sock); st != nil && st.Devices[0].State == agent.StateHolding && st.Devices[0].Epoch > 0 {
+						holder = sock
+					}
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("no gateway holds dev-1 in the new epoch")
+				}
+			}
+			if r, res := e.set(holder, "dev-1", 23); res.Verdict != "accepted" {
+				t.Fatalf("in the new epoch: %s", r)
+			}
 
 			// The operator's own copy goes back the same way: the
 			// enrolment bundle's certificate, to the device's key.

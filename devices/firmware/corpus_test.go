@@ -52,7 +52,7 @@ func addShapes(add func(string, []byte)) {
 	add("key 1 twice", encMap(append(append([]pair(nil), ps...), pair{u(1), u(1)})))
 	add("key 1 twice, other width", encMap(append(append([]pair(nil), ps...), pair{hw(0, 24, 1), u(1)})))
 	add("key 9 twice, null first", encMap(append(append([]pair(nil), ps...), pair{u(9), []byte{0xf6}}, pair{u(9), tstr("h")})))
-	for _, k := range [][]byte{u(0), u(10), u(14), u(16), u(255), neg(0), tstr("1"), tstr("device"), bstr("\x01"),
+	for _, k := range [][]byte{u(0), u(11), u(14), u(16), u(255), neg(0), tstr("1"), tstr("device"), bstr("\x01"),
 		hw(0, 27, 1<<32+1), hw(0, 27, math.MaxUint64), []byte{0xf9, 0x3c, 0x00}, []byte{0xf5}, []byte{0xf6}} {
 		add(fmt.Sprintf("unknown key %x", k), encMap(append(append([]pair(nil), ps...), pair{k, u(1)})))
 	}
@@ -80,20 +80,21 @@ func addFields(add func(string, []byte)) {
 		name string
 		b    []byte
 	}{{"null", []byte{0xf6}}, {"undefined", []byte{0xf7}}}
-	for _, k := range []uint64{1, 2, 3, 4, 5, 6, 7, 8, 9, 15} {
+	for _, k := range []uint64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 15} {
 		for _, n := range nulls {
 			add(fmt.Sprintf("key %d %s", k, n.name), with(k, n.b))
 		}
 	}
 	wrong := map[uint64][][]byte{
-		1: {neg(0), {0xf9, 0x3c, 0x00}, {0xf5}, tstr("1"), u(2), u(0), u(255), u(256), hw(0, 27, 1)},
-		2: {bstr("d1"), u(1), hd(4, 0), hd(5, 0)},
-		3: {neg(4), {0xf9, 0x45, 0x00}, tstr("5"), u(0), hw(0, 27, math.MaxUint64)},
-		4: {neg(0), bstr("\x02"), u(0), hw(0, 27, math.MaxUint64)},
-		5: {bstr("c-1"), u(5), tstr("")},
-		6: {hd(4, 1), tstr("")},
-		8: {tstr("now"), {0xf9, 0x3c, 0x00}, u(math.MaxInt64), hw(0, 27, math.MaxInt64+1), neg(math.MaxInt64), neg(math.MaxInt64 + 1), neg(math.MaxUint64)},
-		9: {bstr("gw"), u(9), tstr("")},
+		1:  {neg(0), {0xf9, 0x3c, 0x00}, {0xf5}, tstr("1"), u(2), u(0), u(255), u(256), hw(0, 27, 1)},
+		2:  {bstr("d1"), u(1), hd(4, 0), hd(5, 0)},
+		3:  {neg(4), {0xf9, 0x45, 0x00}, tstr("5"), u(0), hw(0, 27, math.MaxUint64)},
+		4:  {neg(0), bstr("\x02"), u(0), hw(0, 27, math.MaxUint64)},
+		5:  {bstr("c-1"), u(5), tstr("")},
+		6:  {hd(4, 1), tstr("")},
+		8:  {tstr("now"), {0xf9, 0x3c, 0x00}, u(math.MaxInt64), hw(0, 27, math.MaxInt64+1), neg(math.MaxInt64), neg(math.MaxInt64 + 1), neg(math.MaxUint64)},
+		9:  {bstr("gw"), u(9), tstr("")},
+		10: {u(0), u(1), hw(0, 27, 1), hw(0, 27, math.MaxUint64), neg(0), tstr("1"), bstr("\x01"), {0xf9, 0x3c, 0x00}, {0xc1, 0x01}, hd(4, 0)},
 		15: {tstr(""), bstr(""), bstr("x"), u(0), hd(4, 0), cat(hd(4, 1), u(1)), cat(hd(4, 1), u(0)), cat(hd(4, 1), []byte{0xf6}),
 			cat(hd(4, 1), tstr("x")), cat(hd(4, 1), u(256)), cat(hd(4, 1), hd(4, 0)), hd(5, 0), cat(hd(4, 2), u(1), neg(0))},
 		7: {hd(4, 0), hd(5, 0), tstr(""), bstr("")},
@@ -142,7 +143,8 @@ func addLimits(add func(string, []byte)) {
 		add(fmt.Sprintf("body arrays nested %d", d), body(nested(d, []byte{0x81}, u(0))))
 		add(fmt.Sprintf("body empty array at depth %d", d), body(nested(d-1, []byte{0x81}, []byte{0x80})))
 		add(fmt.Sprintf("body maps nested %d", d), body(nested(d, []byte{0xa1, 0x00}, u(0))))
-		add(fmt.Sprintf("unknown field nested %d", d), with(10, nested(d, []byte{0x81}, u(0))))
+		add(fmt.Sprintf("unknown field nested %d", d), with(11, nested(d, []byte{0x81}, u(0))))
+		add(fmt.Sprintf("epoch nested %d", d), with(10, nested(d, []byte{0x81}, u(0))))
 	}
 	add("text length past input", with(2, []byte{0x78, 0x20, 'd'}))
 	add("text length 2^64-1", with(2, cat(hw(3, 27, math.MaxUint64), []byte("d1"))))
@@ -235,7 +237,7 @@ func addUTF8(add func(string, []byte)) {
 		add("holder "+name, with(9, tstr(s)))
 		add("body text "+name, body(tstr(s)))
 		add("body key "+name, body(cat(hd(5, 1), tstr(s), u(1))))
-		add("unknown field text "+name, with(10, tstr(s)))
+		add("unknown field text "+name, with(11, tstr(s)))
 	}
 }
 

@@ -157,47 +157,57 @@ func fwManifestScenarios(img []byte) []fwScenario {
 
 // fwReset is an operator's reset of the vectors' device signed by signer
 // under the root's kid (auth.Root.Reset's bytes: a COSE_Sign1 whose
-// payload is resetPayload's).
-func fwReset(signer *ecdsa.PrivateKey, dev string, t, seq, counter uint64) []byte {
+// payload is resetPayload's), into epoch.
+func fwReset(signer *ecdsa.PrivateKey, dev string, t, seq, counter, epoch uint64) []byte {
 	return mfst{prot: cat(hd(5, 3), u(1), neg(6), u(3), tstr(auth.ContentReset), u(4), bstr(fwRootKid)),
-		payload: resetPayload(dev, t, seq, counter, fmt.Sprintf("reset:fw%d", counter)), signer: signer}.bytes()
+		payload: resetPayload(dev, t, seq, counter, fmt.Sprintf("reset:fw%d", counter), epoch), signer: signer}.bytes()
 }
 
 // fwResetActions: the holder at token 7 begins a job and sends its first
-// chunk; the operator resets the mark down to 2/1 (counter 1); after a
-// reboot (the job record's tag, 7/2, is not rolled forward over the reset)
-// a holder at token 3 — stale before the reset — finishes the job to
-// commit; the reset replayed, one signed by a gateway's key and one for
-// another device are refused; a reset up to 50/1 (counter 2) after the
-// commit, a reboot, and token 7's step is stale.
+// chunk; the operator resets the mark down to 2/1 (counter 1, epoch 1);
+// after a reboot (the job record's tag, 7/2, is not rolled forward over the
+// reset) the first chunk captured before the reset, replayed, is stale (its
+// epoch is closed) and so is the holder's next; a holder at token 3 in
+// epoch 1 — stale before the reset — finishes the job to commit; the reset
+// replayed, one signed by a gateway's key, one for another device and one
+// of a later counter but the same epoch are refused; a reset up to 50/1
+// (counter 2, epoch 2) after the commit, a reboot, and token 7's step of
+// epoch 0 and token 3's of epoch 1 are stale, token 50's of epoch 3
+// invalid.
 func fwResetActions(img, man []byte) []fwAction {
 	sum := sha256.Sum256(img)
 	at := func(t fence.Token, seq uint64, kind string, body any) fwAction {
 		return fwAction{token: t, seq: seq, kind: kind, body: body}
 	}
+	in := func(epoch uint64, a fwAction) fwAction { a.epoch = epoch; return a }
 	chunk := func(t fence.Token, seq uint64, off int) fwAction {
 		return at(t, seq, fwjob.KindChunk, fwjob.ChunkBody{Job: "j1", Off: uint64(off), Data: img[off:min(off+512, len(img))]})
 	}
 	raw := func(b []byte) fwAction { return fwAction{raw: b} }
-	down := fwReset(fwRoot, fwDevice, 2, 1, 1)
+	down := fwReset(fwRoot, fwDevice, 2, 1, 1, 1)
 	return []fwAction{
 		at(7, 1, fwjob.KindBegin, fwjob.BeginBody{Job: "j1", Image: sum[:], Size: uint64(len(img)), Version: 3, Chunk: 512,
 			Manifest: man}),
 		chunk(7, 2, 0),
 		raw(down),
 		{boot: true, healthy: true},
-		chunk(3, 1, 512),
-		at(3, 2, fwjob.KindInstall, fwjob.JobBody{Job: "j1"}),
-		at(3, 3, fwjob.KindActivate, fwjob.JobBody{Job: "j1"}),
+		chunk(7, 2, 0),
+		chunk(7, 3, 512),
+		in(1, chunk(3, 1, 512)),
+		in(1, at(3, 2, fwjob.KindInstall, fwjob.JobBody{Job: "j1"})),
+		in(1, at(3, 3, fwjob.KindActivate, fwjob.JobBody{Job: "j1"})),
 		{boot: true, healthy: true},
-		at(3, 4, fwjob.KindCommit, fwjob.JobBody{Job: "j1"}),
+		in(1, at(3, 4, fwjob.KindCommit, fwjob.JobBody{Job: "j1"})),
 		raw(down),
-		raw(fwReset(findKey("gw-a").priv, fwDevice, 1, 1, 5)),
-		raw(fwReset(fwRoot, "fw-2", 1, 1, 5)),
-		raw(fwReset(fwRoot, fwDevice, 50, 1, 2)),
+		raw(fwReset(findKey("gw-a").priv, fwDevice, 1, 1, 5, 5)),
+		raw(fwReset(fwRoot, "fw-2", 1, 1, 5, 5)),
+		raw(fwReset(fwRoot, fwDevice, 1, 1, 5, 1)),
+		raw(fwReset(fwRoot, fwDevice, 50, 1, 2, 2)),
 		{boot: true, healthy: true},
 		at(7, 3, fwjob.KindCommit, fwjob.JobBody{Job: "j1"}),
-		at(50, 2, fwjob.KindCancel, fwjob.JobBody{Job: "j1"}),
+		in(1, at(3, 5, fwjob.KindCommit, fwjob.JobBody{Job: "j1"})),
+		in(3, at(50, 2, fwjob.KindCancel, fwjob.JobBody{Job: "j1"})),
+		in(2, at(50, 2, fwjob.KindCancel, fwjob.JobBody{Job: "j1"})),
 	}
 }
 

@@ -46,6 +46,7 @@ type fwAction struct {
 	seq     uint64
 	kind    string
 	body    any
+	epoch   uint64 // the command's
 	raw     []byte // sent as it is (an operator's reset), in place of an envelope
 }
 
@@ -231,7 +232,8 @@ func fwEnvelope(a fwAction) ([]byte, error) {
 		body = b
 	}
 	return fence.MarshalEnvelope(&fence.Envelope{V: fence.Version, Device: fwDevice, Token: a.token, Seq: a.seq,
-		ID: fmt.Sprintf("c-%d-%d", a.token, a.seq), Kind: a.kind, Body: body, Holder: fmt.Sprintf("gw-%d", a.token)})
+		ID: fmt.Sprintf("c-%d-%d", a.token, a.seq), Kind: a.kind, Body: body, Holder: fmt.Sprintf("gw-%d", a.token),
+		Epoch: a.epoch})
 }
 
 // fwRun runs one scenario on a fresh Go device in dir and returns its rows.
@@ -279,8 +281,8 @@ func (w *hdr) fwRun(dir string, sc fwScenario) (string, error) {
 		if a.healthy {
 			healthy = 1
 		}
-		rows = append(rows, fmt.Sprintf("\t{%d, %d, %s, %d, %d, %dull, %dull, %d, %s, %s, %d, %dull, %d, %d, %dull, %d, %dull},\n",
-			b2i(a.boot), healthy, w.cbytesLen(in), ack.Verdict, fwClass(ack.Reason), ack.MaxToken, ack.LastSeq,
+		rows = append(rows, fmt.Sprintf("\t{%d, %d, %s, %d, %d, %dull, %dull, %dull, %d, %s, %s, %d, %dull, %d, %d, %dull, %d, %dull},\n",
+			b2i(a.boot), healthy, w.cbytesLen(in), ack.Verdict, fwClass(ack.Reason), ack.Epoch, ack.MaxToken, ack.LastSeq,
 			len(ack.Reason), cstr(ack.Reason), cstr(st.Reason), fwStates[st.State], st.Bytes, fwSlot(st.Slot),
 			fwSlot(st.Active), st.Security, trial, st.Seq))
 	}
@@ -328,7 +330,7 @@ typedef struct {
 	const uint8_t *in;
 	size_t in_n;
 	int verdict, cls; /* cls: efs_fw_err of a refused step, 0 otherwise */
-	uint64_t mark_token, mark_seq;
+	uint64_t epoch, mark_token, mark_seq; /* the ack's state */
 	size_t reason_n;
 	const char *reason;     /* the ack's */
 	const char *job_reason; /* the job's (Status.Reason) */

@@ -14,9 +14,10 @@ import (
 )
 
 // The trust vectors: trust updates (auth.MarshalUpdate's format) of
-// root-signed certificates and revocation lists, each decided by the Go
-// side (auth.ParseUpdate, then Trust.Check of every statement on a fresh
-// Trust: taken or refused whole) and by efsdev's trust.c
+// root-signed certificates, revocation lists and epoch statements, each
+// decided by the Go side (auth.ParseUpdate, then Trust.Check of every
+// statement on a fresh Trust: taken or refused whole; taken, the fleet
+// epoch it then holds) and by efsdev's trust.c
 // (efsdev_trust_update) in test/trust_host.c; the fuzz target
 // fuzz/fuzz_trust.c is seeded from them. The keys are the signed vectors'
 // (fixed scalars, RFC 6979 signatures), so the header regenerates byte for
@@ -142,12 +143,83 @@ func trustCorpus() []decodeCase {
 	add("update: text statement", cat([]byte{0x81}, hd(3, uint64(len(cert))), cert))
 	whole := trustUpdate(cert, list)
 	cs = append(cs, damaged(whole, 11, 13, 40)...)
+	cs = append(cs, epochCases(cert, list)...)
 	return sortedCases(cs)
 }
 
-// goTakes is the Go side's verdict on an update: every statement parsed
-// and the root's, or the update refused whole.
-func goTakes(raw []byte) bool {
+// epochStatement is the root's epoch statement of payload p.
+func epochStatement(signer string, p []byte) []byte {
+	return statement(signer, auth.ContentEpoch, p).bytes()
+}
+
+// epochPayload is auth.Epoch{n, issued} in deterministic CBOR.
+func epochPayload(n uint64) []byte { return cat(hd(5, 2), u(1), u(n), u(2), u(1700000000000)) }
+
+// epochCases: epoch statements alone, with others, in their slot (a newer
+// one wins, an older one in the same update refused alone), every field
+// rule of the payload, forgeries, the content types crossed, the size
+// limit, truncations and mutations.
+func epochCases(cert, list []byte) []decodeCase {
+	var cs []decodeCase
+	add := func(name string, in []byte) { cs = append(cs, decodeCase{"epoch: " + name, in}) }
+	pay := func(name string, p []byte) { add(name, trustUpdate(epochStatement("operator", p))) }
+	e3, e2 := epochStatement("operator", epochPayload(3)), epochStatement("operator", epochPayload(2))
+	add("3", trustUpdate(e3))
+	add("with a certificate and a list", trustUpdate(cert, list, e3))
+	add("3, then 2 (older, refused alone)", trustUpdate(e3, e2))
+	add("2, then 3", trustUpdate(e2, e3))
+	add("3 twice", trustUpdate(e3, e3))
+	pay("1", epochPayload(1))
+	pay("2^64-1", epochPayload(1<<64-1))
+	pay("0", epochPayload(0))
+	pay("no issued", cat(hd(5, 1), u(1), u(4)))
+	pay("no epoch", cat(hd(5, 1), u(2), u(4)))
+	pay("empty map", hd(5, 0))
+	pay("epoch null", cat(hd(5, 2), u(1), []byte{0xf6}, u(2), u(1)))
+	pay("issued null", cat(hd(5, 2), u(1), u(5), u(2), []byte{0xf6}))
+	pay("issued undefined", cat(hd(5, 2), u(1), u(5), u(2), []byte{0xf7}))
+	pay("issued negative", cat(hd(5, 2), u(1), u(5), u(2), neg(7)))
+	pay("issued 2^63", cat(hd(5, 2), u(1), u(5), u(2), hd(0, 1<<63)))
+	pay("epoch negative", cat(hd(5, 2), u(1), neg(4), u(2), u(1)))
+	pay("epoch text", cat(hd(5, 2), u(1), tstr("5"), u(2), u(1)))
+	pay("epoch float", cat(hd(5, 2), u(1), []byte{0xf9, 0x45, 0x00}, u(2), u(1)))
+	pay("epoch tagged", cat(hd(5, 2), u(1), []byte{0xc1}, u(5), u(2), u(1)))
+	pay("epoch in 9 bytes", cat(hd(5, 2), u(1), hw(0, 27, 5), u(2), u(1)))
+	pay("heads one size longer", cat(hw(5, 24, 2), hw(0, 24, 1), hw(0, 24, 5), hw(0, 24, 2), hw(0, 26, 1700000000)))
+	pay("keys in another order", cat(hd(5, 2), u(2), u(1), u(1), u(6)))
+	pay("epoch twice", cat(hd(5, 2), u(1), u(5), u(1), u(6)))
+	pay("unknown field 3", cat(hd(5, 3), u(1), u(5), u(2), u(1), u(3), u(0)))
+	pay("text key", cat(hd(5, 1), tstr("1"), u(5)))
+	pay("an array", cat(hd(4, 2), u(5), u(1)))
+	pay("null", []byte{0xf6})
+	pay("trailing byte", append(epochPayload(5), 0))
+	pay("indefinite map", cat([]byte{0xbf}, u(1), u(5), []byte{0xff}))
+	add("signed by gw-a", trustUpdate(epochStatement("gw-a", epochPayload(9))))
+	forged := statement("operator", auth.ContentEpoch, epochPayload(9))
+	forged.signer = "gw-a"
+	add("gw-a's signature, the root's kid", trustUpdate(forged.bytes()))
+	add("under the certificate's content type", trustUpdate(statement("operator", auth.ContentCertificate, epochPayload(4)).bytes()))
+	add("under the list's content type", trustUpdate(statement("operator", auth.ContentRevocations, epochPayload(4)).bytes()))
+	add("a list under the epoch's content type", trustUpdate(statement("operator", auth.ContentEpoch, revPayload(4)).bytes()))
+	for _, n := range []int{auth.MaxEpochSize, auth.MaxEpochSize + 1} { // padded with an unknown field: refused as such, or as too large first
+		for pad := 0; pad < n; pad++ {
+			if b := epochStatement("operator", cat(hd(5, 3), epochPayload(6)[1:], u(3), tstr(strings.Repeat("p", pad)))); len(b) == n {
+				add(fmt.Sprintf("statement of %d bytes", n), trustUpdate(b))
+				break
+			}
+		}
+	}
+	for _, c := range damaged(trustUpdate(e3), 7, 29, 30) {
+		add(c.name, c.in)
+	}
+	return cs
+}
+
+// goTakes is the Go side's verdict on an update, as auth.Ledger.Learn
+// decides it: every statement parsed and the root's, or the update refused
+// whole; taken, the newer statements adopted in order, and the fleet epoch
+// the trust then holds.
+func goTakes(raw []byte) (bool, uint64) {
 	root := findKey("operator")
 	tr, err := auth.NewTrust([]byte(root.kid), &root.priv.PublicKey, func() time.Time { return time.Unix(1800000000, 0) })
 	if err != nil {
@@ -155,14 +227,22 @@ func goTakes(raw []byte) bool {
 	}
 	stmts, err := auth.ParseUpdate(raw)
 	if err != nil {
-		return false
+		return false, 0
 	}
+	var news []*auth.Statement
 	for _, s := range stmts {
-		if _, err := tr.Check(s); err != nil && !errors.Is(err, auth.ErrStaleTrust) {
-			return false
+		st, err := tr.Check(s)
+		switch {
+		case err == nil:
+			news = append(news, st)
+		case !errors.Is(err, auth.ErrStaleTrust):
+			return false, 0
 		}
 	}
-	return true
+	for _, st := range news {
+		_ = tr.Adopt(st) // something newer adopted first: refused alone
+	}
+	return true, tr.Epoch()
 }
 
 func generateTrustVectors() ([]byte, error) {
@@ -170,7 +250,8 @@ func generateTrustVectors() ([]byte, error) {
 	w.blobs.WriteString(`/* Code generated by TestTrustVectorsCurrent (go generate ./devices/firmware/...); DO NOT EDIT.
  *
  * Trust updates decided by the Go side (auth.ParseUpdate, Trust.Check of
- * every statement): ok is 1 if Go takes the update. The root is
+ * every statement): ok is 1 if Go takes the update, epoch the fleet epoch
+ * it then holds (Trust.Epoch). The root is
  * efs_troot (kid, uncompressed P-256 point). A blob is pre, then fill_n
  * bytes of fill, then post.
  */
@@ -193,16 +274,14 @@ typedef struct {
 	const char *name;
 	efs_tblob in;
 	int ok;
+	uint64_t epoch; /* taken: the fleet epoch the trust then holds */
 } efs_tupdate;
 
 `)
 	var rows []string
 	for _, c := range trustCorpus() {
-		ok := 0
-		if goTakes(c.in) {
-			ok = 1
-		}
-		rows = append(rows, fmt.Sprintf("\t{%s, %s, %d},\n", cstr(c.name), w.blob(c.in), ok))
+		ok, epoch := goTakes(c.in)
+		rows = append(rows, fmt.Sprintf("\t{%s, %s, %d, %dull},\n", cstr(c.name), w.blob(c.in), b2i(ok), epoch))
 	}
 	w.table("efs_tupdate", "efs_tupdates", rows)
 	root := findKey("operator")

@@ -54,7 +54,7 @@ func TestManifestRequired(t *testing.T) {
 	older.Version--
 	flipped := append([]byte(nil), good...)
 	flipped[len(flipped)-10] ^= 0x04
-	reset, _ := op.Root.Reset(auth.Reset{Device: dev, Token: 1, Seq: 1, Counter: 1, ID: "reset:x"})
+	reset, _ := op.Root.Reset(auth.Reset{Device: dev, Token: 1, Seq: 1, Counter: 1, ID: "reset:x", Epoch: 1})
 	for _, tc := range []struct {
 		name     string
 		manifest []byte

@@ -57,10 +57,11 @@ func (s *Shim) batchHasControl(reqs []Request) bool {
 
 // batchItem is one command of a batch being decided.
 type batchItem struct {
-	env     *fence.Envelope // nil: refused by screen (out holds the refusal)
-	verdict fence.Verdict
-	mark    fence.Mark // after the decision
-	err     error      // reading the device's record failed
+	env      *fence.Envelope // nil: refused by screen (out holds the refusal)
+	verdict  fence.Verdict
+	state    fence.State // after the decision
+	epochErr error       // a refusal by epoch (fence.AdmitEpoch)
+	err      error       // reading the device's records failed
 }
 
 // processBatch decides reqs in one transaction and fills out; false if
@@ -77,6 +78,7 @@ func (s *Shim) processBatch(reqs []Request, d Device, txa TxApplier, out []Resul
 		items[i].env = env
 	}
 	recorded := false
+	floor := s.floor()
 	err := s.db.Update(func(tx *bbolt.Tx) error {
 		recorded = false
 		b := tx.Bucket(marksBucket)
@@ -86,23 +88,26 @@ func (s *Shim) processBatch(reqs []Request, d Device, txa TxApplier, out []Resul
 				continue
 			}
 			cur, err := getRecord(b, reqs[i].Device)
+			var e uint64
+			if err == nil {
+				e, err = getResetEpoch(tx, reqs[i].Device)
+			}
 			if err != nil {
-				it.err = err // this device's record only: the others go on
+				it.err = err // this device's records only: the others go on
 				continue
 			}
-			it.verdict, it.mark = fence.Admit(cur.Mark, it.env.Token, it.env.Seq)
+			it.verdict, it.state, it.epochErr = fence.AdmitEpoch(max(floor, e), cur.State(), it.env.Epoch, it.env.Token, it.env.Seq)
 			if it.verdict != fence.Accepted {
-				it.mark = cur.Mark
 				continue
 			}
-			rec := Record{Mark: it.mark, At: time.Now(), Holder: it.env.Holder, ID: it.env.ID}
+			rec := Record{Epoch: it.state.Epoch, Mark: it.state.Mark, At: time.Now(), Holder: it.env.Holder, ID: it.env.ID}
 			if err := putRecord(b, reqs[i].Device, rec); err != nil {
 				return err
 			}
 			if err := guard("apply", func() error { return txa.ApplyTx(tx, it.env) }); err != nil {
 				return &applyError{err}
 			}
-			s.recordAccept(it.env, it.mark) // decided: on the record before the commit
+			s.recordAccept(it.env, it.state) // decided: on the record before the commit
 			recorded = true
 		}
 		return nil
@@ -133,12 +138,14 @@ func (s *Shim) batchResult(device string, it *batchItem) Result {
 	case it.err != nil:
 		err := storageErr(it.err)
 		s.storageFailed(device, err)
-		return s.refuse(device, it.env, fence.Mark{}, err.Error())
+		return s.refuse(device, it.env, fence.State{}, err.Error())
 	case it.verdict == fence.Accepted:
 		s.stats.accepted.Add(1)
-		return Result{Ack: fence.NewAck(it.env, fence.Accepted, it.mark, ""), Envelope: it.env, Applied: true}
+		return Result{Ack: fence.NewEpochAck(it.env, fence.Accepted, it.state, ""), Envelope: it.env, Applied: true}
 	case it.verdict == fence.Stale, it.verdict == fence.Duplicate:
-		return s.refused(it.env, it.verdict, it.mark)
+		return s.refused(it.env, it.verdict, it.state, it.epochErr)
+	case it.epochErr != nil:
+		return s.refuse(device, it.env, it.state, it.epochErr.Error())
 	}
-	return s.refuse(device, it.env, it.mark, "admit: "+it.verdict.String())
+	return s.refuse(device, it.env, it.state, "admit: "+it.verdict.String())
 }

@@ -32,11 +32,12 @@ type Result struct {
 //
 // raw is decoded with fence.UnmarshalEnvelope; an undecodable envelope, one
 // naming another device, or one d.Check refuses is Invalid and leaves the
-// mark unchanged. Otherwise fence.Admit decides, inside one bbolt write
-// transaction that also stores the new mark (and, for a TxApplier, the
-// effect), committed with fsync before Apply runs. Duplicates are
-// acknowledged again and never re-applied. The ack carries the mark after the
-// decision. Handle never panics.
+// mark unchanged. Otherwise fence.AdmitEpoch decides (the epoch first: see
+// State), inside one bbolt write transaction that also stores the new mark
+// (and, for a TxApplier, the effect), committed with fsync before Apply
+// runs. Duplicates are acknowledged again and never re-applied. The ack
+// carries the device's epoch and mark after the decision. Handle never
+// panics.
 func (s *Shim) Handle(device string, raw []byte, d Device) fence.Ack {
 	return s.Process(device, raw, d).Ack
 }
@@ -58,6 +59,7 @@ func (s *Shim) processOne(device string, raw []byte, d Device) Result {
 	if auth.IsReset(raw) { // the operator's reset, not a command (reset.go)
 		return s.reset(device, raw)
 	}
+	s.signer = ""
 	res := s.process(device, raw, d)
 	if !res.Applied {
 		// An applied command's accept was recorded before its commit
@@ -75,7 +77,7 @@ func (s *Shim) record(res Result) {
 	}
 	a := res.Ack
 	e := history.Event{Op: history.OpVerdict, Device: a.Device, ID: a.ID, Token: uint64(a.Token), Seq: a.Seq,
-		Verdict: a.Verdict.String(), Reason: a.Reason}
+		Verdict: a.Verdict.String(), Reason: a.Reason, Signer: s.signer}
 	if res.Envelope != nil {
 		e.Kind = res.Envelope.Kind
 		if s.opts.HistoryNote != nil {
@@ -91,9 +93,9 @@ func (s *Shim) record(res Result) {
 // commit that makes it durable (inside the write transaction, or before
 // the effect of a deferred seq advance): a SIGKILL after the commit cannot
 // lose the line. Call with s.mu held.
-func (s *Shim) recordAccept(env *fence.Envelope, m fence.Mark) {
+func (s *Shim) recordAccept(env *fence.Envelope, st fence.State) {
 	if s.opts.History != nil {
-		s.record(Result{Ack: fence.NewAck(env, fence.Accepted, m, ""), Envelope: env})
+		s.record(Result{Ack: fence.NewEpochAck(env, fence.Accepted, st, ""), Envelope: env})
 	}
 }
 
@@ -129,28 +131,30 @@ func (s *Shim) process(device string, raw []byte, d Device) Result {
 	if !ok {
 		return refused
 	}
-	live, stored, err := s.current(device)
+	live, stored, e, err := s.current(device)
 	if err != nil {
 		s.storageFailed(device, err)
-		return s.refuse(device, env, fence.Mark{}, err.Error())
+		return s.refuse(device, env, fence.State{}, err.Error())
 	}
-	verdict, next := fence.Admit(live.Mark, env.Token, env.Seq)
-	switch verdict {
-	case fence.Accepted:
-	case fence.Stale, fence.Duplicate:
-		return s.refused(env, verdict, live.Mark)
+	verdict, next, eerr := fence.AdmitEpoch(e, live.State(), env.Epoch, env.Token, env.Seq)
+	switch {
+	case verdict == fence.Accepted:
+	case verdict == fence.Stale, verdict == fence.Duplicate:
+		return s.refused(env, verdict, next, eerr)
+	case eerr != nil: // an epoch the shim holds no statement of
+		return s.refuse(device, env, next, eerr.Error())
 	default: // Envelope.Validate already refused token 0 and seq 0
-		return s.refuse(device, env, live.Mark, "admit: "+verdict.String())
+		return s.refuse(device, env, next, "admit: "+verdict.String())
 	}
 
 	txa, isTx := d.(TxApplier)
-	rec := Record{Mark: next, At: time.Now(), Holder: env.Holder, ID: env.ID}
-	if s.opts.PersistOnTokenChangeOnly && !isTx && next.Token == stored.Mark.Token {
-		// Seq-only advance under the durable token: no write, no fsync.
+	rec := Record{Epoch: next.Epoch, Mark: next.Mark, At: time.Now(), Holder: env.Holder, ID: env.ID}
+	if s.opts.PersistOnTokenChangeOnly && !isTx && next.Mark.Token == stored.Mark.Token && next.Epoch == stored.Epoch {
+		// Seq-only advance under the durable token and epoch: no write, no fsync.
 		s.pending[device] = rec
 		s.stats.deferred.Add(1)
 		s.recordAccept(env, next)
-	} else if refused, ok := s.persist(device, env, rec, live.Mark, txa); !ok {
+	} else if refused, ok := s.persist(device, env, rec, e, live.State().At(e), txa); !ok {
 		return refused
 	}
 
@@ -165,7 +169,7 @@ func (s *Shim) process(device string, raw []byte, d Device) Result {
 	}
 
 	s.stats.accepted.Add(1)
-	return Result{Ack: fence.NewAck(env, fence.Accepted, next, ""), Envelope: env, Applied: true}
+	return Result{Ack: fence.NewEpochAck(env, fence.Accepted, next, ""), Envelope: env, Applied: true}
 }
 
 // screen decodes raw and runs every check that needs no stored mark: the
@@ -173,24 +177,26 @@ func (s *Shim) process(device string, raw []byte, d Device) Result {
 // with the refusal to send.
 func (s *Shim) screen(device string, raw []byte, d Device) (env *fence.Envelope, refused Result, ok bool) {
 	if s.closed {
-		return nil, s.refuse(device, nil, fence.Mark{}, ErrClosed.Error()), false
+		return nil, s.refuse(device, nil, fence.State{}, ErrClosed.Error()), false
 	}
 	if err := fence.ValidateDeviceID(device); err != nil {
-		return nil, s.refuse("", nil, fence.Mark{}, "addressed device: "+err.Error()), false
+		return nil, s.refuse("", nil, fence.State{}, "addressed device: "+err.Error()), false
 	}
 	env, err := s.decode(raw)
 	if err != nil {
-		return nil, s.refuse(device, s.addressable(device, raw), s.markOrZero(device), err.Error()), false
+		// auth.Reason: the wording of a refusal a trust update cures is
+		// every fence point's (auth.NeedsTrust).
+		return nil, s.refuse(device, s.addressable(device, raw), s.stateOrZero(device), auth.Reason(err)), false
 	}
 	if env.Device != device {
-		return nil, s.refuse(device, env, s.markOrZero(device),
+		return nil, s.refuse(device, env, s.stateOrZero(device),
 			fmt.Sprintf("envelope names device %q but was addressed to %q", env.Device, device)), false
 	}
 	if d == nil {
-		return nil, s.refuse(device, env, s.markOrZero(device), "no device handler"), false
+		return nil, s.refuse(device, env, s.stateOrZero(device), "no device handler"), false
 	}
 	if err := guard("check", func() error { return d.Check(env) }); err != nil {
-		return nil, s.refuse(device, env, s.markOrZero(device), err.Error()), false
+		return nil, s.refuse(device, env, s.stateOrZero(device), err.Error()), false
 	}
 	return env, Result{}, true
 }
@@ -207,6 +213,7 @@ func (s *Shim) decode(raw []byte) (*fence.Envelope, error) {
 		s.log.Warn("unauthenticated command refused", "err", err)
 		return nil, err
 	}
+	s.signer = string(v.KeyID)
 	return v.Envelope, nil
 }
 
@@ -226,10 +233,11 @@ func (s *Shim) addressable(device string, raw []byte) *fence.Envelope {
 
 // persist commits the accept of env (the mark rec, and with a TxApplier
 // the effect, in one transaction), recording it in the history before the
-// commit. The check is repeated inside the transaction: it is the
-// authoritative one. ok is false with the refusal to send (live is the mark
-// the refusal carries).
-func (s *Shim) persist(device string, env *fence.Envelope, rec Record, live fence.Mark, txa TxApplier) (refused Result, ok bool) {
+// commit. The check is repeated inside the transaction (e: the shim's own
+// epoch for the device, as current gave it): it is the authoritative one.
+// ok is false with the refusal to send (live is the state the refusal
+// carries).
+func (s *Shim) persist(device string, env *fence.Envelope, rec Record, e uint64, live fence.State, txa TxApplier) (refused Result, ok bool) {
 	recorded := false
 	err := s.db.Update(func(tx *bbolt.Tx) error {
 		b := tx.Bucket(marksBucket)
@@ -237,15 +245,15 @@ func (s *Shim) persist(device string, env *fence.Envelope, rec Record, live fenc
 		if err != nil {
 			return err
 		}
-		if p, ok := s.pending[device]; ok && markLess(cur.Mark, p.Mark) {
+		if p, ok := s.pending[device]; ok && fence.StateLess(cur.State(), p.State()) {
 			cur = p
 		}
 		// The authoritative check-and-update, atomic in this transaction.
-		v, n := fence.Admit(cur.Mark, env.Token, env.Seq)
+		v, n, _ := fence.AdmitEpoch(e, cur.State(), env.Epoch, env.Token, env.Seq)
 		if v != fence.Accepted {
-			return fmt.Errorf("%w: mark moved to %s during the decision", ErrStorage, cur.Mark)
+			return fmt.Errorf("%w: state moved to %v during the decision", ErrStorage, cur.State())
 		}
-		rec.Mark = n
+		rec.Epoch, rec.Mark = n.Epoch, n.Mark
 		if err := putRecord(b, device, rec); err != nil {
 			return err
 		}
@@ -255,7 +263,7 @@ func (s *Shim) persist(device string, env *fence.Envelope, rec Record, live fenc
 			}
 		}
 		// Decided: on the record before the commit (history).
-		s.recordAccept(env, rec.Mark)
+		s.recordAccept(env, rec.State())
 		recorded = true
 		return nil
 	})
@@ -287,25 +295,32 @@ func (s *Shim) storageFailed(device string, err error) {
 	}
 }
 
-// refused answers a stale or duplicate command.
-func (s *Shim) refused(env *fence.Envelope, v fence.Verdict, m fence.Mark) Result {
+// refused answers a stale or duplicate command; st is the device's state,
+// epochErr the refusal by epoch (AdmitEpoch), if it was one.
+func (s *Shim) refused(env *fence.Envelope, v fence.Verdict, st fence.State, epochErr error) Result {
 	var reason string
-	switch v {
-	case fence.Stale:
+	m := st.Mark
+	switch {
+	case epochErr != nil:
+		s.stats.stale.Add(1)
+		reason = epochErr.Error()
+		s.log.Info("stale command refused: its epoch is closed", "device", env.Device, "id", env.ID, "token", env.Token,
+			"seq", env.Seq, "holder", env.Holder, "epoch", env.Epoch, "device_epoch", st.Epoch)
+	case v == fence.Stale:
 		s.stats.stale.Add(1)
 		reason = fmt.Sprintf("token %d below the high-water mark %s", env.Token, m)
 		s.log.Info("stale command refused", "device", env.Device, "id", env.ID, "token", env.Token,
 			"seq", env.Seq, "holder", env.Holder, "mark", m.String())
-	case fence.Duplicate:
+	case v == fence.Duplicate:
 		s.stats.duplicate.Add(1)
 		reason = fmt.Sprintf("already applied: %d/%d not above %s", env.Token, env.Seq, m)
 	}
-	return Result{Ack: fence.NewAck(env, v, m, reason), Envelope: env}
+	return Result{Ack: fence.NewEpochAck(env, v, st, reason), Envelope: env}
 }
 
 // refuse answers an Invalid verdict. env may be nil (undecodable) and device
-// empty (not a valid device id). m is the device's mark, unchanged.
-func (s *Shim) refuse(device string, env *fence.Envelope, m fence.Mark, reason string) Result {
+// empty (not a valid device id). st is the device's state, unchanged.
+func (s *Shim) refuse(device string, env *fence.Envelope, st fence.State, reason string) Result {
 	s.stats.invalid.Add(1)
 	reason = strings.ToValidUTF8(reason, "?")
 	s.log.Warn("invalid command refused", "device", device, "reason", reason)
@@ -313,7 +328,7 @@ func (s *Shim) refuse(device string, env *fence.Envelope, m fence.Mark, reason s
 	if e == nil {
 		e = &fence.Envelope{}
 	}
-	ack := fence.NewAck(e, fence.Invalid, m, reason)
+	ack := fence.NewEpochAck(e, fence.Invalid, st, reason)
 	ack.Device = device // the addressed device, which may differ from env.Device
 	if fence.ValidateDeviceID(device) != nil {
 		ack.Device = ""
@@ -321,14 +336,14 @@ func (s *Shim) refuse(device string, env *fence.Envelope, m fence.Mark, reason s
 	return Result{Ack: ack, Envelope: env}
 }
 
-// markOrZero reads the device's live mark for an Invalid ack; a storage
+// stateOrZero reads the device's state for an Invalid ack; a storage
 // error there is reported by the next real decision, not here.
-func (s *Shim) markOrZero(device string) fence.Mark {
-	live, _, err := s.current(device)
+func (s *Shim) stateOrZero(device string) fence.State {
+	live, _, e, err := s.current(device)
 	if err != nil {
-		return fence.Mark{}
+		return fence.State{}
 	}
-	return live.Mark
+	return live.State().At(e)
 }
 
 type applyError struct{ err error }

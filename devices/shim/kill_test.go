@@ -181,15 +181,39 @@ func TestKill9Batches(t *testing.T) {
 	testKill9(t, killBatch)
 }
 
-// killRound starts the helper, lets it run for d after its first ack, kills
-// it with SIGKILL and returns the acks it printed.
+// killRound starts the helper, lets it run for d after its first ack, kills it
+// with SIGKILL and returns the acks it printed.
 func killRound(t *testing.T, path string, d time.Duration, batches bool) ([]fence.Mark, time.Duration) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), helperEnv+"="+path)
+	env := []string{helperEnv + "=" + path}
 	if batches {
-		cmd.Env = append(cmd.Env, batchEnv+"=1")
+		env = append(env, batchEnv+"=1")
 	}
+	var acked []fence.Mark
+	runKilled(t, env, d, func(l string) {
+		var k uint64
+		var tok fence.Token
+		var seq uint64
+		var v string
+		if _, err := fmt.Sscanf(l, "ack %d %d %d %s", &k, &tok, &seq, &v); err != nil {
+			t.Errorf("helper said %q", l)
+			return
+		}
+		if v != "accepted" || killSchedule(k) != (fence.Mark{Token: tok, Seq: seq}) {
+			t.Errorf("helper acked %q", l)
+		}
+		acked = append(acked, fence.Mark{Token: tok, Seq: seq})
+	})
+	return acked, d
+}
+
+// runKilled re-executes the test binary with env added, feeds each line it
+// prints to parse, lets it run for d after its first line, and kills it
+// with SIGKILL.
+func runKilled(t *testing.T, env []string, d time.Duration, parse func(line string)) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), env...)
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -209,32 +233,16 @@ func killRound(t *testing.T, path string, d time.Duration, batches bool) ([]fenc
 		}
 		io.Copy(io.Discard, out)
 	}()
-
-	var acked []fence.Mark
-	parse := func(l string) {
-		var k uint64
-		var tok fence.Token
-		var seq uint64
-		var v string
-		if _, err := fmt.Sscanf(l, "ack %d %d %d %s", &k, &tok, &seq, &v); err != nil {
-			t.Errorf("helper said %q", l)
-			return
-		}
-		if v != "accepted" || killSchedule(k) != (fence.Mark{Token: tok, Seq: seq}) {
-			t.Errorf("helper acked %q", l)
-		}
-		acked = append(acked, fence.Mark{Token: tok, Seq: seq})
-	}
 	select {
 	case l, ok := <-lines:
 		if !ok {
 			cmd.Wait()
-			t.Fatal("helper exited before its first ack")
+			t.Fatal("helper exited before its first line")
 		}
 		parse(l)
 	case <-time.After(30 * time.Second):
 		cmd.Process.Kill()
-		t.Fatal("no ack from helper")
+		t.Fatal("nothing from the helper")
 	}
 	time.Sleep(d)
 	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
@@ -247,5 +255,4 @@ func killRound(t *testing.T, path string, d time.Duration, batches bool) ([]fenc
 	if err := cmd.Wait(); err == nil {
 		t.Fatal("helper exited cleanly; it was meant to be killed")
 	}
-	return acked, d
 }

@@ -46,6 +46,30 @@ func getRecord(b *bbolt.Bucket, device string) (Record, error) {
 	return r, nil
 }
 
+// getResetEpoch reads the epoch of device's last reset (0: none) from tx.
+// An unreadable reset record is an error wrapping ErrStorage and
+// fence.ErrMarkRecordCorrupt: the device fails closed, as with its mark.
+func getResetEpoch(tx *bbolt.Tx, device string) (uint64, error) {
+	r, err := getReset(tx, device)
+	return r.Epoch, err
+}
+
+// getReset reads the record of device's last reset from tx (the zero
+// record if none).
+func getReset(tx *bbolt.Tx, device string) (fence.ResetRecord, error) {
+	var r fence.ResetRecord
+	rb := tx.Bucket(resetsBucket)
+	if rb == nil {
+		return r, nil
+	}
+	if v := rb.Get([]byte(device)); v != nil {
+		if err := r.UnmarshalBinary(v); err != nil {
+			return fence.ResetRecord{}, fmt.Errorf("%w: device %s: %w", ErrStorage, device, err)
+		}
+	}
+	return r, nil
+}
+
 func putRecord(b *bbolt.Bucket, device string, r Record) error {
 	v, err := r.MarshalBinary()
 	if err != nil {

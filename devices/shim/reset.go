@@ -29,79 +29,81 @@ func (s *Shim) resetVerifier() auth.ResetVerifier {
 
 // reset applies an operator's reset statement addressed to device (a
 // payload auth.IsReset recognised): verified against the root, then the
-// new mark and the reset's record (its counter above the last one's) in
-// one transaction, committed with fsync before the ack says accepted.
-// Every refusal is invalid with the mark unchanged, counted and logged.
-// Call with s.mu held.
+// new mark in the reset's epoch and the reset's record (its counter above
+// the last one's, its epoch above the device's: fence.CheckReset) in one
+// transaction, committed with fsync before the ack says accepted. Every
+// refusal is invalid with the mark unchanged, counted and logged. Call
+// with s.mu held.
 func (s *Shim) reset(device string, raw []byte) Result {
 	if s.closed {
-		return s.refuseReset(device, raw, fence.Mark{}, ErrClosed)
+		return s.refuseReset(device, raw, fence.State{}, ErrClosed)
 	}
 	if err := fence.ValidateDeviceID(device); err != nil {
-		return s.refuseReset("", raw, fence.Mark{}, err)
+		return s.refuseReset("", raw, fence.State{}, err)
 	}
 	v := s.resetVerifier()
 	if v == nil {
-		return s.refuseReset(device, raw, s.markOrZero(device),
+		return s.refuseReset(device, raw, s.stateOrZero(device),
 			fmt.Errorf("%w: %w: this fence point cannot check a reset", fence.ErrInvalid, auth.ErrNoRoot))
 	}
 	r, err := v.VerifyReset(raw, device)
 	if err != nil {
-		return s.refuseReset(device, raw, s.markOrZero(device), err)
+		return s.refuseReset(device, raw, s.stateOrZero(device), err)
 	}
 	now := time.Now()
-	rec := Record{Mark: r.Mark(), At: now, Holder: "operator reset", ID: r.ID}
+	rec := Record{Epoch: r.Epoch, Mark: r.Mark(), At: now, Holder: "operator reset", ID: r.ID}
+	rr := r.Record()
+	rr.At = now
 	var refused error
-	var old Record
+	var old fence.State
+	floor := s.floor()
 	err = s.db.Update(func(tx *bbolt.Tx) error {
 		b := tx.Bucket(marksBucket)
 		cur, err := getRecord(b, device)
 		if err != nil {
 			return err
 		}
-		old = cur
-		rb, err := tx.CreateBucketIfNotExists(resetsBucket)
+		last, err := getReset(tx, device)
 		if err != nil {
 			return err
 		}
-		var last fence.ResetRecord
-		if v := rb.Get([]byte(device)); v != nil {
-			if err := last.UnmarshalBinary(v); err != nil {
-				return fmt.Errorf("%w: device %s: %w", ErrStorage, device, err)
-			}
-		}
-		if refused = fence.CheckReset(last, r.Counter); refused != nil {
+		old = cur.State().At(max(floor, last.Epoch))
+		if refused = fence.CheckReset(last, old.Epoch, r.Counter, r.Epoch); refused != nil {
 			return nil
 		}
 		if err := putRecord(b, device, rec); err != nil {
 			return err
 		}
-		rr, err := fence.ResetRecord{Counter: r.Counter, ID: r.ID, At: now}.MarshalBinary()
+		rb, err := tx.CreateBucketIfNotExists(resetsBucket)
 		if err != nil {
 			return err
 		}
-		return rb.Put([]byte(device), rr)
+		v, err := rr.MarshalBinary()
+		if err != nil {
+			return err
+		}
+		return rb.Put([]byte(device), v)
 	})
 	switch {
 	case err != nil:
 		err = storageErr(err)
 		s.storageFailed(device, err)
-		return s.refuseReset(device, raw, s.markOrZero(device), err)
+		return s.refuseReset(device, raw, s.stateOrZero(device), err)
 	case refused != nil:
-		return s.refuseReset(device, raw, s.markOrZero(device), refused)
+		return s.refuseReset(device, raw, old, refused)
 	}
 	// A seq advance held in memory belongs to the mark the reset replaced.
 	delete(s.pending, device)
 	s.stats.resets.Add(1)
-	s.log.Warn("fence reset by the operator", "device", device, "mark", rec.Mark.String(), "was", old.Mark.String(),
-		"counter", r.Counter, "id", r.ID)
-	return Result{Ack: auth.ResetAck(device, r, rec.Mark, nil)}
+	s.log.Warn("fence reset by the operator", "device", device, "mark", rec.Mark.String(), "epoch", rec.Epoch,
+		"was", old.Mark.String(), "was_epoch", old.Epoch, "counter", r.Counter, "id", r.ID)
+	return Result{Ack: auth.ResetAck(device, r, rec.State(), nil)}
 }
 
-// refuseReset answers a reset that was not applied: invalid, the mark m
+// refuseReset answers a reset that was not applied: invalid, the state st
 // unchanged, the ack naming the reset id it claims (so that its sender
 // learns why).
-func (s *Shim) refuseReset(device string, raw []byte, m fence.Mark, err error) Result {
+func (s *Shim) refuseReset(device string, raw []byte, st fence.State, err error) Result {
 	s.stats.invalid.Add(1)
 	s.stats.resetsRefused.Add(1)
 	r, _ := auth.PeekReset(raw)
@@ -113,8 +115,8 @@ func (s *Shim) refuseReset(device string, raw []byte, m fence.Mark, err error) R
 	if errors.Is(err, auth.ErrReplayedReset) {
 		lvl = "reset refused: replayed"
 	}
-	s.log.Warn(lvl, "device", device, "id", id, "mark", m.String(), "err", err)
-	return Result{Ack: auth.ResetAck(device, r, m, err)}
+	s.log.Warn(lvl, "device", device, "id", id, "mark", st.Mark.String(), "epoch", st.Epoch, "err", err)
+	return Result{Ack: auth.ResetAck(device, r, st, err)}
 }
 
 // LastReset returns the record of device's last authorised reset (the zero
@@ -122,12 +124,9 @@ func (s *Shim) refuseReset(device string, raw []byte, m fence.Mark, err error) R
 func (s *Shim) LastReset(device string) (fence.ResetRecord, error) {
 	var r fence.ResetRecord
 	err := s.View(func(tx *bbolt.Tx) error {
-		if rb := tx.Bucket(resetsBucket); rb != nil {
-			if v := rb.Get([]byte(device)); v != nil {
-				return r.UnmarshalBinary(v)
-			}
-		}
-		return nil
+		var err error
+		r, err = getReset(tx, device)
+		return err
 	})
 	return r, err
 }

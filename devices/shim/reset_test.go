@@ -34,9 +34,16 @@ func newOperator(t testing.TB) operator {
 	return o
 }
 
+// signReset signs a reset of dev to `to` in epoch counter (each test's
+// counters go up, so do their epochs).
 func signReset(t testing.TB, r *auth.Root, dev string, to fence.Mark, counter uint64, id string) []byte {
 	t.Helper()
-	raw, err := r.Reset(auth.Reset{Device: dev, Token: to.Token, Seq: to.Seq, Counter: counter, ID: id})
+	return signEpochReset(t, r, dev, to, counter, counter, id)
+}
+
+func signEpochReset(t testing.TB, r *auth.Root, dev string, to fence.Mark, counter, epoch uint64, id string) []byte {
+	t.Helper()
+	raw, err := r.Reset(auth.Reset{Device: dev, Token: to.Token, Seq: to.Seq, Counter: counter, ID: id, Epoch: epoch})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,7 +52,8 @@ func signReset(t testing.TB, r *auth.Root, dev string, to fence.Mark, counter ui
 
 // A device of the unsigned era (no Keys), provisioned only with the
 // operator's root, is bricked by one forged envelope with token 2^63; the
-// operator's reset brings it back: the holder's command is accepted again.
+// operator's reset brings it back: the holder's command, in the reset's
+// epoch, is accepted again.
 // The same reset replayed, a reset for another device, one signed by a
 // gateway's key, and any reset at a shim with no root are refused invalid,
 // the mark unchanged; the counter survives a reopen.
@@ -68,10 +76,10 @@ func TestResetBrickedDevice(t *testing.T) {
 	to := fence.Mark{Token: 9, Seq: math.MaxUint64}
 	good := signReset(t, op.root, "dev-1", to, 1, "reset:one")
 	a := s.Handle("dev-1", good, dev)
-	if a.Verdict != fence.Accepted || a.ID != "reset:one" || a.Mark() != to || a.Device != "dev-1" {
+	if a.Verdict != fence.Accepted || a.ID != "reset:one" || a.Mark() != to || a.Epoch != 1 || a.Device != "dev-1" {
 		t.Fatalf("reset: %+v", a)
 	}
-	if a := s.Handle("dev-1", envelope(t, "dev-1", 10, 3, "ok"), dev); a.Verdict != fence.Accepted {
+	if a := s.Handle("dev-1", epochEnvelope(t, "dev-1", 1, 10, 3, "ok"), dev); a.Verdict != fence.Accepted {
 		t.Fatalf("the holder after the reset: %+v", a)
 	}
 	after := fence.Mark{Token: 10, Seq: 3}
@@ -143,7 +151,9 @@ func TestResetSignedShim(t *testing.T) {
 	if a := w.s.Handle("dev-1", signReset(t, w.root, "dev-1", to, 1, "reset:a"), w.dev); a.Verdict != fence.Accepted || a.Mark() != to {
 		t.Fatalf("reset with the Trust's root: %+v", a)
 	}
-	if a := w.s.Handle("dev-1", signed(t, w.gw, cmd("dev-1", 41, 1, "c2")), w.dev); a.Verdict != fence.Accepted {
+	c2 := cmd("dev-1", 41, 1, "c2")
+	c2.Epoch = 1
+	if a := w.s.Handle("dev-1", signed(t, w.gw, c2), w.dev); a.Verdict != fence.Accepted {
 		t.Fatalf("after the reset: %+v", a)
 	}
 

@@ -83,10 +83,11 @@ type Options struct {
 	// Stats.Unauthenticated and logged. nil: unsigned envelopes, as before.
 	//
 	// When Keys is an *auth.Trust the shim also learns trust updates (a
-	// command payload starting 0x81–0x88, auth.ParseUpdate): certificates
-	// and revocation lists signed by the root, each newer one committed
-	// with fsync before it takes effect, replayed into the Trust at Open
-	// (trust.go).
+	// command payload starting 0x81–0x88, auth.ParseUpdate): certificates,
+	// revocation lists and epoch statements signed by the root, each newer
+	// one committed with fsync before it takes effect, replayed into the
+	// Trust at Open (trust.go). The epoch statement's epoch is then every
+	// device's lowest epoch here (fence.AdmitEpoch, State).
 	Keys auth.Keys
 
 	// Root, if set, lets the operator reset a device's mark with a reset
@@ -109,6 +110,8 @@ type Shim struct {
 	closed  bool
 	pending map[string]Record // PersistOnTokenChangeOnly: seq advances not yet written
 	ledger  *auth.Ledger      // trust updates, when Keys is an *auth.Trust (trust.go)
+	signer  string            // key id of the command being decided, once verified (for its history event)
+	listed  uint64            // version of the revocation list last recorded in the history (OpTrust)
 
 	stats struct {
 		accepted, duplicate, stale, invalid     atomic.Uint64
@@ -192,22 +195,37 @@ func (s *Shim) Close() error {
 // Path returns the database file's path.
 func (s *Shim) Path() string { return s.path }
 
-// Mark returns the device's current high-water mark (the zero Mark if it has
-// never accepted a command). With PersistOnTokenChangeOnly it may be ahead
-// of what is on disk.
+// Mark returns the device's current high-water mark in its epoch (the zero
+// Mark if it has accepted no command in it; see State). With
+// PersistOnTokenChangeOnly it may be ahead of what is on disk.
 func (s *Shim) Mark(device string) (fence.Mark, error) {
-	r, err := s.Record(device)
-	return r.Mark, err
+	st, err := s.State(device)
+	return st.Mark, err
 }
 
-// Record returns the device's current mark with when and by whom it was set.
+// State returns the device's epoch and its mark in that epoch
+// (fence.State.At): the epoch is the highest of the fleet epoch the shim's
+// trust holds (Options.Keys an *auth.Trust), the device's last reset's and
+// its stored mark's.
+func (s *Shim) State(device string) (fence.State, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return fence.State{}, ErrClosed
+	}
+	r, _, e, err := s.current(device)
+	return r.State().At(e), err
+}
+
+// Record returns the device's stored mark with its epoch, when and by whom
+// it was set (a mark of an epoch below the device's counts as none: State).
 func (s *Shim) Record(device string) (Record, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
 		return Record{}, ErrClosed
 	}
-	r, _, err := s.current(device)
+	r, _, _, err := s.current(device)
 	return r, err
 }
 
@@ -284,21 +302,36 @@ func (s *Shim) Stats() Stats {
 	}
 }
 
-// current returns the live record for device (pending, else stored) and the
-// stored one. Call with s.mu held.
-func (s *Shim) current(device string) (live, stored Record, err error) {
+// current returns the live record for device (pending, else stored), the
+// stored one, and the shim's own epoch for the device beyond its mark's: the
+// higher of the fleet epoch (floor) and its last reset's. The device's state
+// is live.State().At(e). Call with s.mu held.
+func (s *Shim) current(device string) (live, stored Record, e uint64, err error) {
 	err = s.db.View(func(tx *bbolt.Tx) error {
-		stored, err = getRecord(tx.Bucket(marksBucket), device)
+		if stored, err = getRecord(tx.Bucket(marksBucket), device); err != nil {
+			return err
+		}
+		e, err = getResetEpoch(tx, device)
 		return err
 	})
 	if err != nil {
-		return Record{}, Record{}, storageErr(err)
+		return Record{}, Record{}, 0, storageErr(err)
 	}
 	live = stored
-	if p, ok := s.pending[device]; ok && markLess(stored.Mark, p.Mark) {
+	if p, ok := s.pending[device]; ok && fence.StateLess(stored.State(), p.State()) {
 		live = p
 	}
-	return live, stored, nil
+	return live, stored, max(e, s.floor()), nil
+}
+
+// floor is the fleet epoch the shim's trust holds (auth.Trust.Epoch): the
+// lowest epoch of every device here, whose commands must be signed; 0
+// without an epoch-keeping Keys.
+func (s *Shim) floor() uint64 {
+	if k, ok := s.opts.Keys.(interface{ Epoch() uint64 }); ok {
+		return k.Epoch()
+	}
+	return 0
 }
 
 func storageErr(err error) error {
@@ -309,9 +342,4 @@ func storageErr(err error) error {
 		return ErrClosed
 	}
 	return fmt.Errorf("%w: %w", ErrStorage, err)
-}
-
-// markLess orders marks as the admit rule does.
-func markLess(a, b fence.Mark) bool {
-	return a.Token < b.Token || a.Token == b.Token && a.Seq < b.Seq
 }

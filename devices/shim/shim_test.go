@@ -24,14 +24,23 @@ func TestMain(m *testing.M) {
 	if os.Getenv(historyHelperEnv) != "" {
 		os.Exit(historyHelperMain())
 	}
+	if p := os.Getenv(epochKillEnv); p != "" {
+		os.Exit(epochKillMain(p))
+	}
 	goleak.VerifyTestMain(m)
 }
 
 // envelope encodes a valid command for dev.
 func envelope(tb testing.TB, dev string, token fence.Token, seq uint64, kind string) []byte {
 	tb.Helper()
+	return epochEnvelope(tb, dev, 0, token, seq, kind)
+}
+
+// epochEnvelope encodes a valid command for dev issued in epoch e.
+func epochEnvelope(tb testing.TB, dev string, e uint64, token fence.Token, seq uint64, kind string) []byte {
+	tb.Helper()
 	b, err := fence.MarshalEnvelope(&fence.Envelope{V: fence.Version, Device: dev, Token: token, Seq: seq,
-		ID: fmt.Sprintf("c-%d-%d", token, seq), Kind: kind, Holder: fmt.Sprintf("gw-%d", token)})
+		ID: fmt.Sprintf("c-%d-%d", token, seq), Kind: kind, Holder: fmt.Sprintf("gw-%d", token), Epoch: e})
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -1,11 +1,15 @@
 package shim
 
 import (
+	"fmt"
+
 	"github.com/edgefence/edgefence/fence/auth"
+	"github.com/edgefence/edgefence/fence/history"
 )
 
 // trustBucket holds the trust statements learned over the air
-// (auth.Ledger: one per certificate key id, one revocation list).
+// (auth.Ledger: one per certificate key id, one revocation list, one
+// epoch statement).
 var trustBucket = []byte("shim.trust")
 
 // openLedger makes the shim learn trust updates when its Keys is an
@@ -22,6 +26,7 @@ func (s *Shim) openLedger() error {
 	}
 	s.ledger = l
 	replay.Log(s.log, tr, true, "path", s.path)
+	s.recordList("") // a list provisioned or kept is in effect from the start
 	return nil
 }
 
@@ -40,5 +45,32 @@ func (s *Shim) learn(device string, raw []byte) Result {
 	}
 	s.stats.trust.Add(got)
 	got.Log(s.log, s.ledger.Trust(), false, "device", device)
+	if got.Applied > 0 {
+		s.recordList(device)
+	}
 	return Result{Update: &got}
+}
+
+// recordList records the revocation list in effect in the history
+// (history.OpTrust), after its commit, if it is newer than the last one
+// recorded. Call with s.mu held.
+func (s *Shim) recordList(device string) {
+	raw, version := s.ledger.Trust().RevocationList()
+	if s.opts.History == nil || raw == nil || version <= s.listed {
+		return
+	}
+	list, err := auth.ParseRevocations(raw)
+	if err != nil { // it verified when it was learned
+		s.log.Warn("history: revocation list not recorded", "err", err)
+		return
+	}
+	e := history.Event{Op: history.OpTrust, Device: device, Reason: fmt.Sprintf("revocation list version %d", version)}
+	for _, kid := range list.KeyIDs {
+		e.Revoked = append(e.Revoked, string(kid))
+	}
+	if err := s.opts.History.Record(e); err != nil {
+		s.log.Warn("history not written", "device", device, "err", err)
+		return
+	}
+	s.listed = version
 }

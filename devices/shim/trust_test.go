@@ -10,6 +10,7 @@ import (
 	"github.com/edgefence/edgefence/fence"
 	"github.com/edgefence/edgefence/fence/auth"
 	"github.com/edgefence/edgefence/fence/auth/authtest"
+	"github.com/edgefence/edgefence/fence/history"
 )
 
 // otaWorld is an operator root and gateway keys it certified; shims are
@@ -162,4 +163,58 @@ func BenchmarkTrustUpdate(b *testing.B) {
 			}
 		}
 	})
+}
+
+// TestTrustHistory: with a History, the shim records who signed each
+// command it verified (Event.Signer) and each revocation list it commits
+// (history.OpTrust, after the commit, naming the revoked key ids; again
+// at open for the list it keeps), which is what history's T1 check reads.
+func TestTrustHistory(t *testing.T) {
+	w := newOTAWorld(t, "gw-a", "gw-b")
+	dir := t.TempDir()
+	hpath := filepath.Join(dir, "hist.jsonl")
+	hw, err := history.Create(hpath, "shim")
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "fence.db")
+	s := open(t, path, &shim.Options{Keys: w.Trust(), History: hw})
+	dev := &recorder{}
+	send := func(gw string, tok fence.Token, seq uint64) fence.Ack {
+		t.Helper()
+		return s.Handle("dev-1", signed(t, w.gws[gw], cmd("dev-1", tok, seq, fmt.Sprintf("%s-%d-%d", gw, tok, seq))), dev)
+	}
+	s.Process("dev-1", authtest.Update(t, w.certs["gw-a"]), dev)
+	if a := send("gw-a", 5, 1); a.Verdict != fence.Accepted {
+		t.Fatalf("gw-a: %+v", a)
+	}
+	s.Process("dev-2", authtest.Update(t, w.certs["gw-b"], w.Revoke(2, "gw-a")), dev)
+	if a := send("gw-a", 5, 2); a.Verdict != fence.Invalid {
+		t.Fatalf("revoked gw-a: %+v", a)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = open(t, path, &shim.Options{Keys: w.Trust(), History: hw})
+	defer s.Close()
+	evs, err := history.Read(hpath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range evs {
+		got = append(got, fmt.Sprintf("%s %s %s %s %v", e.Op, e.Device, e.Verdict, e.Signer, e.Revoked))
+	}
+	want := []string{
+		"verdict dev-1 accepted gw-a []",
+		"trust dev-2   [gw-a]",
+		"verdict dev-1 invalid  []", // refused before its signature verified: no signer claimed
+		"trust    [gw-a]",           // at open: the list kept
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("history:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if r := history.Check(evs); !r.OK() {
+		t.Fatalf("check: %v", r.Violations)
+	}
 }

@@ -182,7 +182,7 @@ func (d *FirmwareDevice) AwaitReady(ctx context.Context) error {
 	if err := d.client.AwaitSubscribed(ctx); err != nil {
 		return fmt.Errorf("sim: firmware device: %w", err)
 	}
-	m, err := d.shim.Mark(d.cfg.Device)
+	m, err := d.shim.State(d.cfg.Device)
 	if err != nil {
 		return fmt.Errorf("sim: firmware device: %w", err)
 	}
@@ -252,7 +252,7 @@ func (d *FirmwareDevice) handle(m mqtt.Message) {
 	} else {
 		d.acks.Add(1)
 	}
-	mark, err := d.shim.Mark(dev) // the device's own mark: an ack of a refused command may carry none
+	mark, err := d.shim.State(dev) // the device's own mark: an ack of a refused command may carry none
 	if err != nil {
 		d.log.Error("fence mark unreadable; state not published", "err", err)
 		d.stateErrors.Add(1)
@@ -285,8 +285,9 @@ func nextSlot(s fwjob.Status) string {
 }
 
 // publishState publishes the device's state report, retained, under
-// mark m (the fence mark after the command, for a signed report).
-func (d *FirmwareDevice) publishState(ctx context.Context, m fence.Mark) error {
+// fence state m (the epoch and mark after the command, for a signed
+// report).
+func (d *FirmwareDevice) publishState(ctx context.Context, m fence.State) error {
 	raw, err := d.report()
 	if err == nil {
 		raw, err = signState(d.cfg.Signer, &d.reports, d.cfg.Device, m, raw)

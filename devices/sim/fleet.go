@@ -277,7 +277,7 @@ func (f *Fleet) handle(c *mqtt.Client, device string, m mqtt.Message) {
 	if !out.Applied || out.Record.State == nil {
 		return
 	}
-	st, err := f.encodeState(device, out.Ack.Mark(), *out.Record.State)
+	st, err := f.encodeState(device, out.Ack.State(), *out.Record.State)
 	if err == nil {
 		err = c.Publish(ctx, mqtt.Message{Topic: f.topics.State(device), Payload: st})
 	}

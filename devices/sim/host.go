@@ -162,7 +162,7 @@ func (h *Host) outcome(res shim.Result) Outcome {
 	}
 	a := res.Ack
 	rec := VerdictRecord{Time: h.now().UTC(), Device: a.Device, Token: a.Token, Seq: a.Seq, ID: a.ID,
-		Verdict: a.Verdict, MaxToken: a.MaxToken, LastSeq: a.LastSeq, Reason: a.Reason}
+		Verdict: a.Verdict, MaxToken: a.MaxToken, LastSeq: a.LastSeq, Epoch: a.Epoch, Reason: a.Reason}
 	if env := res.Envelope; env != nil {
 		rec.Kind, rec.Holder = env.Kind, env.Holder
 	}

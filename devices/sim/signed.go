@@ -24,9 +24,9 @@ func (f *Fleet) encodeAck(device string, a *fence.Ack) ([]byte, error) {
 	return signAck(f.signers[device], a)
 }
 
-// encodeState returns st as the device reports it under mark m: signed if
-// it has a key.
-func (f *Fleet) encodeState(device string, m fence.Mark, st State) ([]byte, error) {
+// encodeState returns st as the device reports it under fence state m:
+// signed if it has a key.
+func (f *Fleet) encodeState(device string, m fence.State, st State) ([]byte, error) {
 	raw, err := MarshalState(st)
 	if err != nil {
 		return nil, err
@@ -42,13 +42,13 @@ func signAck(s *auth.Signer, a *fence.Ack) ([]byte, error) {
 	return fence.MarshalAck(a)
 }
 
-// signState returns the state report raw of device under mark m: signed by
-// s (with the next value of counter) if s is not nil, else raw.
-func signState(s *auth.Signer, counter *atomic.Uint64, device string, m fence.Mark, raw []byte) ([]byte, error) {
+// signState returns the state report raw of device under fence state m:
+// signed by s (with the next value of counter) if s is not nil, else raw.
+func signState(s *auth.Signer, counter *atomic.Uint64, device string, m fence.State, raw []byte) ([]byte, error) {
 	if s == nil {
 		return raw, nil
 	}
-	return s.SignState(&auth.StateReport{Device: device, Token: m.Token, Seq: m.Seq, Counter: counter.Add(1), State: raw})
+	return s.SignState(&auth.StateReport{Device: device, Token: m.Mark.Token, Seq: m.Mark.Seq, Epoch: m.Epoch, Counter: counter.Add(1), State: raw})
 }
 
 // ackTopic returns the topic a device acks a command on: its ack topic, or

@@ -26,6 +26,7 @@ type VerdictRecord struct {
 	Verdict  fence.Verdict `json:"verdict"`
 	MaxToken fence.Token   `json:"max_token"`
 	LastSeq  uint64        `json:"last_seq"`
+	Epoch    uint64        `json:"epoch,omitempty"` // the fence point's epoch for the device after the decision
 	Reason   string        `json:"reason"`
 	State    *State        `json:"state"`
 }

@@ -15,8 +15,8 @@ import (
 // Ledger is a fence point's memory of the trust updates it learned over
 // the air: each new statement is committed (bbolt, fsync) to a bucket
 // before it takes effect in the Trust, and OpenLedger replays the bucket
-// into the Trust, so that a restart keeps the newest revocation list and
-// the certificates learned. Its methods are safe for concurrent use.
+// into the Trust, so that a restart keeps the newest revocation list, the
+// newest epoch statement and the certificates learned. Its methods are safe for concurrent use.
 type Ledger struct {
 	trust  *Trust
 	db     *bbolt.DB // nil: memory only
@@ -131,6 +131,33 @@ func (l *Ledger) Learn(update []byte) (Learned, error) {
 	return got, nil
 }
 
+// LearnEach takes in statements read one by one (not an update: one that
+// is not the root's is refused alone, the others still count): the newer
+// ones are committed in one transaction (fsync) and then take effect. The
+// error, wrapping ErrLedger, is set only when the commit fails: then
+// nothing took effect.
+func (l *Ledger) LearnEach(stmts [][]byte) (Learned, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var got Learned
+	var news []*Statement
+	for _, raw := range stmts {
+		st, err := l.trust.Check(raw)
+		if err == nil {
+			news = append(news, st)
+			continue
+		}
+		got.count(err)
+	}
+	if err := l.save(news); err != nil {
+		return Learned{Refused: len(stmts), Refusals: []error{err}}, err
+	}
+	for _, st := range news {
+		got.count(l.trust.Adopt(st))
+	}
+	return got, nil
+}
+
 // save commits news, each in its slot unless the slot holds a newer one.
 func (l *Ledger) save(news []*Statement) error {
 	if l.db == nil || len(news) == 0 {
@@ -187,6 +214,6 @@ func (g Learned) Log(log *slog.Logger, trust *Trust, replay bool, args ...any) {
 		log.Log(context.Background(), lvl, refused, append(args, "err", err)...)
 	}
 	if g.Applied > 0 {
-		log.Info(applied, append(args, "statements", g.Applied, "revocation_version", trust.Version())...)
+		log.Info(applied, append(args, "statements", g.Applied, "revocation_version", trust.Version(), "epoch", trust.Epoch())...)
 	}
 }

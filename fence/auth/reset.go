@@ -23,12 +23,17 @@ import (
 //
 //	1 device id (text)   2 token (uint ≥ 1)   3 seq (uint ≥ 1)
 //	4 reset counter (uint ≥ 1)   5 reset id (text, "reset:…")
-//	6 issued, unix milliseconds (information only)
+//	6 issued, unix milliseconds (information only)   7 epoch (uint ≥ 1)
 //
-// The fence point keeps the counter of the last reset it applied per
-// device (fence.ResetRecord) and refuses a reset whose counter is not
-// above it (ErrReplayedReset): the same reset, or an older one, replayed
-// later cannot set the mark back again. The reset travels on the device's
+// The fence point keeps the counter and the epoch of the last reset it
+// applied per device (fence.ResetRecord) and refuses a reset whose counter
+// is not above the last one's, or whose epoch is not above the device's
+// (the fleet epoch it holds, for a device whose commands must be signed;
+// the last reset's; the stored mark's): ErrReplayedReset. The same reset,
+// or an older one, replayed later cannot set the mark back again. Applied,
+// the reset puts the device in its epoch with its mark (fence.State), so
+// that no command issued before it — in an earlier epoch — is admitted
+// after it, whatever its token (fence.AdmitEpoch). The reset travels on the device's
 // command topic like a command; the fence point answers with a fence.Ack
 // whose id is the reset id: accepted with the new mark, or invalid with
 // the reason.
@@ -47,7 +52,8 @@ const MaxResetSize = 1 << 10
 // Errors of resets; each refusal wraps fence.ErrInvalid too.
 var (
 	// ErrReplayedReset: the reset's counter is not above the last one
-	// the fence point applied for the device (fence.ErrReplayedReset).
+	// the fence point applied for the device, or its epoch not above the
+	// device's (fence.ErrReplayedReset).
 	ErrReplayedReset = fence.ErrReplayedReset
 	// ErrResetDevice: the reset names another device than the one it was
 	// addressed to.
@@ -65,10 +71,19 @@ type Reset struct {
 	Counter uint64      `cbor:"4,keyasint"`
 	ID      string      `cbor:"5,keyasint"`
 	Issued  int64       `cbor:"6,keyasint"` // unix milliseconds, information only
+	Epoch   uint64      `cbor:"7,keyasint"` // the epoch the device is put in
 }
 
 // Mark is the mark the reset sets.
 func (r *Reset) Mark() fence.Mark { return fence.Mark{Token: r.Token, Seq: r.Seq} }
+
+// State is the device's state the reset sets: its mark in its epoch.
+func (r *Reset) State() fence.State { return fence.State{Epoch: r.Epoch, Mark: r.Mark()} }
+
+// Record is what the fence point stores of the reset (the time is its own).
+func (r *Reset) Record() fence.ResetRecord {
+	return fence.ResetRecord{Counter: r.Counter, Epoch: r.Epoch, ID: r.ID}
+}
 
 // Validate checks the reset's fields; an error wraps fence.ErrInvalid and
 // ErrMalformed.
@@ -76,8 +91,8 @@ func (r *Reset) Validate() error {
 	if err := fence.ValidateDeviceID(r.Device); err != nil {
 		return refuse(ErrMalformed, "reset: %v", err)
 	}
-	if r.Token == 0 || r.Seq == 0 || r.Counter == 0 {
-		return refuse(ErrMalformed, "reset of %s to %d/%d, counter %d: each must be at least 1", r.Device, r.Token, r.Seq, r.Counter)
+	if r.Token == 0 || r.Seq == 0 || r.Counter == 0 || r.Epoch == 0 {
+		return refuse(ErrMalformed, "reset of %s to %d/%d, counter %d, epoch %d: each must be at least 1", r.Device, r.Token, r.Seq, r.Counter, r.Epoch)
 	}
 	if !ValidResetID(r.ID) {
 		return refuse(ErrMalformed, "reset id %q: want %q and up to %d characters of [A-Za-z0-9._-]", r.ID, ResetIDPrefix, fence.MaxIDLen)
@@ -240,16 +255,17 @@ func IsReset(raw []byte) bool {
 	return ok && ct == ContentReset
 }
 
-// ResetAck is the fence point's answer to a reset: accepted with the mark
-// m after it, or, with err, invalid with err as the reason. r may be nil
-// (undecodable); device is the device the reset was addressed to.
-func ResetAck(device string, r *Reset, m fence.Mark, err error) fence.Ack {
+// ResetAck is the fence point's answer to a reset: accepted with the
+// device's state st after it, or, with err, invalid with err as the
+// reason. r may be nil (undecodable); device is the device the reset was
+// addressed to.
+func ResetAck(device string, r *Reset, st fence.State, err error) fence.Ack {
 	env := &fence.Envelope{Device: device}
 	if r != nil && ValidResetID(r.ID) {
 		env.ID, env.Token, env.Seq = r.ID, r.Token, r.Seq
 	}
 	if err != nil {
-		return fence.NewAck(env, fence.Invalid, m, err.Error())
+		return fence.NewEpochAck(env, fence.Invalid, st, err.Error())
 	}
-	return fence.NewAck(env, fence.Accepted, m, "fence reset to "+m.String())
+	return fence.NewEpochAck(env, fence.Accepted, st, "fence reset to "+st.Mark.String())
 }

@@ -9,7 +9,7 @@ import (
 )
 
 func reset(dev string, tok fence.Token, counter uint64) auth.Reset {
-	return auth.Reset{Device: dev, Token: tok, Seq: 1<<64 - 1, Counter: counter, ID: "reset:test-1", Issued: 1_800_000_000_000}
+	return auth.Reset{Device: dev, Token: tok, Seq: 1<<64 - 1, Counter: counter, ID: "reset:test-1", Issued: 1_800_000_000_000, Epoch: 1_800_000_000_000}
 }
 
 // A reset is the operator root's statement and nothing else's: checked
@@ -44,7 +44,7 @@ func TestResetVerify(t *testing.T) {
 		raw []byte
 	}{"trust": {c.trust, raw}, "root key": {bare, raw2}} {
 		r, err := v.ver.VerifyReset(v.raw, "dev-1")
-		if err != nil || r.Mark() != (fence.Mark{Token: 812, Seq: 1<<64 - 1}) || r.Counter != 5 || r.ID != "reset:test-1" {
+		if err != nil || r.State() != (fence.State{Epoch: 1_800_000_000_000, Mark: fence.Mark{Token: 812, Seq: 1<<64 - 1}}) || r.Counter != 5 || r.ID != "reset:test-1" {
 			t.Fatalf("%s: %+v, %v", name, r, err)
 		}
 	}
@@ -58,6 +58,10 @@ func TestResetVerify(t *testing.T) {
 		t.Fatal(err)
 	}
 	cert, err := c.root.Certify([]byte("gw-b/1"), &gwKey.PublicKey, []string{"*"}, c.now, c.now.AddDate(1, 0, 0), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	epoch, err := c.root.Epoch(9, c.now)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,6 +84,7 @@ func TestResetVerify(t *testing.T) {
 		{"another root", raw2, "dev-1", auth.ErrBadSignature},
 		{"a signed command", cmd, "dev-1", auth.ErrMalformed},
 		{"a certificate", cert, "dev-1", auth.ErrMalformed},
+		{"an epoch statement", epoch, "dev-1", auth.ErrMalformed},
 		{"unsigned", []byte{0xa1, 0x01, 0x01}, "dev-1", auth.ErrUnsigned},
 		{"truncated", raw[:len(raw)-1], "dev-1", auth.ErrMalformed},
 		{"oversized", append(raw, make([]byte, auth.MaxResetSize)...), "dev-1", auth.ErrMalformed},
@@ -89,7 +94,7 @@ func TestResetVerify(t *testing.T) {
 			t.Errorf("%s: %+v, %v; want %v", tc.name, r, err, tc.want)
 		}
 	}
-	if auth.IsReset(cmd) || auth.IsReset(cert) || auth.IsReset([]byte{0xd2, 0x84}) {
+	if auth.IsReset(cmd) || auth.IsReset(cert) || auth.IsReset(epoch) || auth.IsReset([]byte{0xd2, 0x84}) {
 		t.Error("IsReset: true for something else")
 	}
 	// Every single-bit flip is refused.
@@ -102,11 +107,12 @@ func TestResetVerify(t *testing.T) {
 	}
 	// Nothing invalid is signed.
 	for _, bad := range []auth.Reset{
-		{Device: "dev-1", Token: 0, Seq: 1, Counter: 1, ID: "reset:x"},
-		{Device: "dev-1", Token: 1, Seq: 0, Counter: 1, ID: "reset:x"},
-		{Device: "dev-1", Token: 1, Seq: 1, Counter: 0, ID: "reset:x"},
-		{Device: "dev-1", Token: 1, Seq: 1, Counter: 1, ID: "0123"},
-		{Device: "dev/1", Token: 1, Seq: 1, Counter: 1, ID: "reset:x"},
+		{Device: "dev-1", Token: 0, Seq: 1, Counter: 1, ID: "reset:x", Epoch: 1},
+		{Device: "dev-1", Token: 1, Seq: 0, Counter: 1, ID: "reset:x", Epoch: 1},
+		{Device: "dev-1", Token: 1, Seq: 1, Counter: 0, ID: "reset:x", Epoch: 1},
+		{Device: "dev-1", Token: 1, Seq: 1, Counter: 1, ID: "0123", Epoch: 1},
+		{Device: "dev/1", Token: 1, Seq: 1, Counter: 1, ID: "reset:x", Epoch: 1},
+		{Device: "dev-1", Token: 1, Seq: 1, Counter: 1, ID: "reset:x"}, // no epoch
 	} {
 		if _, err := c.root.Reset(bad); !errors.Is(err, auth.ErrMalformed) {
 			t.Errorf("signed %+v: %v", bad, err)
@@ -114,19 +120,41 @@ func TestResetVerify(t *testing.T) {
 	}
 }
 
-// The replay rule a fence point applies with the stored record.
+// The replay rule a fence point applies with the stored record and the
+// device's epoch: the counter above the last reset's, the epoch above the
+// device's.
 func TestCheckReset(t *testing.T) {
-	last := fence.ResetRecord{Counter: 5, ID: "reset:a"}
-	for _, n := range []uint64{1, 4, 5} {
-		if err := fence.CheckReset(last, n); !errors.Is(err, auth.ErrReplayedReset) || !errors.Is(err, fence.ErrInvalid) {
-			t.Errorf("counter %d after 5: %v", n, err)
+	last := fence.ResetRecord{Counter: 5, Epoch: 7, ID: "reset:a"}
+	for _, tc := range []struct {
+		e, counter, epoch uint64
+		ok                bool
+	}{
+		{7, 1, 8, false}, {7, 4, 8, false}, {7, 5, 8, false}, // counter replayed
+		{7, 6, 7, false}, {7, 6, 3, false}, {9, 6, 9, false}, // epoch not above the device's
+		{7, 6, 8, true}, {9, 6, 10, true},
+	} {
+		err := fence.CheckReset(last, tc.e, tc.counter, tc.epoch)
+		if tc.ok != (err == nil) || !tc.ok && (!errors.Is(err, auth.ErrReplayedReset) || !errors.Is(err, fence.ErrInvalid)) {
+			t.Errorf("counter %d epoch %d after %+v at epoch %d: %v", tc.counter, tc.epoch, last, tc.e, err)
 		}
 	}
-	if err := fence.CheckReset(last, 6); err != nil {
+	if err := fence.CheckReset(fence.ResetRecord{}, 0, 1, 1); err != nil {
 		t.Error(err)
 	}
-	if err := fence.CheckReset(fence.ResetRecord{}, 1); err != nil {
-		t.Error(err)
+}
+
+// A reset without key 7 (as one signed before epochs existed) is refused
+// malformed: it cannot say which epoch it opens.
+func TestResetWithoutEpoch(t *testing.T) {
+	c := newChain(t)
+	r := reset("dev-1", 812, 5)
+	r.Epoch = 0
+	raw, err := c.root.Forge(auth.ContentReset, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := c.trust.VerifyReset(raw, "dev-1"); got != nil || !errors.Is(err, auth.ErrMalformed) {
+		t.Fatalf("%+v %v", got, err)
 	}
 }
 
@@ -137,6 +165,9 @@ func FuzzVerifyReset(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Add(good)
+	if ep, err := c.root.Epoch(7, c.now); err == nil {
+		f.Add(ep) // another kind of root statement
+	}
 	f.Add([]byte{0xd2, 0x84, 0x40, 0xa0, 0x40, 0x40})
 	f.Add([]byte{0xd2, 0x84, 0x41, 0xa0})
 	f.Fuzz(func(t *testing.T, raw []byte) {

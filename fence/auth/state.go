@@ -11,11 +11,11 @@ import (
 // A signed state report is a COSE_Sign1 (ES256, the device key's kid
 // protected) with the protected content type ContentState and a
 // StateReport as payload (deterministic CBOR, small integer keys): the
-// device, its fence mark when it reported, a counter, and the state (a
-// CBOR map). The mark and counter order a device's reports: the receiver
-// keeps the newest (mark, counter) it accepted per device and refuses any
-// report not after it, so an old report replayed cannot roll the twin
-// back. The counter only has to grow between reports under one mark: a
+// device, its fence mark (and epoch) when it reported, a counter, and the
+// state (a CBOR map). The epoch, mark and counter order a device's reports:
+// the receiver keeps the newest (epoch, mark, counter) it accepted per
+// device and refuses any report not after it, so an old report replayed
+// cannot roll the twin back, not even after a reset lowered the mark. The counter only has to grow between reports under one mark: a
 // device with a clock may use the time, one without keeps a counter in
 // flash.
 
@@ -37,14 +37,24 @@ type StateReport struct {
 	Seq     uint64          `cbor:"3,keyasint"`
 	Counter uint64          `cbor:"4,keyasint"` // grows with every report under one mark
 	State   cbor.RawMessage `cbor:"5,keyasint"` // a CBOR map
+	// Epoch is the device's epoch when it reported (0: none yet; omitted
+	// then): marks of different epochs say nothing of each other.
+	Epoch uint64 `cbor:"6,keyasint,omitempty"`
 }
 
 // Mark returns the fence mark the report was made under.
 func (r *StateReport) Mark() fence.Mark { return fence.Mark{Token: r.Token, Seq: r.Seq} }
 
-// After reports whether r is newer than prev: a higher mark, or the same
-// mark and a higher counter.
+// FenceState returns the fence state (epoch and mark) the report was made
+// under.
+func (r *StateReport) FenceState() fence.State { return fence.State{Epoch: r.Epoch, Mark: r.Mark()} }
+
+// After reports whether r is newer than prev: a higher epoch, or the same
+// epoch and a higher mark, or the same mark and a higher counter.
 func (r *StateReport) After(prev *StateReport) bool {
+	if r.Epoch != prev.Epoch {
+		return r.Epoch > prev.Epoch
+	}
 	if r.Token != prev.Token {
 		return r.Token > prev.Token
 	}

@@ -156,18 +156,21 @@ func (r *Root) Revoke(version uint64, kids [][]byte, issued time.Time) ([]byte, 
 }
 
 // Trust is a fence point's view of the trust chain: the root's public key,
-// the certificates it has seen, the newest revocation list. It implements
+// the certificates it has seen, the newest revocation list, the newest
+// epoch statement (epoch.go). It implements
 // Keys. Its methods are safe for concurrent use.
 type Trust struct {
 	rootKid []byte
 	root    cose.Verifier
 	now     func() time.Time
 
-	mu      sync.Mutex
-	certs   map[string]*Certificate
-	revoked map[string]bool
-	version uint64
-	revRaw  []byte // the revocation list held, as received
+	mu       sync.Mutex
+	certs    map[string]*Certificate
+	revoked  map[string]bool
+	version  uint64
+	revRaw   []byte // the revocation list held, as received
+	epoch    uint64 // the newest epoch statement's (epoch.go)
+	epochRaw []byte // and the statement, as received
 }
 
 // NewTrust returns a Trust anchored at the operator's root key. now is the

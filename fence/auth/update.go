@@ -12,7 +12,8 @@ import (
 // A trust update carries root-signed statements to a fence point over the
 // air, on the device's command topic, in order with its commands: a CBOR
 // array of definite length, 1 to MaxUpdateStatements, of byte strings,
-// each one root-signed statement (a certificate, a revocation list). Its
+// each one root-signed statement (a certificate, a revocation list, an
+// epoch statement). Its
 // first byte is 0x81–0x88, which no envelope (a map, 0xa0–0xbf) and no
 // COSE message (tag 18, 0xd2) starts with, so a fence point dispatches on
 // it. A fence point verifies each statement against the root it was
@@ -31,7 +32,7 @@ const (
 // Errors of trust updates; each wraps fence.ErrInvalid, as Verify's.
 var (
 	// ErrUnknownContent: a statement of a content type a trust update
-	// does not carry (a command, a reset, something new).
+	// does not carry (a command, a reset, an ack, something new).
 	ErrUnknownContent = errors.New("auth: statement of a content type a trust update does not carry")
 	// ErrHeld: the statement is the one held already (same version or
 	// serial): nothing to do. It also wraps ErrStaleTrust.
@@ -143,27 +144,34 @@ func nextBytes(b []byte) (s, rest []byte, err error) {
 // is (Content) and, by content type, what it says.
 type Statement struct {
 	Raw     []byte // as received, signature and all: what a fence point keeps and relays
-	Content string // ContentCertificate or ContentRevocations
+	Content string // ContentCertificate, ContentRevocations or ContentEpoch
 	// One of these, by Content.
 	Certificate *Certificate
 	Revocations *Revocations
+	Epoch       *Epoch
 }
 
 // Slot names where a fence point keeps the statement: one slot per
-// certificate key id, one for the revocation list. A newer statement
-// (Rank) replaces the one in its slot.
+// certificate key id, one for the revocation list, one for the epoch. A
+// newer statement (Rank) replaces the one in its slot.
 func (s *Statement) Slot() string {
-	if s.Certificate != nil {
+	switch {
+	case s.Certificate != nil:
 		return "cert/" + hex.EncodeToString(s.Certificate.KeyID)
+	case s.Epoch != nil:
+		return "epoch"
 	}
 	return "revocations"
 }
 
 // Rank orders the statements of one slot: a certificate's serial, a
-// revocation list's version.
+// revocation list's version, an epoch statement's epoch.
 func (s *Statement) Rank() uint64 {
-	if s.Certificate != nil {
+	switch {
+	case s.Certificate != nil:
 		return s.Certificate.Serial
+	case s.Epoch != nil:
+		return s.Epoch.Number
 	}
 	return s.Revocations.Version
 }
@@ -192,6 +200,10 @@ func (t *Trust) Check(raw []byte) (*Statement, error) {
 			return nil, refuse(ErrMalformed, "revocation list payload: %v", err)
 		}
 		st.Revocations = &r
+	case ContentEpoch:
+		if st.Epoch, err = decodeEpoch(raw, payload); err != nil {
+			return nil, err
+		}
 	default:
 		return nil, refuse(ErrUnknownContent, "%q", ctype)
 	}
@@ -205,11 +217,14 @@ func (t *Trust) Check(raw []byte) (*Statement, error) {
 func (t *Trust) news(st *Statement) error {
 	var held uint64
 	var have bool
-	if st.Certificate != nil {
+	switch {
+	case st.Certificate != nil:
 		if c := t.certs[string(st.Certificate.KeyID)]; c != nil {
 			held, have = c.Serial, true
 		}
-	} else {
+	case st.Epoch != nil:
+		held, have = t.epoch, true // 0: none (epochs start at 1)
+	default:
 		held, have = t.version, true // version 0: none (Root.Revoke's lists start at 1)
 	}
 	switch r := st.Rank(); {
@@ -234,6 +249,10 @@ func (t *Trust) Adopt(st *Statement) error {
 		t.certs[string(c.KeyID)] = c
 		return nil
 	}
+	if e := st.Epoch; e != nil {
+		t.epoch, t.epochRaw = e.Number, st.Raw
+		return nil
+	}
 	r := st.Revocations
 	t.version, t.revRaw = r.Version, st.Raw
 	t.revoked = make(map[string]bool, len(r.KeyIDs))
@@ -254,18 +273,22 @@ func (t *Trust) Apply(raw []byte) (*Statement, error) {
 }
 
 // Statements returns the statements t holds, as received: the
-// certificates (by key id), then the revocation list, if any. A fence
-// point relays them; the ones it learned over the air it keeps itself.
+// certificates (by key id), then the revocation list and the epoch
+// statement, if any. A fence point relays them; the ones it learned over
+// the air it keeps itself.
 func (t *Trust) Statements() [][]byte {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	kids := slices.Sorted(maps.Keys(t.certs))
-	out := make([][]byte, 0, len(kids)+1)
+	out := make([][]byte, 0, len(kids)+2)
 	for _, k := range kids {
 		out = append(out, t.certs[k].raw)
 	}
 	if t.revRaw != nil {
 		out = append(out, t.revRaw)
+	}
+	if t.epochRaw != nil {
+		out = append(out, t.epochRaw)
 	}
 	return out
 }

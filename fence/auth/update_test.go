@@ -237,22 +237,29 @@ func TestLedger(t *testing.T) {
 }
 
 // FuzzUpdate: ParseUpdate and Ledger.Learn never panic; whatever is fed,
-// the revocation version never goes down, and nothing but the root's
-// statements is ever held.
+// the revocation version and the epoch never go down, and nothing but the
+// root's statements is ever held. The seeds are the epoch statement cases
+// of TestEpochStatementRefusals too, each in an update.
 func FuzzUpdate(f *testing.F) {
 	c := newChain(f)
-	cert, list := c.cert(f, "gw-1", 1), c.list(f, 3, "gw-0")
+	cert, list, epoch := c.cert(f, "gw-1", 1), c.list(f, 3, "gw-0"), c.epoch(f, 5)
 	for _, seed := range [][]byte{
-		update(f, cert, list), update(f, list), {0x81, 0x41, 1}, {0x80}, {0x9f, 0xff}, {0x81, 0x5a, 0xff, 0xff, 0xff, 0xff},
+		update(f, cert, list), update(f, list), update(f, cert, list, epoch), update(f, epoch),
+		{0x81, 0x41, 1}, {0x80}, {0x9f, 0xff}, {0x81, 0x5a, 0xff, 0xff, 0xff, 0xff},
 	} {
 		f.Add(seed)
+	}
+	for _, tc := range epochCases(f, c) {
+		if len(tc.raw) > 0 && len(tc.raw) <= auth.MaxTrustSize {
+			f.Add(update(f, tc.raw))
+		}
 	}
 	l, _, err := auth.OpenLedger(c.trust, nil, nil)
 	if err != nil {
 		f.Fatal(err)
 	}
 	f.Fuzz(func(t *testing.T, raw []byte) {
-		before := c.trust.Version()
+		before, epochBefore := c.trust.Version(), c.trust.Epoch()
 		n := len(c.trust.Statements())
 		if stmts, err := auth.ParseUpdate(raw); err == nil {
 			if back, err := auth.MarshalUpdate(stmts); err != nil || !bytes.Equal(back, raw) {
@@ -263,15 +270,44 @@ func FuzzUpdate(f *testing.F) {
 		if err != nil && got.Applied != 0 {
 			t.Fatalf("refused update applied %d", got.Applied)
 		}
-		if c.trust.Version() < before || len(c.trust.Statements()) < n {
+		if c.trust.Version() < before || c.trust.Epoch() < epochBefore || len(c.trust.Statements()) < n {
 			t.Fatal("trust went back")
 		}
 		if got.Applied > 0 {
 			for _, s := range c.trust.Statements() {
-				if !bytes.Equal(s, cert) && !bytes.Equal(s, list) {
+				if !bytes.Equal(s, cert) && !bytes.Equal(s, list) && !bytes.Equal(s, epoch) {
 					t.Fatal("a statement the root did not sign is held")
 				}
 			}
 		}
 	})
+}
+
+// LearnEach takes statements read one by one: one that is not the root's
+// is refused alone, the newer others are committed together and kept.
+func TestLedgerLearnEach(t *testing.T) {
+	c := newChain(t)
+	path := filepath.Join(t.TempDir(), "trust.db")
+	db := openDB(t, path)
+	l, _, err := auth.OpenLedger(c.trust, db, []byte("trust"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := newChain(t)
+	got, err := l.LearnEach([][]byte{c.cert(t, "gw-1", 1), other.cert(t, "gw-2", 1), c.list(t, 2, "gw-0"), c.cert(t, "gw-1", 1)})
+	if err != nil || got.Applied != 2 || got.Refused != 1 || got.Held != 1 || !errors.Is(got.Refusals[0], auth.ErrBadSignature) {
+		t.Fatalf("learn each: %v %+v", err, got)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	db = openDB(t, path)
+	defer db.Close()
+	fresh := mustTrustLike(t, c)
+	if _, replay, err := auth.OpenLedger(fresh, db, []byte("trust")); err != nil || replay.Applied != 2 {
+		t.Fatalf("replayed: %v %+v", err, replay)
+	}
+	if _, err := fresh.Key([]byte("gw-1"), "dev-1"); err != nil || fresh.Version() != 2 {
+		t.Fatalf("after the replay: %v, list %d", err, fresh.Version())
+	}
 }

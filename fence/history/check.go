@@ -48,7 +48,7 @@ type Report struct {
 	FenceVerdicts map[string]int // OpVerdict events by verdict, without the uncommitted accepts
 	Uncommitted   int            // accepts discarded as never committed (a later OpOpened of their source says so)
 	Firmware      FirmwareCounts // firmware steps (fw.* kinds) among the accepts
-	Violations    []Violation    // I1 ones (history order, then across fence points), then I4 ones by device and id, then FW1 ones by device and job
+	Violations    []Violation    // I1 ones (history order, then across fence points), then I4 ones by device and id, then FW1 ones by device and job, then T1 ones in history order
 }
 
 // OK reports whether the history breaks no invariant.
@@ -102,6 +102,9 @@ func (a accept) less(b accept) bool {
 //     fence accept of the same id somewhere in the history.
 //   - FW1 (InvariantActivation): per device, at most one fw.activate
 //     command of a firmware job accepted.
+//   - T1 (InvariantRevocation): no accept, at a fence point, of a command
+//     signed by a key the fence point's revocation list names, after the
+//     OpTrust event that recorded the list (source order).
 //   - With opts.RequireApplied, see CheckOptions.
 //
 // Before all of that, accepts that were never committed are discarded (and
@@ -126,6 +129,7 @@ func CheckWith(events []Event, opts CheckOptions) Report {
 	c.orderAcrossPoints()
 	c.fates()
 	c.checkActivations()
+	c.rep.Violations = append(c.rep.Violations, c.revoked.violations...)
 	if opts.RequireApplied {
 		c.requireApplied()
 	}
@@ -147,6 +151,7 @@ type checker struct {
 	accepts   map[string][]accept // per device, history order
 	sources   map[string]map[string]bool
 	fwJobs    map[jobKey][]accept // per firmware job at a device: its accepted fw.activate commands, one per id
+	revoked   revocations
 }
 
 func newChecker(events int) *checker {
@@ -163,6 +168,7 @@ func newChecker(events int) *checker {
 		accepts:   map[string][]accept{},
 		sources:   map[string]map[string]bool{},
 		fwJobs:    map[jobKey][]accept{},
+		revoked:   revocations{bySource: map[string]map[string]string{}},
 	}
 }
 
@@ -197,6 +203,9 @@ func (c *checker) event(e Event) {
 		c.appliedEvent(e)
 	case OpVerdict:
 		c.verdict(e)
+		c.revoked.verdict(e)
+	case OpTrust:
+		c.revoked.learned(e)
 	}
 }
 

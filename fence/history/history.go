@@ -4,7 +4,10 @@
 // and nothing below an accepted token is accepted again — and I4 — every
 // command created has exactly one terminal state; with firmware steps
 // (fw.* kinds, Event.Job) also FW1 — at most one fw.activate of a job
-// accepted per device (firmware.go).
+// accepted per device (firmware.go); with signers and revocation lists
+// recorded (Event.Signer, OpTrust) also T1 — nothing a revoked key signed
+// is admitted after the fence point learned the revocation
+// (revocation.go).
 //
 // Every event is a single write(2) to an O_APPEND file, so several
 // processes may share a file and a SIGKILL leaves at most a torn last line,
@@ -60,6 +63,13 @@ const (
 	// and never committed. Check discards them (Writer.Recover writes
 	// these events).
 	OpOpened = "opened"
+	// OpTrust: the fence point Source committed a revocation list (it
+	// learned it over the air, or was given it); from this event on, in
+	// Source's order, it refuses the key ids in Revoked for every device
+	// it serves. Device is the device the list came for, Reason names its
+	// version. Recorded after the commit, so a crash in between loses the
+	// line, never claims a list not in effect (revocation.go).
+	OpTrust = "trust"
 )
 
 // Event is one line of a history.
@@ -80,6 +90,12 @@ type Event struct {
 	// decode (older files have neither).
 	Job   string `json:"job,omitempty"`
 	Image string `json:"image,omitempty"`
+	// Signer is the key id that signed the command of an OpVerdict at a
+	// fence point that verifies signatures (claimed, if it was refused
+	// before its signature was checked); empty for a plain envelope.
+	Signer string `json:"kid,omitempty"`
+	// Revoked are the key ids an OpTrust event's revocation list names.
+	Revoked []string `json:"revoked,omitempty"`
 }
 
 // Writer appends events to a file. A nil *Writer records nothing, so

@@ -332,6 +332,11 @@ func TestCDeviceTrustFlags(t *testing.T) {
 			"--device-keys", devKeys}, "need them"},
 		{"reset root not a key", []string{"--reset-root", bogus, "--trust-root-kid", "operator"}, "--reset-root"},
 		{"root not a key", []string{"--trust-root", bogus, "--trust-root-kid", "operator"}, "--trust-root"},
+		{"epoch without root", []string{"--epoch", bogus}, "need them"},
+		{"epoch not an epoch statement", []string{"--trust-root", r.kit.RootPub(), "--trust-root-kid", "operator",
+			"--epoch", r.gw.Certificate}, "--epoch"},
+		{"epoch not the root's", []string{"--trust-root", r.kit.RootPub(), "--trust-root-kid", "operator",
+			"--epoch", bogus}, "--epoch"},
 		{"certificate not the root's", []string{"--trust-root", r.gw.KeyFile[:len(r.gw.KeyFile)-4] + ".pub", "--trust-root-kid", "operator",
 			"--certs", r.gw.Certificate}, "--certs"},
 		{"device key of another device", []string{"--trust-root", r.kit.RootPub(), "--trust-root-kid", "operator",
@@ -380,24 +385,59 @@ func BenchmarkSignedRoundTrip(b *testing.B) {
 	}
 }
 
-// TestCDeviceSignedReset: efsdev signed (--trust-root, --device-keys) takes
-// the operator's reset through the library (efs_handle) with the root of
-// its trust: the ack is signed by the device's key, passes auth.VerifyAck
-// and is bound to the reset (its id, token and seq); the mark goes down to
-// the reset's and the next command above it is accepted; the same reset
-// replayed, before and after a kill -9, is refused (its counter is on
-// flash), and so is a reset signed by the gateway's key.
-func TestCDeviceSignedReset(t *testing.T) {
-	r := newSignedRig(t)
-	p, logPath := r.start(t, 0)
+// wantEpoch is wantVerdict with the device's epoch the ack carries.
+func wantEpoch(t *testing.T, what string, a *fence.Ack, v fence.Verdict, reason string, epoch uint64, mark fence.Mark) {
+	t.Helper()
+	wantVerdict(t, what, a, v, reason, mark)
+	if a.Epoch != epoch {
+		t.Fatalf("%s: %+v; want epoch %d", what, a, epoch)
+	}
+}
+
+// replay publishes raw, a signed command captured earlier, again and
+// returns the device's ack to it.
+func (r *signedRig) replay(t *testing.T, raw []byte, env *fence.Envelope) *fence.Ack {
+	t.Helper()
+	r.publish(t, raw)
+	return r.awaitAck(t, env)
+}
+
+// startCaptured starts efsdev (round 0), gives it gw-a's certificate in a
+// trust update and sends env signed, accepted at epoch 0: the signed
+// bytes, kept to replay later.
+func (r *signedRig) startCaptured(t *testing.T, env *fence.Envelope) (p *Proc, logPath string, captured []byte) {
+	t.Helper()
+	p, logPath = r.start(t, 0)
 	cert, err := os.ReadFile(r.gw.Certificate)
 	if err != nil {
 		t.Fatal(err)
 	}
 	r.update(t, cert)
-	wantVerdict(t, "before the reset", r.send(t, r.sign, envelope(t, 9, 1, 22)), fence.Accepted, "", fence.Mark{Token: 9, Seq: 1})
+	if captured, err = r.sign.Sign(env); err != nil {
+		t.Fatal(err)
+	}
+	wantEpoch(t, "the command captured", r.replay(t, captured, env), fence.Accepted, "", 0,
+		fence.Mark{Token: env.Token, Seq: env.Seq})
 	r.awaitState(t)
-	reset := auth.Reset{Device: signedDev, Token: 3, Seq: 1, Counter: 1, ID: auth.NewResetID()}
+	return p, logPath, captured
+}
+
+// TestCDeviceSignedReset: efsdev signed (--trust-root, --device-keys) takes
+// the operator's reset through the library (efs_handle) with the root of
+// its trust: the ack is signed by the device's key, passes auth.VerifyAck
+// and is bound to the reset (its id, token and seq); the mark goes down to
+// the reset's, in the reset's epoch. The reset closes the past: a signed
+// command captured before it (token 9, above the new mark) and replayed
+// from a broker client is refused stale, its epoch closed, the mark
+// unchanged — also after a kill -9 (the reset's epoch is on flash); the
+// next command of the reset's epoch above its mark is accepted; the same
+// reset replayed, before and after a kill -9, is refused (its counter is on
+// flash), and so is a reset signed by the gateway's key.
+func TestCDeviceSignedReset(t *testing.T) {
+	r := newSignedRig(t)
+	before := envelope(t, 9, 1, 22)
+	p, logPath, captured := r.startCaptured(t, before)
+	reset := auth.Reset{Device: signedDev, Token: 3, Seq: 1, Counter: 1, ID: auth.NewResetID(), Epoch: 1}
 	raw, err := r.kit.root.Reset(reset)
 	if err != nil {
 		t.Fatal(err)
@@ -406,17 +446,26 @@ func TestCDeviceSignedReset(t *testing.T) {
 	deliver := func(what string, v fence.Verdict, reason string, m fence.Mark) {
 		t.Helper()
 		r.publish(t, raw)
-		wantVerdict(t, what, r.awaitAck(t, asEnv), v, reason, m)
+		wantEpoch(t, what, r.awaitAck(t, asEnv), v, reason, 1, m)
 	}
 	deliver("the reset", fence.Accepted, "fence reset to 3/1", fence.Mark{Token: 3, Seq: 1})
+	closed := "epoch 0 closed: the fence point is at epoch 1"
+	wantEpoch(t, "captured before the reset, replayed", r.replay(t, captured, before), fence.Stale, closed, 1,
+		fence.Mark{Token: 3, Seq: 1})
 	deliver("replayed", fence.Invalid, "replay", fence.Mark{Token: 3, Seq: 1})
-	wantVerdict(t, "above the reset", r.send(t, r.sign, envelope(t, 4, 1, 23)), fence.Accepted, "", fence.Mark{Token: 4, Seq: 1})
+	wantEpoch(t, "of epoch 0 above the reset", r.send(t, r.sign, envelope(t, 4, 1, 23)), fence.Stale, closed, 1,
+		fence.Mark{Token: 3, Seq: 1})
+	next := envelope(t, 4, 1, 23)
+	next.Epoch = 1
+	wantEpoch(t, "above the reset, in its epoch", r.send(t, r.sign, next), fence.Accepted, "", 1, fence.Mark{Token: 4, Seq: 1})
 	r.awaitState(t)
 	if err := p.Kill(); err != nil {
 		t.Fatal(err)
 	}
 	checkSanitizerClean(t, logPath)
 	p, logPath = r.start(t, 1)
+	wantEpoch(t, "captured before the reset, replayed after a kill -9", r.replay(t, captured, before), fence.Stale, closed, 1,
+		fence.Mark{Token: 4, Seq: 1})
 	deliver("replayed after a kill -9", fence.Invalid, "replay", fence.Mark{Token: 4, Seq: 1})
 	gk, err := auth.ReadKey(r.gw.KeyFile)
 	if err != nil {
@@ -432,6 +481,78 @@ func TestCDeviceSignedReset(t *testing.T) {
 	}
 	asEnv.ID = reset.ID
 	deliver("signed by the gateway's key", fence.Invalid, "not the operator root", fence.Mark{Token: 4, Seq: 1})
+	if err := p.Stop(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	checkSanitizerClean(t, logPath)
+}
+
+// TestCDeviceSignedEpoch: the fleet's epoch statement at efsdev (the
+// root's, in a trust update; efsdev_trust, the library's port.epoch). A
+// signed command accepted before it, replayed after it, is refused stale
+// (its epoch closed) and the mark of the closed epoch counts as none; a
+// command of a later epoch is invalid with the reason auth.NeedsTrust
+// reads; one of the statement's epoch is accepted. An older statement
+// replayed lowers nothing. After a kill -9 and a restart with the root
+// alone the statement is in the store (kept before it counted); a newer
+// one given with --epoch at start raises the epoch again.
+func TestCDeviceSignedEpoch(t *testing.T) {
+	r := newSignedRig(t)
+	before := envelope(t, 5, 1, 21)
+	p, logPath, captured := r.startCaptured(t, before)
+	statement := func(n uint64) []byte {
+		t.Helper()
+		raw, err := r.kit.root.Epoch(n, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return raw
+	}
+	at := func(epoch uint64, tok fence.Token, seq uint64) *fence.Envelope {
+		env := envelope(t, tok, seq, 22)
+		env.Epoch = epoch
+		return env
+	}
+	r.update(t, statement(2))
+	wantEpoch(t, "captured before the statement, replayed", r.replay(t, captured, before), fence.Stale,
+		"epoch 0 closed: the fence point is at epoch 2", 2, fence.Mark{})
+	a := r.send(t, r.sign, at(3, 1, 1))
+	wantEpoch(t, "of an epoch not stated", a, fence.Invalid, "unknown epoch 3: the fence point is at epoch 2", 2, fence.Mark{})
+	if !auth.NeedsTrust(a) {
+		t.Fatalf("unknown epoch: auth.NeedsTrust false for %+v", a)
+	}
+	wantEpoch(t, "of the statement's epoch", r.send(t, r.sign, at(2, 1, 1)), fence.Accepted, "", 2, fence.Mark{Token: 1, Seq: 1})
+	if rep := r.awaitState(t); rep.Epoch != 2 || rep.Token != 1 {
+		t.Fatalf("the state report after it: epoch %d mark %v, want epoch 2 mark 1/1", rep.Epoch, rep.Mark())
+	}
+	r.update(t, statement(1))
+	wantEpoch(t, "an older statement replayed", r.send(t, r.sign, at(1, 9, 1)), fence.Stale, "epoch 1 closed", 2,
+		fence.Mark{Token: 1, Seq: 1})
+	if err := p.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	checkSanitizerClean(t, logPath)
+
+	p, logPath = r.start(t, 1) // the root alone: the statement is in the store
+	wantEpoch(t, "after a kill -9, replayed", r.replay(t, captured, before), fence.Stale, "epoch 0 closed", 2,
+		fence.Mark{Token: 1, Seq: 1})
+	wantEpoch(t, "after a kill -9", r.send(t, r.sign, at(2, 1, 2)), fence.Accepted, "", 2, fence.Mark{Token: 1, Seq: 2})
+	r.awaitState(t)
+	if err := p.Stop(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	checkSanitizerClean(t, logPath)
+
+	file := filepath.Join(r.dir, "epoch-3.cose")
+	if err := os.WriteFile(file, statement(3), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p, logPath = startDeviceProc(t, r.dir, 2, nil, r.bin, "--mqtt", r.url, "--devices", signedDev,
+		"--dir", filepath.Join(r.dir, "data"), "--client-id", "efsdev-signed", "--trust-root", r.kit.RootPub(),
+		"--trust-root-kid", r.kit.RootKID, "--epoch", file, "--device-keys", filepath.Join(r.kit.Dir, "devices"))
+	wantEpoch(t, "--epoch 3", r.send(t, r.sign, at(2, 1, 3)), fence.Stale, "epoch 2 closed: the fence point is at epoch 3", 3,
+		fence.Mark{})
+	wantEpoch(t, "--epoch 3, of epoch 3", r.send(t, r.sign, at(3, 1, 1)), fence.Accepted, "", 3, fence.Mark{Token: 1, Seq: 1})
 	if err := p.Stop(10 * time.Second); err != nil {
 		t.Fatal(err)
 	}

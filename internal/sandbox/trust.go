@@ -77,17 +77,31 @@ func (k *TrustKit) Manifest(m auth.Manifest) ([]byte, error) { return k.root.Man
 // run's is taken again) and a new certificate for it that may command
 // devices (ids, "prefix*" or "*").
 func (k *TrustKit) Gateway(gateway string, devices ...string) (*GatewayKey, error) {
+	return k.GatewayKey(gateway, 1, devices...)
+}
+
+// GatewayKey makes gateway's signing key number n (key id
+// "<gateway>/<n>", files <gateway>.* for n = 1, <gateway>.<n>.* after; an
+// earlier run's is taken again) and a new certificate for it of serial n:
+// n > 1 is a key rotated in ("Rotate a gateway key with overlap").
+func (k *TrustKit) GatewayKey(gateway string, n uint64, devices ...string) (*GatewayKey, error) {
 	if len(devices) == 0 {
 		return nil, errors.New("sandbox: trust: a gateway certificate names the devices it may command")
 	}
+	if n == 0 {
+		return nil, errors.New("sandbox: trust: gateway keys are numbered from 1")
+	}
 	prefix := filepath.Join(k.Dir, gateway)
+	if n > 1 {
+		prefix += fmt.Sprintf(".%d", n)
+	}
 	key, err := keyPair(prefix)
 	if err != nil {
 		return nil, err
 	}
-	kid := gateway + "/1"
+	kid := fmt.Sprintf("%s/%d", gateway, n)
 	now := time.Now()
-	cert, err := k.root.Certify([]byte(kid), &key.PublicKey, devices, now.Add(-time.Hour), now.Add(trustValidity), 1)
+	cert, err := k.root.Certify([]byte(kid), &key.PublicKey, devices, now.Add(-time.Hour), now.Add(trustValidity), n)
 	if err != nil {
 		return nil, err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/edgefence/edgefence/fence"
 )
@@ -16,15 +17,29 @@ import (
 // over), subscribed before the publish, and closes it before returning.
 // It returns ctx's error if no such ack came: the message's fate is then
 // unknown, and sending it again is safe for a reset (a replay is refused).
+// Acks are read plain (fence.UnmarshalAck); RequestChecked verifies them.
 func Request(ctx context.Context, cfg Config, topics Topics, device string, payload []byte, id string) (*fence.Ack, error) {
+	return RequestChecked(ctx, cfg, topics, device, payload, id, fence.UnmarshalAck)
+}
+
+// RequestChecked is Request with each message on the ack topic read by
+// check (a signed ack verified against the device's key and bound to the
+// message, say): one check refuses, or that names another id, is not the
+// answer and the wait goes on. If ctx ends after acks were refused, the
+// error says why the last one was.
+func RequestChecked(ctx context.Context, cfg Config, topics Topics, device string, payload []byte, id string, check func(raw []byte) (*fence.Ack, error)) (*fence.Ack, error) {
 	if !ValidDeviceID(device) {
 		return nil, fmt.Errorf("%w: device id %q", ErrInvalidConfig, device)
 	}
 	acks := make(chan *fence.Ack, 1)
+	var refused atomic.Pointer[error]
 	cfg.CleanStart = true
 	cfg.SessionExpiry = -1
 	cfg.Subscriptions = append(cfg.Subscriptions, Subscription{Filter: topics.Ack(device), Handler: func(m Message) {
-		a, err := fence.UnmarshalAck(m.Payload)
+		a, err := check(m.Payload)
+		if err != nil && string(m.CorrelationData) == id {
+			refused.Store(&err)
+		}
 		if err != nil || (a.ID != id && string(m.CorrelationData) != id) {
 			return // another command's ack, or garbage
 		}
@@ -62,6 +77,9 @@ func Request(ctx context.Context, cfg Config, topics Topics, device string, payl
 	case a := <-acks:
 		return a, nil
 	case <-ctx.Done():
+		if r := refused.Load(); r != nil {
+			return nil, fmt.Errorf("await the ack of %s on %s: %w; an answer came but was refused: %w", id, topics.Ack(device), ctx.Err(), *r)
+		}
 		return nil, fmt.Errorf("await the ack of %s on %s: %w", id, topics.Ack(device), ctx.Err())
 	}
 }

@@ -6,8 +6,11 @@
  * checks what the job promises, and aborts if not:
  *   - every boot succeeds and runs a slot whose bytes hash to the image the
  *     boot loader names (no half-written image ever boots);
- *   - after a boot, the mark equals the job record's tag (reconciled);
- *   - a step applied is in the record with its mark (durable before effect);
+ *   - after a boot, the mark and its epoch equal the job record's tag
+ *     (reconciled), unless an operator's reset came since (the tag's reset
+ *     counter is below the fence's, whose epoch is the reset's or later);
+ *   - a step applied is in the record with its mark and epoch (durable
+ *     before effect); a reset applied puts the device in its epoch;
  *   - no mark or record byte is programmed twice between erases, no slot
  *     byte programmed to another value.
  *
@@ -15,7 +18,9 @@
  * op % 4 == 0 a command (the bytes, to device "fw-1"), 1 a reboot with a
  * healthy verdict, 2 unhealthy, 3 a reboot that never gives one. flags & 1:
  * the power is cut after `cut` bytes programmed (restored by the next
- * reboot).
+ * reboot); flags & 2: the device holds the vectors' root (manifests, and
+ * the operator's resets through efs_fw_handle; the signatures Go verified
+ * are the ones that verify).
  *
  * EFS_FUZZ_SEEDS=dir: write the seed corpus (the scenarios of
  * testdata/fw_vectors.h in this format) to dir, exit.
@@ -51,7 +56,11 @@ static void reboot(dev *d, int op)
 	must(d->boot.slot <= 1 && d->boot.size <= SLOT);
 	sum(d->f.mem[4 + d->boot.slot], (size_t)d->boot.size, s);
 	must(memcmp(s, d->boot.image, 32) == 0);
-	must(d->c.mark.token == d->fw.job.token && d->c.mark.seq == d->fw.job.seq);
+	if (d->fw.job.counter == d->c.reset_counter) {
+		must(d->c.mark.token == d->fw.job.token && d->c.mark.seq == d->fw.job.seq && d->c.epoch == d->fw.job.epoch);
+	} else { /* a reset since the record's step: the mark is the reset's, or a step's after it */
+		must(d->c.reset_counter > d->fw.job.counter && d->c.epoch >= d->c.reset_epoch && d->c.reset_epoch > 0);
+	}
 }
 
 static void run(const uint8_t *in, size_t n)
@@ -64,6 +73,12 @@ static void run(const uint8_t *in, size_t n)
 	}
 	dev_init(&d, 0);
 	must(failures == 0);
+	if (in[0] & 2) {
+		d.fport.root_kid = (const uint8_t *)EFS_FWV_ROOT_KID;
+		d.fport.root_kid_len = strlen(EFS_FWV_ROOT_KID);
+		d.port.sha256 = lib_sha256;
+		d.port.verify_root = root_verify;
+	}
 	if (in[0] & 1) {
 		d.f.programmed = 0;
 		d.f.program_budget = (long)(in[1] | in[2] << 8);
@@ -83,11 +98,16 @@ static void run(const uint8_t *in, size_t n)
 			if (len > 0) {
 				memcpy(cmd, in + i, len);
 			}
-			efs_fw_process(&d.fw, (const uint8_t *)"fw-1", 4, cmd, len, &d.r);
-			must(!d.r.apply || d.r.verdict == EFS_ACCEPTED);
+			efs_fw_handle(&d.fw, (const uint8_t *)"fw-1", 4, cmd, len, &d.r);
+			must(!d.r.apply || (d.r.verdict == EFS_ACCEPTED && !d.r.reset));
 			if (d.r.apply) {
-				must(d.fw.job.token == d.r.mark.token && d.fw.job.seq == d.r.mark.seq &&
-					d.c.mark.token == d.r.mark.token && d.c.mark.seq == d.r.mark.seq);
+				must(d.fw.job.token == d.r.mark.token && d.fw.job.seq == d.r.mark.seq && d.fw.job.epoch == d.r.epoch &&
+					d.c.mark.token == d.r.mark.token && d.c.mark.seq == d.r.mark.seq && d.c.epoch == d.r.epoch &&
+					d.r.env.epoch == d.r.epoch);
+			}
+			if (d.r.reset && d.r.verdict == EFS_ACCEPTED) {
+				must(in[0] & 2);
+				must(d.c.epoch == d.r.epoch && d.c.reset_epoch == d.r.epoch && d.c.mark.token == d.r.mark.token);
 			}
 			free(cmd);
 		} else {
@@ -111,6 +131,7 @@ static int write_seeds(const char *dir)
 		FILE *f;
 
 		memset(buf, 0, 3);
+		buf[0] = sc->manifests ? 2 : 0; /* the root: the scenario's manifests and resets */
 		for (size_t k = 0; k < sc->n && n + 3 + sc->steps[k].in_n <= sizeof buf; k++) {
 			const efs_fwvstep *v = &sc->steps[k];
 

@@ -2,20 +2,24 @@
  * libFuzzer target for efsdev's trust (linux/trust.c, included below with
  * its static decoders): trust updates (efsdev_trust_update, against the
  * vectors' root), certificate payloads (parse_cert), revocation lists
- * (parse_revocations) and COSE_Sign1 statements (parse_sign1).
+ * (parse_revocations), epoch statements' payloads (parse_epoch) and
+ * COSE_Sign1 statements (parse_sign1).
  *
  * Built by fuzz_test.go with clang -fsanitize=fuzzer,address,undefined and
  * run briefly in `make test`, longer by `make fuzz`. Besides the sanitizers
  * it checks, and aborts if not:
  *   - an update is taken whole or refused whole: refused, the store is as
  *     before; taken, every certificate held has a kid of 1 to 64 bytes, a
- *     role of 0 or 1, devices and a validity window, and taking the same
- *     update again adopts nothing (each statement is held);
- *   - a certificate or list the decoders take reads the same a second time,
- *     and its fields keep their bounds (devices, key ids inside the payload).
+ *     role of 0 or 1, devices and a validity window, an epoch statement is
+ *     held with its epoch (at least 1), and taking the same update again
+ *     adopts nothing (each statement is held, the epoch unchanged);
+ *   - a certificate, list or epoch the decoders take reads the same a
+ *     second time, and its fields keep their bounds (devices, key ids
+ *     inside the payload; an epoch of at least 1).
  *
- * Input: [mode][the rest]. mode % 4: 0 a trust update; 1 a certificate's
- * payload; 2 a revocation list's payload; 3 a statement.
+ * Input: [mode][the rest]. mode % 5: 0 a trust update; 1 a certificate's
+ * payload; 2 a revocation list's payload; 3 a statement; 4 an epoch
+ * statement's payload.
  *
  * EFS_FUZZ_SEEDS=dir: write the seed corpus (every update of
  * testdata/trust_vectors.h, and the payloads of its valid statements) to
@@ -56,10 +60,13 @@ static void fuzz_update(const uint8_t *p, size_t n)
 	rc = efsdev_trust_update(&store, p, n, 0, &c, &why);
 	must(rc == 0 || rc == -1);
 	if (rc != 0) {
-		must(store.ncerts == 0 && store.rev_raw == NULL); /* refused whole */
+		must(store.ncerts == 0 && store.rev_raw == NULL && store.epoch_raw == NULL && store.epoch == 0); /* refused whole */
 	} else {
+		uint64_t epoch = store.epoch;
+
 		check_store(&store);
-		must(efsdev_trust_update(&store, p, n, 0, &c, &why) == 0 && c.applied == 0);
+		must((store.epoch_raw != NULL) == (store.epoch != 0) && store.epoch_n <= MAX_EPOCH_SIZE);
+		must(efsdev_trust_update(&store, p, n, 0, &c, &why) == 0 && c.applied == 0 && store.epoch == epoch);
 	}
 	efsdev_trust_free(&store);
 }
@@ -86,6 +93,16 @@ static void fuzz_revocations(const uint8_t *p, size_t n)
 	}
 	must(off < n || off == 0);
 	must(parse_revocations(p, n, &v2, &off2) == 0 && v2 == version && off2 == off);
+}
+
+static void fuzz_epoch(const uint8_t *p, size_t n)
+{
+	uint64_t epoch, again;
+
+	if (parse_epoch(p, n, &epoch) != 0) {
+		return;
+	}
+	must(epoch >= 1 && parse_epoch(p, n, &again) == 0 && again == epoch);
 }
 
 static void fuzz_statement(const uint8_t *p, size_t n)
@@ -152,9 +169,12 @@ static int write_seeds(const char *dir)
 				}
 				buf[0] = 3;
 				memcpy(buf + 1, st, sn);
-				buf[0] = (uint8_t)(bytes_eq(s.ctype, s.ctype_n, content_revocations, strlen(content_revocations)) ? 2 : 1);
+				buf[0] = (uint8_t)(bytes_eq(s.ctype, s.ctype_n, content_revocations, strlen(content_revocations)) ? 2
+					: bytes_eq(s.ctype, s.ctype_n, content_epoch, strlen(content_epoch))	   ? 4
+														   : 1);
 				memcpy(buf + 1, s.payload, s.payload_n);
-				if (write_seed(dir, buf[0] == 2 ? "list" : "cert", i * 8 + k, buf, 1 + s.payload_n)) {
+				if (write_seed(dir, buf[0] == 2 ? "list" : buf[0] == 4 ? "epoch" : "cert", i * 8 + k, buf,
+					    1 + s.payload_n)) {
 					return 1;
 				}
 				buf[0] = 3;
@@ -195,7 +215,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		abort();
 	}
 	memcpy(p, data + 1, size - 1);
-	switch (data[0] % 4) {
+	switch (data[0] % 5) {
 	case 0:
 		fuzz_update(p, size - 1);
 		break;
@@ -205,8 +225,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	case 2:
 		fuzz_revocations(p, size - 1);
 		break;
-	default:
+	case 3:
 		fuzz_statement(p, size - 1);
+		break;
+	default:
+		fuzz_epoch(p, size - 1);
 	}
 	free(p);
 	return 0;

@@ -22,15 +22,16 @@
  * Storage: two image slots (A = 0, B = 1) and two record sectors, behind
  * efs_fw_port. The job record is one of two alternating flash slots
  * (commit byte, generation, CRC-32C, like the marks), tagged with the
- * (token, seq) of the step that wrote it and that step's holder and id.
+ * (token, seq) of the step that wrote it, that mark's epoch, and that
+ * step's holder and id.
  *
  * Order of a step (durable before effect, safe against a cut at any byte):
  * the slot bytes (fw.begin erases the inactive slot; fw.chunk programs its
  * data), then the job record, then the mark (efs_ctx). In Go the record
  * and the mark commit in one bbolt transaction; here efs_fw_open
- * reconciles: a record whose tag is above the mark, under the same reset
- * counter, is a step whose mark write was cut, and the mark is rolled
- * forward to it (the step happened:
+ * reconciles: a record whose tag is above the mark (by epoch, then token
+ * and seq), under the same reset counter, is a step whose mark write was
+ * cut, and the mark is rolled forward to it in its epoch (the step happened:
  * a redelivery is then a Duplicate, never applied twice). A record cut
  * before its commit byte leaves the previous one, and the mark with it: the
  * step did not happen, and its resend programs the same bytes again (NOR:
@@ -38,11 +39,11 @@
  * that forbids a second program needs a port that skips bytes already
  * equal). A cut erase of a begin is redone by the resend.
  *
- * Resources: no heap, no globals; efs_fw is the caller's (488 bytes on
+ * Resources: no heap, no globals; efs_fw is the caller's (496 bytes on
  * Cortex-M). Stack, measured on Cortex-M3/M4 (-Os, the port's frames
  * included): 1,740 bytes for efs_fw_process (the record's encoding and a
- * copy of the job on top of efs_process's frames), 1,860 for efs_fw_open,
- * 1,636 for efs_fw_boot; 2,400 for efs_fw_handle with a reset's or a
+ * copy of the job on top of efs_process's frames), 1,876 for efs_fw_open,
+ * 1,652 for efs_fw_boot; 2,392 for efs_fw_handle with a reset's or a
  * manifest's ES256 verify on mbedTLS. Reentrancy: as efshim.h, one efs_fw per device,
  * calls serialised by the caller.
  */
@@ -139,6 +140,7 @@ typedef struct {
 	uint64_t size, chunk, version, bytes;
 	uint64_t token, seq; /* of the last step */
 	uint64_t counter;    /* the fence's reset counter when that step's mark was stored */
+	uint64_t epoch;      /* and that mark's epoch */
 	uint8_t reason_len;
 	char reason[EFS_FW_MAX_REASON];
 } efs_fw_job;
@@ -166,7 +168,7 @@ typedef struct {
 
 /* The record on flash (efs_fw_record.c): a slot's largest size, with the
  * sector's superseded byte (its last). */
-#define EFS_FW_RECORD_MAX (1u + 1u + EFS_MAX_HOLDER_LEN + 1u + EFS_MAX_ID_LEN + 8u + 1u + EFS_FW_MAX_JOB + 2u + 32u + \
+#define EFS_FW_RECORD_MAX (1u + 1u + EFS_MAX_HOLDER_LEN + 1u + EFS_MAX_ID_LEN + 16u + 1u + EFS_FW_MAX_JOB + 2u + 32u + \
 	48u + 1u + EFS_FW_MAX_REASON + 4u + 64u + 32u)
 #define EFS_FW_RECORD_SLOT_MAX (12u + EFS_FW_RECORD_MAX)
 

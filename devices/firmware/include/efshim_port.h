@@ -13,6 +13,9 @@
  * Crypto: SHA-256 and an ES256 verify against the device's keys (the host
  * build uses mbedTLS), for signed commands; absent, commands are plain.
  *
+ * Epoch: the fleet epoch the device's trust holds (the newest epoch
+ * statement of the operator's root it took in), for signed commands.
+ *
  * There is no clock: nothing the shim decides depends on time.
  */
 #ifndef EFSHIM_PORT_H
@@ -60,6 +63,18 @@ typedef struct efs_port {
 	 * (EFS_E_NO_ROOT), and so is every manifest. */
 	int (*verify_root)(void *user, const uint8_t *kid, size_t kid_len, const uint8_t digest[32],
 		const uint8_t sig[64]);
+	/* The fleet epoch (fence/auth's epoch statement: a root-signed
+	 * {1: epoch, 2: issued}, content type
+	 * application/edgefence-epoch+cbor, carried in trust updates): the
+	 * epoch of the newest statement the device's trust layer verified
+	 * against the root and keeps, 0 if none. The trust layer keeps it
+	 * durably before it counts (as the revocation list) and only raises
+	 * it: a command of an earlier epoch is then refused stale whatever
+	 * its token, one of a later epoch invalid ("unknown epoch ...") until
+	 * its statement arrives. Asked at every decision, and only with
+	 * verify set (as devices/shim, whose fleet epoch is its Keys'): a
+	 * device of plain commands is at its last reset's epoch. NULL: none. */
+	uint64_t (*epoch)(void *user);
 } efs_port;
 
 #endif

@@ -8,7 +8,7 @@
  *          [--mqtt-user U (password from $EDGEFENCE_MQTT_PASSWORD or
  *          --mqtt-password-file F)] [--history FILE [--history-source SRC]]
  *          [--trust-root PUB --trust-root-kid KID [--certs F,F...]
- *           [--revocations F] [--device-keys DIR]]
+ *           [--revocations F] [--epoch F] [--device-keys DIR]]
  *          [--reset-root PUB --trust-root-kid KID]
  *
  * Topics, QoS and payloads are devsim's (devices/sim.Fleet): commands at
@@ -21,20 +21,25 @@
  * and its state in <dir>/<id>.state (thermostat.c's journal). Logs go to
  * stderr as key=value lines; msg=ready once every subscription is granted.
  * --history appends fence/history events (accepts before the mark's commit,
- * an "opened" event with the durable mark per device at start).
+ * with the signer's kid when signed; an "opened" event with the durable mark
+ * per device at start; a "trust" event naming the revoked kids after each
+ * newer revocation list is stored).
  *
  * With --trust-root every command must be signed by a gateway the operator
  * certified for the device (the library's efs_verify_signed, the key store
- * of trust.c); trust updates on the cmd topic add certificates and
- * revocation lists (kept in <dir>/trust.cbor, no ack). With --device-keys
+ * of trust.c); trust updates on the cmd topic add certificates, revocation
+ * lists and the fleet's epoch statement (kept in <dir>/trust.cbor, no ack;
+ * --epoch provisions one at start): the library's port.epoch, so a command
+ * of an earlier epoch is refused stale, one of a later invalid. With --device-keys
  * (<id>.key, <id>.cert: edgefence keys enrol) acks and state reports are
  * signed by the device's key (fence/auth's VerifyAck and VerifyState).
  *
  * The operator's resets (edgefence fence reset) are checked against the
  * root of --trust-root, or of --reset-root while commands stay plain (as
- * devsim's flags); the library writes the mark and the reset counter in one
- * flash record before the ack says accepted. Without either every reset is
- * refused.
+ * devsim's flags); the library writes the mark, the reset counter and the
+ * reset's epoch in one flash record before the ack says accepted: no
+ * command of an earlier epoch is admitted after it. Without either every
+ * reset is refused. Acks carry the device's epoch (fence.Ack key 10).
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -72,7 +77,7 @@ typedef struct {
 
 typedef struct {
 	const char *broker, *prefix, *dir, *log, *client_id, *user, *pass_file, *devices, *history, *history_source;
-	const char *trust_root, *trust_root_kid, *certs, *revocations, *device_keys, *reset_root;
+	const char *trust_root, *trust_root_kid, *certs, *revocations, *epoch, *device_keys, *reset_root;
 	const char *firmware, *fw_window, *fw_tries, *fw_security, *fw_max_image, *fw_status;
 } options;
 
@@ -83,6 +88,8 @@ static const char *prefix = "edgefence/v1";
 static unsigned long counts[5];
 static volatile sig_atomic_t stopping;
 static efsdev_trust trust;     /* --trust-root: commands must be signed */
+static efs_bytes hist_signer;  /* the verified signer's kid of the accept take records (history "kid") */
+static uint64_t hist_listed;   /* version of the revocation list last recorded in the history ("trust") */
 static int trusted;
 static efsdev_trust reset_trust; /* --reset-root: resets, commands plain */
 static uint64_t report_counter; /* state reports: the start time in ns, +1 per report (as devsim) */
@@ -127,6 +134,13 @@ static int sha256(void *user, const efs_bytes *parts, size_t n, uint8_t digest[3
 {
 	(void)user;
 	return efsdev_sha256(NULL, parts, n, digest);
+}
+
+/* fleet_epoch is port.epoch: the newest epoch statement the trust holds. */
+static uint64_t fleet_epoch(void *user)
+{
+	(void)user;
+	return trust.epoch;
 }
 
 /* verify_root checks a reset's signature with --reset-root's key, else
@@ -235,6 +249,7 @@ static void history_event(const device *d, const char *op, const efs_bytes *id, 
 	json_field(line, sizeof line, &at, "kind", kind ? kind->p : NULL, kind ? kind->n : 0, 1);
 	json_field(line, sizeof line, &at, "verdict", verdict, verdict ? strlen(verdict) : 0, 1);
 	json_field(line, sizeof line, &at, "reason", reason, reason ? strlen(reason) : 0, 1);
+	json_field(line, sizeof line, &at, "kid", (const char *)hist_signer.p, hist_signer.n, 1);
 	if (env != NULL && d->fw != NULL) { /* fwjob.NoteHistory: a firmware step's job and image */
 		char job[EFS_FW_MAX_JOB + 1], image[65];
 
@@ -270,8 +285,13 @@ static void log_verdict(const device *d, const efs_result *r)
 	memcpy(line + at, ",\"holder\":", 10);
 	at += 10;
 	efsdev_json_string(line, sizeof line, &at, (const char *)e->holder.p, dec ? e->holder.n : 0);
-	at += (size_t)snprintf(line + at, sizeof line - at, ",\"verdict\":\"%s\",\"max_token\":%llu,\"last_seq\":%llu,\"reason\":",
+	at += (size_t)snprintf(line + at, sizeof line - at, ",\"verdict\":\"%s\",\"max_token\":%llu,\"last_seq\":%llu",
 		verdict_name(r->verdict), (unsigned long long)r->mark.token, (unsigned long long)r->mark.seq);
+	if (r->epoch != 0) { /* omitempty, as sim.VerdictRecord's */
+		at += (size_t)snprintf(line + at, sizeof line - at, ",\"epoch\":%llu", (unsigned long long)r->epoch);
+	}
+	memcpy(line + at, ",\"reason\":", 10);
+	at += 10;
 	efsdev_json_string(line, sizeof line, &at, r->reason, strlen(r->reason));
 	memcpy(line + at, ",\"state\":", 9);
 	at += 9;
@@ -311,7 +331,7 @@ static int take(device *d, const uint8_t *msg, size_t n, int *accepting)
 	efs_envelope env;
 	efs_signed sg;
 	efsdev_changes c;
-	efs_mark next;
+	efs_state st = efs_state_of(&d->ctx), next;
 	const char *reason;
 	efsdev_journal_rec *j = &d->journal.rec;
 	/* signed: verified here, so that no forgery is ever journalled;
@@ -320,7 +340,7 @@ static int take(device *d, const uint8_t *msg, size_t n, int *accepting)
 
 	if (d->corrupt || e != EFS_OK || env.device.n != strlen(d->id) ||
 	    memcmp(env.device.p, d->id, env.device.n) != 0 || efsdev_parse(&env, &c, &reason) != 0 ||
-	    efs_admit(d->mark, env.token, env.seq, &next) != EFS_ACCEPTED) {
+	    efs_admit_epoch(st.epoch, st, env.epoch, env.token, env.seq, &next) != EFS_ACCEPTED) {
 		*accepting = 0;
 		return 0; /* efs_process refuses it, or acks a duplicate: no effect */
 	}
@@ -336,8 +356,66 @@ static int take(device *d, const uint8_t *msg, size_t n, int *accepting)
 		return -1;
 	}
 	*accepting = 1;
+	if (trusted) {
+		hist_signer = sg.kid; /* verified above */
+	}
 	history_event(d, "verdict", &env.id, env.token, env.seq, &env.kind, "accepted", NULL, &env);
+	hist_signer.n = 0;
 	return 0;
+}
+
+/* revoked_kid appends one key id to a history line's "revoked" array. */
+typedef struct {
+	char *out;
+	size_t cap, *at;
+	int n, full;
+} kid_list;
+
+static void revoked_kid(void *user, const uint8_t *kid, size_t n)
+{
+	kid_list *l = user;
+
+	if (l->full || *l->at + 1 + 12 * n + 3 > l->cap) { /* efsdev_json_string's worst case */
+		l->full = 1;
+		return;
+	}
+	if (l->n++ > 0) {
+		l->out[(*l->at)++] = ',';
+	}
+	efsdev_json_string(l->out, l->cap, l->at, (const char *)kid, n);
+}
+
+/* history_trust records the revocation list in effect (history.OpTrust:
+ * its key ids), after its commit, if it is newer than the last one
+ * recorded, as devices/shim does. */
+static void history_trust(const device *d)
+{
+	char line[8192], why[64];
+	size_t at;
+	kid_list l = {line, sizeof line - 3, &at, 0, 0};
+
+	if (hist_fd < 0 || trust.rev_raw == NULL || trust.rev_version <= hist_listed) {
+		return;
+	}
+	at = json_time(line, sizeof line, "t");
+	json_field(line, sizeof line, &at, "src", hist_source, strlen(hist_source), 0);
+	json_field(line, sizeof line, &at, "op", "trust", 5, 0);
+	json_field(line, sizeof line, &at, "dev", d->id, strlen(d->id), 0);
+	snprintf(why, sizeof why, "revocation list version %llu", (unsigned long long)trust.rev_version);
+	json_field(line, sizeof line, &at, "reason", why, strlen(why), 1);
+	at += (size_t)snprintf(line + at, sizeof line - at, ",\"revoked\":[");
+	if (efsdev_trust_revoked_kids(&trust, revoked_kid, &l) != 0 || l.full) {
+		logf_("WARN", "msg=\"history: revocation list not recorded\" device=%s", d->id);
+		return;
+	}
+	line[at++] = ']';
+	line[at++] = '}';
+	line[at++] = '\n';
+	if (write(hist_fd, line, at) != (ssize_t)at) {
+		logf_("WARN", "msg=\"history not written\" device=%s err=\"%s\"", d->id, strerror(errno));
+		return;
+	}
+	hist_listed = trust.rev_version;
 }
 
 /* record_decision writes r to the history unless take recorded it: a
@@ -415,9 +493,11 @@ static size_t sign(device *d, const char *ctype, uint8_t *buf, size_t n)
 }
 
 /* state_report writes the device's state as it reports it: sim.State's map,
- * or with a key an auth.StateReport under mark m, signed. */
+ * or with a key an auth.StateReport under mark m in the device's epoch,
+ * signed. */
 static size_t state_report(device *d, efs_mark m, uint8_t *out, size_t cap)
 {
+	efs_state s = efs_state_of(&d->ctx);
 	uint8_t st[2048];
 	size_t sn = d->fw != NULL ? efsdev_fw_report(d->fw, &d->journal.rec.state, st, sizeof st)
 				  : efsdev_state_cbor(&d->journal.rec.state, st, sizeof st);
@@ -426,7 +506,8 @@ static size_t state_report(device *d, efs_mark m, uint8_t *out, size_t cap)
 		memcpy(out, st, sn <= cap ? sn : 0);
 		return sn <= cap ? sn : 0;
 	}
-	if ((sn = efsdev_state_report(d->id, m, ++report_counter, st, sn, out, cap)) == 0) {
+	s.mark = m;
+	if ((sn = efsdev_state_report(d->id, s, ++report_counter, st, sn, out, cap)) == 0) {
 		return 0;
 	}
 	return sign(d, content_state, out, sn);
@@ -452,8 +533,9 @@ static void take_update(const device *d, const uint8_t *msg, size_t n)
 	}
 	trust_counts[0] += c.applied;
 	trust_counts[1] += c.held;
-	logf_("INFO", "msg=\"trust update\" device=%s applied=%u held=%u certificates=%d revocations=%llu", d->id, c.applied,
-		c.held, trust.ncerts, (unsigned long long)trust.rev_version);
+	history_trust(d);
+	logf_("INFO", "msg=\"trust update\" device=%s applied=%u held=%u certificates=%d revocations=%llu epoch=%llu", d->id,
+		c.applied, c.held, trust.ncerts, (unsigned long long)trust.rev_version, (unsigned long long)trust.epoch);
 }
 
 /* fw_after is a firmware device's part after the ack: its stale refusals
@@ -537,9 +619,9 @@ static void handle(struct mosquitto *m, device *d, const struct mosquitto_messag
 	}
 	counts[r.verdict <= 4 ? r.verdict : 0]++;
 	if (r.reset) { /* as devices/shim: logged, not a command's history event */
-		logf_("WARN", "msg=\"%s\" device=%s mark=%llu/%llu counter=%llu reason=\"%s\"",
+		logf_("WARN", "msg=\"%s\" device=%s mark=%llu/%llu epoch=%llu counter=%llu reason=\"%s\"",
 			r.verdict == EFS_ACCEPTED ? "fence reset by the operator" : "reset refused", d->id,
-			(unsigned long long)r.mark.token, (unsigned long long)r.mark.seq,
+			(unsigned long long)r.mark.token, (unsigned long long)r.mark.seq, (unsigned long long)r.epoch,
 			(unsigned long long)d->ctx.reset_counter, r.reason);
 	} else {
 		record_decision(d, &r, accepting);
@@ -730,6 +812,7 @@ static int open_device(device *d, const char *dir, const char *id, const char *k
 	if (trusted) {
 		d->port.sha256 = sha256;
 		d->port.verify = verify;
+		d->port.epoch = fleet_epoch;
 	}
 	if (trusted || reset_trust.root_loaded) {
 		d->port.sha256 = sha256;
@@ -762,8 +845,9 @@ static int open_device(device *d, const char *dir, const char *id, const char *k
 		return -1;
 	}
 	history_event(d, "opened", NULL, d->mark.token, d->mark.seq, NULL, NULL, NULL, NULL);
-	logf_("INFO", "msg=\"device open\" device=%s token=%llu seq=%llu applied=%llu", id, (unsigned long long)d->mark.token,
-		(unsigned long long)d->mark.seq, (unsigned long long)d->journal.rec.state.applied);
+	logf_("INFO", "msg=\"device open\" device=%s token=%llu seq=%llu applied=%llu epoch=%llu", id,
+		(unsigned long long)d->mark.token, (unsigned long long)d->mark.seq, (unsigned long long)d->journal.rec.state.applied,
+		(unsigned long long)efs_state_of(&d->ctx).epoch);
 	return 0;
 }
 
@@ -792,7 +876,7 @@ static int usage(const char *msg)
 {
 	fprintf(stderr, "efsdev: %s\nusage: efsdev --mqtt URL --devices ID[,ID...] --dir DIR [--prefix P] [--log FILE] "
 		"[--client-id ID] [--mqtt-user U] [--mqtt-password-file F] [--history FILE [--history-source SRC]] "
-		"[--trust-root PUB --trust-root-kid KID [--certs F,F...] [--revocations F] [--device-keys DIR]] "
+		"[--trust-root PUB --trust-root-kid KID [--certs F,F...] [--revocations F] [--epoch F] [--device-keys DIR]] "
 		"[--reset-root PUB --trust-root-kid KID] "
 		"[--firmware [--fw-window D] [--fw-tries N] [--fw-security N] [--fw-max-image BYTES]]\n", msg);
 	return 2;
@@ -846,7 +930,8 @@ static int parse_args(int argc, char **argv, options *o)
 		{"--log", &o->log}, {"--client-id", &o->client_id}, {"--mqtt-user", &o->user},
 		{"--mqtt-password-file", &o->pass_file}, {"--history", &o->history}, {"--history-source", &o->history_source},
 		{"--trust-root", &o->trust_root}, {"--trust-root-kid", &o->trust_root_kid}, {"--certs", &o->certs},
-		{"--revocations", &o->revocations}, {"--device-keys", &o->device_keys}, {"--reset-root", &o->reset_root},
+		{"--revocations", &o->revocations}, {"--epoch", &o->epoch}, {"--device-keys", &o->device_keys},
+		{"--reset-root", &o->reset_root},
 		{"--fw-window", &o->fw_window}, {"--fw-tries", &o->fw_tries}, {"--fw-security", &o->fw_security},
 		{"--fw-max-image", &o->fw_max_image},
 	};
@@ -883,8 +968,9 @@ static int parse_args(int argc, char **argv, options *o)
 			"go with --firmware");
 	}
 	if ((o->trust_root == NULL && o->reset_root == NULL) != (o->trust_root_kid == NULL) ||
-	    (o->trust_root == NULL && (o->certs != NULL || o->revocations != NULL || o->device_keys != NULL))) {
-		return usage("--trust-root (or --reset-root) and --trust-root-kid go together; --certs, --revocations and --device-keys need them (--trust-root)");
+	    (o->trust_root == NULL && (o->certs != NULL || o->revocations != NULL || o->epoch != NULL || o->device_keys != NULL))) {
+		return usage("--trust-root (or --reset-root) and --trust-root-kid go together; --certs, --revocations, --epoch and "
+			"--device-keys need them (--trust-root)");
 	}
 	return 0;
 }
@@ -937,11 +1023,15 @@ static int open_trust(const options *o)
 		logf_("ERROR", "msg=\"--revocations\" path=%s err=\"%s\"", o->revocations, why);
 		return -1;
 	}
+	if (o->epoch != NULL && efsdev_trust_epoch_file(&trust, o->epoch, &why) != 0) {
+		logf_("ERROR", "msg=\"--epoch\" path=%s err=\"%s\"", o->epoch, why);
+		return -1;
+	}
 	trusted = 1;
 	clock_gettime(CLOCK_REALTIME, &ts);
 	report_counter = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-	logf_("INFO", "msg=\"trust: commands must be signed\" root=%s certificates=%d revocations=%llu", o->trust_root_kid,
-		trust.ncerts, (unsigned long long)trust.rev_version);
+	logf_("INFO", "msg=\"trust: commands must be signed\" root=%s certificates=%d revocations=%llu epoch=%llu",
+		o->trust_root_kid, trust.ncerts, (unsigned long long)trust.rev_version, (unsigned long long)trust.epoch);
 	return 0;
 }
 

@@ -78,9 +78,10 @@ size_t efsdev_state_cbor(const efsdev_state *s, uint8_t *out, size_t cap);
 /* efsdev_json_string appends s as a JSON string to out at *at. */
 void efsdev_json_string(char *out, size_t cap, size_t *at, const char *s, size_t n);
 
-/* Trust (trust.c, on mbedTLS): the key store behind port.verify, fed by
- * the operator's root, certificate files and trust updates on the cmd
- * topic; and the device key signing acks and state reports. */
+/* Trust (trust.c, on mbedTLS): the key store behind port.verify and the
+ * fleet epoch behind port.epoch, fed by the operator's root, certificate,
+ * list and epoch files and trust updates on the cmd topic; and the device
+ * key signing acks and state reports. */
 #define EFSDEV_MAX_CERTS 64
 #define EFSDEV_MAX_UPDATE 8                        /* auth.MaxUpdateStatements */
 #define EFSDEV_MAX_STATEMENT (64u * 1024u)         /* auth.MaxTrustSize */
@@ -116,6 +117,9 @@ typedef struct {
 	uint64_t rev_version;
 	const uint8_t *rev_payload;
 	size_t rev_payload_n, rev_kids_off;
+	uint8_t *epoch_raw;        /* the epoch statement held (owned), or NULL */
+	size_t epoch_n;
+	uint64_t epoch;            /* its epoch: the fleet's (port.epoch); 0: none */
 } efsdev_trust;
 
 typedef struct {
@@ -132,11 +136,19 @@ void efsdev_trust_free(efsdev_trust *t);
 /* efsdev_trust_file takes the statement in path (sequence 0), or every
  * statement of a store file (sequence 1), as trust updates not persisted. */
 int efsdev_trust_file(efsdev_trust *t, const char *path, int sequence, const char **why);
+/* efsdev_trust_epoch_file takes the epoch statement in path (edgefence
+ * keys epoch), kept if it is newer than the one held: 0, or -1 (*why) if
+ * it is not the root's epoch statement. */
+int efsdev_trust_epoch_file(efsdev_trust *t, const char *path, const char **why);
 /* efsdev_trust_update takes a trust update (auth.ParseUpdate's format):
  * 0 taken (counts in *out), -1 refused whole (*why), -2 the store's file
  * could not be written (the update is in memory: stop the process). */
 int efsdev_trust_update(efsdev_trust *t, const uint8_t *raw, size_t n, int persist, efsdev_trust_counts *out,
 	const char **why);
+/* efsdev_trust_revoked_kids calls each for every key id the revocation
+ * list held names, in its order: 0 (also with no list), -1 if the list
+ * cannot be read. */
+int efsdev_trust_revoked_kids(const efsdev_trust *t, void (*each)(void *user, const uint8_t *kid, size_t n), void *user);
 /* The port's crypto: user is the efsdev_trust. */
 int efsdev_sha256(void *user, const efs_bytes *parts, size_t n, uint8_t digest[32]);
 int efsdev_verify(void *user, const uint8_t *kid, size_t kid_len, const uint8_t *device, size_t device_len,
@@ -160,8 +172,9 @@ void efsdev_signer_free(efsdev_signer *s);
  * by s to out; its length, 0 on failure. */
 size_t efsdev_sign(efsdev_signer *s, const char *ctype, const uint8_t *payload, size_t n, uint8_t *out, size_t cap);
 /* efsdev_state_report encodes auth.StateReport {device, mark, counter,
- * state} as fence/auth does (deterministic CBOR); its length, 0 if cap is short. */
-size_t efsdev_state_report(const char *device, efs_mark m, uint64_t counter, const uint8_t *state, size_t sn, uint8_t *out,
+ * state, epoch (omitted when 0)} under the device's fence state s as
+ * fence/auth does (deterministic CBOR); its length, 0 if cap is short. */
+size_t efsdev_state_report(const char *device, efs_state s, uint64_t counter, const uint8_t *state, size_t sn, uint8_t *out,
 	size_t cap);
 
 /* Firmware mode (efsdev_fw.c, --firmware): the library's firmware job on

@@ -4,20 +4,23 @@
  * device key that signs its acks and state reports.
  *
  * The store holds the operator's root public key (--trust-root, PKIX PEM,
- * and its kid), the gateway certificates the root signed, and the newest
- * revocation list. Certificates come from files at start (--certs) and over
+ * and its kid), the gateway certificates the root signed, the newest
+ * revocation list and the newest epoch statement (the fleet's epoch:
+ * fence/auth's {1: epoch >= 1, 2: issued}, at most 1 KiB; the library's
+ * port.epoch). Certificates come from files at start (--certs) and over
  * the air: a trust update (auth.MarshalUpdate: a CBOR array of 1 to 8 byte
  * strings, first byte 0x81..0x88) on the device's cmd topic, which the
  * agent sends before a device's first command. Each statement is checked
  * against the root (COSE_Sign1, ES256, the root's kid, content type
- * ContentCertificate or ContentRevocations); one that is not the root's
- * refuses the whole update. A certificate replaces the one held for its
- * kid only with a higher serial; a list only with a higher version. What an
- * update changes is written to <dir>/trust.cbor (a CBOR sequence of the
+ * ContentCertificate, ContentRevocations or ContentEpoch); one that is not
+ * the root's refuses the whole update. A certificate replaces the one held
+ * for its kid only with a higher serial; a list only with a higher
+ * version; an epoch statement only with a higher epoch. What an update
+ * changes is written to <dir>/trust.cbor (a CBOR sequence of the
  * statements held, written to a temporary file, fdatasync, rename, fsync
  * of the directory) before it takes effect, and read back at start, so a
- * restart keeps the certificates learned and the newest list (a replayed
- * older list cannot un-revoke).
+ * restart keeps the certificates learned, the newest list (a replayed
+ * older list cannot un-revoke) and the newest epoch (it only goes up).
  *
  * A lookup (Trust.Key) refuses an unknown kid, a revoked one, a device key
  * (role 1), a certificate not valid now (the Linux device has a clock) and
@@ -48,6 +51,12 @@
 
 static const char content_cert[] = "application/edgefence-cert+cbor";
 static const char content_revocations[] = "application/edgefence-revocations+cbor";
+static const char content_epoch[] = "application/edgefence-epoch+cbor";
+
+/* What a statement is: its slot in the store. */
+enum { STMT_CERT, STMT_LIST, STMT_EPOCH };
+
+#define MAX_EPOCH_SIZE 1024u /* auth.MaxEpochSize */
 
 /* A reader over a buffer: definite lengths only (fence/auth forbids
  * indefinite ones in statements). */
@@ -469,6 +478,36 @@ static int parse_revocations(const uint8_t *p, size_t n, uint64_t *version, size
 	return r.i == n ? 0 : -1;
 }
 
+/* parse_epoch decodes a verified epoch statement's payload (auth.Epoch):
+ * 1 epoch (uint64, at least 1), 2 issued (int64), each at most once, no
+ * other field; null leaves a field empty, as Go's decoder. */
+static int parse_epoch(const uint8_t *p, size_t n, uint64_t *epoch)
+{
+	rd r = {p, n, 0};
+	unsigned m, seen = 0;
+	uint64_t pairs, k;
+	int64_t v;
+
+	*epoch = 0;
+	if (head(&r, &m, &pairs) != 0 || m != 5 || pairs > 2) {
+		return -1;
+	}
+	for (k = 0; k < pairs; k++) {
+		int64_t label;
+		if (integer(&r, &label) != 0 || label < 1 || label > 2 || (seen & (1u << label))) {
+			return -1; /* an unknown field, or one twice */
+		}
+		seen |= 1u << label;
+		if (null_field(&r)) {
+			continue;
+		}
+		if (label == 1 ? uinteger(&r, epoch) != 0 : integer(&r, &v) != 0) {
+			return -1;
+		}
+	}
+	return r.i == n && *epoch != 0 ? 0 : -1; /* Epoch.Validate: epochs start at 1 */
+}
+
 /* open_statement checks raw against the root and returns its parts. */
 static int open_statement(efsdev_trust *t, const uint8_t *raw, size_t n, sign1 *s, const char **why)
 {
@@ -500,8 +539,9 @@ static uint8_t *dup_bytes(const uint8_t *p, size_t n)
 }
 
 /* statement_kind checks one statement and says what adopting it would do:
- * 1 new (or newer), 0 held or older (skipped), -1 refused. */
-static int statement_kind(efsdev_trust *t, const uint8_t *raw, size_t n, efsdev_cert *c, int *is_list,
+ * 1 new (or newer), 0 held or older (skipped), -1 refused; *kind is its
+ * slot, *version its rank (a list's version, an epoch's number). */
+static int statement_kind(efsdev_trust *t, const uint8_t *raw, size_t n, efsdev_cert *c, int *kind,
 	uint64_t *version, const char **why)
 {
 	sign1 s;
@@ -512,14 +552,22 @@ static int statement_kind(efsdev_trust *t, const uint8_t *raw, size_t n, efsdev_
 		return -1;
 	}
 	if (bytes_eq(s.ctype, s.ctype_n, content_revocations, strlen(content_revocations))) {
-		*is_list = 1;
+		*kind = STMT_LIST;
 		if (parse_revocations(s.payload, s.payload_n, version, &kids_off) != 0) {
 			*why = "malformed revocation list";
 			return -1;
 		}
 		return *version > t->rev_version ? 1 : 0;
 	}
-	*is_list = 0;
+	if (bytes_eq(s.ctype, s.ctype_n, content_epoch, strlen(content_epoch))) {
+		*kind = STMT_EPOCH;
+		if (n > MAX_EPOCH_SIZE || parse_epoch(s.payload, s.payload_n, version) != 0) {
+			*why = "malformed epoch statement";
+			return -1;
+		}
+		return *version > t->epoch ? 1 : 0;
+	}
+	*kind = STMT_CERT;
 	if (!bytes_eq(s.ctype, s.ctype_n, content_cert, strlen(content_cert)) || parse_cert(s.payload, s.payload_n, c) != 0 ||
 	    load_point(&c->pub, c->q) != 0) {
 		*why = "malformed certificate";
@@ -534,16 +582,33 @@ static int statement_kind(efsdev_trust *t, const uint8_t *raw, size_t n, efsdev_
 	return 1;
 }
 
+/* adopt_epoch keeps copy, an epoch statement of epoch, in the epoch's
+ * slot. */
+static void adopt_epoch(efsdev_trust *t, uint8_t *copy, size_t n, uint64_t epoch)
+{
+	free(t->epoch_raw);
+	t->epoch_raw = copy;
+	t->epoch_n = n;
+	t->epoch = epoch;
+}
+
 /* adopt keeps a checked statement (a copy of raw) if it is newer than the
  * one held in its slot: 1 adopted, 0 held, -1 out of memory or room. */
-static int adopt(efsdev_trust *t, const uint8_t *raw, size_t n, efsdev_cert *c, int is_list, uint64_t version)
+static int adopt(efsdev_trust *t, const uint8_t *raw, size_t n, efsdev_cert *c, int kind, uint64_t version)
 {
 	sign1 s;
 	uint8_t *copy;
-	int i, slot = t->ncerts;
+	int i, slot = t->ncerts, is_list = kind == STMT_LIST;
 
-	if (is_list && version <= t->rev_version) {
+	if ((is_list && version <= t->rev_version) || (kind == STMT_EPOCH && version <= t->epoch)) {
 		return 0;
+	}
+	if (kind == STMT_EPOCH) {
+		if ((copy = dup_bytes(raw, n)) == NULL) {
+			return -1;
+		}
+		adopt_epoch(t, copy, n, version);
+		return 1;
 	}
 	for (i = 0; !is_list && i < t->ncerts; i++) {
 		if (bytes_eq(t->certs[i].kid, t->certs[i].kid_len, c->kid, c->kid_len)) {
@@ -600,9 +665,9 @@ static int save(const efsdev_trust *t)
 	if ((fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644)) < 0) {
 		return -1;
 	}
-	for (i = 0; ok && i <= t->ncerts; i++) {
-		const uint8_t *p = i < t->ncerts ? t->certs[i].raw : t->rev_raw;
-		size_t n = i < t->ncerts ? t->certs[i].raw_n : t->rev_n;
+	for (i = 0; ok && i <= t->ncerts + 1; i++) { /* the certificates, the list, the epoch statement */
+		const uint8_t *p = i < t->ncerts ? t->certs[i].raw : i == t->ncerts ? t->rev_raw : t->epoch_raw;
+		size_t n = i < t->ncerts ? t->certs[i].raw_n : i == t->ncerts ? t->rev_n : t->epoch_n;
 		if (p == NULL) {
 			continue;
 		}
@@ -636,7 +701,7 @@ int efsdev_trust_update(efsdev_trust *t, const uint8_t *raw, size_t n, int persi
 	size_t sn[EFSDEV_MAX_UPDATE];
 	efsdev_cert certs[EFSDEV_MAX_UPDATE];
 	uint64_t versions[EFSDEV_MAX_UPDATE];
-	int lists[EFSDEV_MAX_UPDATE], changed = 0;
+	int kinds[EFSDEV_MAX_UPDATE], changed = 0;
 
 	memset(out, 0, sizeof *out);
 	if (n > EFSDEV_MAX_UPDATE_SIZE || n == 0 || raw[0] < 0x81 || raw[0] > 0x88 || head(&r, &m, &count) != 0) {
@@ -658,13 +723,13 @@ int efsdev_trust_update(efsdev_trust *t, const uint8_t *raw, size_t n, int persi
 	}
 	/* every statement must be the root's, or the update changes nothing */
 	for (k = 0; k < count; k++) {
-		if (statement_kind(t, st[k], sn[k], &certs[k], &lists[k], &versions[k], why) < 0) {
+		if (statement_kind(t, st[k], sn[k], &certs[k], &kinds[k], &versions[k], why) < 0) {
 			return -1;
 		}
 	}
 	/* adopt in memory those newer than held, save, and only then answer */
 	for (k = 0; k < count; k++) {
-		int rc = adopt(t, st[k], sn[k], &certs[k], lists[k], versions[k]);
+		int rc = adopt(t, st[k], sn[k], &certs[k], kinds[k], versions[k]);
 		if (rc < 0) {
 			*why = "trust store full";
 			return -1;
@@ -731,6 +796,29 @@ int efsdev_trust_file(efsdev_trust *t, const char *path, int sequence, const cha
 	return rc;
 }
 
+int efsdev_trust_epoch_file(efsdev_trust *t, const char *path, const char **why)
+{
+	uint8_t raw[MAX_EPOCH_SIZE + 1], one[MAX_EPOCH_SIZE + 8];
+	FILE *f = fopen(path, "rb");
+	size_t n = f != NULL ? fread(raw, 1, sizeof raw, f) : 0, hn;
+	efsdev_trust_counts c;
+	sign1 s;
+
+	*why = "cannot read";
+	if (f == NULL || ferror(f) || fclose(f) != 0) {
+		return -1;
+	}
+	*why = "not an epoch statement";
+	if (n > MAX_EPOCH_SIZE || parse_sign1(raw, n, &s) != 0 || s.ctype == NULL ||
+	    !bytes_eq(s.ctype, s.ctype_n, content_epoch, strlen(content_epoch))) {
+		return -1;
+	}
+	one[0] = 0x81;
+	hn = bstr_head(one + 1, n, 2);
+	memcpy(one + 1 + hn, raw, n);
+	return efsdev_trust_update(t, one, 1 + hn + n, 0, &c, why) == 0 ? 0 : -1;
+}
+
 /* point_of returns pk's EC P-256 point as 0x04 || X || Y. */
 static int point_of(mbedtls_pk_context *pk, uint8_t q[65])
 {
@@ -786,8 +874,11 @@ void efsdev_trust_free(efsdev_trust *t)
 		t->root_loaded = 0;
 	}
 	free(t->rev_raw);
+	free(t->epoch_raw);
 	t->ncerts = 0;
 	t->rev_raw = NULL;
+	t->epoch_raw = NULL;
+	t->epoch = 0;
 }
 
 /* revoked says whether kid is on the list held. */
@@ -809,6 +900,29 @@ static int revoked(const efsdev_trust *t, const uint8_t *kid, size_t kid_n)
 		if (bytes_eq(p, pn, kid, kid_n)) {
 			return 1;
 		}
+	}
+	return 0;
+}
+
+int efsdev_trust_revoked_kids(const efsdev_trust *t, void (*each)(void *user, const uint8_t *kid, size_t n), void *user)
+{
+	rd r = {t->rev_payload, t->rev_payload_n, t->rev_kids_off};
+	unsigned m;
+	uint64_t n, k;
+
+	if (t->rev_raw == NULL) {
+		return 0;
+	}
+	if (t->rev_kids_off == 0 || head(&r, &m, &n) != 0 || m != 4) {
+		return -1;
+	}
+	for (k = 0; k < n; k++) {
+		const uint8_t *p;
+		size_t pn;
+		if (str(&r, 2, &p, &pn) != 0) {
+			return -1;
+		}
+		each(user, p, pn);
 	}
 	return 0;
 }
@@ -1014,15 +1128,16 @@ static size_t uint_head(uint8_t *h, uint64_t v)
 	return (size_t)len + 1;
 }
 
-size_t efsdev_state_report(const char *device, efs_mark m, uint64_t counter, const uint8_t *state, size_t sn, uint8_t *out,
+size_t efsdev_state_report(const char *device, efs_state s, uint64_t counter, const uint8_t *state, size_t sn, uint8_t *out,
 	size_t cap)
 {
 	size_t at = 0, dn = strlen(device);
+	efs_mark m = s.mark;
 
-	if (cap < sn + dn + 48) {
+	if (cap < sn + dn + 58) {
 		return 0;
 	}
-	out[at++] = 0xa5;
+	out[at++] = s.epoch > 0 ? 0xa6 : 0xa5; /* key 6, the epoch, only when there is one */
 	out[at++] = 0x01;
 	at += bstr_head(out + at, dn, 3);
 	memcpy(out + at, device, dn);
@@ -1035,5 +1150,10 @@ size_t efsdev_state_report(const char *device, efs_mark m, uint64_t counter, con
 	at += uint_head(out + at, counter);
 	out[at++] = 0x05;
 	memcpy(out + at, state, sn);
-	return at + sn;
+	at += sn;
+	if (s.epoch > 0) {
+		out[at++] = 0x06;
+		at += uint_head(out + at, s.epoch);
+	}
+	return at;
 }

@@ -203,7 +203,7 @@ static void instructions(void)
 {
 	static rig d;
 	uint8_t buf[256], out[EFS_MAX_ACK_SIZE];
-	size_t n = envelope(buf, 5, 1, "gateway-b-with-a-long-holder-name"), len;
+	size_t n = envelope_at(buf, "dev", 0, 5, 1, "gateway-b-with-a-long-holder-name"), len;
 	efs_ack a;
 	uint32_t t[4], at;
 

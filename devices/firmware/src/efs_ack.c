@@ -1,5 +1,5 @@
 /*
- * The admit rule (fence.Admit) and the ack's encoding (fence.MarshalAck:
+ * The admit rule (fence.Admit, fence.AdmitEpoch) and the ack's encoding (fence.MarshalAck:
  * core deterministic CBOR, integer keys in ascending order, shortest
  * integers, omitempty fields left out).
  */
@@ -19,6 +19,19 @@ efs_verdict efs_admit(efs_mark m, uint64_t t, uint64_t s, efs_mark *next)
 		return EFS_ACCEPTED;
 	}
 	return t < m.token ? EFS_STALE : EFS_DUPLICATE;
+}
+
+efs_verdict efs_admit_epoch(uint64_t e, efs_state cur, uint64_t epoch, uint64_t t, uint64_t s, efs_state *next)
+{
+	cur = efs_at(cur, e);
+	*next = cur;
+	if (t == 0 || s == 0 || epoch > cur.epoch) {
+		return EFS_INVALID;
+	}
+	if (epoch < cur.epoch) {
+		return EFS_STALE;
+	}
+	return efs_admit(cur.mark, t, s, &next->mark);
 }
 
 typedef struct {
@@ -85,7 +98,7 @@ efs_err efs_encode_ack(const efs_ack *a, uint8_t *out, size_t cap, size_t *n)
 		return EFS_E_ACK;
 	}
 	pairs += (a->id.n != 0) + (a->token != 0) + (a->seq != 0) + (a->mark.token != 0) + (a->mark.seq != 0) +
-		(a->reason.n != 0);
+		(a->reason.n != 0) + (a->epoch != 0);
 	head(&w, 5, pairs);
 	head(&w, 0, 1);
 	head(&w, 0, EFS_VERSION);
@@ -116,6 +129,10 @@ efs_err efs_encode_ack(const efs_ack *a, uint8_t *out, size_t cap, size_t *n)
 	if (a->reason.n != 0) {
 		head(&w, 0, 9);
 		text(&w, a->reason);
+	}
+	if (a->epoch != 0) {
+		head(&w, 0, 10);
+		head(&w, 0, a->epoch);
 	}
 	if (w.full) {
 		return EFS_E_BUFFER;
@@ -169,7 +186,8 @@ const char *efs_strerror(efs_err e)
 		"malformed reset statement",
 		"no operator root provisioned for resets",
 		"reset for another device",
-		"reset counter not above the last reset's (replay)",
+		"reset counter or epoch not above the device's (replay)",
+		"unknown epoch",
 	};
 	if ((unsigned)e < sizeof names / sizeof names[0]) {
 		return names[e];

@@ -12,7 +12,7 @@
 
 #include "efs_internal.h"
 
-enum { F_V = 1, F_DEVICE, F_TOKEN, F_SEQ, F_ID, F_KIND, F_BODY, F_ISSUED, F_HOLDER, F_AUTH = 15 };
+enum { F_V = 1, F_DEVICE, F_TOKEN, F_SEQ, F_ID, F_KIND, F_BODY, F_ISSUED, F_HOLDER, F_EPOCH, F_AUTH = 15 };
 
 static int is_nil(const efs_head *h)
 {
@@ -141,6 +141,8 @@ static efs_err field(efs_rd *r, uint64_t key, efs_envelope *env)
 		return field_int(r, &env->issued_at);
 	case F_HOLDER:
 		return field_str(r, 3, &env->holder);
+	case F_EPOCH:
+		return field_uint(r, UINT64_MAX, &env->epoch);
 	case F_AUTH:
 		return field_auth(r, env);
 	default:
@@ -258,7 +260,7 @@ efs_err efs_decode_envelope(const uint8_t *buf, size_t n, efs_envelope *env)
 		if ((e = efs_read_head(&r, &kh)) != EFS_OK) {
 			return e;
 		}
-		if (kh.major != 0 || kh.arg > F_AUTH || (kh.arg > F_HOLDER && kh.arg < F_AUTH) || kh.arg == 0) {
+		if (kh.major != 0 || kh.arg > F_AUTH || (kh.arg > F_EPOCH && kh.arg < F_AUTH) || kh.arg == 0) {
 			return EFS_E_UNKNOWN_FIELD;
 		}
 		if (seen & ((uint32_t)1 << kh.arg)) {

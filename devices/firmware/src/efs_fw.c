@@ -384,6 +384,7 @@ static int hook_step(void *user, efs_result *r)
 	if ((e = transition(x)) == EFS_FW_OK) {
 		x->job.token = r->mark.token;
 		x->job.seq = r->mark.seq;
+		x->job.epoch = r->epoch;
 		x->job.counter = fw->fence->reset_counter; /* the tag rolls forward only under this counter */
 		if (efs_fw_save(fw, &x->job, &x->boot, r->env.holder, r->env.id) != EFS_OK) {
 			x->t.at = 7;
@@ -489,16 +490,19 @@ efs_err efs_fw_open(efs_fw *fw, const efs_fw_port *port, efs_ctx *fence)
 	if (fw->cur < 0 || fence->corrupt) {
 		return EFS_OK;
 	}
-	/* A tag above the mark is a step whose mark write was cut, if no
-	 * operator's reset came since (the record's counter is the mark's): a
-	 * reset is one mark write and leaves the record as it is, its tag
-	 * behind, never rolled forward over the reset's mark. */
+	/* A tag above the mark (by epoch, then mark) is a step whose mark
+	 * write was cut, if no operator's reset came since (the record's
+	 * counter is the mark's): a reset is one mark write and leaves the
+	 * record as it is, its tag behind, never rolled forward over the
+	 * reset's mark; nor is a tag of an earlier epoch than a mark accepted
+	 * since (the application's, port.other). */
 	if (fw->job.counter == fence->reset_counter &&
-		(tag.mark.token > fence->mark.token ||
-			(tag.mark.token == fence->mark.token && tag.mark.seq > fence->mark.seq))) {
+		(tag.epoch > fence->epoch ||
+			(tag.epoch == fence->epoch &&
+				(tag.mark.token > fence->mark.token ||
+					(tag.mark.token == fence->mark.token && tag.mark.seq > fence->mark.seq))))) {
 		efs_bytes holder = { tag.holder, tag.holder_len }, id = { tag.id, tag.id_len };
-
-		if (efs_store(fence, tag.mark, holder, id) != EFS_OK) { /* the step happened: its mark too */
+		if (efs_store(fence, &tag.mark, tag.epoch, &holder, &id) != EFS_OK) { /* the step happened: its mark too */
 			fw->broken = 1;
 			return EFS_E_STORAGE;
 		}

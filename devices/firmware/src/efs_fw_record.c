@@ -9,12 +9,15 @@
  *	7       L     payload (below)
  *	7+L     4     CRC-32C of bytes 1 to 7+L
  *
- * Payload, big-endian numbers: the version (1, or 2 once an operator's
- * reset was applied); the holder (length byte, bytes) and command id
- * (length byte, bytes) of the step that wrote it, for the mark's roll
- * forward; version 2 only: the fence's reset counter (u64, not 0) when that
- * step's mark was stored (efs_fw_open rolls the mark forward only within
- * the same counter: a reset since leaves the tag behind); the job: id (length byte, bytes), state, slot,
+ * Payload, big-endian numbers: the version (1; 2 once an operator's reset
+ * was applied; 3 once a step's mark is of an epoch); the holder (length
+ * byte, bytes) and command id (length byte, bytes) of the step that wrote
+ * it, for the mark's roll forward; version 2: the fence's reset counter
+ * (u64, not 0) when that step's mark was stored (efs_fw_open rolls the mark
+ * forward only within the same counter: a reset since leaves the tag
+ * behind); version 3: that counter (u64, 0 if none) and the mark's epoch
+ * (u64, not 0; the roll forward compares it first and writes the mark in
+ * it); the job: id (length byte, bytes), state, slot,
  * image[32], size, chunk, version, bytes, token, seq (u64 each), reason
  * (length byte, bytes); the boot state: active, running, trial, tries,
  * active_image[32], trial_image[32], active_size, trial_size, security,
@@ -124,11 +127,15 @@ static uint8_t get_str(rbuf *r, void *dst, size_t max)
 
 static void encode(wbuf *w, const efs_fw_job *j, const efs_fw_boot_state *b, efs_bytes holder, efs_bytes id)
 {
-	put_u(w, j->counter != 0 ? 2 : 1, 1); /* version 1 while there was no reset: the same bytes as before */
+	/* version 1 while there was no reset nor epoch: the same bytes as before */
+	put_u(w, j->epoch != 0 ? 3 : j->counter != 0 ? 2 : 1, 1);
 	put_str(w, holder.p, holder.n);
 	put_str(w, id.p, id.n);
-	if (j->counter != 0) {
+	if (j->counter != 0 || j->epoch != 0) {
 		put_u(w, j->counter, 8);
+	}
+	if (j->epoch != 0) {
+		put_u(w, j->epoch, 8);
 	}
 	put_str(w, j->id, j->id_len);
 	put_u(w, j->state, 1);
@@ -168,12 +175,18 @@ static int decode(rbuf *r, efs_fw_job *j, efs_fw_boot_state *b, efs_mark_record 
 	memset(j, 0, sizeof *j);
 	memset(b, 0, sizeof *b);
 	memset(tag, 0, sizeof *tag);
-	if ((version = get_u(r, 1)) != 1 && version != 2) {
+	if ((version = get_u(r, 1)) < 1 || version > 3) {
 		return 0;
 	}
 	tag->holder_len = get_str(r, tag->holder, EFS_MAX_HOLDER_LEN);
 	tag->id_len = get_str(r, tag->id, EFS_MAX_ID_LEN);
-	if (version == 2 && (j->counter = get_u(r, 8)) == 0) {
+	if (version >= 2) {
+		j->counter = get_u(r, 8);
+	}
+	if (version == 3) {
+		j->epoch = get_u(r, 8);
+	}
+	if ((version == 2 && j->counter == 0) || (version == 3 && j->epoch == 0)) {
 		return 0;
 	}
 	j->id_len = get_str(r, j->id, EFS_FW_MAX_JOB);
@@ -197,6 +210,7 @@ static int decode(rbuf *r, efs_fw_job *j, efs_fw_boot_state *b, efs_mark_record 
 	b->trial_size = get_u(r, 8);
 	b->security = get_u(r, 8);
 	b->boots = get_u(r, 8);
+	tag->epoch = j->epoch;
 	tag->mark.token = j->token;
 	tag->mark.seq = j->seq;
 	return !r->bad && r->i == r->n && valid(j, b);

@@ -4,11 +4,15 @@
 
 #include "efshim.h"
 
-/* EFS_NOINLINE keeps a helper's locals out of the walk's frame. */
+/* EFS_NOINLINE keeps a helper's locals out of the walk's frame;
+ * EFS_INLINE puts a helper's in its caller's (one frame on the peak
+ * path rather than two). */
 #if defined(__GNUC__)
 #define EFS_NOINLINE __attribute__((noinline))
+#define EFS_INLINE __inline__ __attribute__((always_inline))
 #else
 #define EFS_NOINLINE
+#define EFS_INLINE
 #endif
 
 /* A reader over one buffer. */
@@ -44,11 +48,34 @@ int efs_valid_name(const uint8_t *p, size_t n, size_t max);
  * (at most 9 bytes) and returns its length (efs_cose.c). */
 size_t efs_bstr_head(uint8_t *p, size_t len);
 
-/* efs_store writes a mark as the newest flash slot (efs_mark.c), with the
- * context's reset counter; efs_store_reset with a new one (an operator's
- * reset: both in one slot). */
-efs_err efs_store_reset(efs_ctx *c, efs_mark m, efs_bytes holder, efs_bytes id, uint64_t counter);
-#define efs_store(c, m, holder, id) efs_store_reset((c), (m), (holder), (id), (c)->reset_counter)
+/* efs_store writes the mark m accepted in epoch as the newest flash slot
+ * (efs_mark.c), with the context's last reset (counter and epoch);
+ * efs_store_reset with a new one, rs's (an operator's reset: all in one
+ * slot). Pointers: the fence point's peak stack is this call's. */
+efs_err efs_store_reset(efs_ctx *c, const efs_mark *m, uint64_t epoch, const efs_bytes *holder, const efs_bytes *id,
+	const efs_reset *rs);
+#define efs_store(c, m, epoch, holder, id) efs_store_reset((c), (m), (epoch), (holder), (id), NULL)
+
+/* efs_at is fence.State.At: the state s at a fence point whose own epoch
+ * for the device is e (a mark of an earlier epoch counts as none). */
+static inline efs_state efs_at(efs_state s, uint64_t e)
+{
+	if (e > s.epoch) {
+		s.epoch = e;
+		s.mark.token = s.mark.seq = 0;
+	}
+	return s;
+}
+
+/* efs_state_now sets r's state (mark and epoch) to the device's, efs_state_of
+ * (efs_process.c). */
+void efs_state_now(const efs_ctx *c, efs_result *r);
+
+/* efs_own_epoch is the fence point's own epoch for the device: the
+ * highest of the port's fleet epoch (with port.verify) and its last
+ * reset's (efs_process.c). */
+uint64_t efs_own_epoch(const efs_ctx *c);
+
 
 /* efs_supersede marks the slot in sector s superseded, through a port's
  * read and program: the byte at at programmed to 0 unless a bit of it is
@@ -59,8 +86,8 @@ typedef int (*efs_program_fn)(void *user, unsigned sector, uint32_t off, const u
 int efs_supersede(efs_read_fn rd, efs_program_fn pg, void *user, unsigned s, uint32_t at);
 
 /* efs_reset_process is devices/shim's reset (efs_reset.c): verified, the
- * counter above the last one's, then the reset's mark and counter in one
- * flash slot. blocked, if not EFS_OK, refuses a verified reset with it
+ * counter above the last one's and the epoch above the device's, then the
+ * reset's mark, counter and epoch in one flash slot. blocked, if not EFS_OK, refuses a verified reset with it
  * (the mark unchanged): the caller cannot take one now (efs_fw_handle). */
 void efs_reset_process(efs_ctx *c, const uint8_t *device, size_t device_len, const uint8_t *buf, size_t n,
 	efs_result *r, efs_err blocked);

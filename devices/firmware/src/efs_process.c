@@ -1,9 +1,10 @@
 /*
  * The fence point: devices/shim's Handle in C. Screen (the addressed
- * device, the envelope, the device it names), admit, store the new mark,
- * then let the caller apply. The acks are devices/shim's, reasons included
- * for stale and duplicate commands; an Invalid ack's reason is this
- * library's own (efs_strerror), not Go's error text.
+ * device, the envelope, the device it names), admit (the epoch first),
+ * store the new mark in its epoch, then let the caller apply. The acks are
+ * devices/shim's, reasons included for stale and duplicate commands and
+ * for refusals by epoch; another Invalid ack's reason is this library's
+ * own (efs_strerror), not Go's error text.
  */
 #include <string.h>
 
@@ -57,6 +58,41 @@ void efs_text_u64(char *buf, size_t cap, size_t *at, uint64_t v)
 static void append_u64(efs_result *r, size_t *at, uint64_t v)
 {
 	efs_text_u64(r->reason, sizeof r->reason, at, v);
+}
+
+uint64_t efs_own_epoch(const efs_ctx *c)
+{
+	const efs_port *p = c->port;
+	uint64_t e = p->verify != NULL && p->epoch != NULL ? p->epoch(p->user) : 0;
+
+	return e > c->reset_epoch ? e : c->reset_epoch;
+}
+
+efs_state efs_state_of(const efs_ctx *c)
+{
+	efs_state st = { c->epoch, c->mark };
+
+	return efs_at(st, efs_own_epoch(c));
+}
+
+EFS_NOINLINE void efs_state_now(const efs_ctx *c, efs_result *r)
+{
+	efs_state st = efs_state_of(c);
+
+	r->mark = st.mark;
+	r->epoch = st.epoch;
+}
+
+/* epoch_reason writes the reason of a refusal by epoch (fence.EpochError)
+ * of a command of epoch at a device of epoch r->epoch. */
+static EFS_NOINLINE void epoch_reason(efs_result *r, uint64_t epoch)
+{
+	size_t at = 0;
+
+	append(r, &at, epoch < r->epoch ? "epoch " : "unknown epoch ");
+	append_u64(r, &at, epoch);
+	append(r, &at, epoch < r->epoch ? " closed: the fence point is at epoch " : ": the fence point is at epoch ");
+	append_u64(r, &at, r->epoch);
 }
 
 static void append_mark(efs_result *r, size_t *at, efs_mark m)
@@ -156,12 +192,11 @@ void efs_process_hooked(efs_ctx *c, const uint8_t *device, size_t device_len, co
 	size_t at = 0;
 
 	memset(r, 0, sizeof *r);
-	r->mark = c->mark;
 	if (!efs_valid_device_id(device, device_len)) {
-		r->mark.token = r->mark.seq = 0;
 		refuse(r, EFS_E_ADDRESSED);
 		return;
 	}
+	efs_state_now(c, r); /* the ack of a refusal carries it */
 	r->device.p = device;
 	r->device.n = device_len;
 	if ((e = decode(c, device, device_len, buf, n, r)) != EFS_OK) {
@@ -176,18 +211,27 @@ void efs_process_hooked(efs_ctx *c, const uint8_t *device, size_t device_len, co
 	if (check_hooks(c, r, h)) {
 		return;
 	}
-	if (c->corrupt) { /* as devices/shim: a mark it cannot read refuses, with no mark */
+	if (c->corrupt) { /* as devices/shim: a mark it cannot read refuses, with no state */
 		r->mark.token = r->mark.seq = 0;
+		r->epoch = 0;
 		refuse(r, EFS_E_CORRUPT);
 		return;
 	}
-	r->verdict = efs_admit(c->mark, r->env.token, r->env.seq, &r->mark);
+	/* efs_admit_epoch at the device's state (r's: efs_state_of is its
+	 * State.At): the epoch, then the mark accepted in it */
+	if (r->env.epoch != r->epoch) { /* its epoch is closed, or unknown here */
+		r->verdict = r->env.epoch < r->epoch ? EFS_STALE : EFS_INVALID;
+		r->err = r->verdict == EFS_INVALID ? EFS_E_UNKNOWN_EPOCH : EFS_OK;
+		epoch_reason(r, r->env.epoch);
+		return;
+	}
+	r->verdict = efs_admit(r->mark, r->env.token, r->env.seq, &r->mark);
 	switch (r->verdict) {
-	case EFS_STALE:
+	case EFS_STALE: /* the mark unchanged */
 		append(r, &at, "token ");
 		append_u64(r, &at, r->env.token);
 		append(r, &at, " below the high-water mark ");
-		append_mark(r, &at, c->mark);
+		append_mark(r, &at, r->mark);
 		return;
 	case EFS_DUPLICATE:
 		append(r, &at, "already applied: ");
@@ -195,23 +239,22 @@ void efs_process_hooked(efs_ctx *c, const uint8_t *device, size_t device_len, co
 		append(r, &at, "/");
 		append_u64(r, &at, r->env.seq);
 		append(r, &at, " not above ");
-		append_mark(r, &at, c->mark);
+		append_mark(r, &at, r->mark);
 		return;
 	case EFS_ACCEPTED:
 		break;
 	default: /* validation refused token 0 and seq 0 already */
-		r->mark = c->mark;
 		refuse(r, EFS_E_TOKEN_ZERO);
 		return;
 	}
 	if (h != NULL && h->step != NULL && h->step(h->user, r) != 0) {
 		r->verdict = EFS_INVALID; /* the hook wrote its reason; nothing moved */
 		r->err = EFS_E_CHECK;
-		r->mark = c->mark;
+		efs_state_now(c, r);
 		return;
 	}
-	if (efs_store(c, r->mark, r->env.holder, r->env.id) != EFS_OK) {
-		r->mark = c->mark;
+	if (efs_store(c, &r->mark, r->epoch, &r->env.holder, &r->env.id) != EFS_OK) {
+		efs_state_now(c, r); /* unchanged; or the new one, if only the older slot's marking failed */
 		refuse(r, EFS_E_STORAGE);
 		return;
 	}
@@ -224,6 +267,7 @@ void efs_result_ack(const efs_result *r, efs_ack *a)
 	a->device = r->device;
 	a->verdict = r->verdict;
 	a->mark = r->mark;
+	a->epoch = r->epoch;
 	a->reason.p = (const uint8_t *)r->reason;
 	while (r->reason[a->reason.n] != '\0') {
 		a->reason.n++;

@@ -4,10 +4,11 @@
  * protected header holds alg ES256 (1: -7), the root's kid (4) and the
  * content type (3) EFS_RESET_CONTENT, and nothing else; the unprotected
  * header is empty; the payload is the reset's map as fence/auth's trust
- * decoder reads it (integer keys 1 to 6, each at most once, no other key;
- * device and id text, token, seq and counter unsigned, issued a signed
- * 64-bit integer; null or undefined leave a field empty; no tags; any head
- * width, as Go's decoder). The Sig_structure is the signed command's.
+ * decoder reads it (integer keys 1 to 7, each at most once, no other key;
+ * device and id text, token, seq, counter and epoch unsigned, issued a
+ * signed 64-bit integer; null or undefined leave a field empty; no tags;
+ * any head width, as Go's decoder). The Sig_structure is the signed
+ * command's.
  */
 #include <string.h>
 
@@ -141,7 +142,7 @@ static efs_err field(efs_rd *r, uint64_t k, efs_reset *rs)
 		if (h.major != 0) {
 			return EFS_E_RESET;
 		}
-		*(k == 2 ? &rs->token : k == 3 ? &rs->seq : &rs->counter) = h.arg;
+		*(k == 2 ? &rs->token : k == 3 ? &rs->seq : k == 4 ? &rs->counter : &rs->epoch) = h.arg;
 		break;
 	}
 	r->i = peek.i;
@@ -160,7 +161,7 @@ static efs_err payload(efs_bytes p, efs_reset *rs)
 		return EFS_E_RESET; /* null decodes to nothing: no reset either */
 	}
 	for (uint64_t k = 0; k < h.arg; k++) {
-		if (efs_read_head(&r, &kh) != EFS_OK || kh.major != 0 || kh.arg < 1 || kh.arg > 6 ||
+		if (efs_read_head(&r, &kh) != EFS_OK || kh.major != 0 || kh.arg < 1 || kh.arg > 7 ||
 			(seen & (1u << kh.arg))) {
 			return EFS_E_RESET; /* an unknown field, or one twice */
 		}
@@ -237,7 +238,7 @@ efs_err efs_verify_reset(const efs_port *port, const uint8_t *raw, size_t n, con
 		return EFS_E_BAD_SIGNATURE;
 	}
 	if (!efs_valid_device_id(rs->device.p, rs->device.n) || rs->token == 0 || rs->seq == 0 || rs->counter == 0 ||
-		!valid_id(rs->id)) {
+		rs->epoch == 0 || !valid_id(rs->id)) {
 		return EFS_E_RESET;
 	}
 	if (!efs_bytes_equal(rs->device.p, rs->device.n, device, device_len)) {
@@ -246,7 +247,7 @@ efs_err efs_verify_reset(const efs_port *port, const uint8_t *raw, size_t n, con
 	return EFS_OK;
 }
 
-/* refuse answers a reset not applied: Invalid, the mark unchanged, the ack
+/* refuse answers a reset not applied: Invalid, the state unchanged, the ack
  * naming the reset it claims to be (auth.ResetAck with PeekReset's). */
 static void refuse(efs_result *r, efs_err e, const efs_reset *claimed)
 {
@@ -272,15 +273,17 @@ void efs_reset_process(efs_ctx *c, const uint8_t *device, size_t device_len, con
 	efs_bytes holder = { (const uint8_t *)"operator reset", 14 };
 	efs_err e;
 	size_t at = 0;
+	efs_mark m;
 
 	memset(r, 0, sizeof *r);
 	r->reset = 1;
-	r->mark = c->corrupt ? (efs_mark){ 0, 0 } : c->mark;
 	(void)efs_decode_reset(buf, n, &s, &claim); /* zero if it does not decode: claims nothing */
 	if (!efs_valid_device_id(device, device_len)) {
-		r->mark.token = r->mark.seq = 0;
 		refuse(r, EFS_E_ADDRESSED, &claim);
 		return;
+	}
+	if (!c->corrupt) {
+		efs_state_now(c, r); /* fence.CheckReset's epoch, and the refusal's ack */
 	}
 	r->device.p = device;
 	r->device.n = device_len;
@@ -292,17 +295,20 @@ void efs_reset_process(efs_ctx *c, const uint8_t *device, size_t device_len, con
 		refuse(r, c->corrupt ? EFS_E_CORRUPT : blocked, &rs);
 		return;
 	}
-	if (rs.counter <= c->reset_counter) {
+	if (rs.counter <= c->reset_counter || rs.epoch <= r->epoch) {
 		refuse(r, EFS_E_RESET_REPLAY, &rs);
 		return;
 	}
-	if (efs_store_reset(c, (efs_mark){ rs.token, rs.seq }, holder, rs.id, rs.counter) != EFS_OK) {
-		r->mark = c->mark;
+	m.token = rs.token;
+	m.seq = rs.seq;
+	if (efs_store_reset(c, &m, rs.epoch, &holder, &rs.id, &rs) != EFS_OK) {
+		efs_state_now(c, r);
 		refuse(r, EFS_E_STORAGE, &rs);
 		return;
 	}
 	r->verdict = EFS_ACCEPTED;
 	r->mark = c->mark;
+	r->epoch = c->epoch;
 	r->decoded = 1;
 	r->env.id = rs.id;
 	r->env.token = rs.token;

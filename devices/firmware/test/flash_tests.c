@@ -4,15 +4,16 @@
  * complete mark.
  */
 
-/* envelope writes a valid envelope for device "dev" to p. */
-static size_t envelope(uint8_t *p, uint64_t token, uint64_t seq, const char *holder)
+/* envelope_at writes a valid envelope for dev to p, of epoch (key 10
+ * left out for 0). */
+static size_t envelope_at(uint8_t *p, const char *dev, uint64_t epoch, uint64_t token, uint64_t seq, const char *holder)
 {
-	size_t n = put_head(p, 5, 7);
+	size_t n = put_head(p, 5, epoch != 0 ? 8 : 7);
 
 	n += put_head(p + n, 0, 1);
 	n += put_head(p + n, 0, 1);
 	n += put_head(p + n, 0, 2);
-	n += put_text(p + n, "dev");
+	n += put_text(p + n, dev);
 	n += put_head(p + n, 0, 3);
 	n += put_head(p + n, 0, token);
 	n += put_head(p + n, 0, 4);
@@ -23,16 +24,26 @@ static size_t envelope(uint8_t *p, uint64_t token, uint64_t seq, const char *hol
 	n += put_text(p + n, "set");
 	n += put_head(p + n, 0, 9);
 	n += put_text(p + n, holder);
+	if (epoch != 0) {
+		n += put_head(p + n, 0, 10);
+		n += put_head(p + n, 0, epoch);
+	}
 	return n;
+}
+
+/* send_at processes a command of epoch, token and seq to dev. */
+static efs_verdict send_at(efs_ctx *c, const char *dev, uint64_t epoch, uint64_t token, uint64_t seq, efs_result *r)
+{
+	uint8_t buf[512];
+	size_t n = envelope_at(buf, dev, epoch, token, seq, "gateway-b-with-a-long-holder-name");
+
+	efs_process(c, (const uint8_t *)dev, strlen(dev), buf, n, r);
+	return r->verdict;
 }
 
 static efs_verdict send(efs_ctx *c, uint64_t token, uint64_t seq, efs_result *r)
 {
-	uint8_t buf[512];
-	size_t n = envelope(buf, token, seq, "gateway-b-with-a-long-holder-name");
-
-	efs_process(c, (const uint8_t *)"dev", 3, buf, n, r);
-	return r->verdict;
+	return send_at(c, "dev", 0, token, seq, r);
 }
 
 /* A device on a simulated flash. */
@@ -173,12 +184,12 @@ static void test_damage(void)
 		"flash off: verdict %d", d.r.verdict);
 }
 
-/* slot_end is the length of the slot in sector s (format 1 or 2). */
+/* slot_end is the length of the slot in sector s (format 1, 2 or 3). */
 static size_t slot_end(const flash *f, unsigned s)
 {
 	const uint8_t *m = f->mem[s];
 
-	return m[5] == 0 ? 7u + m[6] + 8u + 4u : 6u + m[5] + 4u;
+	return m[5] == 1 ? 7u + m[6] + 16u + 4u : m[5] == 0 ? 7u + m[6] + 8u + 4u : 6u + m[5] + 4u;
 }
 
 /* rot_rig writes 5/1 (and 5/2 if newest is 0), then 6/1: the newest slot

@@ -100,6 +100,8 @@ typedef struct {
 	efs_fw fw;
 	efs_result r;
 	efs_fw_boot_info boot;
+	uint64_t epoch; /* the epoch send stamps on commands (0: key 10 left out) */
+	int signed_cmds; /* send signs them (kid "k", a zero signature: the port's verify takes it) */
 } dev;
 
 #define FACTORY_SIZE 300
@@ -217,7 +219,7 @@ static void chunk_body(cmd *c, const char *job, uint64_t off, const uint8_t *dat
 static efs_verdict send(dev *d, const cmd *c, uint64_t token, uint64_t seq)
 {
 	uint8_t buf[1400];
-	size_t n = put_head(buf, 5, 8);
+	size_t n = put_head(buf, 5, d->epoch != 0 ? 9 : 8);
 
 	n += put_head(buf + n, 0, 1);
 	n += put_head(buf + n, 0, 1);
@@ -236,6 +238,23 @@ static efs_verdict send(dev *d, const cmd *c, uint64_t token, uint64_t seq)
 	n += c->body_n;
 	n += put_head(buf + n, 0, 9);
 	n += put_text(buf + n, token == 7 ? "gateway-a" : "gateway-b");
+	if (d->epoch != 0) {
+		n += put_head(buf + n, 0, 10);
+		n += put_head(buf + n, 0, d->epoch);
+	}
+	if (d->signed_cmds) { /* COSE_Sign1: protected {1: -7, 4: "k"}, {}, the envelope, the signature */
+		static const uint8_t prot[] = { 0x46, 0xa2, 0x01, 0x26, 0x04, 0x41, 'k' }, sig[66] = { 0x58, 64 };
+		uint8_t env[sizeof buf];
+
+		memcpy(env, buf, n);
+		buf[0] = 0xd2;
+		buf[1] = 0x84;
+		memcpy(buf + 2, prot, sizeof prot);
+		buf[2 + sizeof prot] = 0xa0;
+		n = 3 + sizeof prot + put_str(buf + 3 + sizeof prot, 2, env, n);
+		memcpy(buf + n, sig, sizeof sig);
+		n += sizeof sig;
+	}
 	efs_fw_process(&d->fw, (const uint8_t *)"dev", 3, buf, n, &d->r);
 	return d->r.verdict;
 }
@@ -266,6 +285,7 @@ int main(void)
 	test_job();
 	test_refusals();
 	test_boots();
+	test_tag_epoch();
 	test_tears();
 	test_reset_tears();
 	test_record_rot();

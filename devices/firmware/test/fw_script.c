@@ -192,6 +192,74 @@ static void test_refusals(void)
 	}
 }
 
+/* The signed device's port for test_tag_epoch: every signature of kid
+ * "k" verifies (what is tested is not the crypto), the fleet epoch is
+ * fleet_now, the application takes every kind but fw.*. */
+static uint64_t fw_fleet_now;
+
+static int any_key(void *user, const uint8_t *kid, size_t kid_len, const uint8_t *device, size_t device_len,
+	const uint8_t digest[32], const uint8_t sig[64])
+{
+	(void)user;
+	(void)device;
+	(void)device_len;
+	(void)digest;
+	(void)sig;
+	return kid_len == 1 && kid[0] == 'k' ? EFS_PORT_OK : EFS_PORT_UNKNOWN_KEY;
+}
+
+static uint64_t fw_fleet(void *user)
+{
+	(void)user;
+	return fw_fleet_now;
+}
+
+static int app_ok(void *user, const efs_envelope *env, const char **reason)
+{
+	(void)user;
+	(void)env;
+	(void)reason;
+	return 0;
+}
+
+/* test_tag_epoch: the job record's tag is not rolled forward over a mark
+ * of a later epoch. A signed device's step at epoch 0 tags the record
+ * 7/1; the fleet moves to epoch 1 (a trust update: no mark write) and the
+ * application's command 2/1 of epoch 1 moves the mark alone. After a
+ * reboot the mark is still 2/1 of epoch 1 (by token alone the tag 7/1 is
+ * above it: rolled forward, the mark would fall back to epoch 0 and count
+ * as none, and the application's command be applied twice). */
+static void test_tag_epoch(void)
+{
+	dev d;
+	cmd c;
+
+	dev_init(&d, 0);
+	d.port.sha256 = lib_sha256;
+	d.port.verify = any_key;
+	d.port.epoch = fw_fleet;
+	d.fport.other = app_ok;
+	d.signed_cmds = 1;
+	fw_fleet_now = 0;
+	begin_body(&c, "j1", image_sum, IMAGE_SIZE, 3, CHUNK);
+	step(&d, &c, 7, 1, EFS_ACCEPTED, "a signed begin at epoch 0");
+	fw_fleet_now = 1;
+	d.epoch = 1;
+	c.kind = "app.set";
+	c.body_n = put_head(c.body, 5, 0);
+	step(&d, &c, 2, 1, EFS_ACCEPTED, "the application's command of epoch 1");
+	CHECK(d.fw.job.token == 7 && d.fw.job.epoch == 0 && power_on(&d, 1) == EFS_OK && d.c.epoch == 1 &&
+		d.c.mark.token == 2 && d.c.mark.seq == 1, "after a reboot: mark e%llu %llu/%llu, the tag e%llu %llu/%llu",
+		(unsigned long long)d.c.epoch, (unsigned long long)d.c.mark.token, (unsigned long long)d.c.mark.seq,
+		(unsigned long long)d.fw.job.epoch, (unsigned long long)d.fw.job.token, (unsigned long long)d.fw.job.seq);
+	step(&d, &c, 2, 1, EFS_DUPLICATE, "the application's command again");
+	job_body(&c, "fw.cancel", "j1");
+	step(&d, &c, 2, 2, EFS_ACCEPTED, "a step of epoch 1");
+	CHECK(d.fw.job.epoch == 1 && power_on(&d, 1) == EFS_OK && d.c.epoch == 1 && d.c.mark.seq == 2 &&
+		d.f.violations == 0, "a step of epoch 1: its tag's epoch");
+	fw_fleet_now = 0;
+}
+
 /* activated returns a device whose job j1 is armed for a trial boot. */
 static uint64_t activated(dev *d, uint8_t tries)
 {

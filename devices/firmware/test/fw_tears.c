@@ -170,8 +170,9 @@ static int tear_root(void *user, const uint8_t *kid, size_t kid_len, const uint8
 												: EFS_PORT_UNKNOWN_KEY;
 }
 
-/* tear_reset writes a reset of "dev" to (token, seq) with counter: a
- * COSE_Sign1 as fence/auth's, its signature 64 zero bytes. */
+/* tear_reset writes a reset of "dev" to (token, seq) with counter, into
+ * epoch counter: a COSE_Sign1 as fence/auth's, its signature 64 zero
+ * bytes. */
 static size_t tear_reset(uint8_t *out, uint64_t token, uint64_t seq, uint64_t counter)
 {
 	uint8_t prot[80], pay[80], sig[64] = { 0 };
@@ -184,7 +185,7 @@ static size_t tear_reset(uint8_t *out, uint64_t token, uint64_t seq, uint64_t co
 	pn += put_text(prot + pn, EFS_RESET_CONTENT);
 	pn += put_head(prot + pn, 0, 4);
 	pn += put_str(prot + pn, 2, tear_root_kid, strlen(tear_root_kid));
-	yn += put_head(pay + yn, 5, 5);
+	yn += put_head(pay + yn, 5, 6);
 	yn += put_head(pay + yn, 0, 1);
 	yn += put_text(pay + yn, "dev");
 	yn += put_head(pay + yn, 0, 2);
@@ -195,6 +196,8 @@ static size_t tear_reset(uint8_t *out, uint64_t token, uint64_t seq, uint64_t co
 	yn += put_head(pay + yn, 0, counter);
 	yn += put_head(pay + yn, 0, 5);
 	yn += put_text(pay + yn, "reset:tear");
+	yn += put_head(pay + yn, 0, 7);
+	yn += put_head(pay + yn, 0, counter); /* the epoch: the counter */
 	out[n++] = 0xd2;
 	n += put_head(out + n, 4, 4);
 	n += put_str(out + n, 2, prot, pn);
@@ -218,6 +221,7 @@ static void reset_dev(dev *d)
 static int send_reset(dev *d, const uint8_t *in, size_t n)
 {
 	efs_fw_handle(&d->fw, (const uint8_t *)"dev", 3, in, n, &d->r);
+	d->epoch = 1; /* the holder's commands after the reset: in its epoch */
 	return d->r.reset && d->r.verdict == EFS_ACCEPTED;
 }
 
@@ -226,8 +230,9 @@ static int send_reset(dev *d, const uint8_t *in, size_t n)
  * the record is of the mark's counter. */
 static void reset_booted(dev *d, int reset, const char *what, long k)
 {
-	CHECK(reset ? d->c.mark.token == 2 && d->c.mark.seq == 1 && d->c.reset_counter == 1
-		    : d->c.mark.token == 7 && d->c.mark.seq == 3 && d->c.reset_counter == 0,
+	CHECK(reset ? d->c.mark.token == 2 && d->c.mark.seq == 1 && d->c.reset_counter == 1 && d->c.epoch == 1 &&
+			d->c.reset_epoch == 1
+		    : d->c.mark.token == 7 && d->c.mark.seq == 3 && d->c.reset_counter == 0 && d->c.epoch == 0,
 		"%s %ld: reset %d, mark %llu/%llu counter %llu", what, k, reset, (unsigned long long)d->c.mark.token,
 		(unsigned long long)d->c.mark.seq, (unsigned long long)d->c.reset_counter);
 	CHECK(d->fw.job.counter != d->c.reset_counter ||
@@ -249,6 +254,9 @@ static void finish_after_reset(dev *d, int from, const char *what, long k)
 	CHECK(d->fw.job.state == EFS_FW_COMMITTED && power_on(d, 1) == EFS_OK && d->boot.slot == 1 &&
 		memcmp(d->boot.image, image_sum, 32) == 0, "%s %ld: the job did not commit after the reset", what, k);
 	CHECK(d->f.violations == 0, "%s %ld: %d flash violations", what, k, d->f.violations);
+	d->epoch = 0; /* the holder of epoch 0, captured before the reset, replayed: stale */
+	CHECK(run_step_at(d, 8, 7, 9) == EFS_STALE && d->r.epoch == 1, "%s %ld: a command of epoch 0 after the reset: %d",
+		what, k, d->r.verdict);
 }
 
 static long reset_cuts;

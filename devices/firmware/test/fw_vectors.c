@@ -114,16 +114,19 @@ static void vector_command(dev *d, const efs_fwvscenario *sc, size_t k, const ef
 	efs_fw_handle(&d->fw, (const uint8_t *)EFS_FWV_DEVICE, strlen(EFS_FWV_DEVICE), in, v->in_n, &d->r);
 	if (d->r.reset) { /* the operator's: nothing to apply; the reason of a refusal is each side's own */
 		fw_resets++;
-		CHECK((int)d->r.verdict == v->verdict && d->r.mark.token == v->mark_token && d->r.mark.seq == v->mark_seq &&
-			!d->r.apply && d->fw.last == EFS_FW_OK && (v->verdict != EFS_ACCEPTED || strcmp(d->r.reason, v->reason) == 0),
+		CHECK((int)d->r.verdict == v->verdict && d->r.epoch == v->epoch && d->r.mark.token == v->mark_token &&
+			d->r.mark.seq == v->mark_seq && !d->r.apply && d->fw.last == EFS_FW_OK &&
+			(v->verdict != EFS_ACCEPTED || strcmp(d->r.reason, v->reason) == 0),
 			"%s, step %lu: reset: verdict %d mark %llu/%llu (%s); Go %d %llu/%llu (%s)", sc->name, (unsigned long)k,
 			d->r.verdict, (unsigned long long)d->r.mark.token, (unsigned long long)d->r.mark.seq, d->r.reason,
 			v->verdict, (unsigned long long)v->mark_token, (unsigned long long)v->mark_seq, v->reason);
 		free(in);
 		return;
 	}
-	CHECK((int)d->r.verdict == v->verdict && d->r.mark.token == v->mark_token && d->r.mark.seq == v->mark_seq &&
-		d->r.apply == (v->verdict == EFS_ACCEPTED), "%s, step %lu: verdict %d mark %llu/%llu (%s); Go %d %llu/%llu (%s)",
+	CHECK((int)d->r.verdict == v->verdict && d->r.epoch == v->epoch && d->r.mark.token == v->mark_token &&
+		d->r.mark.seq == v->mark_seq && d->r.apply == (v->verdict == EFS_ACCEPTED) &&
+		(v->verdict != EFS_STALE || strcmp(d->r.reason, v->reason) == 0),
+		"%s, step %lu: verdict %d mark %llu/%llu (%s); Go %d %llu/%llu (%s)",
 		sc->name, (unsigned long)k, d->r.verdict, (unsigned long long)d->r.mark.token, (unsigned long long)d->r.mark.seq,
 		d->r.reason, v->verdict, (unsigned long long)v->mark_token, (unsigned long long)v->mark_seq, v->reason);
 	if (v->verdict == EFS_INVALID) {

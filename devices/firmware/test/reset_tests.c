@@ -1,9 +1,10 @@
 /*
  * The operator's resets (included by host.c): every reset vector from the
- * Go fence point (verdict, mark, ack), then a power cut at every byte of a
- * reset's write (the previous mark and counter, or the new ones, never
- * anything else), and the slot formats (format 1 until the first reset,
- * format 2 with the counter after it, both read).
+ * Go fence point (verdict, state, ack), then a power cut at every byte of a
+ * reset's write (the previous state, counter and epoch, or the new ones,
+ * never anything else), and the slot formats (format 1 until the first
+ * reset, format 3 with its counter and epoch after it; format 2, an older
+ * library's reset without an epoch, still read and kept).
  */
 
 #if !defined(EFS_NO_CRYPTO)
@@ -24,7 +25,8 @@ static void reset_rig(rig *d, const efs_vreset *v)
 		efs_handle(&d->c, (const uint8_t *)"dev-r", 5, before, bn, &d->r);
 		CHECK(d->r.verdict == EFS_ACCEPTED && d->r.reset && !d->r.apply, "reset %s: first reset %s", v->name,
 			d->r.reason);
-		CHECK(power_on(&d->f, &d->c, &d->port) == EFS_OK && d->c.reset_counter > 0, "reset %s: reopen", v->name);
+		CHECK(power_on(&d->f, &d->c, &d->port) == EFS_OK && d->c.reset_counter > 0 && d->c.reset_epoch > 0,
+			"reset %s: reopen", v->name);
 	}
 	free(prime);
 	free(before);
@@ -46,22 +48,21 @@ static void test_reset_vectors(void)
 		reset_rig(&d, v);
 		counter = d.c.reset_counter;
 		efs_handle(&d.c, dev, dn, in, n, &d.r);
-		CHECK((int)d.r.verdict == v->verdict && d.r.mark.token == v->mark_token && d.r.mark.seq == v->mark_seq &&
-			!d.r.apply, "reset %s: verdict %d mark %llu/%llu (%s), want %d %llu/%llu", v->name, d.r.verdict,
-			(unsigned long long)d.r.mark.token, (unsigned long long)d.r.mark.seq, d.r.reason, v->verdict,
+		CHECK((int)d.r.verdict == v->verdict && d.r.epoch == v->epoch && d.r.mark.token == v->mark_token &&
+			d.r.mark.seq == v->mark_seq && !d.r.apply, "reset %s: verdict %d e%llu mark %llu/%llu (%s), want %d e%llu %llu/%llu",
+			v->name, d.r.verdict, (unsigned long long)d.r.epoch, (unsigned long long)d.r.mark.token,
+			(unsigned long long)d.r.mark.seq, d.r.reason, v->verdict, (unsigned long long)v->epoch,
 			(unsigned long long)v->mark_token, (unsigned long long)v->mark_seq);
 		efs_result_ack(&d.r, &a);
-		if (d.r.verdict == EFS_INVALID) {
-			CHECK(a.reason.n > 0, "reset %s: Invalid without a reason", v->name);
-			a.reason.n = 0;
-		}
+		ack_reason_blank(&d.r, &a);
 		e = efs_encode_ack(&a, out, sizeof out, &len);
 		CHECK(e == EFS_OK && blob_equal(&v->ack, (efs_bytes){ out, len }), "reset %s: ack differs (%s; %s)",
 			v->name, efs_strerror(e), d.r.reason);
-		/* Durable: a reboot has the mark the ack says, and the counter
-		 * moved only with an accepted reset. */
+		/* Durable: a reboot has the state the ack says, and the counter
+		 * moved only with an accepted reset, its epoch with it. */
 		CHECK(power_on(&d.f, &d.c, &d.port) == EFS_OK && (v->verdict == EFS_INVALID ||
-			(d.c.mark.token == v->mark_token && d.c.mark.seq == v->mark_seq && d.c.reset_counter > counter)) &&
+			(d.c.mark.token == v->mark_token && d.c.mark.seq == v->mark_seq && d.c.epoch == v->epoch &&
+				d.c.reset_epoch == v->epoch && d.c.reset_counter > counter)) &&
 			(v->verdict != EFS_INVALID || d.c.reset_counter == counter), "reset %s: after a reboot", v->name);
 		CHECK(d.f.violations == 0, "reset %s: a byte programmed twice", v->name);
 		free(in);
@@ -89,12 +90,14 @@ static int reset_tear(const efs_vreset *v, long k, uint8_t torn_bits)
 	size_t n;
 	uint8_t *in = blob(&v->in, &n);
 	efs_mark old;
-	uint64_t old_counter;
+	uint64_t old_counter, old_epoch, old_reset_epoch;
 	int accepted;
 
 	reset_rig(&d, v);
 	old = d.c.mark;
 	old_counter = d.c.reset_counter;
+	old_epoch = d.c.epoch;
+	old_reset_epoch = d.c.reset_epoch;
 	d.f.programmed = 0;
 	d.f.program_budget = k;
 	d.f.torn_bits = torn_bits;
@@ -103,11 +106,13 @@ static int reset_tear(const efs_vreset *v, long k, uint8_t torn_bits)
 	CHECK(accepted || d.r.err == EFS_E_STORAGE, "reset tear at %ld: verdict %d (%s)", k, d.r.verdict, d.r.reason);
 	CHECK(power_on(&d.f, &d.c, &d.port) == EFS_OK, "reset tear at %ld (bits %02x): reopen refused", k, torn_bits);
 	if (accepted) { /* acked accepted: on flash */
-		CHECK(d.c.mark.token == v->mark_token && d.c.mark.seq == v->mark_seq && d.c.reset_counter > old_counter,
-			"reset tear at %ld: accepted but lost", k);
-	} else { /* the previous mark and counter, or the new ones: never a mix */
-		int was = d.c.mark.token == old.token && d.c.mark.seq == old.seq && d.c.reset_counter == old_counter;
-		int now = d.c.mark.token == v->mark_token && d.c.mark.seq == v->mark_seq && d.c.reset_counter > old_counter;
+		CHECK(d.c.mark.token == v->mark_token && d.c.mark.seq == v->mark_seq && d.c.reset_counter > old_counter &&
+			d.c.epoch == v->epoch && d.c.reset_epoch == v->epoch, "reset tear at %ld: accepted but lost", k);
+	} else { /* the previous state, counter and epoch, or the new ones: never a mix */
+		int was = d.c.mark.token == old.token && d.c.mark.seq == old.seq && d.c.reset_counter == old_counter &&
+			d.c.epoch == old_epoch && d.c.reset_epoch == old_reset_epoch;
+		int now = d.c.mark.token == v->mark_token && d.c.mark.seq == v->mark_seq && d.c.reset_counter > old_counter &&
+			d.c.epoch == v->epoch && d.c.reset_epoch == v->epoch;
 		CHECK(was || now, "reset tear at %ld (bits %02x): mark %llu/%llu counter %llu", k, torn_bits,
 			(unsigned long long)d.c.mark.token, (unsigned long long)d.c.mark.seq,
 			(unsigned long long)d.c.reset_counter);
@@ -145,25 +150,57 @@ static void test_reset_tears(void)
 
 #endif
 
-/* test_reset_formats: format 1 until the first reset, format 2 after it
- * (read back after every write); a damaged counter fails the slot. */
+/* to_format2 rewrites sector s's format 3 slot as an older library wrote
+ * a reset of epoch 0 (format 2: no reset epoch; its mark record as it is). */
+static void to_format2(flash *f, unsigned s)
+{
+	uint8_t *b = f->mem[s];
+	size_t l = b[6], at = 15 + l;
+	uint32_t crc;
+
+	b[5] = 0;
+	memset(b + at, 0xff, 12); /* the epoch and the old CRC */
+	crc = efs_crc32c(b + 1, at - 1);
+	for (int k = 0; k < 4; k++) {
+		b[at + (size_t)k] = (uint8_t)(crc >> (24 - 8 * k));
+	}
+}
+
+/* test_reset_formats: format 1 until the first reset, format 3 after it
+ * (read back after every write); a damaged counter or epoch fails the
+ * slot; an older library's format 2 is read (its reset of epoch 0) and
+ * written again while no newer reset came. */
 static void test_reset_formats(void)
 {
 	rig d;
 	const efs_vreset *v = reset_vector("next counter");
+	size_t l;
 
 	reset_rig(&d, reset_vector("up to 9/4")); /* the prime only: format 1 */
 	CHECK(d.c.cur == 0 && d.f.mem[0][5] >= 31 && d.c.reset_counter == 0, "format 1 before any reset: %u",
 		d.f.mem[0][5]);
-	reset_rig(&d, v); /* prime, then the first reset: format 2 in sector 1 */
-	CHECK(d.c.cur == 1 && d.f.mem[1][5] == 0 && d.c.reset_counter == 3, "format 2 after a reset: %u, counter %llu",
-		d.f.mem[1][5], (unsigned long long)d.c.reset_counter);
-	d.f.mem[1][7 + d.f.mem[1][6] + 7] ^= 0x01; /* the counter's last byte */
+	reset_rig(&d, v); /* prime, then the first reset: format 3 in sector 1 */
+	l = d.f.mem[1][6];
+	CHECK(d.c.cur == 1 && d.f.mem[1][5] == 1 && d.c.reset_counter == 3 && d.c.reset_epoch == 3 && d.c.epoch == 3 &&
+		d.f.mem[1][7] == 2, "format 3 after a reset: %u, counter %llu, epoch %llu, record version %u", d.f.mem[1][5],
+		(unsigned long long)d.c.reset_counter, (unsigned long long)d.c.reset_epoch, d.f.mem[1][7]);
+	to_format2(&d.f, 1);
+	CHECK(power_on(&d.f, &d.c, &d.port) == EFS_OK && d.c.cur == 1 && d.c.reset_counter == 3 && d.c.reset_epoch == 0 &&
+		d.c.epoch == 3 && efs_state_of(&d.c).epoch == 3, "an older library's format 2: read, its mark's epoch 3");
+	send_at(&d.c, "dev-r", 3, 2, 2, &d.r);
+	CHECK(d.r.apply && d.c.cur == 0 && d.f.mem[0][5] == 0 && d.f.mem[0][7] == 2 && d.c.reset_counter == 3 &&
+		power_on(&d.f, &d.c, &d.port) == EFS_OK && d.c.reset_epoch == 0 && d.c.epoch == 3,
+		"a command after a format 2 reset: format 2 again (%s)", d.r.reason);
+	reset_rig(&d, v);
+	d.f.mem[1][7 + l + 7] ^= 0x01; /* the counter's last byte */
 	CHECK(power_on(&d.f, &d.c, &d.port) == EFS_E_CORRUPT && d.c.corrupt,
 		"a damaged counter: the slot is not read, and the older one is superseded: fail closed");
 	d.f.mem[0][SECTOR - 1] = 0xff; /* an older library's flash: the old rule, the valid slot */
-	CHECK(power_on(&d.f, &d.c, &d.port) == EFS_OK && d.c.cur == 0 && d.c.reset_counter == 0,
+	CHECK(power_on(&d.f, &d.c, &d.port) == EFS_OK && d.c.cur == 0 && d.c.reset_counter == 0 && d.c.epoch == 0,
 		"a damaged counter on an older library's flash: the valid slot");
+	reset_rig(&d, v);
+	d.f.mem[1][7 + l + 15] ^= 0x80; /* the epoch's last byte */
+	CHECK(power_on(&d.f, &d.c, &d.port) == EFS_E_CORRUPT && d.c.corrupt, "a damaged reset epoch: fail closed");
 }
 #endif
 

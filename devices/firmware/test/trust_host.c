@@ -2,7 +2,7 @@
  * The trust runner: every trust update of testdata/trust_vectors.h (made
  * and decided by the Go side) through efsdev's trust.c
  * (efsdev_trust_update, on a fresh store holding the vectors' root), its
- * verdict compared with Go's. Built and run by TestTrustConformance under
+ * verdict and the fleet epoch it leaves compared with Go's. Built and run by TestTrustConformance under
  * AddressSanitizer and UBSan; each input in a heap buffer of its size.
  */
 #include <stdio.h>
@@ -30,6 +30,8 @@ int main(void)
 		rc = efsdev_trust_update(&t, in, n, 0, &c, &why);
 		CHECK((rc == 0) == v->ok, "trust %s: Go %s, C %s (%s)", v->name, v->ok ? "takes it" : "refuses it",
 			rc == 0 ? "takes it" : "refuses it", why);
+		CHECK(t.epoch == (rc == 0 ? v->epoch : 0), "trust %s: epoch %llu, Go %llu", v->name, (unsigned long long)t.epoch,
+			(unsigned long long)v->epoch);
 		efsdev_trust_free(&t);
 		free(in);
 	}

@@ -26,7 +26,7 @@ typedef struct {
 	const uint8_t *in;
 	size_t in_n;
 	int verdict, cls; /* cls: efs_fw_err of a refused step, 0 otherwise */
-	uint64_t mark_token, mark_seq;
+	uint64_t epoch, mark_token, mark_seq; /* the ack's state */
 	size_t reason_n;
 	const char *reason;     /* the ack's */
 	const char *job_reason; /* the job's (Status.Reason) */
@@ -227,202 +227,210 @@ static const uint8_t efs_b84[1336] = {
 #define efs_b102 ((const uint8_t *)"\250\001\001\002dfw-1\003\007\004\005\005ec-7-5\006gapp.set\007\241av\002\011dgw-7")
 #define efs_b103 ((const uint8_t *)"\247\001\001\002dfw-1\003\005\004\011\005ec-5-9\006gapp.set\011dgw-5")
 #define efs_b105 ((const uint8_t *)"\250\001\001\002dfw-1\003\007\004\001\005ec-7-1\006hfw.begin\007\246cjobbj1dsize\031\003\350echunk\031\002\000eimageX \313\203c\275\320\221V\177\341\262\373\230>\210\033\303\312\011\245\277J\325\272\025\247\377\210\307\022\314\351\266gversion\003hmanifestX\274\322\204X1\243\001&\003x#application/edgefence-manifest+cbor\004Froot-1\240XB\245\001X \313\203c\275\320\221V\177\341\262\373\230>\210\033\303\312\011\245\277J\325\272\025\247\377\210\307\022\314\351\266\002\031\003\350\003\003\004lthermostat 3\005\033\000\000\001\242)\361(\000X@\272-\024X\326F\376\236\326X&)7L\014\266\363\025V\335\001\011\271\036\356\242\316\244\371\260\015\372I-\3336\356\332L\027z\003\231uz\256U\255\360;\275a\031_9\306y\331\335\320ET\364H\011dgw-7")
-#define efs_b106 ((const uint8_t *)"\322\204X.\243\001&\003x application/edgefence-reset+cbor\004Froot-1\240X\042\246\001dfw-1\002\002\003\001\004\001\005ireset:fw1\006\033\000\000\001\213\317\345h\000X@\026\002\223q\266\330L\027\202b\253\272\272\307\224I\214u\325\2057\352\014\312\342\315\240\347 \250\260E\217\353)\030>\255\340G\235\264\025\377\315.\226\260\340\342:\274\372d]\327\335 \244W\373CRO")
-#define efs_b107 ((const uint8_t *)"\250\001\001\002dfw-1\003\003\004\001\005ec-3-1\006hfw.chunk\007\243cjobbj1coff\031\002\000ddataY\001\350@_~\235\274\333\372\0319Xw\226\265\324\363\0222Qp\217\256\315\354\013+Ji\210\247\306\345\004$Cb\201\240\277\336\375\035<[z\231\270\327\366\0265Ts\222\261\320\357\017.Ml\213\252\311\350\010'Fe\204\243\302\341\001 \077^}\234\273\332\372\0318Wv\225\264\323\363\0221Po\216\255\314\354\013*Ih\207\246\305\345\004#Ba\200\237\276\336\375\034;Zy\230\267\327\366\0254Sr\221\260\320\357\016-Lk\212\251\311\350\007&Ed\203\242\302\341\000\037>]|\233\273\332\371\0307Vu\224\264\323\362\0210On\215\255\314\353\012)Hg\206\246\305\344\003\042A`\177\237\276\335\374\033:Yx\230\267\326\365\0243Rq\221\260\317\356\015,Kj\212\251\310\347\006%Dc\203\242\301\340\377\036=\134|\233\272\331\370\0276Uu\224\263\322\361\020/Nn\215\254\313\352\011(Gg\206\245\304\343\002!@`\177\236\275\334\373\0329Yx\227\266\325\364\0232Rq\220\257\316\355\014+Kj\211\250\307\346\005$Dc\202\241\300\337\376\035=\134{\232\271\330\367\0266Ut\223\262\321\360\017/Nm\214\253\312\351\010(Gf\205\244\303\342\001!@_~\235\274\333\372\0329Xw\226\265\324\363\0232Qp\217\256\315\354\014+Ji\210\247\306\345\005$Cb\201\240\277\336\376\035<[z\231\270\327\367\0265Ts\222\261\320\360\017.Ml\213\252\311\351\010'Fe\204\243\302\342\001 \077^}\234\273\333\372\0318Wv\225\264\324\363\0221Po\216\255\315\354\013*Ih\207\246\306\345\004#Ba\200\237\277\336\375\034;Zy\230\270\327\366\0254Sr\221\261\320\357\016-Lk\212\252\311\350\007&Ed\203\243\302\341\000\037>]|\234\273\332\371\0307Vu\011dgw-3")
-#define efs_b108 ((const uint8_t *)"\250\001\001\002dfw-1\003\003\004\002\005ec-3-2\006jfw.install\007\241cjobbj1\011dgw-3")
-#define efs_b109 ((const uint8_t *)"\250\001\001\002dfw-1\003\003\004\003\005ec-3-3\006kfw.activate\007\241cjobbj1\011dgw-3")
-#define efs_b110 ((const uint8_t *)"\250\001\001\002dfw-1\003\003\004\004\005ec-3-4\006ifw.commit\007\241cjobbj1\011dgw-3")
-#define efs_b111 ((const uint8_t *)"\322\204X.\243\001&\003x application/edgefence-reset+cbor\004Froot-1\240X\042\246\001dfw-1\002\001\003\001\004\005\005ireset:fw5\006\033\000\000\001\213\317\345h\000X@*\344\033Q\346+\245\300\315\230\323\303\255\042\012\017Q\334\256\237PM\025\254\376\350u\3253\0057\021x\340\340`\210}\376\002\364Q\321;\353G\253\242\006r\334\367\2430}\012\266\261\243\212R\240\367C")
-#define efs_b112 ((const uint8_t *)"\322\204X.\243\001&\003x application/edgefence-reset+cbor\004Froot-1\240X\042\246\001dfw-2\002\001\003\001\004\005\005ireset:fw5\006\033\000\000\001\213\317\345h\000X@\015\012\027\235%\237\250 \314\320<\273\231-\351H\333\245BV\33373\325\367H{\341\204\342\006\273g\246\207\222\2144\215\260Ug\204y\376E)\022\313\206\370+\377\264G\037\230\260^kY\232\0372")
-#define efs_b113 ((const uint8_t *)"\322\204X.\243\001&\003x application/edgefence-reset+cbor\004Froot-1\240X#\246\001dfw-1\002\0302\003\001\004\002\005ireset:fw2\006\033\000\000\001\213\317\345h\000X@7\373p\177C\265\001\213\356\303\333\012\012\275\352[5\235\001\3252\360\302s\357\023c\263\333\134\001\254R#\263\026S\325^\232\322\235\023\007\251N\330\334\347\213\210&\204\226YOY\330\352\025\323\217\250\376")
-#define efs_b114 ((const uint8_t *)"\250\001\001\002dfw-1\003\007\004\003\005ec-7-3\006ifw.commit\007\241cjobbj1\011dgw-7")
-#define efs_b115 ((const uint8_t *)"\250\001\001\002dfw-1\003\0302\004\002\005fc-50-2\006ifw.cancel\007\241cjobbj1\011egw-50")
+#define efs_b106 ((const uint8_t *)"\322\204X.\243\001&\003x application/edgefence-reset+cbor\004Froot-1\240X$\247\001dfw-1\002\002\003\001\004\001\005ireset:fw1\006\033\000\000\001\213\317\345h\000\007\001X@u\324\025\253\026\253\364\203T\307\027\356\275\271\235\201\350)\252\032\360i\035\211\036)ZB\357y^\002\216F\234\024\342\204\210\024\305\003\247'\366\271\0124\351b\342U!\376c\257d\013\254\244\372\3254/")
+#define efs_b107 ((const uint8_t *)"\251\001\001\002dfw-1\003\003\004\001\005ec-3-1\006hfw.chunk\007\243cjobbj1coff\031\002\000ddataY\001\350@_~\235\274\333\372\0319Xw\226\265\324\363\0222Qp\217\256\315\354\013+Ji\210\247\306\345\004$Cb\201\240\277\336\375\035<[z\231\270\327\366\0265Ts\222\261\320\357\017.Ml\213\252\311\350\010'Fe\204\243\302\341\001 \077^}\234\273\332\372\0318Wv\225\264\323\363\0221Po\216\255\314\354\013*Ih\207\246\305\345\004#Ba\200\237\276\336\375\034;Zy\230\267\327\366\0254Sr\221\260\320\357\016-Lk\212\251\311\350\007&Ed\203\242\302\341\000\037>]|\233\273\332\371\0307Vu\224\264\323\362\0210On\215\255\314\353\012)Hg\206\246\305\344\003\042A`\177\237\276\335\374\033:Yx\230\267\326\365\0243Rq\221\260\317\356\015,Kj\212\251\310\347\006%Dc\203\242\301\340\377\036=\134|\233\272\331\370\0276Uu\224\263\322\361\020/Nn\215\254\313\352\011(Gg\206\245\304\343\002!@`\177\236\275\334\373\0329Yx\227\266\325\364\0232Rq\220\257\316\355\014+Kj\211\250\307\346\005$Dc\202\241\300\337\376\035=\134{\232\271\330\367\0266Ut\223\262\321\360\017/Nm\214\253\312\351\010(Gf\205\244\303\342\001!@_~\235\274\333\372\0329Xw\226\265\324\363\0232Qp\217\256\315\354\014+Ji\210\247\306\345\005$Cb\201\240\277\336\376\035<[z\231\270\327\367\0265Ts\222\261\320\360\017.Ml\213\252\311\351\010'Fe\204\243\302\342\001 \077^}\234\273\333\372\0318Wv\225\264\324\363\0221Po\216\255\315\354\013*Ih\207\246\306\345\004#Ba\200\237\277\336\375\034;Zy\230\270\327\366\0254Sr\221\261\320\357\016-Lk\212\252\311\350\007&Ed\203\243\302\341\000\037>]|\234\273\332\371\0307Vu\011dgw-3\012\001")
+#define efs_b108 ((const uint8_t *)"\251\001\001\002dfw-1\003\003\004\002\005ec-3-2\006jfw.install\007\241cjobbj1\011dgw-3\012\001")
+#define efs_b109 ((const uint8_t *)"\251\001\001\002dfw-1\003\003\004\003\005ec-3-3\006kfw.activate\007\241cjobbj1\011dgw-3\012\001")
+#define efs_b110 ((const uint8_t *)"\251\001\001\002dfw-1\003\003\004\004\005ec-3-4\006ifw.commit\007\241cjobbj1\011dgw-3\012\001")
+#define efs_b111 ((const uint8_t *)"\322\204X.\243\001&\003x application/edgefence-reset+cbor\004Froot-1\240X$\247\001dfw-1\002\001\003\001\004\005\005ireset:fw5\006\033\000\000\001\213\317\345h\000\007\005X@\241+\213C!\300J>`\210\015\3422\034\360\226\027\035\267\350\004\224\023\217m\310\222\225\231\340\021\251_I\272vJ\360%\300*@\206d\000\231\042S\237k\243<\352\256\366\014\246\315%\024\245\251\303\232")
+#define efs_b112 ((const uint8_t *)"\322\204X.\243\001&\003x application/edgefence-reset+cbor\004Froot-1\240X$\247\001dfw-2\002\001\003\001\004\005\005ireset:fw5\006\033\000\000\001\213\317\345h\000\007\005X@\333\200s\357c\376t09\033\363Uj\357\314z\273\344d\307.\315\326L\354J\3227F\031\035\024\177\320]z\202\325$\252{b\371\221\332J\352\300\037\216\001BPP\213:\031\021\352\242\317\006\363#")
+#define efs_b113 ((const uint8_t *)"\322\204X.\243\001&\003x application/edgefence-reset+cbor\004Froot-1\240X$\247\001dfw-1\002\001\003\001\004\005\005ireset:fw5\006\033\000\000\001\213\317\345h\000\007\001X@\267o[\317\367i\333\325\211\352\271\001\034\241\340\270\002jg\362\377\274e\266j\003u\300$k\302\315a3\214dS!p|k\273\252M\210C8o\253\007\304\000\313\013\346ZP\325;7U#D\013")
+#define efs_b114 ((const uint8_t *)"\322\204X.\243\001&\003x application/edgefence-reset+cbor\004Froot-1\240X%\247\001dfw-1\002\0302\003\001\004\002\005ireset:fw2\006\033\000\000\001\213\317\345h\000\007\002X@\134\325}\3235\274i\343#\023];\260y\312[\277j3\337\204\373KKD\240{8\003\006\265\306\276\015:\225\026\251\277\370\305v\375\030\325\227\262\261\010\371\364W\3571\276\315\362R*e\222\321\356\023")
+#define efs_b115 ((const uint8_t *)"\250\001\001\002dfw-1\003\007\004\003\005ec-7-3\006ifw.commit\007\241cjobbj1\011dgw-7")
+#define efs_b116 ((const uint8_t *)"\251\001\001\002dfw-1\003\003\004\005\005ec-3-5\006ifw.commit\007\241cjobbj1\011dgw-3\012\001")
+#define efs_b117 ((const uint8_t *)"\251\001\001\002dfw-1\003\0302\004\002\005fc-50-2\006ifw.cancel\007\241cjobbj1\011egw-50\012\003")
+#define efs_b118 ((const uint8_t *)"\251\001\001\002dfw-1\003\0302\004\002\005fc-50-2\006ifw.cancel\007\241cjobbj1\011egw-50\012\002")
 static const efs_fwvstep efs_fwv10[] = {
-	{0, 0, efs_b1, 111, 1, 0, 7ull, 1ull, 0, "", "", 1, 0ull, 0, 0, 2ull, 0, 1ull},
-	{0, 0, efs_b2, 314, 1, 0, 7ull, 2ull, 0, "", "", 1, 256ull, 0, 0, 2ull, 0, 2ull},
-	{0, 0, efs_b3, 316, 1, 0, 7ull, 3ull, 0, "", "", 1, 512ull, 0, 0, 2ull, 0, 3ull},
-	{0, 0, efs_b4, 316, 1, 0, 7ull, 4ull, 0, "", "", 1, 768ull, 0, 0, 2ull, 0, 4ull},
-	{0, 0, efs_b5, 291, 1, 0, 7ull, 5ull, 0, "", "", 2, 1000ull, 0, 0, 2ull, 0, 5ull},
-	{0, 0, efs_b6, 47, 1, 0, 7ull, 6ull, 0, "", "", 4, 1000ull, 0, 0, 2ull, 0, 6ull},
-	{0, 0, efs_b7, 48, 1, 0, 7ull, 7ull, 0, "", "", 5, 1000ull, 0, 0, 2ull, 0, 7ull},
-	{1, 1, NULL, 0, 0, 0, 0ull, 0ull, 0, "", "", 6, 1000ull, 1, 0, 2ull, 1, 7ull},
-	{0, 0, efs_b8, 46, 1, 0, 7ull, 8ull, 0, "", "", 7, 1000ull, 1, 1, 3ull, 0, 8ull},
-	{1, 1, NULL, 0, 0, 0, 0ull, 0ull, 0, "", "", 7, 1000ull, 1, 1, 3ull, 0, 8ull},
-	{0, 0, efs_b8, 46, 2, 0, 7ull, 8ull, 34, "already applied: 7/8 not above 7/8", "", 7, 1000ull, 1, 1, 3ull, 0, 8ull},
-	{0, 0, efs_b9, 48, 3, 0, 7ull, 8ull, 37, "token 5 below the high-water mark 7/8", "", 7, 1000ull, 1, 1, 3ull, 0, 8ull},
+	{0, 0, efs_b1, 111, 1, 0, 0ull, 7ull, 1ull, 0, "", "", 1, 0ull, 0, 0, 2ull, 0, 1ull},
+	{0, 0, efs_b2, 314, 1, 0, 0ull, 7ull, 2ull, 0, "", "", 1, 256ull, 0, 0, 2ull, 0, 2ull},
+	{0, 0, efs_b3, 316, 1, 0, 0ull, 7ull, 3ull, 0, "", "", 1, 512ull, 0, 0, 2ull, 0, 3ull},
+	{0, 0, efs_b4, 316, 1, 0, 0ull, 7ull, 4ull, 0, "", "", 1, 768ull, 0, 0, 2ull, 0, 4ull},
+	{0, 0, efs_b5, 291, 1, 0, 0ull, 7ull, 5ull, 0, "", "", 2, 1000ull, 0, 0, 2ull, 0, 5ull},
+	{0, 0, efs_b6, 47, 1, 0, 0ull, 7ull, 6ull, 0, "", "", 4, 1000ull, 0, 0, 2ull, 0, 6ull},
+	{0, 0, efs_b7, 48, 1, 0, 0ull, 7ull, 7ull, 0, "", "", 5, 1000ull, 0, 0, 2ull, 0, 7ull},
+	{1, 1, NULL, 0, 0, 0, 0ull, 0ull, 0ull, 0, "", "", 6, 1000ull, 1, 0, 2ull, 1, 7ull},
+	{0, 0, efs_b8, 46, 1, 0, 0ull, 7ull, 8ull, 0, "", "", 7, 1000ull, 1, 1, 3ull, 0, 8ull},
+	{1, 1, NULL, 0, 0, 0, 0ull, 0ull, 0ull, 0, "", "", 7, 1000ull, 1, 1, 3ull, 0, 8ull},
+	{0, 0, efs_b8, 46, 2, 0, 0ull, 7ull, 8ull, 34, "already applied: 7/8 not above 7/8", "", 7, 1000ull, 1, 1, 3ull, 0, 8ull},
+	{0, 0, efs_b9, 48, 3, 0, 0ull, 7ull, 8ull, 37, "token 5 below the high-water mark 7/8", "", 7, 1000ull, 1, 1, 3ull, 0, 8ull},
 };
 
 static const efs_fwvstep efs_fwv28[] = {
-	{0, 0, efs_b11, 47, 4, 2, 0ull, 0ull, 92, "apply: fwjob: illegal step: fw.install of job j1: no such job here (state idle, last job \042\042)", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
-	{0, 0, efs_b12, 111, 4, 4, 0ull, 0ull, 126, "apply: fwjob: security version below the running one: fw.begin of job j1: image version 1 below the running security version 2", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
-	{0, 0, efs_b13, 111, 1, 0, 7ull, 3ull, 0, "", "", 1, 0ull, 0, 0, 2ull, 0, 3ull},
-	{0, 0, efs_b14, 47, 4, 2, 7ull, 3ull, 69, "apply: fwjob: illegal step: fw.install of job j1 in state downloading", "", 1, 0ull, 0, 0, 2ull, 0, 3ull},
-	{0, 0, efs_b15, 48, 4, 2, 7ull, 3ull, 70, "apply: fwjob: illegal step: fw.activate of job j1 in state downloading", "", 1, 0ull, 0, 0, 2ull, 0, 3ull},
-	{0, 0, efs_b16, 46, 4, 2, 7ull, 3ull, 68, "apply: fwjob: illegal step: fw.commit of job j1 in state downloading", "", 1, 0ull, 0, 0, 2ull, 0, 3ull},
-	{0, 0, efs_b17, 66, 4, 6, 7ull, 3ull, 61, "apply: fwjob: chunk offset: job j1: expected offset 0, got 10", "", 1, 0ull, 0, 0, 2ull, 0, 3ull},
-	{0, 0, efs_b18, 315, 4, 1, 7ull, 3ull, 87, "apply: fwjob: bad command: job j1: chunk of 257 bytes, the job's chunks are at most 256", "", 1, 0ull, 0, 0, 2ull, 0, 3ull},
-	{0, 0, efs_b19, 314, 1, 0, 7ull, 9ull, 0, "", "", 1, 256ull, 0, 0, 2ull, 0, 9ull},
-	{0, 0, efs_b20, 315, 4, 6, 7ull, 9ull, 62, "apply: fwjob: chunk offset: job j1: expected offset 256, got 0", "", 1, 256ull, 0, 0, 2ull, 0, 9ull},
-	{0, 0, efs_b21, 112, 4, 3, 7ull, 9ull, 105, "apply: fwjob: another job in progress: job j1 in progress (state downloading): fw.begin of job j2 refused", "", 1, 256ull, 0, 0, 2ull, 0, 9ull},
-	{0, 0, efs_b22, 112, 4, 2, 7ull, 9ull, 67, "apply: fwjob: illegal step: fw.begin of job j1 in state downloading", "", 1, 256ull, 0, 0, 2ull, 0, 9ull},
-	{0, 0, efs_b23, 47, 4, 3, 7ull, 9ull, 106, "apply: fwjob: another job in progress: job j1 in progress (state downloading): fw.commit of job j2 refused", "", 1, 256ull, 0, 0, 2ull, 0, 9ull},
-	{0, 0, efs_b24, 47, 1, 0, 7ull, 14ull, 0, "", "canceled", 8, 256ull, 0, 0, 2ull, 0, 14ull},
-	{0, 0, efs_b25, 48, 4, 2, 7ull, 14ull, 64, "apply: fwjob: illegal step: fw.install of job j1 in state failed", "canceled", 8, 256ull, 0, 0, 2ull, 0, 14ull},
-	{0, 0, efs_b26, 47, 4, 2, 7ull, 14ull, 63, "apply: fwjob: illegal step: fw.cancel of job j1 in state failed", "canceled", 8, 256ull, 0, 0, 2ull, 0, 14ull},
-	{0, 0, efs_b27, 112, 4, 2, 7ull, 14ull, 76, "apply: fwjob: illegal step: fw.begin of job j1: it ran already, state failed", "canceled", 8, 256ull, 0, 0, 2ull, 0, 14ull},
+	{0, 0, efs_b11, 47, 4, 2, 0ull, 0ull, 0ull, 92, "apply: fwjob: illegal step: fw.install of job j1: no such job here (state idle, last job \042\042)", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
+	{0, 0, efs_b12, 111, 4, 4, 0ull, 0ull, 0ull, 126, "apply: fwjob: security version below the running one: fw.begin of job j1: image version 1 below the running security version 2", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
+	{0, 0, efs_b13, 111, 1, 0, 0ull, 7ull, 3ull, 0, "", "", 1, 0ull, 0, 0, 2ull, 0, 3ull},
+	{0, 0, efs_b14, 47, 4, 2, 0ull, 7ull, 3ull, 69, "apply: fwjob: illegal step: fw.install of job j1 in state downloading", "", 1, 0ull, 0, 0, 2ull, 0, 3ull},
+	{0, 0, efs_b15, 48, 4, 2, 0ull, 7ull, 3ull, 70, "apply: fwjob: illegal step: fw.activate of job j1 in state downloading", "", 1, 0ull, 0, 0, 2ull, 0, 3ull},
+	{0, 0, efs_b16, 46, 4, 2, 0ull, 7ull, 3ull, 68, "apply: fwjob: illegal step: fw.commit of job j1 in state downloading", "", 1, 0ull, 0, 0, 2ull, 0, 3ull},
+	{0, 0, efs_b17, 66, 4, 6, 0ull, 7ull, 3ull, 61, "apply: fwjob: chunk offset: job j1: expected offset 0, got 10", "", 1, 0ull, 0, 0, 2ull, 0, 3ull},
+	{0, 0, efs_b18, 315, 4, 1, 0ull, 7ull, 3ull, 87, "apply: fwjob: bad command: job j1: chunk of 257 bytes, the job's chunks are at most 256", "", 1, 0ull, 0, 0, 2ull, 0, 3ull},
+	{0, 0, efs_b19, 314, 1, 0, 0ull, 7ull, 9ull, 0, "", "", 1, 256ull, 0, 0, 2ull, 0, 9ull},
+	{0, 0, efs_b20, 315, 4, 6, 0ull, 7ull, 9ull, 62, "apply: fwjob: chunk offset: job j1: expected offset 256, got 0", "", 1, 256ull, 0, 0, 2ull, 0, 9ull},
+	{0, 0, efs_b21, 112, 4, 3, 0ull, 7ull, 9ull, 105, "apply: fwjob: another job in progress: job j1 in progress (state downloading): fw.begin of job j2 refused", "", 1, 256ull, 0, 0, 2ull, 0, 9ull},
+	{0, 0, efs_b22, 112, 4, 2, 0ull, 7ull, 9ull, 67, "apply: fwjob: illegal step: fw.begin of job j1 in state downloading", "", 1, 256ull, 0, 0, 2ull, 0, 9ull},
+	{0, 0, efs_b23, 47, 4, 3, 0ull, 7ull, 9ull, 106, "apply: fwjob: another job in progress: job j1 in progress (state downloading): fw.commit of job j2 refused", "", 1, 256ull, 0, 0, 2ull, 0, 9ull},
+	{0, 0, efs_b24, 47, 1, 0, 0ull, 7ull, 14ull, 0, "", "canceled", 8, 256ull, 0, 0, 2ull, 0, 14ull},
+	{0, 0, efs_b25, 48, 4, 2, 0ull, 7ull, 14ull, 64, "apply: fwjob: illegal step: fw.install of job j1 in state failed", "canceled", 8, 256ull, 0, 0, 2ull, 0, 14ull},
+	{0, 0, efs_b26, 47, 4, 2, 0ull, 7ull, 14ull, 63, "apply: fwjob: illegal step: fw.cancel of job j1 in state failed", "canceled", 8, 256ull, 0, 0, 2ull, 0, 14ull},
+	{0, 0, efs_b27, 112, 4, 2, 0ull, 7ull, 14ull, 76, "apply: fwjob: illegal step: fw.begin of job j1: it ran already, state failed", "canceled", 8, 256ull, 0, 0, 2ull, 0, 14ull},
 };
 
 static const efs_fwvstep efs_fwv37[] = {
-	{0, 0, efs_b29, 111, 1, 0, 7ull, 1ull, 0, "", "", 1, 0ull, 0, 0, 2ull, 0, 1ull},
-	{0, 0, efs_b30, 358, 1, 0, 7ull, 2ull, 0, "", "", 1, 300ull, 0, 0, 2ull, 0, 2ull},
-	{0, 0, efs_b31, 360, 1, 0, 7ull, 3ull, 0, "", "", 1, 600ull, 0, 0, 2ull, 0, 3ull},
-	{0, 0, efs_b32, 360, 1, 0, 7ull, 4ull, 0, "", "", 1, 900ull, 0, 0, 2ull, 0, 4ull},
-	{0, 0, efs_b33, 159, 1, 0, 7ull, 5ull, 0, "", "received image SHA-256 cb8363bdd091567f\342\200\246, want ca8363bdd091567f\342\200\246", 8, 1000ull, 0, 0, 2ull, 0, 5ull},
-	{0, 0, efs_b6, 47, 4, 2, 7ull, 5ull, 64, "apply: fwjob: illegal step: fw.install of job j1 in state failed", "received image SHA-256 cb8363bdd091567f\342\200\246, want ca8363bdd091567f\342\200\246", 8, 1000ull, 0, 0, 2ull, 0, 5ull},
-	{0, 0, efs_b34, 111, 1, 0, 7ull, 7ull, 0, "", "", 1, 0ull, 0, 0, 2ull, 0, 7ull},
-	{0, 0, efs_b35, 1058, 1, 0, 7ull, 8ull, 0, "", "", 2, 1000ull, 0, 0, 2ull, 0, 8ull},
-	{0, 0, efs_b36, 47, 1, 0, 7ull, 9ull, 0, "", "", 4, 1000ull, 0, 0, 2ull, 0, 9ull},
+	{0, 0, efs_b29, 111, 1, 0, 0ull, 7ull, 1ull, 0, "", "", 1, 0ull, 0, 0, 2ull, 0, 1ull},
+	{0, 0, efs_b30, 358, 1, 0, 0ull, 7ull, 2ull, 0, "", "", 1, 300ull, 0, 0, 2ull, 0, 2ull},
+	{0, 0, efs_b31, 360, 1, 0, 0ull, 7ull, 3ull, 0, "", "", 1, 600ull, 0, 0, 2ull, 0, 3ull},
+	{0, 0, efs_b32, 360, 1, 0, 0ull, 7ull, 4ull, 0, "", "", 1, 900ull, 0, 0, 2ull, 0, 4ull},
+	{0, 0, efs_b33, 159, 1, 0, 0ull, 7ull, 5ull, 0, "", "received image SHA-256 cb8363bdd091567f\342\200\246, want ca8363bdd091567f\342\200\246", 8, 1000ull, 0, 0, 2ull, 0, 5ull},
+	{0, 0, efs_b6, 47, 4, 2, 0ull, 7ull, 5ull, 64, "apply: fwjob: illegal step: fw.install of job j1 in state failed", "received image SHA-256 cb8363bdd091567f\342\200\246, want ca8363bdd091567f\342\200\246", 8, 1000ull, 0, 0, 2ull, 0, 5ull},
+	{0, 0, efs_b34, 111, 1, 0, 0ull, 7ull, 7ull, 0, "", "", 1, 0ull, 0, 0, 2ull, 0, 7ull},
+	{0, 0, efs_b35, 1058, 1, 0, 0ull, 7ull, 8ull, 0, "", "", 2, 1000ull, 0, 0, 2ull, 0, 8ull},
+	{0, 0, efs_b36, 47, 1, 0, 0ull, 7ull, 9ull, 0, "", "", 4, 1000ull, 0, 0, 2ull, 0, 9ull},
 };
 
 static const efs_fwvstep efs_fwv39[] = {
-	{0, 0, efs_b1, 111, 1, 0, 7ull, 1ull, 0, "", "", 1, 0ull, 0, 0, 2ull, 0, 1ull},
-	{0, 0, efs_b38, 46, 1, 0, 7ull, 2ull, 0, "", "canceled", 8, 0ull, 0, 0, 2ull, 0, 2ull},
-	{1, 1, NULL, 0, 0, 0, 0ull, 0ull, 0, "", "canceled", 8, 0ull, 0, 0, 2ull, 0, 2ull},
+	{0, 0, efs_b1, 111, 1, 0, 0ull, 7ull, 1ull, 0, "", "", 1, 0ull, 0, 0, 2ull, 0, 1ull},
+	{0, 0, efs_b38, 46, 1, 0, 0ull, 7ull, 2ull, 0, "", "canceled", 8, 0ull, 0, 0, 2ull, 0, 2ull},
+	{1, 1, NULL, 0, 0, 0, 0ull, 0ull, 0ull, 0, "", "canceled", 8, 0ull, 0, 0, 2ull, 0, 2ull},
 };
 
 static const efs_fwvstep efs_fwv44[] = {
-	{0, 0, efs_b40, 111, 1, 0, 7ull, 1ull, 0, "", "", 1, 0ull, 0, 0, 2ull, 0, 1ull},
-	{0, 0, efs_b41, 570, 1, 0, 7ull, 2ull, 0, "", "", 1, 512ull, 0, 0, 2ull, 0, 2ull},
-	{0, 0, efs_b42, 548, 1, 0, 7ull, 3ull, 0, "", "", 2, 1000ull, 0, 0, 2ull, 0, 3ull},
-	{0, 0, efs_b43, 46, 1, 0, 7ull, 4ull, 0, "", "canceled", 8, 1000ull, 0, 0, 2ull, 0, 4ull},
-	{1, 1, NULL, 0, 0, 0, 0ull, 0ull, 0, "", "canceled", 8, 1000ull, 0, 0, 2ull, 0, 4ull},
+	{0, 0, efs_b40, 111, 1, 0, 0ull, 7ull, 1ull, 0, "", "", 1, 0ull, 0, 0, 2ull, 0, 1ull},
+	{0, 0, efs_b41, 570, 1, 0, 0ull, 7ull, 2ull, 0, "", "", 1, 512ull, 0, 0, 2ull, 0, 2ull},
+	{0, 0, efs_b42, 548, 1, 0, 0ull, 7ull, 3ull, 0, "", "", 2, 1000ull, 0, 0, 2ull, 0, 3ull},
+	{0, 0, efs_b43, 46, 1, 0, 0ull, 7ull, 4ull, 0, "", "canceled", 8, 1000ull, 0, 0, 2ull, 0, 4ull},
+	{1, 1, NULL, 0, 0, 0, 0ull, 0ull, 0ull, 0, "", "canceled", 8, 1000ull, 0, 0, 2ull, 0, 4ull},
 };
 
 static const efs_fwvstep efs_fwv47[] = {
-	{0, 0, efs_b40, 111, 1, 0, 7ull, 1ull, 0, "", "", 1, 0ull, 0, 0, 2ull, 0, 1ull},
-	{0, 0, efs_b41, 570, 1, 0, 7ull, 2ull, 0, "", "", 1, 512ull, 0, 0, 2ull, 0, 2ull},
-	{0, 0, efs_b42, 548, 1, 0, 7ull, 3ull, 0, "", "", 2, 1000ull, 0, 0, 2ull, 0, 3ull},
-	{0, 0, efs_b14, 47, 1, 0, 7ull, 4ull, 0, "", "", 4, 1000ull, 0, 0, 2ull, 0, 4ull},
-	{0, 0, efs_b45, 46, 1, 0, 7ull, 5ull, 0, "", "canceled", 8, 1000ull, 0, 0, 2ull, 0, 5ull},
-	{1, 1, NULL, 0, 0, 0, 0ull, 0ull, 0, "", "canceled", 8, 1000ull, 0, 0, 2ull, 0, 5ull},
-	{0, 0, efs_b46, 48, 4, 2, 7ull, 5ull, 65, "apply: fwjob: illegal step: fw.activate of job j1 in state failed", "canceled", 8, 1000ull, 0, 0, 2ull, 0, 5ull},
+	{0, 0, efs_b40, 111, 1, 0, 0ull, 7ull, 1ull, 0, "", "", 1, 0ull, 0, 0, 2ull, 0, 1ull},
+	{0, 0, efs_b41, 570, 1, 0, 0ull, 7ull, 2ull, 0, "", "", 1, 512ull, 0, 0, 2ull, 0, 2ull},
+	{0, 0, efs_b42, 548, 1, 0, 0ull, 7ull, 3ull, 0, "", "", 2, 1000ull, 0, 0, 2ull, 0, 3ull},
+	{0, 0, efs_b14, 47, 1, 0, 0ull, 7ull, 4ull, 0, "", "", 4, 1000ull, 0, 0, 2ull, 0, 4ull},
+	{0, 0, efs_b45, 46, 1, 0, 0ull, 7ull, 5ull, 0, "", "canceled", 8, 1000ull, 0, 0, 2ull, 0, 5ull},
+	{1, 1, NULL, 0, 0, 0, 0ull, 0ull, 0ull, 0, "", "canceled", 8, 1000ull, 0, 0, 2ull, 0, 5ull},
+	{0, 0, efs_b46, 48, 4, 2, 0ull, 7ull, 5ull, 65, "apply: fwjob: illegal step: fw.activate of job j1 in state failed", "canceled", 8, 1000ull, 0, 0, 2ull, 0, 5ull},
 };
 
 static const efs_fwvstep efs_fwv49[] = {
-	{0, 0, efs_b40, 111, 1, 0, 7ull, 1ull, 0, "", "", 1, 0ull, 0, 0, 2ull, 0, 1ull},
-	{0, 0, efs_b41, 570, 1, 0, 7ull, 2ull, 0, "", "", 1, 512ull, 0, 0, 2ull, 0, 2ull},
-	{0, 0, efs_b42, 548, 1, 0, 7ull, 3ull, 0, "", "", 2, 1000ull, 0, 0, 2ull, 0, 3ull},
-	{0, 0, efs_b14, 47, 1, 0, 7ull, 4ull, 0, "", "", 4, 1000ull, 0, 0, 2ull, 0, 4ull},
-	{0, 0, efs_b15, 48, 1, 0, 7ull, 5ull, 0, "", "", 5, 1000ull, 0, 0, 2ull, 0, 5ull},
-	{0, 0, efs_b48, 46, 1, 0, 7ull, 6ull, 0, "", "canceled", 9, 1000ull, 0, 0, 2ull, 0, 6ull},
-	{1, 1, NULL, 0, 0, 0, 0ull, 0ull, 0, "", "canceled", 9, 1000ull, 0, 0, 2ull, 0, 6ull},
+	{0, 0, efs_b40, 111, 1, 0, 0ull, 7ull, 1ull, 0, "", "", 1, 0ull, 0, 0, 2ull, 0, 1ull},
+	{0, 0, efs_b41, 570, 1, 0, 0ull, 7ull, 2ull, 0, "", "", 1, 512ull, 0, 0, 2ull, 0, 2ull},
+	{0, 0, efs_b42, 548, 1, 0, 0ull, 7ull, 3ull, 0, "", "", 2, 1000ull, 0, 0, 2ull, 0, 3ull},
+	{0, 0, efs_b14, 47, 1, 0, 0ull, 7ull, 4ull, 0, "", "", 4, 1000ull, 0, 0, 2ull, 0, 4ull},
+	{0, 0, efs_b15, 48, 1, 0, 0ull, 7ull, 5ull, 0, "", "", 5, 1000ull, 0, 0, 2ull, 0, 5ull},
+	{0, 0, efs_b48, 46, 1, 0, 0ull, 7ull, 6ull, 0, "", "canceled", 9, 1000ull, 0, 0, 2ull, 0, 6ull},
+	{1, 1, NULL, 0, 0, 0, 0ull, 0ull, 0ull, 0, "", "canceled", 9, 1000ull, 0, 0, 2ull, 0, 6ull},
 };
 
 static const efs_fwvstep efs_fwv51[] = {
-	{0, 0, efs_b40, 111, 1, 0, 7ull, 1ull, 0, "", "", 1, 0ull, 0, 0, 2ull, 0, 1ull},
-	{0, 0, efs_b41, 570, 1, 0, 7ull, 2ull, 0, "", "", 1, 512ull, 0, 0, 2ull, 0, 2ull},
-	{0, 0, efs_b42, 548, 1, 0, 7ull, 3ull, 0, "", "", 2, 1000ull, 0, 0, 2ull, 0, 3ull},
-	{0, 0, efs_b14, 47, 1, 0, 7ull, 4ull, 0, "", "", 4, 1000ull, 0, 0, 2ull, 0, 4ull},
-	{0, 0, efs_b15, 48, 1, 0, 7ull, 5ull, 0, "", "", 5, 1000ull, 0, 0, 2ull, 0, 5ull},
-	{1, 1, NULL, 0, 0, 0, 0ull, 0ull, 0, "", "", 6, 1000ull, 1, 0, 2ull, 1, 5ull},
-	{0, 0, efs_b48, 46, 1, 0, 7ull, 6ull, 0, "", "canceled", 9, 1000ull, 1, 0, 2ull, 0, 6ull},
-	{0, 0, efs_b50, 111, 4, 2, 7ull, 6ull, 111, "apply: fwjob: illegal step: fw.begin of job j2: state rolled_back, reboot pending (running slot b, boot slot a)", "canceled", 9, 1000ull, 1, 0, 2ull, 0, 6ull},
-	{1, 1, NULL, 0, 0, 0, 0ull, 0ull, 0, "", "canceled", 9, 1000ull, 0, 0, 2ull, 0, 6ull},
-	{0, 0, efs_b8, 46, 4, 2, 7ull, 6ull, 68, "apply: fwjob: illegal step: fw.commit of job j1 in state rolled_back", "canceled", 9, 1000ull, 0, 0, 2ull, 0, 6ull},
+	{0, 0, efs_b40, 111, 1, 0, 0ull, 7ull, 1ull, 0, "", "", 1, 0ull, 0, 0, 2ull, 0, 1ull},
+	{0, 0, efs_b41, 570, 1, 0, 0ull, 7ull, 2ull, 0, "", "", 1, 512ull, 0, 0, 2ull, 0, 2ull},
+	{0, 0, efs_b42, 548, 1, 0, 0ull, 7ull, 3ull, 0, "", "", 2, 1000ull, 0, 0, 2ull, 0, 3ull},
+	{0, 0, efs_b14, 47, 1, 0, 0ull, 7ull, 4ull, 0, "", "", 4, 1000ull, 0, 0, 2ull, 0, 4ull},
+	{0, 0, efs_b15, 48, 1, 0, 0ull, 7ull, 5ull, 0, "", "", 5, 1000ull, 0, 0, 2ull, 0, 5ull},
+	{1, 1, NULL, 0, 0, 0, 0ull, 0ull, 0ull, 0, "", "", 6, 1000ull, 1, 0, 2ull, 1, 5ull},
+	{0, 0, efs_b48, 46, 1, 0, 0ull, 7ull, 6ull, 0, "", "canceled", 9, 1000ull, 1, 0, 2ull, 0, 6ull},
+	{0, 0, efs_b50, 111, 4, 2, 0ull, 7ull, 6ull, 111, "apply: fwjob: illegal step: fw.begin of job j2: state rolled_back, reboot pending (running slot b, boot slot a)", "canceled", 9, 1000ull, 1, 0, 2ull, 0, 6ull},
+	{1, 1, NULL, 0, 0, 0, 0ull, 0ull, 0ull, 0, "", "canceled", 9, 1000ull, 0, 0, 2ull, 0, 6ull},
+	{0, 0, efs_b8, 46, 4, 2, 0ull, 7ull, 6ull, 68, "apply: fwjob: illegal step: fw.commit of job j1 in state rolled_back", "canceled", 9, 1000ull, 0, 0, 2ull, 0, 6ull},
 };
 
 static const efs_fwvstep efs_fwv57[] = {
-	{0, 0, efs_b40, 111, 1, 0, 7ull, 1ull, 0, "", "", 1, 0ull, 0, 0, 2ull, 0, 1ull},
-	{0, 0, efs_b41, 570, 1, 0, 7ull, 2ull, 0, "", "", 1, 512ull, 0, 0, 2ull, 0, 2ull},
-	{0, 0, efs_b42, 548, 1, 0, 7ull, 3ull, 0, "", "", 2, 1000ull, 0, 0, 2ull, 0, 3ull},
-	{0, 0, efs_b14, 47, 1, 0, 7ull, 4ull, 0, "", "", 4, 1000ull, 0, 0, 2ull, 0, 4ull},
-	{0, 0, efs_b15, 48, 1, 0, 7ull, 5ull, 0, "", "", 5, 1000ull, 0, 0, 2ull, 0, 5ull},
-	{1, 0, NULL, 0, 0, 0, 0ull, 0ull, 0, "", "health check failed: app did not come up", 9, 1000ull, 0, 0, 2ull, 0, 5ull},
-	{1, 1, NULL, 0, 0, 0, 0ull, 0ull, 0, "", "health check failed: app did not come up", 9, 1000ull, 0, 0, 2ull, 0, 5ull},
-	{0, 0, efs_b52, 111, 1, 0, 7ull, 6ull, 0, "", "", 1, 0ull, 0, 0, 2ull, 0, 6ull},
-	{0, 0, efs_b53, 570, 1, 0, 7ull, 7ull, 0, "", "", 1, 512ull, 0, 0, 2ull, 0, 7ull},
-	{0, 0, efs_b54, 548, 1, 0, 7ull, 8ull, 0, "", "", 2, 1000ull, 0, 0, 2ull, 0, 8ull},
-	{0, 0, efs_b36, 47, 1, 0, 7ull, 9ull, 0, "", "", 4, 1000ull, 0, 0, 2ull, 0, 9ull},
-	{0, 0, efs_b55, 49, 1, 0, 7ull, 10ull, 0, "", "", 5, 1000ull, 0, 0, 2ull, 0, 10ull},
-	{1, 1, NULL, 0, 0, 0, 0ull, 0ull, 0, "", "", 6, 1000ull, 1, 0, 2ull, 1, 10ull},
-	{0, 0, efs_b56, 47, 1, 0, 7ull, 11ull, 0, "", "", 7, 1000ull, 1, 1, 3ull, 0, 11ull},
+	{0, 0, efs_b40, 111, 1, 0, 0ull, 7ull, 1ull, 0, "", "", 1, 0ull, 0, 0, 2ull, 0, 1ull},
+	{0, 0, efs_b41, 570, 1, 0, 0ull, 7ull, 2ull, 0, "", "", 1, 512ull, 0, 0, 2ull, 0, 2ull},
+	{0, 0, efs_b42, 548, 1, 0, 0ull, 7ull, 3ull, 0, "", "", 2, 1000ull, 0, 0, 2ull, 0, 3ull},
+	{0, 0, efs_b14, 47, 1, 0, 0ull, 7ull, 4ull, 0, "", "", 4, 1000ull, 0, 0, 2ull, 0, 4ull},
+	{0, 0, efs_b15, 48, 1, 0, 0ull, 7ull, 5ull, 0, "", "", 5, 1000ull, 0, 0, 2ull, 0, 5ull},
+	{1, 0, NULL, 0, 0, 0, 0ull, 0ull, 0ull, 0, "", "health check failed: app did not come up", 9, 1000ull, 0, 0, 2ull, 0, 5ull},
+	{1, 1, NULL, 0, 0, 0, 0ull, 0ull, 0ull, 0, "", "health check failed: app did not come up", 9, 1000ull, 0, 0, 2ull, 0, 5ull},
+	{0, 0, efs_b52, 111, 1, 0, 0ull, 7ull, 6ull, 0, "", "", 1, 0ull, 0, 0, 2ull, 0, 6ull},
+	{0, 0, efs_b53, 570, 1, 0, 0ull, 7ull, 7ull, 0, "", "", 1, 512ull, 0, 0, 2ull, 0, 7ull},
+	{0, 0, efs_b54, 548, 1, 0, 0ull, 7ull, 8ull, 0, "", "", 2, 1000ull, 0, 0, 2ull, 0, 8ull},
+	{0, 0, efs_b36, 47, 1, 0, 0ull, 7ull, 9ull, 0, "", "", 4, 1000ull, 0, 0, 2ull, 0, 9ull},
+	{0, 0, efs_b55, 49, 1, 0, 0ull, 7ull, 10ull, 0, "", "", 5, 1000ull, 0, 0, 2ull, 0, 10ull},
+	{1, 1, NULL, 0, 0, 0, 0ull, 0ull, 0ull, 0, "", "", 6, 1000ull, 1, 0, 2ull, 1, 10ull},
+	{0, 0, efs_b56, 47, 1, 0, 0ull, 7ull, 11ull, 0, "", "", 7, 1000ull, 1, 1, 3ull, 0, 11ull},
 };
 
 static const efs_fwvstep efs_fwv73[] = {
-	{0, 0, efs_b58, 101, 4, 1, 0ull, 0ull, 65, "check: fwjob: bad command: fw.begin needs size, version and chunk", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
-	{0, 0, efs_b59, 110, 4, 1, 0ull, 0ull, 82, "check: fwjob: bad command: fw.begin: image must be a 32-byte SHA-256, got 31 bytes", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
-	{0, 0, efs_b60, 111, 4, 1, 0ull, 0ull, 62, "check: fwjob: bad command: fw.begin: size 2049 outside 1..2048", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
-	{0, 0, efs_b61, 109, 4, 1, 0ull, 0ull, 61, "check: fwjob: bad command: fw.begin: chunk 0 outside 1..30720", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
-	{0, 0, efs_b62, 110, 4, 1, 0ull, 0ull, 54, "check: fwjob: bad command: fw.begin: unknown field \042x\042", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
-	{0, 0, efs_b63, 52, 4, 1, 0ull, 0ull, 45, "check: fwjob: bad command: fw.chunk needs off", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
-	{0, 0, efs_b64, 56, 4, 1, 0ull, 0ull, 69, "check: fwjob: bad command: fw.chunk: data of 0 bytes outside 1..30720", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
-	{0, 0, efs_b65, 40, 4, 1, 0ull, 0ull, 38, "check: fwjob: bad command: job missing", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
-	{0, 0, efs_b66, 111, 4, 1, 0ull, 0ull, 90, "check: fwjob: bad command: job id must be 1 to 64 bytes of text without control characters", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
-	{0, 0, efs_b67, 48, 4, 1, 0ull, 0ull, 90, "check: fwjob: bad command: job id must be 1 to 64 bytes of text without control characters", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
-	{0, 0, efs_b68, 46, 4, 1, 0ull, 0ull, 175, "check: fwjob: bad command: fw.install body: fence: invalid envelope: decode body: cbor: cannot unmarshal positive integer into Go struct field fwjob.jobWire.job of type string", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
-	{0, 0, efs_b69, 44, 4, 1, 0ull, 0ull, 206, "check: fwjob: bad command: fw.install body: fence: invalid envelope: decode body: cbor: cannot unmarshal array into Go value of type fwjob.jobWire (cannot decode CBOR array to struct without toarray option)", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
-	{0, 0, efs_b70, 39, 4, 1, 0ull, 0ull, 50, "check: fwjob: bad command: fw.install needs a body", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
-	{0, 0, efs_b71, 47, 4, 1, 0ull, 0ull, 140, "check: fwjob: bad command: unknown kind \042fw.reboot\042 (want one of [\042fw.begin\042 \042fw.chunk\042 \042fw.install\042 \042fw.activate\042 \042fw.commit\042 \042fw.cancel\042])", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
-	{0, 0, efs_b72, 44, 4, 1, 0ull, 0ull, 134, "check: fwjob: bad command: unknown kind \042set\042 (want one of [\042fw.begin\042 \042fw.chunk\042 \042fw.install\042 \042fw.activate\042 \042fw.commit\042 \042fw.cancel\042])", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
+	{0, 0, efs_b58, 101, 4, 1, 0ull, 0ull, 0ull, 65, "check: fwjob: bad command: fw.begin needs size, version and chunk", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
+	{0, 0, efs_b59, 110, 4, 1, 0ull, 0ull, 0ull, 82, "check: fwjob: bad command: fw.begin: image must be a 32-byte SHA-256, got 31 bytes", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
+	{0, 0, efs_b60, 111, 4, 1, 0ull, 0ull, 0ull, 62, "check: fwjob: bad command: fw.begin: size 2049 outside 1..2048", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
+	{0, 0, efs_b61, 109, 4, 1, 0ull, 0ull, 0ull, 61, "check: fwjob: bad command: fw.begin: chunk 0 outside 1..30720", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
+	{0, 0, efs_b62, 110, 4, 1, 0ull, 0ull, 0ull, 54, "check: fwjob: bad command: fw.begin: unknown field \042x\042", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
+	{0, 0, efs_b63, 52, 4, 1, 0ull, 0ull, 0ull, 45, "check: fwjob: bad command: fw.chunk needs off", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
+	{0, 0, efs_b64, 56, 4, 1, 0ull, 0ull, 0ull, 69, "check: fwjob: bad command: fw.chunk: data of 0 bytes outside 1..30720", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
+	{0, 0, efs_b65, 40, 4, 1, 0ull, 0ull, 0ull, 38, "check: fwjob: bad command: job missing", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
+	{0, 0, efs_b66, 111, 4, 1, 0ull, 0ull, 0ull, 90, "check: fwjob: bad command: job id must be 1 to 64 bytes of text without control characters", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
+	{0, 0, efs_b67, 48, 4, 1, 0ull, 0ull, 0ull, 90, "check: fwjob: bad command: job id must be 1 to 64 bytes of text without control characters", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
+	{0, 0, efs_b68, 46, 4, 1, 0ull, 0ull, 0ull, 175, "check: fwjob: bad command: fw.install body: fence: invalid envelope: decode body: cbor: cannot unmarshal positive integer into Go struct field fwjob.jobWire.job of type string", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
+	{0, 0, efs_b69, 44, 4, 1, 0ull, 0ull, 0ull, 206, "check: fwjob: bad command: fw.install body: fence: invalid envelope: decode body: cbor: cannot unmarshal array into Go value of type fwjob.jobWire (cannot decode CBOR array to struct without toarray option)", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
+	{0, 0, efs_b70, 39, 4, 1, 0ull, 0ull, 0ull, 50, "check: fwjob: bad command: fw.install needs a body", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
+	{0, 0, efs_b71, 47, 4, 1, 0ull, 0ull, 0ull, 140, "check: fwjob: bad command: unknown kind \042fw.reboot\042 (want one of [\042fw.begin\042 \042fw.chunk\042 \042fw.install\042 \042fw.activate\042 \042fw.commit\042 \042fw.cancel\042])", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
+	{0, 0, efs_b72, 44, 4, 1, 0ull, 0ull, 0ull, 134, "check: fwjob: bad command: unknown kind \042set\042 (want one of [\042fw.begin\042 \042fw.chunk\042 \042fw.install\042 \042fw.activate\042 \042fw.commit\042 \042fw.cancel\042])", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
 };
 
 static const efs_fwvstep efs_fwv98[] = {
-	{0, 0, efs_b40, 111, 4, 5, 0ull, 0ull, 126, "check: fwjob: image manifest refused: fw.begin of job j1: manifest: none: this device installs only images the operator signed", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
-	{0, 0, efs_b74, 188, 4, 5, 0ull, 0ull, 158, "check: fwjob: image manifest refused: fw.begin of job j1: manifest: fence: invalid envelope: auth: not a signed envelope: want COSE_Sign1 (tag 18, array of 4)", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
-	{0, 0, efs_b75, 308, 4, 5, 0ull, 0ull, 182, "check: fwjob: image manifest refused: fw.begin of job j1: manifest: fence: invalid envelope: auth: unknown signer key: manifest signed by 67772d78, not the operator root 726f6f742d31", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
-	{0, 0, efs_b76, 310, 4, 5, 0ull, 0ull, 122, "check: fwjob: image manifest refused: fw.begin of job j1: manifest: fence: invalid envelope: auth: bad signature: manifest", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
-	{0, 0, efs_b77, 312, 4, 5, 0ull, 0ull, 190, "check: fwjob: image manifest refused: fw.begin of job j1: manifest: fence: invalid envelope: auth: unknown signer key: manifest signed by 66772d312d646576, not the operator root 726f6f742d31", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
-	{0, 0, efs_b78, 311, 4, 5, 0ull, 0ull, 152, "check: fwjob: image manifest refused: fw.begin of job j1: manifest: fence: invalid envelope: auth: algorithm not accepted: alg ES384 (<nil>): want ES256", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
-	{0, 0, efs_b79, 308, 4, 5, 0ull, 0ull, 169, "check: fwjob: image manifest refused: fw.begin of job j1: manifest: fence: invalid envelope: auth: algorithm not accepted: alg Reserved (algorithm not found): want ES256", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
-	{0, 0, efs_b80, 306, 4, 5, 0ull, 0ull, 229, "check: fwjob: image manifest refused: fw.begin of job j1: manifest: fence: invalid envelope: auth: malformed signed envelope: statement of content type \042application/edgefence-cert+cbor\042, want \042application/edgefence-manifest+cbor\042", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
-	{0, 0, efs_b81, 310, 4, 5, 0ull, 0ull, 122, "check: fwjob: image manifest refused: fw.begin of job j1: manifest: fence: invalid envelope: auth: bad signature: manifest", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
-	{0, 0, efs_b82, 311, 4, 5, 0ull, 0ull, 122, "check: fwjob: image manifest refused: fw.begin of job j1: manifest: fence: invalid envelope: auth: bad signature: manifest", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
-	{0, 0, efs_b83, 312, 4, 5, 0ull, 0ull, 151, "check: fwjob: image manifest refused: fw.begin of job j1: manifest: fence: invalid envelope: auth: malformed signed envelope: 1 bytes after the message", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
-	{0, 0, efs_b84, 1336, 4, 1, 0ull, 0ull, 71, "check: fwjob: bad command: fw.begin: manifest of 1212 bytes, limit 1024", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
-	{0, 0, efs_b85, 311, 4, 5, 0ull, 0ull, 256, "check: fwjob: image manifest refused: fw.begin of job j1: manifest: signed for image 210277cb6266afe7c6cc4227ff3e9efc818f55234a7d7fbf033ab602440f2437, 1000 bytes, version 3; fw.begin names cb8363bdd091567fe1b2fb983e881bc3ca09a5bf4ad5ba15a7ff88c712cce9b6, 1", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
-	{0, 0, efs_b86, 311, 4, 5, 0ull, 0ull, 256, "check: fwjob: image manifest refused: fw.begin of job j1: manifest: signed for image cb8363bdd091567fe1b2fb983e881bc3ca09a5bf4ad5ba15a7ff88c712cce9b6, 1001 bytes, version 3; fw.begin names cb8363bdd091567fe1b2fb983e881bc3ca09a5bf4ad5ba15a7ff88c712cce9b6, 1", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
-	{0, 0, efs_b87, 311, 4, 5, 0ull, 0ull, 256, "check: fwjob: image manifest refused: fw.begin of job j1: manifest: signed for image cb8363bdd091567fe1b2fb983e881bc3ca09a5bf4ad5ba15a7ff88c712cce9b6, 1000 bytes, version 4; fw.begin names cb8363bdd091567fe1b2fb983e881bc3ca09a5bf4ad5ba15a7ff88c712cce9b6, 1", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
-	{0, 0, efs_b88, 309, 4, 5, 0ull, 0ull, 142, "check: fwjob: image manifest refused: fw.begin of job j1: manifest: fence: invalid envelope: auth: malformed signed envelope: manifest: size 0", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
-	{0, 0, efs_b89, 310, 4, 5, 0ull, 0ull, 170, "check: fwjob: image manifest refused: fw.begin of job j1: manifest: fence: invalid envelope: auth: malformed signed envelope: manifest: image SHA-256 of 31 bytes, want 32", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
-	{0, 0, efs_b90, 311, 1, 0, 7ull, 18ull, 0, "", "", 1, 0ull, 0, 0, 2ull, 0, 18ull},
-	{0, 0, efs_b91, 571, 1, 0, 7ull, 19ull, 0, "", "", 1, 512ull, 0, 0, 2ull, 0, 19ull},
-	{0, 0, efs_b92, 549, 1, 0, 7ull, 20ull, 0, "", "", 2, 1000ull, 0, 0, 2ull, 0, 20ull},
-	{0, 0, efs_b93, 48, 1, 0, 7ull, 21ull, 0, "", "", 4, 1000ull, 0, 0, 2ull, 0, 21ull},
-	{0, 0, efs_b94, 49, 1, 0, 7ull, 22ull, 0, "", "", 5, 1000ull, 0, 0, 2ull, 0, 22ull},
-	{1, 1, NULL, 0, 0, 0, 0ull, 0ull, 0, "", "", 6, 1000ull, 1, 0, 2ull, 1, 22ull},
-	{0, 0, efs_b95, 47, 1, 0, 7ull, 23ull, 0, "", "", 7, 1000ull, 1, 1, 3ull, 0, 23ull},
-	{0, 0, efs_b96, 310, 3, 0, 7ull, 23ull, 38, "token 5 below the high-water mark 7/23", "", 7, 1000ull, 1, 1, 3ull, 0, 23ull},
-	{0, 0, efs_b97, 310, 4, 5, 7ull, 23ull, 122, "check: fwjob: image manifest refused: fw.begin of job j2: manifest: fence: invalid envelope: auth: bad signature: manifest", "", 7, 1000ull, 1, 1, 3ull, 0, 23ull},
+	{0, 0, efs_b40, 111, 4, 5, 0ull, 0ull, 0ull, 126, "check: fwjob: image manifest refused: fw.begin of job j1: manifest: none: this device installs only images the operator signed", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
+	{0, 0, efs_b74, 188, 4, 5, 0ull, 0ull, 0ull, 158, "check: fwjob: image manifest refused: fw.begin of job j1: manifest: fence: invalid envelope: auth: not a signed envelope: want COSE_Sign1 (tag 18, array of 4)", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
+	{0, 0, efs_b75, 308, 4, 5, 0ull, 0ull, 0ull, 182, "check: fwjob: image manifest refused: fw.begin of job j1: manifest: fence: invalid envelope: auth: unknown signer key: manifest signed by 67772d78, not the operator root 726f6f742d31", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
+	{0, 0, efs_b76, 310, 4, 5, 0ull, 0ull, 0ull, 122, "check: fwjob: image manifest refused: fw.begin of job j1: manifest: fence: invalid envelope: auth: bad signature: manifest", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
+	{0, 0, efs_b77, 312, 4, 5, 0ull, 0ull, 0ull, 190, "check: fwjob: image manifest refused: fw.begin of job j1: manifest: fence: invalid envelope: auth: unknown signer key: manifest signed by 66772d312d646576, not the operator root 726f6f742d31", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
+	{0, 0, efs_b78, 311, 4, 5, 0ull, 0ull, 0ull, 152, "check: fwjob: image manifest refused: fw.begin of job j1: manifest: fence: invalid envelope: auth: algorithm not accepted: alg ES384 (<nil>): want ES256", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
+	{0, 0, efs_b79, 308, 4, 5, 0ull, 0ull, 0ull, 169, "check: fwjob: image manifest refused: fw.begin of job j1: manifest: fence: invalid envelope: auth: algorithm not accepted: alg Reserved (algorithm not found): want ES256", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
+	{0, 0, efs_b80, 306, 4, 5, 0ull, 0ull, 0ull, 229, "check: fwjob: image manifest refused: fw.begin of job j1: manifest: fence: invalid envelope: auth: malformed signed envelope: statement of content type \042application/edgefence-cert+cbor\042, want \042application/edgefence-manifest+cbor\042", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
+	{0, 0, efs_b81, 310, 4, 5, 0ull, 0ull, 0ull, 122, "check: fwjob: image manifest refused: fw.begin of job j1: manifest: fence: invalid envelope: auth: bad signature: manifest", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
+	{0, 0, efs_b82, 311, 4, 5, 0ull, 0ull, 0ull, 122, "check: fwjob: image manifest refused: fw.begin of job j1: manifest: fence: invalid envelope: auth: bad signature: manifest", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
+	{0, 0, efs_b83, 312, 4, 5, 0ull, 0ull, 0ull, 151, "check: fwjob: image manifest refused: fw.begin of job j1: manifest: fence: invalid envelope: auth: malformed signed envelope: 1 bytes after the message", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
+	{0, 0, efs_b84, 1336, 4, 1, 0ull, 0ull, 0ull, 71, "check: fwjob: bad command: fw.begin: manifest of 1212 bytes, limit 1024", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
+	{0, 0, efs_b85, 311, 4, 5, 0ull, 0ull, 0ull, 256, "check: fwjob: image manifest refused: fw.begin of job j1: manifest: signed for image 210277cb6266afe7c6cc4227ff3e9efc818f55234a7d7fbf033ab602440f2437, 1000 bytes, version 3; fw.begin names cb8363bdd091567fe1b2fb983e881bc3ca09a5bf4ad5ba15a7ff88c712cce9b6, 1", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
+	{0, 0, efs_b86, 311, 4, 5, 0ull, 0ull, 0ull, 256, "check: fwjob: image manifest refused: fw.begin of job j1: manifest: signed for image cb8363bdd091567fe1b2fb983e881bc3ca09a5bf4ad5ba15a7ff88c712cce9b6, 1001 bytes, version 3; fw.begin names cb8363bdd091567fe1b2fb983e881bc3ca09a5bf4ad5ba15a7ff88c712cce9b6, 1", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
+	{0, 0, efs_b87, 311, 4, 5, 0ull, 0ull, 0ull, 256, "check: fwjob: image manifest refused: fw.begin of job j1: manifest: signed for image cb8363bdd091567fe1b2fb983e881bc3ca09a5bf4ad5ba15a7ff88c712cce9b6, 1000 bytes, version 4; fw.begin names cb8363bdd091567fe1b2fb983e881bc3ca09a5bf4ad5ba15a7ff88c712cce9b6, 1", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
+	{0, 0, efs_b88, 309, 4, 5, 0ull, 0ull, 0ull, 142, "check: fwjob: image manifest refused: fw.begin of job j1: manifest: fence: invalid envelope: auth: malformed signed envelope: manifest: size 0", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
+	{0, 0, efs_b89, 310, 4, 5, 0ull, 0ull, 0ull, 170, "check: fwjob: image manifest refused: fw.begin of job j1: manifest: fence: invalid envelope: auth: malformed signed envelope: manifest: image SHA-256 of 31 bytes, want 32", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
+	{0, 0, efs_b90, 311, 1, 0, 0ull, 7ull, 18ull, 0, "", "", 1, 0ull, 0, 0, 2ull, 0, 18ull},
+	{0, 0, efs_b91, 571, 1, 0, 0ull, 7ull, 19ull, 0, "", "", 1, 512ull, 0, 0, 2ull, 0, 19ull},
+	{0, 0, efs_b92, 549, 1, 0, 0ull, 7ull, 20ull, 0, "", "", 2, 1000ull, 0, 0, 2ull, 0, 20ull},
+	{0, 0, efs_b93, 48, 1, 0, 0ull, 7ull, 21ull, 0, "", "", 4, 1000ull, 0, 0, 2ull, 0, 21ull},
+	{0, 0, efs_b94, 49, 1, 0, 0ull, 7ull, 22ull, 0, "", "", 5, 1000ull, 0, 0, 2ull, 0, 22ull},
+	{1, 1, NULL, 0, 0, 0, 0ull, 0ull, 0ull, 0, "", "", 6, 1000ull, 1, 0, 2ull, 1, 22ull},
+	{0, 0, efs_b95, 47, 1, 0, 0ull, 7ull, 23ull, 0, "", "", 7, 1000ull, 1, 1, 3ull, 0, 23ull},
+	{0, 0, efs_b96, 310, 3, 0, 0ull, 7ull, 23ull, 38, "token 5 below the high-water mark 7/23", "", 7, 1000ull, 1, 1, 3ull, 0, 23ull},
+	{0, 0, efs_b97, 310, 4, 5, 0ull, 7ull, 23ull, 122, "check: fwjob: image manifest refused: fw.begin of job j2: manifest: fence: invalid envelope: auth: bad signature: manifest", "", 7, 1000ull, 1, 1, 3ull, 0, 23ull},
 };
 
 static const efs_fwvstep efs_fwv104[] = {
-	{0, 0, efs_b99, 40, 1, 0, 7ull, 1ull, 0, "", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
-	{0, 0, efs_b100, 37, 4, 0, 7ull, 1ull, 34, "check: app: unknown kind app.other", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
-	{0, 0, efs_b101, 46, 4, 1, 7ull, 1ull, 140, "check: fwjob: bad command: unknown kind \042fw.reboot\042 (want one of [\042fw.begin\042 \042fw.chunk\042 \042fw.install\042 \042fw.activate\042 \042fw.commit\042 \042fw.cancel\042])", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
-	{0, 0, efs_b76, 310, 1, 0, 7ull, 4ull, 0, "", "", 1, 0ull, 0, 0, 2ull, 0, 4ull},
-	{0, 0, efs_b102, 40, 1, 0, 7ull, 5ull, 0, "", "", 1, 0ull, 0, 0, 2ull, 0, 4ull},
-	{0, 0, efs_b48, 46, 1, 0, 7ull, 6ull, 0, "", "canceled", 8, 0ull, 0, 0, 2ull, 0, 6ull},
-	{0, 0, efs_b102, 40, 2, 0, 7ull, 6ull, 34, "already applied: 7/5 not above 7/6", "canceled", 8, 0ull, 0, 0, 2ull, 0, 6ull},
-	{0, 0, efs_b103, 35, 3, 0, 7ull, 6ull, 37, "token 5 below the high-water mark 7/6", "canceled", 8, 0ull, 0, 0, 2ull, 0, 6ull},
+	{0, 0, efs_b99, 40, 1, 0, 0ull, 7ull, 1ull, 0, "", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
+	{0, 0, efs_b100, 37, 4, 0, 0ull, 7ull, 1ull, 34, "check: app: unknown kind app.other", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
+	{0, 0, efs_b101, 46, 4, 1, 0ull, 7ull, 1ull, 140, "check: fwjob: bad command: unknown kind \042fw.reboot\042 (want one of [\042fw.begin\042 \042fw.chunk\042 \042fw.install\042 \042fw.activate\042 \042fw.commit\042 \042fw.cancel\042])", "", 0, 0ull, 0, 0, 2ull, 0, 0ull},
+	{0, 0, efs_b76, 310, 1, 0, 0ull, 7ull, 4ull, 0, "", "", 1, 0ull, 0, 0, 2ull, 0, 4ull},
+	{0, 0, efs_b102, 40, 1, 0, 0ull, 7ull, 5ull, 0, "", "", 1, 0ull, 0, 0, 2ull, 0, 4ull},
+	{0, 0, efs_b48, 46, 1, 0, 0ull, 7ull, 6ull, 0, "", "canceled", 8, 0ull, 0, 0, 2ull, 0, 6ull},
+	{0, 0, efs_b102, 40, 2, 0, 0ull, 7ull, 6ull, 34, "already applied: 7/5 not above 7/6", "canceled", 8, 0ull, 0, 0, 2ull, 0, 6ull},
+	{0, 0, efs_b103, 35, 3, 0, 0ull, 7ull, 6ull, 37, "token 5 below the high-water mark 7/6", "canceled", 8, 0ull, 0, 0, 2ull, 0, 6ull},
 };
 
-static const efs_fwvstep efs_fwv116[] = {
-	{0, 0, efs_b105, 310, 1, 0, 7ull, 1ull, 0, "", "", 1, 0ull, 0, 0, 2ull, 0, 1ull},
-	{0, 0, efs_b41, 570, 1, 0, 7ull, 2ull, 0, "", "", 1, 512ull, 0, 0, 2ull, 0, 2ull},
-	{0, 0, efs_b106, 153, 1, 0, 2ull, 1ull, 18, "fence reset to 2/1", "", 1, 512ull, 0, 0, 2ull, 0, 2ull},
-	{1, 1, NULL, 0, 0, 0, 0ull, 0ull, 0, "", "", 1, 512ull, 0, 0, 2ull, 0, 2ull},
-	{0, 0, efs_b107, 548, 1, 0, 3ull, 1ull, 0, "", "", 2, 1000ull, 0, 0, 2ull, 0, 1ull},
-	{0, 0, efs_b108, 47, 1, 0, 3ull, 2ull, 0, "", "", 4, 1000ull, 0, 0, 2ull, 0, 2ull},
-	{0, 0, efs_b109, 48, 1, 0, 3ull, 3ull, 0, "", "", 5, 1000ull, 0, 0, 2ull, 0, 3ull},
-	{1, 1, NULL, 0, 0, 0, 0ull, 0ull, 0, "", "", 6, 1000ull, 1, 0, 2ull, 1, 3ull},
-	{0, 0, efs_b110, 46, 1, 0, 3ull, 4ull, 0, "", "", 7, 1000ull, 1, 1, 3ull, 0, 4ull},
-	{0, 0, efs_b106, 153, 4, 0, 3ull, 4ull, 126, "fence: invalid envelope: fence: reset counter not above the last reset's (replay): counter 1, the last reset (reset:fw1) had 1", "", 7, 1000ull, 1, 1, 3ull, 0, 4ull},
-	{0, 0, efs_b111, 153, 4, 0, 3ull, 4ull, 69, "fence: invalid envelope: auth: bad signature: reset reset:fw5 of fw-1", "", 7, 1000ull, 1, 1, 3ull, 0, 4ull},
-	{0, 0, efs_b112, 153, 4, 0, 3ull, 4ull, 106, "fence: invalid envelope: auth: reset for another device: reset reset:fw5 names \042fw-2\042, addressed to \042fw-1\042", "", 7, 1000ull, 1, 1, 3ull, 0, 4ull},
-	{0, 0, efs_b113, 154, 1, 0, 50ull, 1ull, 19, "fence reset to 50/1", "", 7, 1000ull, 1, 1, 3ull, 0, 4ull},
-	{1, 1, NULL, 0, 0, 0, 0ull, 0ull, 0, "", "", 7, 1000ull, 1, 1, 3ull, 0, 4ull},
-	{0, 0, efs_b114, 46, 3, 0, 50ull, 1ull, 38, "token 7 below the high-water mark 50/1", "", 7, 1000ull, 1, 1, 3ull, 0, 4ull},
-	{0, 0, efs_b115, 49, 4, 2, 50ull, 1ull, 66, "apply: fwjob: illegal step: fw.cancel of job j1 in state committed", "", 7, 1000ull, 1, 1, 3ull, 0, 4ull},
+static const efs_fwvstep efs_fwv119[] = {
+	{0, 0, efs_b105, 310, 1, 0, 0ull, 7ull, 1ull, 0, "", "", 1, 0ull, 0, 0, 2ull, 0, 1ull},
+	{0, 0, efs_b41, 570, 1, 0, 0ull, 7ull, 2ull, 0, "", "", 1, 512ull, 0, 0, 2ull, 0, 2ull},
+	{0, 0, efs_b106, 155, 1, 0, 1ull, 2ull, 1ull, 18, "fence reset to 2/1", "", 1, 512ull, 0, 0, 2ull, 0, 2ull},
+	{1, 1, NULL, 0, 0, 0, 0ull, 0ull, 0ull, 0, "", "", 1, 512ull, 0, 0, 2ull, 0, 2ull},
+	{0, 0, efs_b41, 570, 3, 0, 1ull, 2ull, 1ull, 45, "epoch 0 closed: the fence point is at epoch 1", "", 1, 512ull, 0, 0, 2ull, 0, 2ull},
+	{0, 0, efs_b42, 548, 3, 0, 1ull, 2ull, 1ull, 45, "epoch 0 closed: the fence point is at epoch 1", "", 1, 512ull, 0, 0, 2ull, 0, 2ull},
+	{0, 0, efs_b107, 550, 1, 0, 1ull, 3ull, 1ull, 0, "", "", 2, 1000ull, 0, 0, 2ull, 0, 1ull},
+	{0, 0, efs_b108, 49, 1, 0, 1ull, 3ull, 2ull, 0, "", "", 4, 1000ull, 0, 0, 2ull, 0, 2ull},
+	{0, 0, efs_b109, 50, 1, 0, 1ull, 3ull, 3ull, 0, "", "", 5, 1000ull, 0, 0, 2ull, 0, 3ull},
+	{1, 1, NULL, 0, 0, 0, 0ull, 0ull, 0ull, 0, "", "", 6, 1000ull, 1, 0, 2ull, 1, 3ull},
+	{0, 0, efs_b110, 48, 1, 0, 1ull, 3ull, 4ull, 0, "", "", 7, 1000ull, 1, 1, 3ull, 0, 4ull},
+	{0, 0, efs_b106, 155, 4, 0, 1ull, 3ull, 4ull, 126, "fence: invalid envelope: fence: reset counter not above the last reset's (replay): counter 1, the last reset (reset:fw1) had 1", "", 7, 1000ull, 1, 1, 3ull, 0, 4ull},
+	{0, 0, efs_b111, 155, 4, 0, 1ull, 3ull, 4ull, 69, "fence: invalid envelope: auth: bad signature: reset reset:fw5 of fw-1", "", 7, 1000ull, 1, 1, 3ull, 0, 4ull},
+	{0, 0, efs_b112, 155, 4, 0, 1ull, 3ull, 4ull, 106, "fence: invalid envelope: auth: reset for another device: reset reset:fw5 names \042fw-2\042, addressed to \042fw-1\042", "", 7, 1000ull, 1, 1, 3ull, 0, 4ull},
+	{0, 0, efs_b113, 155, 4, 0, 1ull, 3ull, 4ull, 116, "fence: invalid envelope: fence: reset counter not above the last reset's (replay): epoch 1, the device is at epoch 1", "", 7, 1000ull, 1, 1, 3ull, 0, 4ull},
+	{0, 0, efs_b114, 156, 1, 0, 2ull, 50ull, 1ull, 19, "fence reset to 50/1", "", 7, 1000ull, 1, 1, 3ull, 0, 4ull},
+	{1, 1, NULL, 0, 0, 0, 0ull, 0ull, 0ull, 0, "", "", 7, 1000ull, 1, 1, 3ull, 0, 4ull},
+	{0, 0, efs_b115, 46, 3, 0, 2ull, 50ull, 1ull, 45, "epoch 0 closed: the fence point is at epoch 2", "", 7, 1000ull, 1, 1, 3ull, 0, 4ull},
+	{0, 0, efs_b116, 48, 3, 0, 2ull, 50ull, 1ull, 45, "epoch 1 closed: the fence point is at epoch 2", "", 7, 1000ull, 1, 1, 3ull, 0, 4ull},
+	{0, 0, efs_b117, 51, 4, 0, 2ull, 50ull, 1ull, 46, "unknown epoch 3: the fence point is at epoch 2", "", 7, 1000ull, 1, 1, 3ull, 0, 4ull},
+	{0, 0, efs_b118, 51, 4, 2, 2ull, 50ull, 1ull, 66, "apply: fwjob: illegal step: fw.cancel of job j1 in state committed", "", 7, 1000ull, 1, 1, 3ull, 0, 4ull},
 };
 
 static const efs_fwvscenario efs_fwvscenarios[] = {
@@ -438,7 +446,7 @@ static const efs_fwvscenario efs_fwvscenarios[] = {
 	{"bad bodies", efs_fwv73, 15, 0, 0},
 	{"signed manifests: the forgeries refused, the valid one installed", efs_fwv98, 26, 1, 0},
 	{"the application beside the firmware (Config.Other)", efs_fwv104, 8, 0, 1},
-	{"the operator's resets: mid-job, a reboot, after commit, replayed", efs_fwv116, 16, 1, 0},
+	{"the operator's resets: mid-job, a reboot, after commit, replayed", efs_fwv119, 21, 1, 0},
 };
 #define EFS_FWVSCENARIOS_N 13
 
@@ -454,10 +462,11 @@ static const efs_fwvdigest efs_fwv_root_verified[] = {
 	{{0x91, 0x1a, 0xc3, 0xd6, 0xf6, 0x81, 0xd6, 0x35, 0x93, 0x01, 0xbe, 0xbd, 0x26, 0x2d, 0x30, 0xf5, 0x41, 0x2f, 0x15, 0xc7, 0x61, 0xcd, 0x16, 0xa8, 0x19, 0x03, 0xf7, 0xcd, 0x7d, 0xd8, 0x53, 0xe7}, {0x8a, 0x6c, 0x8d, 0xcc, 0x43, 0xf9, 0x35, 0x5e, 0x53, 0xee, 0x50, 0x22, 0x14, 0x85, 0xdb, 0x03, 0x09, 0xfd, 0x4c, 0xfe, 0xf4, 0x7d, 0x3d, 0xc4, 0x76, 0xab, 0x2e, 0xcb, 0xa9, 0xa2, 0x81, 0xd2, 0x2f, 0xa6, 0x19, 0x69, 0x37, 0xb7, 0x2d, 0xab, 0x75, 0x35, 0x52, 0xcf, 0x2c, 0x2b, 0x4f, 0xfe, 0x6f, 0x34, 0x7a, 0x19, 0xf7, 0x24, 0x27, 0xf3, 0x7f, 0xf1, 0x01, 0xd6, 0x16, 0xff, 0xdd, 0xad}},
 	{{0xec, 0xed, 0xea, 0x1a, 0x07, 0x58, 0x25, 0xde, 0x5e, 0xab, 0xb8, 0xdf, 0xa7, 0x10, 0x66, 0x36, 0x13, 0x27, 0xc8, 0x81, 0x0a, 0x5d, 0x7e, 0xed, 0x83, 0x5f, 0xd4, 0xe8, 0x6f, 0x10, 0xb7, 0x22}, {0xc8, 0x4c, 0x1e, 0x94, 0x61, 0x59, 0xa9, 0x2f, 0x6a, 0x94, 0xb4, 0x7a, 0x1d, 0x55, 0xa9, 0xfc, 0xbb, 0x02, 0x97, 0xf8, 0x3e, 0x96, 0x96, 0xda, 0x94, 0xcf, 0x43, 0x4f, 0xbf, 0xf2, 0xcf, 0xb5, 0x62, 0xcd, 0x54, 0x4a, 0x14, 0xe0, 0x41, 0x91, 0x93, 0x6b, 0x87, 0xed, 0xcd, 0x86, 0x98, 0x5d, 0x96, 0x1b, 0xde, 0x1c, 0xd7, 0xcd, 0x66, 0xa2, 0xee, 0xcf, 0x30, 0x34, 0xe2, 0xce, 0xb1, 0x44}},
 	{{0x2f, 0x72, 0x49, 0x7f, 0x1a, 0x9a, 0xb9, 0xeb, 0xbf, 0x31, 0x68, 0x72, 0xfb, 0x71, 0xdd, 0x7e, 0x71, 0x91, 0x08, 0x88, 0xfa, 0xf6, 0x8d, 0xe4, 0xda, 0xb6, 0xbb, 0xee, 0x09, 0x44, 0xad, 0xe3}, {0xba, 0x2d, 0x14, 0x58, 0xd6, 0x46, 0xfe, 0x9e, 0xd6, 0x58, 0x26, 0x29, 0x37, 0x4c, 0x0c, 0xb6, 0xf3, 0x15, 0x56, 0xdd, 0x01, 0x09, 0xb9, 0x1e, 0xee, 0xa2, 0xce, 0xa4, 0xf9, 0xb0, 0x0d, 0xfa, 0x49, 0x2d, 0xdb, 0x36, 0xee, 0xda, 0x4c, 0x17, 0x7a, 0x03, 0x99, 0x75, 0x7a, 0xae, 0x55, 0xad, 0xf0, 0x3b, 0xbd, 0x61, 0x19, 0x5f, 0x39, 0xc6, 0x79, 0xd9, 0xdd, 0xd0, 0x45, 0x54, 0xf4, 0x48}},
-	{{0xc7, 0x67, 0x59, 0xbc, 0x22, 0x97, 0xee, 0x31, 0xf5, 0xa0, 0x69, 0x28, 0x03, 0xac, 0xdd, 0x33, 0x26, 0x6d, 0xc4, 0x90, 0xe2, 0x49, 0x04, 0x18, 0x07, 0xdb, 0x0d, 0x66, 0xb3, 0x50, 0x8c, 0xeb}, {0x16, 0x02, 0x93, 0x71, 0xb6, 0xd8, 0x4c, 0x17, 0x82, 0x62, 0xab, 0xba, 0xba, 0xc7, 0x94, 0x49, 0x8c, 0x75, 0xd5, 0x85, 0x37, 0xea, 0x0c, 0xca, 0xe2, 0xcd, 0xa0, 0xe7, 0x20, 0xa8, 0xb0, 0x45, 0x8f, 0xeb, 0x29, 0x18, 0x3e, 0xad, 0xe0, 0x47, 0x9d, 0xb4, 0x15, 0xff, 0xcd, 0x2e, 0x96, 0xb0, 0xe0, 0xe2, 0x3a, 0xbc, 0xfa, 0x64, 0x5d, 0xd7, 0xdd, 0x20, 0xa4, 0x57, 0xfb, 0x43, 0x52, 0x4f}},
-	{{0x03, 0xbe, 0xff, 0x88, 0x45, 0xf7, 0xa6, 0x42, 0x0c, 0x84, 0xf1, 0xc5, 0xb4, 0xfb, 0x66, 0xee, 0x9b, 0x96, 0xd5, 0x7a, 0x66, 0xc0, 0x69, 0xcd, 0xd3, 0xf6, 0xf9, 0xbd, 0x54, 0x71, 0x5c, 0xa1}, {0x0d, 0x0a, 0x17, 0x9d, 0x25, 0x9f, 0xa8, 0x20, 0xcc, 0xd0, 0x3c, 0xbb, 0x99, 0x2d, 0xe9, 0x48, 0xdb, 0xa5, 0x42, 0x56, 0xdb, 0x37, 0x33, 0xd5, 0xf7, 0x48, 0x7b, 0xe1, 0x84, 0xe2, 0x06, 0xbb, 0x67, 0xa6, 0x87, 0x92, 0x8c, 0x34, 0x8d, 0xb0, 0x55, 0x67, 0x84, 0x79, 0xfe, 0x45, 0x29, 0x12, 0xcb, 0x86, 0xf8, 0x2b, 0xff, 0xb4, 0x47, 0x1f, 0x98, 0xb0, 0x5e, 0x6b, 0x59, 0x9a, 0x1f, 0x32}},
-	{{0x5f, 0x82, 0x40, 0x2f, 0x1b, 0x26, 0x96, 0x64, 0x13, 0xea, 0xeb, 0x88, 0x6b, 0xe6, 0x24, 0x91, 0xd4, 0x95, 0x2e, 0x91, 0x24, 0x66, 0xac, 0x1d, 0x17, 0xe0, 0xb5, 0x71, 0x3e, 0x5f, 0xe0, 0xaa}, {0x37, 0xfb, 0x70, 0x7f, 0x43, 0xb5, 0x01, 0x8b, 0xee, 0xc3, 0xdb, 0x0a, 0x0a, 0xbd, 0xea, 0x5b, 0x35, 0x9d, 0x01, 0xd5, 0x32, 0xf0, 0xc2, 0x73, 0xef, 0x13, 0x63, 0xb3, 0xdb, 0x5c, 0x01, 0xac, 0x52, 0x23, 0xb3, 0x16, 0x53, 0xd5, 0x5e, 0x9a, 0xd2, 0x9d, 0x13, 0x07, 0xa9, 0x4e, 0xd8, 0xdc, 0xe7, 0x8b, 0x88, 0x26, 0x84, 0x96, 0x59, 0x4f, 0x59, 0xd8, 0xea, 0x15, 0xd3, 0x8f, 0xa8, 0xfe}},
+	{{0x87, 0x23, 0xdc, 0x95, 0x65, 0xde, 0x6c, 0xd3, 0xc8, 0x5f, 0x89, 0x14, 0xa3, 0x37, 0xd2, 0xcd, 0x59, 0xd9, 0x47, 0xb1, 0xdb, 0xda, 0xc9, 0x2a, 0x56, 0xcc, 0x9a, 0x01, 0x66, 0xc6, 0x9c, 0xee}, {0x75, 0xd4, 0x15, 0xab, 0x16, 0xab, 0xf4, 0x83, 0x54, 0xc7, 0x17, 0xee, 0xbd, 0xb9, 0x9d, 0x81, 0xe8, 0x29, 0xaa, 0x1a, 0xf0, 0x69, 0x1d, 0x89, 0x1e, 0x29, 0x5a, 0x42, 0xef, 0x79, 0x5e, 0x02, 0x8e, 0x46, 0x9c, 0x14, 0xe2, 0x84, 0x88, 0x14, 0xc5, 0x03, 0xa7, 0x27, 0xf6, 0xb9, 0x0a, 0x34, 0xe9, 0x62, 0xe2, 0x55, 0x21, 0xfe, 0x63, 0xaf, 0x64, 0x0b, 0xac, 0xa4, 0xfa, 0xd5, 0x34, 0x2f}},
+	{{0xff, 0xd5, 0xaf, 0xb1, 0xa0, 0x25, 0xeb, 0x99, 0x8c, 0x0b, 0xed, 0xbe, 0x3a, 0x9c, 0x00, 0x05, 0x1f, 0x65, 0xd7, 0x49, 0x52, 0x1b, 0x5f, 0xb6, 0x24, 0x6b, 0x26, 0xd1, 0x08, 0xd8, 0x4d, 0xe3}, {0xdb, 0x80, 0x73, 0xef, 0x63, 0xfe, 0x74, 0x30, 0x39, 0x1b, 0xf3, 0x55, 0x6a, 0xef, 0xcc, 0x7a, 0xbb, 0xe4, 0x64, 0xc7, 0x2e, 0xcd, 0xd6, 0x4c, 0xec, 0x4a, 0xd2, 0x37, 0x46, 0x19, 0x1d, 0x14, 0x7f, 0xd0, 0x5d, 0x7a, 0x82, 0xd5, 0x24, 0xaa, 0x7b, 0x62, 0xf9, 0x91, 0xda, 0x4a, 0xea, 0xc0, 0x1f, 0x8e, 0x01, 0x42, 0x50, 0x50, 0x8b, 0x3a, 0x19, 0x11, 0xea, 0xa2, 0xcf, 0x06, 0xf3, 0x23}},
+	{{0x27, 0x69, 0x18, 0x6e, 0xc5, 0xf7, 0x85, 0xdc, 0xb5, 0x82, 0x11, 0x44, 0xd8, 0x3a, 0x6b, 0x80, 0x39, 0x25, 0x1e, 0xb8, 0xe5, 0xa2, 0xa7, 0xa0, 0x3f, 0xcf, 0x66, 0xe8, 0x38, 0x6c, 0x46, 0xa1}, {0xb7, 0x6f, 0x5b, 0xcf, 0xf7, 0x69, 0xdb, 0xd5, 0x89, 0xea, 0xb9, 0x01, 0x1c, 0xa1, 0xe0, 0xb8, 0x02, 0x6a, 0x67, 0xf2, 0xff, 0xbc, 0x65, 0xb6, 0x6a, 0x03, 0x75, 0xc0, 0x24, 0x6b, 0xc2, 0xcd, 0x61, 0x33, 0x8c, 0x64, 0x53, 0x21, 0x70, 0x7c, 0x6b, 0xbb, 0xaa, 0x4d, 0x88, 0x43, 0x38, 0x6f, 0xab, 0x07, 0xc4, 0x00, 0xcb, 0x0b, 0xe6, 0x5a, 0x50, 0xd5, 0x3b, 0x37, 0x55, 0x23, 0x44, 0x0b}},
+	{{0x53, 0xa0, 0xb7, 0x1b, 0x02, 0x2a, 0x7e, 0xae, 0x94, 0x97, 0x26, 0x81, 0x73, 0x42, 0x9a, 0xa5, 0x68, 0x49, 0x36, 0xb9, 0xfe, 0x96, 0x3b, 0x95, 0x49, 0x1d, 0xd1, 0x91, 0x73, 0xb1, 0x84, 0x9e}, {0x5c, 0xd5, 0x7d, 0xd3, 0x35, 0xbc, 0x69, 0xe3, 0x23, 0x13, 0x5d, 0x3b, 0xb0, 0x79, 0xca, 0x5b, 0xbf, 0x6a, 0x33, 0xdf, 0x84, 0xfb, 0x4b, 0x4b, 0x44, 0xa0, 0x7b, 0x38, 0x03, 0x06, 0xb5, 0xc6, 0xbe, 0x0d, 0x3a, 0x95, 0x16, 0xa9, 0xbf, 0xf8, 0xc5, 0x76, 0xfd, 0x18, 0xd5, 0x97, 0xb2, 0xb1, 0x08, 0xf9, 0xf4, 0x57, 0xef, 0x31, 0xbe, 0xcd, 0xf2, 0x52, 0x2a, 0x65, 0x92, 0xd1, 0xee, 0x13}},
 };
-#define EFS_FWV_ROOT_VERIFIED_N 12
+#define EFS_FWV_ROOT_VERIFIED_N 13
 
 #endif

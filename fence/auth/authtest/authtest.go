@@ -105,3 +105,23 @@ func (o *Operator) Manifest(m auth.Manifest) []byte {
 	}
 	return raw
 }
+
+// Epoch returns the root's statement that the fleet is at epoch n.
+func (o *Operator) Epoch(n uint64) []byte {
+	o.t.Helper()
+	raw, err := o.Root.Epoch(n, time.Now())
+	if err != nil {
+		o.t.Fatal(err)
+	}
+	return raw
+}
+
+// Reset returns the reset r signed by the root.
+func (o *Operator) Reset(r auth.Reset) []byte {
+	o.t.Helper()
+	raw, err := o.Root.Reset(r)
+	if err != nil {
+		o.t.Fatal(err)
+	}
+	return raw
+}

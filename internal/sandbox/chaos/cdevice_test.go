@@ -3,9 +3,11 @@ package chaos
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
+	"github.com/edgefence/edgefence/fence/history"
 	"github.com/edgefence/edgefence/internal/sandbox"
 )
 
@@ -65,4 +67,30 @@ func TestFirmwareRoundCDevice(t *testing.T) {
 			t.Fatalf("%s: %s", l, r)
 		}
 	}
+}
+
+// TestKeyRotatedRoundCDevice runs the key-rotated round with the C device
+// serving the shim devices: its history names the signer of each accept
+// and the revocation list it took over the air, so T1 covers it, and the
+// round's command signed by the revoked key reaches it and is refused.
+func TestKeyRotatedRoundCDevice(t *testing.T) {
+	bin := sandbox.CDeviceForTest(t)
+	dir := t.TempDir()
+	res := runRound(t, Config{CDeviceBin: bin, Dir: dir, Load: 4 * time.Second}, FaultRotated)
+	signers, lists := map[string]int{}, 0
+	for _, e := range res.Events {
+		switch {
+		case e.Source == "shim" && e.Op == history.OpTrust && slices.Contains(e.Revoked, "gw-a/1"):
+			lists++
+		case e.Source == "shim" && e.Verdict == "accepted":
+			signers[e.Signer]++
+		}
+	}
+	if lists == 0 || signers["gw-a/1"] == 0 || signers["gw-a/2"]+signers["gw-b/1"] == 0 || signers[""] != 0 {
+		t.Fatalf("the C device's history: %d lists revoking gw-a/1, accepts by signer %v", lists, signers)
+	}
+	if res.Faults[FaultLate] != 1 {
+		t.Fatalf("no late command of the revoked key sent: %v", res.Faults)
+	}
+	t.Logf("accepts by signer %v; %d revocation lists recorded", signers, lists)
 }

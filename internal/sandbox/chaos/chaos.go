@@ -9,9 +9,19 @@
 //   - I1: per device, the tokens a fence point accepted never decrease, and
 //     nothing below an accepted token is accepted again;
 //   - I4: every command an agent created has exactly one terminal state;
+//   - T1 (history.InvariantRevocation): nothing signed by a revoked key is
+//     accepted at a fence point after it recorded the revocation;
 //   - in the firmware round, FW1 (history.InvariantActivation: one
 //     fw.activate accepted per job per device), FW2 (every device
-//     committed on the job's image) and FW3 (every execution succeeded).
+//     committed on the job's image) and FW3 (every execution succeeded);
+//   - after the faults (liveness.go): L1, within LivenessBound every device
+//     is held by a gateway that can command it and a command to it is
+//     accepted; L2, no command of a never-revoked gateway ends invalid
+//     for want of trust.
+//
+// Rounds run signed (trust.go): an operator root, a key and certificate
+// per gateway, every device `auth: required`, the shim devices provisioned
+// with the root and their own keys (Config.Unsigned: plain).
 //
 // Faults (Scenarios): a holder frozen with SIGSTOP past its lease; kill -9
 // of an agent, of the device simulator, of the home gateway (bridge); etcd
@@ -20,7 +30,10 @@
 // etcd + broker made with network namespaces; QoS 1 duplicates injected by
 // the broker; noise on the serial line; a firmware job over firmware device
 // processes while its holders are frozen or killed and its devices lose
-// power (FaultFirmware: several faults, fwfaults.go).
+// power (FaultFirmware: several faults, fwfaults.go); and the trust faults
+// (trustfaults.go): devices offline when a gateway acquires them, etcd
+// wiped and recovered by the runbook, a gateway's key revoked, a key
+// rotated and the old one revoked.
 //
 // `make chaos ROUNDS=N` runs N randomized rounds (cmd/edgefence-chaos) and
 // prints a summary; `make test` runs each scenario once (chaos_test.go).
@@ -57,12 +70,67 @@ const (
 	// FaultKillDevice is kill -9 of one firmware device's process (a
 	// power loss), in the firmware scenario.
 	FaultKillDevice = "kill-device"
+	// FaultOffline: the devices are down when a gateway acquires them
+	// and come back on a fresh MQTT session (trustfaults.go).
+	FaultOffline = "device-offline-at-acquisition"
+	// FaultEtcdRebuilt: etcd wiped mid-run, the trust put back by the
+	// agents, the token regression recovered by the runbook
+	// (FaultRecovered: `edgefence etcd bump-revision`).
+	FaultEtcdRebuilt = "etcd-rebuilt"
+	FaultRecovered   = "runbook-recovery"
+	// FaultRevoked: a gateway's key revoked mid-run (signed rounds).
+	FaultRevoked = "gateway-revoked"
+	// FaultRotated: a gateway's key rotated and the old one revoked
+	// mid-run (signed rounds).
+	FaultRotated = "key-rotated"
+	// FaultLate: a command signed by a revoked key sent to a device
+	// that learned the revocation (gateway-revoked, key-rotated).
+	FaultLate = "late-revoked-command"
 )
+
+// Invariants a round checks besides the history's (history.Invariant*),
+// reported as Violations in Result.Report.
+const (
+	// InvariantLiveness (L1): within LivenessBound of the end of the
+	// faults every device is held by a gateway that can command it — by
+	// the operator's records its key is certified for the device and not
+	// revoked, and its own status says its certificate is OK — and a
+	// command sent to it is accepted.
+	InvariantLiveness = "L1"
+	// InvariantTrustDelivered (L2): no command of a gateway whose key
+	// was never revoked ends invalid for want of trust (a reason of
+	// fence/auth: unknown signer key, and the like): the device got the
+	// certificate it needed, whenever it connected.
+	InvariantTrustDelivered = "L2"
+)
+
+// LivenessBound bounds L1: from the end of the faults (healed, and
+// recovered by the runbook where the round needs it) until every device
+// is held by a gateway that can command it with a command accepted. It
+// covers a lease TTL, an untrusted or refused device's campaign backoff
+// (at most 30 s) and the commands queued before the probe.
+const LivenessBound = 60 * time.Second
+
+// signedOnly are the scenarios that need a signed round.
+var signedOnly = []string{FaultRevoked, FaultRotated}
 
 // Scenarios lists the scenario names, one per fault kind.
 func Scenarios() []string {
 	return []string{FaultFreeze, FaultKillAgent, FaultKillDevsim, FaultKillBridge, FaultEtcdRestart,
-		FaultLeaderLoss, FaultBroker, FaultPartition, FaultDuplicate, FaultSerialNoise, FaultFirmware}
+		FaultLeaderLoss, FaultBroker, FaultPartition, FaultDuplicate, FaultSerialNoise, FaultFirmware,
+		FaultOffline, FaultEtcdRebuilt, FaultRevoked, FaultRotated}
+}
+
+// UnsignedScenarios lists the scenarios an unsigned round can run (all
+// but the trust ones).
+func UnsignedScenarios() []string {
+	var out []string
+	for _, s := range Scenarios() {
+		if !slices.Contains(signedOnly, s) {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 // Config configures a round. Bin and Dir are required.
@@ -96,6 +164,11 @@ type Config struct {
 	Seed uint64
 	// Logger narrates the round; nil is silent.
 	Logger *slog.Logger
+	// Unsigned runs the round without trust: plain envelopes, `auth: off`
+	// devices. By default a round is signed: an operator root, a key and
+	// certificate per gateway, every device `auth: required`, the shim
+	// devices provisioned with the root and their own keys (trust.go).
+	Unsigned bool
 }
 
 func (c *Config) defaults() {
@@ -136,6 +209,12 @@ type Result struct {
 	// Executions counts the firmware job's executions by final status
 	// (firmware scenario only).
 	Executions map[string]int
+	// Signed says the round ran signed (not Config.Unsigned).
+	Signed bool
+	// Settled is how long after the end of the faults the last device
+	// was held by a gateway that can command it with a command accepted
+	// (L1; not measured in the firmware scenario).
+	Settled time.Duration
 }
 
 // OK reports whether the round found no violation.
@@ -146,6 +225,7 @@ func (r *Result) Count(v string) int { return r.Report.Terminal[v] }
 
 // Summary accumulates rounds for the table `make chaos` prints.
 type Summary struct {
+	Signed     int // rounds that ran signed
 	Rounds     int
 	Failed     int // rounds that could not run to the end (an error, not a violation)
 	Faults     map[string]int
@@ -154,6 +234,9 @@ type Summary struct {
 	Violations int
 	Elapsed    time.Duration
 	Errors     []string
+	// Settled is the longest Result.Settled: the slowest return to every
+	// device commanded after the faults (L1).
+	Settled time.Duration
 }
 
 // Add counts one round (res may be nil if the round failed with err).
@@ -169,6 +252,9 @@ func (s *Summary) Add(res *Result, err error) {
 	if res == nil {
 		return
 	}
+	if res.Signed {
+		s.Signed++
+	}
 	for k, n := range res.Faults {
 		s.Faults[k] += n
 	}
@@ -178,11 +264,13 @@ func (s *Summary) Add(res *Result, err error) {
 	}
 	s.Violations += len(res.Report.Violations)
 	s.Elapsed += res.Elapsed
+	s.Settled = max(s.Settled, res.Settled)
 }
 
 // Print writes the summary table.
 func (s *Summary) Print(w io.Writer) {
-	fmt.Fprintf(w, "rounds           %d (%d could not finish)\n", s.Rounds, s.Failed)
+	fmt.Fprintf(w, "rounds           %d (%d could not finish), %d signed (operator root, gateway certificates, devices auth: required)\n",
+		s.Rounds, s.Failed, s.Signed)
 	fmt.Fprintf(w, "elapsed          %v\n", s.Elapsed.Round(time.Second))
 	fmt.Fprintf(w, "faults injected\n")
 	kinds := make([]string, 0, len(s.Faults))
@@ -191,7 +279,7 @@ func (s *Summary) Print(w io.Writer) {
 	}
 	sort.Strings(kinds)
 	for _, k := range kinds {
-		fmt.Fprintf(w, "  %-18s %d\n", k, s.Faults[k])
+		fmt.Fprintf(w, "  %-29s %d\n", k, s.Faults[k])
 	}
 	fmt.Fprintf(w, "commands created %d\n", s.Created)
 	for _, v := range []string{"accepted", "duplicate", "stale", "invalid", "expired"} {
@@ -207,6 +295,8 @@ func (s *Summary) Print(w io.Writer) {
 		fmt.Fprintf(w, "  other            %s\n", strings.Join(other, " "))
 	}
 	fmt.Fprintf(w, "violations       %d\n", s.Violations)
+	fmt.Fprintf(w, "settled          every device commanded again at most %v after the faults ended (L1 bound %v)\n",
+		s.Settled.Round(100*time.Millisecond), LivenessBound)
 	for i, e := range s.Errors {
 		if i == 10 {
 			fmt.Fprintf(w, "  ... %d more errors\n", len(s.Errors)-10)

@@ -51,6 +51,14 @@ func (r *round) injectFault(ctx context.Context) error {
 		return nil
 	case FaultSerialNoise:
 		return r.serialNoise(ctx)
+	case FaultOffline:
+		return r.offlineAtAcquisition(ctx)
+	case FaultEtcdRebuilt:
+		return r.etcdRebuilt(ctx)
+	case FaultRevoked:
+		return r.gatewayRevoked(ctx)
+	case FaultRotated:
+		return r.keyRotated(ctx)
 	}
 	return fmt.Errorf("no fault for scenario %q", r.sc)
 }

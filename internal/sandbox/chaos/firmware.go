@@ -97,13 +97,11 @@ func (r *round) startAgents(ctx context.Context) error {
 // d1..dN (the broker's devsim user serves them), each device's decisions
 // appended to hist-fw.jsonl under the source fw:<id>.
 func (r *round) startFirmwareDevices(ctx context.Context) error {
-	for i := range r.cfg.Devices {
-		r.shimDevs = append(r.shimDevs, fmt.Sprintf("d%d", i+1))
-	}
 	delay := r.jitter(100*time.Millisecond, time.Second)
 	args := []string{"--firmware", "--mqtt", r.mqttURL, "--devices", strings.Join(r.shimDevs, ","), "--dir", r.path("devices"),
 		"--mqtt-user", "devsim", "--history", r.path(fwHistory), "--history-source", "fw",
 		"--fw-window", "20s", "--restart-delay", delay.String()}
+	args = append(args, r.trust.devsimArgs()...)
 	if r.cfg.CDeviceBin != "" { // the C device: efsdev --firmware, one per device, under the same supervisor
 		args = append(args, "--c-device", r.cfg.CDeviceBin)
 	}
@@ -121,9 +119,16 @@ func (r *round) startFirmwareDevices(ctx context.Context) error {
 
 // edgefence runs `edgefence args…` and returns its stdout.
 func (r *round) edgefence(ctx context.Context, args ...string) ([]byte, error) {
+	return r.edgefenceAt(ctx, nodeA, args...)
+}
+
+// edgefenceAt runs `edgefence args…` in node (directly when the round
+// has no network lab) and returns its stdout.
+func (r *round) edgefenceAt(ctx context.Context, node string, args ...string) ([]byte, error) {
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(cctx, filepath.Join(r.cfg.Bin, "edgefence"), args...)
+	bin, argv := r.command(node, filepath.Join(r.cfg.Bin, "edgefence"), args...)
+	cmd := exec.CommandContext(cctx, bin, argv...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -145,17 +150,25 @@ func (r *round) createFirmwareJob(ctx context.Context) (string, error) {
 	if err := os.WriteFile(path, img, 0o644); err != nil {
 		return "", err
 	}
-	out, err := r.edgefence(ctx, "job", "create", "--etcd", r.etcdURL, "--id", fwJobID, "--image", path,
+	sum := sha256.Sum256(img)
+	args := []string{"job", "create", "--etcd", r.etcdURL, "--id", fwJobID, "--image", path,
 		"--version", strconv.Itoa(fwVersion), "--devices", strings.Join(r.shimDevs, ","),
 		"--max-concurrent", strconv.Itoa(len(r.shimDevs)), "--chunk", strconv.Itoa(fwChunk),
-		"--step-timeout", "60s", "--reboot-timeout", "60s", "--json")
+		"--step-timeout", "60s", "--reboot-timeout", "60s", "--json"}
+	manifest, err := r.writeManifest(img, sum[:], fwVersion)
+	if err != nil {
+		return "", err
+	}
+	if manifest != "" { // the devices have the root: they install only what the operator signed
+		args = append(args, "--manifest", manifest)
+	}
+	out, err := r.edgefence(ctx, args...)
 	if err != nil {
 		return "", err
 	}
 	var v struct {
 		Job jobs.Job `json:"job"`
 	}
-	sum := sha256.Sum256(img)
 	if err := json.Unmarshal(out, &v); err != nil {
 		return "", fmt.Errorf("job create --json: %w", err)
 	}

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -73,11 +74,17 @@ type round struct {
 	devsimMu   sync.Mutex
 	devsim     *sandbox.Proc
 	devsimRuns int
+	// devsimClientID is the device simulator's MQTT client id; a new one
+	// is a fresh session at the broker (device-offline-at-acquisition).
+	devsimClientID string
 
 	agents []*agentProc
+	trust  *roundTrust // nil: Config.Unsigned
 
 	faultMu sync.Mutex
 	sends   atomic.Int64
+	// retired is an agent the load no longer sends to (gateway-revoked).
+	retired atomic.Pointer[agentProc]
 	closers []func()
 }
 
@@ -126,14 +133,17 @@ func Run(ctx context.Context, cfg Config, scenario string) (*Result, error) {
 	if !known {
 		return nil, fmt.Errorf("chaos: unknown scenario %q (have %s)", scenario, strings.Join(Scenarios(), ", "))
 	}
+	if cfg.Unsigned && slices.Contains(signedOnly, scenario) {
+		return nil, fmt.Errorf("chaos: scenario %s needs a signed round", scenario)
+	}
 	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("chaos: %w", err)
 	}
 	if scenario == FaultSerialNoise || scenario == FaultKillBridge {
 		cfg.Serial = max(cfg.Serial, 2)
 	}
-	r := &round{cfg: cfg, sc: scenario, rnd: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
-		res: &Result{Scenario: scenario, Seed: cfg.Seed, Faults: map[string]int{}}}
+	r := &round{cfg: cfg, sc: scenario, devsimClientID: "devsim-chaos", rnd: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
+		res: &Result{Scenario: scenario, Seed: cfg.Seed, Faults: map[string]int{}, Signed: !cfg.Unsigned}}
 	start := time.Now()
 	defer r.close()
 	err := r.run(ctx)
@@ -152,6 +162,12 @@ func (r *round) close() {
 
 func (r *round) run(ctx context.Context) error {
 	if err := r.startInfra(ctx); err != nil {
+		return err
+	}
+	if err := r.startTrust(ctx); err != nil {
+		return err
+	}
+	if err := r.agedEtcd(ctx); err != nil {
 		return err
 	}
 	if r.sc == FaultFirmware {
@@ -190,10 +206,15 @@ func (r *round) run(ctx context.Context) error {
 	if ferr != nil {
 		return fmt.Errorf("inject %s: %w", r.sc, ferr)
 	}
+	live := r.checkLiveness(ctx)
 	if err := r.drain(ctx, 120*time.Second+r.cfg.Outage); err != nil {
 		return err
 	}
-	return r.collect(ctx)
+	if err := r.collect(ctx); err != nil {
+		return err
+	}
+	r.res.Report.Violations = append(append(r.res.Report.Violations, live...), r.checkTrustDelivered()...)
+	return nil
 }
 
 // brokerAuth is the round's broker users and rules (deploy/mosquitto's):
@@ -299,10 +320,25 @@ func (r *round) command(node, bin string, args ...string) (string, []string) {
 	return sandbox.NetLabIP, r.lab.ExecArgs(node, bin, args...)
 }
 
-func (r *round) startDevices(ctx context.Context) error {
+// startTrust names the round's shim devices and provisions and publishes
+// its trust chain (none with Config.Unsigned).
+func (r *round) startTrust(ctx context.Context) error {
 	for i := range r.cfg.Devices {
 		r.shimDevs = append(r.shimDevs, fmt.Sprintf("d%d", i+1))
 	}
+	devices := slices.Clone(r.shimDevs)
+	if r.sc != FaultFirmware {
+		for i := range r.cfg.Serial {
+			devices = append(devices, fmt.Sprintf("s%d", i+1))
+		}
+	}
+	if err := r.provisionTrust(devices, r.shimDevs); err != nil {
+		return err
+	}
+	return r.publishDeviceCerts(ctx, r.shimDevs)
+}
+
+func (r *round) startDevices(ctx context.Context) error {
 	if err := r.startDevsim(ctx); err != nil {
 		return err
 	}
@@ -337,10 +373,10 @@ func (r *round) startDevsim(ctx context.Context) error {
 	if r.cfg.CDeviceBin != "" {
 		dev = r.cfg.CDeviceBin
 	}
-	bin, args := r.command(nodeServer, dev,
-		"--mqtt", r.mqttURL, "--devices", strings.Join(r.shimDevs, ","), "--dir", r.path("devices"),
-		"--log", r.path("verdicts.jsonl"), "--client-id", "devsim-chaos", "--mqtt-user", "devsim",
-		"--history", r.path("hist-devsim.jsonl"), "--history-source", "shim")
+	args := append([]string{"--mqtt", r.mqttURL, "--devices", strings.Join(r.shimDevs, ","), "--dir", r.path("devices"),
+		"--log", r.path("verdicts.jsonl"), "--client-id", r.devsimClientID, "--mqtt-user", "devsim",
+		"--history", r.path("hist-devsim.jsonl"), "--history-source", "shim"}, r.trust.devsimArgs()...)
+	bin, args := r.command(nodeServer, dev, args...)
 	p, err := sandbox.StartProc(fmt.Sprintf("devsim#%d", r.devsimRuns), r.path(fmt.Sprintf("devsim-%d.log", r.devsimRuns)), r.mqttEnv("devsim"), bin, args...)
 	if err != nil {
 		return err
@@ -357,18 +393,23 @@ func (r *round) startDevsim(ctx context.Context) error {
 }
 
 // agentConfig writes gw's config: every device, half of the shim devices
-// autonomous, the serial devices wired to gw-b; unsigned (auth: off).
+// autonomous, the serial devices wired to gw-b; signed (its auth block), or
+// in an unsigned round every device `auth: off`.
 func (r *round) agentConfig(gw string) (string, error) {
+	off := ""
+	if r.trust == nil {
+		off = "    auth: off\n"
+	}
 	var devs strings.Builder
 	for i, d := range r.shimDevs {
 		policy := agent.PolicyStrict
 		if i%2 == 1 {
 			policy = agent.PolicyAutonomous
 		}
-		fmt.Fprintf(&devs, "  - id: %s\n    policy: %s\n    auth: off\n", d, policy)
+		fmt.Fprintf(&devs, "  - id: %s\n    policy: %s\n%s", d, policy, off)
 	}
 	for i, d := range r.serialDevs {
-		fmt.Fprintf(&devs, "  - id: %s\n    fence: gateway\n    home: gw-b\n    auth: off\n", d)
+		fmt.Fprintf(&devs, "  - id: %s\n    fence: gateway\n    home: gw-b\n%s", d, off)
 		if gw == "gw-b" {
 			fmt.Fprintf(&devs, "    serial:\n      port: %s\n", r.lines[i].A)
 		}
@@ -391,8 +432,8 @@ command:
 log:
   level: info
   format: json
-devices:
-%s`, gw, r.path(gw+"-state"), r.etcdURL, r.cfg.TTL, r.mqttURL, gw, gw, r.path(gw+".sock"), devs.String())
+%sdevices:
+%s`, gw, r.path(gw+"-state"), r.etcdURL, r.cfg.TTL, r.mqttURL, gw, gw, r.path(gw+".sock"), r.trust.authYAML(gw), devs.String())
 	p := r.path(gw + ".yaml")
 	return p, os.WriteFile(p, []byte(conf), 0o644)
 }
@@ -509,6 +550,9 @@ func (r *round) load(ctx context.Context, dev string, serial bool) {
 		first := int(r.jitter(0, time.Duration(len(r.agents))))
 		for i := range r.agents {
 			a := r.agents[(first+i)%len(r.agents)]
+			if a == r.retired.Load() {
+				continue
+			}
 			sctx, cancel := context.WithTimeout(ctx, 4*time.Second)
 			res, err := a.api.Send(sctx, dev, kind, body)
 			cancel()
