@@ -78,9 +78,6 @@ type fanoutRow struct {
 	// every ack; BareRefused acks did not verify.
 	BareSigned  bool
 	BareRefused int
-	// Learn (signed) is the time the agent took to command every device
-	// a first time, in fan-outs of at most learnBatch, before the runs.
-	Learn time.Duration
 }
 
 type fanoutResult struct {
@@ -151,11 +148,6 @@ func fanoutSize(ctx context.Context, etcd *sandbox.Etcd, cli *clientv3.Client, b
 	if err := p.awaitHolding(ctx, api, n, time.Now().Add(300*time.Second)); err != nil {
 		return row, err
 	}
-	if cfg.Sign {
-		if row.Learn, err = fanoutLearn(ctx, api, devs, cfg.Log); err != nil {
-			return row, err
-		}
-	}
 	var last map[string]agent.SendResult
 	for i := range cfg.Runs {
 		before, _ := scrapeMetrics(ctx, "http://"+ac.metrics+"/metrics", fanoutCounters...)
@@ -210,36 +202,6 @@ func fanoutProfile(ctx context.Context, cfg fanoutConfig, metrics string, n, i i
 	}()
 	time.Sleep(50 * time.Millisecond) // let the profile start before the request
 	return p
-}
-
-// learnBatch bounds the fan-outs that first command each device of a
-// signed run (fanoutLearn).
-const learnBatch = 1000
-
-// fanoutLearn commands every device of devs once, in fan-outs of at most
-// learnBatch, and returns how long that took. Signed, an agent verifies a
-// device's acks with the device's certificate, which it reads from etcd
-// and commits to its trust store at the device's first ack: a fan-out to
-// 10,000 devices an agent never commanded takes longer than the command
-// timeout on this machine (its acks wait behind those reads and commits,
-// and the commands are sent again). The runs measure the fan-out to
-// devices the agent knows; this, what knowing them cost.
-func fanoutLearn(ctx context.Context, api *agent.APIClient, devs []string, log io.Writer) (time.Duration, error) {
-	t0 := time.Now()
-	for len(devs) > 0 {
-		batch := devs[:min(len(devs), learnBatch)]
-		devs = devs[len(batch):]
-		t1 := time.Now()
-		sum, err := api.FanOut(ctx, agent.FanoutRequest{Selection: agent.Selection{Devices: batch}, Kind: "ping"}, func(agent.FanoutEvent) {})
-		if err != nil {
-			return 0, fmt.Errorf("first commands: %w", err)
-		}
-		if applied := sum.ByOutcome["accepted"] + sum.ByOutcome["duplicate"]; applied != len(batch) {
-			return 0, fmt.Errorf("first commands: %d of %d applied: %v", applied, len(batch), sum.ByOutcome)
-		}
-		fmt.Fprintf(log, "fanout: first commands to %d devices: %v\n", len(batch), time.Since(t1).Round(time.Millisecond))
-	}
-	return time.Since(t0), nil
 }
 
 // fanoutCounters are the agent's counters read around each fan-out: its
@@ -383,8 +345,8 @@ func printFanoutSigned(w io.Writer, r *fanoutResult) {
 		for _, run := range row.Runs {
 			unsigned += run.Unsigned
 		}
-		fmt.Fprintf(w, "- %d devices: agent, %d unsigned sends over %d fan-outs; bare client, signed %t, %d of %d acks verified accepted, %d refused; before the runs, the agent's first command to each device (its certificate read from etcd and committed to the agent's trust at its first ack) took %s ms in fan-outs of ≤ %d\n",
-			row.Devices, unsigned, len(row.Runs), row.BareSigned, row.BareOK, row.Devices, row.BareRefused, ms(row.Learn), learnBatch)
+		fmt.Fprintf(w, "- %d devices: agent, %d unsigned sends over %d fan-outs; bare client, signed %t, %d of %d acks verified accepted, %d refused\n",
+			row.Devices, unsigned, len(row.Runs), row.BareSigned, row.BareOK, row.Devices, row.BareRefused)
 	}
 }
 
