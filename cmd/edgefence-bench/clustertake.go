@@ -46,8 +46,7 @@ type clusterTrial struct {
 }
 
 // takeLimit is how long past the TTL (and the leader kill) a takeover may
-// take before the trial gives up on the devices not yet accepted: a signed
-// takeover of 10,000 devices went past 120 s on this machine.
+// take before the trial gives up on the devices not yet accepted.
 const takeLimit = 300 * time.Second
 
 // takeover runs trial n: every agent running and queued, the agent holding
