@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -44,6 +45,7 @@ type clusterConfig struct {
 	DevsimBin  string
 	TimerSlack time.Duration // the agents' timer slack (--agent-timerslack); 0: the bench's
 	Env        []string      // more environment for every agent (--agent-env)
+	Sign       bool          // signed (--sign): clusterTrust
 	// ProfDir: the agents serve pprof (a profiling build); before the
 	// first takeover each agent's heap and goroutines, and during it each
 	// taker's CPU, are written here (clusterProfiles).
@@ -105,6 +107,7 @@ type clusterEnv struct {
 	prefix  string // the agents' etcd prefix
 	agents  []*clusterAgent
 	devsims []*sandbox.Proc
+	trust   *clusterTrust // --sign; nil: unsigned
 }
 
 type clusterResult struct {
@@ -193,12 +196,18 @@ func (e *clusterEnv) start(ctx context.Context) error {
 	if e.broker, err = startBroker(ctx, brokerMochi, dir); err != nil {
 		return err
 	}
+	if e.cfg.Sign {
+		fmt.Fprintf(e.cfg.Log, "cluster: signed: enrolling %d devices, their certificates in etcd\n", e.cfg.Devices)
+		if e.trust, err = newClusterTrust(ctx, dir, e.etcd.Endpoints(), e.prefix, slices.Concat(e.plan.devsims...)); err != nil {
+			return err
+		}
+	}
 	fmt.Fprintf(e.cfg.Log, "cluster: %d devsim processes, %d devices\n", len(e.plan.devsims), e.cfg.Devices)
 	for k, ids := range e.plan.devsims {
-		p, err := sandbox.StartProc(fmt.Sprintf("devsim-%d", k), filepath.Join(dir, fmt.Sprintf("devsim-%d.log", k)), nil, e.cfg.DevsimBin,
-			"--mqtt", e.broker.url, "--prefix", clusterMQTTPrefix, "--count", fmt.Sprint(len(ids)), "--id-prefix", fmt.Sprintf("d%d-", k),
+		args := append([]string{"--mqtt", e.broker.url, "--prefix", clusterMQTTPrefix, "--count", fmt.Sprint(len(ids)), "--id-prefix", fmt.Sprintf("d%d-", k),
 			"--dir", filepath.Join(dir, fmt.Sprintf("devsim-%d", k)), "--log", filepath.Join(dir, fmt.Sprintf("verdicts-%d.jsonl", k)),
-			"--client-id", fmt.Sprintf("bench-cluster-devsim-%d", k), "--lanes", fmt.Sprint(e.cfg.Lanes))
+			"--client-id", fmt.Sprintf("bench-cluster-devsim-%d", k), "--lanes", fmt.Sprint(e.cfg.Lanes)}, e.trust.devsimArgs()...)
+		p, err := sandbox.StartProc(fmt.Sprintf("devsim-%d", k), filepath.Join(dir, fmt.Sprintf("devsim-%d.log", k)), nil, e.cfg.DevsimBin, args...)
 		if err != nil {
 			return err
 		}

@@ -43,8 +43,12 @@ func (e *clusterEnv) startAgent(i int, devs []string) (*clusterAgent, error) {
 	if err := os.MkdirAll(a.dir, 0o700); err != nil {
 		return nil, err
 	}
+	auth, err := e.trust.auth(a.name)
+	if err != nil {
+		return nil, err
+	}
 	cpath := filepath.Join(a.dir, "edgefence.yaml")
-	if err := os.WriteFile(cpath, e.agentYAML(a, devs), 0o600); err != nil {
+	if err := os.WriteFile(cpath, e.agentYAML(a, devs, auth), 0o600); err != nil {
 		return nil, err
 	}
 	// The log is appended across restarts (startRSSProc truncates: keep
@@ -62,8 +66,9 @@ func (e *clusterEnv) startAgent(i int, devs []string) (*clusterAgent, error) {
 }
 
 // agentYAML is a's config: every etcd member, the run's prefix and TTL;
-// unsigned (auth: off).
-func (e *clusterEnv) agentYAML(a *clusterAgent, devs []string) []byte {
+// signed with auth (its devices `auth: required`), or unsigned (`auth:
+// off`) if nil.
+func (e *clusterEnv) agentYAML(a *clusterAgent, devs []string, auth *agent.AuthConfig) []byte {
 	var b strings.Builder
 	fmt.Fprintf(&b, `gateway: %s
 state_dir: %s
@@ -85,11 +90,17 @@ command:
 log:
   level: warn
   format: text
-devices:
 `, a.name, filepath.Join(a.dir, "state"), strings.Join(e.etcd.Endpoints(), ", "), e.prefix, e.cfg.TTL, e.broker.url, clusterMQTTPrefix,
 		a.name, a.sock, a.metrics, e.cfg.ProfDir != "")
+	if auth != nil {
+		b.WriteString(authYAML(*auth))
+	}
+	b.WriteString("devices:\n")
 	for _, d := range devs {
-		fmt.Fprintf(&b, "  - id: %s\n    auth: off\n", d)
+		fmt.Fprintf(&b, "  - id: %s\n", d)
+		if auth == nil {
+			b.WriteString("    auth: off\n")
+		}
 	}
 	return []byte(b.String())
 }

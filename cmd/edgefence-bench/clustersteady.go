@@ -165,7 +165,15 @@ func printCluster(w io.Writer, r *clusterResult) {
 	if len(c.EtcdArgs) > 0 {
 		etcdArgs = " `" + strings.Join(c.EtcdArgs, " ") + "`"
 	}
-	fmt.Fprintf(w, "### Cluster: %d devices over %d agents on a %d-node etcd %s%s, lease_ttl %v (%s)\n\n", c.Devices, c.Agents, c.EtcdNodes, r.Version, etcdArgs, c.TTL, r.Built)
+	signed := "unsigned"
+	if c.Sign {
+		signed = "signed"
+	}
+	fmt.Fprintf(w, "### Cluster: %d devices over %d agents on a %d-node etcd %s%s, lease_ttl %v, %s (%s)\n\n", c.Devices, c.Agents, c.EtcdNodes, r.Version, etcdArgs, c.TTL, signed, r.Built)
+	if c.Sign {
+		fmt.Fprintln(w, "Signed (I7): each agent signs with a gateway key certified by the root, its devices `auth: required`; each device has a key, its certificate in etcd (the agents read it at the device's first ack). The devsims have the root and their device keys only: an agent's certificate reaches a device in the trust update it publishes (retained) before its first command to it, in the takeover's time.")
+		fmt.Fprintln(w)
+	}
 	fmt.Fprintf(w, "Separate processes: %d etcd members, %d `edgefence run`, %d `edgefence-devsim` of %d lanes each (each device's mark fsynced before its ack; commands reaching different lanes together share the fsync); mochi in the bench process. Each device on two agents: home and backup (%d spare agents).\n\n",
 		c.EtcdNodes, c.Agents, (c.Agents-c.Spare)*c.Devsims, c.Lanes, c.Spare)
 	fmt.Fprintf(w, "- all held: %s ms from the home agents' start (their status), %s ms (every lock key written, etcd); %d revisions = %.2f per lock\n",
@@ -201,6 +209,9 @@ func printCluster(w io.Writer, r *clusterResult) {
 	}
 	fmt.Fprintln(w)
 	for _, t := range r.Trials {
+		if c.Sign {
+			fmt.Fprintf(w, "- takeover %d, signed: the takers sent %d plain envelopes and resent %d commands after a trust update\n", t.N, t.Unsigned, t.TrustResent)
+		}
 		if t.Err != "" {
 			fmt.Fprintf(w, "- takeover %d: **%s**\n", t.N, t.Err)
 		}

@@ -38,8 +38,16 @@ type clusterTrial struct {
 	TargetHeld time.Duration // TTL + 2 s
 	TargetAcc  time.Duration // TTL + 4 s
 	Sessions   uint64        // etcd sessions the other agents opened during the takeover: each one lost all it held
-	Err        string        // what went wrong, if something did
+	// Unsigned and TrustResent are the other agents' sends of plain
+	// envelopes and their resends after a fence point lacked their trust
+	// update, during the takeover (/metrics).
+	Unsigned, TrustResent uint64
+	Err                   string // what went wrong, if something did
 }
+
+// takeLimit is how long past the TTL (and the leader kill) a takeover may
+// take before the trial gives up on the devices not yet accepted.
+const takeLimit = 300 * time.Second
 
 // takeover runs trial n: every agent running and queued, the agent holding
 // the most devices is killed; with leader, the etcd leader too, LeaderKill
@@ -81,13 +89,14 @@ func (e *clusterEnv) takeover(ctx context.Context, n int, leader bool) (clusterT
 			sess0[a.name] = a.sessions(ctx)
 		}
 	}
-	tctx, cancel := context.WithTimeout(ctx, e.cfg.TTL+e.cfg.LeaderKill+120*time.Second)
+	tctx, cancel := context.WithTimeout(ctx, e.cfg.TTL+e.cfg.LeaderKill+takeLimit)
 	defer cancel()
 	col := newTakeCollector(set)
 	senders := e.startSenders(tctx, victim, col)
 	watched := make(chan struct{})
 	go func() { defer close(watched); e.watchHolders(tctx, rev0, set, va.name, senders, col) }()
 	profiled := e.profileTakers(ctx, n, victim) // ctx: it outlasts the takeover
+	count0 := e.takerCounters(ctx, victim)
 	t0 := time.Now()
 	if err := va.kill(); err != nil {
 		return tr, err
@@ -107,6 +116,8 @@ func (e *clusterEnv) takeover(ctx context.Context, n int, leader bool) (clusterT
 	<-watched
 	profiled()
 	tr.LeaderAt = <-leaderAt
+	count1 := e.takerCounters(ctx, victim)
+	tr.Unsigned, tr.TrustResent = uint64(count1[0]-count0[0]), uint64(count1[1]-count0[1])
 	return tr, e.trialFigures(ctx, &tr, col, set, t0, rev0, sess0)
 }
 
@@ -163,6 +174,30 @@ func (e *clusterEnv) trialFigures(ctx context.Context, tr *clusterTrial, col *ta
 		return fmt.Errorf("of %d devices, %d accepted a command and %d are held after the takeover", len(set), accepted, held)
 	}
 	return nil
+}
+
+// takerCounters are the counters read from the takers around a takeover:
+// sends of plain envelopes, resends after a trust update.
+var takerCounters = []string{"edgefence_commands_unsigned_total", "edgefence_commands_resent_after_trust_total"}
+
+// takerCounters sums takerCounters over the running agents but victim
+// (an agent whose metrics do not answer counts 0).
+func (e *clusterEnv) takerCounters(ctx context.Context, victim int) []float64 {
+	sum := make([]float64, len(takerCounters))
+	for i, a := range e.agents {
+		if i == victim || a.exited() {
+			continue
+		}
+		m, err := scrapeMetrics(ctx, "http://"+a.metrics+"/metrics", takerCounters...)
+		if err != nil {
+			fmt.Fprintf(e.cfg.Log, "cluster: metrics of %s: %v\n", a.name, err)
+			continue
+		}
+		for j, name := range takerCounters {
+			sum[j] += m[name]
+		}
+	}
+	return sum
 }
 
 // mostHolding returns the index of the running agent that holds the most

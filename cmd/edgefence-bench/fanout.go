@@ -46,8 +46,12 @@ type fanoutConfig struct {
 	Env      []string // extra environment for the agent (--agent-env)
 	// TimerSlack, if set, is the agent's timer slack (--agent-timerslack).
 	TimerSlack time.Duration
-	Dir        string
-	Log        io.Writer
+	// Sign runs it signed (--sign): the agent's devices `auth: required`,
+	// the fleets provisioned with the root, the gateway's certificate and
+	// their device keys; the bare client signs and verifies too.
+	Sign bool
+	Dir  string
+	Log  io.Writer
 }
 
 type fanoutRun struct {
@@ -56,6 +60,7 @@ type fanoutRun struct {
 	Commits    uint64
 	AllCommits uint64        // every outbox commit during the request (/metrics: appends, verdicts, expiry passes)
 	Resent     uint64        // commands sent again during the request (/metrics)
+	Unsigned   uint64        // sends of plain envelopes during the request (/metrics)
 	CPU        time.Duration // agent user+sys during the request
 	Accepted   int
 	Duplicate  int   // applied, answered duplicate (a resend's ack came first)
@@ -69,16 +74,21 @@ type fanoutRow struct {
 	Bare    time.Duration // bare paho: first publish → last ack
 	BareCPU time.Duration // its process's user+sys over Bare
 	BareOK  int
+	// BareSigned: the bare client signed every envelope and verified
+	// every ack; BareRefused acks did not verify.
+	BareSigned  bool
+	BareRefused int
 }
 
 type fanoutResult struct {
 	Bin           string
 	Fleets, Lanes int
+	Signed        bool
 	Rows          []fanoutRow
 }
 
 func runFanout(ctx context.Context, etcd *sandbox.Etcd, cfg fanoutConfig) (*fanoutResult, error) {
-	res := &fanoutResult{Bin: cfg.AgentBin, Fleets: cfg.Fleets, Lanes: cfg.Lanes}
+	res := &fanoutResult{Bin: cfg.AgentBin, Fleets: cfg.Fleets, Lanes: cfg.Lanes, Signed: cfg.Sign}
 	if res.Bin == "" {
 		var extra []string // --agent-cpuprofile: a profiling build (metrics.pprof needs it)
 		if cfg.ProfDir != "" {
@@ -117,7 +127,11 @@ func fanoutSize(ctx context.Context, etcd *sandbox.Etcd, cli *clientv3.Client, b
 	ac := rssAgentConfig{n: n, dir: dir, etcd: etcd.Endpoint(), broker: br.url, prefix: prefix, devs: devs,
 		sock: filepath.Join(dir, "agent.sock"), etcdPrefix: fmt.Sprintf("/bench/fanout-%d-%d", n, time.Now().UnixNano()),
 		cmdTimeout: fanoutCmdTimeout, pprof: cfg.ProfDir != "", timerSlack: cfg.TimerSlack}
-	fleets, err := startFleetsLanes(ctx, dir, br.url, prefix, "bench-fan-fleet-"+prefix, devs, cfg.Fleets, cfg.Lanes, fleetAuth{})
+	fa, err := ac.sign(ctx, cfg.Sign, etcd)
+	if err != nil {
+		return row, err
+	}
+	fleets, err := startFleetsLanes(ctx, dir, br.url, prefix, "bench-fan-fleet-"+prefix, devs, cfg.Fleets, cfg.Lanes, fa)
 	defer closeFleets(fleets)
 	if err != nil {
 		return row, err
@@ -131,6 +145,9 @@ func fanoutSize(ctx context.Context, etcd *sandbox.Etcd, cli *clientv3.Client, b
 		return row, err
 	}
 	api := agent.NewAPIClient(ac.sock)
+	if err := p.awaitHolding(ctx, api, n, time.Now().Add(300*time.Second)); err != nil {
+		return row, err
+	}
 	var last map[string]agent.SendResult
 	for i := range cfg.Runs {
 		before, _ := scrapeMetrics(ctx, "http://"+ac.metrics+"/metrics", fanoutCounters...)
@@ -147,15 +164,20 @@ func fanoutSize(ctx context.Context, etcd *sandbox.Etcd, cli *clientv3.Client, b
 		if after, err := scrapeMetrics(ctx, "http://"+ac.metrics+"/metrics", fanoutCounters...); err == nil && before != nil {
 			r.AllCommits = uint64(after[fanoutCounters[0]] - before[fanoutCounters[0]])
 			r.Resent = uint64(after[fanoutCounters[1]] - before[fanoutCounters[1]])
+			r.Unsigned = uint64(after[fanoutCounters[2]] - before[fanoutCounters[2]])
 		}
-		fmt.Fprintf(cfg.Log, "fanout: %d devices, run %d: %v, %d accepted, %d duplicate, %d resent, %d append commits, %d outbox commits, CPU %v, VmHWM %s MiB\n",
-			n, i+1, r.Wall.Round(time.Millisecond), r.Accepted, r.Duplicate, r.Resent, r.Commits, r.AllCommits, r.CPU, mib(r.HWM))
+		fmt.Fprintf(cfg.Log, "fanout: %d devices, run %d: %v, %d accepted, %d duplicate, %d resent, %d unsigned, %d append commits, %d outbox commits, CPU %v, VmHWM %s MiB\n",
+			n, i+1, r.Wall.Round(time.Millisecond), r.Accepted, r.Duplicate, r.Resent, r.Unsigned, r.Commits, r.AllCommits, r.CPU, mib(r.HWM))
 		row.Runs = append(row.Runs, r)
 		last = results
 	}
-	bare, err := bareFanoutProc(ctx, br.url, fleets[0].Topics(), devs, last)
-	row.Bare, row.BareCPU, row.BareOK = bare.Wall, bare.CPU, bare.Accepted
-	fmt.Fprintf(cfg.Log, "fanout: %d devices, bare paho: %v, %d accepted, CPU %v\n", n, row.Bare.Round(time.Millisecond), row.BareOK, row.BareCPU)
+	var sign *bareSign
+	if ac.signed != nil {
+		sign = ac.signed.requester()
+	}
+	bare, err := bareFanoutProc(ctx, br.url, fleets[0].Topics(), devs, last, sign)
+	row.Bare, row.BareCPU, row.BareOK, row.BareSigned, row.BareRefused = bare.Wall, bare.CPU, bare.Accepted, bare.Signed, bare.Refused
+	fmt.Fprintf(cfg.Log, "fanout: %d devices, bare paho: %v, %d accepted, signed %t (%d acks refused), CPU %v\n", n, row.Bare.Round(time.Millisecond), row.BareOK, row.BareSigned, row.BareRefused, row.BareCPU)
 	return row, err
 }
 
@@ -183,8 +205,9 @@ func fanoutProfile(ctx context.Context, cfg fanoutConfig, metrics string, n, i i
 }
 
 // fanoutCounters are the agent's counters read around each fan-out: its
-// outbox commits (each one's fsync time is observed) and its resends.
-var fanoutCounters = []string{"edgefence_state_fsync_seconds_count", "edgefence_commands_resent_total"}
+// outbox commits (each one's fsync time is observed), its resends and its
+// sends of plain envelopes.
+var fanoutCounters = []string{"edgefence_state_fsync_seconds_count", "edgefence_commands_resent_total", "edgefence_commands_unsigned_total"}
 
 // fanoutOnce sends one fan-out to every device and measures it.
 func fanoutOnce(ctx context.Context, api *agent.APIClient, pid, n int) (fanoutRun, map[string]agent.SendResult, error) {
@@ -213,13 +236,15 @@ func fanoutOnce(ctx context.Context, api *agent.APIClient, pid, n int) (fanoutRu
 
 // bareFanout is the baseline: one autopaho client publishes envs[i] to
 // devs[i] from 64 goroutines at QoS 1 and waits for every accepted ack
-// (in the child process of bareFanoutProc). It returns the time from the
-// first publish to the last ack and the process's CPU over it.
-func bareFanout(ctx context.Context, brokerURL string, topics mqtt.Topics, devs []string, envs [][]byte) (time.Duration, time.Duration, int, error) {
+// (in the child process of bareFanoutProc); with sa, each envelope is
+// signed as it is published and each ack verified as it is received, as
+// the agent does. It returns the time from the first publish to the last
+// ack and the process's CPU over it.
+func bareFanout(ctx context.Context, brokerURL string, topics mqtt.Topics, devs []string, envs [][]byte, sa *bareAuth) (time.Duration, time.Duration, int, error) {
 	var accepted atomic.Int64
 	all := make(chan struct{})
 	cm, err := bareConnect(ctx, brokerURL, func(pr paho.PublishReceived) (bool, error) {
-		if a, err := fence.UnmarshalAck(pr.Packet.Payload); err == nil && a.Verdict == fence.Accepted {
+		if a, err := sa.ack(pr.Packet.Payload); err == nil && a.Verdict == fence.Accepted {
 			if accepted.Add(1) == int64(len(devs)) {
 				close(all)
 			}
@@ -244,7 +269,11 @@ func bareFanout(ctx context.Context, brokerURL string, topics mqtt.Topics, devs 
 	for w := range publishers {
 		wg.Go(func() {
 			for i := w; i < len(devs); i += publishers {
-				if _, err := cm.Publish(ctx, &paho.Publish{QoS: 1, Topic: topics.Cmd(devs[i]), Payload: envs[i]}); err != nil {
+				payload, err := sa.payload(devs[i], envs[i])
+				if err == nil {
+					_, err = cm.Publish(ctx, &paho.Publish{QoS: 1, Topic: topics.Cmd(devs[i]), Payload: payload})
+				}
+				if err != nil {
 					pubErr.CompareAndSwap(nil, err)
 				}
 			}
@@ -285,7 +314,11 @@ func bareConnect(ctx context.Context, brokerURL string, onMsg func(paho.PublishR
 }
 
 func printFanout(w io.Writer, r *fanoutResult) {
-	fmt.Fprintf(w, "\n### Fan-out: one POST /v1/fanout to every device (agent %s, %d device fleets of %d lanes)\n\n", r.Bin, r.Fleets, r.Lanes)
+	signed := "unsigned (auth: off)"
+	if r.Signed {
+		signed = "signed (auth: required)"
+	}
+	fmt.Fprintf(w, "\n### Fan-out: one POST /v1/fanout to every device, %s (agent %s, %d device fleets of %d lanes)\n\n", signed, r.Bin, r.Fleets, r.Lanes)
 	fmt.Fprintln(w, "| devices | run | request → all applied | stored (agent) | append commits | all outbox commits | commits / device | resent | duplicate | agent CPU | CPU / device | bare paho, same devices | ratio | bare paho CPU / device | CPU ratio |")
 	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for _, row := range r.Rows {
@@ -299,6 +332,22 @@ func printFanout(w io.Writer, r *fanoutResult) {
 	}
 	fmt.Fprintln(w, "\nTargets (issue 17): 10,000 devices ≤ 2 s and ≤ 1.5× the bare paho figure; agent CPU ≤ 50 µs a device.")
 	fmt.Fprintln(w, "Bare paho CPU: its own process (user+sys) from its first publish to its last ack: one QoS 1 publish and one ack received a device, envelopes encoded before.")
+	if r.Signed {
+		printFanoutSigned(w, r)
+	}
+}
+
+// printFanoutSigned says what the signed runs signed and verified.
+func printFanoutSigned(w io.Writer, r *fanoutResult) {
+	fmt.Fprintln(w, "Signed (I7): the agent signs every command with its gateway key (COSE_Sign1 ES256) and verifies every ack with the device's certificate; the devices verify every command and sign every ack. The bare client signs each envelope as it publishes it and verifies each ack (its device's certificate, bound to the envelope sent) as it receives it.")
+	for _, row := range r.Rows {
+		var unsigned uint64
+		for _, run := range row.Runs {
+			unsigned += run.Unsigned
+		}
+		fmt.Fprintf(w, "- %d devices: agent, %d unsigned sends over %d fan-outs; bare client, signed %t, %d of %d acks verified accepted, %d refused\n",
+			row.Devices, unsigned, len(row.Runs), row.BareSigned, row.BareOK, row.Devices, row.BareRefused)
+	}
 }
 
 func msf(d time.Duration) float64 { return d.Seconds() * 1000 }

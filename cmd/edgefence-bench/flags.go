@@ -35,7 +35,7 @@ type benchFlags struct {
 	agentBin string // rss, failover, lifecycle
 	keep     bool
 	cpuprof  string
-	sign     bool // roundtrip, replay, rss
+	sign     bool // roundtrip, replay, rss, fanout, cluster
 	cost     costFlags
 }
 
@@ -144,7 +144,7 @@ func newFlagSet(stderr io.Writer) (*flag.FlagSet, *benchFlags) {
 	fs.IntVar(&f.runs, "runs", 0, "locks, replay, fwrollout, fanout: repetitions (default 5, 3, 3, 3: fan-outs per size, the first warms up); failover: trials per lease_ttl and fault (default 3); twins: latency rounds per size (default 30)")
 	fs.StringVar(&f.agentBin, "agent-bin", "", "rss, failover, lifecycle, fwrollout, fanout: the edgefence binary (default: go build it from the module in the working directory)")
 	fs.BoolVar(&f.keep, "keep", false, "keep the temp dir (logs, configs, data)")
-	fs.BoolVar(&f.sign, "sign", false, "roundtrip, replay, rss: run signed (I7): commands signed by the agent and verified by the devices, acks and state reports signed by the devices and verified by the agent")
+	fs.BoolVar(&f.sign, "sign", false, "roundtrip, replay, rss, fanout, cluster: run signed (I7): commands signed by the agent and verified by the devices, acks and state reports signed by the devices and verified by the agent; fanout: the bare paho client signs and verifies too; cluster: each agent has a gateway key and certificate, the devsims only the root and their device keys (the gateways' certificates reach them as trust updates)")
 	fs.StringVar(&f.cpuprof, "cpuprofile", "", "write a CPU profile of this process (etcd, mochi, devices and the in-process agent) to FILE")
 	return fs, f
 }
@@ -327,7 +327,7 @@ func (f *benchFlags) benches(what string, set map[string]bool) (*benches, error)
 			TPRuns: f.twins.runs, Fleets: f.twins.fleets},
 		rtu:     modbusRTUConfig{Bauds: l.bauds, N: f.rtu.n},
 		fw:      fw,
-		fan:     fanoutConfig{Sizes: l.fanSizes, Runs: f.runs, Fleets: max(f.fan.fleets, 1), Lanes: max(f.fan.lanes, 1), AgentBin: f.agentBin, ProfDir: pdir, Env: splitNonEmpty(f.rss.agentEnv), TimerSlack: f.rss.agentSlack},
+		fan:     fanoutConfig{Sizes: l.fanSizes, Runs: f.runs, Fleets: max(f.fan.fleets, 1), Lanes: max(f.fan.lanes, 1), AgentBin: f.agentBin, ProfDir: pdir, Env: splitNonEmpty(f.rss.agentEnv), TimerSlack: f.rss.agentSlack, Sign: f.sign},
 		cost:    etcdCostConfig{N: f.devices, Impls: l.etcds, Idle: f.cost.idle, LeaseTTL: 10 * time.Second},
 		cluster: cl,
 		keep:    f.keep,
@@ -411,7 +411,7 @@ func (f *benchFlags) checkBounds(what string, twinSizes []int) error {
 func (f *clusterFlags) config(b *benchFlags) (clusterConfig, error) {
 	c := clusterConfig{Agents: f.agents, Spare: f.spare, Devices: b.devices, EtcdNodes: f.nodes, TTL: f.ttl, Devsims: f.devsims, Lanes: f.lanes, EtcdArgs: strings.Fields(f.etcdArgs),
 		Trials: b.runs, LeaderKill: f.leaderKill, Steady: f.steady, AgentBin: b.agentBin, DevsimBin: b.failover.devsim, TimerSlack: b.rss.agentSlack,
-		Env: splitNonEmpty(b.rss.agentEnv)}
+		Env: splitNonEmpty(b.rss.agentEnv), Sign: b.sign}
 	switch {
 	case f.agents < 2 || f.spare < 0 || f.spare >= f.agents:
 		return c, errors.New("--agents must be at least 2, and --spare-agents from 0 to --agents − 1")

@@ -3,7 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
 	"log/slog"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +15,15 @@ import (
 
 // The benchmarks themselves are run by hand (docs/BENCHMARKS.md); these
 // tests only cover what needs no servers.
+
+// TestMain runs the fan-out's bare paho child when the test binary is
+// started as one (bareFanoutProc runs os.Executable()), as main does.
+func TestMain(m *testing.M) {
+	if os.Getenv(bareChildEnv) != "" {
+		os.Exit(runBareChild(context.Background(), os.Stdin, os.Stdout))
+	}
+	os.Exit(m.Run())
+}
 
 func TestUsageErrors(t *testing.T) {
 	for _, tc := range []struct {
@@ -231,6 +242,56 @@ func TestClusterTiny(t *testing.T) {
 		}
 	}
 	t.Log(out.String())
+}
+
+// TestSignedTiny runs the fan-out and the cluster benchmarks signed (--sign)
+// end to end, small, on the real binaries (built once). The fan-out: 20
+// devices `auth: required`, the agent sends no plain envelope, and the
+// bare paho client signs every envelope and verifies every ack (20 of 20
+// accepted, none refused). The cluster: 8 devices over 2 agents on
+// Debian's etcd, the devsims provisioned with the root and device keys
+// only, so the taker's certificate reaches them as its trust update; the
+// takeover must end with all 8 accepted (exit 0) and no plain envelope.
+func TestSignedTiny(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs edgefence and edgefence-devsim")
+	}
+	sandbox.NeedEtcd(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	var bins []string
+	for _, name := range []string{"edgefence", "edgefence-devsim"} {
+		bin, err := buildBinary(ctx, dir, name, io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bins = append(bins, bin)
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		want []string
+	}{
+		{"fanout", []string{"fanout", "--sign", "--fanout-sizes", "20", "--runs", "2", "--fanout-fleets", "1", "--fanout-lanes", "4", "--agent-bin", bins[0]},
+			[]string{"### Fan-out: one POST /v1/fanout to every device, signed (auth: required)", "| 20 | 2 | ",
+				"- 20 devices: agent, 0 unsigned sends over 2 fan-outs; bare client, signed true, 20 of 20 acks verified accepted, 0 refused"}},
+		{"cluster", []string{"cluster", "--sign", "--agents", "2", "--spare-agents", "1", "--devices", "8", "--devsims", "1", "--devsim-lanes", "2",
+			"--etcd-nodes", "1", "--ttl", "2s", "--leader-kill", "0s", "--steady", "1s", "--runs", "1", "--agent-bin", bins[0], "--devsim-bin", bins[1]},
+			[]string{"lease_ttl 2s, signed", "| 1 | gw-0 | 8 | no |", "- takeover 1, signed: the takers sent 0 plain envelopes"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out, errb bytes.Buffer
+			if code := run(ctx, tc.args, &out, &errb); code != 0 {
+				t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out.String(), errb.String())
+			}
+			for _, want := range tc.want {
+				if !strings.Contains(out.String(), want) {
+					t.Errorf("stdout lacks %q:\n%s\nstderr:\n%s", want, out.String(), errb.String())
+				}
+			}
+		})
+	}
 }
 
 // The cluster benchmark's placement: every device has one home and one

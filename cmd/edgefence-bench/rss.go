@@ -396,6 +396,7 @@ type rssAgentConfig struct {
 	verdictDelay              string            // outbox.verdict_delay; empty: the default
 	maxEnded                  int               // outbox.max_ended; 0: the default
 	auth                      *agent.AuthConfig // --sign: the gateway's key, certificate and trust root
+	signed                    *signing          // --sign: the chain auth comes from
 	cmdTimeout                time.Duration     // command.timeout; 0: 10s
 	timerSlack                time.Duration     // the process's timer slack; 0: the bench's (startRSSProc)
 }
@@ -411,7 +412,7 @@ func (c *rssAgentConfig) sign(ctx context.Context, sign bool, etcd *sandbox.Etcd
 		return fleetAuth{}, err
 	}
 	a := s.authConfig()
-	c.auth = &a
+	c.auth, c.signed = &a, s
 	return s.enrol(ctx, etcd.Endpoints(), c.etcdPrefix, c.devs)
 }
 
@@ -448,9 +449,8 @@ log:
 	if c.maxEnded > 0 {
 		fmt.Fprintf(&conf, "  max_ended: %d\n", c.maxEnded)
 	}
-	if a := c.auth; a != nil {
-		fmt.Fprintf(&conf, "auth:\n  key_file: %q\n  key_id: %q\n  certificate: %q\n  trust_root: %q\n  trust_root_kid: %q\n",
-			a.KeyFile, a.KeyID, a.Certificate, a.TrustRoot, a.TrustRootKID)
+	if c.auth != nil {
+		conf.WriteString(authYAML(*c.auth))
 	}
 	conf.WriteString("devices:\n")
 	for _, d := range c.devs {
@@ -538,6 +538,38 @@ func (p *rssProc) awaitHeld(ctx context.Context, cli *clientv3.Client, etcdPrefi
 		}
 		if time.Now().After(deadline) {
 			return 0, fmt.Errorf("agent does not hold all %d devices after %v (log %s)", n, deadline.Sub(p.start), p.logf.Name())
+		}
+	}
+}
+
+// awaitHolding polls the agent's status (api) until it holds n devices:
+// a lock key is in etcd before its holder records the token, and a
+// command to a device not yet held is refused. It fails at deadline or if
+// the agent exits.
+func (p *rssProc) awaitHolding(ctx context.Context, api *agent.APIClient, n int, deadline time.Time) error {
+	for {
+		held := 0
+		st, err := api.Status(ctx)
+		if err == nil {
+			for _, d := range st.Devices {
+				if d.State == agent.StateHolding {
+					held++
+				}
+			}
+			if held >= n {
+				return nil
+			}
+		}
+		select {
+		case err := <-p.exited:
+			p.exited <- err
+			return fmt.Errorf("agent exited: %v (log %s)", err, p.logf.Name())
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("agent holds %d of %d devices after %v (status: %v; log %s)", held, n, deadline.Sub(p.start), err, p.logf.Name())
 		}
 	}
 }
