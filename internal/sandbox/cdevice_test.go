@@ -492,3 +492,49 @@ func TestFigure1FirmwareCDevice(t *testing.T) {
 		})
 	}
 }
+
+// TestCDeviceResubscribesPacketIDInUse: commands queued in the device's
+// broker session while it is down are in flight under the broker's packet
+// identifiers when it reconnects, and mochi refuses a SUBSCRIBE whose
+// identifier one of them uses (0x91). The device subscribes again under
+// its next identifier and gets ready, then answers every queued command.
+func TestCDeviceResubscribesPacketIDInUse(t *testing.T) {
+	bin, dir := CDeviceForTest(t), t.TempDir()
+	b := startBroker(t, BrokerConfig{})
+	k := NewCommander(t, b.URL(), mqtt.Topics{})
+	var devs []string
+	for i := range 8 {
+		devs = append(devs, fmt.Sprintf("dev-%d", i))
+	}
+	args := []string{"--mqtt", b.URL(), "--devices", strings.Join(devs, ","), "--dir", filepath.Join(dir, "data"),
+		"--log", filepath.Join(dir, "verdicts.jsonl"), "--client-id", "efsdev-resub"}
+	p, _ := startDeviceProc(t, dir, 0, nil, bin, args...)
+	if err := p.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	// One command a device, as an agent has in flight: the broker's
+	// identifiers 1..8, the restarted device's first SUBSCRIBEs 1..8.
+	want := map[string]bool{}
+	for i, d := range devs {
+		want[k.Publish(t, d, 1, 1, setpoint(float64(20+i)))] = true
+	}
+	_, logPath := startDeviceProc(t, dir, 1, nil, bin, args...)
+	deadline := time.After(60 * time.Second)
+	for len(want) > 0 {
+		select {
+		case a := <-k.acks:
+			if want[a.ID] && a.Verdict != fence.Accepted {
+				t.Fatalf("queued command %s: %+v", a.ID, a)
+			}
+			delete(want, a.ID)
+		case <-deadline:
+			t.Fatalf("%d queued commands never answered: %v", len(want), want)
+		}
+	}
+	log, err := os.ReadFile(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("SUBSCRIBEs refused and made again: %d", strings.Count(string(log), "again=1"))
+	checkSanitizerClean(t, logPath)
+}

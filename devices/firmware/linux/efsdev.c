@@ -73,6 +73,8 @@ typedef struct {
 	efsdev_journal journal;
 	efsdev_signer signer; /* --device-keys: signs acks and state reports */
 	efsdev_fw_dev *fw;    /* --firmware: the firmware job (efsdev_fw.c), else NULL */
+	int sub_mid;          /* the mid of the command topic's SUBSCRIBE in flight */
+	int sub_tries;        /* SUBSCRIBEs of the command topic on this connection */
 } device;
 
 typedef struct {
@@ -696,6 +698,24 @@ static void on_message(struct mosquitto *m, void *obj, const struct mosquitto_me
 	logf_("WARN", "msg=\"message on an unknown topic\" topic=%s", msg->topic);
 }
 
+/* SUB_TRIES bounds the SUBSCRIBEs of one topic on one connection: a
+ * broker that still has an earlier session's packet in flight under the
+ * new one's packet identifier refuses it (0x91, Packet Identifier in use)
+ * and a later identifier goes through. */
+#define SUB_TRIES 64
+#define SUBACK_PACKET_ID_IN_USE 0x91
+
+static void subscribe_cmd(struct mosquitto *m, device *d)
+{
+	int s;
+
+	d->sub_tries++;
+	s = mosquitto_subscribe_v5(m, &d->sub_mid, d->cmd, 1, 0, NULL);
+	if (s != MOSQ_ERR_SUCCESS) {
+		logf_("ERROR", "msg=\"subscribe\" topic=%s err=\"%s\"", d->cmd, mosquitto_strerror(s));
+	}
+}
+
 static void on_connect(struct mosquitto *m, void *obj, int rc, int flags, const mosquitto_property *props)
 {
 	int i;
@@ -710,21 +730,30 @@ static void on_connect(struct mosquitto *m, void *obj, int rc, int flags, const 
 	logf_("INFO", "msg=connected session_present=%d", flags);
 	granted = 0;
 	for (i = 0; i < ndev; i++) {
-		int s = mosquitto_subscribe_v5(m, NULL, devs[i].cmd, 1, 0, NULL);
-		if (s != MOSQ_ERR_SUCCESS) {
-			logf_("ERROR", "msg=\"subscribe\" topic=%s err=\"%s\"", devs[i].cmd, mosquitto_strerror(s));
-		}
+		devs[i].sub_tries = 0;
+		subscribe_cmd(m, &devs[i]);
 	}
 }
 
 static void on_subscribe(struct mosquitto *m, void *obj, int mid, int n, const int *qos, const mosquitto_property *props)
 {
-	(void)m;
+	device *d = NULL;
+
 	(void)obj;
-	(void)mid;
 	(void)props;
+	for (int i = 0; i < ndev; i++) {
+		if (devs[i].sub_mid == mid) {
+			d = &devs[i];
+		}
+	}
 	if (n < 1 || qos[0] >= 0x80) {
-		logf_("ERROR", "msg=\"subscription refused\" code=%d", n < 1 ? -1 : qos[0]);
+		int code = n < 1 ? -1 : qos[0];
+		int again = d != NULL && code == SUBACK_PACKET_ID_IN_USE && d->sub_tries < SUB_TRIES;
+
+		logf_("ERROR", "msg=\"subscription refused\" topic=%s code=%d again=%d", d != NULL ? d->cmd : "?", code, again);
+		if (again) {
+			subscribe_cmd(m, d);
+		}
 		return;
 	}
 	if (++granted == ndev && !ready_logged) {

@@ -114,7 +114,7 @@ func (r *round) startFirmwareDevices(ctx context.Context) error {
 	r.devsim = p
 	r.devsimMu.Unlock()
 	r.closers = append(r.closers, func() { _ = p.Stop(15 * time.Second) })
-	return p.WaitLine(ctx, "ready")
+	return awaitReady(ctx, p)
 }
 
 // edgefence runs `edgefence args…` and returns its stdout.

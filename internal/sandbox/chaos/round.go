@@ -354,7 +354,7 @@ func (r *round) startDevices(ctx context.Context) error {
 			return err
 		}
 		r.closers = append(r.closers, func() { _ = p.Stop(5 * time.Second) })
-		if err := p.WaitLine(ctx, "ready"); err != nil {
+		if err := awaitReady(ctx, p); err != nil {
 			return err
 		}
 		r.serialDevs = append(r.serialDevs, id)
@@ -388,7 +388,21 @@ func (r *round) startDevsim(ctx context.Context) error {
 			_ = r.devsim.Stop(10 * time.Second)
 		})
 	}
-	return p.WaitLine(ctx, "ready")
+	return awaitReady(ctx, p)
+}
+
+// readyWithin bounds the wait for a started device process's ready line: a
+// process that never gets ready fails the round, naming its log, instead
+// of holding it until the suite's timeout.
+const readyWithin = 60 * time.Second
+
+func awaitReady(ctx context.Context, p *sandbox.Proc) error {
+	wctx, cancel := context.WithTimeout(ctx, readyWithin)
+	defer cancel()
+	if err := p.WaitLine(wctx, "ready"); err != nil {
+		return fmt.Errorf("not ready within %v: %w", readyWithin, err)
+	}
+	return nil
 }
 
 // agentConfig writes gw's config: every device, half of the shim devices
