@@ -336,6 +336,12 @@ var agentSeries = []series{
 				emit(float64(v.n.StateMalformed))
 			}
 		}},
+	{name: "state_reports_unread_total", help: "Signed device state reports nothing reads (twins off, no firmware field), dropped without checking their signature.", typ: promtext.TypeCounter,
+		collect: func(v *scrapeView, emit func(float64, ...string)) {
+			if v.s.Twins != nil || v.s.Jobs != nil {
+				emit(float64(v.n.StateUnread))
+			}
+		}},
 
 	{name: "jobs_executions_ended_total", help: "Firmware job executions this gateway ended, by status (0s while the runner is off).",
 		typ: promtext.TypeCounter, labels: []string{"status"},

@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/edgefence/edgefence/fence/auth"
 	"github.com/edgefence/edgefence/shadow"
 )
 
@@ -27,7 +28,8 @@ const unknownDevice = "\x00unknown"
 // stateReports counts and rate-limits malformed device state reports.
 type stateReports struct {
 	malformed atomic.Uint64
-	logs      logLimit // per device (or unknownDevice)
+	unread    atomic.Uint64 // signed, read by nothing: not verified (unread)
+	logs      logLimit      // per device (or unknownDevice)
 }
 
 type reportLog struct {
@@ -42,6 +44,10 @@ type reportLog struct {
 // by its key and newer than the last (deviceauth.go): anything else never
 // reaches the twin.
 func (a *Agent) DeviceStateReport(dev string, payload []byte) {
+	if a.devauth.required[dev] && a.unread(payload) {
+		a.reports.unread.Add(1)
+		return
+	}
 	if fields, checked, err := a.devauth.checkState(dev, payload); checked {
 		if err == nil {
 			a.DeviceState(dev, fields)
@@ -84,4 +90,26 @@ func (a *Agent) retryReports(ctx context.Context) {
 			a.DeviceStateReport(dev, payload)
 		}
 	}
+}
+
+// unread reports whether nothing in the agent would read the signed state
+// report payload: twins off and no firmware field (FieldFirmware), which
+// is all the job runner reads. Such a report has no effect, so its
+// signature is not checked (an ES256 verify for every command a device
+// applies). One that does not decode is checked, and refused, as any
+// other.
+func (a *Agent) unread(payload []byte) bool {
+	if a.twin != nil {
+		return false
+	}
+	r, err := auth.UnverifiedState(payload)
+	if err != nil {
+		return false
+	}
+	fields, err := shadow.DecodeCBOR(r.State, shadow.Limits{})
+	if err != nil {
+		return false
+	}
+	_, fw := fields[FieldFirmware]
+	return !fw
 }

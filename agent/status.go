@@ -169,6 +169,9 @@ type Counters struct {
 	// Device state reports (MQTT state topic, twins on) that did not
 	// decode and were dropped.
 	StateMalformed uint64 `json:"state_reports_malformed"`
+	// StateUnread: signed state reports nothing reads (twins off, no
+	// firmware field), dropped without a verify.
+	StateUnread uint64 `json:"state_reports_unread"`
 }
 
 // transportStatus is implemented by senders that can describe themselves.
@@ -244,6 +247,7 @@ func (a *Agent) Status() Status {
 	a.leases.stats.fill(&s.Counters)
 	a.delivery.stats.fill(&s.Counters)
 	s.Counters.StateMalformed = a.reports.malformed.Load()
+	s.Counters.StateUnread = a.reports.unread.Load()
 	for _, n := range a.api.refusedCounts() {
 		s.Counters.APIRefused += n
 	}

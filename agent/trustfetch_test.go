@@ -126,7 +126,9 @@ func TestStateReportAfterEnrolment(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	report, err := dev.SignState(&auth.StateReport{Device: "d1", Token: 1, Seq: 1, Counter: 1, State: []byte{0xa1, 0x61, 'x', 0x01}})
+	// {"fw": {}}: a field the job runner reads (a report nothing reads is
+	// not verified: TestUnreadStateReport).
+	report, err := dev.SignState(&auth.StateReport{Device: "d1", Token: 1, Seq: 1, Counter: 1, State: []byte{0xa1, 0x62, 'f', 'w', 0xa0}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,4 +149,42 @@ func TestStateReportAfterEnrolment(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "the report taken once the device is enrolled", taken)
+}
+
+// TestUnreadStateReport: with twins off, a signed state report without a
+// firmware field is read by nothing and dropped unverified (counted
+// unread, not refused); one with the field, and one that does not decode,
+// are checked and refused as before.
+func TestUnreadStateReport(t *testing.T) {
+	op := authtest.NewOperator(t)
+	gw := op.Certify("gw-1", "*")
+	prefix := "/t/" + t.Name()
+	cfg := &Config{Gateway: "gw-1", Etcd: EtcdConfig{Endpoints: testEtcd.Endpoints(), Prefix: prefix, LeaseTTL: 2 * time.Second},
+		MQTT: MQTTConfig{Brokers: []string{"mqtt://127.0.0.1:1"}}, Auth: siteAuth(t, op, gw, "gw-1"),
+		Devices: []DeviceConfig{{ID: "d1", Auth: AuthRequired}}}
+	a := runAgent(t, cfg, etcdClient(t), newFencePoint(), Options{})
+	waitFor(t, "holding d1", holdingAll(a, []string{"d1"}))
+	_, forger := testSigner(t, "d1/9") // no certificate: every verify refuses it
+	sign := func(state []byte) []byte {
+		r, err := forger.SignState(&auth.StateReport{Device: "d1", Token: 1, Seq: 1, Counter: 1, State: state})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	refused := func() (n uint64) {
+		for i := range a.devauth.statesRefused {
+			n += a.devauth.statesRefused[i].Load()
+		}
+		return n
+	}
+	a.DeviceStateReport("d1", sign([]byte{0xa1, 0x61, 'x', 0x01})) // {"x": 1}
+	if u, r := a.reports.unread.Load(), refused(); u != 1 || r != 0 {
+		t.Fatalf("a report nothing reads: unread %d, refused %d; want 1, 0", u, r)
+	}
+	a.DeviceStateReport("d1", sign([]byte{0xa1, 0x62, 'f', 'w', 0xa0})) // {"fw": {}}
+	a.DeviceStateReport("d1", []byte{0xd2, 0x84, 0x01})                 // not a signed report
+	if u, r := a.reports.unread.Load(), refused(); u != 1 || r != 2 {
+		t.Fatalf("a firmware report and a malformed one: unread %d, refused %d; want 1, 2", u, r)
+	}
 }

@@ -109,6 +109,25 @@ type VerifiedState struct {
 	KeyID  []byte
 }
 
+// UnverifiedState decodes raw, a signed state report, without checking
+// its signature: nothing in it may be acted on. It serves a receiver that
+// decides from the fields whether the report is worth a verify at all;
+// what it then uses must come from VerifyState.
+func UnverifiedState(raw []byte) (*StateReport, error) {
+	msg, _, err := openContent(raw, ContentState, MaxSignedStateSize)
+	if err != nil {
+		return nil, err
+	}
+	var r StateReport
+	if err := stateDec.Unmarshal(msg.Payload, &r); err != nil {
+		return nil, refuse(ErrMalformed, "state report payload: %v", err)
+	}
+	if err := r.validate(); err != nil {
+		return nil, refuse(ErrMalformed, "state report: %v", err)
+	}
+	return &r, nil
+}
+
 // VerifyState checks raw, a signed state report, against keys: a key that
 // may speak for the device it names must have signed it. Every refusal
 // wraps fence.ErrInvalid and one of this package's sentinels. Whether it
