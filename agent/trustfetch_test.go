@@ -47,8 +47,8 @@ func TestPrefetchDeviceCertificates(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	cfg := &Config{Gateway: "gw-1", Etcd: EtcdConfig{Endpoints: testEtcd.Endpoints(), Prefix: prefix, LeaseTTL: 2 * time.Second},
-		MQTT: MQTTConfig{Brokers: []string{"mqtt://127.0.0.1:1"}}, Auth: siteAuth(t, op, gw, "gw-1"), Devices: devs}
+	cfg := signedD1Config(t, op, gw, prefix)
+	cfg.Devices = devs
 	a := runAgent(t, cfg, cli, newFencePoint(), Options{TrustDB: db})
 	known := func(dev string) bool {
 		_, err := a.keep.t.DeviceKey([]byte(dev+"/1"), dev)
@@ -81,9 +81,7 @@ func TestRepublishMarker(t *testing.T) {
 	gw := op.Certify("gw-1", "*")
 	prefix := "/t/" + t.Name()
 	cli := etcdClient(t)
-	cfg := &Config{Gateway: "gw-1", Etcd: EtcdConfig{Endpoints: testEtcd.Endpoints(), Prefix: prefix, LeaseTTL: 2 * time.Second},
-		MQTT: MQTTConfig{Brokers: []string{"mqtt://127.0.0.1:1"}}, Auth: siteAuth(t, op, gw, "gw-1"),
-		Devices: []DeviceConfig{{ID: "d1", Auth: AuthRequired}}}
+	cfg := signedD1Config(t, op, gw, prefix)
 	a, err := newAgent(t, cfg, cli, newFencePoint(), Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -113,9 +111,7 @@ func TestStateReportAfterEnrolment(t *testing.T) {
 	gw := op.Certify("gw-1", "*")
 	prefix := "/t/" + t.Name()
 	cli := etcdClient(t)
-	cfg := &Config{Gateway: "gw-1", Etcd: EtcdConfig{Endpoints: testEtcd.Endpoints(), Prefix: prefix, LeaseTTL: 2 * time.Second},
-		MQTT: MQTTConfig{Brokers: []string{"mqtt://127.0.0.1:1"}}, Auth: siteAuth(t, op, gw, "gw-1"),
-		Devices: []DeviceConfig{{ID: "d1", Auth: AuthRequired}}}
+	cfg := signedD1Config(t, op, gw, prefix)
 	a := runAgent(t, cfg, cli, newFencePoint(), Options{})
 	waitFor(t, "holding d1", holdingAll(a, []string{"d1"}))
 	dk, err := auth.NewKey()
@@ -159,9 +155,7 @@ func TestUnreadStateReport(t *testing.T) {
 	op := authtest.NewOperator(t)
 	gw := op.Certify("gw-1", "*")
 	prefix := "/t/" + t.Name()
-	cfg := &Config{Gateway: "gw-1", Etcd: EtcdConfig{Endpoints: testEtcd.Endpoints(), Prefix: prefix, LeaseTTL: 2 * time.Second},
-		MQTT: MQTTConfig{Brokers: []string{"mqtt://127.0.0.1:1"}}, Auth: siteAuth(t, op, gw, "gw-1"),
-		Devices: []DeviceConfig{{ID: "d1", Auth: AuthRequired}}}
+	cfg := signedD1Config(t, op, gw, prefix)
 	a := runAgent(t, cfg, etcdClient(t), newFencePoint(), Options{})
 	waitFor(t, "holding d1", holdingAll(a, []string{"d1"}))
 	_, forger := testSigner(t, "d1/9") // no certificate: every verify refuses it
@@ -187,4 +181,13 @@ func TestUnreadStateReport(t *testing.T) {
 	if u, r := a.reports.unread.Load(), refused(); u != 1 || r != 2 {
 		t.Fatalf("a firmware report and a malformed one: unread %d, refused %d; want 1, 2", u, r)
 	}
+}
+
+// signedD1Config is gw-1's config under prefix: signed with gw's key
+// certified by op, one device d1 `auth: required`, no broker.
+func signedD1Config(t *testing.T, op *authtest.Operator, gw *authtest.Gateway, prefix string) *Config {
+	t.Helper()
+	return &Config{Gateway: "gw-1", Etcd: EtcdConfig{Endpoints: testEtcd.Endpoints(), Prefix: prefix, LeaseTTL: 2 * time.Second},
+		MQTT: MQTTConfig{Brokers: []string{"mqtt://127.0.0.1:1"}}, Auth: siteAuth(t, op, gw, "gw-1"),
+		Devices: []DeviceConfig{{ID: "d1", Auth: AuthRequired}}}
 }

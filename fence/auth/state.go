@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/fxamacker/cbor/v2"
+	"github.com/veraison/go-cose"
 
 	"github.com/edgefence/edgefence/fence"
 )
@@ -114,18 +115,25 @@ type VerifiedState struct {
 // decides from the fields whether the report is worth a verify at all;
 // what it then uses must come from VerifyState.
 func UnverifiedState(raw []byte) (*StateReport, error) {
-	msg, _, err := openContent(raw, ContentState, MaxSignedStateSize)
+	_, _, r, err := openState(raw)
+	return r, err
+}
+
+// openState decodes raw, a signed state report, and validates the report;
+// its signature is not checked.
+func openState(raw []byte) (*cose.Sign1Message, []byte, *StateReport, error) {
+	msg, kid, err := openContent(raw, ContentState, MaxSignedStateSize)
 	if err != nil {
-		return nil, err
+		return nil, nil, nil, err
 	}
 	var r StateReport
 	if err := stateDec.Unmarshal(msg.Payload, &r); err != nil {
-		return nil, refuse(ErrMalformed, "state report payload: %v", err)
+		return nil, nil, nil, refuse(ErrMalformed, "state report payload: %v", err)
 	}
 	if err := r.validate(); err != nil {
-		return nil, refuse(ErrMalformed, "state report: %v", err)
+		return nil, nil, nil, refuse(ErrMalformed, "state report: %v", err)
 	}
-	return &r, nil
+	return msg, kid, &r, nil
 }
 
 // VerifyState checks raw, a signed state report, against keys: a key that
@@ -134,19 +142,12 @@ func UnverifiedState(raw []byte) (*StateReport, error) {
 // is newer than the last one accepted (StateReport.After) is the caller's
 // to check.
 func VerifyState(raw []byte, keys DeviceKeys) (*VerifiedState, error) {
-	msg, kid, err := openContent(raw, ContentState, MaxSignedStateSize)
+	msg, kid, r, err := openState(raw)
 	if err != nil {
 		return nil, err
-	}
-	var r StateReport
-	if err := stateDec.Unmarshal(msg.Payload, &r); err != nil {
-		return nil, refuse(ErrMalformed, "state report payload: %v", err)
-	}
-	if err := r.validate(); err != nil {
-		return nil, refuse(ErrMalformed, "state report: %v", err)
 	}
 	if err := checkSignature(msg, kid, r.Device, keys.DeviceKey, "state report"); err != nil {
 		return nil, err
 	}
-	return &VerifiedState{Report: &r, KeyID: kid}, nil
+	return &VerifiedState{Report: r, KeyID: kid}, nil
 }
