@@ -238,3 +238,62 @@ func TestEpochFromReset(t *testing.T) {
 		t.Fatalf("epoch %d", e)
 	}
 }
+
+// TestStaleOfClosedEpochInFlight: etcd was rebuilt, so the device's mark
+// (epoch 0) is far above the tokens etcd grants now, and the operator's
+// epoch statement moves the agent to epoch 5 while a command of epoch 0 is
+// out. Its stale answer, which comes after the move, is of the closed
+// epoch: it neither deposes the holder nor sets the token guard of the new
+// epoch, and the next command — after the trust update with the statement
+// — is accepted in epoch 5. Before, that late answer set the guard to the
+// old mark and both gateways refused the device for ever.
+func TestStaleOfClosedEpochInFlight(t *testing.T) {
+	r := newEpochRig(t)
+	up, err := auth.MarshalUpdate([][]byte{r.cert})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.fp.PublishTrust(t.Context(), "d1", up); err != nil {
+		t.Fatal(err)
+	}
+	const old = fence.Token(1 << 40) // a holder's token before the rebuild
+	raw, err := r.fp.gw.Sign(&fence.Envelope{V: fence.Version, Device: "d1", Token: old, Seq: 1, ID: "before-the-rebuild", Kind: "set", Holder: "gw-0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ack := r.sh.Handle("d1", raw, acceptAll{}); ack.Verdict != fence.Accepted {
+		t.Fatalf("the mark before the rebuild: %+v", ack)
+	}
+	moved := make(chan struct{})
+	r.fp.hold = func(env *fence.Envelope) {
+		if env.Epoch == 0 && env.Token < old {
+			<-moved
+		}
+	}
+	a := r.start()
+	first := make(chan *fence.Ack, 1)
+	go func() {
+		ack, _ := a.Send(t.Context(), "d1", "set", nil)
+		first <- ack
+	}()
+	waitFor(t, "the command of epoch 0 at the device", func() bool {
+		r.fp.mu.Lock()
+		defer r.fp.mu.Unlock()
+		return len(r.fp.sent) > 0
+	})
+	stmt, err := r.op.Root.Epoch(5, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.cli.Put(t.Context(), TrustEpochKey(r.prefix), string(stmt)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "d1 in epoch 5", func() bool { return a.Status().Devices[0].Epoch == 5 })
+	close(moved)
+	if ack := <-first; ack == nil || ack.Verdict != fence.Stale || ack.Epoch != 0 {
+		t.Fatalf("the command of epoch 0: %+v", ack)
+	}
+	if ack := r.send(a); ack.Verdict != fence.Accepted || ack.Epoch != 5 {
+		t.Fatalf("the next command: %+v; device %+v", ack, a.Status().Devices[0])
+	}
+}

@@ -461,7 +461,7 @@ func (q *delivery) settle(w *worker, e *offline.Entry, ack *fence.Ack, local boo
 	if ack.Verdict == fence.Stale && env.Token > d.deposedAt {
 		d.deposedAt = env.Token
 	}
-	if !local && ack.Epoch == env.Epoch {
+	if !local && ack.Epoch == env.Epoch && env.Epoch == d.epoch {
 		d.noteMark(ack) // a mark of another epoch says nothing of our tokens
 	}
 	ctl := d.ctl
@@ -492,10 +492,11 @@ func (q *delivery) settle(w *worker, e *offline.Entry, ack *fence.Ack, local boo
 // token is a deposition; one to an older token reissues under the current.
 func (q *delivery) afterStale(d *device, ctl *controller, e *offline.Entry, ack *fence.Ack, local bool) {
 	env := &e.Envelope
-	if !local && ack.Epoch > env.Epoch || local && env.Epoch < d.epochOf() {
+	if !local && ack.Epoch > env.Epoch || env.Epoch < d.epochOf() {
 		// Its epoch is closed: the device is at a later one (the
-		// operator's reset or epoch statement), which is neither a
-		// deposition nor a token regression.
+		// operator's reset or epoch statement), or the agent moved on
+		// while the command was out — neither a deposition nor a token
+		// regression in the epoch the agent commands in now.
 		if !local {
 			q.learnEpoch(d, ack)
 		}

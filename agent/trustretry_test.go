@@ -32,6 +32,10 @@ type signedShim struct {
 	dev   *auth.Signer
 	check mqtt.AckCheck
 
+	// hold, if set, is called with each envelope after the device
+	// answered it and before the ack is returned (an ack in flight).
+	hold func(env *fence.Envelope)
+
 	mu        sync.Mutex
 	drop      int // trust updates still to lose
 	published int
@@ -52,6 +56,9 @@ func (s *signedShim) Send(ctx context.Context, env *fence.Envelope) (*fence.Ack,
 	s.sent = append(s.sent, raw)
 	s.mu.Unlock()
 	ack := s.shim.Handle(env.Device, raw, acceptAll{})
+	if s.hold != nil {
+		s.hold(env)
+	}
 	if s.check == nil || s.dev == nil {
 		return &ack, nil
 	}
