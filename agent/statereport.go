@@ -48,9 +48,15 @@ func (a *Agent) DeviceStateReport(dev string, payload []byte) {
 		a.reports.unread.Add(1)
 		return
 	}
+	changed := a.keep.changes()
 	if fields, checked, err := a.devauth.checkState(dev, payload); checked {
-		if err == nil {
+		switch {
+		case err == nil:
 			a.DeviceState(dev, fields)
+		case isClosed(changed):
+			// The trust learnt a statement while the report was
+			// checked: retryReports may have woken before it was kept.
+			a.handLater()
 		}
 		return
 	}
@@ -86,9 +92,25 @@ func (a *Agent) retryReports(ctx context.Context) {
 			return
 		case <-changed:
 		}
-		for dev, payload := range a.devauth.takeLater() {
-			a.DeviceStateReport(dev, payload)
-		}
+		a.handLater()
+	}
+}
+
+// handLater hands again the state reports kept for want of their device's
+// certificate.
+func (a *Agent) handLater() {
+	for dev, payload := range a.devauth.takeLater() {
+		a.DeviceStateReport(dev, payload)
+	}
+}
+
+// isClosed reports whether ch is closed (false for nil).
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
 	}
 }
 
